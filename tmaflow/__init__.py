@@ -1,0 +1,24 @@
+"""tmaflow: write, compile, launch and check NVIDIA Hopper kernels that move data with TMA."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import reference
+from .compiler import Resources
+from .device import Device, Stream, current_device, set_device
+from .driver import driver_available
+from .dtypes import DType, as_dtype
+from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, LaunchError,
+                     LayoutError, TensorMapError, TmaflowError)
+from .kernel import Kernel, Launcher
+from .layout import Barrier, Buffer, Pipeline, SharedLayout
+from .memory import DeviceArray, as_array, empty, from_numpy, zeros
+from .tensormap import TensorMap, TensorMapSpec
+
+__all__ = [
+    "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "Device",
+    "DeviceArray", "DriverNotFoundError", "Kernel", "Launcher", "LaunchError", "LayoutError",
+    "Pipeline", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
+    "TensorMapSpec", "TmaflowError", "as_array", "as_dtype", "current_device",
+    "driver_available", "empty", "from_numpy", "reference", "set_device", "zeros",
+]

@@ -1,0 +1,205 @@
+"""NVRTC to CUBIN (never PTX for loading), with headers found through cuda-pathfinder."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import cache, driver
+from .errors import CompileError, CudaError
+
+log = logging.getLogger("tmaflow.compiler")
+
+KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+SHIM_DIR = KERNELS_DIR / "shim"
+DEFAULT_ARCH = "sm_90a"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What ptxas reported for one kernel."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    static_smem: int
+    constant_bytes: int = 0
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+
+@dataclass
+class Program:
+    cubin: bytes
+    ptx: str
+    log: str
+    lowered_name: str
+    resources: Resources | None
+    cache_hit: str = ""           # "", "memory" or "disk"
+    compile_seconds: float = 0.0
+    key: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+@functools.lru_cache(maxsize=1)
+def include_dirs() -> tuple[str, ...]:
+    """The shim (``<cuda.h>`` under NVRTC) first, tmaflow's headers, then CCCL and cudart."""
+    dirs = [str(SHIM_DIR), str(KERNELS_DIR)]
+    try:
+        import cuda.pathfinder as pf
+
+        for lib in ("cccl", "cudart"):
+            found = pf.find_nvidia_header_directory(lib)
+            if found:
+                dirs.append(str(found))
+    except ImportError:
+        log.warning("cuda-pathfinder is missing: libcu++ headers will not be found")
+    return tuple(dirs)
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[int, int]:
+    return tuple(driver.check("nvrtcVersion", driver.nvrtc().nvrtcVersion()))
+
+
+@functools.lru_cache(maxsize=1)
+def _headers_digest() -> str:
+    """Hash of every tmaflow header, so a header edit invalidates every cached kernel."""
+    h = hashlib.sha256()
+    for path in sorted(KERNELS_DIR.rglob("*")):
+        if path.suffix in (".cuh", ".h") and path.is_file():
+            h.update(str(path.relative_to(KERNELS_DIR)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(source: str, name: str, options: tuple[str, ...], arch: str,
+              headers: dict[str, str]) -> str:
+    from . import __version__
+
+    h = hashlib.sha256()
+    for part in (__version__, repr(nvrtc_version()), arch, name, _headers_digest(),
+                 repr(options), repr(sorted(headers.items())), source):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_RES_RE = re.compile(r"Used (\d+) registers")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_SMEM_RE = re.compile(r"(\d+) bytes smem")
+_CMEM_RE = re.compile(r"(\d+) bytes cmem\[0\]")
+
+
+def parse_resources(ptxas_log: str, lowered_name: str) -> Resources | None:
+    """Pick the ptxas ``-v`` block of ``lowered_name`` out of the log."""
+    blocks = re.split(r"ptxas info\s*: Compiling entry function ", ptxas_log)
+    for block in blocks[1:]:
+        if not block.startswith(f"'{lowered_name}'"):
+            continue
+        regs = _RES_RE.search(block)
+        spill = _SPILL_RE.search(block)
+        smem = _SMEM_RE.search(block)
+        cmem = _CMEM_RE.search(block)
+        return Resources(
+            registers=int(regs.group(1)) if regs else 0,
+            stack_frame=int(spill.group(1)) if spill else 0,
+            spill_stores=int(spill.group(2)) if spill else 0,
+            spill_loads=int(spill.group(3)) if spill else 0,
+            static_smem=int(smem.group(1)) if smem else 0,
+            constant_bytes=int(cmem.group(1)) if cmem else 0)
+    return None
+
+
+def _excerpt(source: str, log_text: str, filename: str, context: int = 2) -> str:
+    """The source lines NVRTC complained about, with line numbers and a marker."""
+    lines = source.splitlines()
+    wanted = sorted({int(m) for m in re.findall(rf"{re.escape(filename)}\((\d+)\): error", log_text)})
+    out = []
+    for n in wanted[:5]:
+        lo, hi = max(1, n - context), min(len(lines), n + context)
+        for i in range(lo, hi + 1):
+            out.append(f"{'>>' if i == n else '  '} {i:5d} | {lines[i - 1]}")
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+_GLOBAL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
+                        r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+
+
+def kernel_names(source: str) -> list[str]:
+    return _GLOBAL_RE.findall(source)
+
+
+def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
+                    arch: str = DEFAULT_ARCH, headers: dict[str, str] | None = None,
+                    filename: str = "kernel.cu") -> Program:
+    """Compile ``source`` and return the CUBIN for kernel ``name`` (a name expression)."""
+    headers = dict(headers or {})
+    full_opts = (f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v",
+                 *(f"-I{d}" for d in include_dirs()), *options)
+    key = cache_key(source, name, full_opts, arch, headers)
+    hit = cache.load(key)
+    if hit is not None:
+        meta, blobs, where = hit
+        res = meta.get("resources")
+        return Program(blobs["cubin"], blobs["ptx"].decode(), meta["log"], meta["lowered_name"],
+                       Resources(**res) if res else None, cache_hit=where, key=key)
+
+    nv = driver.nvrtc()
+    t0 = time.perf_counter()
+    hdr_names = list(headers)
+    prog = driver.check("nvrtcCreateProgram", nv.nvrtcCreateProgram(
+        source.encode(), filename.encode(), len(hdr_names),
+        [headers[h].encode() for h in hdr_names], [h.encode() for h in hdr_names]))
+    try:
+        driver.check("nvrtcAddNameExpression", nv.nvrtcAddNameExpression(prog, name.encode()))
+        opts = [o.encode() for o in full_opts]
+        (err,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
+        size = driver.check("nvrtcGetProgramLogSize", nv.nvrtcGetProgramLogSize(prog))
+        buf = b" " * size
+        driver.check("nvrtcGetProgramLog", nv.nvrtcGetProgramLog(prog, buf))
+        log_text = buf.rstrip(b"\0 ").decode(errors="replace")
+        if int(err) != 0:
+            raise _compile_error(source, name, log_text, filename)
+        try:
+            lowered = driver.check("nvrtcGetLoweredName", nv.nvrtcGetLoweredName(prog, name.encode()))
+        except CudaError:
+            raise _compile_error(source, name, log_text, filename) from None
+        lowered = lowered.decode() if isinstance(lowered, bytes) else lowered
+        size = driver.check("nvrtcGetCUBINSize", nv.nvrtcGetCUBINSize(prog))
+        cubin = b" " * size
+        driver.check("nvrtcGetCUBIN", nv.nvrtcGetCUBIN(prog, cubin))
+        size = driver.check("nvrtcGetPTXSize", nv.nvrtcGetPTXSize(prog))
+        ptx = b" " * size
+        driver.check("nvrtcGetPTX", nv.nvrtcGetPTX(prog, ptx))
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+    seconds = time.perf_counter() - t0
+    ptx = ptx.rstrip(b"\0")
+    resources = parse_resources(log_text, lowered)
+    meta = {"log": log_text, "lowered_name": lowered,
+            "resources": resources.__dict__ if resources else None}
+    cache.store(key, meta, {"cubin": cubin, "ptx": ptx})
+    log.info("compiled %s for %s in %.2f s", name, arch, seconds)
+    return Program(cubin, ptx.decode(), log_text, lowered, resources, compile_seconds=seconds, key=key)
+
+
+def _compile_error(source: str, name: str, log_text: str, filename: str) -> CompileError:
+    found = kernel_names(source)
+    source_errors = len(re.findall(rf"{re.escape(filename)}\(\d+\): error", log_text))
+    if not source_errors and name.split("<")[0].split("::")[-1] not in found:
+        msg = (f"kernel name={name!r} is not a __global__ function of {filename}; "
+               f"kernels found: {', '.join(found) or 'none'}")
+    else:
+        n = source_errors or len(re.findall(r": error", log_text))
+        msg = f"NVRTC failed to compile {filename} ({n} error{'s' if n != 1 else ''})"
+    return CompileError(msg, log=log_text, excerpt=_excerpt(source, log_text, filename))

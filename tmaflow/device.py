@@ -1,0 +1,157 @@
+"""Devices, their primary contexts, and streams from any library."""
+from __future__ import annotations
+
+import threading
+from . import driver
+from .errors import LaunchError, TmaflowError
+
+_devices: dict[int, "Device"] = {}
+_lock = threading.Lock()
+
+
+class Device:
+    """A GPU and its retained primary context. ``tf.Device(i)`` returns one shared object per i."""
+
+    def __new__(cls, ordinal: int = 0):
+        driver.init()
+        count = driver.call("cuDeviceGetCount")
+        if not isinstance(ordinal, int) or not 0 <= ordinal < count:
+            raise TmaflowError(f"Device(ordinal={ordinal!r}): must be an int in [0, {count - 1}]")
+        with _lock:
+            dev = _devices.get(ordinal)
+            if dev is None:
+                dev = super().__new__(cls)
+                dev._setup(ordinal)
+                _devices[ordinal] = dev
+        return dev
+
+    def _setup(self, ordinal: int) -> None:
+        cu = driver.cu()
+        self.ordinal = ordinal
+        self.handle = driver.call("cuDeviceGet", ordinal)
+        self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
+        name = driver.call("cuDeviceGetName", 256, self.handle)
+        self.name = name.split(b"\0", 1)[0].decode()
+        attr = cu.CUdevice_attribute
+        get = lambda a: driver.call("cuDeviceGetAttribute", a, self.handle)  # noqa: E731
+        self.compute_capability = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                                   get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.sm_count = get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        # Opt-in maximum: what a block may have once the kernel attribute is raised.
+        self.max_smem_per_block = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.l2_bytes = get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        self.total_memory = driver.call("cuDeviceTotalMem", self.handle)
+        self.generation = 0  # bumped by reset(): modules and allocations of older ones are gone
+
+    def reset(self) -> None:
+        """Recover from a sticky error (a faulted kernel): reset the primary context.
+
+        Every allocation and loaded module of this device is invalid afterwards; tmaflow
+        reloads its modules on the next launch and reports old arrays as freed.
+        """
+        driver.call("cuDevicePrimaryCtxReset", self.handle)
+        self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
+        self.generation += 1
+        self.activate()
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.compute_capability
+        # Hopper gets the arch-specific target so wgmma/setmaxnreg are available.
+        return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+
+    @property
+    def is_hopper(self) -> bool:
+        return self.compute_capability == (9, 0)
+
+    def activate(self) -> "Device":
+        """Make this device's primary context current on the calling thread."""
+        driver.check("cuCtxSetCurrent", driver.cu().cuCtxSetCurrent(self.context))
+        return self
+
+    def synchronize(self) -> None:
+        self.activate()
+        driver.call("cuCtxSynchronize")
+
+    def __repr__(self) -> str:
+        major, minor = self.compute_capability
+        return (f"Device({self.ordinal}, name={self.name!r}, cc={major}.{minor}, "
+                f"sms={self.sm_count}, max_smem_per_block={self.max_smem_per_block})")
+
+
+_thread = threading.local()
+
+
+def current_device() -> Device:
+    """The device set by :func:`set_device` on this thread, else device 0 (activated)."""
+    dev = getattr(_thread, "device", None)
+    if dev is None:
+        dev = Device(0)
+        _thread.device = dev
+    return dev.activate()
+
+
+def set_device(ordinal: int) -> Device:
+    _thread.device = Device(ordinal)
+    return _thread.device.activate()
+
+
+class Stream:
+    """A non-blocking CUDA stream owned by tmaflow. ``close()`` destroys it."""
+
+    def __init__(self, device: Device | None = None):
+        self.device = (device or current_device()).activate()
+        cu = driver.cu()
+        self._handle = driver.call("cuStreamCreate", cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        self.handle = int(self._handle)
+
+    def synchronize(self) -> None:
+        driver.call("cuStreamSynchronize", self._handle)
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            driver.call("cuStreamDestroy", self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Stream(handle=0x{self.handle:x}, device={self.device.ordinal})"
+
+
+def stream_handle(stream) -> int:
+    """The raw ``CUstream`` value of anything tmaflow accepts as a stream.
+
+    Accepted: ``None`` (the legacy default stream), a :class:`Stream`, an int handle, a
+    cuda-python ``CUstream``, an object with ``__cuda_stream__`` (cuda.core), torch streams
+    (``.cuda_stream``) and cupy streams (``.ptr``).
+    """
+    if stream is None:
+        return 0
+    if isinstance(stream, Stream):
+        if stream._handle is None:
+            raise LaunchError(f"stream={stream!r} was closed; create a new tf.Stream()")
+        return stream.handle
+    if isinstance(stream, bool):
+        raise LaunchError(f"stream={stream!r} is not a stream")
+    if isinstance(stream, int):
+        return stream
+    if hasattr(stream, "__cuda_stream__"):
+        proto = stream.__cuda_stream__
+        value = proto() if callable(proto) else proto
+        return int(value[1])
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    if type(stream).__name__ == "CUstream":
+        return int(stream)
+    raise LaunchError(
+        f"stream={stream!r} ({type(stream).__name__}) is not a stream: pass None, tf.Stream, "
+        "an int handle, a cuda.core Stream, a torch.cuda.Stream or a cupy Stream")

@@ -1,0 +1,102 @@
+"""The one door to the CUDA driver and NVRTC: lazy import, lazy ``cuInit``, checked calls.
+
+cuda-python returns ``(err, *values)`` tuples; :func:`check` unpacks them and raises
+:class:`CudaError` naming the call. Nothing here touches the driver at import time.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .errors import CudaError, DriverNotFoundError
+
+_lock = threading.RLock()
+_init_state: dict[str, Any] = {}
+
+
+def cu():
+    """The ``cuda.bindings.driver`` module (imported on first use)."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+def nvrtc():
+    from cuda.bindings import nvrtc as _nvrtc
+
+    return _nvrtc
+
+
+def _error_name(err) -> str:
+    mod = type(err).__module__ or ""
+    try:
+        if "nvrtc" in mod:
+            return nvrtc().nvrtcGetErrorString(err)[1].decode()
+        res, name = cu().cuGetErrorName(err)
+        if int(res) == 0:
+            return name.decode()
+    except Exception:  # the name is a courtesy; never mask the real failure
+        pass
+    return getattr(err, "name", str(err))
+
+
+def check(call: str, result, detail: str = ""):
+    """Unpack a cuda-python result tuple; raise ``CudaError(call, code, name)`` on failure."""
+    if isinstance(result, tuple):
+        err, values = result[0], result[1:]
+    else:
+        err, values = result, ()
+    if int(err) != 0:
+        raise CudaError(call, int(err), _error_name(err), detail)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def call(name: str, *args, detail: str = ""):
+    """``check(name, cuda.bindings.driver.<name>(*args))`` after making sure the driver is up."""
+    init()
+    return check(name, getattr(cu(), name)(*args), detail)
+
+
+def _try_init() -> str | None:
+    """Run ``cuInit`` once; return ``None`` on success or the reason it failed."""
+    with _lock:
+        if "reason" in _init_state:
+            return _init_state["reason"]
+        reason = None
+        try:
+            driver = cu()
+            err, = driver.cuInit(0)
+            if int(err) != 0:
+                reason = f"cuInit returned {_error_name(err)}"
+            else:
+                err, count = driver.cuDeviceGetCount()
+                if int(err) != 0 or count == 0:
+                    reason = "the CUDA driver reports no devices"
+        except ImportError as exc:
+            reason = f"cuda-bindings is not installed ({exc})"
+        except Exception as exc:  # libcuda.so missing: cuda-pathfinder raises its own type
+            reason = f"the CUDA driver library could not be loaded ({exc})"
+        _init_state["reason"] = reason
+        return reason
+
+
+def driver_available() -> bool:
+    """True when a CUDA driver with at least one device is usable. Never raises."""
+    try:
+        return _try_init() is None
+    except Exception:
+        return False
+
+
+def init() -> None:
+    """Initialise the driver or raise :class:`DriverNotFoundError` with the reason."""
+    if "reason" in _init_state and _init_state["reason"] is None:
+        return
+    reason = _try_init()
+    if reason is not None:
+        raise DriverNotFoundError(
+            f"no usable CUDA driver: {reason}. This call needs a GPU; compilation "
+            "(Kernel.cubin / .ptx / .resources), TensorMapSpec and tf.reference work without one."
+        )

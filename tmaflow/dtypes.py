@@ -1,0 +1,87 @@
+"""Element types: one table from every spelling (numpy, torch, names) to the TMA enum."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import TensorMapError
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    itemsize: int
+    tma_code: int          # CUtensorMapDataType value
+    is_float: bool
+    numpy_name: str        # storage dtype used for host copies
+    sm90: bool = True      # encodable on Hopper (the packed types are Blackwell-only)
+
+    @property
+    def numpy(self) -> np.dtype:
+        if self.name == "bfloat16":
+            try:
+                import ml_dtypes
+
+                return np.dtype(ml_dtypes.bfloat16)
+            except ImportError:
+                return np.dtype(np.uint16)
+        return np.dtype(self.numpy_name)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_TABLE = [
+    DType("uint8", 1, 0, False, "uint8"),
+    DType("uint16", 2, 1, False, "uint16"),
+    DType("uint32", 4, 2, False, "uint32"),
+    DType("int32", 4, 3, False, "int32"),
+    DType("uint64", 8, 4, False, "uint64"),
+    DType("int64", 8, 5, False, "int64"),
+    DType("float16", 2, 6, True, "float16"),
+    DType("float32", 4, 7, True, "float32"),
+    DType("float64", 8, 8, True, "float64"),
+    DType("bfloat16", 2, 9, True, "uint16"),
+    DType("float32_ftz", 4, 10, True, "float32"),
+    DType("tf32", 4, 11, True, "float32"),
+    DType("tf32_ftz", 4, 12, True, "float32"),
+    DType("16u4_align8b", 1, 13, False, "uint8", sm90=False),
+    DType("16u4_align16b", 1, 14, False, "uint8", sm90=False),
+    DType("16u6_align16b", 1, 15, False, "uint8", sm90=False),
+    # Types TMA has no enum for are moved as raw bytes of the same width.
+    DType("int8", 1, 0, False, "int8"),
+    DType("int16", 2, 1, False, "int16"),
+    DType("bool", 1, 0, False, "bool"),
+]
+BY_NAME = {d.name: d for d in _TABLE}
+_ALIASES = {
+    "bf16": "bfloat16", "fp16": "float16", "half": "float16", "f16": "float16",
+    "fp32": "float32", "f32": "float32", "float": "float32", "single": "float32",
+    "fp64": "float64", "f64": "float64", "double": "float64",
+    "u8": "uint8", "i8": "int8", "u16": "uint16", "i16": "int16", "u32": "uint32",
+    "i32": "int32", "int": "int32", "u64": "uint64", "i64": "int64", "long": "int64",
+    "tfloat32": "tf32", "char": "int8", "byte": "uint8", "short": "int16",
+}
+
+
+def as_dtype(obj) -> DType:
+    """Resolve a numpy dtype, a torch dtype, a ``DType`` or a name into a ``DType``."""
+    if isinstance(obj, DType):
+        return obj
+    key = None
+    if isinstance(obj, str):
+        key = obj.lower().strip()
+    elif type(obj).__module__.startswith("torch"):
+        key = str(obj).split(".")[-1]  # torch.bfloat16 -> "bfloat16"
+    else:
+        try:
+            key = np.dtype(obj).name
+        except TypeError:
+            key = None
+    if key is not None:
+        key = _ALIASES.get(key, key)
+        if key in BY_NAME:
+            return BY_NAME[key]
+    names = ", ".join(sorted(n for n in BY_NAME))
+    raise TensorMapError(f"dtype={obj!r} is not a supported element type; use one of: {names}")

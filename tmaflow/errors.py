@@ -1,0 +1,56 @@
+"""One exception hierarchy: every tmaflow failure is a ``TmaflowError``.
+
+Messages name the field, the value, the rule it broke and, where one exists, the fix.
+"""
+from __future__ import annotations
+
+
+class TmaflowError(Exception):
+    """Base class of every error tmaflow raises."""
+
+
+class TensorMapError(TmaflowError, ValueError):
+    """A tensor-map parameter breaks an encode rule (checked before the driver sees it)."""
+
+
+class LayoutError(TmaflowError, ValueError):
+    """A shared-memory plan (barriers, pipelines, layout) is impossible or over a limit."""
+
+
+class CompileError(TmaflowError):
+    """NVRTC rejected a kernel. Carries the full log and the failing source lines."""
+
+    def __init__(self, message: str, log: str = "", excerpt: str = ""):
+        self.log = log
+        self.excerpt = excerpt
+        parts = [message]
+        if excerpt:
+            parts.append(excerpt)
+        if log:
+            parts.append("NVRTC log:\n" + log.strip())
+        super().__init__("\n".join(parts))
+
+
+class LaunchError(TmaflowError):
+    """A launch configuration or an argument is wrong; raised before the kernel runs."""
+
+
+class CudaError(TmaflowError):
+    """A driver or NVRTC call failed: ``call`` is the API name, ``code``/``name`` the result."""
+
+    def __init__(self, call: str, code: int, name: str, detail: str = ""):
+        self.call, self.code, self.name = call, int(code), name
+        msg = f"{call} failed with {name} ({int(code)})"
+        super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+class DeadlockError(TmaflowError):
+    """A debug-build barrier wait timed out. ``records`` holds one dict per timed-out wait."""
+
+    def __init__(self, message: str, records: list | None = None):
+        self.records = list(records or [])
+        super().__init__(message)
+
+
+class DriverNotFoundError(TmaflowError):
+    """A GPU operation was requested on a machine without a usable CUDA driver."""

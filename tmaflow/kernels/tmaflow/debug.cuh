@@ -1,0 +1,75 @@
+// Watchdog for debug builds (-DTMAFLOW_DEBUG=1): a bounded barrier wait records who hung
+// into pinned host memory, raises a device-wide abort flag and returns, so the kernel ends
+// and the host raises DeadlockError. Release builds compile none of this.
+#pragma once
+namespace tmaflow { namespace debug {
+struct Record {  // mirrors tmaflow/watchdog.py
+  uint32_t magic, block[3], thread, cluster_rank, smem_offset;
+  int32_t stage;
+  uint32_t parity, tx_bytes, line, waited_us;
+  char name[32];
+  char file[48];
+};
+struct WatchdogState {
+  volatile uint32_t abort;
+  uint32_t slots;
+  Record* records;  // pinned, device-mapped host memory set by the host at module load
+};
+constexpr uint32_t kMagic = 0x7F10D0C4u;
+constexpr uint32_t kSlots = 64;
+struct Site {  // what the host will print about a wait
+  const char* name;
+  int32_t stage;
+  uint32_t tx_bytes;
+};
+}}  // namespace tmaflow::debug
+
+#if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
+#ifndef TMAFLOW_WATCHDOG_NS
+#define TMAFLOW_WATCHDOG_NS 1000000000ull
+#endif
+extern "C" {
+__device__ tmaflow::debug::WatchdogState tmaflow_watchdog_state;
+}
+namespace tmaflow { namespace debug {
+TMAFLOW_DEVICE uint64_t globaltimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+TMAFLOW_DEVICE void copy_str(char* dst, const char* src, int n) {
+  int i = 0;
+  if (src) {
+    int len = 0;
+    while (src[len]) ++len;
+    int start = len > n - 1 ? len - (n - 1) : 0;  // keep the tail of long paths
+    for (; i < n - 1 && src[start + i]; ++i) dst[i] = src[start + i];
+  }
+  for (; i < n; ++i) dst[i] = 0;
+}
+__device__ __noinline__ void report(uint32_t bar_addr, uint32_t parity, Site site, uint32_t line,
+                                    const char* file, uint64_t waited_ns) {
+  tmaflow_watchdog_state.abort = 1;
+  uint32_t slot = atomicAdd(&tmaflow_watchdog_state.slots, 1u);
+  Record* rec = tmaflow_watchdog_state.records;
+  if (rec == nullptr || slot >= kSlots) return;
+  volatile Record* r = rec + slot;
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %cluster_ctarank;" : "=r"(rank));
+  r->block[0] = blockIdx.x; r->block[1] = blockIdx.y; r->block[2] = blockIdx.z;
+  r->thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  r->cluster_rank = rank;
+  r->smem_offset = bar_addr;
+  r->stage = site.stage;
+  r->parity = parity;
+  r->tx_bytes = site.tx_bytes;
+  r->line = line;
+  r->waited_us = static_cast<uint32_t>(waited_ns / 1000);
+  copy_str(const_cast<char*>(r->name), site.name, 32);
+  copy_str(const_cast<char*>(r->file), file, 48);
+  __threadfence_system();
+  r->magic = kMagic;
+  __threadfence_system();
+}
+}}  // namespace tmaflow::debug
+#endif

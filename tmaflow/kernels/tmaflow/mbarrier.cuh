@@ -1,0 +1,106 @@
+// mbarrier: 8-byte shared objects tracking arrivals and transaction bytes per phase.
+#pragma once
+namespace tmaflow { namespace mbarrier {
+// mbarrier.init.shared::cta.b64 — arrival count in [1, 2^20-1]. Follow with a fence
+// (fence::mbarrier_init for cluster use, fence::proxy_async_shared_cta for TMA in the CTA).
+TMAFLOW_DEVICE void init(uint64_t* bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+// mbarrier.inval.shared::cta.b64 — required before re-initialising or reusing the memory.
+TMAFLOW_DEVICE void inval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
+}
+// mbarrier.arrive.shared::cta.b64 — one arrival; returns the phase token.
+TMAFLOW_DEVICE uint64_t arrive(uint64_t* bar) {
+  uint64_t state;
+  asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
+  return state;
+}
+// mbarrier.arrive.expect_tx — add `bytes` to the expected transactions, then arrive once.
+TMAFLOW_DEVICE void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// mbarrier.expect_tx — add expected bytes without arriving.
+TMAFLOW_DEVICE void expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+// mbarrier.arrive.release.cluster.shared::cluster — arrive on the barrier at the same
+// offset in CTA `cta_rank` of the cluster (remote CTAs may only arrive / expect / complete).
+TMAFLOW_DEVICE void arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+}
+// mbarrier.try_wait.parity — true once the phase with this parity completed. Returns false
+// after a hardware time limit; callers loop.
+TMAFLOW_DEVICE bool try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  return done != 0;
+}
+// mbarrier.try_wait.parity.acquire.cluster — also acquires remote CTAs' releases.
+TMAFLOW_DEVICE bool try_wait_cluster(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  return done != 0;
+}
+
+// Wait until the phase of `parity` completes. Debug builds bound the wait (watchdog);
+// release builds compile to the bare try_wait loop. The trailing arguments only feed the
+// watchdog's report.
+TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
+                         uint32_t line = __builtin_LINE(), const char* file = __builtin_FILE()) {
+#if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
+  if (try_wait(bar, parity)) return;
+  uint64_t start = debug::globaltimer();
+  for (uint32_t spin = 0;; ++spin) {
+    if (try_wait(bar, parity)) return;
+    if ((spin & 63) == 0) {
+      if (tmaflow_watchdog_state.abort) return;
+      uint64_t waited = debug::globaltimer() - start;
+      if (waited > TMAFLOW_WATCHDOG_NS) {
+        debug::report(smem_u32(bar), parity, site, line, file, waited);
+        return;
+      }
+    }
+  }
+#else
+  (void)site; (void)line; (void)file;
+  while (!try_wait(bar, parity)) {}
+#endif
+}
+TMAFLOW_DEVICE void wait_cluster(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
+                                 uint32_t line = __builtin_LINE(), const char* file = __builtin_FILE()) {
+#if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
+  if (try_wait_cluster(bar, parity)) return;
+  uint64_t start = debug::globaltimer();
+  for (uint32_t spin = 0;; ++spin) {
+    if (try_wait_cluster(bar, parity)) return;
+    if ((spin & 63) == 0) {
+      if (tmaflow_watchdog_state.abort) return;
+      uint64_t waited = debug::globaltimer() - start;
+      if (waited > TMAFLOW_WATCHDOG_NS) {
+        debug::report(smem_u32(bar), parity, site, line, file, waited);
+        return;
+      }
+    }
+  }
+#else
+  (void)site; (void)line; (void)file;
+  while (!try_wait_cluster(bar, parity)) {}
+#endif
+}
+
+// A barrier plus the parity of the phase its user waits for next.
+struct Phase {
+  uint64_t* bar;
+  uint32_t parity;
+  TMAFLOW_DEVICE void wait(debug::Site site = {nullptr, -1, 0}, uint32_t line = __builtin_LINE(),
+                           const char* file = __builtin_FILE()) {
+    mbarrier::wait(bar, parity, site, line, file);
+    parity ^= 1u;
+  }
+};
+}}  // namespace tmaflow::mbarrier

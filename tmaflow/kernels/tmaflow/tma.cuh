@@ -1,0 +1,129 @@
+// Tensor TMA (cp.async.bulk.tensor): tile loads, multicast, stores, reductions, prefetch.
+// Overloaded by coordinate count (rank 1-5); coordinates are innermost-first.
+#pragma once
+namespace tmaflow { namespace tma {
+
+#define TMAFLOW_COORDS_1 "{%c0}"
+#define TMAFLOW_TMA_RANKS(X) \
+  X(1, "{%3}", (int c0), "r"(c0)) \
+  X(2, "{%3, %4}", (int c0, int c1), "r"(c0), "r"(c1)) \
+  X(3, "{%3, %4, %5}", (int c0, int c1, int c2), "r"(c0), "r"(c1), "r"(c2)) \
+  X(4, "{%3, %4, %5, %6}", (int c0, int c1, int c2, int c3), "r"(c0), "r"(c1), "r"(c2), "r"(c3)) \
+  X(5, "{%3, %4, %5, %6, %7}", (int c0, int c1, int c2, int c3, int c4), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4))
+
+#define TMAFLOW_UNPAREN(...) __VA_ARGS__
+
+// cp.async.bulk.tensor.Nd.shared::cluster.global.tile.mbarrier::complete_tx::bytes —
+// the box lands at `dst` (128 B aligned, 1024 B for 128B swizzle) and completes its bytes on `bar`.
+#define TMAFLOW_LOAD(N, COORDS, PARAMS, ...) \
+  TMAFLOW_DEVICE void load(void* dst, const CUtensorMap* map, uint64_t* bar, TMAFLOW_UNPAREN PARAMS) { \
+    asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" \
+                 " [%0], [%1, " COORDS "], [%2];" \
+                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), __VA_ARGS__ : "memory"); }
+TMAFLOW_TMA_RANKS(TMAFLOW_LOAD)
+#undef TMAFLOW_LOAD
+
+#define TMAFLOW_TMA_RANKS_MC(X) \
+  X(1, "{%4}", (int c0), "r"(c0)) \
+  X(2, "{%4, %5}", (int c0, int c1), "r"(c0), "r"(c1)) \
+  X(3, "{%4, %5, %6}", (int c0, int c1, int c2), "r"(c0), "r"(c1), "r"(c2)) \
+  X(4, "{%4, %5, %6, %7}", (int c0, int c1, int c2, int c3), "r"(c0), "r"(c1), "r"(c2), "r"(c3)) \
+  X(5, "{%4, %5, %6, %7, %8}", (int c0, int c1, int c2, int c3, int c4), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4))
+
+// ... .multicast::cluster — the box and its complete_tx land at the same smem offsets in
+// every CTA whose rank bit is set in `cta_mask`.
+#define TMAFLOW_LOAD_MC(N, COORDS, PARAMS, ...) \
+  TMAFLOW_DEVICE void load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t cta_mask, TMAFLOW_UNPAREN PARAMS) { \
+    asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster" \
+                 " [%0], [%1, " COORDS "], [%2], %3;" \
+                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "h"(cta_mask), __VA_ARGS__ : "memory"); }
+TMAFLOW_TMA_RANKS_MC(TMAFLOW_LOAD_MC)
+#undef TMAFLOW_LOAD_MC
+
+// ... .L2::cache_hint — load with an L2 eviction policy (see make_policy_* below).
+#define TMAFLOW_LOAD_HINT(N, COORDS, PARAMS, ...) \
+  TMAFLOW_DEVICE void load_hint(void* dst, const CUtensorMap* map, uint64_t* bar, uint64_t policy, TMAFLOW_UNPAREN PARAMS) { \
+    asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint" \
+                 " [%0], [%1, " COORDS "], [%2], %3;" \
+                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "l"(policy), __VA_ARGS__ : "memory"); }
+#define TMAFLOW_TMA_RANKS_HINT(X) \
+  X(1, "{%4}", (int c0), "r"(c0)) \
+  X(2, "{%4, %5}", (int c0, int c1), "r"(c0), "r"(c1)) \
+  X(3, "{%4, %5, %6}", (int c0, int c1, int c2), "r"(c0), "r"(c1), "r"(c2)) \
+  X(4, "{%4, %5, %6, %7}", (int c0, int c1, int c2, int c3), "r"(c0), "r"(c1), "r"(c2), "r"(c3)) \
+  X(5, "{%4, %5, %6, %7, %8}", (int c0, int c1, int c2, int c3, int c4), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4))
+TMAFLOW_TMA_RANKS_HINT(TMAFLOW_LOAD_HINT)
+#undef TMAFLOW_LOAD_HINT
+
+// createpolicy.fractional.L2::evict_first / evict_last — policies for load_hint.
+TMAFLOW_DEVICE uint64_t make_policy_evict_first() {
+  uint64_t p; asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p)); return p;
+}
+TMAFLOW_DEVICE uint64_t make_policy_evict_last() {
+  uint64_t p; asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p)); return p;
+}
+
+#define TMAFLOW_TMA_RANKS_ST(X) \
+  X(1, "{%2}", (int c0), "r"(c0)) \
+  X(2, "{%2, %3}", (int c0, int c1), "r"(c0), "r"(c1)) \
+  X(3, "{%2, %3, %4}", (int c0, int c1, int c2), "r"(c0), "r"(c1), "r"(c2)) \
+  X(4, "{%2, %3, %4, %5}", (int c0, int c1, int c2, int c3), "r"(c0), "r"(c1), "r"(c2), "r"(c3)) \
+  X(5, "{%2, %3, %4, %5, %6}", (int c0, int c1, int c2, int c3, int c4), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4))
+
+// cp.async.bulk.tensor.Nd.global.shared::cta.tile.bulk_group — store the box from `src`;
+// out-of-bounds elements are not written. Coordinates must be non-negative. Before it, each
+// thread that wrote `src` needs fence::proxy_async_shared_cta() and then a CTA barrier.
+#define TMAFLOW_STORE(N, COORDS, PARAMS, ...) \
+  TMAFLOW_DEVICE void store(const CUtensorMap* map, const void* src, TMAFLOW_UNPAREN PARAMS) { \
+    asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.tile.bulk_group [%0, " COORDS "], [%1];" \
+                 :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); }
+TMAFLOW_TMA_RANKS_ST(TMAFLOW_STORE)
+#undef TMAFLOW_STORE
+
+// cp.reduce.async.bulk.tensor.Nd.global.shared::cta.<op>.tile.bulk_group — element-wise
+// global = op(global, smem) for the box (element type from the map).
+#define TMAFLOW_REDUCE(N, COORDS, PARAMS, ...) \
+  TMAFLOW_REDUCE_OP(add, N, COORDS, PARAMS, __VA_ARGS__) TMAFLOW_REDUCE_OP(min, N, COORDS, PARAMS, __VA_ARGS__) \
+  TMAFLOW_REDUCE_OP(max, N, COORDS, PARAMS, __VA_ARGS__) TMAFLOW_REDUCE_OP(inc, N, COORDS, PARAMS, __VA_ARGS__) \
+  TMAFLOW_REDUCE_OP(dec, N, COORDS, PARAMS, __VA_ARGS__) TMAFLOW_REDUCE_OP(and, N, COORDS, PARAMS, __VA_ARGS__) \
+  TMAFLOW_REDUCE_OP(or, N, COORDS, PARAMS, __VA_ARGS__) TMAFLOW_REDUCE_OP(xor, N, COORDS, PARAMS, __VA_ARGS__)
+#define TMAFLOW_REDUCE_OP(OP, N, COORDS, PARAMS, ...) \
+  TMAFLOW_DEVICE void reduce_##OP(const CUtensorMap* map, const void* src, TMAFLOW_UNPAREN PARAMS) { \
+    asm volatile("cp.reduce.async.bulk.tensor." #N "d.global.shared::cta." #OP ".tile.bulk_group [%0, " COORDS "], [%1];" \
+                 :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); }
+TMAFLOW_TMA_RANKS_ST(TMAFLOW_REDUCE)
+#undef TMAFLOW_REDUCE
+#undef TMAFLOW_REDUCE_OP
+
+#define TMAFLOW_TMA_RANKS_PF(X) \
+  X(1, "{%1}", (int c0), "r"(c0)) \
+  X(2, "{%1, %2}", (int c0, int c1), "r"(c0), "r"(c1)) \
+  X(3, "{%1, %2, %3}", (int c0, int c1, int c2), "r"(c0), "r"(c1), "r"(c2)) \
+  X(4, "{%1, %2, %3, %4}", (int c0, int c1, int c2, int c3), "r"(c0), "r"(c1), "r"(c2), "r"(c3)) \
+  X(5, "{%1, %2, %3, %4, %5}", (int c0, int c1, int c2, int c3, int c4), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4))
+// cp.async.bulk.prefetch.tensor.Nd.L2.global.tile — warm L2 with a box.
+#define TMAFLOW_PREFETCH(N, COORDS, PARAMS, ...) \
+  TMAFLOW_DEVICE void prefetch(const CUtensorMap* map, TMAFLOW_UNPAREN PARAMS) { \
+    asm volatile("cp.async.bulk.prefetch.tensor." #N "d.L2.global.tile [%0, " COORDS "];" \
+                 :: "l"(map), __VA_ARGS__ : "memory"); }
+TMAFLOW_TMA_RANKS_PF(TMAFLOW_PREFETCH)
+#undef TMAFLOW_PREFETCH
+
+// prefetch.tensormap — fetch the descriptor itself ahead of the first copy.
+TMAFLOW_DEVICE void prefetch_descriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" :: "l"(map) : "memory");
+}
+// cp.async.bulk.commit_group — close the bulk async-group of this thread's stores/reductions.
+TMAFLOW_DEVICE void commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// cp.async.bulk.wait_group N — at most N groups still pending (writes complete).
+template <int N = 0> TMAFLOW_DEVICE void wait_group() { asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory"); }
+// cp.async.bulk.wait_group.read N — sources of all but N groups were read (smem reusable).
+template <int N = 0> TMAFLOW_DEVICE void wait_group_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
+
+#undef TMAFLOW_TMA_RANKS
+#undef TMAFLOW_TMA_RANKS_MC
+#undef TMAFLOW_TMA_RANKS_HINT
+#undef TMAFLOW_TMA_RANKS_ST
+#undef TMAFLOW_TMA_RANKS_PF
+#undef TMAFLOW_COORDS_1
+}}  // namespace tmaflow::tma

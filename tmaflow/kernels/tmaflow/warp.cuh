@@ -1,0 +1,20 @@
+#pragma once
+namespace tmaflow { namespace warp {
+// elect.sync — true in exactly one active lane of the warp.
+TMAFLOW_DEVICE bool elect_one() {
+  uint32_t pred = 0;
+  asm volatile("{\n .reg .b32 rx;\n .reg .pred px;\n elect.sync rx|px, %1;\n selp.u32 %0, 1, 0, px;\n}\n"
+               : "=r"(pred) : "r"(0xffffffffu));
+  return pred != 0;
+}
+// setmaxnreg.inc / .dec (sm_90a): rebalance registers between warpgroups. Needs a register
+// cap at entry (__launch_bounds__(threads, 1)) and warpgroup-uniform control flow.
+template <uint32_t N> TMAFLOW_DEVICE void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(N));
+}
+template <uint32_t N> TMAFLOW_DEVICE void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(N));
+}
+TMAFLOW_DEVICE uint32_t lane() { return threadIdx.x & 31; }
+TMAFLOW_DEVICE uint32_t warp_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0); }
+}}  // namespace tmaflow::warp

@@ -1,0 +1,304 @@
+"""Shared-memory plans: ``Barrier``, ``Pipeline``, ``Buffer`` and the ``SharedLayout`` that
+places them and generates the header a kernel includes (``tmaflow_layout.cuh``).
+
+Numbers a kernel author usually spells by hand (transaction bytes, arrival counts,
+multicast masks, offsets and alignments) are derived here from tensor-map specs and the
+cluster shape.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from .errors import LayoutError
+
+HOPPER_SMEM_LIMIT = 227 * 1024
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise LayoutError(f"{kind} name={name!r} must be a C identifier")
+    return name
+
+
+def _spec_of(tile):
+    return getattr(tile, "spec", tile)  # a TensorMap or a TensorMapSpec
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """One mbarrier: ``arrivals`` per phase and the transaction bytes announced with it."""
+
+    name: str
+    arrivals: int = 1
+    tx_bytes: int = 0
+
+    def __post_init__(self):
+        _check_name("Barrier", self.name)
+        if not 1 <= self.arrivals <= (1 << 20) - 1:
+            raise LayoutError(f"Barrier {self.name!r}: arrivals={self.arrivals} must be in [1, 2^20-1]")
+        if not 0 <= self.tx_bytes <= (1 << 20) - 1:
+            raise LayoutError(f"Barrier {self.name!r}: tx_bytes={self.tx_bytes} must be in "
+                              "[0, 2^20-1] (the mbarrier tx-count range)")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A plain shared-memory region (epilogue staging, scratch)."""
+
+    name: str
+    nbytes: int
+    align: int = 128
+
+    def __post_init__(self):
+        _check_name("Buffer", self.name)
+        if self.nbytes <= 0 or self.align <= 0 or self.align & (self.align - 1):
+            raise LayoutError(f"Buffer {self.name!r}: nbytes={self.nbytes} must be > 0 and "
+                              f"align={self.align} a power of two")
+
+
+_AXES = {"x": 0, "y": 1, "z": 2}
+
+
+@dataclass(frozen=True, init=False)
+class Pipeline:
+    """A ring of ``stages`` buffers, each holding one box of every tile, with full/empty
+    barrier pairs.
+
+    ``tiles``: a list of specs/maps (named tile0, tile1, ...) or a dict name -> spec.
+    ``consumers``: arrivals on an empty barrier per CTA per release (e.g. one elected thread
+    per consumer warp, or every thread for a unified pipeline).
+    ``cluster`` and ``multicast``: with ``multicast`` a list (one entry per tile) of None or
+    the cluster axis ("x" | "y") along which CTAs share that tile; the group's lowest rank
+    issues the multicast load and every consumer releases to every CTA that writes into it.
+    """
+
+    name: str
+    stages: int
+    tiles: tuple
+    consumers: int = 1
+    cluster: tuple = (1, 1, 1)
+    multicast: tuple | None = None
+    tile_names: tuple = field(default=(), compare=False)
+
+    def __init__(self, name, stages, tiles, consumers=1, multicast=None, cluster=(1, 1, 1)):
+        _check_name("Pipeline", name)
+        if isinstance(tiles, dict):
+            names, specs = tuple(tiles), tuple(_spec_of(t) for t in tiles.values())
+        else:
+            specs = tuple(_spec_of(t) for t in tiles)
+            names = tuple(f"tile{i}" for i in range(len(specs)))
+        for n in names:
+            _check_name("tile", n)
+        if not specs:
+            raise LayoutError(f"Pipeline {name!r}: tiles is empty; give at least one spec or map")
+        if not 1 <= stages <= 32:
+            raise LayoutError(f"Pipeline {name!r}: stages={stages} must be in [1, 32]")
+        if not 1 <= consumers <= 1024:
+            raise LayoutError(f"Pipeline {name!r}: consumers={consumers} must be in [1, 1024]")
+        cluster = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
+        if math.prod(cluster) > 16 or cluster[2] != 1 and multicast:
+            raise LayoutError(f"Pipeline {name!r}: cluster={cluster} must have at most 16 CTAs "
+                              "(and z = 1 with multicast)")
+        if multicast is not None:
+            multicast = tuple(multicast) if isinstance(multicast, (list, tuple)) else (multicast,) * len(specs)
+            if len(multicast) != len(specs):
+                raise LayoutError(f"Pipeline {name!r}: multicast has {len(multicast)} entries for "
+                                  f"{len(specs)} tiles")
+            for i, axis in enumerate(multicast):
+                if axis is not None and axis not in ("x", "y"):
+                    raise LayoutError(f"Pipeline {name!r}: multicast[{i}]={axis!r} must be None, "
+                                      "'x' or 'y'")
+                if axis is not None and cluster[_AXES[axis]] == 1:
+                    raise LayoutError(f"Pipeline {name!r}: multicast[{i}]={axis!r} but cluster="
+                                      f"{cluster} has one CTA along {axis}; nothing to share")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "stages", stages)
+        object.__setattr__(self, "tiles", specs)
+        object.__setattr__(self, "tile_names", names)
+        object.__setattr__(self, "consumers", consumers)
+        object.__setattr__(self, "cluster", cluster)
+        object.__setattr__(self, "multicast", multicast)
+        if self.tx_bytes > (1 << 20) - 1:
+            raise LayoutError(f"Pipeline {name!r}: one stage carries {self.tx_bytes} B, over the "
+                              "mbarrier tx-count limit of 2^20-1; use smaller boxes")
+
+    @property
+    def tx_bytes(self) -> int:
+        """Bytes landing in each CTA per stage: what the producer announces."""
+        return sum(s.tx_bytes for s in self.tiles)
+
+    @property
+    def full_arrivals(self) -> int:
+        return 1
+
+    def _rank(self, x: int, y: int) -> int:
+        return x + y * self.cluster[0]
+
+    def group_mask(self, tile: int, rank: int) -> int:
+        """CTAs (bit per cluster rank) receiving tile ``tile`` together with CTA ``rank``."""
+        cx, cy, _ = self.cluster
+        x, y = rank % cx, (rank // cx) % cy
+        axis = self.multicast[tile] if self.multicast else None
+        if axis is None:
+            return 1 << rank
+        if axis == "x":
+            return sum(1 << self._rank(i, y) for i in range(cx))
+        return sum(1 << self._rank(x, j) for j in range(cy))
+
+    def is_leader(self, tile: int, rank: int) -> bool:
+        mask = self.group_mask(tile, rank)
+        return (mask & -mask) == (1 << rank)
+
+    def release_mask(self, rank: int) -> int:
+        mask = 0
+        for t in range(len(self.tiles)):
+            mask |= self.group_mask(t, rank)
+        return mask
+
+    @property
+    def empty_arrivals(self) -> int:
+        return self.consumers * bin(self.release_mask(0)).count("1")
+
+    @property
+    def uses_cluster(self) -> bool:
+        return self.multicast is not None and any(a is not None for a in self.multicast)
+
+
+@dataclass(frozen=True)
+class Placement:
+    name: str
+    offset: int
+    nbytes: int
+    align: int
+    what: str
+
+
+class SharedLayout:
+    """Offsets for every item; the total is checked against ``limit`` (227 KB on Hopper)."""
+
+    def __init__(self, items, limit: int = HOPPER_SMEM_LIMIT):
+        self.items = list(items)
+        self.limit = limit
+        self.placements: list[Placement] = []
+        offset = 0
+        seen = set()
+
+        def place(name, nbytes, align, what):
+            nonlocal offset
+            if name in seen:
+                raise LayoutError(f"SharedLayout: name {name!r} is used twice")
+            seen.add(name)
+            offset = -(-offset // align) * align
+            self.placements.append(Placement(name, offset, nbytes, align, what))
+            offset += nbytes
+
+        # Big, strictly aligned tiles first so padding stays small; barriers last.
+        for item in self.items:
+            if isinstance(item, Pipeline):
+                for t, (tname, spec) in enumerate(zip(item.tile_names, item.tiles)):
+                    stride = -(-spec.smem_bytes // spec.smem_align) * spec.smem_align
+                    place(f"{item.name}_{tname}", stride * item.stages, spec.smem_align,
+                          f"{item.stages} x {spec.smem_bytes} B {spec.dtype.name} box {spec.box}"
+                          f" swizzle {spec.swizzle}")
+        for item in self.items:
+            if isinstance(item, Buffer):
+                place(item.name, item.nbytes, item.align, f"buffer {item.nbytes} B")
+            elif not isinstance(item, (Pipeline, Barrier)):
+                raise LayoutError(f"SharedLayout: {item!r} is not a Pipeline, Barrier or Buffer")
+        for item in self.items:
+            if isinstance(item, Pipeline):
+                place(f"{item.name}_full", 8 * item.stages, 8, f"{item.stages} full mbarriers")
+                place(f"{item.name}_empty", 8 * item.stages, 8, f"{item.stages} empty mbarriers")
+            elif isinstance(item, Barrier):
+                place(item.name, 8, 8, f"mbarrier ({item.arrivals} arrivals, {item.tx_bytes} tx B)")
+        self.total_bytes = offset
+        self.align = max((p.align for p in self.placements), default=8)
+        if self.total_bytes > self.limit:
+            raise LayoutError(f"SharedLayout needs {self.total_bytes} B of shared memory, over the "
+                              f"{self.limit} B per-block limit:\n{self.describe()}\n"
+                              "Use fewer stages or smaller boxes")
+
+    def offset(self, name: str) -> int:
+        for p in self.placements:
+            if p.name == name:
+                return p.offset
+        raise LayoutError(f"SharedLayout has no item {name!r}")
+
+    def check_device(self, device) -> None:
+        if self.total_bytes > device.max_smem_per_block:
+            raise LayoutError(f"SharedLayout needs {self.total_bytes} B; {device.name} allows "
+                              f"{device.max_smem_per_block} B per block")
+
+    def describe(self) -> str:
+        rows = [f"  {p.offset:7d}  {p.nbytes:7d} B  align {p.align:5d}  {p.name}: {p.what}"
+                for p in self.placements]
+        return "\n".join(rows + [f"  total {self.total_bytes} B"])
+
+    def __repr__(self) -> str:
+        return f"SharedLayout({len(self.placements)} items, total_bytes={self.total_bytes})"
+
+    def header(self) -> str:
+        """C++ for ``#include "tmaflow_layout.cuh"``: ``tmaflow_layout::Smem`` accessors."""
+        L = ["// Generated by tmaflow.SharedLayout. Do not edit.", "#pragma once",
+             "#include <tmaflow.cuh>", "namespace tmaflow_layout {",
+             "using tmaflow::uint8_t; using tmaflow::uint16_t; using tmaflow::uint32_t; using tmaflow::uint64_t;",
+             f"constexpr uint32_t total_bytes = {self.total_bytes};",
+             f"constexpr uint32_t align = {self.align};"]
+        for item in self.items:
+            if isinstance(item, Pipeline):
+                n = item.name
+                L.append(f"namespace {n} {{")
+                L.append(f"constexpr int stages = {item.stages};")
+                L.append(f"constexpr uint32_t tx_bytes = {item.tx_bytes};")
+                L.append(f"constexpr uint32_t full_arrivals = {item.full_arrivals};")
+                L.append(f"constexpr uint32_t empty_arrivals = {item.empty_arrivals};")
+                L.append(f"constexpr uint32_t consumers = {item.consumers};")
+                L.append(f"constexpr uint32_t cluster_x = {item.cluster[0]}, cluster_y = {item.cluster[1]};")
+                for t, (tname, spec) in enumerate(zip(item.tile_names, item.tiles)):
+                    stride = -(-spec.smem_bytes // spec.smem_align) * spec.smem_align
+                    L.append(f"constexpr uint32_t {tname}_bytes = {spec.tx_bytes};")
+                    L.append(f"constexpr uint32_t {tname}_stride = {stride};")
+                    L.append(f"constexpr int {tname}_index = {t};")
+                masks = [item.release_mask(r) for r in range(16)]
+                L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t rank) {")
+                L.append(f"  constexpr uint32_t m[16] = {{{', '.join(map(str, masks))}}};")
+                L.append(f"  return {'m[rank & 15]' if item.uses_cluster else '0'};")
+                L.append("}")
+                for t, tname in enumerate(item.tile_names):
+                    gm = [item.group_mask(t, r) for r in range(16)]
+                    L.append(f"// CTAs that receive {tname} together with CTA `rank`; the lowest issues it.")
+                    L.append(f"TMAFLOW_DEVICE uint16_t {tname}_mask(uint32_t rank) {{ constexpr uint16_t m[16] = "
+                             f"{{{', '.join(map(str, gm))}}}; return m[rank & 15]; }}")
+                    L.append(f"TMAFLOW_DEVICE bool {tname}_leader(uint32_t rank) {{ uint32_t m = {tname}_mask(rank); "
+                             "return (m & (~m + 1u)) == (1u << rank); }")
+                L.append(f"}}  // namespace {n}")
+            elif isinstance(item, Barrier):
+                L.append(f"namespace {item.name} {{ constexpr uint32_t arrivals = {item.arrivals}; "
+                         f"constexpr uint32_t tx_bytes = {item.tx_bytes}; }}")
+        L.append("struct Smem {")
+        L.append("  uint8_t* base;")
+        L.append("  TMAFLOW_DEVICE explicit Smem(void* p) : base(static_cast<uint8_t*>(p)) {}")
+        for item in self.items:
+            if isinstance(item, Pipeline):
+                n = item.name
+                for tname in item.tile_names:
+                    L.append(f"  TMAFLOW_DEVICE void* {n}_{tname}(uint32_t stage) const {{ return base + "
+                             f"{self.offset(f'{n}_{tname}')} + stage * {n}::{tname}_stride; }}")
+                rm = f"{n}::release_mask(tmaflow::cluster::rank())" if item.uses_cluster else "0"
+                L.append(f"  TMAFLOW_DEVICE tmaflow::Pipeline<{item.stages}> {n}() const {{ return {{"
+                         f"reinterpret_cast<uint64_t*>(base + {self.offset(f'{n}_full')}), "
+                         f"reinterpret_cast<uint64_t*>(base + {self.offset(f'{n}_empty')}), "
+                         f"{n}::tx_bytes, {n}::full_arrivals, {n}::empty_arrivals, {rm}, "
+                         f"\"{n}.full\", \"{n}.empty\"}}; }}")
+            elif isinstance(item, Barrier):
+                L.append(f"  TMAFLOW_DEVICE tmaflow::Barrier {item.name}() const {{ return {{"
+                         f"reinterpret_cast<uint64_t*>(base + {self.offset(item.name)}), "
+                         f"{item.arrivals}, {item.tx_bytes}, \"{item.name}\"}}; }}")
+            elif isinstance(item, Buffer):
+                L.append(f"  TMAFLOW_DEVICE void* {item.name}() const {{ return base + {self.offset(item.name)}; }}")
+        L.append("};")
+        L.append("}  // namespace tmaflow_layout")
+        return "\n".join(L) + "\n"

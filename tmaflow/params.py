@@ -1,0 +1,193 @@
+"""Kernel arguments packed by value into the exact device parameter layout.
+
+The layout (offset and size of every parameter) comes from ``cuFuncGetParamInfo``; this
+module is pure Python so it is tested against fabricated tables without a GPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import LaunchError
+
+MAX_PARAM_BYTES = 32764  # CUDA 12.1+ parameter space
+
+
+@dataclass(frozen=True)
+class Param:
+    index: int
+    offset: int
+    size: int
+
+
+_INT_CODES = {1: "b", 2: "h", 4: "i", 8: "q"}
+_UINT_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_FLOAT_CODES = {2: "e", 4: "f", 8: "d"}
+
+
+def _describe(arg) -> str:
+    if isinstance(arg, np.generic):
+        return f"numpy.{arg.dtype.name} ({arg.dtype.itemsize} B)"
+    return type(arg).__name__
+
+
+def _kind(arg):
+    """Classify an argument: ("tensormap"|"pointer"|"int"|"float"|"bytes", payload-fn)."""
+    from .memory import DeviceArray
+    from .tensormap import TensorMap
+
+    t = type(arg)
+    if t is TensorMap:
+        return "tensormap"
+    if t is DeviceArray:
+        return "pointer"
+    if t is bool or t is np.bool_:
+        return "bool"
+    if t is int:
+        return "int"
+    if t is float:
+        return "float"
+    if isinstance(arg, np.generic):
+        return "numpy"
+    if isinstance(arg, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if isinstance(arg, np.ndarray):
+        return "host"
+    if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+        return "foreign"
+    return "unknown"
+
+
+def convert(param: Param, arg) -> bytes:
+    """Bytes of one argument for ``param``, or a LaunchError naming index, size and value."""
+    kind = _kind(arg)
+    i, size = param.index, param.size
+    where = f"argument {i}"
+    if kind == "tensormap":
+        if size != 128:
+            raise LaunchError(f"{where}: a TensorMap is 128 bytes but the kernel parameter is "
+                              f"{size} bytes; declare it `const __grid_constant__ CUtensorMap`")
+        return arg.to_bytes()
+    if kind in ("pointer", "foreign"):
+        from .memory import as_array
+
+        arr = as_array(arg)
+        if not arr.alive:
+            raise LaunchError(f"{where}: {arr!r} was freed before the launch")
+        if size != 8:
+            raise LaunchError(f"{where}: a device array passes an 8-byte pointer but the kernel "
+                              f"parameter is {size} bytes")
+        return arr.ptr.to_bytes(8, "little")
+    if kind == "host":
+        raise LaunchError(f"{where}: a host numpy array (shape {arg.shape}) cannot be passed to a "
+                          "kernel; copy it with tf.from_numpy(array)")
+    if kind == "bool":
+        return int(bool(arg)).to_bytes(size, "little") if size in _INT_CODES else _bad(where, arg, size)
+    if kind == "int":
+        if size not in _INT_CODES:
+            _bad(where, arg, size)
+        lo, hi = -(1 << (8 * size - 1)), (1 << (8 * size)) - 1
+        if not lo <= arg <= hi:
+            raise LaunchError(f"{where}: int {arg} does not fit the {size}-byte parameter "
+                              f"(range [{lo}, {hi}])")
+        return (arg & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+    if kind == "float":
+        if size not in _FLOAT_CODES:
+            _bad(where, arg, size)
+        return struct.pack("<" + _FLOAT_CODES[size], arg)
+    if kind == "numpy":
+        if arg.dtype.itemsize != size:
+            raise LaunchError(f"{where}: {_describe(arg)} is {arg.dtype.itemsize} bytes but the "
+                              f"kernel parameter is {size} bytes; numpy scalars are passed exactly")
+        return arg.tobytes()
+    if kind == "bytes":
+        data = bytes(arg)
+        if len(data) != size:
+            raise LaunchError(f"{where}: {len(data)} raw bytes given for a {size}-byte parameter")
+        return data
+    raise LaunchError(f"{where}: cannot pass {_describe(arg)} {arg!r} to a {size}-byte parameter; "
+                      "pass an int, float, numpy scalar, device array, TensorMap or bytes")
+
+
+def _bad(where, arg, size):
+    raise LaunchError(f"{where}: cannot pack {_describe(arg)} {arg!r} into a {size}-byte parameter")
+
+
+class ArgPacker:
+    """Packs argument tuples for one kernel into a reusable buffer addressed by a void**.
+
+    The first call with a given tuple of argument types builds one ``struct.Struct`` for the
+    whole layout; later calls with the same types pack with a single ``pack_into``.
+    """
+
+    def __init__(self, params: list[Param]):
+        self.params = list(params)
+        self.total = max((p.offset + p.size for p in self.params), default=0)
+        if self.total > MAX_PARAM_BYTES:
+            raise LaunchError(f"parameters take {self.total} bytes, over the {MAX_PARAM_BYTES}-byte limit")
+        self.buffer = ctypes.create_string_buffer(max(self.total, 8))
+        base = ctypes.addressof(self.buffer)
+        self._ptrs = (ctypes.c_void_p * max(len(self.params), 1))(
+            *[base + p.offset for p in self.params])
+        self.kernel_params = ctypes.addressof(self._ptrs) if self.params else 0
+        self._fast: dict[tuple, tuple] = {}
+
+    def check_count(self, args: tuple) -> None:
+        if len(args) != len(self.params):
+            sizes = ", ".join(f"{p.size} B" for p in self.params)
+            raise LaunchError(f"the kernel takes {len(self.params)} arguments ({sizes}) but "
+                              f"{len(args)} were given")
+
+    def pack(self, args: tuple) -> int:
+        """Write ``args`` into the buffer; return the ``kernelParams`` pointer."""
+        sig = tuple(map(type, args))
+        fast = self._fast.get(sig)
+        if fast:
+            st, getters = fast
+            try:
+                st.pack_into(self.buffer, 0, *[g(a) if g else a for g, a in zip(getters, args)])
+                return self.kernel_params
+            except (struct.error, OverflowError, AttributeError, TypeError):
+                pass  # out-of-range value or a dead array: the slow path says exactly what
+        self.check_count(args)
+        for p, a in zip(self.params, args):
+            data = convert(p, a)
+            ctypes.memmove(ctypes.addressof(self.buffer) + p.offset, data, p.size)
+        self._fast[sig] = self._build_fast(args)
+        return self.kernel_params
+
+    def _build_fast(self, args: tuple):
+        fmt, pos, getters = ["<"], 0, []
+        for p, a in zip(self.params, args):
+            if p.offset > pos:
+                fmt.append(f"{p.offset - pos}x")
+            kind = _kind(a)
+            if kind == "tensormap":
+                fmt.append("128s")
+                getters.append(_tensormap_bytes)
+            elif kind == "pointer":
+                fmt.append("Q")
+                getters.append(_live_ptr)
+            elif kind == "int":
+                fmt.append(_INT_CODES[p.size])  # a value needing the unsigned range drops to the slow path
+                getters.append(None)
+            elif kind == "float":
+                fmt.append(_FLOAT_CODES[p.size])
+                getters.append(None)
+            else:
+                return False  # numpy scalars, bytes, foreign arrays: always the checked path
+            pos = p.offset + p.size
+        return struct.Struct("".join(fmt)), tuple(getters)
+
+
+def _tensormap_bytes(t):
+    return t.to_bytes()
+
+
+def _live_ptr(a):
+    if not a.alive:
+        raise TypeError("dead array")
+    return a.ptr

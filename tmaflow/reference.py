@@ -1,0 +1,103 @@
+"""A numpy model of TMA: the exact shared-memory image of a tile load, and a tile store.
+
+The model follows TMA-FACTS.md ("What a tile load writes into shared memory"): elements
+are laid out inner row by inner row, rows padded to the swizzle span, and each 16-byte
+chunk's address bits [4:6] are XORed with bits [7:9] of the *absolute* shared address.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import TmaflowError
+from .tensormap import SWIZZLE_SPAN, TensorMapSpec
+
+NAN_FILL_LANE = 0x7FF7  # measured: every 16-bit lane of a NaN-filled element
+_SWIZZLE_MASK = {"none": 0, "32B": 1, "64B": 3, "128B": 7}
+
+
+def swizzle_address(addr, swizzle: str):
+    """Physical shared address of logical address ``addr`` under ``swizzle`` (vectorised)."""
+    m = _SWIZZLE_MASK[swizzle]
+    return addr ^ (((addr >> 7) & m) << 4)
+
+
+def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[int, ...]:
+    if spec.kind != "tiled":
+        raise TmaflowError("tf.reference models tiled maps only (im2col is not modelled)")
+    if spec.interleave != "none":
+        raise TmaflowError(f"tf.reference does not model interleave={spec.interleave!r}")
+    if tuple(g.shape) != spec.shape:
+        raise TmaflowError(f"np_global shape {g.shape} differs from spec.shape {spec.shape}")
+    if g.dtype.itemsize != spec.dtype.itemsize:
+        raise TmaflowError(f"np_global dtype {g.dtype} ({g.dtype.itemsize} B) does not match "
+                           f"{spec.dtype.name} ({spec.dtype.itemsize} B)")
+    coords = tuple(int(c) for c in coords)
+    if len(coords) != spec.rank:
+        raise TmaflowError(f"coords={coords} must have {spec.rank} entries (row-major)")
+    if smem_base % 128:
+        raise TmaflowError(f"smem_base={smem_base} must be 128-byte aligned: the hardware faults "
+                           "(misaligned address) on any other destination")
+    return coords
+
+
+def _geometry(spec: TensorMapSpec, coords, smem_base: int):
+    """Per element of the box: global index arrays, in-bounds mask, byte address in smem."""
+    n = spec.elements_per_dim
+    estr = list(spec.element_strides)
+    estr[-1] = 1  # inner element stride is ignored with interleave none
+    idx = np.indices(n).reshape(spec.rank, -1)                      # row-major box indices
+    gidx = np.array(coords)[:, None] + idx * np.array(estr)[:, None]
+    inside = np.all((gidx >= 0) & (gidx < np.array(spec.shape)[:, None]), axis=0)
+    outer = np.ravel_multi_index(idx[:-1], n[:-1]) if spec.rank > 1 else np.zeros(idx.shape[1], int)
+    offset = idx[-1] * spec.dtype.itemsize + spec.row_pitch * outer
+    byte = np.arange(spec.dtype.itemsize)
+    logical = smem_base + offset[:, None] + byte[None, :]
+    physical = swizzle_address(logical, spec.swizzle) - smem_base
+    return gidx, inside, physical
+
+
+def tma_load(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_base: int = 0,
+             background: int = 0) -> np.ndarray:
+    """The uint8 image of ``spec.smem_bytes`` bytes that a load at ``coords`` writes at
+    ``smem_base``. Padding bytes (rows narrower than the swizzle span) keep ``background``."""
+    g = np.asarray(np_global)
+    coords = _check(spec, g, coords, smem_base)
+    gidx, inside, physical = _geometry(spec, coords, smem_base)
+    E = spec.dtype.itemsize
+    values = np.zeros((inside.size, E), np.uint8)
+    if spec.oob_fill == "nan":
+        values[:] = np.frombuffer(np.full(E // 2 or 1, NAN_FILL_LANE, "<u2").tobytes()[:E], np.uint8)
+    src = g.view(np.uint8).reshape(*g.shape, E) if g.ndim else g.view(np.uint8)
+    picked = tuple(gidx[:, inside])
+    values[inside] = src[picked]
+    image = np.full(spec.smem_bytes, background, np.uint8)
+    image[physical.ravel()] = values.ravel()
+    return image
+
+
+def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np.ndarray) -> None:
+    """Write the box at ``coords`` from ``smem_image`` into ``np_global`` in place; elements
+    outside the tensor are discarded."""
+    g = np.asarray(np_global)
+    coords = _check(spec, g, coords, 0)
+    if any(c < 0 for c in coords):
+        raise TmaflowError(f"coords={coords}: a TMA store needs non-negative coordinates "
+                           "(the hardware faults on negative ones)")
+    image = np.asarray(smem_image, np.uint8).ravel()
+    if image.size < spec.smem_bytes:
+        raise TmaflowError(f"smem_image has {image.size} B; the box needs {spec.smem_bytes} B")
+    gidx, inside, physical = _geometry(spec, coords, 0)
+    E = spec.dtype.itemsize
+    dst = g.view(np.uint8).reshape(*g.shape, E)
+    dst[tuple(gidx[:, inside])] = image[physical[inside]].reshape(-1, E)
+
+
+def element_positions(spec: TensorMapSpec, smem_base: int = 0) -> np.ndarray:
+    """For each box element (row-major box indices), the smem byte offset of its first byte."""
+    coords = (0,) * spec.rank
+    _, _, physical = _geometry(spec, coords, smem_base)
+    return physical[:, 0].reshape(spec.elements_per_dim)
+
+
+def swizzle_span(spec: TensorMapSpec) -> int:
+    return SWIZZLE_SPAN[spec.swizzle]

@@ -1,0 +1,420 @@
+"""Tensor maps: ``TensorMapSpec`` checks every encode rule in pure Python; ``TensorMap``
+encodes it with the driver for a concrete array.
+
+Python-side shapes, boxes, strides and coordinates are row-major (numpy order, outermost
+first). :meth:`TensorMapSpec.driver_order` is the one place they are reversed into the
+driver's innermost-first order.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+from . import driver
+from .dtypes import DType, as_dtype
+from .errors import TensorMapError
+
+SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
+SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
+INTERLEAVE = {"none": 0, "16B": 1, "32B": 2}
+L2_PROMOTION = {"none": 0, "64B": 1, "128B": 2, "256B": 3}
+OOB_FILL = {"zero": 0, "nan": 1}
+MAX_BOX = 256
+MAX_DIM = 1 << 32
+MAX_STRIDE = 1 << 40
+IM2COL_CORNER = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
+
+
+def _choice(field_name: str, value, table: dict) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        for k, v in table.items():
+            if v == value:
+                return k
+    key = str(value)
+    for k in table:
+        if k.lower() == key.lower():
+            return k
+    raise TensorMapError(f"{field_name}={value!r} is not one of {', '.join(map(repr, table))}")
+
+
+def _ints(field_name: str, value, rank: int | None = None) -> tuple[int, ...]:
+    if isinstance(value, int):
+        value = (value,)
+    try:
+        out = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        raise TensorMapError(f"{field_name}={value!r} must be a sequence of ints") from None
+    if any(not isinstance(v, int) and not hasattr(v, "__index__") for v in value):
+        raise TensorMapError(f"{field_name}={value!r} must contain ints")
+    if rank is not None and len(out) != rank:
+        raise TensorMapError(f"{field_name}={value!r} has {len(out)} entries; the tensor has rank {rank}")
+    return out
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """A validated description of a tensor map (no driver involved)."""
+
+    kind: str                      # "tiled" | "im2col"
+    dtype: DType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]       # bytes, numpy convention
+    box: tuple[int, ...]           # tiled: the box; im2col: (pixels_per_column, channels_per_pixel)
+    element_strides: tuple[int, ...]
+    swizzle: str = "none"
+    interleave: str = "none"
+    l2_promotion: str = "none"
+    oob_fill: str = "zero"
+    address: int | None = None
+    lower_corner: tuple[int, ...] = ()
+    upper_corner: tuple[int, ...] = ()
+
+    # --- construction -----------------------------------------------------------------
+    @classmethod
+    def tiled(cls, dtype, shape, box, *, strides=None, element_strides=None, swizzle="none",
+              interleave="none", l2_promotion="none", oob_fill="zero", address=None,
+              arch: str = "sm_90a") -> "TensorMapSpec":
+        dt, shape, strides, estrides, opts = _common(dtype, shape, strides, element_strides,
+                                                     swizzle, interleave, l2_promotion, oob_fill,
+                                                     address, arch, ranks=(1, 5))
+        box = _ints("box", box, len(shape))
+        for i, b in enumerate(box):
+            if not 1 <= b <= MAX_BOX:
+                raise TensorMapError(f"box[{i}]={b} must be in [1, {MAX_BOX}]")
+        inner_bytes = box[-1] * dt.itemsize
+        _inner_rules(f"box[{len(box) - 1}]", box[-1], inner_bytes, dt, opts["swizzle"],
+                     opts["interleave"])
+        return cls("tiled", dt, shape, strides, box, estrides, **opts)
+
+    @classmethod
+    def im2col(cls, dtype, shape, *, lower_corner, upper_corner, channels_per_pixel,
+               pixels_per_column, strides=None, element_strides=None, swizzle="none",
+               interleave="none", l2_promotion="none", oob_fill="zero", address=None,
+               arch: str = "sm_90a") -> "TensorMapSpec":
+        """An im2col map over an N, spatial..., C tensor (rank 3-5, channels innermost).
+
+        ``lower_corner``/``upper_corner`` are the pixel-box corner offsets of the spatial
+        dims, row-major (for NHWC: (h, w)).
+        """
+        dt, shape, strides, estrides, opts = _common(dtype, shape, strides, element_strides,
+                                                     swizzle, interleave, l2_promotion, oob_fill,
+                                                     address, arch, ranks=(3, 5))
+        rank = len(shape)
+        lo_lim, hi_lim = IM2COL_CORNER[rank]
+        lower = _ints("lower_corner", lower_corner, rank - 2)
+        upper = _ints("upper_corner", upper_corner, rank - 2)
+        for name, corner in (("lower_corner", lower), ("upper_corner", upper)):
+            for i, v in enumerate(corner):
+                if not lo_lim <= v <= hi_lim:
+                    raise TensorMapError(f"{name}[{i}]={v} must be in [{lo_lim}, {hi_lim}] for a "
+                                         f"rank-{rank} im2col map")
+        for i, (lo, hi) in enumerate(zip(lower, upper)):
+            extent = shape[1 + i] + hi - lo
+            if extent < 1:
+                raise TensorMapError(
+                    f"im2col pixel box along spatial dim {i} is empty: shape {shape[1 + i]} + "
+                    f"upper_corner {hi} - lower_corner {lo} = {extent}; it must be >= 1")
+        if not 1 <= channels_per_pixel <= 256:
+            raise TensorMapError(f"channels_per_pixel={channels_per_pixel} must be in [1, 256]")
+        if not 1 <= pixels_per_column <= 1024:
+            raise TensorMapError(f"pixels_per_column={pixels_per_column} must be in [1, 1024]")
+        _inner_rules("channels_per_pixel", channels_per_pixel, channels_per_pixel * dt.itemsize,
+                     dt, opts["swizzle"], opts["interleave"])
+        return cls("im2col", dt, shape, strides, (pixels_per_column, channels_per_pixel),
+                   estrides, lower_corner=lower, upper_corner=upper, **opts)
+
+    def with_address(self, address: int) -> "TensorMapSpec":
+        _check_address(address, self.interleave)
+        return TensorMapSpec(self.kind, self.dtype, self.shape, self.strides, self.box,
+                             self.element_strides, self.swizzle, self.interleave,
+                             self.l2_promotion, self.oob_fill, address, self.lower_corner,
+                             self.upper_corner)
+
+    # --- derived quantities -------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def elements_per_dim(self) -> tuple[int, ...]:
+        """Elements one load brings along each dim (row-major): ceil(box / element stride);
+        the inner dim ignores its element stride when interleave is none."""
+        if self.kind == "im2col":
+            return self.box
+        out = [math.ceil(b / e) for b, e in zip(self.box, self.element_strides)]
+        if self.interleave == "none":
+            out[-1] = self.box[-1]
+        return tuple(out)
+
+    @property
+    def tx_bytes(self) -> int:
+        """Bytes one load delivers: what ``expect_tx`` must announce (OOB elements included)."""
+        return math.prod(self.elements_per_dim) * self.dtype.itemsize
+
+    @property
+    def row_bytes(self) -> int:
+        return self.elements_per_dim[-1] * self.dtype.itemsize
+
+    @property
+    def row_pitch(self) -> int:
+        """Bytes between consecutive inner rows in smem: rows are padded to the swizzle span."""
+        return self.row_bytes if self.swizzle == "none" else SWIZZLE_SPAN[self.swizzle]
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.row_pitch * math.prod(self.elements_per_dim[:-1])
+
+    @property
+    def smem_align(self) -> int:
+        """Destination alignment: 128 B, or the swizzle pattern's repeat (8 rows of the span)."""
+        return 128 if self.swizzle == "none" else 8 * SWIZZLE_SPAN[self.swizzle]
+
+    def driver_order(self) -> dict:
+        """Arguments for cuTensorMapEncode*, reversed to the driver's innermost-first order."""
+        args = {
+            "dtype": self.dtype.tma_code, "rank": self.rank,
+            "global_dim": tuple(reversed(self.shape)),
+            "global_strides": tuple(reversed(self.strides[:-1])),
+            "element_strides": tuple(reversed(self.element_strides)),
+            "interleave": INTERLEAVE[self.interleave], "swizzle": SWIZZLE[self.swizzle],
+            "l2_promotion": L2_PROMOTION[self.l2_promotion], "oob_fill": OOB_FILL[self.oob_fill],
+        }
+        if self.kind == "tiled":
+            args["box"] = tuple(reversed(self.box))
+        else:
+            args["lower_corner"] = tuple(reversed(self.lower_corner))
+            args["upper_corner"] = tuple(reversed(self.upper_corner))
+            args["pixels_per_column"], args["channels_per_pixel"] = self.box
+        return args
+
+    def describe(self) -> str:
+        rows = [
+            f"{self.kind} tensor map, {self.dtype.name} ({self.dtype.itemsize} B), rank {self.rank}",
+            f"  shape    {self.shape}   strides {self.strides} B",
+            f"  box      {self.box}   element strides {self.element_strides}",
+            f"  swizzle {self.swizzle}, interleave {self.interleave}, L2 promotion "
+            f"{self.l2_promotion}, OOB fill {self.oob_fill}",
+            f"  one load: {self.tx_bytes} B of data (tx_bytes), {self.smem_bytes} B of smem "
+            f"(rows of {self.row_bytes} B at a {self.row_pitch} B pitch), align {self.smem_align} B",
+        ]
+        if self.address is not None:
+            rows.append(f"  address  0x{self.address:x}")
+        return "\n".join(rows)
+
+    def __repr__(self) -> str:
+        return (f"TensorMapSpec.{self.kind}({self.dtype.name}, shape={self.shape}, box={self.box}, "
+                f"swizzle={self.swizzle!r}, tx_bytes={self.tx_bytes}, smem_bytes={self.smem_bytes})")
+
+
+def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob, address,
+            arch, ranks):
+    dt = as_dtype(dtype)
+    if not dt.sm90 and arch.startswith("sm_90"):
+        raise TensorMapError(f"dtype={dt.name} is a packed Blackwell type; {arch} rejects it. "
+                             "Use uint8 for raw bytes")
+    shape = _ints("shape", shape)
+    rank = len(shape)
+    if not ranks[0] <= rank <= ranks[1]:
+        raise TensorMapError(f"rank={rank} (shape={shape}) must be in [{ranks[0]}, {ranks[1]}]")
+    swizzle = _choice("swizzle", swizzle, SWIZZLE)
+    interleave = _choice("interleave", interleave, INTERLEAVE)
+    l2 = _choice("l2_promotion", l2, L2_PROMOTION)
+    oob = _choice("oob_fill", oob, OOB_FILL)
+    if interleave != "none" and rank < 3:
+        raise TensorMapError(f"interleave={interleave!r} needs rank >= 3; shape={shape} has rank {rank}")
+    if interleave == "32B" and swizzle != "32B":
+        raise TensorMapError(f"interleave='32B' requires swizzle='32B' (got swizzle={swizzle!r}); "
+                             "the driver accepts it but the copy is undefined")
+    if oob == "nan" and not dt.is_float:
+        raise TensorMapError(f"oob_fill='nan' needs a floating-point dtype; {dt.name} is not")
+    for i, n in enumerate(shape):
+        if not 1 <= n <= MAX_DIM:
+            raise TensorMapError(f"shape[{i}]={n} must be in [1, 2^32]")
+    if strides is None:
+        strides, acc = [], dt.itemsize
+        for n in reversed(shape):
+            strides.insert(0, acc)
+            acc *= n
+        strides = tuple(strides)
+    strides = _ints("strides", strides, rank)
+    if strides[-1] != dt.itemsize:
+        raise TensorMapError(f"strides[{rank - 1}]={strides[-1]} B: the inner dim must be contiguous "
+                             f"(stride = element size {dt.itemsize} B); pass a view whose last dim "
+                             "is contiguous")
+    align = 32 if interleave == "32B" else 16
+    for i, s in enumerate(strides[:-1]):
+        if s <= 0 or s % align:
+            raise TensorMapError(f"strides[{i}]={s} B must be a positive multiple of {align} B; "
+                                 "pad the rows (e.g. allocate a wider array and take a slice)")
+        if s >= MAX_STRIDE:
+            raise TensorMapError(f"strides[{i}]={s} B must be < 2^40")
+    # The driver does not check that dims do not overlap: sorted by stride, each must step
+    # past the whole extent of the dim below it.
+    order = sorted(range(rank), key=lambda d: strides[d])
+    for lower, upper in zip(order, order[1:]):
+        span = strides[lower] * shape[lower]
+        if strides[upper] < span:
+            raise TensorMapError(
+                f"strides[{upper}]={strides[upper]} B is smaller than the {span} B spanned by dim "
+                f"{lower} (shape {shape[lower]} x stride {strides[lower]} B): rows would overlap")
+    estrides = _ints("element_strides", element_strides if element_strides is not None
+                     else (1,) * rank, rank)
+    for i, e in enumerate(estrides):
+        if not 1 <= e <= 8:
+            raise TensorMapError(f"element_strides[{i}]={e} must be in [1, 8]")
+    if address is not None:
+        _check_address(address, interleave)
+    return dt, shape, strides, estrides, {"swizzle": swizzle, "interleave": interleave,
+                                          "l2_promotion": l2, "oob_fill": oob, "address": address}
+
+
+def _check_address(address, interleave: str) -> None:
+    align = 32 if interleave == "32B" else 16
+    if not isinstance(address, int) or address < 0 or address % align:
+        raise TensorMapError(f"address={address!r} must be {align}-byte aligned (a misaligned "
+                             "view such as an offset slice cannot be a TMA source)")
+
+
+def _inner_rules(field_name: str, count: int, inner_bytes: int, dt: DType, swizzle: str,
+                 interleave: str) -> None:
+    if interleave == "none" and inner_bytes % 16:
+        raise TensorMapError(f"{field_name}={count} x {dt.itemsize} B = {inner_bytes} B must be a "
+                             f"multiple of 16 B; use a multiple of {16 // math.gcd(16, dt.itemsize)} "
+                             "elements")
+    span = SWIZZLE_SPAN[swizzle]
+    if interleave == "none" and span and inner_bytes > span:
+        raise TensorMapError(f"{field_name}={count} x {dt.itemsize} B = {inner_bytes} B exceeds the "
+                             f"{swizzle} swizzle span; use {field_name} <= {span // dt.itemsize} or "
+                             "swizzle='none'")
+
+
+# --- encoded maps ---------------------------------------------------------------------------
+
+_encode_cache: dict[tuple, tuple] = {}
+_ENCODE_CACHE_MAX = 4096
+
+
+class TensorMap:
+    """An encoded tensor map bound to an array it keeps alive. ``bytes(tmap)`` = 128 bytes."""
+
+    __slots__ = ("spec", "array", "_storage", "_bytes", "__weakref__")
+
+    def __init__(self, spec: TensorMapSpec, array, raw: bytes):
+        self.spec = spec
+        self.array = array
+        self._storage = _aligned_storage(raw)
+        self._bytes = raw
+
+    @classmethod
+    def tiled(cls, array, box, *, dtype=None, **options) -> "TensorMap":
+        arr = _device_view(array)
+        key = ("tiled", arr.ptr, arr.shape, arr.strides, dtype or arr.dtype.name,
+               tuple(box) if not isinstance(box, int) else (box,), tuple(sorted(options.items())))
+        hit = _encode_cache.get(key)
+        if hit is not None:
+            return cls(hit[0], arr, hit[1])
+        spec = TensorMapSpec.tiled(_view_dtype(arr, dtype), arr.shape, box, strides=arr.strides,
+                                   address=arr.ptr, **options)
+        return cls._encoded(key, spec, arr)
+
+    @classmethod
+    def im2col(cls, array, *, dtype=None, **options) -> "TensorMap":
+        arr = _device_view(array)
+        key = ("im2col", arr.ptr, arr.shape, arr.strides, dtype or arr.dtype.name,
+               tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v)
+                            for k, v in options.items())))
+        hit = _encode_cache.get(key)
+        if hit is not None:
+            return cls(hit[0], arr, hit[1])
+        spec = TensorMapSpec.im2col(_view_dtype(arr, dtype), arr.shape, strides=arr.strides,
+                                    address=arr.ptr, **options)
+        return cls._encoded(key, spec, arr)
+
+    @classmethod
+    def _encoded(cls, key, spec: TensorMapSpec, arr) -> "TensorMap":
+        raw = encode(spec)
+        if len(_encode_cache) >= _ENCODE_CACHE_MAX:
+            _encode_cache.clear()
+        _encode_cache[key] = (spec, raw)
+        return cls(spec, arr, raw)
+
+    def replace_address(self, array) -> None:
+        """Point the map at another array of the same shape, strides and dtype (re-validated)."""
+        arr = _device_view(array)
+        if (arr.shape, arr.strides, arr.dtype.itemsize) != (self.spec.shape, self.spec.strides,
+                                                             self.spec.dtype.itemsize):
+            raise TensorMapError(
+                f"replace_address: array shape={arr.shape} strides={arr.strides} "
+                f"{arr.dtype.name} differs from the map's shape={self.spec.shape} "
+                f"strides={self.spec.strides} {self.spec.dtype.name}; encode a new TensorMap")
+        spec = self.spec.with_address(arr.ptr)
+        self.spec, self.array = spec, arr
+        self._bytes = encode(spec)
+        self._storage = _aligned_storage(self._bytes)
+
+    def to_bytes(self) -> bytes:
+        if not self.array.alive:
+            from .errors import LaunchError
+
+            raise LaunchError(f"{self!r}: its array was freed; encode a map for a live array")
+        return self._bytes
+
+    def __bytes__(self) -> bytes:
+        return self.to_bytes()
+
+    @property
+    def address(self) -> int:
+        """Host address of the 128-byte-aligned copy of the descriptor."""
+        return ctypes.addressof(self._storage[0]) + self._storage[1]
+
+    def __repr__(self) -> str:
+        return f"TensorMap({self.spec!r}, address=0x{self.spec.address or 0:x})"
+
+
+def _aligned_storage(raw: bytes):
+    buf = ctypes.create_string_buffer(128 + 127)
+    pad = (-ctypes.addressof(buf)) % 128
+    ctypes.memmove(ctypes.addressof(buf) + pad, raw, 128)
+    return buf, pad
+
+
+def _device_view(array):
+    from .memory import as_array
+
+    arr = as_array(array)
+    if not arr.alive:
+        raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
+    if arr.size == 0:
+        raise TensorMapError(f"array shape={arr.shape} is empty; a tensor map needs every extent >= 1")
+    return arr
+
+
+def _view_dtype(arr, dtype) -> DType:
+    if dtype is None:
+        return arr.dtype
+    dt = as_dtype(dtype)
+    if dt.itemsize != arr.dtype.itemsize:
+        raise TensorMapError(f"dtype={dt.name} ({dt.itemsize} B) cannot view a {arr.dtype.name} "
+                             f"array ({arr.dtype.itemsize} B elements)")
+    return dt
+
+
+def encode(spec: TensorMapSpec) -> bytes:
+    """Run the driver's encode for a validated spec; return the 128 descriptor bytes."""
+    cu = driver.cu()
+    d = spec.driver_order()
+    addr = spec.address or 0
+    common = (cu.CUtensorMapDataType(d["dtype"]), d["rank"], addr, list(d["global_dim"]),
+              list(d["global_strides"]))
+    tail = (list(d["element_strides"]), cu.CUtensorMapInterleave(d["interleave"]),
+            cu.CUtensorMapSwizzle(d["swizzle"]), cu.CUtensorMapL2promotion(d["l2_promotion"]),
+            cu.CUtensorMapFloatOOBfill(d["oob_fill"]))
+    if spec.kind == "tiled":
+        tmap = driver.call("cuTensorMapEncodeTiled", *common, list(d["box"]), *tail,
+                           detail=spec.describe())
+    else:
+        tmap = driver.call("cuTensorMapEncodeIm2col", *common, list(d["lower_corner"]),
+                           list(d["upper_corner"]), d["channels_per_pixel"],
+                           d["pixels_per_column"], *tail, detail=spec.describe())
+    return ctypes.string_at(tmap.getPtr(), 128)

@@ -1,0 +1,100 @@
+"""Host side of the debug-build watchdog: hangs become ``DeadlockError``.
+
+A debug kernel (``debug=True`` or ``TMAFLOW_DEBUG=1``) bounds every tmaflow barrier wait.
+A wait that times out writes a record into pinned, device-mapped host memory (readable
+even if the context later faults), raises a device-wide abort flag so every other bounded
+wait gives up at once, and lets the kernel run to its end. The launch is synchronous in
+debug builds; afterwards the host reads the records and raises.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+from . import driver
+from .errors import CudaError, DeadlockError
+
+SLOTS = 64
+NAME_LEN = 32
+FILE_LEN = 48
+STICKY = {700, 701, 702, 709, 714, 715, 716, 717, 718, 719, 720}
+
+
+class Record(ctypes.Structure):
+    # Mirrors tmaflow::debug::Record in kernels/tmaflow/debug.cuh.
+    _fields_ = [("magic", ctypes.c_uint32), ("block", ctypes.c_uint32 * 3),
+                ("thread", ctypes.c_uint32), ("cluster_rank", ctypes.c_uint32),
+                ("smem_offset", ctypes.c_uint32), ("stage", ctypes.c_int32),
+                ("parity", ctypes.c_uint32), ("tx_bytes", ctypes.c_uint32),
+                ("line", ctypes.c_uint32), ("waited_us", ctypes.c_uint32),
+                ("name", ctypes.c_char * NAME_LEN), ("file", ctypes.c_char * FILE_LEN)]
+
+
+MAGIC = 0x7F10D0C4
+RECORDS_BYTES = ctypes.sizeof(Record) * SLOTS
+
+
+def env_debug() -> bool:
+    return os.environ.get("TMAFLOW_DEBUG", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def default_seconds() -> float:
+    return float(os.environ.get("TMAFLOW_WATCHDOG_S", "1.0"))
+
+
+class Watch:
+    """Per-module watchdog state: the mapped record buffer and the device state global."""
+
+    def __init__(self, module, device):
+        self.device = device
+        cu = driver.cu()
+        err, ptr, size = cu.cuModuleGetGlobal(module, b"tmaflow_watchdog_state")
+        self.state = int(ptr) if int(err) == 0 else None  # kernel without tmaflow waits: inert
+        self.host = None
+        if self.state is None:
+            return
+        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP if hasattr(cu, "CU_MEMHOSTALLOC_DEVICEMAP") else 2
+        self.host = int(driver.call("cuMemHostAlloc", RECORDS_BYTES, flags))
+        ctypes.memset(self.host, 0, RECORDS_BYTES)
+        dev_ptr = int(driver.call("cuMemHostGetDevicePointer", self.host, 0))
+        # state = {u32 abort, u32 slots, Record* records}
+        driver.call("cuMemcpyHtoD", self.state + 8, dev_ptr.to_bytes(8, "little"), 8)
+        self.records = (Record * SLOTS).from_address(self.host)
+
+    def arm(self) -> None:
+        if self.state is not None:
+            ctypes.memset(self.host, 0, RECORDS_BYTES)
+            driver.call("cuMemsetD32", self.state, 0, 2)
+
+    def check(self, stream: int, kernel) -> None:
+        """Synchronise; raise DeadlockError if any bounded wait timed out."""
+        err = driver.cu().cuStreamSynchronize(stream)[0]
+        found = [r for r in self.records if r.magic == MAGIC] if self.state is not None else []
+        if int(err) != 0:
+            if int(err) in STICKY:
+                self.device.reset()  # so the process can compile and launch again
+            if not found:
+                raise CudaError("cuStreamSynchronize", int(err), driver._error_name(err),
+                                f"after launching {kernel.name}")
+        if found:
+            raise DeadlockError(_message(kernel, found), [_as_dict(r) for r in found])
+
+
+def _as_dict(r: Record) -> dict:
+    return {"block": tuple(r.block), "thread": r.thread, "cluster_rank": r.cluster_rank,
+            "barrier": r.name.decode(errors="replace") or f"smem+{r.smem_offset}",
+            "smem_offset": r.smem_offset, "stage": r.stage, "parity": r.parity,
+            "tx_bytes": r.tx_bytes, "file": r.file.decode(errors="replace"), "line": r.line,
+            "waited_us": r.waited_us}
+
+
+def _message(kernel, records: list[Record]) -> str:
+    first = _as_dict(records[0])
+    stage = f" stage {first['stage']}" if first["stage"] >= 0 else ""
+    tx = f", expecting {first['tx_bytes']} tx bytes" if first["tx_bytes"] else ""
+    more = f" ({len(records) - 1} more timed-out waits recorded)" if len(records) > 1 else ""
+    return (f"{kernel.name}: barrier '{first['barrier']}'{stage} never completed: block "
+            f"{first['block']} thread {first['thread']} waited {first['waited_us'] / 1e6:.2f} s "
+            f"for parity {first['parity']}{tx} at {first['file']}:{first['line']}{more}. "
+            "Check the arrival count, the announced transaction bytes, the phase parity and "
+            "the multicast mask of that barrier.")
