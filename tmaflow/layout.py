@@ -263,10 +263,11 @@ class SharedLayout:
                     L.append(f"constexpr uint32_t {tname}_stride = {stride};")
                     L.append(f"constexpr int {tname}_index = {t};")
                 masks = [item.release_mask(r) for r in range(16)]
-                L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t rank) {")
-                L.append(f"  constexpr uint32_t m[16] = {{{', '.join(map(str, masks))}}};")
-                L.append(f"  return {'m[rank & 15]' if item.uses_cluster else '0'};")
-                L.append("}")
+                if item.uses_cluster:
+                    L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t rank) { constexpr uint32_t "
+                             f"m[16] = {{{', '.join(map(str, masks))}}}; return m[rank & 15]; }}")
+                else:
+                    L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t) { return 0; }")
                 for t, tname in enumerate(item.tile_names):
                     gm = [item.group_mask(t, r) for r in range(16)]
                     L.append(f"// CTAs that receive {tname} together with CTA `rank`; the lowest issues it.")

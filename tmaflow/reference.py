@@ -75,18 +75,19 @@ def tma_load(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_base: int 
     return image
 
 
-def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np.ndarray) -> None:
-    """Write the box at ``coords`` from ``smem_image`` into ``np_global`` in place; elements
-    outside the tensor are discarded."""
+def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np.ndarray,
+              smem_base: int = 0) -> None:
+    """Write the box at ``coords`` from ``smem_image`` (read at ``smem_base``) into
+    ``np_global`` in place; elements outside the tensor are discarded."""
     g = np.asarray(np_global)
-    coords = _check(spec, g, coords, 0)
+    coords = _check(spec, g, coords, smem_base)
     if any(c < 0 for c in coords):
         raise TmaflowError(f"coords={coords}: a TMA store needs non-negative coordinates "
                            "(the hardware faults on negative ones)")
     image = np.asarray(smem_image, np.uint8).ravel()
     if image.size < spec.smem_bytes:
         raise TmaflowError(f"smem_image has {image.size} B; the box needs {spec.smem_bytes} B")
-    gidx, inside, physical = _geometry(spec, coords, 0)
+    gidx, inside, physical = _geometry(spec, coords, smem_base)
     E = spec.dtype.itemsize
     dst = g.view(np.uint8).reshape(*g.shape, E)
     dst[tuple(gidx[:, inside])] = image[physical[inside]].reshape(-1, E)

@@ -89,12 +89,25 @@ def _as_dict(r: Record) -> dict:
 
 
 def _message(kernel, records: list[Record]) -> str:
-    first = _as_dict(records[0])
-    stage = f" stage {first['stage']}" if first["stage"] >= 0 else ""
-    tx = f", expecting {first['tx_bytes']} tx bytes" if first["tx_bytes"] else ""
-    more = f" ({len(records) - 1} more timed-out waits recorded)" if len(records) > 1 else ""
-    return (f"{kernel.name}: barrier '{first['barrier']}'{stage} never completed: block "
-            f"{first['block']} thread {first['thread']} waited {first['waited_us'] / 1e6:.2f} s "
-            f"for parity {first['parity']}{tx} at {first['file']}:{first['line']}{more}. "
-            "Check the arrival count, the announced transaction bytes, the phase parity and "
-            "the multicast mask of that barrier.")
+    """First stuck wait in full, then every other stuck barrier once."""
+    recs = [_as_dict(r) for r in records]
+    first = recs[0]
+
+    def where(d):
+        stage = f" stage {d['stage']}" if d["stage"] >= 0 else ""
+        tx = f", expecting {d['tx_bytes']} tx bytes" if d["tx_bytes"] else ""
+        return (f"barrier '{d['barrier']}'{stage} (block {d['block']} thread {d['thread']}, "
+                f"parity {d['parity']}{tx}, {d['file']}:{d['line']})")
+
+    others, seen = [], {(first["barrier"], first["stage"])}
+    for d in recs[1:]:
+        key = (d["barrier"], d["stage"])
+        if key not in seen:
+            seen.add(key)
+            others.append(where(d))
+    text = (f"{kernel.name}: {where(first)} never completed within "
+            f"{first['waited_us'] / 1e6:.2f} s")
+    if others:
+        text += "; also stuck: " + "; ".join(others)
+    return text + (f" [{len(recs)} timed-out waits recorded]. Check the arrival count, the "
+                   "announced transaction bytes, the phase parity and the multicast mask.")

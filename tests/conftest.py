@@ -1,0 +1,18 @@
+import numpy as np
+import pytest
+
+import tmaflow.testing
+
+
+def pytest_configure(config):
+    # Installed, the plugin arrives through its entry point; from a source tree, here.
+    if not config.pluginmanager.is_registered(tmaflow.testing):
+        config.pluginmanager.register(tmaflow.testing, "tmaflow")
+
+
+@pytest.fixture
+def rng():
+    # Fresh inputs each run; the seed is printed on failure so a case can be replayed.
+    seed = int(np.random.SeedSequence().entropy % (2**32))
+    print(f"rng seed {seed}")
+    return np.random.default_rng(seed)

@@ -1,0 +1,75 @@
+"""GPU tier: every example kernel against numpy on fresh random data, outputs poisoned."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.testing import assert_close, poison
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype,shape", [("float32", (1000, 777 * 0 + 1000)), ("float32", (333, 264)),
+                                         ("bfloat16", (517, 1032)), ("float16", (64, 4096))])
+def test_tile_copy(device, rng, dtype, shape):
+    bits = rng.integers(0, 2**16, size=shape, dtype=np.uint16)
+    host = bits if dtype != "float32" else rng.standard_normal(shape).astype(np.float32)
+    src = tf.from_numpy(host, dtype=dtype)
+    dst = poison(tf.empty(shape, dtype))
+    kernels.copy(src, dst)
+    np.testing.assert_array_equal(dst.numpy().view(np.uint8), host.view(np.uint8))
+
+
+def test_tile_copy_torch(device, rng):
+    torch = pytest.importorskip("torch")
+    a = torch.randn(300, 512, device="cuda")
+    b = torch.full_like(a, float("nan"))
+    torch.cuda.synchronize()
+    kernels.copy(a, b)
+    tf.current_device().synchronize()
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(512, 256), (300, 200), (4096, 1024)])
+def test_transpose(device, rng, shape):
+    host = rng.standard_normal(shape).astype(np.float32)
+    out = poison(tf.empty(shape[::-1], "float32"))
+    kernels.transpose(tf.from_numpy(host), out)
+    np.testing.assert_array_equal(out.numpy(), host.T)
+
+
+@pytest.mark.parametrize("shape", [(64, 4096), (37, 1000), (1024, 256)])
+def test_softmax(device, rng, shape):
+    host = (rng.standard_normal(shape) * 4).astype(np.float32)
+    out = poison(tf.empty(shape, "float32"))
+    kernels.softmax(tf.from_numpy(host), out)
+    ref = np.exp(host - host.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    assert_close(out.numpy(), ref, 1e-5)
+
+
+def test_reduce_add(device, rng):
+    parts = rng.standard_normal((5, 100, 200)).astype(np.float32)
+    base = rng.standard_normal((100, 200)).astype(np.float32)
+    out = tf.from_numpy(base)
+    kernels.reduce_add(tf.from_numpy(parts), out)
+    assert_close(out.numpy(), base + parts.sum(0, dtype=np.float64), 1e-6)
+
+
+@pytest.mark.parametrize("cluster", [1, 2, 4])
+def test_broadcast_multicast(device, rng, cluster):
+    x = rng.standard_normal((8 * 32, 256)).astype(np.float32)
+    w = rng.standard_normal((24 * 32, 256)).astype(np.float32)
+    out = poison(tf.empty(x.shape, "float32"))
+    kernels.broadcast_scale(tf.from_numpy(x), tf.from_numpy(w), out, cluster=cluster)
+    wsum = w.reshape(24, 32, 256).sum(0, dtype=np.float64)
+    ref = x.reshape(8, 32, 256) * wsum  # every CTA must have received every w tile
+    assert_close(out.numpy().reshape(8, 32, 256), ref, 1e-5)
+
+
+@pytest.mark.parametrize("method", ["ldgsts", "tma"])
+def test_axpb(device, rng, method):
+    host = rng.standard_normal(4096 * 300).astype(np.float32)
+    out = poison(tf.empty(host.shape, "float32"))
+    kernels.axpb(tf.from_numpy(host), 1.5, -0.25, out, method=method)
+    assert_close(out.numpy(), 1.5 * host.astype(np.float64) - 0.25, 1e-6)

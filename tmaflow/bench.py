@@ -1,0 +1,276 @@
+"""Benchmarks behind ``python -m tmaflow bench`` and ``tools/``: every figure is a median over
+repeats, reported with its ratio to a ceiling or peer measured in the same run."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+from . import driver
+from .device import current_device
+from .memory import empty, from_numpy
+
+GiB = 1 << 30
+
+
+class Timer:
+    """CUDA events around a region on the default stream."""
+
+    def __init__(self):
+        cu = driver.cu()
+        self.start = driver.call("cuEventCreate", 0)
+        self.stop = driver.call("cuEventCreate", 0)
+        self._cu = cu
+
+    def time(self, fn, repeats: int = 10, warmup: int = 2) -> float:
+        """Median seconds of ``fn()`` over ``repeats``."""
+        for _ in range(warmup):
+            fn()
+        driver.call("cuCtxSynchronize")
+        samples = []
+        for _ in range(repeats):
+            driver.call("cuEventRecord", self.start, 0)
+            fn()
+            driver.call("cuEventRecord", self.stop, 0)
+            driver.call("cuEventSynchronize", self.stop)
+            samples.append(driver.call("cuEventElapsedTime", self.start, self.stop) / 1e3)
+        return statistics.median(samples)
+
+
+def _random_device(shape, dtype):
+    rng = np.random.default_rng()
+    if dtype == "float32":
+        return from_numpy(rng.standard_normal(shape, dtype=np.float32))
+    return from_numpy(rng.integers(0, 2**16, size=shape, dtype=np.uint16), dtype=dtype)
+
+
+def memcpy_bandwidth(nbytes: int, timer: Timer, repeats: int) -> float:
+    a, b = empty(nbytes, "uint8").fill_bytes(1), empty(nbytes, "uint8")
+    t = timer.time(lambda: driver.call("cuMemcpyDtoDAsync", b.ptr, a.ptr, nbytes, 0), repeats)
+    a.free(), b.free()
+    return 2 * nbytes / t  # bytes read + written
+
+
+def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
+    from .kernels import examples as ex
+
+    timer = Timer()
+    size = GiB // (8 if quick else 1)
+    rows = []
+    ceiling = memcpy_bandwidth(size, timer, repeats)
+    rows.append({"kernel": "cuMemcpyDtoD", "shape": f"{size >> 20} MiB", "GB/s": ceiling / 1e9,
+                 "ratio": 1.0, "ok": True})
+
+    def add(name, shape, seconds, nbytes, ok=True, **extra):
+        bw = nbytes / seconds
+        rows.append({"kernel": name, "shape": shape, "GB/s": bw / 1e9, "ratio": bw / ceiling,
+                     "ok": ok, **extra})
+
+    for dtype in ("float32", "bfloat16"):
+        item = 4 if dtype == "float32" else 2
+        n = int(np.sqrt(size // item))
+        shape = (n, n)
+        src, dst = _random_device(shape, dtype), empty(shape, dtype)
+        best = None
+        for box, stages in (((32 * 4 // item, 256), None), ((16 * 4 // item, 256), None),
+                            ((64 * 4 // item, 256), 3)):
+            launcher, args, _ = ex.copy(src, dst, box=box, stages=stages, launch=False)
+            t = timer.time(lambda: launcher(*args), repeats)
+            if best is None or t < best[0]:
+                best = (t, box, launcher.kernel.layout.items[0].stages)
+        ok = np.array_equal(dst.numpy()[:: max(1, n // 64)], src.numpy()[:: max(1, n // 64)])
+        add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok,
+            config=f"box {best[1]} x {best[2]} stages")
+        src.free(), dst.free()
+
+    n = int(np.sqrt(size // 4)) // 128 * 128
+    a, o = _random_device((n, n), "float32"), empty((n, n), "float32")
+    launcher, args, _ = ex.transpose(a, o, launch=False)
+    t = timer.time(lambda: launcher(*args), repeats)
+    ok = np.array_equal(o.numpy()[:64, :64], a.numpy()[:64, :64].T)
+    add("transpose fp32 (128B swizzle)", f"{n}x{n}", t, 2 * n * n * 4, ok)
+    a.free(), o.free()
+
+    cols = 4096
+    m = size // (cols * 4)
+    x, y = _random_device((m, cols), "float32"), empty((m, cols), "float32")
+    launcher, args, _ = ex.softmax(x, y, launch=False)
+    t = timer.time(lambda: launcher(*args), repeats)
+    xs = x.numpy()[:8].astype(np.float64)
+    ref = np.exp(xs - xs.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    ok = bool(np.allclose(y.numpy()[:8], ref, rtol=1e-4, atol=1e-7))
+    add("softmax fp32 (TMA rows)", f"{m}x{cols}", t, 2 * m * cols * 4, ok)
+    x.free(), y.free()
+
+    n = size // 4 // 4096 * 4096
+    x, y = _random_device((n,), "float32"), empty((n,), "float32")
+    for method in ("ldgsts", "tma"):
+        launcher, args, _ = ex.axpb(x, 2.0, 1.0, y, method=method, launch=False)
+        t = timer.time(lambda: launcher(*args), repeats)
+        ok = bool(np.allclose(y.numpy()[:4096], 2.0 * x.numpy()[:4096] + 1.0))
+        add(f"axpb ({method})", f"{n}", t, 2 * n * 4, ok)
+    x.free(), y.free()
+
+    # Broadcast-heavy: every CTA reads all of w; multicast shares each load across a cluster.
+    dev = current_device()
+    blocks = dev.sm_count // 4 * 4 * 2
+    k_tiles = 256
+    xb = _random_device((blocks * 32, 256), "float32")
+    wb = _random_device((k_tiles * 32, 256), "float32")
+    ob = empty((blocks * 32, 256), "float32")
+    base_t = None
+    for cluster in (1, 2, 4):
+        launcher, args, _ = ex.broadcast_scale(xb, wb, ob, cluster=cluster, launch=False)
+        t = timer.time(lambda: launcher(*args), repeats)
+        base_t = base_t or t
+        logical = blocks * k_tiles * 32 * 256 * 4  # w bytes every CTA consumes
+        rows.append({"kernel": f"broadcast cluster={cluster}", "shape": f"{blocks} CTAs x {k_tiles} tiles",
+                     "GB/s": logical / t / 1e9, "ratio": base_t / t, "ok": True,
+                     "note": "ratio = speed-up over cluster=1"})
+    return rows
+
+
+def launch_overhead(n: int = 20000, rounds: int = 7) -> dict:
+    """Host cost per launch: raw cuLaunchKernelEx with pre-packed arguments vs the bound
+    launcher vs Kernel.launch, same kernel (two tensor maps + three scalars), interleaved."""
+    from .kernel import Kernel
+    from .kernels import source
+    from .tensormap import TensorMap
+
+    k = Kernel(source("probe"), "empty_kernel", filename="probe.cu")
+    a = empty((256, 256), "float32")
+    ta, tb = TensorMap.tiled(a, (32, 32)), TensorMap.tiled(a, (64, 64))
+    bound = k.bind(grid=1, block=32)
+    cu = driver.cu()
+    raw_packer = bound.packer.__class__(bound.module.params)
+    raw_params = raw_packer.pack((ta, tb, 1, 2.0, 3))
+    cfg, fn, launch = bound.config, bound.module.function, cu.cuLaunchKernelEx
+
+    def raw():
+        for _ in range(n):
+            launch(cfg, fn, raw_params, 0)
+
+    def with_bound():
+        for _ in range(n):
+            bound(ta, tb, 1, 2.0, 3)
+
+    def with_launch():
+        for _ in range(n):
+            k.launch(ta, tb, 1, 2.0, 3, grid=1, block=32)
+
+    results = {"raw": [], "bound": [], "launch": []}
+    for _ in range(rounds):
+        for name, fn_ in (("raw", raw), ("bound", with_bound), ("launch", with_launch)):
+            driver.call("cuCtxSynchronize")
+            t0 = time.perf_counter()
+            fn_()
+            results[name].append((time.perf_counter() - t0) / n)
+            driver.call("cuCtxSynchronize")
+    med = {k_: statistics.median(v) for k_, v in results.items()}
+    return {"raw_us": med["raw"] * 1e6, "bound_us": med["bound"] * 1e6,
+            "launch_us": med["launch"] * 1e6, "bound_ratio": med["bound"] / med["raw"],
+            "launch_ratio": med["launch"] / med["raw"]}
+
+
+def encode_cost(n: int = 50000) -> dict:
+    from .tensormap import TensorMap, encode
+
+    a = empty((4096, 4096), "bfloat16")
+    first = TensorMap.tiled(a, (64, 64), swizzle="128B")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        TensorMap.tiled(a, (64, 64), swizzle="128B")
+    cached = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter()
+    for _ in range(n // 10):
+        encode(first.spec)
+    driver_only = (time.perf_counter() - t0) / (n // 10)
+    return {"reencode_identical_us": cached * 1e6, "driver_encode_us": driver_only * 1e6}
+
+
+_COMPILE_SCRIPT = textwrap.dedent("""
+    import sys, time
+    t0 = time.perf_counter()
+    import tmaflow as tf
+    from tmaflow.kernels import source
+    k = tf.Kernel(source("probe"), "cluster_probe", options=(sys.argv[1],))
+    k.cubin
+    print(time.perf_counter() - t0, k.program.cache_hit or "compiled")
+""")
+
+
+def compile_times(tmpdir: str) -> dict:
+    """Cold compile, a new process hitting the disk cache, an in-process hit."""
+    env = dict(os.environ, TMAFLOW_CACHE_DIR=tmpdir, TMAFLOW_CACHE="1")
+    tag = f"-DTMAFLOW_BENCH_TAG={time.time_ns()}"
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, tag], env=env,
+                             capture_output=True, text=True, check=True).stdout.split()
+        return float(out[0]), out[1]
+
+    cold, how_cold = run()
+    disk, how_disk = run()
+    from .kernel import Kernel
+    from .kernels import source
+
+    os.environ["TMAFLOW_CACHE_DIR"] = tmpdir
+    Kernel(source("probe"), "cluster_probe", options=(tag,)).cubin
+    t0 = time.perf_counter()
+    Kernel(source("probe"), "cluster_probe", options=(tag,)).cubin
+    mem = time.perf_counter() - t0
+    return {"cold_s": cold, "cold_was": how_cold, "disk_hit_new_process_s": disk,
+            "disk_was": how_disk, "memory_hit_ms": mem * 1e3}
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'kernel':34s} {'shape':24s} {'GB/s':>9s} {'ratio':>7s}  ok"]
+    for r in rows:
+        lines.append(f"{r['kernel']:34s} {r['shape']:24s} {r['GB/s']:9.1f} {r['ratio']:7.3f}  "
+                     f"{'yes' if r['ok'] else 'NO'}" + (f"  ({r['config']})" if r.get("config") else "")
+                     + (f"  [{r['note']}]" if r.get("note") else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="tmaflow bench")
+    p.add_argument("--json", help="write all results to this file")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--quick", action="store_true", help="128 MiB problems instead of 1 GiB")
+    p.add_argument("--only", choices=["bandwidth", "launch", "encode", "compile"], nargs="*")
+    args = p.parse_args(argv)
+    if not driver.driver_available():
+        print("tmaflow bench: no CUDA driver here; benchmarks need a Hopper GPU.")
+        return 1
+    dev = current_device()
+    only = set(args.only or ["bandwidth", "launch", "encode", "compile"])
+    report = {"device": dev.name, "driver": driver.call("cuDriverGetVersion"),
+              "sms": dev.sm_count}
+    if "launch" in only:
+        report["launch"] = launch_overhead()
+        print("launch overhead (us/launch):", json.dumps(report["launch"]))
+    if "encode" in only:
+        report["encode"] = encode_cost()
+        print("tensor map encode:", json.dumps(report["encode"]))
+    if "compile" in only:
+        with tempfile.TemporaryDirectory() as tmp:
+            report["compile"] = compile_times(tmp)
+        print("compile:", json.dumps(report["compile"]))
+    if "bandwidth" in only:
+        report["bandwidth"] = bandwidth_suite(args.repeats, args.quick)
+        print(format_table(report["bandwidth"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0

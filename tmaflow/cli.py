@@ -1,0 +1,132 @@
+"""``python -m tmaflow demo | bench | cache info|clear | swizzle``."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+
+def _demo_compile_only() -> int:
+    from . import reference
+    from .kernels import examples as ex
+    from .tensormap import TensorMapSpec
+
+    print("tmaflow demo: no CUDA driver / GPU here, so NO KERNEL RAN.")
+    print("Compiling every example to sm_90a CUBIN, validating its tensor maps, and running the")
+    print("numpy TMA model instead.\n")
+    plans = [
+        ("tile_copy", *ex.copy_plan("float32", (16384, 16384))[1:]),
+        ("transpose", ex.transpose_plan((8192, 8192))[2], None),
+        ("softmax", *ex.softmax_plan((65536, 4096))[1:]),
+        ("broadcast_scale", ex.broadcast_plan(256, 4)[1], None),
+        ("axpb_ldgsts", None, None), ("axpb_tma", None, None),
+    ]
+    for name, layout, defines in plans:
+        t0 = time.perf_counter()
+        k = ex.get_kernel(name, layout, defines)
+        res = k.resources
+        smem = layout.total_bytes if layout is not None else 0
+        print(f"  compiled {name:16s} {len(k.cubin):7d} B cubin, {res.registers:3d} regs, "
+              f"{res.spills} B spills, {smem:6d} B planned smem ({time.perf_counter() - t0:.2f} s)")
+    spec = TensorMapSpec.tiled("bfloat16", (64, 64), (8, 64), swizzle="128B")
+    g = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)
+    image = reference.tma_load(g, spec, (0, 0)).view(np.uint16).reshape(8, 64)
+    print("\n  reference: a bf16 (8 x 64) box with 128B swizzle; element column of each 16-byte")
+    print("  chunk per row (row r, chunk c holds elements 8*(c ^ r) ...):")
+    for r in range(8):
+        print("   ", " ".join(f"{image[r, 8 * c] % 64:2d}" for c in range(8)))
+    print("\nDone: compiled and modelled. Run on a Hopper GPU to execute the kernels.")
+    return 0
+
+
+def demo(args) -> int:
+    from . import driver
+
+    if not driver.driver_available() or args.no_gpu:
+        return _demo_compile_only()
+    from .bench import bandwidth_suite, format_table
+    from .device import current_device
+
+    dev = current_device()
+    if not dev.is_hopper:
+        print(f"tmaflow demo: {dev.name} is not a Hopper GPU; compile-only mode.")
+        return _demo_compile_only()
+    print(f"tmaflow demo on {dev.name} ({dev.sm_count} SMs): running every example, checked "
+          "against numpy")
+    rows = bandwidth_suite(repeats=5, quick=True)
+    print(format_table(rows))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def swizzle(args) -> int:
+    from . import reference
+    from .tensormap import TensorMapSpec
+
+    box = tuple(int(v) for v in args.box.lower().split("x"))
+    spec = TensorMapSpec.tiled(args.dtype, box, box, swizzle=args.swizzle)
+    pos = reference.element_positions(spec)  # byte offset of each element
+    E = spec.dtype.itemsize
+    rows, cols = (pos.shape[0] if pos.ndim > 1 else 1), pos.shape[-1]
+    pos2 = pos.reshape(-1, cols)
+    print(spec.describe())
+    print(f"\nsmem row (of {spec.row_pitch} B) and 16-byte chunk where element [row, col] lands:")
+    per_chunk = max(1, 16 // E)
+    for r in range(min(pos2.shape[0], 16)):
+        cells = []
+        for c in range(0, cols, per_chunk):
+            off = int(pos2[r, c])
+            cells.append(f"{off // spec.row_pitch}:{(off % spec.row_pitch) // 16}")
+        print(f"  row {r:3d}: " + " ".join(cells))
+    if args.png:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("(matplotlib is not installed: text only)")
+            return 0
+        chunk = (pos2 % spec.row_pitch) // 16
+        fig, ax = plt.subplots(figsize=(max(4, cols / 8), max(3, rows / 4)))
+        ax.imshow(chunk, cmap="tab10", aspect="auto")
+        ax.set_xlabel("element column")
+        ax.set_ylabel("box row")
+        ax.set_title(f"{spec.dtype.name} box {box}, swizzle {spec.swizzle}: 16-byte chunk in smem row")
+        fig.savefig(args.png, dpi=120, bbox_inches="tight")
+        print(f"wrote {args.png}")
+    return 0
+
+
+def cache_cmd(args) -> int:
+    from . import cache
+
+    if args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.cache_dir()}")
+    else:
+        for k, v in cache.info().items():
+            print(f"{k:10s} {v}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tmaflow")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="run the examples (GPU) or compile and model them (no GPU)")
+    d.add_argument("--no-gpu", action="store_true", help="compile-only mode even with a GPU")
+    sub.add_parser("bench", help="benchmarks: tables and JSON", add_help=False)
+    c = sub.add_parser("cache", help="the compile cache")
+    c.add_argument("action", choices=["info", "clear"])
+    s = sub.add_parser("swizzle", help="show where a box's elements land in shared memory")
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--box", default="8x64", help="rows x cols, e.g. 8x64")
+    s.add_argument("--swizzle", default="128B", choices=["none", "32B", "64B", "128B"])
+    s.add_argument("--png", help="also draw it to this PNG (needs matplotlib)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = p.parse_args(argv)
+    return {"demo": demo, "cache": cache_cmd, "swizzle": swizzle}[args.cmd](args)

@@ -1,0 +1,48 @@
+// tmaflow-native example kernels. Shared-memory layouts come from tf.SharedLayout
+// (tmaflow_layout.cuh), so no kernel spells a byte count, an arrival count or an offset.
+#include <tmaflow.cuh>
+#include "tmaflow_layout.cuh"
+using namespace tmaflow;
+namespace L = tmaflow_layout;
+
+#ifndef BOX_X
+#define BOX_X 256
+#endif
+#ifndef BOX_Y
+#define BOX_Y 32
+#endif
+
+// Persistent multi-stage tile copy: TMA load -> TMA store from the same stage. One thread
+// drives it; a stage is refilled once the store that read it has finished reading.
+extern "C" __global__ void __launch_bounds__(32, 1)
+tile_copy(const __grid_constant__ CUtensorMap src, const __grid_constant__ CUtensorMap dst,
+          int tiles_x, int tiles_y) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  L::Smem S(smem);
+  auto pipe = S.tiles();
+  constexpr int stages = L::tiles::stages;
+  if (threadIdx.x != 0) return;
+  tma::prefetch_descriptor(&src);
+  tma::prefetch_descriptor(&dst);
+  pipe.init();
+  const int total = tiles_x * tiles_y;
+  const int count = blockIdx.x < total ? (total - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  auto issue_load = [&](int i) {
+    int t = blockIdx.x + i * gridDim.x, s = i % stages;
+    pipe.producer_commit({uint32_t(s), 0});
+    tma::load(S.tiles_tile0(s), &src, pipe.full + s, (t % tiles_x) * BOX_X, (t / tiles_x) * BOX_Y);
+  };
+  for (int i = 0; i < stages && i < count; ++i) issue_load(i);
+  for (int i = 0; i < count; ++i) {
+    int t = blockIdx.x + i * gridDim.x, s = i % stages;
+    mbarrier::wait(pipe.full + s, (i / stages) & 1, debug::Site{"tiles.full", s, L::tiles::tx_bytes});
+    tma::store(&dst, S.tiles_tile0(s), (t % tiles_x) * BOX_X, (t / tiles_x) * BOX_Y);
+    tma::commit_group();
+    if (i >= 1 && i - 1 + stages < count) {
+      tma::wait_group_read<1>();  // the store of tile i-1 has read its stage
+      issue_load(i - 1 + stages);
+    }
+  }
+  tma::wait_group<0>();
+}
+

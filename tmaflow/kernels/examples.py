@@ -1,0 +1,210 @@
+"""Python entry points of the example kernels. Each accepts tmaflow, torch or cupy arrays."""
+from __future__ import annotations
+
+import math
+
+from ..device import current_device
+from ..errors import TmaflowError
+from ..kernel import Kernel
+from ..layout import Barrier, Buffer, Pipeline, SharedLayout
+from ..memory import as_array, empty
+from ..tensormap import TensorMap, TensorMapSpec
+from . import source
+
+_kernels: dict[tuple, Kernel] = {}
+
+
+_FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
+          "reduce_add": "reduce", "broadcast_scale": "broadcast", "axpb_ldgsts": "axpb",
+          "axpb_tma": "axpb"}
+
+
+def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = None,
+               file: str | None = None, debug: bool | None = None) -> Kernel:
+    """One Kernel per (file, name, defines, generated layout)."""
+    file = file or _FILES[name]
+    key = (file, name, tuple(sorted((defines or {}).items())),
+           layout.header() if layout is not None else "", debug)
+    k = _kernels.get(key)
+    if k is None:
+        k = Kernel(source(file), name, defines=defines, layout=layout, filename=f"{file}.cu",
+                   debug=debug)
+        _kernels[key] = k
+    return k
+
+
+def _out_like(arr, out, shape=None):
+    if out is None:
+        return empty(shape or arr.shape, arr.dtype)
+    out = as_array(out)
+    if out.shape != (shape or arr.shape) or out.dtype.itemsize != arr.dtype.itemsize:
+        raise TmaflowError(f"out: shape {out.shape} {out.dtype} does not match the expected "
+                           f"{shape or arr.shape} {arr.dtype}")
+    return out
+
+
+def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
+    return max(1, min(tiles, current_device().sm_count * per_sm))
+
+
+# --- tile copy ------------------------------------------------------------------------------
+def copy_plan(dtype, shape, box=None, stages: int | None = None):
+    """(spec, layout, defines) of the persistent tile copy for a 2-D ``shape``."""
+    itemsize = TensorMapSpec.tiled(dtype, (1, 16), (1, 16)).dtype.itemsize
+    box = tuple(box) if box else (32 * 4 // itemsize, 256)
+    spec = TensorMapSpec.tiled(dtype, shape, box)
+    stages = stages or max(2, min(8, (200 * 1024) // spec.smem_bytes))
+    layout = SharedLayout([Pipeline("tiles", stages=stages, tiles=[spec])])
+    return spec, layout, {"BOX_X": box[1], "BOX_Y": box[0]}
+
+
+def copy(src, dst=None, *, box=None, stages=None, stream=None, launch: bool = True):
+    """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop."""
+    a = as_array(src)
+    if a.ndim != 2:
+        raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
+    out = _out_like(a, dst)
+    spec, layout, defines = copy_plan(a.dtype, a.shape, box, stages)
+    box = spec.box
+    k = get_kernel("tile_copy", layout, defines)
+    ts, td = TensorMap.tiled(a, box), TensorMap.tiled(out, box)
+    tiles_y, tiles_x = math.ceil(a.shape[0] / box[0]), math.ceil(a.shape[1] / box[1])
+    launcher = k.bind(grid=_persistent_grid(tiles_x * tiles_y), block=32, stream=stream)
+    if launch:
+        launcher(ts, td, tiles_x, tiles_y)
+        return out
+    return launcher, (ts, td, tiles_x, tiles_y), out
+
+
+# --- transpose ------------------------------------------------------------------------------
+def transpose_plan(shape, stages: int = 4):
+    spec_in = TensorMapSpec.tiled("float32", shape, (128, 32), swizzle="128B")
+    spec_out = TensorMapSpec.tiled("float32", shape[::-1], (32, 32), swizzle="128B")
+    layout = SharedLayout([Pipeline("tin", stages=stages, tiles=[spec_in], consumers=1),
+                           Buffer("tout", 2 * 4 * spec_out.smem_bytes, align=1024)])
+    return spec_in, spec_out, layout
+
+
+def transpose(a, out=None, *, stream=None, launch: bool = True):
+    """out = a.T for a 2-D float32 array, through 128B-swizzled shared memory."""
+    x = as_array(a)
+    if x.ndim != 2 or x.dtype.itemsize != 4:
+        raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
+    o = _out_like(x, out, x.shape[::-1])
+    spec_in, spec_out, layout = transpose_plan(x.shape)
+    k = get_kernel("transpose", layout)
+    tin = TensorMap.tiled(x, spec_in.box, swizzle="128B")
+    tout = TensorMap.tiled(o, spec_out.box, swizzle="128B")
+    tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
+    launcher = k.bind(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
+    args = (tin, tout, tiles_x, tiles_y)
+    if launch:
+        launcher(*args)
+        return o
+    return launcher, args, o
+
+
+# --- softmax --------------------------------------------------------------------------------
+def softmax_plan(shape, rows: int = 4, stages: int = 3):
+    """A stage holds ``rows`` rows as n_box boxes of (rows, 256) placed back to back, which
+    is planned as one (rows * n_box, 256) tile: same bytes, same transaction count."""
+    n_box = math.ceil(shape[1] / 256)
+    spec = TensorMapSpec.tiled("float32", shape, (rows, 256))
+    if rows * n_box > 256:
+        raise TmaflowError(f"softmax: rows of {shape[1]} elements need {n_box} boxes of 256; at "
+                           f"most {256 // rows} fit one stage (rows <= {256 * 256 // rows})")
+    stage = TensorMapSpec.tiled("float32", (rows * n_box, 256), (rows * n_box, 256))
+    while stages > 1 and stages * stage.smem_bytes > 200 * 1024:
+        stages -= 1
+    layout = SharedLayout([Pipeline("rows", stages=stages, tiles=[stage])])
+    return spec, layout, {"ROWS": rows, "NBOX": n_box}
+
+
+def softmax(x, out=None, *, stream=None, launch: bool = True):
+    """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
+    a = as_array(x)
+    if a.ndim != 2 or a.dtype.name != "float32":
+        raise TmaflowError(f"softmax: needs a 2-D float32 array (got {a.shape} {a.dtype})")
+    o = _out_like(a, out)
+    spec, layout, defines = softmax_plan(a.shape)
+    k = get_kernel("softmax", layout, defines)
+    rows = defines["ROWS"]
+    tin, tout = TensorMap.tiled(a, spec.box), TensorMap.tiled(o, spec.box)
+    groups = math.ceil(a.shape[0] / rows)
+    launcher = k.bind(grid=_persistent_grid(groups), block=32 * rows, stream=stream)
+    args = (tin, tout, a.shape[1], groups)
+    if launch:
+        launcher(*args)
+        return o
+    return launcher, args, o
+
+
+# --- TMA reduce-add --------------------------------------------------------------------------
+def reduce_add(parts, out, *, box=(32, 64), stream=None):
+    """out += sum(parts, axis=0) with cp.reduce.async.bulk.tensor (float32 or int32)."""
+    p, o = as_array(parts), as_array(out)
+    if p.ndim != 3 or o.shape != p.shape[1:] or p.dtype != o.dtype:
+        raise TmaflowError(f"reduce_add: parts {p.shape} {p.dtype} must be (P, M, N) over out "
+                           f"{o.shape} {o.dtype}")
+    tp = TensorMap.tiled(p, (1, *box))
+    to = TensorMap.tiled(o, box)
+    layout = SharedLayout([Buffer("tile", tp.spec.smem_bytes, align=128),
+                           Barrier("loaded", arrivals=1, tx_bytes=tp.spec.tx_bytes)])
+    k = get_kernel("reduce_add", layout, {"BOX_X": box[1], "BOX_Y": box[0]})
+    tiles_x, tiles_y = math.ceil(o.shape[1] / box[1]), math.ceil(o.shape[0] / box[0])
+    k.launch(tp, to, tiles_x, grid=(tiles_x * tiles_y, p.shape[0]), block=32, stream=stream)
+    return o
+
+
+# --- multicast broadcast ------------------------------------------------------------------------
+def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32):
+    w_spec = TensorMapSpec.tiled("float32", (k_tiles * wrows, 256), (wrows, 256))
+    x_spec = TensorMapSpec.tiled("float32", (wrows, 256), (wrows, 256))
+    pipe = Pipeline("w", stages=stages, tiles=[w_spec], consumers=4,
+                    multicast=["x"] if cluster > 1 else None, cluster=(cluster, 1, 1))
+    layout = SharedLayout([pipe, Buffer("xtile", x_spec.smem_bytes),
+                           Barrier("xbar", arrivals=1, tx_bytes=x_spec.tx_bytes)])
+    return pipe, layout
+
+
+def broadcast_scale(x, w, out=None, *, cluster: int = 1, stream=None, launch: bool = True,
+                    debug: bool | None = None):
+    """out[b] = x[b] * sum_k w[k] for x of shape (B*32, 256) and w of shape (K*32, 256); with
+    ``cluster`` > 1 each w tile is loaded once per cluster and multicast to its CTAs."""
+    xa, wa = as_array(x), as_array(w)
+    if xa.shape[1] != 256 or wa.shape[1] != 256 or xa.shape[0] % 32 or wa.shape[0] % 32:
+        raise TmaflowError("broadcast_scale: x and w must be (n*32, 256) float32")
+    blocks, k_tiles = xa.shape[0] // 32, wa.shape[0] // 32
+    if blocks % cluster:
+        raise TmaflowError(f"broadcast_scale: cluster={cluster} must divide the {blocks} blocks")
+    o = _out_like(xa, out)
+    _, layout = broadcast_plan(k_tiles, cluster)
+    k = get_kernel("broadcast_scale", layout, debug=debug)
+    tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (32, 256))
+    launcher = k.bind(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
+    args = (tx, tw, o, k_tiles)
+    if launch:
+        launcher(*args)
+        return o
+    return launcher, args, o
+
+
+# --- LDGSTS vs TMA ------------------------------------------------------------------------------
+def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
+         launch: bool = True):
+    """out = a * x + b over a 1-D float32 array whose length is a multiple of 4096, double
+    buffered through smem with LDGSTS (``method="ldgsts"``) or 1-D TMA bulk copies."""
+    xa = as_array(x)
+    if xa.ndim != 1 or xa.size % 4096 or xa.dtype.name != "float32":
+        raise TmaflowError(f"axpb: needs a 1-D float32 array with a multiple of 4096 elements "
+                           f"(got {xa.shape} {xa.dtype})")
+    if method not in ("tma", "ldgsts"):
+        raise TmaflowError(f"axpb: method={method!r} must be 'tma' or 'ldgsts'")
+    o = _out_like(xa, out)
+    k = get_kernel(f"axpb_{method}", None)
+    launcher = k.bind(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)
+    args = (xa, o, float(a), float(b), xa.size)
+    if launch:
+        launcher(*args)
+        return o
+    return launcher, args, o

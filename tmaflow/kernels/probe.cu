@@ -1,0 +1,115 @@
+// Probe kernels: what the hardware really does, dumped for comparison with tf.reference
+// and with the launch configuration.
+#include <tmaflow.cuh>
+using namespace tmaflow;
+
+TMAFLOW_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, int rank, const int* c) {
+  switch (rank) {
+    case 1: tma::load(dst, map, bar, c[0]); break;
+    case 2: tma::load(dst, map, bar, c[0], c[1]); break;
+    case 3: tma::load(dst, map, bar, c[0], c[1], c[2]); break;
+    case 4: tma::load(dst, map, bar, c[0], c[1], c[2], c[3]); break;
+    default: tma::load(dst, map, bar, c[0], c[1], c[2], c[3], c[4]); break;
+  }
+}
+
+TMAFLOW_DEVICE void store_box(const CUtensorMap* map, const void* src, int rank, const int* c) {
+  switch (rank) {
+    case 1: tma::store(map, src, c[0]); break;
+    case 2: tma::store(map, src, c[0], c[1]); break;
+    case 3: tma::store(map, src, c[0], c[1], c[2]); break;
+    case 4: tma::store(map, src, c[0], c[1], c[2], c[3]); break;
+    default: tma::store(map, src, c[0], c[1], c[2], c[3], c[4]); break;
+  }
+}
+
+// Each block loads box `blockIdx.x` (coords[5*b .. 5*b+4], innermost first) into smem at
+// `base_offset` after poisoning it with 0xA5, and dumps `nbytes` bytes from there.
+// out_addr[b] = absolute shared address of the destination (the swizzle depends on it).
+extern "C" __global__ void tma_load_probe(const __grid_constant__ CUtensorMap map, uint8_t* out,
+                                          uint32_t* out_addr, const int* coords, int rank,
+                                          uint32_t base_offset, uint32_t nbytes, uint32_t tx_bytes) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  __shared__ uint64_t bar;
+  uint8_t* dst = smem + base_offset;
+  for (uint32_t i = threadIdx.x; i < nbytes; i += blockDim.x) dst[i] = 0xA5;
+  if (threadIdx.x == 0) mbarrier::init(&bar, 1);
+  fence::proxy_async_shared_cta();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    mbarrier::arrive_expect_tx(&bar, tx_bytes);
+    load_box(dst, &map, &bar, rank, coords + 5 * blockIdx.x);
+    out_addr[blockIdx.x] = smem_u32(dst);
+  }
+  mbarrier::wait(&bar, 0);
+  uint8_t* o = out + size_t(blockIdx.x) * nbytes;
+  for (uint32_t i = threadIdx.x; i < nbytes; i += blockDim.x) o[i] = dst[i];
+}
+
+// Block b copies image b into smem at `base_offset` and TMA-stores it at coords b.
+extern "C" __global__ void tma_store_probe(const __grid_constant__ CUtensorMap map, const uint8_t* images,
+                                           uint32_t* out_addr, const int* coords, int rank,
+                                           uint32_t base_offset, uint32_t nbytes) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* src = smem + base_offset;
+  const uint8_t* img = images + size_t(blockIdx.x) * nbytes;
+  for (uint32_t i = threadIdx.x; i < nbytes; i += blockDim.x) src[i] = img[i];
+  fence::proxy_async_shared_cta();  // generic-proxy writes -> visible to the TMA store
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    out_addr[blockIdx.x] = smem_u32(src);
+    store_box(&map, src, rank, coords + 5 * blockIdx.x);
+    tma::commit_group();
+    tma::wait_group<0>();
+  }
+}
+
+// Every block reports its view of the cluster: rank, size, dims, cta id, block index.
+extern "C" __global__ void cluster_probe(uint32_t* out) {
+  if (threadIdx.x == 0) {
+    uint32_t b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    uint32_t* o = out + 10 * b;
+    dim3 d = cluster::dims(), c = cluster::cta_id();
+    o[0] = cluster::rank(); o[1] = cluster::size();
+    o[2] = d.x; o[3] = d.y; o[4] = d.z; o[5] = c.x; o[6] = c.y; o[7] = c.z;
+    // DSMEM round trip: read the neighbour's rank word through the cluster window.
+    o[8] = 0;
+  }
+  __shared__ uint32_t word;
+  if (threadIdx.x == 0) word = 1000 + cluster::rank();
+  cluster::sync();
+  if (threadIdx.x == 0) {
+    uint32_t n = cluster::size(), next = (cluster::rank() + 1) % n;
+    uint32_t b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    out[10 * b + 8] = cluster::load_u32(cluster::map_shared(&word, next));
+    out[10 * b + 9] = *cluster::map(&word, next);
+  }
+  cluster::sync();  // keep every CTA's smem alive until all remote reads are done
+}
+
+// Uses `nbytes` of dynamic smem: writes a pattern, then reads it back reversed.
+extern "C" __global__ void big_smem(uint32_t* out, uint32_t nbytes, uint32_t seed) {
+  extern __shared__ __align__(16) uint32_t words[];
+  uint32_t n = nbytes / 4;
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) words[i] = i * 2654435761u ^ seed;
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = words[n - 1 - i];
+}
+
+// Echo every argument kind back as bytes.
+extern "C" __global__ void echo_args(const __grid_constant__ CUtensorMap a, int8_t i8, uint16_t u16,
+                                     int32_t i32, int64_t i64, float f32, double f64,
+                                     const float* p0, const float* p1, uint64_t* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(&a);
+    for (int i = 0; i < 16; ++i) out[i] = words[i];
+    out[16] = uint64_t(int64_t(i8)); out[17] = u16; out[18] = uint64_t(int64_t(i32));
+    out[19] = uint64_t(i64);
+    out[20] = __float_as_uint(f32); out[21] = __double_as_longlong(f64);
+    out[22] = __float_as_uint(p0[0]); out[23] = __float_as_uint(p1[0]);
+  }
+}
+
+// Launch-overhead kernel: two tensor-map-sized parameters and three scalars.
+extern "C" __global__ void empty_kernel(const __grid_constant__ CUtensorMap a,
+                                        const __grid_constant__ CUtensorMap b, int x, float y, int64_t z) {}
