@@ -54,13 +54,26 @@ def include_dirs() -> tuple[str, ...]:
     dirs = [str(SHIM_DIR), str(KERNELS_DIR)]
     try:
         import cuda.pathfinder as pf
-
-        for lib in ("cccl", "cudart"):
-            found = pf.find_nvidia_header_directory(lib)
-            if found:
-                dirs.append(str(found))
     except ImportError:
-        log.warning("cuda-pathfinder is missing: libcu++ headers will not be found")
+        pf = None
+        log.warning("cuda-pathfinder is missing: looking for headers under CUDA_HOME only")
+    import os
+
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    fallback = {"cccl": os.path.join(home, "include", "cccl"), "cudart": os.path.join(home, "include")}
+    for lib in ("cccl", "cudart"):
+        found = None
+        if pf is not None:
+            try:
+                found = pf.find_nvidia_header_directory(lib)
+            except Exception:  # pathfinder's own not-found errors
+                found = None
+        if not found and os.path.isdir(fallback[lib]):
+            found = fallback[lib]
+        if found:
+            dirs.append(str(found))
+        else:
+            log.warning("headers of %s not found: <cuda/...> / <cooperative_groups.h> will fail", lib)
     return tuple(dirs)
 
 
