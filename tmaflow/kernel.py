@@ -160,7 +160,7 @@ class Kernel:
         self._program = None
         self._modules: dict[int, _Module] = {}
         self._local = threading.local()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # module() holds it while _Module reads .program
 
     @classmethod
     def from_file(cls, path, name: str, **kwargs) -> "Kernel":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU tier plus the benchmarks, in one call on the device machine:
 #   bash tools/gpu_check.sh [pytest -k expression]
+# Env: SKIP_TESTS=1 / SKIP_BENCH=1, TEST_BUDGET / BENCH_BUDGET (seconds), BENCH_ARGS.
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -11,13 +12,20 @@ export TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache} TMAFLOW_REPORT
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import cuda.bindings, numpy; from cuda.bindings import nvrtc; print('cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:], 'numpy', numpy.__version__)"
-  git rev-parse --short HEAD 2>/dev/null || echo "commit unknown"
+  cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo "commit unknown"
 } | tee "$OUT/env.txt"
 K=${1:-}
-python3 -m pytest tests -m gpu -q -x -p no:cacheprovider ${K:+-k "$K"} --durations=8 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 40
-if [ -z "${SKIP_BENCH:-}" ]; then
-  python3 -m tmaflow bench --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+if [ -z "${SKIP_TESTS:-}" ]; then
+  timeout "${TEST_BUDGET:-330}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
+    --maxfail=15 ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
+  echo "pytest exit $?"
 fi
+if [ -z "${SKIP_BENCH:-}" ]; then
+  timeout "${BENCH_BUDGET:-200}" python3 -m tmaflow bench --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  echo "bench exit $?"
+fi
+echo "== failures =="
+[ -f "$OUT/pytest_gpu.log" ] && grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/pytest_gpu.log" | head -40
 echo "== summary =="
-tail -n 1 "$OUT/pytest_gpu.log"
-[ -f "$OUT/bench.log" ] && grep -E "launch overhead|encode|compile:|kernel|tile_copy|transpose|softmax|axpb|broadcast|cuMemcpy" "$OUT/bench.log"
+[ -f "$OUT/pytest_gpu.log" ] && tail -n 3 "$OUT/pytest_gpu.log"
+[ -f "$OUT/bench.log" ] && tail -n 30 "$OUT/bench.log"
