@@ -62,8 +62,10 @@ def _driver_accepts(c) -> bool:
     rank = c["rank"]
     res = cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType(c["dtype"].tma_code), rank, c["address"],
-        list(reversed(c["shape"])), list(reversed(c["strides"][:-1])),
-        list(reversed(c["box"])), list(reversed(c["estrides"])),
+        [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["shape"])],
+        [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["strides"][:-1])],
+        [cu.cuuint32_t(min(v, 2**32 - 1)) for v in reversed(c["box"])],
+        [cu.cuuint32_t(v) for v in reversed(c["estrides"])],
         cu.CUtensorMapInterleave({"none": 0, "16B": 1, "32B": 2}[c["interleave"]]),
         cu.CUtensorMapSwizzle({"none": 0, "32B": 1, "64B": 2, "128B": 3}[c["swizzle"]]),
         cu.CUtensorMapL2promotion({"none": 0, "64B": 1, "128B": 2, "256B": 3}[c["l2"]]),

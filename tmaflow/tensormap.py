@@ -405,16 +405,18 @@ def encode(spec: TensorMapSpec) -> bytes:
     cu = driver.cu()
     d = spec.driver_order()
     addr = spec.address or 0
-    common = (cu.CUtensorMapDataType(d["dtype"]), d["rank"], addr, list(d["global_dim"]),
-              list(d["global_strides"]))
-    tail = (list(d["element_strides"]), cu.CUtensorMapInterleave(d["interleave"]),
+    u64 = lambda vs: [cu.cuuint64_t(v) for v in vs]  # noqa: E731
+    u32 = lambda vs: [cu.cuuint32_t(v) for v in vs]  # noqa: E731
+    common = (cu.CUtensorMapDataType(d["dtype"]), d["rank"], addr, u64(d["global_dim"]),
+              u64(d["global_strides"]))
+    tail = (u32(d["element_strides"]), cu.CUtensorMapInterleave(d["interleave"]),
             cu.CUtensorMapSwizzle(d["swizzle"]), cu.CUtensorMapL2promotion(d["l2_promotion"]),
             cu.CUtensorMapFloatOOBfill(d["oob_fill"]))
     if spec.kind == "tiled":
-        tmap = driver.call("cuTensorMapEncodeTiled", *common, list(d["box"]), *tail,
+        tmap = driver.call("cuTensorMapEncodeTiled", *common, u32(d["box"]), *tail,
                            detail=spec.describe())
     else:
         tmap = driver.call("cuTensorMapEncodeIm2col", *common, list(d["lower_corner"]),
-                           list(d["upper_corner"]), d["channels_per_pixel"],
-                           d["pixels_per_column"], *tail, detail=spec.describe())
+                           list(d["upper_corner"]), cu.cuuint32_t(d["channels_per_pixel"]),
+                           cu.cuuint32_t(d["pixels_per_column"]), *tail, detail=spec.describe())
     return ctypes.string_at(tmap.getPtr(), 128)
