@@ -63,7 +63,7 @@ def _driver_accepts(c) -> bool:
     res = cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType(c["dtype"].tma_code), rank, c["address"],
         [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["shape"])],
-        [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["strides"][:-1])],
+        [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["strides"][:-1])] or None,
         [cu.cuuint32_t(min(v, 2**32 - 1)) for v in reversed(c["box"])],
         [cu.cuuint32_t(v) for v in reversed(c["estrides"])],
         cu.CUtensorMapInterleave({"none": 0, "16B": 1, "32B": 2}[c["interleave"]]),
@@ -105,7 +105,7 @@ def test_spec_agrees_with_driver_fuzz(device, rng, tmp_path):
     out = os.environ.get("TMAFLOW_REPORT_DIR")
     if out:
         with open(os.path.join(out, "fuzz.json"), "w") as f:
-            json.dump({"summary": summary, "disagreements": disagreements[:50]}, f, indent=1)
+            json.dump({"summary": summary, "disagreements": disagreements[:400]}, f)
     print("fuzz summary", summary)
     assert not disagreements, json.dumps(disagreements[:5], indent=1)
     assert counts["both_accept"] > 200 and counts["both_reject"] > 200
@@ -114,11 +114,11 @@ def test_spec_agrees_with_driver_fuzz(device, rng, tmp_path):
 # --- hardware vs model -------------------------------------------------------------------------
 SWEEP = [
     # (dtype, shape, box, element_strides)
-    ("uint8", (37, 300), (8, 64), None),
-    ("float16", (50, 129), (16, 64), None),
-    ("bfloat16", (9, 70, 66), (4, 8, 32), (1, 2, 1)),
+    ("uint8", (37, 304), (8, 64), None),
+    ("float16", (50, 136), (16, 64), None),
+    ("bfloat16", (9, 70, 72), (4, 8, 32), (1, 2, 1)),
     ("float32", (300,), (64,), None),
-    ("float32", (40, 50), (16, 32), (3, 1)),
+    ("float32", (40, 52), (16, 32), (3, 1)),
     ("int32", (6, 7, 8, 20), (2, 3, 4, 8), (1, 2, 3, 1)),
     ("float64", (5, 6, 7, 8, 12), (2, 2, 3, 4, 16), None),
     ("float64", (33, 20), (8, 16), (1, 1)),

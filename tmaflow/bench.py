@@ -75,7 +75,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
 
     for dtype in ("float32", "bfloat16"):
         item = 4 if dtype == "float32" else 2
-        n = int(np.sqrt(size // item))
+        n = int(np.sqrt(size // item)) // 256 * 256
         shape = (n, n)
         src, dst = _random_device(shape, dtype), empty(shape, dtype)
         best = None

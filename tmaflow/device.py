@@ -50,8 +50,8 @@ class Device:
         reloads its modules on the next launch and reports old arrays as freed.
         """
         driver.call("cuDevicePrimaryCtxReset", self.handle)
-        self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
         self.generation += 1
+        # Our retain survives the reset; the context is rebuilt on first use.
         self.activate()
 
     @property

@@ -244,7 +244,10 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
                              "is contiguous")
     align = 32 if interleave == "32B" else 16
     for i, s in enumerate(strides[:-1]):
-        if s <= 0 or s % align:
+        if s == 0:
+            raise TensorMapError(f"strides[{i}]=0 B: rows would overlap (every index of dim {i} "
+                                 "reads the same row); the driver accepts it, the copy is undefined")
+        if s < 0 or s % align:
             raise TensorMapError(f"strides[{i}]={s} B must be a positive multiple of {align} B; "
                                  "pad the rows (e.g. allocate a wider array and take a slice)")
         if s >= MAX_STRIDE:
@@ -408,7 +411,7 @@ def encode(spec: TensorMapSpec) -> bytes:
     u64 = lambda vs: [cu.cuuint64_t(v) for v in vs]  # noqa: E731
     u32 = lambda vs: [cu.cuuint32_t(v) for v in vs]  # noqa: E731
     common = (cu.CUtensorMapDataType(d["dtype"]), d["rank"], addr, u64(d["global_dim"]),
-              u64(d["global_strides"]))
+              u64(d["global_strides"]) or None)
     tail = (u32(d["element_strides"]), cu.CUtensorMapInterleave(d["interleave"]),
             cu.CUtensorMapSwizzle(d["swizzle"]), cu.CUtensorMapL2promotion(d["l2_promotion"]),
             cu.CUtensorMapFloatOOBfill(d["oob_fill"]))

@@ -55,10 +55,12 @@ TMAFLOW_DEVICE void store_u32(uint32_t cluster_addr, uint32_t v) {
 // st.async.shared::cluster.mbarrier::complete_tx::bytes — store into a remote CTA's smem and
 // complete 4/8/16 bytes on its mbarrier (both cluster addresses).
 TMAFLOW_DEVICE void store_async_u32(uint32_t cluster_addr, uint32_t v, uint32_t bar_cluster) {
+  TMAFLOW_ASYNC_GUARD();
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];"
                :: "r"(cluster_addr), "r"(v), "r"(bar_cluster) : "memory");
 }
 TMAFLOW_DEVICE void store_async_v4(uint32_t cluster_addr, uint4 v, uint32_t bar_cluster) {
+  TMAFLOW_ASYNC_GUARD();
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
                :: "r"(cluster_addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar_cluster) : "memory");
 }

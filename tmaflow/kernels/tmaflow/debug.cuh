@@ -25,6 +25,9 @@ struct Site {  // what the host will print about a wait
 }}  // namespace tmaflow::debug
 
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
+// After a watchdog timeout no new asynchronous copy or remote arrival is issued: one that
+// landed in a CTA that already left would fault the context.
+#define TMAFLOW_ASYNC_GUARD() do { if (tmaflow_watchdog_state.abort) return; } while (0)
 #ifndef TMAFLOW_WATCHDOG_NS
 #define TMAFLOW_WATCHDOG_NS 1000000000ull
 #endif
@@ -72,4 +75,6 @@ __device__ __noinline__ void report(uint32_t bar_addr, uint32_t parity, Site sit
   __threadfence_system();
 }
 }}  // namespace tmaflow::debug
+#else
+#define TMAFLOW_ASYNC_GUARD() do {} while (0)
 #endif

@@ -27,6 +27,7 @@ TMAFLOW_DEVICE void expect_tx(uint64_t* bar, uint32_t bytes) {
 // mbarrier.arrive.release.cluster.shared::cluster — arrive on the barrier at the same
 // offset in CTA `cta_rank` of the cluster (remote CTAs may only arrive / expect / complete).
 TMAFLOW_DEVICE void arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  TMAFLOW_ASYNC_GUARD();
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");

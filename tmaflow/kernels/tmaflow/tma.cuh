@@ -17,6 +17,7 @@ namespace tmaflow { namespace tma {
 // the box lands at `dst` (128 B aligned, 1024 B for 128B swizzle) and completes its bytes on `bar`.
 #define TMAFLOW_LOAD(N, COORDS, PARAMS, ...) \
   TMAFLOW_DEVICE void load(void* dst, const CUtensorMap* map, uint64_t* bar, TMAFLOW_UNPAREN PARAMS) { \
+    TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" \
                  " [%0], [%1, " COORDS "], [%2];" \
                  :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), __VA_ARGS__ : "memory"); }
@@ -34,6 +35,7 @@ TMAFLOW_TMA_RANKS(TMAFLOW_LOAD)
 // every CTA whose rank bit is set in `cta_mask`.
 #define TMAFLOW_LOAD_MC(N, COORDS, PARAMS, ...) \
   TMAFLOW_DEVICE void load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, uint16_t cta_mask, TMAFLOW_UNPAREN PARAMS) { \
+    TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster" \
                  " [%0], [%1, " COORDS "], [%2], %3;" \
                  :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "h"(cta_mask), __VA_ARGS__ : "memory"); }
@@ -43,6 +45,7 @@ TMAFLOW_TMA_RANKS_MC(TMAFLOW_LOAD_MC)
 // ... .L2::cache_hint — load with an L2 eviction policy (see make_policy_* below).
 #define TMAFLOW_LOAD_HINT(N, COORDS, PARAMS, ...) \
   TMAFLOW_DEVICE void load_hint(void* dst, const CUtensorMap* map, uint64_t* bar, uint64_t policy, TMAFLOW_UNPAREN PARAMS) { \
+    TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint" \
                  " [%0], [%1, " COORDS "], [%2], %3;" \
                  :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "l"(policy), __VA_ARGS__ : "memory"); }
@@ -75,6 +78,7 @@ TMAFLOW_DEVICE uint64_t make_policy_evict_last() {
 // thread that wrote `src` needs fence::proxy_async_shared_cta() and then a CTA barrier.
 #define TMAFLOW_STORE(N, COORDS, PARAMS, ...) \
   TMAFLOW_DEVICE void store(const CUtensorMap* map, const void* src, TMAFLOW_UNPAREN PARAMS) { \
+    TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.tile.bulk_group [%0, " COORDS "], [%1];" \
                  :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); }
 TMAFLOW_TMA_RANKS_ST(TMAFLOW_STORE)
@@ -89,6 +93,7 @@ TMAFLOW_TMA_RANKS_ST(TMAFLOW_STORE)
   TMAFLOW_REDUCE_OP(or, N, COORDS, PARAMS, __VA_ARGS__) TMAFLOW_REDUCE_OP(xor, N, COORDS, PARAMS, __VA_ARGS__)
 #define TMAFLOW_REDUCE_OP(OP, N, COORDS, PARAMS, ...) \
   TMAFLOW_DEVICE void reduce_##OP(const CUtensorMap* map, const void* src, TMAFLOW_UNPAREN PARAMS) { \
+    TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.reduce.async.bulk.tensor." #N "d.global.shared::cta." #OP ".tile.bulk_group [%0, " COORDS "], [%1];" \
                  :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); }
 TMAFLOW_TMA_RANKS_ST(TMAFLOW_REDUCE)
@@ -104,6 +109,7 @@ TMAFLOW_TMA_RANKS_ST(TMAFLOW_REDUCE)
 // cp.async.bulk.prefetch.tensor.Nd.L2.global.tile — warm L2 with a box.
 #define TMAFLOW_PREFETCH(N, COORDS, PARAMS, ...) \
   TMAFLOW_DEVICE void prefetch(const CUtensorMap* map, TMAFLOW_UNPAREN PARAMS) { \
+    TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.prefetch.tensor." #N "d.L2.global.tile [%0, " COORDS "];" \
                  :: "l"(map), __VA_ARGS__ : "memory"); }
 TMAFLOW_TMA_RANKS_PF(TMAFLOW_PREFETCH)
