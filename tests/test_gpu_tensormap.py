@@ -63,7 +63,8 @@ def _driver_accepts(c) -> bool:
     res = cu.cuTensorMapEncodeTiled(
         cu.CUtensorMapDataType(c["dtype"].tma_code), rank, c["address"],
         [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["shape"])],
-        [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["strides"][:-1])] or None,
+        [cu.cuuint64_t(min(v, 2**64 - 1)) for v in reversed(c["strides"][:-1])]
+        or [cu.cuuint64_t(-(-c["shape"][0] * c["dtype"].itemsize // 16) * 16)],
         [cu.cuuint32_t(min(v, 2**32 - 1)) for v in reversed(c["box"])],
         [cu.cuuint32_t(v) for v in reversed(c["estrides"])],
         cu.CUtensorMapInterleave({"none": 0, "16B": 1, "32B": 2}[c["interleave"]]),
@@ -127,8 +128,14 @@ SWEEP = [
 SWIZZLES = ["none", "32B", "64B", "128B"]
 
 
-def _coords_for(shape, box, rng, n=6):
-    """Box origins inside, overhanging each side (negative and beyond), and far outside."""
+def _coords_for(shape, box, rng, n=6, itemsize=4):
+    """Box origins inside, overhanging each side (negative and beyond), and far outside.
+    Inner coordinates are multiples of 16 bytes (others fault on the hardware)."""
+    q = max(1, 16 // itemsize)
+    return [c[:-1] + (c[-1] // q * q,) for c in _raw_coords(shape, box, rng, n)]
+
+
+def _raw_coords(shape, box, rng, n):
     out = [tuple(0 for _ in shape)]
     for d in range(len(shape)):
         lo = [0] * len(shape)
@@ -169,7 +176,7 @@ def test_tma_load_matches_reference(device, rng, swizzle, fill):
         g = tf.from_numpy(host, dtype=dtype)
         tmap = tf.TensorMap.tiled(g, box, element_strides=estr, swizzle=swizzle, oob_fill=fill)
         spec = tmap.spec
-        coords = _coords_for(shape, box, rng)
+        coords = _coords_for(shape, box, rng, itemsize=BY_NAME[dtype].itemsize)
         for base_off in (0, 128, 384, 1024 + 640):
             nbytes = spec.smem_bytes
             dev_coords = tf.from_numpy(np.array([list(reversed(c)) + [0] * (5 - len(c))
@@ -202,7 +209,8 @@ def test_tma_store_matches_reference(device, rng, swizzle):
         g = tf.from_numpy(host, dtype=dtype)
         tmap = tf.TensorMap.tiled(g, box, swizzle=swizzle)
         spec = tmap.spec
-        coords = [c for c in _coords_for(shape, box, rng) if min(c) >= 0]
+        coords = [c for c in _coords_for(shape, box, rng, itemsize=BY_NAME[dtype].itemsize)
+                  if min(c) >= 0]
         for base_off in (0, 256):
             # One box per launch so overlapping boxes cannot race.
             for c in coords:

@@ -34,6 +34,10 @@ def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[
     coords = tuple(int(c) for c in coords)
     if len(coords) != spec.rank:
         raise TmaflowError(f"coords={coords} must have {spec.rank} entries (row-major)")
+    if (coords[-1] * spec.dtype.itemsize) % 16:
+        raise TmaflowError(f"coords[{spec.rank - 1}]={coords[-1]}: the inner coordinate's byte offset "
+                           f"({coords[-1] * spec.dtype.itemsize} B) must be a multiple of 16; the "
+                           "hardware raises an illegal-instruction fault")
     if smem_base % 128:
         raise TmaflowError(f"smem_base={smem_base} must be 128-byte aligned: the hardware faults "
                            "(misaligned address) on any other destination")

@@ -23,6 +23,7 @@ OOB_FILL = {"zero": 0, "nan": 1}
 MAX_BOX = 256
 MAX_DIM = 1 << 32
 MAX_STRIDE = 1 << 40
+MAX_BOX_BYTES = (1 << 20) - 1  # measured: the driver rejects larger box volumes
 IM2COL_CORNER = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
 
 
@@ -82,6 +83,11 @@ class TensorMapSpec:
         for i, b in enumerate(box):
             if not 1 <= b <= MAX_BOX:
                 raise TensorMapError(f"box[{i}]={b} must be in [1, {MAX_BOX}]")
+        volume = math.prod(box) * dt.itemsize
+        if volume > MAX_BOX_BYTES:
+            raise TensorMapError(f"box={box} x {dt.itemsize} B = {volume} B exceeds {MAX_BOX_BYTES} B "
+                                 "(the 2^20 transaction range; element strides do not reduce it "
+                                 "for the driver); use a smaller box")
         inner_bytes = box[-1] * dt.itemsize
         _inner_rules(f"box[{len(box) - 1}]", box[-1], inner_bytes, dt, opts["swizzle"],
                      opts["interleave"])
@@ -410,8 +416,11 @@ def encode(spec: TensorMapSpec) -> bytes:
     addr = spec.address or 0
     u64 = lambda vs: [cu.cuuint64_t(v) for v in vs]  # noqa: E731
     u32 = lambda vs: [cu.cuuint32_t(v) for v in vs]  # noqa: E731
+    strides = d["global_strides"]
+    if not strides:  # rank 1: the driver wants a stride array anyway (measured: NULL is rejected)
+        strides = (-(-spec.shape[0] * spec.dtype.itemsize // 16) * 16,)
     common = (cu.CUtensorMapDataType(d["dtype"]), d["rank"], addr, u64(d["global_dim"]),
-              u64(d["global_strides"]) or None)
+              u64(strides))
     tail = (u32(d["element_strides"]), cu.CUtensorMapInterleave(d["interleave"]),
             cu.CUtensorMapSwizzle(d["swizzle"]), cu.CUtensorMapL2promotion(d["l2_promotion"]),
             cu.CUtensorMapFloatOOBfill(d["oob_fill"]))
