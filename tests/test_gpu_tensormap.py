@@ -232,11 +232,11 @@ def test_tma_store_matches_reference(device, rng, swizzle):
 def test_reencode_identical_map_is_cheap(device):
     import time
     a = tf.zeros((1024, 1024), "float32")
-    tf.TensorMap.tiled(a, (64, 64), swizzle="128B")
+    tf.TensorMap.tiled(a, (64, 32), swizzle="128B")
     n = 20000
     t0 = time.perf_counter()
     for _ in range(n):
-        tf.TensorMap.tiled(a, (64, 64), swizzle="128B")
+        tf.TensorMap.tiled(a, (64, 32), swizzle="128B")
     per = (time.perf_counter() - t0) / n
     print(f"re-encode {per * 1e6:.2f} us")
     assert per < 20e-6  # the benchmark (tools/bench_encode.py) holds the <= 1 us claim

@@ -23,7 +23,6 @@ OOB_FILL = {"zero": 0, "nan": 1}
 MAX_BOX = 256
 MAX_DIM = 1 << 32
 MAX_STRIDE = 1 << 40
-MAX_BOX_BYTES = (1 << 20) - 1  # measured: the driver rejects larger box volumes
 IM2COL_CORNER = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
 
 
@@ -83,11 +82,6 @@ class TensorMapSpec:
         for i, b in enumerate(box):
             if not 1 <= b <= MAX_BOX:
                 raise TensorMapError(f"box[{i}]={b} must be in [1, {MAX_BOX}]")
-        volume = math.prod(box) * dt.itemsize
-        if volume > MAX_BOX_BYTES:
-            raise TensorMapError(f"box={box} x {dt.itemsize} B = {volume} B exceeds {MAX_BOX_BYTES} B "
-                                 "(the 2^20 transaction range; element strides do not reduce it "
-                                 "for the driver); use a smaller box")
         inner_bytes = box[-1] * dt.itemsize
         _inner_rules(f"box[{len(box) - 1}]", box[-1], inner_bytes, dt, opts["swizzle"],
                      opts["interleave"])

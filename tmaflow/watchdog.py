@@ -69,15 +69,23 @@ class Watch:
     def check(self, stream: int, kernel) -> None:
         """Synchronise; raise DeadlockError if any bounded wait timed out."""
         err = driver.cu().cuStreamSynchronize(stream)[0]
-        found = [r for r in self.records if r.magic == MAGIC] if self.state is not None else []
+        # Copy the records out first: a context reset frees the pinned buffer.
+        found = [_as_dict(r) for r in self.records if r.magic == MAGIC] \
+            if self.state is not None else []
+        fault = ""
         if int(err) != 0:
+            fault = driver._error_name(err)
             if int(err) in STICKY:
+                self.state = None  # the buffer and the module die with the context
                 self.device.reset()  # so the process can compile and launch again
             if not found:
-                raise CudaError("cuStreamSynchronize", int(err), driver._error_name(err),
-                                f"after launching {kernel.name}")
+                raise CudaError("cuStreamSynchronize", int(err), fault,
+                                f"after launching {kernel.name}; the context was reset")
         if found:
-            raise DeadlockError(_message(kernel, found), [_as_dict(r) for r in found])
+            msg = _message(kernel, found)
+            if fault:
+                msg += f" The kernel then faulted ({fault}); the context was reset."
+            raise DeadlockError(msg, found)
 
 
 def _as_dict(r: Record) -> dict:
@@ -88,9 +96,8 @@ def _as_dict(r: Record) -> dict:
             "waited_us": r.waited_us}
 
 
-def _message(kernel, records: list[Record]) -> str:
+def _message(kernel, recs: list[dict]) -> str:
     """First stuck wait in full, then every other stuck barrier once."""
-    recs = [_as_dict(r) for r in records]
     first = recs[0]
 
     def where(d):
