@@ -79,16 +79,20 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         shape = (n, n)
         src, dst = _random_device(shape, dtype), empty(shape, dtype)
         best = None
-        for box, stages in (((32 * 4 // item, 256), None), ((16 * 4 // item, 256), None),
-                            ((64 * 4 // item, 256), 3)):
-            launcher, args, _ = ex.copy(src, dst, box=box, stages=stages, launch=False)
+        rows_32k = 32 * 4 // item  # rows of a 32 KB box
+        for box, stages, per_sm, l2 in (((rows_32k, 256), 6, 1, "none"),
+                                        ((2 * rows_32k, 256), 3, 1, "none"),
+                                        ((rows_32k, 256), 3, 2, "none"),
+                                        ((2 * rows_32k, 256), 3, 1, "256B"),
+                                        ((rows_32k, 256), 3, 2, "256B")):
+            launcher, args, _ = ex.copy(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
+                                        l2_promotion=l2, launch=False)
             t = timer.time(lambda: launcher(*args), repeats)
             if best is None or t < best[0]:
-                best = (t, box, launcher.kernel.layout.items[0].stages)
+                best = (t, f"box {box} x {stages} stages, {per_sm} CTA/SM, L2 promotion {l2}")
         step = max(1, n // 64)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
-        add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok,
-            config=f"box {best[1]} x {best[2]} stages")
+        add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok, config=best[1])
         src.free(), dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128

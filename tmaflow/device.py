@@ -51,6 +51,9 @@ class Device:
         """
         driver.call("cuDevicePrimaryCtxReset", self.handle)
         self.generation += 1
+        from .memory import free_epoch
+
+        free_epoch[0] += 1
         # Our retain survives the reset; the context is rebuilt on first use.
         self.activate()
 

@@ -48,6 +48,10 @@ class _Module:
                                        self.function)
         self.max_threads = driver.call("cuFuncGetAttribute", fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
                                        self.function)
+        # __cluster_dims__ compiled into the kernel (0 when none)
+        self.compiled_cluster = tuple(
+            driver.call("cuFuncGetAttribute", getattr(fa, f"CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_{a}"),
+                        self.function) for a in ("WIDTH", "HEIGHT", "DEPTH"))
         self.dynamic_smem_set = 0
         self.non_portable = False
         self.watch = watchdog.Watch(self.module, device) if kernel.debug else None
@@ -90,6 +94,7 @@ class Launcher:
     def __init__(self, kernel: "Kernel", module: _Module, grid, block, cluster, smem: int, stream):
         cu = driver.cu()
         self.kernel, self.module = kernel, module
+        self.generation = module.generation
         self.grid, self.block, self.cluster, self.smem = grid, block, cluster, smem
         self.stream = stream_handle(stream)
         self.packer = ArgPacker(module.params)
@@ -99,7 +104,7 @@ class Launcher:
         cfg.sharedMemBytes = smem
         cfg.hStream = cu.CUstream(self.stream)
         attrs = []
-        if cluster != (1, 1, 1):
+        if cluster != (1, 1, 1) and not any(module.compiled_cluster):
             attr = cu.CUlaunchAttribute()
             attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
             attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
@@ -109,6 +114,8 @@ class Launcher:
         self.config = cfg
         self._launch = cu.cuLaunchKernelEx
         self._function = module.function
+        self._pack = self.packer.pack
+        self._watch = module.watch
         if cluster != (1, 1, 1):
             self._check_cluster_fits()
 
@@ -122,8 +129,8 @@ class Launcher:
                 "use a smaller cluster, fewer threads or less shared memory")
 
     def __call__(self, *args) -> None:
-        kp = self.packer.pack(args)
-        watch = self.module.watch
+        kp = self._pack(args)
+        watch = self._watch
         if watch is not None:
             watch.arm()
         (err,) = self._launch(self.config, self._function, kp, 0)
@@ -235,6 +242,13 @@ class Kernel:
                               f"{device.name} (cc {device.compute_capability[0]}."
                               f"{device.compute_capability[1]}); tmaflow kernels need a Hopper GPU")
         mod = self.module(device)
+        if any(mod.compiled_cluster):
+            if cluster == (1, 1, 1):
+                cluster = mod.compiled_cluster
+            elif cluster != mod.compiled_cluster:
+                raise LaunchError(f"cluster={cluster} conflicts with __cluster_dims__"
+                                  f"{mod.compiled_cluster} compiled into {self.name}; pass "
+                                  f"cluster={mod.compiled_cluster} or leave it out")
         threads = block[0] * block[1] * block[2]
         if threads > mod.max_threads:
             raise LaunchError(f"block={block} has {threads} threads; {self.name} allows at most "
@@ -259,10 +273,10 @@ class Kernel:
     def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
                stream=None) -> None:
         """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
-        key = (grid, block, cluster, smem, stream_handle(stream))
+        key = (grid, block, cluster, smem, stream if stream is None else stream_handle(stream))
         cache = self._local.__dict__
         launcher = cache.get(key)
-        if launcher is None or launcher.module.generation != launcher.module.device.generation:
+        if launcher is None or launcher.generation != launcher.module.device.generation:
             launcher = self.bind(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream)
             if len(cache) > 64:
                 cache.clear()

@@ -38,7 +38,13 @@ class _Allocation:
         return self._finalizer.alive and self.generation == self.device.generation
 
 
+# Bumped whenever tmaflow memory may have died (a free, a context reset). Hot paths that
+# validated their arrays at epoch E skip re-checking liveness while the epoch is still E.
+free_epoch = [0]
+
+
 def _free(ptr: int, device: Device, generation: int) -> None:
+    free_epoch[0] += 1
     if generation != device.generation:
         return  # the context was reset: the memory is already gone
     try:

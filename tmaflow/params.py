@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import LaunchError
+from .memory import free_epoch
 
 MAX_PARAM_BYTES = 32764  # CUDA 12.1+ parameter space
 
@@ -119,8 +120,10 @@ def _bad(where, arg, size):
 class ArgPacker:
     """Packs argument tuples for one kernel into a reusable buffer addressed by a void**.
 
-    The first call with a given tuple of argument types builds one ``struct.Struct`` for the
-    whole layout; later calls with the same types pack with a single ``pack_into``.
+    The first call checks every argument (``convert``) and generates a packer specialised to
+    that tuple of argument types: one type test per argument and a single
+    ``struct.pack_into``. Later calls with the same types take it while no tmaflow memory
+    has been freed since (``memory.free_epoch``); anything else takes the checked path.
     """
 
     def __init__(self, params: list[Param]):
@@ -133,7 +136,8 @@ class ArgPacker:
         self._ptrs = (ctypes.c_void_p * max(len(self.params), 1))(
             *[base + p.offset for p in self.params])
         self.kernel_params = ctypes.addressof(self._ptrs) if self.params else 0
-        self._fast: dict[tuple, tuple] = {}
+        self._fast = None
+        self._epoch = -1
 
     def check_count(self, args: tuple) -> None:
         if len(args) != len(self.params):
@@ -143,51 +147,59 @@ class ArgPacker:
 
     def pack(self, args: tuple) -> int:
         """Write ``args`` into the buffer; return the ``kernelParams`` pointer."""
-        sig = tuple(map(type, args))
-        fast = self._fast.get(sig)
-        if fast:
-            st, getters = fast
+        fast = self._fast
+        if fast is not None and self._epoch == free_epoch[0]:
             try:
-                st.pack_into(self.buffer, 0, *[g(a) if g else a for g, a in zip(getters, args)])
-                return self.kernel_params
-            except (struct.error, OverflowError, AttributeError, TypeError):
-                pass  # out-of-range value or a dead array: the slow path says exactly what
+                if fast(args):
+                    return self.kernel_params
+            except (struct.error, OverflowError, ValueError):
+                pass  # e.g. a value needing the unsigned range: the checked path decides
         self.check_count(args)
         for p, a in zip(self.params, args):
             data = convert(p, a)
             ctypes.memmove(ctypes.addressof(self.buffer) + p.offset, data, p.size)
-        self._fast[sig] = self._build_fast(args)
+        self._fast = self._generate(args)
+        self._epoch = free_epoch[0]
         return self.kernel_params
 
-    def _build_fast(self, args: tuple):
-        fmt, pos, getters = ["<"], 0, []
-        for p, a in zip(self.params, args):
+    def _generate(self, args: tuple):
+        """Source of a packer for exactly these argument types, or None (always checked)."""
+        from .memory import DeviceArray
+        from .tensormap import TensorMap
+
+        fmt, pos, checks, values = ["<"], 0, [], []
+        for i, (p, a) in enumerate(zip(self.params, args)):
             if p.offset > pos:
                 fmt.append(f"{p.offset - pos}x")
-            kind = _kind(a)
-            if kind == "tensormap":
+            t = type(a)
+            if t is TensorMap:
                 fmt.append("128s")
-                getters.append(_tensormap_bytes)
-            elif kind == "pointer":
+                checks.append(f"type(a{i}) is TensorMap")
+                values.append(f"a{i}._bytes")
+            elif t is DeviceArray:
                 fmt.append("Q")
-                getters.append(_live_ptr)
-            elif kind == "int":
-                fmt.append(_INT_CODES[p.size])  # a value needing the unsigned range drops to the slow path
-                getters.append(None)
-            elif kind == "float":
+                checks.append(f"type(a{i}) is DeviceArray")
+                values.append(f"a{i}.ptr")
+            elif t is int:
+                fmt.append(_INT_CODES[p.size])
+                checks.append(f"type(a{i}) is int")
+                values.append(f"a{i}")
+            elif t is float:
                 fmt.append(_FLOAT_CODES[p.size])
-                getters.append(None)
+                checks.append(f"type(a{i}) is float")
+                values.append(f"a{i}")
             else:
-                return False  # numpy scalars, bytes, foreign arrays: always the checked path
+                return None  # numpy scalars, bytes, foreign arrays: always the checked path
             pos = p.offset + p.size
-        return struct.Struct("".join(fmt)), tuple(getters)
-
-
-def _tensormap_bytes(t):
-    return t.to_bytes()
-
-
-def _live_ptr(a):
-    if not a.alive:
-        raise TypeError("dead array")
-    return a.ptr
+        n = len(args)
+        names = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
+        src = (f"def fast(args):\n"
+               f"    if len(args) != {n}: return False\n"
+               + (f"    {names} = args\n" if n else "")
+               + (f"    if not ({' and '.join(checks)}): return False\n" if checks else "")
+               + f"    pack_into(buf, 0{''.join(', ' + v for v in values)})\n"
+               f"    return True\n")
+        scope = {"TensorMap": TensorMap, "DeviceArray": DeviceArray,
+                 "pack_into": struct.Struct("".join(fmt)).pack_into, "buf": self.buffer}
+        exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
+        return scope["fast"]

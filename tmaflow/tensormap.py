@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from . import driver
 from .dtypes import DType, as_dtype
 from .errors import TensorMapError
+from .memory import DeviceArray, free_epoch
 
 SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
@@ -299,24 +300,33 @@ _ENCODE_CACHE_MAX = 4096
 
 
 class TensorMap:
-    """An encoded tensor map bound to an array it keeps alive. ``bytes(tmap)`` = 128 bytes."""
+    """An encoded tensor map bound to an array it keeps alive. ``bytes(tmap)`` = 128 bytes.
 
-    __slots__ = ("spec", "array", "_storage", "_bytes", "__weakref__")
+    Re-creating a map for the same array and options is a dictionary lookup: the cache key
+    is the array's address, shape, strides and dtype plus the options; liveness is
+    re-checked only if tmaflow memory was freed since the entry was validated.
+    """
+
+    __slots__ = ("spec", "array", "_bytes", "_storage", "__weakref__")
 
     def __init__(self, spec: TensorMapSpec, array, raw: bytes):
         self.spec = spec
         self.array = array
-        self._storage = _aligned_storage(raw)
         self._bytes = raw
+        self._storage = None
 
     @classmethod
     def tiled(cls, array, box, *, dtype=None, **options) -> "TensorMap":
-        arr = _device_view(array)
-        key = ("tiled", arr.ptr, arr.shape, arr.strides, dtype or arr.dtype.name,
-               tuple(box) if not isinstance(box, int) else (box,), tuple(sorted(options.items())))
+        arr = array if type(array) is DeviceArray else _device_view(array)
+        key = ("tiled", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype,
+               box if type(box) is tuple else tuple(box) if not isinstance(box, int) else (box,),
+               *options.items())
         hit = _encode_cache.get(key)
-        if hit is not None:
-            return cls(hit[0], arr, hit[1])
+        if hit is not None and (hit[2] == free_epoch[0] or _revalidate(key, hit, arr)):
+            tm = object.__new__(cls)
+            tm.spec, tm.array, tm._bytes, tm._storage = hit[0], arr, hit[1], None
+            return tm
+        arr = _device_view(arr)
         spec = TensorMapSpec.tiled(_view_dtype(arr, dtype), arr.shape, box, strides=arr.strides,
                                    address=arr.ptr, **options)
         return cls._encoded(key, spec, arr)
@@ -324,11 +334,10 @@ class TensorMap:
     @classmethod
     def im2col(cls, array, *, dtype=None, **options) -> "TensorMap":
         arr = _device_view(array)
-        key = ("im2col", arr.ptr, arr.shape, arr.strides, dtype or arr.dtype.name,
-               tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v)
-                            for k, v in options.items())))
+        key = ("im2col", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype,
+               *((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in options.items()))
         hit = _encode_cache.get(key)
-        if hit is not None:
+        if hit is not None and _revalidate(key, hit, arr):
             return cls(hit[0], arr, hit[1])
         spec = TensorMapSpec.im2col(_view_dtype(arr, dtype), arr.shape, strides=arr.strides,
                                     address=arr.ptr, **options)
@@ -339,7 +348,7 @@ class TensorMap:
         raw = encode(spec)
         if len(_encode_cache) >= _ENCODE_CACHE_MAX:
             _encode_cache.clear()
-        _encode_cache[key] = (spec, raw)
+        _encode_cache[key] = (spec, raw, free_epoch[0])
         return cls(spec, arr, raw)
 
     def replace_address(self, array) -> None:
@@ -354,7 +363,7 @@ class TensorMap:
         spec = self.spec.with_address(arr.ptr)
         self.spec, self.array = spec, arr
         self._bytes = encode(spec)
-        self._storage = _aligned_storage(self._bytes)
+        self._storage = None
 
     def to_bytes(self) -> bytes:
         if not self.array.alive:
@@ -368,11 +377,21 @@ class TensorMap:
 
     @property
     def address(self) -> int:
-        """Host address of the 128-byte-aligned copy of the descriptor."""
+        """Host address of a 128-byte-aligned copy of the descriptor (made on first use)."""
+        if self._storage is None:
+            self._storage = _aligned_storage(self._bytes)
         return ctypes.addressof(self._storage[0]) + self._storage[1]
 
     def __repr__(self) -> str:
         return f"TensorMap({self.spec!r}, address=0x{self.spec.address or 0:x})"
+
+
+def _revalidate(key, hit, arr) -> bool:
+    """A cache entry made before some free: usable only if this array is still alive."""
+    if not arr.alive:
+        raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
+    _encode_cache[key] = (hit[0], hit[1], free_epoch[0])
+    return True
 
 
 def _aligned_storage(raw: bytes):

@@ -58,7 +58,8 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
     return spec, layout, {"BOX_X": box[1], "BOX_Y": box[0]}
 
 
-def copy(src, dst=None, *, box=None, stages=None, stream=None, launch: bool = True):
+def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
+         l2_promotion: str = "none", stream=None, launch: bool = True):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop."""
     a = as_array(src)
     if a.ndim != 2:
@@ -67,9 +68,11 @@ def copy(src, dst=None, *, box=None, stages=None, stream=None, launch: bool = Tr
     spec, layout, defines = copy_plan(a.dtype, a.shape, box, stages)
     box = spec.box
     k = get_kernel("tile_copy", layout, defines)
-    ts, td = TensorMap.tiled(a, box), TensorMap.tiled(out, box)
+    ts = TensorMap.tiled(a, box, l2_promotion=l2_promotion)
+    td = TensorMap.tiled(out, box, l2_promotion=l2_promotion)
     tiles_y, tiles_x = math.ceil(a.shape[0] / box[0]), math.ceil(a.shape[1] / box[1])
-    launcher = k.bind(grid=_persistent_grid(tiles_x * tiles_y), block=32, stream=stream)
+    launcher = k.bind(grid=_persistent_grid(tiles_x * tiles_y, ctas_per_sm), block=32,
+                      stream=stream)
     if launch:
         launcher(ts, td, tiles_x, tiles_y)
         return out
@@ -117,7 +120,7 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
     while stages > 1 and stages * stage.smem_bytes > 200 * 1024:
         stages -= 1
     layout = SharedLayout([Pipeline("rows", stages=stages, tiles=[stage])])
-    return spec, layout, {"ROWS": rows, "NBOX": n_box}
+    return spec, layout, {"ROWS": rows, "NBOX": n_box, "WPR": 4}
 
 
 def softmax(x, out=None, *, stream=None, launch: bool = True):
@@ -131,7 +134,8 @@ def softmax(x, out=None, *, stream=None, launch: bool = True):
     rows = defines["ROWS"]
     tin, tout = TensorMap.tiled(a, spec.box), TensorMap.tiled(o, spec.box)
     groups = math.ceil(a.shape[0] / rows)
-    launcher = k.bind(grid=_persistent_grid(groups), block=32 * rows, stream=stream)
+    launcher = k.bind(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
+                      stream=stream)
     args = (tin, tout, a.shape[1], groups)
     if launch:
         launcher(*args)

@@ -24,9 +24,19 @@ TMAFLOW_DEVICE void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 TMAFLOW_DEVICE void expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
-// mbarrier.arrive.release.cluster.shared::cluster — arrive on the barrier at the same
-// offset in CTA `cta_rank` of the cluster (remote CTAs may only arrive / expect / complete).
+// mbarrier.arrive.shared::cluster — arrive on the barrier at the same offset in CTA
+// `cta_rank` of the cluster (remote CTAs may only arrive / expect / complete). CTA-scope
+// release: enough to hand a buffer back that this thread only read; a cluster-scope
+// release (arrive_cluster_release) costs a cluster fence per arrival.
 TMAFLOW_DEVICE void arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
+  TMAFLOW_ASYNC_GUARD();
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+}
+// mbarrier.arrive.release.cluster.shared::cluster — also publishes this thread's writes to
+// the remote CTA (pair with wait_cluster there).
+TMAFLOW_DEVICE void arrive_cluster_release(uint64_t* bar, uint32_t cta_rank) {
   TMAFLOW_ASYNC_GUARD();
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
