@@ -49,12 +49,13 @@ class Device:
         Every allocation and loaded module of this device is invalid afterwards; tmaflow
         reloads its modules on the next launch and reports old arrays as freed.
         """
-        driver.call("cuDevicePrimaryCtxReset", self.handle)
-        self.generation += 1
         from .memory import free_epoch
 
+        driver.call("cuDevicePrimaryCtxReset", self.handle)
+        self.generation += 1
         free_epoch[0] += 1
-        # Our retain survives the reset; the context is rebuilt on first use.
+        # The reset destroyed the context our handle named: retain the fresh one.
+        self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
         self.activate()
 
     @property

@@ -24,6 +24,9 @@ OOB_FILL = {"zero": 0, "nan": 1}
 MAX_BOX = 256
 MAX_DIM = 1 << 32
 MAX_STRIDE = 1 << 40
+# Measured (tools/explore_encode.py): the driver rejects a box whose shared-memory footprint,
+# prod(floor(box_i / element_stride_i)) x element size, exceeds what one block may have.
+MAX_BOX_SMEM = 227 * 1024
 IM2COL_CORNER = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
 
 
@@ -83,6 +86,15 @@ class TensorMapSpec:
         for i, b in enumerate(box):
             if not 1 <= b <= MAX_BOX:
                 raise TensorMapError(f"box[{i}]={b} must be in [1, {MAX_BOX}]")
+        footprint = dt.itemsize
+        for i, (b, e) in enumerate(zip(box, estrides)):
+            inner = i == len(box) - 1 and opts["interleave"] == "none"
+            footprint *= b if inner else b // e
+        if footprint > MAX_BOX_SMEM:
+            raise TensorMapError(
+                f"box={box} with element_strides={estrides} needs {footprint} B of shared memory "
+                f"(the driver counts floor(box / element stride) per dim); at most {MAX_BOX_SMEM} B "
+                "fit one block. Use a smaller box")
         inner_bytes = box[-1] * dt.itemsize
         _inner_rules(f"box[{len(box) - 1}]", box[-1], inner_bytes, dt, opts["swizzle"],
                      opts["interleave"])
@@ -282,7 +294,7 @@ def _check_address(address, interleave: str) -> None:
 
 def _inner_rules(field_name: str, count: int, inner_bytes: int, dt: DType, swizzle: str,
                  interleave: str) -> None:
-    if interleave == "none" and inner_bytes % 16:
+    if inner_bytes % 16:
         raise TensorMapError(f"{field_name}={count} x {dt.itemsize} B = {inner_bytes} B must be a "
                              f"multiple of 16 B; use a multiple of {16 // math.gcd(16, dt.itemsize)} "
                              "elements")

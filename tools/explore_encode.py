@@ -101,6 +101,16 @@ def main(path):
                                              strides=contiguous(shape, 4), estrides=[1, 1, 1],
                                              swizzle="none", interleave="none", l2="none",
                                              oob="zero", offset=0))
+    # the footprint limit exactly at 227 KB, and floor vs ceil of box / element stride:
+    # [227, 64, 4] fp32 = 232448 B, [228, 64, 4] = 233472 B; [227, 64, 8] with stride 2 on the
+    # outer dim is 113 x 2048 = 231424 B by floor, 114 x 2048 = 233472 B by ceil.
+    for tag, box, e0 in (("227KB", [227, 64, 4], 1), ("228KB", [228, 64, 4], 1),
+                         ("floor-vs-ceil", [227, 64, 8], 2)):
+        shape = [512, 64, 8]
+        record(f"footprint:{tag}", dict(dtype="float32", shape=shape, box=box,
+                                        strides=contiguous(shape, 4), estrides=[e0, 1, 1],
+                                        swizzle="none", interleave="none", l2="none", oob="zero",
+                                        offset=0))
     # box vs shape per dim
     for bx, sx in itertools.product((8, 16, 32, 64, 128, 256), (7, 8, 60, 67, 64, 128, 300)):
         shape = [40, sx, 64]

@@ -21,6 +21,7 @@ TMAFLOW_DEVICE void wait_all() { asm volatile("cp.async.wait_all;" ::: "memory")
 // cp.async.mbarrier.arrive.noinc — the barrier gets this thread's arrival when its prior
 // copies land (the arrival is counted in the barrier's expected count).
 TMAFLOW_DEVICE void arrive_on(uint64_t* bar) {
+  TMAFLOW_ASYNC_GUARD();
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_u32(bar)) : "memory");
 }
 }}  // namespace tmaflow::cp_async

@@ -27,7 +27,10 @@ struct Site {  // what the host will print about a wait
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
 // After a watchdog timeout no new asynchronous copy or remote arrival is issued: one that
 // landed in a CTA that already left would fault the context.
+// Arrivals are suppressed too: arriving on a barrier whose phase never completed over-arrives
+// it, which traps.
 #define TMAFLOW_ASYNC_GUARD() do { if (tmaflow_watchdog_state.abort) return; } while (0)
+#define TMAFLOW_ASYNC_GUARD_RET(v) do { if (tmaflow_watchdog_state.abort) return (v); } while (0)
 #ifndef TMAFLOW_WATCHDOG_NS
 #define TMAFLOW_WATCHDOG_NS 1000000000ull
 #endif
@@ -77,4 +80,5 @@ __device__ __noinline__ void report(uint32_t bar_addr, uint32_t parity, Site sit
 }}  // namespace tmaflow::debug
 #else
 #define TMAFLOW_ASYNC_GUARD() do {} while (0)
+#define TMAFLOW_ASYNC_GUARD_RET(v) do {} while (0)
 #endif

@@ -12,16 +12,19 @@ TMAFLOW_DEVICE void inval(uint64_t* bar) {
 }
 // mbarrier.arrive.shared::cta.b64 — one arrival; returns the phase token.
 TMAFLOW_DEVICE uint64_t arrive(uint64_t* bar) {
+  TMAFLOW_ASYNC_GUARD_RET(0);
   uint64_t state;
   asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
   return state;
 }
 // mbarrier.arrive.expect_tx — add `bytes` to the expected transactions, then arrive once.
 TMAFLOW_DEVICE void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  TMAFLOW_ASYNC_GUARD();
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 // mbarrier.expect_tx — add expected bytes without arriving.
 TMAFLOW_DEVICE void expect_tx(uint64_t* bar, uint32_t bytes) {
+  TMAFLOW_ASYNC_GUARD();
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
 }
 // mbarrier.arrive.shared::cluster — arrive on the barrier at the same offset in CTA
