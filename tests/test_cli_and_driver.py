@@ -1,0 +1,58 @@
+"""The command line, and behaviour on a machine without a CUDA driver."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+
+
+def run(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "tmaflow", *args], capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})), timeout=600)
+
+
+def test_demo_without_gpu_says_so(tmp_cache):
+    out = run("demo", "--no-gpu", env={"TMAFLOW_CACHE_DIR": str(tmp_cache)})
+    assert out.returncode == 0, out.stderr
+    assert "NO KERNEL RAN" in out.stdout and "compiled tile_copy" in out.stdout
+    assert "compiled broadcast_scale" in out.stdout
+
+
+def test_swizzle_view():
+    out = run("swizzle", "--dtype", "bf16", "--box", "8x64", "--swizzle", "128B")
+    assert out.returncode == 0, out.stderr
+    rows = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("row")]
+    assert rows[1].split()[2:4] == ["1:1", "1:0"]  # row 1: chunk 0 lands in chunk 1
+
+
+def test_cache_info_and_clear(tmp_cache):
+    tf.Kernel("__global__ void k(int* p) { p[0] = 9; }", "k").cubin
+    env = {"TMAFLOW_CACHE_DIR": str(tmp_cache)}
+    info = run("cache", "info", env=env)
+    assert "entries    1" in info.stdout
+    cleared = run("cache", "clear", env=env)
+    assert "removed 1 entries" in cleared.stdout and not list(tmp_cache.glob("*/*.tfbin"))
+
+
+no_driver = pytest.mark.skipif(tf.driver_available(), reason="this machine has a CUDA driver")
+
+
+@no_driver
+def test_no_driver_is_reported_not_raised():
+    assert tf.driver_available() is False
+    with pytest.raises(tf.DriverNotFoundError, match=r"no usable CUDA driver: .* compilation"):
+        tf.Device(0)
+    with pytest.raises(tf.DriverNotFoundError):
+        tf.empty((4,), "float32")
+    with pytest.raises(tf.DriverNotFoundError):
+        tf.TensorMap.tiled(tf.DeviceArray(0x1000, (16, 16), "float32"), (4, 4))
+
+
+def test_host_array_where_device_needed():
+    with pytest.raises(tf.TmaflowError, match=r"got a host numpy array of shape \(4,\); .* tf.from_numpy"):
+        tf.as_array(np.zeros(4))
+    with pytest.raises(tf.TmaflowError, match=r"list is not a device array"):
+        tf.as_array([1, 2])

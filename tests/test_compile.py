@@ -1,0 +1,238 @@
+"""Compilation to CUBIN with no GPU: libcu++ under NVRTC, errors, the cache, SASS checks."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tmaflow as tf
+from tmaflow import cache
+from tmaflow.kernels import examples, source
+from tmaflow.tools import disassemble, sass_opcodes
+
+LIBCUXX = r'''
+#include <cuda.h>
+#include <cuda/barrier>
+#include <cuda/ptx>
+#include <cooperative_groups.h>
+namespace ptx = cuda::ptx;
+__global__ void uses_everything(const __grid_constant__ CUtensorMap map, int* out) {
+  #pragma nv_diag_suppress static_var_with_dynamic_init
+  __shared__ cuda::barrier<cuda::thread_scope_block> bar;
+  auto block = cooperative_groups::this_thread_block();
+  if (block.thread_rank() == 0) { init(&bar, block.size()); ptx::fence_proxy_async(ptx::space_shared); }
+  block.sync();
+  out[threadIdx.x] = sizeof(map);
+}
+'''
+
+
+def _elf_arch(cubin: bytes) -> int:
+    assert cubin[:4] == b"\x7fELF"
+    return cubin[48] & 0xFF  # e_flags low byte holds the SM number on CUDA ELF
+
+
+def test_libcuxx_and_cuda_h_compile_to_sm90a_cubin(tmp_cache):
+    k = tf.Kernel(LIBCUXX, "uses_everything")
+    assert k.cubin[:4] == b"\x7fELF"
+    assert ".target sm_90a" in k.ptx
+    assert k.resources.registers > 0 and k.resources.spills == 0
+    assert "uses_everything" in k.program.lowered_name
+
+
+def test_compile_error_names_lines_and_log(tmp_cache):
+    src = "__global__ void k(int* p) {\n  int x = 1;\n  p[0] = y;\n}\n"
+    with pytest.raises(tf.CompileError, match=r"NVRTC failed to compile kernel.cu \(1 error\)") as info:
+        tf.Kernel(src, "k").cubin
+    err = info.value
+    assert 'identifier "y" is undefined' in err.log
+    assert ">>     3 |   p[0] = y;" in err.excerpt
+
+
+def test_missing_kernel_name(tmp_cache):
+    with pytest.raises(tf.CompileError, match=r"kernel name='nope' is not a __global__ function of kernel.cu; kernels found: real"):
+        tf.Kernel("__global__ void real(int* p) { p[0] = 1; }", "nope").cubin
+
+
+def test_templated_kernel_by_name_expression(tmp_cache):
+    src = "template <int N> __global__ void fill(int* p) { p[threadIdx.x] = N; }\n" \
+          "template __global__ void fill<7>(int*);\n"
+    k = tf.Kernel(src, "fill<7>")
+    assert k.program.lowered_name.startswith("_Z")
+
+
+def test_defines_and_debug_change_the_binary(tmp_cache):
+    src = "__global__ void k(int* p) { p[0] = VALUE; }"
+    a = tf.Kernel(src, "k", defines={"VALUE": 1})
+    b = tf.Kernel(src, "k", defines={"VALUE": 2})
+    assert a.program.key != b.program.key and a.cubin != b.cubin
+    assert tf.Kernel(src, "k", defines={"VALUE": 1}, debug=True).program.key != a.program.key
+
+
+_CHILD = textwrap.dedent("""
+    import sys, tmaflow as tf
+    k = tf.Kernel("__global__ void k(int* p) { p[0] = TAG; }", "k", defines={"TAG": sys.argv[1]})
+    k.cubin
+    print(k.program.cache_hit or "compiled")
+""")
+
+
+def _child(tag, cache_dir):
+    env = dict(os.environ, TMAFLOW_CACHE_DIR=str(cache_dir), TMAFLOW_CACHE="1")
+    return subprocess.run([sys.executable, "-c", _CHILD, tag], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
+def test_second_process_hits_disk_cache(tmp_cache):
+    assert _child("11", tmp_cache) == "compiled"
+    assert _child("11", tmp_cache) == "disk"
+
+
+def test_corrupted_entry_is_rebuilt(tmp_cache):
+    assert _child("12", tmp_cache) == "compiled"
+    (entry,) = list(tmp_cache.glob("*/*.tfbin"))
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    assert _child("12", tmp_cache) == "compiled"  # checksum failed: rebuilt
+    assert _child("12", tmp_cache) == "disk"
+
+
+def test_concurrent_processes_leave_one_valid_entry(tmp_cache):
+    env = dict(os.environ, TMAFLOW_CACHE_DIR=str(tmp_cache), TMAFLOW_CACHE="1")
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, "13"], env=env, stdout=subprocess.PIPE,
+                              text=True) for _ in range(8)]
+    outs = [p.communicate()[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs) and set(outs) <= {"compiled", "disk"}
+    entries = list(tmp_cache.glob("*/*.tfbin"))
+    assert len(entries) == 1 and not list(tmp_cache.glob("*/.*.tmp"))
+    assert cache.decode_entry(entries[0].read_bytes()) is not None
+
+
+def test_cache_can_be_disabled(tmp_cache, monkeypatch):
+    monkeypatch.setenv("TMAFLOW_CACHE", "0")
+    k = tf.Kernel("__global__ void k(int* p) { p[0] = 3; }", "k")
+    k.cubin
+    assert k.program.cache_hit == "" and not list(tmp_cache.glob("*/*.tfbin"))
+
+
+def test_memory_cache_hit(tmp_cache):
+    src = "__global__ void k(int* p) { p[0] = 4; }"
+    tf.Kernel(src, "k").cubin
+    k = tf.Kernel(src, "k")
+    k.cubin
+    assert k.program.cache_hit == "memory"
+
+
+def _ops(kernel):
+    return sass_opcodes(disassemble(kernel.cubin))
+
+
+def test_sass_of_examples_uses_tma():
+    copy = examples.get_kernel("tile_copy", *examples.copy_plan("float32", (4096, 4096))[1:])
+    assert {"UTMALDG", "UTMASTG", "SYNCS"} <= _ops(copy)
+    bcast = examples.get_kernel("broadcast_scale", examples.broadcast_plan(16, 2)[1])
+    assert "UTMALDG.2D.MULTICAST" in disassemble(bcast.cubin)
+    assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in disassemble(copy.cubin)
+
+
+def test_sass_of_device_library_wrappers():
+    src = r'''
+    #include <tmaflow.cuh>
+    using namespace tmaflow;
+    extern "C" __global__ void k(const __grid_constant__ CUtensorMap m, float* g, int which) {
+      extern __shared__ __align__(1024) uint8_t smem[];
+      __shared__ uint64_t bar;
+      if (which == 0) tma::load_multicast(smem, &m, &bar, 3, 0, 0);
+      if (which == 1) tma::reduce_add(&m, smem, 0, 0);
+      if (which == 2) cluster::store_async_u32(cluster::map_shared(smem, 1), 5u, cluster::map_shared(&bar, 1));
+      if (which == 3) mbarrier::wait(&bar, 0);
+      if (which == 4) bulk::load(smem, g, 128, &bar);
+      if (which == 5) cp_async::copy16(smem, g);
+      if (which == 6) tma::prefetch(&m, 0, 0);
+      if (which == 7) tma::store(&m, smem, 0, 0);
+    }'''
+    sass = disassemble(tf.Kernel(src, "k").cubin)
+    for op in ("UTMALDG.2D.MULTICAST", "UTMAREDG.2D.ADD", "STAS", "SYNCS.PHASECHK.TRANS64.TRYWAIT",
+               "UBLKCP.S.G", "LDGSTS", "UTMAPF.L2.2D", "UTMASTG.2D"):
+        assert op in sass, op
+
+
+def test_every_wrapper_compiles_for_sm90a():
+    # Instantiate every overload (ranks 1-5, every reduce op) so each PTX string is assembled.
+    calls = []
+    for n in range(1, 6):
+        c = ", ".join(["0"] * n)
+        calls += [f"tma::load(smem, &m, &bar, {c});", f"tma::load_multicast(smem, &m, &bar, 1, {c});",
+                  f"tma::load_hint(smem, &m, &bar, pol, {c});", f"tma::store(&m, smem, {c});",
+                  f"tma::prefetch(&m, {c});"]
+        calls += [f"tma::reduce_{op}(&m, smem, {c});"
+                  for op in ("add", "min", "max", "inc", "dec", "and", "or", "xor")]
+    body = "\n".join(f"if (which == {i}) {{ {c} }}" for i, c in enumerate(calls))
+    src = f'''
+    #include <tmaflow.cuh>
+    using namespace tmaflow;
+    extern "C" __global__ void __launch_bounds__(128, 1) k(const __grid_constant__ CUtensorMap m, float* g, int which) {{
+      extern __shared__ __align__(1024) uint8_t smem[];
+      __shared__ uint64_t bar;
+      uint64_t pol = tma::make_policy_evict_first() ^ tma::make_policy_evict_last();
+      {body}
+      mbarrier::init(&bar, 1); mbarrier::inval(&bar); mbarrier::expect_tx(&bar, 16);
+      mbarrier::arrive_expect_tx(&bar, 16); (void)mbarrier::arrive(&bar); mbarrier::arrive_cluster(&bar, 1);
+      mbarrier::arrive_cluster_release(&bar, 1); (void)mbarrier::try_wait_cluster(&bar, 0);
+      bulk::store(g, smem, 16); bulk::reduce_add(g, reinterpret_cast<float*>(smem), 16);
+      bulk::load_multicast(smem, g, 16, &bar, 3);
+      cp_async::copy4(smem, g); cp_async::copy8(smem, g); cp_async::commit(); cp_async::wait<1>();
+      cp_async::wait_all(); cp_async::arrive_on(&bar);
+      tma::commit_group(); tma::wait_group<0>(); tma::wait_group_read<1>(); tma::prefetch_descriptor(&m);
+      fence::proxy_async(); fence::proxy_async_shared_cta(); fence::mbarrier_init(); fence::acq_rel_cluster();
+      fence::tensormap_acquire(&m);
+      cluster::arrive(); cluster::wait(); cluster::arrive_relaxed(); cluster::sync();
+      g[0] = cluster::rank() + cluster::size() + cluster::cta_id().x + cluster::dims().y + cluster::cluster_id().z;
+      g[1] = cluster::load_u32(cluster::map_shared(smem, 0)); cluster::store_u32(cluster::map_shared(smem, 0), 1);
+      cluster::store_async_v4(cluster::map_shared(smem, 1), make_uint4(1, 2, 3, 4), cluster::map_shared(&bar, 1));
+      g[2] = *cluster::map(g, 0) + warp::elect_one() + warp::lane() + warp::warp_index();
+      if (threadIdx.x < 128) warp::setmaxnreg_inc<232>(); else warp::setmaxnreg_dec<40>();
+    }}'''
+    k = tf.Kernel(src, "k")
+    assert k.cubin[:4] == b"\x7fELF"
+
+
+def test_release_build_has_no_watchdog_cost():
+    """tmaflow's wait in a release build assembles to the same SASS as a bare try_wait loop."""
+    def kernel(wait):
+        return r'''
+        #include <tmaflow.cuh>
+        using namespace tmaflow;
+        extern "C" __global__ void k(int* out) {
+          __shared__ uint64_t bar;
+          if (threadIdx.x == 0) mbarrier::init(&bar, blockDim.x);
+          __syncthreads();
+          mbarrier::arrive(&bar);
+          ''' + wait + r'''
+          out[threadIdx.x] = 1;
+        }'''
+    ours = tf.Kernel(kernel("mbarrier::wait(&bar, 0, debug::Site{\"b\", 3, 64});"), "k")
+    bare = tf.Kernel(kernel("while (!mbarrier::try_wait(&bar, 0)) {}"), "k")
+    strip = lambda s: [ln.split("*/", 1)[1].split("/*")[0].strip() for ln in s.splitlines()  # noqa: E731
+                       if ln.strip().startswith("/*") and "*/" in ln]
+    assert strip(disassemble(ours.cubin)) == strip(disassemble(bare.cubin))
+    debug = tf.Kernel(kernel("mbarrier::wait(&bar, 0);"), "k", debug=True)
+    assert "globaltimer" in debug.ptx  # the watchdog really is in the debug build
+
+
+def test_all_example_and_seed_kernels_compile():
+    plans = [("tile_copy", *examples.copy_plan("bfloat16", (1024, 1024))[1:]),
+             ("transpose", examples.transpose_plan((1024, 1024))[2], None),
+             ("softmax", *examples.softmax_plan((256, 4096))[1:]),
+             ("broadcast_scale", examples.broadcast_plan(8, 4)[1], None),
+             ("axpb_ldgsts", None, None), ("axpb_tma", None, None)]
+    for name, layout, defines in plans:
+        k = examples.get_kernel(name, layout, defines)
+        assert k.resources.spills == 0, name
+    for name in ["split_arrive_wait", "producer_consumer_pattern", "without_memcpy_async",
+                 "with_memcpy_async", "with_barrier", "with_single_stage", "with_staging",
+                 "with_specialized_staging_unified<2>", "add_one_kernel", "kernel", "kernel_ptx",
+                 "dsmem_kernel", "tma_multicast_kernel"]:
+        assert tf.Kernel(source("seeds"), name, filename="seeds.cu").cubin[:4] == b"\x7fELF"

@@ -1,0 +1,120 @@
+"""Shared-memory plans: offsets, alignments, totals, tx bytes, masks, arrival counts."""
+import pytest
+
+import tmaflow as tf
+from tmaflow.tensormap import TensorMapSpec
+
+A = TensorMapSpec.tiled("bfloat16", (4096, 4096), (128, 64), swizzle="128B")   # 16 KB
+B = TensorMapSpec.tiled("bfloat16", (4096, 4096), (256, 64), swizzle="128B")   # 32 KB
+SMALL = TensorMapSpec.tiled("float32", (64, 64), (3, 16))                     # 192 B
+
+
+def test_pipeline_counts():
+    p = tf.Pipeline("ab", stages=4, tiles=[A, B], consumers=2)
+    assert p.tx_bytes == A.tx_bytes + B.tx_bytes == 48 * 1024
+    assert p.full_arrivals == 1 and p.empty_arrivals == 2 and not p.uses_cluster
+
+
+def test_layout_offsets_and_alignment():
+    pipe = tf.Pipeline("ab", stages=3, tiles={"a": A, "s": SMALL})
+    layout = tf.SharedLayout([tf.Buffer("epi", 100, align=16), pipe, tf.Barrier("done", arrivals=3)])
+    off = {p.name: p for p in layout.placements}
+    assert off["ab_a"].offset % 1024 == 0 and off["ab_a"].nbytes == 3 * 16384
+    assert off["ab_s"].offset % 128 == 0 and off["ab_s"].nbytes == 3 * 256  # 192 B rounded to 128
+    assert off["epi"].offset % 16 == 0
+    for name in ("ab_full", "ab_empty", "done"):
+        assert off[name].offset % 8 == 0
+    spans = sorted((p.offset, p.offset + p.nbytes) for p in layout.placements)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no overlap
+    assert layout.total_bytes == max(e for _, e in spans)
+    hdr = layout.header()
+    assert "constexpr uint32_t tx_bytes = 16576;" in hdr
+    assert f"ab_a(uint32_t stage) const {{ return base + {off['ab_a'].offset} + stage * ab::a_stride;" in hdr
+    assert '"done"' in hdr and "tmaflow::Pipeline<3>" in hdr
+
+
+def test_multicast_masks_and_arrivals_2x2():
+    p = tf.Pipeline("ab", stages=4, tiles=[A, B], consumers=2, cluster=(2, 2, 1),
+                    multicast=["x", "y"])
+    # rank = x + 2 y. Tile a is shared along x (same y), tile b along y (same x).
+    assert [p.group_mask(0, r) for r in range(4)] == [0b0011, 0b0011, 0b1100, 0b1100]
+    assert [p.group_mask(1, r) for r in range(4)] == [0b0101, 0b1010, 0b0101, 0b1010]
+    assert [p.is_leader(0, r) for r in range(4)] == [True, False, True, False]
+    assert [p.is_leader(1, r) for r in range(4)] == [True, True, False, False]
+    assert p.release_mask(0) == 0b0111 and p.release_mask(3) == 0b1110
+    assert p.empty_arrivals == 2 * 3  # consumers x CTAs writing into each CTA
+    assert p.tx_bytes == A.tx_bytes + B.tx_bytes  # every CTA receives both tiles
+
+
+def test_multicast_4x1():
+    p = tf.Pipeline("w", stages=2, tiles=[A], consumers=4, cluster=(4, 1, 1), multicast=["x"])
+    assert all(p.group_mask(0, r) == 0b1111 for r in range(4))
+    assert p.empty_arrivals == 16 and p.is_leader(0, 0) and not p.is_leader(0, 3)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(stages=0), r"stages=0 must be in \[1, 32\]"),
+    (dict(consumers=0), r"consumers=0 must be in \[1, 1024\]"),
+    (dict(tiles=[]), r"tiles is empty"),
+    (dict(multicast=["z"], cluster=(2, 1, 1)), r"multicast\[0\]='z' must be None, 'x' or 'y'"),
+    (dict(multicast=["x"]), r"multicast\[0\]='x' but cluster=\(1, 1, 1\) has one CTA along x"),
+    (dict(multicast=["x", "x"], cluster=(2, 1, 1)), r"multicast has 2 entries for 1 tiles"),
+    (dict(cluster=(4, 4, 2)), r"cluster=\(4, 4, 2\) must have at most 16 CTAs"),
+    (dict(name="a-b"), r"Pipeline name='a-b' must be a C identifier"),
+])
+def test_pipeline_errors(kwargs, msg):
+    args = dict(name="p", stages=2, tiles=[A])
+    args.update(kwargs)
+    with pytest.raises(tf.LayoutError, match=msg):
+        tf.Pipeline(**args)
+
+
+def test_stage_over_tx_limit():
+    big = TensorMapSpec.tiled("float32", (1024, 1024), (200, 256))  # 200 KB
+    with pytest.raises(tf.LayoutError, match=r"one stage carries 1228800 B, over the mbarrier tx-count limit"):
+        tf.Pipeline("p", stages=1, tiles=[big] * 6)
+    tf.Pipeline("p", stages=1, tiles=[big] * 5)
+
+
+def test_barrier_limits():
+    with pytest.raises(tf.LayoutError, match=r"arrivals=0 must be in \[1, 2\^20-1\]"):
+        tf.Barrier("b", arrivals=0)
+    with pytest.raises(tf.LayoutError, match=r"tx_bytes=1048576 must be in \[0, 2\^20-1\]"):
+        tf.Barrier("b", tx_bytes=1 << 20)
+    tf.Barrier("b", arrivals=(1 << 20) - 1, tx_bytes=(1 << 20) - 1)
+
+
+def test_layout_over_the_limit_names_every_item():
+    with pytest.raises(tf.LayoutError, match=r"(?s)needs 262272 B of shared memory, over the 232448 B.*ab_tile0: 8 x 32768 B"):
+        tf.SharedLayout([tf.Pipeline("ab", stages=8, tiles=[B])])
+    tf.SharedLayout([tf.Pipeline("ab", stages=6, tiles=[B])])
+
+
+def test_duplicate_names():
+    with pytest.raises(tf.LayoutError, match=r"name 'x' is used twice"):
+        tf.SharedLayout([tf.Barrier("x"), tf.Buffer("x", 16)])
+
+
+def test_layout_header_compiles_into_a_kernel():
+    pipe = tf.Pipeline("ab", stages=2, tiles=[A, B], consumers=4, cluster=(2, 1, 1), multicast=[None, "x"])
+    layout = tf.SharedLayout([pipe, tf.Barrier("done", tx_bytes=128)])
+    src = r'''
+    #include "tmaflow_layout.cuh"
+    extern "C" __global__ void k(const __grid_constant__ CUtensorMap a, const __grid_constant__ CUtensorMap b) {
+      extern __shared__ __align__(1024) uint8_t smem[];
+      tmaflow_layout::Smem S(smem);
+      auto pipe = S.ab();
+      if (threadIdx.x == 0) { pipe.init(); S.done().init(); }
+      tmaflow::cluster::sync();
+      decltype(pipe)::Cursor c;
+      pipe.producer_acquire(c);
+      pipe.producer_commit(c);
+      tmaflow::tma::load(S.ab_tile0(c.stage), &a, pipe.barrier(c), 0, 0);
+      if (tmaflow_layout::ab::tile1_leader(tmaflow::cluster::rank()))
+        tmaflow::tma::load_multicast(S.ab_tile1(c.stage), &b, pipe.barrier(c), tmaflow_layout::ab::tile1_mask(tmaflow::cluster::rank()), 0, 0);
+      pipe.consumer_wait(c);
+      pipe.consumer_release(c);
+      S.done().wait(0);
+    }'''
+    k = tf.Kernel(src, "k", layout=layout)
+    assert k.cubin[:4] == b"\x7fELF"

@@ -1,0 +1,131 @@
+"""tf.reference from first principles: expectations are built by slicing and by the row-chunk
+statements of the swizzle modes, never by re-running the model's own address formula."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow.reference import tma_load, tma_store
+from tmaflow.tensormap import TensorMapSpec
+
+
+def chunks(image, row_pitch):
+    """image as [row][16-byte chunk] -> bytes."""
+    return image.reshape(-1, row_pitch // 16, 16)
+
+
+def test_plain_load_is_the_box_slice(rng):
+    g = rng.standard_normal((40, 64)).astype(np.float32)
+    spec = TensorMapSpec.tiled("float32", g.shape, (8, 16))
+    img = tma_load(g, spec, (5, 12))
+    np.testing.assert_array_equal(img.view(np.float32).reshape(8, 16), g[5:13, 12:28])
+
+
+def test_rank5_load_is_the_box_slice(rng):
+    g = rng.integers(0, 2**16, size=(3, 4, 5, 6, 24), dtype=np.uint16)
+    spec = TensorMapSpec.tiled("uint16", g.shape, (2, 3, 2, 4, 16))
+    img = tma_load(g, spec, (1, 0, 2, 1, 8))
+    np.testing.assert_array_equal(img.view(np.uint16).reshape(2, 3, 2, 4, 16), g[1:3, 0:3, 2:4, 1:5, 8:24])
+
+
+def test_out_of_bounds_zero_fill_and_tx_bytes(rng):
+    g = rng.standard_normal((10, 32)).astype(np.float32) + 5
+    spec = TensorMapSpec.tiled("float32", g.shape, (8, 8))
+    img = tma_load(g, spec, (-3, 28)).view(np.float32).reshape(8, 8)
+    want = np.zeros((8, 8), np.float32)
+    want[3:8, 0:4] = g[0:5, 28:32]
+    np.testing.assert_array_equal(img, want)
+    assert spec.tx_bytes == 8 * 8 * 4  # out-of-bounds elements count too
+
+
+def test_nan_fill_lanes(rng):
+    g = rng.standard_normal((4, 16)).astype(np.float32)
+    spec = TensorMapSpec.tiled("float32", g.shape, (4, 8), oob_fill="nan")
+    img = tma_load(g, spec, (2, 8)).view(np.float32).reshape(4, 8)
+    assert np.isnan(img[2:]).all() and not np.isnan(img[:2]).any()
+    assert set(img[2:].view(np.uint32).ravel()) == {0x7FF77FF7}  # measured pattern
+
+
+def test_element_strides_pick_every_kth(rng):
+    g = rng.integers(0, 255, size=(20, 32), dtype=np.uint8)
+    spec = TensorMapSpec.tiled("uint8", g.shape, (8, 16), element_strides=(3, 1))
+    img = tma_load(g, spec, (1, 16)).reshape(3, 16)  # ceil(8 / 3) rows
+    np.testing.assert_array_equal(img, g[[1, 4, 7], 16:32])
+
+
+def test_128b_swizzle_rows_permute_chunks(rng):
+    # PTX swizzle table: in every 1024-byte block, 16-byte chunk j of row r (128-byte rows)
+    # is stored at chunk j ^ (r % 8).
+    g = rng.integers(0, 2**16, size=(16, 64), dtype=np.uint16)
+    spec = TensorMapSpec.tiled("bfloat16", g.shape, (16, 64), swizzle="128B")
+    img = chunks(tma_load(g, spec, (0, 0)), 128)
+    logical = chunks(g.view(np.uint8).ravel(), 128)
+    for r in range(16):
+        for j in range(8):
+            np.testing.assert_array_equal(img[r, j ^ (r % 8)], logical[r, j])
+
+
+def test_64b_swizzle(rng):
+    # 64-byte rows: chunk j of row r lands at chunk j ^ ((r // 2) % 4).
+    g = rng.integers(0, 255, size=(16, 64), dtype=np.uint8)
+    spec = TensorMapSpec.tiled("uint8", g.shape, (16, 64), swizzle="64B")
+    img = chunks(tma_load(g, spec, (0, 0)), 64)
+    logical = chunks(g.ravel(), 64)
+    for r in range(16):
+        for j in range(4):
+            np.testing.assert_array_equal(img[r, j ^ ((r // 2) % 4)], logical[r, j])
+
+
+def test_32b_swizzle(rng):
+    # 32-byte rows: rows 4..7 of every 8 swap their two halves.
+    g = rng.integers(0, 255, size=(16, 32), dtype=np.uint8)
+    spec = TensorMapSpec.tiled("uint8", g.shape, (16, 32), swizzle="32B")
+    img = chunks(tma_load(g, spec, (0, 0)), 32)
+    logical = chunks(g.ravel(), 32)
+    for r in range(16):
+        swap = (r % 8) >= 4
+        np.testing.assert_array_equal(img[r, 0], logical[r, 1 if swap else 0])
+
+
+def test_narrow_rows_are_padded_and_padding_untouched(rng):
+    g = rng.integers(0, 255, size=(8, 32), dtype=np.uint8)
+    spec = TensorMapSpec.tiled("uint8", g.shape, (8, 32), swizzle="128B")
+    img = tma_load(g, spec, (0, 0), background=0xEE).reshape(8, 128)
+    assert spec.smem_bytes == 8 * 128
+    for r in range(8):  # 32 data bytes per 128-byte row, in chunks j ^ r for j = 0, 1
+        used = {(0 ^ r) % 8, (1 ^ r) % 8}
+        for c in range(8):
+            seg = img[r, 16 * c:16 * c + 16]
+            assert (seg == 0xEE).all() == (c not in used)
+
+
+def test_swizzle_depends_on_absolute_base(rng):
+    # A base one row into the 1024-byte pattern shifts it: row r behaves like row r + 1.
+    g = rng.integers(0, 255, size=(8, 128), dtype=np.uint8)
+    spec = TensorMapSpec.tiled("uint8", g.shape, (8, 128), swizzle="128B")
+    img = chunks(tma_load(g, spec, (0, 0), smem_base=128), 128)
+    logical = chunks(g.ravel(), 128)
+    for r in range(8):
+        for j in range(8):
+            np.testing.assert_array_equal(img[r, j ^ ((r + 1) % 8)], logical[r, j])
+
+
+def test_faulting_inputs_raise():
+    g = np.zeros((8, 32), np.float32)
+    spec = TensorMapSpec.tiled("float32", g.shape, (4, 8))
+    with pytest.raises(tf.TmaflowError, match=r"smem_base=64 must be 128-byte aligned"):
+        tma_load(g, spec, (0, 0), smem_base=64)
+    with pytest.raises(tf.TmaflowError, match=r"coords\[1\]=2: the inner coordinate's byte offset \(8 B\)"):
+        tma_load(g, spec, (0, 2))
+    with pytest.raises(tf.TmaflowError, match=r"a TMA store needs non-negative coordinates"):
+        tma_store(g, spec, (-1, 0), np.zeros(spec.smem_bytes, np.uint8))
+
+
+def test_store_round_trip_discards_out_of_bounds(rng):
+    g = rng.standard_normal((12, 40)).astype(np.float32)
+    spec = TensorMapSpec.tiled("float32", g.shape, (8, 32), swizzle="128B")
+    img = tma_load(g, spec, (8, 16))  # overhangs the bottom and the right
+    out = np.full_like(g, -1.0)
+    tma_store(out, spec, (8, 16), img)
+    want = np.full_like(g, -1.0)
+    want[8:12, 16:40] = g[8:12, 16:40]
+    np.testing.assert_array_equal(out, want)

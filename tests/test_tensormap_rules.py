@@ -1,0 +1,209 @@
+"""Every TensorMapSpec rule: a rejecting case (checked by message) and an accepting boundary."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow.tensormap import MAX_BOX_SMEM, TensorMapSpec
+
+tiled = TensorMapSpec.tiled
+
+
+class FakeTorchDtype:  # what as_dtype sees of a torch dtype: its module and its str()
+    __module__ = "torch"
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+@pytest.mark.parametrize("dtype,name", [("bf16", "bfloat16"), (np.float16, "float16"),
+                                        (np.dtype("int32"), "int32"), ("tf32", "tf32"),
+                                        (FakeTorchDtype("bfloat16"), "bfloat16"),
+                                        (FakeTorchDtype("float32"), "float32")])
+def test_dtypes_by_any_spelling(dtype, name):
+    assert tiled(dtype, (64, 64), (8, 32)).dtype.name == name
+
+
+def test_unknown_dtype():
+    with pytest.raises(tf.TensorMapError, match=r"dtype='complex64' is not a supported element type"):
+        tiled("complex64", (8, 8), (8, 8))
+
+
+def test_packed_types_rejected_on_hopper_only():
+    with pytest.raises(tf.TensorMapError, match=r"16u4_align8b is a packed Blackwell type; sm_90a rejects it"):
+        tiled("16u4_align8b", (8, 32), (8, 32))
+    assert tiled("16u4_align8b", (8, 32), (8, 32), arch="sm_100a").dtype.tma_code == 13
+
+
+@pytest.mark.parametrize("shape,ok", [((), False), ((16,), True), ((2, 2, 2, 2, 16), True),
+                                      ((2, 2, 2, 2, 2, 16), False)])
+def test_rank(shape, ok):
+    if ok:
+        tiled("float32", shape, (1,) * (len(shape) - 1) + (4,))
+    else:
+        with pytest.raises(tf.TensorMapError, match=r"rank=\d+ .* must be in \[1, 5\]"):
+            tiled("float32", shape, (1,) * len(shape))
+
+
+def test_interleave_needs_rank_3():
+    with pytest.raises(tf.TensorMapError, match=r"interleave='16B' needs rank >= 3"):
+        tiled("float32", (16, 16), (4, 4), interleave="16B")
+    tiled("float32", (4, 16, 16), (1, 4, 4), interleave="16B")
+
+
+def test_32b_interleave_needs_32b_swizzle():
+    with pytest.raises(tf.TensorMapError, match=r"interleave='32B' requires swizzle='32B'"):
+        tiled("float32", (4, 16, 16), (1, 4, 8), interleave="32B")
+    tiled("float32", (4, 16, 16), (1, 4, 8), interleave="32B", swizzle="32B")
+
+
+def test_nan_fill_needs_float():
+    with pytest.raises(tf.TensorMapError, match=r"oob_fill='nan' needs a floating-point dtype; int32"):
+        tiled("int32", (8, 8), (4, 4), oob_fill="nan")
+    tiled("bfloat16", (8, 8), (4, 8), oob_fill="nan")
+
+
+@pytest.mark.parametrize("n,ok", [(0, False), (1, True), (2**32, True), (2**32 + 1, False)])
+def test_global_dims(n, ok):
+    shape = (n, 4)
+    strides = (16, 4)
+    if ok:
+        tiled("float32", shape, (1, 4), strides=strides)
+    else:
+        with pytest.raises(tf.TensorMapError, match=rf"shape\[0\]={n} must be in \[1, 2\^32\]"):
+            tiled("float32", shape, (1, 4), strides=strides)
+
+
+def test_inner_dim_must_be_contiguous():
+    with pytest.raises(tf.TensorMapError, match=r"strides\[1\]=8 B: the inner dim must be contiguous"):
+        tiled("float32", (8, 8), (4, 4), strides=(64, 8))
+
+
+@pytest.mark.parametrize("stride,interleave,ok", [(48, "none", True), (40, "none", False),
+                                                  (64, "32B", True), (48, "32B", False)])
+def test_stride_alignment(stride, interleave, ok):
+    kw = dict(interleave=interleave, swizzle="32B" if interleave == "32B" else "none")
+    args = ("uint8", (2, 4, 32), (1, 4, 32))
+    strides = (stride * 4, stride, 1)
+    if ok:
+        tiled(*args, strides=strides, **kw)
+    else:
+        with pytest.raises(tf.TensorMapError, match=rf"strides\[1\]={stride} B must be a positive multiple of"):
+            tiled(*args, strides=strides, **kw)
+
+
+def test_stride_limit():
+    tiled("uint8", (2, 16), (1, 16), strides=(2**40 - 16, 1))
+    with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=1099511627776 B must be < 2\^40"):
+        tiled("uint8", (2, 16), (1, 16), strides=(2**40, 1))
+
+
+def test_overlapping_rows_rejected():
+    # The driver accepts these (measured); the copy would read the same bytes twice.
+    with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=240 B is smaller than the 256 B spanned by dim 1"):
+        tiled("float32", (8, 64), (4, 16), strides=(240, 4))
+    with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=0 B: rows would overlap"):
+        tiled("float32", (8, 64), (4, 16), strides=(0, 4))
+    tiled("float32", (8, 64), (4, 16), strides=(256, 4))  # exactly one row: fine
+
+
+def test_permuted_view_accepted():
+    # A (C, H, W) view of an (H, C, W) array: outer strides not decreasing, inner contiguous.
+    tiled("float32", (4, 8, 16), (1, 2, 16), strides=(64, 256, 4))
+
+
+@pytest.mark.parametrize("b,ok", [(0, False), (1, True), (256, True), (257, False)])
+def test_box_extent(b, ok):
+    if ok:
+        tiled("float32", (300, 16), (b, 4))
+    else:
+        with pytest.raises(tf.TensorMapError, match=rf"box\[0\]={b} must be in \[1, 256\]"):
+            tiled("float32", (300, 16), (b, 4))
+
+
+def test_inner_box_multiple_of_16_bytes():
+    with pytest.raises(tf.TensorMapError, match=r"box\[1\]=6 x 2 B = 12 B must be a multiple of 16 B; use a multiple of 8"):
+        tiled("float16", (8, 64), (4, 6))
+    with pytest.raises(tf.TensorMapError, match=r"box\[2\]=2 x 4 B = 8 B must be a multiple of 16 B"):
+        tiled("float32", (4, 8, 64), (1, 4, 2), interleave="16B")
+    tiled("float16", (8, 64), (4, 8))
+
+
+def test_swizzle_span():
+    with pytest.raises(tf.TensorMapError, match=r"box\[1\]=64 x 4 B = 256 B exceeds the 128B swizzle span; use box\[1\] <= 32 or swizzle='none'"):
+        tiled("float32", (64, 64), (8, 64), swizzle="128B")
+    tiled("float32", (64, 64), (8, 32), swizzle="128B")
+    with pytest.raises(tf.TensorMapError, match=r"exceeds the 32B swizzle span"):
+        tiled("bfloat16", (64, 64), (8, 32), swizzle="32B")
+    tiled("bfloat16", (64, 64), (8, 16), swizzle="32B")
+
+
+@pytest.mark.parametrize("e,ok", [(0, False), (1, True), (8, True), (9, False)])
+def test_element_strides(e, ok):
+    if ok:
+        tiled("float32", (64, 64), (8, 8), element_strides=(e, e))
+    else:
+        with pytest.raises(tf.TensorMapError, match=rf"element_strides\[0\]={e} must be in \[1, 8\]"):
+            tiled("float32", (64, 64), (8, 8), element_strides=(e, 1))
+
+
+def test_address_alignment():
+    tiled("float32", (8, 8), (4, 4), address=0x1000_0010)
+    with pytest.raises(tf.TensorMapError, match=r"address=268435464 must be 16-byte aligned"):
+        tiled("float32", (8, 8), (4, 4), address=0x1000_0008)
+    with pytest.raises(tf.TensorMapError, match=r"must be 32-byte aligned"):
+        tiled("float32", (4, 8, 8), (1, 4, 8), interleave="32B", swizzle="32B", address=0x1000_0010)
+
+
+def test_box_footprint_limit():
+    # Measured: the driver counts floor(box / element stride) per dim against 227 KB.
+    shape = (512, 64, 8)
+    tiled("float32", shape, (227, 64, 4))  # 232448 B: the limit itself
+    with pytest.raises(tf.TensorMapError, match=rf"needs 233472 B of shared memory .* at most {MAX_BOX_SMEM} B"):
+        tiled("float32", shape, (228, 64, 4))
+    tiled("float32", shape, (227, 64, 8), element_strides=(2, 1, 1))  # floor(227/2) = 113 rows
+
+
+@pytest.mark.parametrize("field,value", [("swizzle", "16B"), ("interleave", "8B"),
+                                         ("l2_promotion", "512B"), ("oob_fill", "inf")])
+def test_enum_fields(field, value):
+    with pytest.raises(tf.TensorMapError, match=rf"{field}='{value}' is not one of"):
+        tiled("float32", (8, 8), (4, 4), **{field: value})
+
+
+def test_derived_quantities():
+    s = tiled("bfloat16", (100, 72), (16, 32), swizzle="128B", element_strides=(3, 1))
+    assert s.elements_per_dim == (6, 32)  # ceil(16 / 3); the inner stride is ignored
+    assert s.tx_bytes == 6 * 32 * 2
+    assert s.row_bytes == 64 and s.row_pitch == 128  # rows padded to the swizzle span
+    assert s.smem_bytes == 6 * 128 and s.smem_align == 1024
+    assert tiled("float32", (8, 8), (4, 4)).smem_align == 128
+    assert tiled("float32", (8, 8), (4, 4), swizzle="32B").smem_align == 256
+    d = tiled("float32", (5, 6, 8), (1, 2, 4), element_strides=(1, 2, 1)).driver_order()
+    assert d["global_dim"] == (8, 6, 5) and d["global_strides"] == (32, 192)
+    assert d["box"] == (4, 2, 1) and d["element_strides"] == (1, 2, 1)
+    assert "tx_bytes" in s.describe() and "TensorMapSpec.tiled(bfloat16" in repr(s)
+
+
+def test_im2col_rules():
+    im = TensorMapSpec.im2col
+    base = dict(lower_corner=(-1, -1), upper_corner=(1, 1), channels_per_pixel=16, pixels_per_column=64)
+    s = im("float16", (2, 8, 8, 16), **base)
+    assert s.tx_bytes == 16 * 64 * 2 and s.driver_order()["lower_corner"] == (-1, -1)
+    with pytest.raises(tf.TensorMapError, match=r"rank=2 .* must be in \[3, 5\]"):
+        im("float16", (8, 16), **dict(base, lower_corner=(), upper_corner=()))
+    with pytest.raises(tf.TensorMapError, match=r"lower_corner\[0\]=-129 must be in \[-128, 127\] for a rank-4"):
+        im("float16", (2, 8, 8, 16), **dict(base, lower_corner=(-129, 0)))
+    im("float16", (2, 8, 16), **dict(base, lower_corner=(-32768,), upper_corner=(0,)))
+    with pytest.raises(tf.TensorMapError, match=r"must be in \[-16, 15\] for a rank-5"):
+        im("float16", (2, 4, 4, 4, 16), **dict(base, lower_corner=(16, 0, 0), upper_corner=(0, 0, 0)))
+    with pytest.raises(tf.TensorMapError, match=r"channels_per_pixel=257 must be in \[1, 256\]"):
+        im("uint8", (2, 8, 8, 272), **dict(base, channels_per_pixel=257))
+    with pytest.raises(tf.TensorMapError, match=r"pixels_per_column=1025 must be in \[1, 1024\]"):
+        im("float16", (2, 8, 8, 16), **dict(base, pixels_per_column=1025))
+    with pytest.raises(tf.TensorMapError, match=r"pixel box along spatial dim 0 is empty"):
+        im("float16", (2, 8, 8, 16), **dict(base, lower_corner=(5, 0), upper_corner=(-4, 0)))
+    with pytest.raises(tf.TensorMapError, match=r"channels_per_pixel=64 x 4 B = 256 B exceeds the 128B swizzle span"):
+        im("float32", (2, 8, 8, 64), **dict(base, channels_per_pixel=64), swizzle="128B")
