@@ -158,12 +158,18 @@ def test_address_alignment():
 
 
 def test_box_footprint_limit():
-    # Measured: the driver counts floor(box / element stride) per dim against 227 KB.
+    # Measured: the driver multiplies floor(box / element stride) over every dim and accepts
+    # at most 228 KB.
     shape = (512, 64, 8)
-    tiled("float32", shape, (227, 64, 4))  # 232448 B: the limit itself
-    with pytest.raises(tf.TensorMapError, match=rf"needs 233472 B of shared memory .* at most {MAX_BOX_SMEM} B"):
-        tiled("float32", shape, (228, 64, 4))
-    tiled("float32", shape, (227, 64, 8), element_strides=(2, 1, 1))  # floor(227/2) = 113 rows
+    tiled("float32", shape, (228, 64, 4))  # 233472 B: the limit itself
+    with pytest.raises(tf.TensorMapError, match=rf"counts 234496 B .* at most {MAX_BOX_SMEM} B"):
+        tiled("float32", shape, (229, 64, 4))
+    # floor(62 / 3) = 20 rows: 230400 B passes (ceil would be 241920 B); without the stride, not
+    f64 = ((246, 261, 68), (62, 45, 32))
+    tiled("float64", *f64, element_strides=(3, 1, 1))
+    with pytest.raises(tf.TensorMapError, match=r"counts 714240 B"):
+        tiled("float64", *f64)
+    tiled("uint32", (107, 159, 71, 112), (14, 19, 59, 52), element_strides=(1, 2, 2, 4))  # inner too
 
 
 @pytest.mark.parametrize("field,value", [("swizzle", "16B"), ("interleave", "8B"),

@@ -90,6 +90,19 @@ class DeviceArray:
         """False once the tmaflow allocation behind this view was freed."""
         return not isinstance(self.owner, _Allocation) or self.owner.alive
 
+    def reshape(self, *shape) -> "DeviceArray":
+        """A view with another shape (contiguous arrays only; one extent may be -1)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        if not self.is_contiguous:
+            raise TmaflowError(f"reshape: strides={self.strides} are not contiguous")
+        if shape.count(-1) == 1:
+            known = math.prod(n for n in shape if n != -1)
+            shape = tuple(self.size // known if n == -1 else n for n in shape)
+        if math.prod(shape) != self.size:
+            raise TmaflowError(f"reshape: shape {tuple(shape)} does not hold {self.size} elements")
+        return DeviceArray(self.ptr, shape, self.dtype, owner=self.owner, device=self.device)
+
     def free(self) -> None:
         """Release tmaflow-owned memory now (views of it become dead)."""
         if isinstance(self.owner, _Allocation):

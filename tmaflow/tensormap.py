@@ -24,9 +24,10 @@ OOB_FILL = {"zero": 0, "nan": 1}
 MAX_BOX = 256
 MAX_DIM = 1 << 32
 MAX_STRIDE = 1 << 40
-# Measured (tools/explore_encode.py): the driver rejects a box whose shared-memory footprint,
-# prod(floor(box_i / element_stride_i)) x element size, exceeds what one block may have.
-MAX_BOX_SMEM = 227 * 1024
+# Measured (tools/explore_encode.py, H200, driver 580): the driver rejects a box whose
+# footprint prod(floor(box_i / element_stride_i)) x element size (every dim, the inner one
+# included) exceeds 228 KB, the shared memory of one SM.
+MAX_BOX_SMEM = 228 * 1024
 IM2COL_CORNER = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
 
 
@@ -86,15 +87,12 @@ class TensorMapSpec:
         for i, b in enumerate(box):
             if not 1 <= b <= MAX_BOX:
                 raise TensorMapError(f"box[{i}]={b} must be in [1, {MAX_BOX}]")
-        footprint = dt.itemsize
-        for i, (b, e) in enumerate(zip(box, estrides)):
-            inner = i == len(box) - 1 and opts["interleave"] == "none"
-            footprint *= b if inner else b // e
+        footprint = dt.itemsize * math.prod(b // e for b, e in zip(box, estrides))
         if footprint > MAX_BOX_SMEM:
             raise TensorMapError(
-                f"box={box} with element_strides={estrides} needs {footprint} B of shared memory "
-                f"(the driver counts floor(box / element stride) per dim); at most {MAX_BOX_SMEM} B "
-                "fit one block. Use a smaller box")
+                f"box={box} with element_strides={estrides} counts {footprint} B (the driver "
+                f"multiplies floor(box / element stride) over every dim); at most {MAX_BOX_SMEM} B "
+                "(one SM's shared memory) is accepted. Use a smaller box")
         inner_bytes = box[-1] * dt.itemsize
         _inner_rules(f"box[{len(box) - 1}]", box[-1], inner_bytes, dt, opts["swizzle"],
                      opts["interleave"])

@@ -72,6 +72,8 @@ class Watch:
         # Copy the records out first: a context reset frees the pinned buffer.
         found = [_as_dict(r) for r in self.records if r.magic == MAGIC] \
             if self.state is not None else []
+        # The longest wait started first: most likely the barrier that began the hang.
+        found.sort(key=lambda d: -d["waited_us"])
         fault = ""
         if int(err) != 0:
             fault = driver._error_name(err)

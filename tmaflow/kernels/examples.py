@@ -59,12 +59,19 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
 
 
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
-         l2_promotion: str = "none", stream=None, launch: bool = True):
-    """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop."""
+         l2_promotion: str = "none", flatten: bool = True, stream=None, launch: bool = True):
+    """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
+
+    With ``flatten`` (default) two contiguous arrays are tiled as (size / 256, 256) views, so
+    every box is one contiguous range of memory rather than a column of short rows.
+    """
     a = as_array(src)
     if a.ndim != 2:
         raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
-    out = _out_like(a, dst)
+    result = out = _out_like(a, dst)
+    width = box[1] if box is not None else 256
+    if flatten and a.is_contiguous and out.is_contiguous and a.size % width == 0:
+        a, out = a.reshape(-1, width), out.reshape(-1, width)
     spec, layout, defines = copy_plan(a.dtype, a.shape, box, stages)
     box = spec.box
     k = get_kernel("tile_copy", layout, defines)
@@ -75,8 +82,8 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
                       stream=stream)
     if launch:
         launcher(ts, td, tiles_x, tiles_y)
-        return out
-    return launcher, (ts, td, tiles_x, tiles_y), out
+        return result
+    return launcher, (ts, td, tiles_x, tiles_y), result
 
 
 # --- transpose ------------------------------------------------------------------------------

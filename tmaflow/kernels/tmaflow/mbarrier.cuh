@@ -72,10 +72,10 @@ TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nul
   for (uint32_t spin = 0;; ++spin) {
     if (try_wait(bar, parity)) return;
     if ((spin & 63) == 0) {
-      if (tmaflow_watchdog_state.abort) return;
       uint64_t waited = debug::globaltimer() - start;
-      if (waited > TMAFLOW_WATCHDOG_NS) {
-        debug::report(smem_u32(bar), parity, site, line, file, waited);
+      if (waited > TMAFLOW_WATCHDOG_NS || tmaflow_watchdog_state.abort) {
+        // Stuck long enough to be part of the hang: say so, even if another wait tripped first.
+        if (waited > TMAFLOW_WATCHDOG_NS / 2) debug::report(smem_u32(bar), parity, site, line, file, waited);
         return;
       }
     }
@@ -93,10 +93,9 @@ TMAFLOW_DEVICE void wait_cluster(uint64_t* bar, uint32_t parity, debug::Site sit
   for (uint32_t spin = 0;; ++spin) {
     if (try_wait_cluster(bar, parity)) return;
     if ((spin & 63) == 0) {
-      if (tmaflow_watchdog_state.abort) return;
       uint64_t waited = debug::globaltimer() - start;
-      if (waited > TMAFLOW_WATCHDOG_NS) {
-        debug::report(smem_u32(bar), parity, site, line, file, waited);
+      if (waited > TMAFLOW_WATCHDOG_NS || tmaflow_watchdog_state.abort) {
+        if (waited > TMAFLOW_WATCHDOG_NS / 2) debug::report(smem_u32(bar), parity, site, line, file, waited);
         return;
       }
     }
