@@ -5,7 +5,8 @@
 using namespace tmaflow;
 namespace L = tmaflow_layout;
 
-// Multicast broadcast: out_b = x_b * sum_k w_k. Every CTA needs every w tile; with a cluster,
+// Multicast broadcast: out_b = x_b * sum_k w_k (w_k: the 32-row blocks of w; a w tile of WROWS
+// rows holds WROWS / 32 of them, WROWS in {32, 64}). Every CTA needs every w tile; with a cluster,
 // the group's leader loads each w tile once and multicasts it to all CTAs of the cluster.
 // Warp 0 produces (TMA), warps 1..4 consume; release masks and counts come from tf.Pipeline.
 #ifndef WROWS
@@ -29,7 +30,7 @@ broadcast_scale(const __grid_constant__ CUtensorMap x, const __grid_constant__ C
   if (warp == 0) {
     if (lane == 0) {
       xbar.arrive_expect_tx();
-      tma::load(S.xtile(), &x, xbar.bar, 0, blockIdx.x * WROWS);
+      tma::load(S.xtile(), &x, xbar.bar, 0, blockIdx.x * 32);
       decltype(pipe)::Cursor c;
       for (int k = 0; k < k_tiles; ++k, c.advance()) {
         pipe.producer_acquire(c);
@@ -43,7 +44,7 @@ broadcast_scale(const __grid_constant__ CUtensorMap x, const __grid_constant__ C
       }
     }
   } else {
-    constexpr int per = WROWS * 256 / 128;  // elements per consumer thread
+    constexpr int per = 32 * 256 / 128;  // elements of the 32-row output per consumer thread
     const int ct = threadIdx.x - 32;
     float acc[per];
 #pragma unroll
@@ -53,13 +54,15 @@ broadcast_scale(const __grid_constant__ CUtensorMap x, const __grid_constant__ C
       pipe.consumer_wait(c);
       const float* wt = static_cast<const float*>(S.w_tile0(c.stage));
 #pragma unroll
-      for (int j = 0; j < per; ++j) acc[j] += wt[ct + 128 * j];
+      for (int rb = 0; rb < WROWS / 32; ++rb)
+#pragma unroll
+        for (int j = 0; j < per; ++j) acc[j] += wt[rb * 32 * 256 + ct + 128 * j];
       __syncwarp();
       if (lane == 0) pipe.consumer_release(c);
     }
     xbar.wait(0);
     const float* xt = static_cast<const float*>(S.xtile());
-    float* o = out + size_t(blockIdx.x) * WROWS * 256;
+    float* o = out + size_t(blockIdx.x) * 32 * 256;
 #pragma unroll
     for (int j = 0; j < per; ++j) o[ct + 128 * j] = acc[j] * xt[ct + 128 * j];
   }

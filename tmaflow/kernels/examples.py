@@ -170,7 +170,7 @@ def reduce_add(parts, out, *, box=(32, 64), stream=None):
 # --- multicast broadcast ------------------------------------------------------------------------
 def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32):
     w_spec = TensorMapSpec.tiled("float32", (k_tiles * wrows, 256), (wrows, 256))
-    x_spec = TensorMapSpec.tiled("float32", (wrows, 256), (wrows, 256))
+    x_spec = TensorMapSpec.tiled("float32", (32, 256), (32, 256))
     pipe = Pipeline("w", stages=stages, tiles=[w_spec], consumers=4,
                     multicast=["x"] if cluster > 1 else None, cluster=(cluster, 1, 1))
     layout = SharedLayout([pipe, Buffer("xtile", x_spec.smem_bytes),
@@ -178,20 +178,22 @@ def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32)
     return pipe, layout
 
 
-def broadcast_scale(x, w, out=None, *, cluster: int = 1, stream=None, launch: bool = True,
-                    debug: bool | None = None):
+def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows: int = 32,
+                    stream=None, launch: bool = True, debug: bool | None = None):
     """out[b] = x[b] * sum_k w[k] for x of shape (B*32, 256) and w of shape (K*32, 256); with
     ``cluster`` > 1 each w tile is loaded once per cluster and multicast to its CTAs."""
     xa, wa = as_array(x), as_array(w)
-    if xa.shape[1] != 256 or wa.shape[1] != 256 or xa.shape[0] % 32 or wa.shape[0] % 32:
-        raise TmaflowError("broadcast_scale: x and w must be (n*32, 256) float32")
-    blocks, k_tiles = xa.shape[0] // 32, wa.shape[0] // 32
+    if wrows not in (32, 64):
+        raise TmaflowError(f"broadcast_scale: wrows={wrows} must be 32 or 64")
+    if xa.shape[1] != 256 or wa.shape[1] != 256 or xa.shape[0] % 32 or wa.shape[0] % wrows:
+        raise TmaflowError(f"broadcast_scale: x must be (n*32, 256) and w (k*{wrows}, 256) float32")
+    blocks, k_tiles = xa.shape[0] // 32, wa.shape[0] // wrows
     if blocks % cluster:
         raise TmaflowError(f"broadcast_scale: cluster={cluster} must divide the {blocks} blocks")
     o = _out_like(xa, out)
-    _, layout = broadcast_plan(k_tiles, cluster)
-    k = get_kernel("broadcast_scale", layout, debug=debug)
-    tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (32, 256))
+    _, layout = broadcast_plan(k_tiles, cluster, stages, wrows)
+    k = get_kernel("broadcast_scale", layout, {"WROWS": wrows}, debug=debug)
+    tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (wrows, 256))
     launcher = k.bind(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
     args = (tx, tw, o, k_tiles)
     if launch:
