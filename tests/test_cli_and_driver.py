@@ -56,3 +56,11 @@ def test_host_array_where_device_needed():
         tf.as_array(np.zeros(4))
     with pytest.raises(tf.TmaflowError, match=r"list is not a device array"):
         tf.as_array([1, 2])
+
+
+def test_swizzle_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "swizzle.png"
+    out = run("swizzle", "--dtype", "float32", "--box", "16x32", "--png", str(png))
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

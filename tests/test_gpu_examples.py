@@ -9,15 +9,15 @@ from tmaflow.testing import assert_close, poison
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("flatten", [True, False])
+@pytest.mark.parametrize("flatten,evict_first", [(True, False), (False, True)])
 @pytest.mark.parametrize("dtype,shape", [("float32", (1000, 1000)), ("float32", (333, 264)),
                                          ("bfloat16", (517, 1032)), ("float16", (64, 4096))])
-def test_tile_copy(device, rng, dtype, shape, flatten):
+def test_tile_copy(device, rng, dtype, shape, flatten, evict_first):
     bits = rng.integers(0, 2**16, size=shape, dtype=np.uint16)
     host = bits if dtype != "float32" else rng.standard_normal(shape).astype(np.float32)
     src = tf.from_numpy(host, dtype=dtype)
     dst = poison(tf.empty(shape, dtype))
-    kernels.copy(src, dst, flatten=flatten)
+    kernels.copy(src, dst, flatten=flatten, evict_first=evict_first)
     np.testing.assert_array_equal(dst.numpy().view(np.uint8), host.view(np.uint8))
 
 
@@ -74,3 +74,19 @@ def test_axpb(device, rng, method):
     out = poison(tf.empty(host.shape, "float32"))
     kernels.axpb(tf.from_numpy(host), 1.5, -0.25, out, method=method)
     assert_close(out.numpy(), 1.5 * host.astype(np.float64) - 0.25, 1e-6)
+
+
+def test_entry_points_take_cupy_arrays(device, rng):
+    cupy = pytest.importorskip("cupy")
+    host = rng.standard_normal((300, 512)).astype(np.float32)
+    a = cupy.asarray(host)
+    b = cupy.full_like(a, cupy.nan)
+    kernels.copy(a, b)
+    t = kernels.transpose(a)
+    s = cupy.empty_like(a)
+    kernels.softmax(a, s)
+    tf.current_device().synchronize()
+    np.testing.assert_array_equal(cupy.asnumpy(b), host)
+    np.testing.assert_array_equal(t.numpy(), host.T)
+    ref = np.exp(host - host.max(1, keepdims=True))
+    assert_close(cupy.asnumpy(s), ref / ref.sum(1, keepdims=True), 1e-5)

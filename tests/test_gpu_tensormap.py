@@ -196,6 +196,7 @@ def test_tma_load_matches_reference(device, rng, swizzle, fill):
                                 f"first at {bad[:8]}: got {got[i][bad[:8]]} want {ref[bad[:8]]}")
                 checked += 1
     print(f"{checked} boxes byte-exact")
+    _record(f"load boxes byte-exact (swizzle {swizzle}, fill {fill})", checked)
     assert checked > 50
 
 
@@ -226,6 +227,7 @@ def test_tma_store_matches_reference(device, rng, swizzle):
                 assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (dtype, shape, box, swizzle, c)
                 checked += 1
     print(f"{checked} stores byte-exact")
+    _record(f"stores byte-exact (swizzle {swizzle})", checked)
     assert checked > 20
 
 
@@ -240,3 +242,65 @@ def test_reencode_identical_map_is_cheap(device):
     per = (time.perf_counter() - t0) / n
     print(f"re-encode {per * 1e6:.2f} us")
     assert per < 20e-6  # the benchmark (tools/bench_encode.py) holds the <= 1 us claim
+
+
+def _record(name, value):
+    out = os.environ.get("TMAFLOW_REPORT_DIR")
+    if out:
+        path = os.path.join(out, "counts.json")
+        data = json.load(open(path)) if os.path.exists(path) else {}
+        data[name] = data.get(name, 0) + value
+        with open(path, "w") as f:
+            json.dump(data, f)
+
+
+def test_maps_from_every_array_kind_and_strided_views(device, rng):
+    torch = pytest.importorskip("torch")
+    cupy = pytest.importorskip("cupy")
+    k = tf.Kernel(source("probe"), "tma_load_probe", filename="probe.cu")
+    host = rng.standard_normal((64, 96)).astype(np.float32)
+    arrays = {"tmaflow": tf.from_numpy(host), "torch": torch.from_numpy(host).cuda(),
+              "cupy": cupy.asarray(host)}
+    try:
+        import jax
+        arrays["jax"] = jax.device_put(host, jax.devices("gpu")[0])
+    except Exception as exc:  # jax without a GPU backend on this image
+        print("jax skipped:", exc)
+    torch.cuda.synchronize()
+    for name, arr in arrays.items():
+        tmap = tf.TensorMap.tiled(arr, (8, 32))
+        assert tmap.array.ptr == tf.as_array(arr).ptr  # zero-copy
+        out = tf.empty(tmap.spec.smem_bytes, "uint8")
+        addr = tf.empty(1, "uint32")
+        coords = tf.from_numpy(np.array([[32, 8, 0, 0, 0]], np.int32))
+        k.launch(tmap, out, addr, coords, 2, 0, tmap.spec.smem_bytes, tmap.spec.tx_bytes,
+                 grid=1, block=64, smem=tmap.spec.smem_bytes + 1024)
+        np.testing.assert_array_equal(out.numpy().view(np.float32).reshape(8, 32), host[8:16, 32:64], name)
+    # a legal strided view: every other row of a torch tensor (row stride 768 B)
+    t = arrays["torch"][::2, 16:80]
+    tmap = tf.TensorMap.tiled(t, (8, 32))
+    assert tmap.spec.strides == (2 * 96 * 4, 4) and tmap.spec.shape == (32, 64)
+    with pytest.raises(tf.TensorMapError, match=r"inner dim must be contiguous"):
+        tf.TensorMap.tiled(arrays["torch"].t(), (8, 32))
+    with pytest.raises(tf.TensorMapError, match=r"must be 16-byte aligned"):
+        tf.TensorMap.tiled(arrays["torch"][:, 1:65], (8, 32))
+
+
+def test_replace_address_and_im2col(device, rng):
+    a = tf.from_numpy(rng.standard_normal((64, 64)).astype(np.float32))
+    b = tf.from_numpy(rng.standard_normal((64, 64)).astype(np.float32))
+    tmap = tf.TensorMap.tiled(a, (16, 16))
+    before = bytes(tmap)
+    tmap.replace_address(b)
+    assert bytes(tmap) != before and tmap.spec.address == b.ptr
+    assert bytes(tmap) == bytes(tf.TensorMap.tiled(b, (16, 16)))
+    with pytest.raises(tf.TensorMapError, match=r"replace_address: array shape=\(32, 64\)"):
+        tmap.replace_address(tf.empty((32, 64), "float32"))
+    assert tmap.address % 128 == 0
+    nhwc = tf.empty((2, 16, 16, 64), "float16")
+    im = tf.TensorMap.im2col(nhwc, lower_corner=(-1, -1), upper_corner=(-1, -1),
+                             channels_per_pixel=64, pixels_per_column=128, swizzle="128B")
+    assert len(bytes(im)) == 128 and im.spec.tx_bytes == 64 * 128 * 2
+    a.free()
+    with pytest.raises(tf.TensorMapError, match=r"was freed"):
+        tf.TensorMap.tiled(a, (16, 16))

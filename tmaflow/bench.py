@@ -85,13 +85,14 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
                                         ((rows_32k, 256), 3, 2, "none"),
                                         ((2 * rows_32k, 256), 3, 1, "256B"),
                                         ((rows_32k, 256), 3, 2, "256B")):
-            for flatten in (False, True):
+            for flatten, evict in ((False, False), (True, False), (False, True), (True, True)):
                 launcher, args, _ = ex.copy(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
-                                            l2_promotion=l2, flatten=flatten, launch=False)
+                                            l2_promotion=l2, flatten=flatten, evict_first=evict,
+                                            launch=False)
                 t = timer.time(lambda: launcher(*args), repeats)
                 if best is None or t < best[0]:
                     best = (t, f"box {box} x {stages} stages, {per_sm} CTA/SM, L2 promotion {l2}"
-                               f"{', flattened' if flatten else ''}")
+                               f"{', flattened' if flatten else ''}{', evict-first' if evict else ''}")
         step = max(1, n // 64)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok, config=best[1])

@@ -20,6 +20,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     --maxfail=15 ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
 fi
+if [ -z "${SKIP_DEMO:-}" ]; then
+  timeout 120 python3 -m tmaflow demo > "$OUT/demo.log" 2>&1
+  echo "demo exit $?"
+fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_BUDGET:-200}" python3 -m tmaflow bench --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench exit $?"
@@ -28,4 +32,6 @@ echo "== failures =="
 [ -f "$OUT/pytest_gpu.log" ] && grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/pytest_gpu.log" | head -40
 echo "== summary =="
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 3 "$OUT/pytest_gpu.log"
+[ -f "$OUT/counts.json" ] && cat "$OUT/counts.json" && echo
+[ -f "$OUT/demo.log" ] && tail -n 14 "$OUT/demo.log"
 [ -f "$OUT/bench.log" ] && tail -n 30 "$OUT/bench.log"

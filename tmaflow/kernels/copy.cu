@@ -25,18 +25,29 @@ tile_copy(const __grid_constant__ CUtensorMap src, const __grid_constant__ CUten
   tma::prefetch_descriptor(&src);
   tma::prefetch_descriptor(&dst);
   pipe.init();
+#if defined(EVICT_FIRST)
+  const uint64_t policy = tma::make_policy_evict_first();  // streamed once: don't keep it in L2
+#endif
   const int total = tiles_x * tiles_y;
   const int count = blockIdx.x < total ? (total - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
   auto issue_load = [&](int i) {
     int t = blockIdx.x + i * gridDim.x, s = i % stages;
     pipe.producer_commit({uint32_t(s), 0});
+#if defined(EVICT_FIRST)
+    tma::load_hint(S.tiles_tile0(s), &src, pipe.full + s, policy, (t % tiles_x) * BOX_X, (t / tiles_x) * BOX_Y);
+#else
     tma::load(S.tiles_tile0(s), &src, pipe.full + s, (t % tiles_x) * BOX_X, (t / tiles_x) * BOX_Y);
+#endif
   };
   for (int i = 0; i < stages && i < count; ++i) issue_load(i);
   for (int i = 0; i < count; ++i) {
     int t = blockIdx.x + i * gridDim.x, s = i % stages;
     mbarrier::wait(pipe.full + s, (i / stages) & 1, debug::Site{"tiles.full", s, L::tiles::tx_bytes});
+#if defined(EVICT_FIRST)
+    tma::store_hint(&dst, S.tiles_tile0(s), policy, (t % tiles_x) * BOX_X, (t / tiles_x) * BOX_Y);
+#else
     tma::store(&dst, S.tiles_tile0(s), (t % tiles_x) * BOX_X, (t / tiles_x) * BOX_Y);
+#endif
     tma::commit_group();
     if (i >= 1 && i - 1 + stages < count) {
       tma::wait_group_read<1>();  // the store of tile i-1 has read its stage

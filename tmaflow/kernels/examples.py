@@ -59,7 +59,8 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
 
 
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
-         l2_promotion: str = "none", flatten: bool = True, stream=None, launch: bool = True):
+         l2_promotion: str = "none", flatten: bool = True, evict_first: bool = False,
+         stream=None, launch: bool = True):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
 
     With ``flatten`` (default) two contiguous arrays are tiled as (size / 256, 256) views, so
@@ -73,6 +74,8 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     if flatten and a.is_contiguous and out.is_contiguous and a.size % width == 0:
         a, out = a.reshape(-1, width), out.reshape(-1, width)
     spec, layout, defines = copy_plan(a.dtype, a.shape, box, stages)
+    if evict_first:
+        defines["EVICT_FIRST"] = 1
     box = spec.box
     k = get_kernel("tile_copy", layout, defines)
     ts = TensorMap.tiled(a, box, l2_promotion=l2_promotion)

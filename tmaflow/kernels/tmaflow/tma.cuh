@@ -66,6 +66,21 @@ TMAFLOW_DEVICE uint64_t make_policy_evict_last() {
   uint64_t p; asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p)); return p;
 }
 
+#define TMAFLOW_TMA_RANKS_ST_HINT(X) \
+  X(1, "{%3}", (int c0), "r"(c0)) \
+  X(2, "{%3, %4}", (int c0, int c1), "r"(c0), "r"(c1)) \
+  X(3, "{%3, %4, %5}", (int c0, int c1, int c2), "r"(c0), "r"(c1), "r"(c2)) \
+  X(4, "{%3, %4, %5, %6}", (int c0, int c1, int c2, int c3), "r"(c0), "r"(c1), "r"(c2), "r"(c3)) \
+  X(5, "{%3, %4, %5, %6, %7}", (int c0, int c1, int c2, int c3, int c4), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4))
+// ... .L2::cache_hint — store with an L2 eviction policy.
+#define TMAFLOW_STORE_HINT(N, COORDS, PARAMS, ...) \
+  TMAFLOW_DEVICE void store_hint(const CUtensorMap* map, const void* src, uint64_t policy, TMAFLOW_UNPAREN PARAMS) { \
+    TMAFLOW_ASYNC_GUARD(); \
+    asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.tile.bulk_group.L2::cache_hint [%0, " COORDS "], [%1], %2;" \
+                 :: "l"(map), "r"(smem_u32(src)), "l"(policy), __VA_ARGS__ : "memory"); }
+TMAFLOW_TMA_RANKS_ST_HINT(TMAFLOW_STORE_HINT)
+#undef TMAFLOW_STORE_HINT
+
 #define TMAFLOW_TMA_RANKS_ST(X) \
   X(1, "{%2}", (int c0), "r"(c0)) \
   X(2, "{%2, %3}", (int c0, int c1), "r"(c0), "r"(c1)) \
@@ -130,6 +145,7 @@ template <int N = 0> TMAFLOW_DEVICE void wait_group_read() { asm volatile("cp.as
 #undef TMAFLOW_TMA_RANKS_MC
 #undef TMAFLOW_TMA_RANKS_HINT
 #undef TMAFLOW_TMA_RANKS_ST
+#undef TMAFLOW_TMA_RANKS_ST_HINT
 #undef TMAFLOW_TMA_RANKS_PF
 #undef TMAFLOW_COORDS_1
 }}  // namespace tmaflow::tma
