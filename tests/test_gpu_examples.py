@@ -57,15 +57,19 @@ def test_reduce_add(device, rng):
     assert_close(out.numpy(), base + parts.sum(0, dtype=np.float64), 1e-6)
 
 
-@pytest.mark.parametrize("cluster", [1, 2, 4])
-def test_broadcast_multicast(device, rng, cluster):
+@pytest.mark.parametrize("cluster,group_size,wrows", [(1, None, 32), (2, None, 32), (4, None, 64),
+                                                     (1, 4, 32), (2, 2, 32), (4, 4, 64)])
+def test_broadcast_multicast(device, rng, cluster, group_size, wrows):
+    from tmaflow.kernels.examples import broadcast_reference
+
     x = rng.standard_normal((8 * 32, 256)).astype(np.float32)
-    w = rng.standard_normal((24 * 32, 256)).astype(np.float32)
+    w = rng.standard_normal((24 * wrows, 256)).astype(np.float32)
     out = poison(tf.empty(x.shape, "float32"))
-    kernels.broadcast_scale(tf.from_numpy(x), tf.from_numpy(w), out, cluster=cluster)
-    wsum = w.reshape(24, 32, 256).sum(0, dtype=np.float64)
-    ref = x.reshape(8, 32, 256) * wsum  # every CTA must have received every w tile
-    assert_close(out.numpy().reshape(8, 32, 256), ref, 1e-5)
+    iters = 30 if group_size else None
+    kernels.broadcast_scale(tf.from_numpy(x), tf.from_numpy(w), out, cluster=cluster,
+                            wrows=wrows, group_size=group_size, iters=iters)
+    ref = broadcast_reference(x, w, group_size=group_size, iters=iters, wrows=wrows)
+    assert_close(out.numpy(), ref, 1e-5)  # every CTA must have received every tile it needs
 
 
 @pytest.mark.parametrize("method", ["ldgsts", "tma"])

@@ -5,8 +5,9 @@
 using namespace tmaflow;
 namespace L = tmaflow_layout;
 
-// Multicast broadcast: out_b = x_b * sum_k w_k (w_k: the 32-row blocks of w; a w tile of WROWS
-// rows holds WROWS / 32 of them, WROWS in {32, 64}). Every CTA needs every w tile; with a cluster,
+// Multicast broadcast: out_b = x_b * sum_k w_k over the k_tiles tiles of CTA b's group (w_k: the
+// 32-row blocks of a tile of WROWS rows, WROWS in {32, 64}). Groups of group_size CTAs read
+// group_tiles tiles of their own, cyclically. Every CTA needs every w tile; with a cluster,
 // the group's leader loads each w tile once and multicasts it to all CTAs of the cluster.
 // Warp 0 produces (TMA), warps 1..4 consume; release masks and counts come from tf.Pipeline.
 #ifndef WROWS
@@ -14,7 +15,7 @@ namespace L = tmaflow_layout;
 #endif
 extern "C" __global__ void __launch_bounds__(160, 1)
 broadcast_scale(const __grid_constant__ CUtensorMap x, const __grid_constant__ CUtensorMap w,
-                float* out, int k_tiles) {
+                float* out, int k_tiles, int group_size, int group_tiles) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.w();
@@ -36,10 +37,12 @@ broadcast_scale(const __grid_constant__ CUtensorMap x, const __grid_constant__ C
         pipe.producer_acquire(c);
         pipe.producer_commit(c);
         if (L::w::tile0_leader(rank)) {
+          // CTAs of one group (a multiple of the cluster) read the same tiles.
+          const int row = ((blockIdx.x / group_size) * group_tiles + k % group_tiles) * WROWS;
           if (L::w::cluster_x > 1)
-            tma::load_multicast(S.w_tile0(c.stage), &w, pipe.barrier(c), L::w::tile0_mask(rank), 0, k * WROWS);
+            tma::load_multicast(S.w_tile0(c.stage), &w, pipe.barrier(c), L::w::tile0_mask(rank), 0, row);
           else
-            tma::load(S.w_tile0(c.stage), &w, pipe.barrier(c), 0, k * WROWS);
+            tma::load(S.w_tile0(c.stage), &w, pipe.barrier(c), 0, row);
         }
       }
     }

@@ -182,27 +182,56 @@ def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32)
 
 
 def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows: int = 32,
-                    stream=None, launch: bool = True, debug: bool | None = None):
-    """out[b] = x[b] * sum_k w[k] for x of shape (B*32, 256) and w of shape (K*32, 256); with
-    ``cluster`` > 1 each w tile is loaded once per cluster and multicast to its CTAs."""
+                    group_size: int | None = None, iters: int | None = None, stream=None,
+                    launch: bool = True, debug: bool | None = None):
+    """Broadcast-heavy reduction: out[b] = x[b] * sum over ``iters`` w tiles of CTA b's group.
+
+    x is (B*32, 256) float32 (one 32-row block per CTA), w is (T*wrows, 256). By default all
+    CTAs form one group reading every w tile once. With ``group_size`` g, consecutive groups of
+    g CTAs own T / (B / g) tiles each and cycle through them ``iters`` times in total. With
+    ``cluster`` > 1 the cluster's lowest rank loads each tile once and multicasts it.
+    """
     xa, wa = as_array(x), as_array(w)
     if wrows not in (32, 64):
         raise TmaflowError(f"broadcast_scale: wrows={wrows} must be 32 or 64")
     if xa.shape[1] != 256 or wa.shape[1] != 256 or xa.shape[0] % 32 or wa.shape[0] % wrows:
         raise TmaflowError(f"broadcast_scale: x must be (n*32, 256) and w (k*{wrows}, 256) float32")
-    blocks, k_tiles = xa.shape[0] // 32, wa.shape[0] // wrows
-    if blocks % cluster:
-        raise TmaflowError(f"broadcast_scale: cluster={cluster} must divide the {blocks} blocks")
+    blocks, w_tiles = xa.shape[0] // 32, wa.shape[0] // wrows
+    group_size = group_size or blocks
+    if blocks % group_size or group_size % cluster or w_tiles % (blocks // group_size):
+        raise TmaflowError(f"broadcast_scale: group_size={group_size} must divide the {blocks} "
+                           f"CTAs, be a multiple of cluster={cluster}, and the groups must split "
+                           f"the {w_tiles} w tiles evenly")
+    group_tiles = w_tiles // (blocks // group_size)
+    iters = iters or group_tiles
     o = _out_like(xa, out)
-    _, layout = broadcast_plan(k_tiles, cluster, stages, wrows)
+    _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
     k = get_kernel("broadcast_scale", layout, {"WROWS": wrows}, debug=debug)
     tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (wrows, 256))
     launcher = k.bind(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
-    args = (tx, tw, o, k_tiles)
+    args = (tx, tw, o, iters, group_size, group_tiles)
     if launch:
         launcher(*args)
         return o
     return launcher, args, o
+
+
+def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=None):
+    """numpy reference of broadcast_scale (float64); ``only``: just the first CTAs' rows."""
+    import numpy as np
+
+    blocks, w_tiles = x.shape[0] // 32, w.shape[0] // wrows
+    group_size = group_size or blocks
+    group_tiles = w_tiles // (blocks // group_size)
+    iters = iters or group_tiles
+    tiles = w.reshape(w_tiles, wrows // 32, 32, 256).sum(1, dtype=np.float64)
+    count = only or blocks
+    out = np.empty((count, 32, 256))
+    for b in range(count):
+        g = b // group_size
+        idx = [g * group_tiles + k % group_tiles for k in range(iters)]
+        out[b] = x.reshape(blocks, 32, 256)[b] * tiles[idx].sum(0)
+    return out.reshape(count * 32, 256)
 
 
 # --- LDGSTS vs TMA ------------------------------------------------------------------------------
