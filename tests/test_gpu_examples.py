@@ -57,9 +57,9 @@ def test_reduce_add(device, rng):
     assert_close(out.numpy(), base + parts.sum(0, dtype=np.float64), 1e-6)
 
 
-@pytest.mark.parametrize("cluster,group_size,wrows", [(1, None, 32), (2, None, 32), (4, None, 64),
-                                                     (1, 4, 32), (2, 2, 32), (4, 4, 64)])
-def test_broadcast_multicast(device, rng, cluster, group_size, wrows):
+@pytest.mark.parametrize("cluster,group_size,wrows,sparse", [
+    (1, None, 32, 1), (2, None, 32, 1), (4, None, 64, 1), (1, 4, 32, 8), (2, 2, 32, 4), (4, 4, 64, 8)])
+def test_broadcast_multicast(device, rng, cluster, group_size, wrows, sparse):
     from tmaflow.kernels.examples import broadcast_reference
 
     x = rng.standard_normal((8 * 32, 256)).astype(np.float32)
@@ -67,8 +67,9 @@ def test_broadcast_multicast(device, rng, cluster, group_size, wrows):
     out = poison(tf.empty(x.shape, "float32"))
     iters = 30 if group_size else None
     kernels.broadcast_scale(tf.from_numpy(x), tf.from_numpy(w), out, cluster=cluster,
-                            wrows=wrows, group_size=group_size, iters=iters)
-    ref = broadcast_reference(x, w, group_size=group_size, iters=iters, wrows=wrows)
+                            wrows=wrows, stages=3 if wrows == 64 else 4, group_size=group_size,
+                            iters=iters, sparse=sparse)
+    ref = broadcast_reference(x, w, group_size=group_size, iters=iters, wrows=wrows, sparse=sparse)
     assert_close(out.numpy(), ref, 1e-5)  # every CTA must have received every tile it needs
 
 

@@ -137,8 +137,10 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
 
     blocks = dev.sm_count // 4 * 4 * 2
     xb = _random_device((blocks * 32, 256), "float32")
-    for label, group, wtiles in (("all", None, 256), ("pairs", 2, blocks // 2 * 8),
-                                 ("quads", 4, blocks // 4 * 8)):
+    for label, group, wtiles, sparse in (("all", None, 256, 1), ("pairs", 2, blocks // 2 * 8, 1),
+                                         ("all, 1/8 read", None, 256, 8),
+                                         ("pairs, 1/8 read", 2, blocks // 2 * 8, 8),
+                                         ("quads, 1/8 read", 4, blocks // 4 * 8, 8)):
         wb = _random_device((wtiles * 32, 256), "float32")
         ob = empty((blocks * 32, 256), "float32")
         iters = 256
@@ -147,12 +149,14 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
             base_t = None
             for cluster in sorted({1, group or 2, 4 if group is None else group}):
                 launcher, args, _ = ex.broadcast_scale(xb, wb, ob, cluster=cluster, stages=stages,
-                                                       group_size=group, iters=iters, launch=False)
+                                                       group_size=group, iters=iters,
+                                                       sparse=sparse, launch=False)
                 t = timer.time(lambda: launcher(*args), repeats)
                 base_t = base_t or t
                 if cluster not in best or base_t / t > best[cluster][0]:
                     best[cluster] = (base_t / t, t, stages)
-        ref = broadcast_reference(xb.numpy(), wb.numpy(), group_size=group, iters=iters, only=4)
+        ref = broadcast_reference(xb.numpy(), wb.numpy(), group_size=group, iters=iters, only=4,
+                                  sparse=sparse)
         ok = bool(np.allclose(ob.numpy()[:32 * 4], ref, rtol=1e-4, atol=1e-2))
         logical = blocks * iters * 32 * 256 * 4
         for cluster, (ratio, t, stages) in sorted(best.items()):

@@ -13,6 +13,9 @@ namespace L = tmaflow_layout;
 #ifndef WROWS
 #define WROWS 32
 #endif
+#ifndef SPARSE
+#define SPARSE 1  // consumers read 1 / SPARSE of each tile (element block j when j % SPARSE == k % SPARSE)
+#endif
 extern "C" __global__ void __launch_bounds__(160, 1)
 broadcast_scale(const __grid_constant__ CUtensorMap x, const __grid_constant__ CUtensorMap w,
                 float* out, int k_tiles, int group_size, int group_tiles) {
@@ -59,7 +62,8 @@ broadcast_scale(const __grid_constant__ CUtensorMap x, const __grid_constant__ C
 #pragma unroll
       for (int rb = 0; rb < WROWS / 32; ++rb)
 #pragma unroll
-        for (int j = 0; j < per; ++j) acc[j] += wt[rb * 32 * 256 + ct + 128 * j];
+        for (int j = 0; j < per; ++j)
+          if (SPARSE == 1 || j % SPARSE == k % SPARSE) acc[j] += wt[rb * 32 * 256 + ct + 128 * j];
       __syncwarp();
       if (lane == 0) pipe.consumer_release(c);
     }

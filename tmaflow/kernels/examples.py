@@ -182,14 +182,16 @@ def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32)
 
 
 def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows: int = 32,
-                    group_size: int | None = None, iters: int | None = None, stream=None,
-                    launch: bool = True, debug: bool | None = None):
+                    group_size: int | None = None, iters: int | None = None, sparse: int = 1,
+                    stream=None, launch: bool = True, debug: bool | None = None):
     """Broadcast-heavy reduction: out[b] = x[b] * sum over ``iters`` w tiles of CTA b's group.
 
     x is (B*32, 256) float32 (one 32-row block per CTA), w is (T*wrows, 256). By default all
     CTAs form one group reading every w tile once. With ``group_size`` g, consecutive groups of
     g CTAs own T / (B / g) tiles each and cycle through them ``iters`` times in total. With
-    ``cluster`` > 1 the cluster's lowest rank loads each tile once and multicasts it.
+    ``cluster`` > 1 the cluster's lowest rank loads each tile once and multicasts it. With
+    ``sparse`` s, a consumer adds only every s-th 4 KB block of a tile (block j of tile k when
+    j % s == k % s), so loads rather than shared-memory reads dominate.
     """
     xa, wa = as_array(x), as_array(w)
     if wrows not in (32, 64):
@@ -206,7 +208,9 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
     iters = iters or group_tiles
     o = _out_like(xa, out)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
-    k = get_kernel("broadcast_scale", layout, {"WROWS": wrows}, debug=debug)
+    if sparse not in (1, 2, 4, 8, 16, 32, 64):
+        raise TmaflowError(f"broadcast_scale: sparse={sparse} must be a power of two <= 64")
+    k = get_kernel("broadcast_scale", layout, {"WROWS": wrows, "SPARSE": sparse}, debug=debug)
     tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (wrows, 256))
     launcher = k.bind(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
     args = (tx, tw, o, iters, group_size, group_tiles)
@@ -216,7 +220,7 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
     return launcher, args, o
 
 
-def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=None):
+def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=None, sparse=1):
     """numpy reference of broadcast_scale (float64); ``only``: just the first CTAs' rows."""
     import numpy as np
 
@@ -229,8 +233,12 @@ def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=Non
     out = np.empty((count, 32, 256))
     for b in range(count):
         g = b // group_size
-        idx = [g * group_tiles + k % group_tiles for k in range(iters)]
-        out[b] = x.reshape(blocks, 32, 256)[b] * tiles[idx].sum(0)
+        acc = np.zeros(32 * 256)
+        block = np.arange(32 * 256) // 128  # the 4 KB block j of each element
+        for k in range(iters):
+            use = (block % sparse) == (k % sparse)
+            acc[use] += tiles[g * group_tiles + k % group_tiles].ravel()[use]
+        out[b] = x.reshape(blocks, 32, 256)[b] * acc.reshape(32, 256)
     return out.reshape(count * 32, 256)
 
 
