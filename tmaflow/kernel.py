@@ -1,15 +1,14 @@
 """``Kernel``: compile (lazily, cached), load per device, check arguments, launch with clusters."""
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
+import re
 import threading
 from pathlib import Path
 
 from . import compiler, driver, watchdog
 from .device import Device, current_device, stream_handle
-from .errors import CudaError, LaunchError
+from .errors import CudaError, LaunchError, TmaflowError
 from .params import ArgPacker, Param
 
 log = logging.getLogger("tmaflow.kernel")
@@ -157,6 +156,14 @@ class Kernel:
     def __init__(self, source: str, name: str, *, defines: dict | None = None, layout=None,
                  arch: str | None = None, options=(), debug: bool | None = None,
                  watchdog_seconds: float | None = None, filename: str = "kernel.cu"):
+        if not isinstance(source, str) or not source.strip():
+            raise TmaflowError(f"Kernel: source must be non-empty CUDA C++ text (got {type(source).__name__})")
+        if not isinstance(name, str) or not name.strip():
+            raise TmaflowError(f"Kernel: name={name!r} must name a __global__ function")
+        if arch is not None and not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
+            raise TmaflowError(f"Kernel: arch={arch!r} must look like 'sm_90a'")
+        if layout is not None and not hasattr(layout, "header"):
+            raise TmaflowError(f"Kernel: layout={layout!r} must be a tf.SharedLayout")
         self.source, self.name, self.filename = source, name, filename
         self.defines = dict(defines or {})
         self.layout = layout
@@ -172,7 +179,11 @@ class Kernel:
     @classmethod
     def from_file(cls, path, name: str, **kwargs) -> "Kernel":
         path = Path(path)
-        return cls(path.read_text(), name, filename=path.name, **kwargs)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise TmaflowError(f"Kernel.from_file: cannot read path={str(path)!r} ({exc.strerror})") from None
+        return cls(text, name, filename=path.name, **kwargs)
 
     # --- compilation (no GPU needed) -------------------------------------------
     @property
@@ -237,10 +248,13 @@ class Kernel:
         """Check a launch configuration once and return a :class:`Launcher` for hot loops."""
         grid, block, cluster = _dims("grid", grid), _dims("block", block), _dims("cluster", cluster)
         device = device or current_device()
-        if not device.is_hopper and self.arch.startswith("sm_90"):
+        major, minor = device.compute_capability
+        built = self.arch.removeprefix("sm_").rstrip("af")
+        if built != f"{major}{minor}":
             raise LaunchError(f"{self.name} is built for {self.arch} but device {device.ordinal} is "
-                              f"{device.name} (cc {device.compute_capability[0]}."
-                              f"{device.compute_capability[1]}); tmaflow kernels need a Hopper GPU")
+                              f"{device.name} (cc {major}.{minor}); "
+                              + ("tmaflow kernels need a Hopper GPU (cc 9.0)" if self.arch.startswith("sm_90")
+                                 else f"build it with arch='{device.arch}'"))
         mod = self.module(device)
         if any(mod.compiled_cluster):
             if cluster == (1, 1, 1):

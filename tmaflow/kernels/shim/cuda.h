@@ -5,7 +5,7 @@
 #if defined(__CUDACC_RTC__)
 #ifndef TMAFLOW_CUDA_H_SHIM
 #define TMAFLOW_CUDA_H_SHIM
-#define CUDA_VERSION 13000
+#define CUDA_VERSION (__CUDACC_VER_MAJOR__ * 1000 + __CUDACC_VER_MINOR__ * 10)
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned int cuuint32_t;
