@@ -1,0 +1,281 @@
+"""The bad-input battery: every case is (area, what, action, expected error, message pattern).
+
+``tests/test_battery.py`` runs the cases that need no GPU everywhere, and every case on a
+Hopper GPU followed by a correct launch; ``tools/battery_table.py`` renders the table in
+docs/bad-input-battery.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+import tmaflow as tf
+from tmaflow.kernels import examples as ex
+from tmaflow.kernels import source
+from tmaflow.memory import DeviceArray
+from tmaflow.params import ArgPacker, Param
+
+T = tf.TensorMapSpec.tiled
+I2C = tf.TensorMapSpec.im2col
+E = tf.TensorMapError
+L = tf.LayoutError
+LE = tf.LaunchError
+CE = tf.CompileError
+TE = tf.TmaflowError
+
+
+@dataclass
+class Case:
+    area: str
+    what: str
+    action: Callable
+    error: type
+    match: str
+    gpu: bool = False
+
+
+CASES: list[Case] = []
+
+
+def case(area, what, error, match, gpu=False):
+    def register(fn):
+        CASES.append(Case(area, what, fn, error, match, gpu))
+        return fn
+    return register
+
+
+def cpu(area, what, error, match, action):
+    CASES.append(Case(area, what, action, error, match, False))
+
+
+def gpu(area, what, error, match, action):
+    CASES.append(Case(area, what, action, error, match, True))
+
+
+A = "tensor map"
+cpu(A, "unknown dtype name", E, r"dtype='complex64' is not a supported", lambda: T("complex64", (8, 8), (8, 8)))
+cpu(A, "dtype that is not a dtype", E, r"dtype=\[1\] is not a supported", lambda: T([1], (8, 8), (8, 8)))
+cpu(A, "packed Blackwell type on sm_90", E, r"packed Blackwell type", lambda: T("16u6_align16b", (8, 64), (8, 64)))
+cpu(A, "rank 0", E, r"rank=0", lambda: T("float32", (), ()))
+cpu(A, "rank 6", E, r"rank=6", lambda: T("float32", (2,) * 5 + (4,), (1,) * 5 + (4,)))
+cpu(A, "zero extent", E, r"shape\[0\]=0 must be in \[1, 2\^32\]", lambda: T("float32", (0, 8), (1, 8)))
+cpu(A, "negative extent", E, r"shape\[0\]=-4", lambda: T("float32", (-4, 8), (1, 8)))
+cpu(A, "extent over 2^32", E, r"shape\[0\]=4294967297", lambda: T("uint8", (2**32 + 1, 16), (1, 16), strides=(16, 1)))
+cpu(A, "float in the shape", E, r"must contain ints", lambda: T("float32", (2.5, 8), (1, 8)))
+cpu(A, "box of the wrong rank", E, r"box=\(4,\) has 1 entries; the tensor has rank 2", lambda: T("float32", (8, 8), (4,)))
+cpu(A, "box extent 0", E, r"box\[0\]=0 must be in \[1, 256\]", lambda: T("float32", (8, 8), (0, 4)))
+cpu(A, "box extent 257", E, r"box\[0\]=257", lambda: T("float32", (300, 8), (257, 4)))
+cpu(A, "inner box not 16 B", E, r"= 12 B must be a multiple of 16 B", lambda: T("float32", (8, 8), (4, 3)))
+cpu(A, "inner box wider than the swizzle span", E, r"exceeds the 64B swizzle span", lambda: T("float32", (8, 64), (4, 32), swizzle="64B"))
+cpu(A, "box footprint over 228 KB", E, r"at most 233472 B", lambda: T("float32", (512, 64, 8), (229, 64, 4)))
+cpu(A, "element stride 0", E, r"element_strides\[1\]=0", lambda: T("float32", (8, 8), (4, 4), element_strides=(1, 0)))
+cpu(A, "element stride 9", E, r"element_strides\[0\]=9", lambda: T("float32", (8, 8), (4, 4), element_strides=(9, 1)))
+cpu(A, "element strides of the wrong rank", E, r"element_strides=\(1,\) has 1 entries", lambda: T("float32", (8, 8), (4, 4), element_strides=(1,)))
+cpu(A, "strides of the wrong rank", E, r"strides=\(4,\) has 1 entries", lambda: T("float32", (8, 8), (4, 4), strides=(4,)))
+cpu(A, "non-contiguous inner dim", E, r"inner dim must be contiguous", lambda: T("float32", (8, 8), (4, 4), strides=(64, 8)))
+cpu(A, "row stride not a multiple of 16", E, r"strides\[0\]=36 B must be a positive multiple of 16", lambda: T("float32", (8, 8), (4, 4), strides=(36, 4)))
+cpu(A, "negative stride", E, r"strides\[0\]=-64", lambda: T("float32", (8, 16), (4, 4), strides=(-64, 4)))
+cpu(A, "stride 0 (broadcast rows)", E, r"strides\[0\]=0 B: rows would overlap", lambda: T("float32", (8, 16), (4, 4), strides=(0, 4)))
+cpu(A, "rows overlapping", E, r"rows would overlap", lambda: T("float32", (8, 16), (4, 4), strides=(32, 4)))
+cpu(A, "stride of 2^40", E, r"must be < 2\^40", lambda: T("uint8", (2, 16), (1, 16), strides=(2**40, 1)))
+cpu(A, "32B interleave stride not 32-aligned", E, r"multiple of 32 B", lambda: T("uint8", (2, 4, 48), (1, 4, 32), strides=(192, 48, 1), interleave="32B", swizzle="32B"))
+cpu(A, "interleave on rank 2", E, r"needs rank >= 3", lambda: T("float32", (8, 8), (4, 4), interleave="16B"))
+cpu(A, "32B interleave without 32B swizzle", E, r"requires swizzle='32B'", lambda: T("float32", (4, 8, 8), (1, 4, 8), interleave="32B"))
+cpu(A, "NaN fill on an integer type", E, r"oob_fill='nan' needs a floating-point dtype", lambda: T("uint16", (8, 8), (4, 8), oob_fill="nan"))
+cpu(A, "unknown swizzle", E, r"swizzle='256B' is not one of", lambda: T("float32", (8, 8), (4, 4), swizzle="256B"))
+cpu(A, "unknown interleave", E, r"interleave='64B' is not one of", lambda: T("float32", (4, 8, 8), (1, 4, 4), interleave="64B"))
+cpu(A, "unknown L2 promotion", E, r"l2_promotion='1KB' is not one of", lambda: T("float32", (8, 8), (4, 4), l2_promotion="1KB"))
+cpu(A, "unknown OOB fill", E, r"oob_fill='ones' is not one of", lambda: T("float32", (8, 8), (4, 4), oob_fill="ones"))
+cpu(A, "misaligned address (offset slice)", E, r"address=4100 must be 16-byte aligned", lambda: T("float32", (8, 8), (4, 4), address=4100))
+cpu(A, "negative address", E, r"address=-16", lambda: T("float32", (8, 8), (4, 4), address=-16))
+cpu(A, "32B interleave address 16-aligned", E, r"must be 32-byte aligned", lambda: T("float32", (4, 8, 8), (1, 4, 8), interleave="32B", swizzle="32B", address=4112))
+IM = dict(lower_corner=(0, 0), upper_corner=(0, 0), channels_per_pixel=16, pixels_per_column=32)
+cpu(A, "im2col of rank 2", E, r"rank=2", lambda: I2C("float16", (8, 16), **dict(IM, lower_corner=(), upper_corner=())))
+cpu(A, "im2col corner out of range", E, r"lower_corner\[1\]=200 must be in \[-128, 127\]", lambda: I2C("float16", (2, 8, 8, 16), **dict(IM, lower_corner=(0, 200))))
+cpu(A, "im2col corners of the wrong rank", E, r"upper_corner=\(0,\) has 1 entries", lambda: I2C("float16", (2, 8, 8, 16), **dict(IM, upper_corner=(0,))))
+cpu(A, "im2col 0 channels", E, r"channels_per_pixel=0", lambda: I2C("float16", (2, 8, 8, 16), **dict(IM, channels_per_pixel=0)))
+cpu(A, "im2col 2048 pixels per column", E, r"pixels_per_column=2048", lambda: I2C("float16", (2, 8, 8, 16), **dict(IM, pixels_per_column=2048)))
+cpu(A, "im2col empty pixel box", E, r"pixel box along spatial dim 1 is empty", lambda: I2C("float16", (2, 8, 8, 16), **dict(IM, lower_corner=(0, 9))))
+cpu(A, "im2col channels not 16 B", E, r"channels_per_pixel=6 x 2 B = 12 B", lambda: I2C("float16", (2, 8, 8, 16), **dict(IM, channels_per_pixel=6)))
+
+B = "shared layout"
+SPEC = T("bfloat16", (1024, 1024), (128, 64), swizzle="128B")
+cpu(B, "pipeline with 0 stages", L, r"stages=0", lambda: tf.Pipeline("p", stages=0, tiles=[SPEC]))
+cpu(B, "pipeline with 33 stages", L, r"stages=33", lambda: tf.Pipeline("p", stages=33, tiles=[SPEC]))
+cpu(B, "pipeline with 0 consumers", L, r"consumers=0", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], consumers=0))
+cpu(B, "pipeline without tiles", L, r"tiles is empty", lambda: tf.Pipeline("p", stages=2, tiles=[]))
+cpu(B, "multicast along z", L, r"multicast\[0\]='z'", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=(2, 1, 1), multicast=["z"]))
+cpu(B, "multicast without a cluster", L, r"has one CTA along x", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], multicast=["x"]))
+cpu(B, "multicast list of the wrong length", L, r"multicast has 2 entries for 1 tiles", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=(2, 1, 1), multicast=["x", None]))
+cpu(B, "cluster of 32 CTAs", L, r"at most 16 CTAs", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=(8, 4, 1)))
+cpu(B, "name that is not an identifier", L, r"name='my pipe' must be a C identifier", lambda: tf.Pipeline("my pipe", stages=2, tiles=[SPEC]))
+cpu(B, "barrier with 0 arrivals", L, r"arrivals=0", lambda: tf.Barrier("b", arrivals=0))
+cpu(B, "barrier with 2^20 tx bytes", L, r"tx_bytes=1048576", lambda: tf.Barrier("b", tx_bytes=1 << 20))
+cpu(B, "buffer of 0 bytes", L, r"nbytes=0", lambda: tf.Buffer("b", 0))
+cpu(B, "buffer alignment not a power of two", L, r"align=96", lambda: tf.Buffer("b", 64, align=96))
+cpu(B, "two items with one name", L, r"name 'x' is used twice", lambda: tf.SharedLayout([tf.Barrier("x"), tf.Buffer("x", 16)]))
+cpu(B, "smem over the limit", L, r"over the 232448 B per-block limit", lambda: tf.SharedLayout([tf.Pipeline("p", stages=16, tiles=[SPEC])]))
+cpu(B, "something that is not a plan item", L, r"is not a Pipeline, Barrier or Buffer", lambda: tf.SharedLayout([42]))
+cpu(B, "stage over the tx-count range", L, r"over the mbarrier tx-count limit", lambda: tf.Pipeline("p", stages=1, tiles=[T("float32", (1024, 1024), (200, 256))] * 6))
+
+C = "compile"
+cpu(C, "syntax error", CE, r"NVRTC failed to compile kernel.cu", lambda: tf.Kernel("__global__ void k( { }", "k").cubin)
+cpu(C, "undefined identifier", CE, r"\(1 error\)", lambda: tf.Kernel("__global__ void k(int* p) { p[0] = nope; }", "k").cubin)
+cpu(C, "missing kernel name", CE, r"kernel name='other' is not a __global__ function of kernel.cu; kernels found: k", lambda: tf.Kernel("__global__ void k(int* p) { p[0] = 1; }", "other").cubin)
+cpu(C, "missing include", CE, r"cannot open source file", lambda: tf.Kernel("#include <no_such_header.h>\n__global__ void k() {}", "k").cubin)
+cpu(C, "unknown NVRTC option", CE, r"NVRTC failed|invalid", lambda: tf.Kernel("__global__ void k() {}", "k", options=("--no-such-flag",)).cubin)
+cpu(C, "empty source", TE, r"source must be non-empty", lambda: tf.Kernel("", "k"))
+cpu(C, "kernel name that is not a string", TE, r"name=None must name", lambda: tf.Kernel("__global__ void k() {}", None))
+cpu(C, "nonsense arch", TE, r"arch='hopper' must look like 'sm_90a'", lambda: tf.Kernel("__global__ void k() {}", "k", arch="hopper"))
+cpu(C, "layout that is not a SharedLayout", TE, r"must be a tf.SharedLayout", lambda: tf.Kernel("__global__ void k() {}", "k", layout={"a": 1}))
+cpu(C, "file that does not exist", TE, r"Kernel.from_file: cannot read path='/no/such/kernel.cu'", lambda: tf.Kernel.from_file("/no/such/kernel.cu", "k"))
+cpu(C, "template never instantiated", CE, r"kernel|NVRTC", lambda: tf.Kernel("template <int N> __global__ void k(int* p) { p[0] = N; }", "k<>").cubin)
+
+D = "arguments (fabricated parameter table)"
+P3 = [Param(0, 0, 128), Param(1, 128, 8), Param(2, 136, 4)]
+FAKE = DeviceArray(0x7000_0000, (64, 64), "float32")
+cpu(D, "too few arguments", LE, r"takes 3 arguments .* but 1 were given", lambda: ArgPacker(P3).pack((1,)))
+cpu(D, "too many arguments", LE, r"takes 3 arguments .* but 4 were given", lambda: ArgPacker(P3).pack((1, 2, 3, 4)))
+cpu(D, "pointer where a tensor map goes", LE, r"argument 0: a device array passes an 8-byte pointer", lambda: ArgPacker(P3).pack((FAKE, FAKE, 1)))
+cpu(D, "None", LE, r"argument 0: cannot pass NoneType None", lambda: ArgPacker(P3).pack((None, FAKE, 1)))
+cpu(D, "a string", LE, r"argument 2: cannot pass str 'x'", lambda: ArgPacker([Param(0, 0, 4), Param(1, 8, 8), Param(2, 16, 4)]).pack((1, FAKE, "x")))
+cpu(D, "int overflowing its parameter", LE, r"int 70000 does not fit the 2-byte parameter", lambda: ArgPacker([Param(0, 0, 2)]).pack((70000,)))
+cpu(D, "negative int too small", LE, r"int -129 does not fit the 1-byte parameter", lambda: ArgPacker([Param(0, 0, 1)]).pack((-129,)))
+cpu(D, "numpy scalar of the wrong size", LE, r"numpy.float64 \(8 B\) is 8 bytes but the kernel parameter is 4", lambda: ArgPacker([Param(0, 0, 4)]).pack((np.float64(1),)))
+cpu(D, "float into a 1-byte parameter", LE, r"cannot pack float 0.5 into a 1-byte parameter", lambda: ArgPacker([Param(0, 0, 1)]).pack((0.5,)))
+cpu(D, "raw bytes of the wrong length", LE, r"5 raw bytes given for a 8-byte parameter", lambda: ArgPacker([Param(0, 0, 8)]).pack((b"12345",)))
+cpu(D, "host numpy array", LE, r"a host numpy array \(shape \(2, 2\)\) cannot be passed", lambda: ArgPacker([Param(0, 0, 8)]).pack((np.zeros((2, 2)),)))
+cpu(D, "a list", LE, r"cannot pass list", lambda: ArgPacker([Param(0, 0, 8)]).pack(([1, 2],)))
+cpu(D, "parameters over 32764 bytes", LE, r"over the 32764-byte limit", lambda: ArgPacker([Param(0, 0, 40000)]))
+
+F = "arrays"
+cpu(F, "host numpy array as a device array", TE, r"got a host numpy array of shape \(3,\)", lambda: tf.as_array(np.zeros(3)))
+cpu(F, "a list as a device array", TE, r"list is not a device array", lambda: tf.as_array([1.0]))
+cpu(F, "None as a device array", TE, r"NoneType is not a device array", lambda: tf.as_array(None))
+cpu(F, "reshape to the wrong size", TE, r"does not hold 4096 elements", lambda: FAKE.reshape(10, 10))
+cpu(F, "reshape of a strided view", TE, r"not contiguous", lambda: DeviceArray(0x1000, (4, 4), "float32", strides=(32, 4)).reshape(16))
+cpu(F, "unknown dtype for an array", E, r"dtype='float128' is not a supported", lambda: DeviceArray(0x1000, (4,), "float128"))
+
+# --- cases that need the GPU ------------------------------------------------------------------
+G = "launch (GPU)"
+
+
+def _probe(name):
+    return tf.Kernel(source("probe"), name, filename="probe.cu")
+
+
+def _echo_args():
+    base = tf.zeros((64, 64), "float32")
+    return [tf.TensorMap.tiled(base, (16, 16)), np.int8(1), np.uint16(1), 1, 1, 1.0, 1.0, base, base,
+            tf.empty(24, "uint64")]
+
+
+def _with(index, value):
+    args = _echo_args()
+    args[index] = value
+    _probe("echo_args").launch(*args, grid=1, block=32)
+
+
+def _big(**kw):
+    out = tf.empty(64, "uint32")
+    _probe("big_smem").launch(out, 256, 1, **{"grid": 1, "block": 32, **kw})
+
+
+gpu(G, "host numpy array as an argument", LE, r"argument 7: a host numpy array", lambda: _with(7, np.zeros(4, np.float32)))
+gpu(G, "tensor map into a pointer parameter", LE, r"argument 8: a TensorMap is 128 bytes but the kernel parameter is 8", lambda: _with(8, _echo_args()[0]))
+gpu(G, "array into a tensor-map parameter", LE, r"argument 0: a device array passes an 8-byte pointer", lambda: _with(0, tf.zeros(4)))
+gpu(G, "int too wide for int8", LE, r"argument 1: numpy.int32 \(4 B\) is 4 bytes but the kernel parameter is 1", lambda: _with(1, np.int32(1)))
+gpu(G, "int overflowing int32", LE, r"argument 3: int 4294967296 does not fit", lambda: _with(3, 2**32))
+gpu(G, "wrong argument count", LE, r"takes 10 arguments", lambda: _probe("echo_args").launch(1, 2, grid=1, block=32))
+gpu(G, "freed array as an argument", LE, r"argument 7: .* was freed", lambda: _with(7, _freed()))
+gpu(G, "tensor map whose array was freed", LE, r"its array was freed", lambda: _with(0, _dead_map()))
+gpu(G, "new tensor map over a freed array", E, r"was freed", lambda: tf.TensorMap.tiled(_freed((16, 16)), (4, 4)))
+gpu(G, "smem over the device limit", LE, r"exceeds the \d+ B per-block limit", lambda: _big(smem=300 * 1024))
+gpu(G, "negative smem", LE, r"smem=-1 must be a non-negative int", lambda: _big(smem=-1))
+gpu(G, "smem that is not an int", LE, r"smem=1.5 must be a non-negative int", lambda: _big(smem=1.5))
+gpu(G, "grid of 0 blocks", LE, r"grid=0 must have 1-3 extents, each >= 1", lambda: _big(grid=0))
+gpu(G, "block of 0 threads", LE, r"block=\(0, 1\)", lambda: _big(block=(0, 1)))
+gpu(G, "grid with 4 dims", LE, r"grid=\(1, 1, 1, 1\)", lambda: _big(grid=(1, 1, 1, 1)))
+gpu(G, "block of 2048 threads", LE, r"has 2048 threads; big_smem allows at most 1024", lambda: _big(block=2048))
+gpu(G, "grid that is not a number", LE, r"grid='x'|grid=.x.", lambda: _big(grid="x"))
+gpu(G, "cluster not dividing the grid", LE, r"cluster=\(4, 1, 1\) does not divide grid=\(6, 1, 1\)", lambda: _big(grid=6, cluster=4))
+gpu(G, "cluster of 32", LE, r"at most 8 \(portable\) or 16", lambda: _big(grid=32, cluster=32))
+gpu(G, "cluster of 0", LE, r"cluster=0", lambda: _big(cluster=0))
+gpu(G, "cluster conflicting with __cluster_dims__", LE, r"conflicts with __cluster_dims__\(2, 1, 1\)", lambda: tf.Kernel(source("seeds"), "dsmem_kernel", filename="seeds.cu").launch(tf.empty(8, "int32"), grid=8, block=32, cluster=4))
+gpu(G, "stream of the wrong type", LE, r"stream='fast' \(str\) is not a stream", lambda: _big(stream="fast"))
+gpu(G, "closed stream", LE, r"was closed", lambda: _big(stream=_closed_stream()))
+gpu(G, "kernel built for another arch", LE, r"built for sm_100a but device \d+ is", lambda: tf.Kernel("__global__ void k() {}", "k", arch="sm_100a").launch(grid=1, block=1))
+gpu(G, "non-Hopper device", LE, r"tmaflow kernels need a Hopper GPU", lambda: _probe("big_smem").bind(grid=1, block=1, device=_FakeAmpere()))
+gpu(G, "device ordinal out of range", TE, r"Device\(ordinal=99\): must be an int in \[0, \d+\]", lambda: tf.Device(99))
+gpu(G, "device ordinal that is not an int", TE, r"Device\(ordinal='0'\)", lambda: tf.Device("0"))
+gpu(G, "no driver at all (simulated)", tf.DriverNotFoundError, r"no usable CUDA driver: simulated", lambda: _without_driver())
+
+H = "arrays and examples (GPU)"
+gpu(H, "numpy() of a freed array", TE, r"was freed", lambda: _freed().numpy())
+gpu(H, "numpy() of a strided view", TE, r"are not contiguous", lambda: tf.as_array(_torch()[::2]).numpy())
+gpu(H, "copy_from of the wrong size", TE, r"does not fit", lambda: tf.empty(4).copy_from(np.zeros(5, np.float32)))
+gpu(H, "from_numpy into a narrower dtype", TE, r"cannot hold bfloat16", lambda: tf.from_numpy(np.zeros(4, np.float32), dtype="bfloat16"))
+gpu(H, "zero-size tensor map", E, r"is empty; a tensor map needs every extent >= 1", lambda: tf.TensorMap.tiled(tf.empty((0, 16)), (1, 16)))
+gpu(H, "misaligned torch view (offset slice)", E, r"must be 16-byte aligned", lambda: tf.TensorMap.tiled(_torch()[:, 1:17], (8, 16)))
+gpu(H, "misaligned cupy view (offset slice)", E, r"must be 16-byte aligned", lambda: tf.TensorMap.tiled(_cupy()[:, 3:35], (8, 16)))
+gpu(H, "transposed torch view", E, r"inner dim must be contiguous", lambda: tf.TensorMap.tiled(_torch().t(), (8, 16)))
+gpu(H, "copy of a 1-D array", TE, r"copy: src must be 2-D", lambda: ex.copy(tf.zeros(64)))
+gpu(H, "copy into an output of another shape", TE, r"out: shape \(8, 8\)", lambda: ex.copy(tf.zeros((16, 16)), tf.zeros((8, 8))))
+gpu(H, "transpose of int8", TE, r"needs a 2-D 4-byte array", lambda: ex.transpose(tf.zeros((64, 64), "int8")))
+gpu(H, "softmax of bfloat16", TE, r"needs a 2-D float32 array", lambda: ex.softmax(tf.zeros((8, 256), "bfloat16")))
+gpu(H, "softmax rows too long for one stage", TE, r"need \d+ boxes of 256", lambda: ex.softmax(tf.zeros((8, 70000))))
+gpu(H, "reduce_add with mismatched shapes", TE, r"must be \(P, M, N\) over out", lambda: ex.reduce_add(tf.zeros((2, 8, 8)), tf.zeros((8, 16))))
+gpu(H, "axpb of a ragged length", TE, r"multiple of 4096 elements", lambda: ex.axpb(tf.zeros(5000), 1.0, 0.0))
+gpu(H, "axpb with an unknown method", TE, r"method='fast' must be 'tma' or 'ldgsts'", lambda: ex.axpb(tf.zeros(4096), 1.0, 0.0, method="fast"))
+gpu(H, "broadcast with a cluster not dividing the CTAs", TE, r"must divide the 3 CTAs|cluster=2", lambda: ex.broadcast_scale(tf.zeros((96, 256)), tf.zeros((64, 256)), cluster=2))
+gpu(H, "broadcast with 16-row tiles", TE, r"wrows=16 must be 32 or 64", lambda: ex.broadcast_scale(tf.zeros((64, 256)), tf.zeros((64, 256)), wrows=16))
+gpu(H, "replace_address with another shape", E, r"replace_address: array shape=\(8, 16\)", lambda: tf.TensorMap.tiled(tf.zeros((16, 16)), (4, 16)).replace_address(tf.zeros((8, 16))))
+
+
+class _FakeAmpere:
+    ordinal, name, compute_capability, is_hopper, arch = 0, "NVIDIA A100 (simulated)", (8, 0), False, "sm_80"
+
+
+def _freed(shape=(4,)):
+    a = tf.zeros(shape, "float32")
+    a.free()
+    return a
+
+
+def _dead_map():
+    a = tf.zeros((64, 64), "float32")
+    m = tf.TensorMap.tiled(a, (16, 16))
+    a.free()
+    return m
+
+
+def _closed_stream():
+    s = tf.Stream()
+    s.close()
+    return s
+
+
+def _torch():
+    import torch
+
+    return torch.zeros((32, 64), device="cuda")
+
+
+def _cupy():
+    import cupy
+
+    return cupy.zeros((32, 64), dtype=cupy.float32)
+
+
+def _without_driver():
+    from tmaflow import driver
+
+    saved = dict(driver._init_state)
+    driver._init_state["reason"] = "simulated"
+    try:
+        tf.empty((4,), "float32")
+    finally:
+        driver._init_state.clear()
+        driver._init_state.update(saved)

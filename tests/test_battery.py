@@ -1,0 +1,42 @@
+"""The bad-input battery (tests/battery.py): every case raises a TmaflowError with a message
+naming the problem; on a GPU, a correct launch still works after each one."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from battery import CASES
+from tmaflow.kernels import source
+
+IDS = [f"{c.area}: {c.what}" for c in CASES]
+
+
+def test_battery_is_large():
+    assert len(CASES) >= 100
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.gpu],
+                         ids=[i for c, i in zip(CASES, IDS) if not c.gpu])
+def test_cpu_case(case, tmp_cache):
+    with pytest.raises(case.error, match=case.match) as info:
+        case.action()
+    assert isinstance(info.value, tf.TmaflowError)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_case_then_a_correct_launch(case, device, rng):
+    if case.what.startswith(("misaligned torch", "transposed torch", "numpy() of a strided")):
+        pytest.importorskip("torch")
+    if case.what.startswith("misaligned cupy"):
+        pytest.importorskip("cupy")
+    with pytest.raises(case.error, match=case.match) as info:
+        case.action()
+    assert isinstance(info.value, tf.TmaflowError)
+    # The process is still healthy: a correct launch gives the right answer.
+    seed = int(rng.integers(0, 2**32))
+    out = tf.empty(256, "uint32").fill_bytes(0xFF)
+    tf.Kernel(source("probe"), "big_smem", filename="probe.cu").launch(out, 1024, seed, grid=1,
+                                                                        block=64, smem=1024)
+    i = np.arange(256, dtype=np.uint64)
+    want = (((255 - i) * 2654435761) & 0xFFFFFFFF).astype(np.uint32) ^ np.uint32(seed)
+    np.testing.assert_array_equal(out.numpy(), want)

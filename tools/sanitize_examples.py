@@ -1,0 +1,71 @@
+"""Run every example and seed kernel once, small, on initialised data (for compute-sanitizer).
+
+    compute-sanitizer --tool memcheck python3 tools/sanitize_examples.py
+Exits non-zero if any result is wrong.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.kernels import examples as ex
+from tmaflow.kernels import source
+
+
+def main() -> int:
+    rng = np.random.default_rng(7)
+    bad = []
+
+    def check(name, ok):
+        print(f"{name:28s} {'ok' if ok else 'WRONG'}", flush=True)
+        if not ok:
+            bad.append(name)
+
+    h = rng.standard_normal((256, 512)).astype(np.float32)
+    x = tf.from_numpy(h)
+    out = tf.zeros(h.shape, "float32")
+    check("tile_copy", np.array_equal(kernels.copy(x, out).numpy(), h))
+    check("transpose", np.array_equal(kernels.transpose(x).numpy(), h.T))
+    s = kernels.softmax(x).numpy()
+    ref = np.exp(h - h.max(1, keepdims=True))
+    check("softmax", np.allclose(s, ref / ref.sum(1, keepdims=True), rtol=1e-4, atol=1e-7))
+    parts = rng.standard_normal((3, 64, 128)).astype(np.float32)
+    acc = tf.zeros((64, 128), "float32")
+    check("reduce_add", np.allclose(kernels.reduce_add(tf.from_numpy(parts), acc).numpy(),
+                                    parts.sum(0), atol=1e-5))
+    xb = rng.standard_normal((4 * 32, 256)).astype(np.float32)
+    wb = rng.standard_normal((8 * 32, 256)).astype(np.float32)
+    for cluster in (1, 2, 4):
+        o = kernels.broadcast_scale(tf.from_numpy(xb), tf.from_numpy(wb), tf.zeros(xb.shape),
+                                    cluster=cluster).numpy()
+        check(f"broadcast cluster={cluster}", np.allclose(o, ex.broadcast_reference(xb, wb), rtol=1e-4, atol=1e-4))
+    v = rng.standard_normal(4096 * 8).astype(np.float32)
+    for method in ("ldgsts", "tma"):
+        o = kernels.axpb(tf.from_numpy(v), 2.0, 1.0, tf.zeros(v.shape), method=method).numpy()
+        check(f"axpb {method}", np.allclose(o, 2 * v + 1))
+
+    seeds = lambda name, **kw: tf.Kernel(source("seeds"), name, filename="seeds.cu", **kw)  # noqa: E731
+    blocks, threads, batches = 4, 64, 3
+    n = blocks * threads * batches
+    data = rng.integers(-100, 100, n).astype(np.int32)
+    want = (2 * np.roll(data.reshape(batches, blocks, threads), -1, 2) + 1).ravel()
+    for name in ("with_barrier", "with_single_stage", "with_staging", "with_memcpy_async"):
+        o = tf.zeros(n, "int32")
+        seeds(name).launch(o, tf.from_numpy(data), n, batches, grid=blocks, block=threads,
+                           smem=threads * 8)
+        check(name, np.array_equal(o.numpy(), want))
+    d = tf.from_numpy(data[:4096].copy())
+    seeds("add_one_kernel").launch(d, 1024, grid=1, block=128)
+    w = data[:4096].copy()
+    w[1024:2048] += 1
+    check("add_one_kernel", np.array_equal(d.numpy(), w))
+    o = tf.zeros(4, "int32")
+    seeds("dsmem_kernel").launch(o, grid=4, block=32)
+    check("dsmem_kernel", (o.numpy() == 2).all())
+    print(f"{len(bad)} wrong" if bad else "all results correct")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
