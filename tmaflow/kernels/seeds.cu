@@ -482,7 +482,8 @@ __global__ void kernel_ptx(const __grid_constant__ CUtensorMap tensor_map, int x
   barrier::arrival_token token;
   if (threadIdx.x == 0) {
     int32_t coords[2] = {x, y};
-    ptx::cp_async_bulk_tensor(ptx::space_shared, ptx::space_global, &smem_buffer, &tensor_map,
+    // .shared::cluster destination: the sm_90 form (the .shared::cta one needs PTX ISA 8.6)
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, &smem_buffer, &tensor_map,
                               coords, cuda::device::barrier_native_handle(bar));
     token = cuda::device::barrier_arrive_tx(bar, 1, sizeof(smem_buffer));
   } else {

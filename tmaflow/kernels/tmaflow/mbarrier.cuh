@@ -65,7 +65,7 @@ TMAFLOW_DEVICE bool try_wait_cluster(uint64_t* bar, uint32_t parity) {
 // release builds compile to the bare try_wait loop. The trailing arguments only feed the
 // watchdog's report.
 TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
-                         uint32_t line = __builtin_LINE(), const char* file = __builtin_FILE()) {
+                         uint32_t line = TMAFLOW_CALLER_LINE, const char* file = TMAFLOW_CALLER_FILE) {
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
   if (try_wait(bar, parity)) return;
   uint64_t start = debug::globaltimer();
@@ -86,7 +86,7 @@ TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nul
 #endif
 }
 TMAFLOW_DEVICE void wait_cluster(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
-                                 uint32_t line = __builtin_LINE(), const char* file = __builtin_FILE()) {
+                                 uint32_t line = TMAFLOW_CALLER_LINE, const char* file = TMAFLOW_CALLER_FILE) {
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
   if (try_wait_cluster(bar, parity)) return;
   uint64_t start = debug::globaltimer();
@@ -110,8 +110,8 @@ TMAFLOW_DEVICE void wait_cluster(uint64_t* bar, uint32_t parity, debug::Site sit
 struct Phase {
   uint64_t* bar;
   uint32_t parity;
-  TMAFLOW_DEVICE void wait(debug::Site site = {nullptr, -1, 0}, uint32_t line = __builtin_LINE(),
-                           const char* file = __builtin_FILE()) {
+  TMAFLOW_DEVICE void wait(debug::Site site = {nullptr, -1, 0}, uint32_t line = TMAFLOW_CALLER_LINE,
+                           const char* file = TMAFLOW_CALLER_FILE) {
     mbarrier::wait(bar, parity, site, line, file);
     parity ^= 1u;
   }

@@ -14,8 +14,8 @@ struct Barrier {
   TMAFLOW_DEVICE void arrive() const { mbarrier::arrive(bar); }
   // Announce the planned transaction bytes and arrive (the issuing thread, once a phase).
   TMAFLOW_DEVICE void arrive_expect_tx() const { mbarrier::arrive_expect_tx(bar, tx_bytes); }
-  TMAFLOW_DEVICE void wait(uint32_t parity, uint32_t line = __builtin_LINE(),
-                           const char* file = __builtin_FILE()) const {
+  TMAFLOW_DEVICE void wait(uint32_t parity, uint32_t line = TMAFLOW_CALLER_LINE,
+                           const char* file = TMAFLOW_CALLER_FILE) const {
     mbarrier::wait(bar, parity, debug::Site{name, -1, tx_bytes}, line, file);
   }
 };
@@ -53,15 +53,15 @@ struct Pipeline {
 
   // Producer: wait until the stage is free (first round passes at once), then announce
   // the stage's bytes and arrive; the copies complete on barrier(c).
-  TMAFLOW_DEVICE void producer_acquire(const Cursor& c, uint32_t line = __builtin_LINE(),
-                                       const char* file = __builtin_FILE()) const {
+  TMAFLOW_DEVICE void producer_acquire(const Cursor& c, uint32_t line = TMAFLOW_CALLER_LINE,
+                                       const char* file = TMAFLOW_CALLER_FILE) const {
     mbarrier::wait(empty + c.stage, c.phase ^ 1u, debug::Site{empty_name, int32_t(c.stage), 0}, line, file);
   }
   TMAFLOW_DEVICE uint64_t* barrier(const Cursor& c) const { return full + c.stage; }
   TMAFLOW_DEVICE void producer_commit(const Cursor& c) const { mbarrier::arrive_expect_tx(full + c.stage, tx_bytes); }
   // Consumer: wait for the stage's data, use it, release it.
-  TMAFLOW_DEVICE void consumer_wait(const Cursor& c, uint32_t line = __builtin_LINE(),
-                                    const char* file = __builtin_FILE()) const {
+  TMAFLOW_DEVICE void consumer_wait(const Cursor& c, uint32_t line = TMAFLOW_CALLER_LINE,
+                                    const char* file = TMAFLOW_CALLER_FILE) const {
     mbarrier::wait(full + c.stage, c.phase, debug::Site{full_name, int32_t(c.stage), tx_bytes}, line, file);
   }
   TMAFLOW_DEVICE void consumer_release(const Cursor& c) const {

@@ -9,6 +9,21 @@
 
 #define TMAFLOW_DEVICE __device__ __forceinline__
 
+// The caller's file:line as default arguments (for the watchdog's report). Older NVRTCs
+// (12.6) lack the builtins; the report then says so instead of naming a line.
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_LINE) && __has_builtin(__builtin_FILE)
+#define TMAFLOW_HAS_SOURCE_LOCATION 1
+#endif
+#endif
+#if defined(TMAFLOW_HAS_SOURCE_LOCATION)
+#define TMAFLOW_CALLER_LINE __builtin_LINE()
+#define TMAFLOW_CALLER_FILE __builtin_FILE()
+#else
+#define TMAFLOW_CALLER_LINE 0u
+#define TMAFLOW_CALLER_FILE "(file:line needs NVRTC with __builtin_LINE)"
+#endif
+
 namespace tmaflow {
 using cuda::std::int32_t;
 using cuda::std::int64_t;
