@@ -125,3 +125,14 @@ def test_float_sizes():
 def test_parameter_space_limit():
     with pytest.raises(tf.LaunchError, match=r"parameters take 32768 bytes, over the 32764-byte limit"):
         ArgPacker([Param(0, 0, 32768)])
+
+
+@pytest.mark.parametrize("value,msg", [(0, r"grid=0 must have 1-3 extents"), ("x", r"grid='x' must be an int"),
+                                       ((1, 2, 3, 4), r"grid=\(1, 2, 3, 4\) must have"),
+                                       ((1.5, "a"), r"grid=\(1.5, 'a'\) must be an int")])
+def test_launch_dims_messages(value, msg):
+    from tmaflow.kernel import _dims
+
+    with pytest.raises(tf.LaunchError, match=msg):
+        _dims("grid", value)
+    assert _dims("grid", (4, 2)) == (4, 2, 1) and _dims("grid", 7) == (7, 1, 1)

@@ -19,14 +19,17 @@ STATIC_SMEM_LIMIT = 48 * 1024
 
 
 def _dims(name: str, value) -> tuple[int, int, int]:
+    given = value
     if isinstance(value, int):
         value = (value,)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
     try:
         dims = tuple(int(v) for v in value)
-    except TypeError:
-        raise LaunchError(f"{name}={value!r} must be an int or a tuple of 1-3 ints") from None
+    except (TypeError, ValueError):
+        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints") from None
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
-        raise LaunchError(f"{name}={value!r} must have 1-3 extents, each >= 1")
+        raise LaunchError(f"{name}={given!r} must have 1-3 extents, each >= 1")
     return dims + (1,) * (3 - len(dims))
 
 
