@@ -48,10 +48,37 @@ class Program:
     extra: dict = field(default_factory=dict)
 
 
+# Header directories of the NVIDIA wheels, by the CUDA major version they belong to.
+_WHEEL_HEADERS = {13: {"cccl": "nvidia/cu13/include/cccl", "cudart": "nvidia/cu13/include"},
+                  12: {"cccl": "nvidia/cuda_cccl/include", "cudart": "nvidia/cuda_runtime/include"}}
+
+
+def _wheel_header_dirs() -> dict[str, str]:
+    """Headers from the wheels that match the NVRTC in use (CCCL must not be newer than it)."""
+    import sys
+
+    try:
+        major = nvrtc_version()[0]
+    except Exception:  # NVRTC missing: compilation will say so
+        return {}
+    found = {}
+    for lib, rel in _WHEEL_HEADERS.get(major, {}).items():
+        for base in sys.path:
+            path = Path(base) / rel
+            if path.is_dir():
+                found[lib] = str(path)
+                break
+    return found
+
+
 @functools.lru_cache(maxsize=1)
 def include_dirs() -> tuple[str, ...]:
-    """The shim (``<cuda.h>`` under NVRTC) first, tmaflow's headers, then CCCL and cudart."""
+    """The shim (``<cuda.h>`` under NVRTC) first, tmaflow's headers, then CCCL and cudart:
+    from the wheels matching NVRTC's version, else wherever cuda-pathfinder finds them."""
     dirs = [str(SHIM_DIR), str(KERNELS_DIR)]
+    wheels = _wheel_header_dirs()
+    if len(wheels) == 2:
+        return tuple(dirs + [wheels["cccl"], wheels["cudart"]])
     try:
         import cuda.pathfinder as pf
     except ImportError:

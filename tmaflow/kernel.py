@@ -59,13 +59,19 @@ class _Module:
         self.watch = watchdog.Watch(self.module, device) if kernel.debug else None
 
     def _param_table(self) -> list[Param]:
-        cu, params = driver.cu(), []
-        while True:
+        cu = driver.cu()
+        count = None
+        if hasattr(cu, "cuFuncGetParamCount"):  # CUDA 12.9+ drivers and bindings
+            err, n = cu.cuFuncGetParamCount(self.function)
+            count = int(n) if int(err) == 0 else None
+        params = []
+        while count is None or len(params) < count:
             err, offset, size = cu.cuFuncGetParamInfo(self.function, len(params))
-            if int(err) == int(cu.CUresult.CUDA_ERROR_INVALID_VALUE):
-                return params
+            if count is None and int(err) == int(cu.CUresult.CUDA_ERROR_INVALID_VALUE):
+                break  # probed one past the last parameter (older drivers)
             driver.check("cuFuncGetParamInfo", (err,))
             params.append(Param(len(params), int(offset), int(size)))
+        return params
 
     def ensure_smem(self, dynamic: int) -> None:
         total = dynamic + self.static_smem
