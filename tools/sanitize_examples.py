@@ -7,8 +7,9 @@ Outputs are pre-zeroed: initcheck does not count TMA (async-proxy) stores as ini
 global memory, so a TMA-written output copied to the host would be flagged otherwise.
 Exits non-zero if any result is wrong.
 """
-import sys
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
