@@ -61,9 +61,11 @@ class _Module:
     def _param_table(self) -> list[Param]:
         cu = driver.cu()
         count = None
-        if hasattr(cu, "cuFuncGetParamCount"):  # CUDA 12.9+ drivers and bindings
+        try:  # newer drivers; bindings expose it even where the driver lacks it (580 does)
             err, n = cu.cuFuncGetParamCount(self.function)
             count = int(n) if int(err) == 0 else None
+        except (AttributeError, RuntimeError):
+            count = None
         params = []
         while count is None or len(params) < count:
             err, offset, size = cu.cuFuncGetParamInfo(self.function, len(params))
