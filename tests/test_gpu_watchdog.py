@@ -57,7 +57,8 @@ def test_planted_bug_raises_deadlock(device, rng, bug, cluster, barrier, unified
     assert time.perf_counter() - t0 < 5.0
     stuck = {r["barrier"] for r in info.value.records}
     assert barrier in stuck and f"'{barrier}'" in str(info.value), str(info.value)
-    assert all(r["line"] > 0 and r["file"] for r in info.value.records)
+    # file:line of the wait, or (NVRTC without __builtin_LINE, e.g. 12.6) a note saying why not
+    assert all((r["line"] > 0 and r["file"]) or "needs NVRTC" in r["file"] for r in info.value.records)
     host, out = _run(_kernel(None, cluster, unified=unified), cluster, rng)  # same process
     _check(host, out)
 

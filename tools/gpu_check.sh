@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU tier plus the benchmarks, in one call on the device machine:
 #   bash tools/gpu_check.sh [pytest -k expression]
-# Env: SKIP_TESTS=1 / SKIP_BENCH=1, TEST_BUDGET / BENCH_BUDGET (seconds), BENCH_ARGS.
+# Env: SKIP_TESTS=1 / SKIP_DEMO=1 / SKIP_BENCH=1, TEST_BUDGET / BENCH_BUDGET (seconds),
+#      BENCH_ARGS, SANITIZE=1 (compute-sanitizer over the examples and seeds),
+#      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -28,10 +30,29 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_BUDGET:-200}" python3 -m tmaflow bench --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench exit $?"
 fi
+if [ -n "${SANITIZE:-}" ]; then
+  bash tools/sanitize.sh > "$OUT/sanitize.txt" 2>&1
+  echo "sanitize done"
+fi
+if [ -n "${CUDA12_WHEELS:-}" ]; then
+  # A venv of the base interpreter: none of the image's CUDA 13 wheels are visible in it.
+  # --target (not --prefix): pip must not touch the packages of the interpreter running it.
+  v12=/tmp/tmaflow-cu12
+  python3 -m venv --without-pip "$v12"
+  site=$("$v12/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$CUDA12_WHEELS"/*.whl
+  ( unset LD_LIBRARY_PATH; export CUDA_HOME=/nonexistent CUDA_PATH=/nonexistent TMAFLOW_CACHE_DIR=/tmp/tmaflow-cache12
+    "$v12/bin/python" -c "import cuda.bindings, tmaflow.compiler as c; from cuda.bindings import nvrtc; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])"
+    timeout "${TEST_BUDGET:-330}" "$v12/bin/python" -m pytest tests -m gpu -q -p no:cacheprovider -rfE \
+      > "$OUT/pytest_gpu_cuda12.log" 2>&1 )
+  echo "cuda12 pytest exit $?"
+fi
 echo "== failures =="
 [ -f "$OUT/pytest_gpu.log" ] && grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/pytest_gpu.log" | head -40
 echo "== summary =="
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 3 "$OUT/pytest_gpu.log"
+[ -f "$OUT/pytest_gpu_cuda12.log" ] && echo "CUDA 12: $(tail -n 1 "$OUT/pytest_gpu_cuda12.log")"
+[ -f "$OUT/sanitize.txt" ] && cat "$OUT/sanitize.txt"
 [ -f "$OUT/counts.json" ] && cat "$OUT/counts.json" && echo
 [ -f "$OUT/demo.log" ] && tail -n 14 "$OUT/demo.log"
 [ -f "$OUT/bench.log" ] && tail -n 30 "$OUT/bench.log"
