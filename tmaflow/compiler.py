@@ -6,7 +6,7 @@ import hashlib
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import cache, driver
@@ -45,7 +45,6 @@ class Program:
     cache_hit: str = ""           # "", "memory" or "disk"
     compile_seconds: float = 0.0
     key: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 # Header directories of the NVIDIA wheels, by the CUDA major version they belong to.

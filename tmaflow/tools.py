@@ -16,7 +16,7 @@ def find_tool(name: str) -> str | None:
         found = pf.find_nvidia_binary_utility(name)
         if found:
             return str(found)
-    except (ImportError, Exception):  # pathfinder raises its own not-found types
+    except Exception:  # not installed, or pathfinder's own not-found errors
         pass
     return shutil.which(name)
 

@@ -1,7 +1,6 @@
 """tmaflow's kernel sources (``*.cu``), its device headers and the example entry points."""
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -12,16 +11,7 @@ def source(name: str) -> str:
     return (HERE / f"{name}.cu").read_text()
 
 
-@functools.lru_cache(maxsize=None)
-def kernel(file: str, name: str, **kwargs):
-    """A cached ``tf.Kernel`` for kernel ``name`` of ``<file>.cu``."""
-    from ..kernel import Kernel
-
-    extra = {k: (dict(v) if k == "defines" else v) for k, v in kwargs.items()}
-    return Kernel(source(file), name, filename=f"{file}.cu", **extra)
-
-
-_EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb", "gemm")
+_EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb")
 
 
 def __getattr__(name):  # the example entry points are imported on first use
@@ -29,5 +19,4 @@ def __getattr__(name):  # the example entry points are imported on first use
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    module = importlib.import_module(f"{__name__}.{'gemm' if name == 'gemm' else 'examples'}")
-    return getattr(module, name)
+    return getattr(importlib.import_module(f"{__name__}.examples"), name)

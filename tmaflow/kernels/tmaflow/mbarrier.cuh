@@ -61,16 +61,17 @@ TMAFLOW_DEVICE bool try_wait_cluster(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-// Wait until the phase of `parity` completes. Debug builds bound the wait (watchdog);
-// release builds compile to the bare try_wait loop. The trailing arguments only feed the
-// watchdog's report.
-TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
-                         uint32_t line = TMAFLOW_CALLER_LINE, const char* file = TMAFLOW_CALLER_FILE) {
+// Wait until the phase of `parity` completes (Cluster: also acquire remote CTAs' releases).
+// Debug builds bound the wait (watchdog); release builds compile to the bare try_wait loop.
+// The trailing arguments only feed the watchdog's report.
+template <bool Cluster>
+TMAFLOW_DEVICE void wait_on(uint64_t* bar, uint32_t parity, debug::Site site, uint32_t line, const char* file) {
+  auto done = [&] { return Cluster ? try_wait_cluster(bar, parity) : try_wait(bar, parity); };
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
-  if (try_wait(bar, parity)) return;
+  if (done()) return;
   uint64_t start = debug::globaltimer();
   for (uint32_t spin = 0;; ++spin) {
-    if (try_wait(bar, parity)) return;
+    if (done()) return;
     if ((spin & 63) == 0) {
       uint64_t waited = debug::globaltimer() - start;
       if (waited > TMAFLOW_WATCHDOG_NS || tmaflow_watchdog_state.abort) {
@@ -82,28 +83,16 @@ TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nul
   }
 #else
   (void)site; (void)line; (void)file;
-  while (!try_wait(bar, parity)) {}
+  while (!done()) {}
 #endif
+}
+TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
+                         uint32_t line = TMAFLOW_CALLER_LINE, const char* file = TMAFLOW_CALLER_FILE) {
+  wait_on<false>(bar, parity, site, line, file);
 }
 TMAFLOW_DEVICE void wait_cluster(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
                                  uint32_t line = TMAFLOW_CALLER_LINE, const char* file = TMAFLOW_CALLER_FILE) {
-#if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
-  if (try_wait_cluster(bar, parity)) return;
-  uint64_t start = debug::globaltimer();
-  for (uint32_t spin = 0;; ++spin) {
-    if (try_wait_cluster(bar, parity)) return;
-    if ((spin & 63) == 0) {
-      uint64_t waited = debug::globaltimer() - start;
-      if (waited > TMAFLOW_WATCHDOG_NS || tmaflow_watchdog_state.abort) {
-        if (waited > TMAFLOW_WATCHDOG_NS / 2) debug::report(smem_u32(bar), parity, site, line, file, waited);
-        return;
-      }
-    }
-  }
-#else
-  (void)site; (void)line; (void)file;
-  while (!try_wait_cluster(bar, parity)) {}
-#endif
+  wait_on<true>(bar, parity, site, line, file);
 }
 
 // A barrier plus the parity of the phase its user waits for next.
