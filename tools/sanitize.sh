@@ -11,7 +11,7 @@ for set in examples seeds; do
   python3 tools/sanitize_examples.py $flag > /dev/null 2>&1  # warm the compile cache outside the tools
   for tool in memcheck racecheck synccheck initcheck; do
     log="$OUT/sanitize_${set}_$tool.log"
-    timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 tools/sanitize_examples.py $flag \
+    timeout "${SANITIZE_TOOL_BUDGET:-200}" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 tools/sanitize_examples.py $flag \
       > "$log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1)
