@@ -9,15 +9,15 @@ from tmaflow.testing import assert_close, poison
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("flatten,evict_first", [(True, False), (False, True)])
+@pytest.mark.parametrize("flatten,evict_first,stores", [(True, False, 1), (False, True, 2)])
 @pytest.mark.parametrize("dtype,shape", [("float32", (1000, 1000)), ("float32", (333, 264)),
                                          ("bfloat16", (517, 1032)), ("float16", (64, 4096))])
-def test_tile_copy(device, rng, dtype, shape, flatten, evict_first):
+def test_tile_copy(device, rng, dtype, shape, flatten, evict_first, stores):
     bits = rng.integers(0, 2**16, size=shape, dtype=np.uint16)
     host = bits if dtype != "float32" else rng.standard_normal(shape).astype(np.float32)
     src = tf.from_numpy(host, dtype=dtype)
     dst = poison(tf.empty(shape, dtype))
-    kernels.copy(src, dst, flatten=flatten, evict_first=evict_first)
+    kernels.copy(src, dst, flatten=flatten, evict_first=evict_first, stores=stores, stages=4)
     np.testing.assert_array_equal(dst.numpy().view(np.uint8), host.view(np.uint8))
 
 

@@ -136,3 +136,32 @@ def test_launch_dims_messages(value, msg):
     with pytest.raises(tf.LaunchError, match=msg):
         _dims("grid", value)
     assert _dims("grid", (4, 2)) == (4, 2, 1) and _dims("grid", 7) == (7, 1, 1)
+
+
+def _fake_launcher(params):
+    """A Launcher whose driver call is recorded instead of made."""
+    from tmaflow.kernel import Launcher, _never
+
+    launcher = object.__new__(Launcher)
+    launcher.packer = ArgPacker(params)
+    launcher._pack, launcher._watch, launcher._fast = launcher.packer.pack, None, _never
+    launcher.config = launcher._function = None
+    launcher.calls = []
+    launcher._launch = lambda cfg, fn, kp, extra: (launcher.calls.append(read(launcher.packer)), (0,))[1]
+    return launcher
+
+
+def test_generated_launch_path():
+    run = _fake_launcher([Param(0, 0, 8), Param(1, 8, 4)])
+    arr = DeviceArray(0x5000, (4,), "float32")
+    run(arr, 7)
+    run(arr, 8)  # generated path
+    assert run._fast.__name__ == "fast" and len(run.calls) == 2
+    assert struct.unpack("<Qi", run.calls[1][:12]) == (0x5000, 8)
+    run(arr, 2**32 - 1)  # needs the unsigned range: falls back to the checked path
+    assert struct.unpack_from("<I", run.calls[2], 8)[0] == 2**32 - 1
+    with pytest.raises(tf.LaunchError, match=r"argument 1: numpy.float64"):
+        run(arr, np.float64(1))
+    with pytest.raises(tf.LaunchError, match=r"takes 2 arguments"):
+        run(arr)
+    assert len(run.calls) == 3

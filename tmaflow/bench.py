@@ -80,18 +80,21 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         src, dst = _random_device(shape, dtype), empty(shape, dtype)
         best = None
         rows_32k = 32 * 4 // item  # rows of a 32 KB box
-        for box, stages, per_sm, l2 in (((rows_32k, 256), 6, 1, "none"),
-                                        ((2 * rows_32k, 256), 3, 1, "none"),
-                                        ((rows_32k, 256), 3, 2, "none"),
-                                        ((2 * rows_32k, 256), 3, 1, "256B"),
-                                        ((rows_32k, 256), 3, 2, "256B")):
+        for box, stages, per_sm, l2, stores in (((rows_32k, 256), 6, 1, "none", 1),
+                                                ((rows_32k, 256), 6, 1, "none", 2),
+                                                ((rows_32k, 256), 6, 1, "none", 3),
+                                                ((2 * rows_32k, 256), 3, 1, "none", 1),
+                                                ((2 * rows_32k, 256), 3, 1, "none", 2),
+                                                ((rows_32k, 256), 3, 2, "none", 1),
+                                                ((2 * rows_32k, 256), 3, 1, "256B", 1)):
             for flatten, evict in ((False, False), (True, False), (False, True), (True, True)):
                 launcher, args, _ = ex.copy(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
                                             l2_promotion=l2, flatten=flatten, evict_first=evict,
-                                            launch=False)
+                                            stores=stores, launch=False)
                 t = timer.time(lambda: launcher(*args), repeats)
                 if best is None or t < best[0]:
-                    best = (t, f"box {box} x {stages} stages, {per_sm} CTA/SM, L2 promotion {l2}"
+                    best = (t, f"box {box} x {stages} stages, {stores} store(s) in flight, "
+                               f"{per_sm} CTA/SM, L2 promotion {l2}"
                                f"{', flattened' if flatten else ''}{', evict-first' if evict else ''}")
         step = max(1, n // 64)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 import threading
 from pathlib import Path
 
@@ -43,7 +44,7 @@ class _Module:
         prog = kernel.program
         self.module = driver.call("cuModuleLoadData", prog.cubin)
         self.function = driver.call("cuModuleGetFunction", self.module, prog.lowered_name.encode())
-        self.params = self._param_table()
+        self.params = self._param_table(compiler.ptx_param_count(prog.ptx, prog.lowered_name))
         cu = driver.cu()
         fa = cu.CUfunction_attribute
         self.static_smem = driver.call("cuFuncGetAttribute", fa.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
@@ -58,14 +59,10 @@ class _Module:
         self.non_portable = False
         self.watch = watchdog.Watch(self.module, device) if kernel.debug else None
 
-    def _param_table(self) -> list[Param]:
+    def _param_table(self, count: int | None) -> list[Param]:
+        """Offsets and sizes from cuFuncGetParamInfo; the count from the entry's PTX signature
+        (probing one past the end would be an API error that compute-sanitizer reports)."""
         cu = driver.cu()
-        count = None
-        try:  # newer drivers; bindings expose it even where the driver lacks it (580 does)
-            err, n = cu.cuFuncGetParamCount(self.function)
-            count = int(n) if int(err) == 0 else None
-        except (AttributeError, RuntimeError):
-            count = None
         params = []
         while count is None or len(params) < count:
             err, offset, size = cu.cuFuncGetParamInfo(self.function, len(params))
@@ -92,6 +89,10 @@ class _Module:
             attr = driver.cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
             driver.call("cuFuncSetAttribute", self.function, attr, 1)
             self.non_portable = True
+
+
+def _never(args) -> bool:
+    return False
 
 
 class Launcher:
@@ -126,6 +127,7 @@ class Launcher:
         self._function = module.function
         self._pack = self.packer.pack
         self._watch = module.watch
+        self._fast = _never  # generated for the first argument types seen (see ArgPacker)
         if cluster != (1, 1, 1):
             self._check_cluster_fits()
 
@@ -139,17 +141,28 @@ class Launcher:
                 "use a smaller cluster, fewer threads or less shared memory")
 
     def __call__(self, *args) -> None:
+        try:
+            if self._fast(args):  # same argument types, nothing freed since: pack and launch
+                return
+        except (struct.error, OverflowError, ValueError):
+            pass  # a value the fast packer cannot take: the checked path explains or packs it
         kp = self._pack(args)
+        if self._watch is None and self.packer.fast is not None:
+            self._fast = self.packer.fast_launch(self._launch, self.config, self._function,
+                                                 self._raise)
         watch = self._watch
         if watch is not None:
             watch.arm()
         (err,) = self._launch(self.config, self._function, kp, 0)
         if err:
-            raise CudaError("cuLaunchKernelEx", int(err), driver._error_name(err),
-                            f"{self.kernel.name} grid={self.grid} block={self.block} "
-                            f"cluster={self.cluster} smem={self.smem}")
+            self._raise(err)
         if watch is not None:
             watch.check(self.stream, self.kernel)
+
+    def _raise(self, err) -> None:
+        raise CudaError("cuLaunchKernelEx", int(err), driver._error_name(err),
+                        f"{self.kernel.name} grid={self.grid} block={self.block} "
+                        f"cluster={self.cluster} smem={self.smem}")
 
     def __repr__(self) -> str:
         return (f"Launcher({self.kernel.name}, grid={self.grid}, block={self.block}, "

@@ -136,6 +136,7 @@ class ArgPacker:
         self._ptrs = (ctypes.c_void_p * max(len(self.params), 1))(
             *[base + p.offset for p in self.params])
         self.kernel_params = ctypes.addressof(self._ptrs) if self.params else 0
+        self.fast = None          # (source lines, scope) of the packer for the last argument types
         self._fast = None
         self._epoch = -1
 
@@ -158,12 +159,31 @@ class ArgPacker:
         for p, a in zip(self.params, args):
             data = convert(p, a)
             ctypes.memmove(ctypes.addressof(self.buffer) + p.offset, data, p.size)
-        self._fast = self._generate(args)
+        self.fast = self._generate(args)
+        self._fast = self._compile(self.fast, "return True") if self.fast else None
         self._epoch = free_epoch[0]
         return self.kernel_params
 
+    def fast_launch(self, launch, config, function, on_error):
+        """The packer for the current argument types, extended to launch as well: one Python
+        call per launch on the hot path."""
+        lines, scope = self.fast
+        scope = dict(scope, launch=launch, config=config, function=function, kp=self.kernel_params,
+                     on_error=on_error, free_epoch=free_epoch, EPOCH=self._epoch)
+        guard = ["if free_epoch[0] != EPOCH: return False"]  # something was freed: re-check all
+        return self._compile((guard + lines, scope), "(err,) = launch(config, function, kp, 0)\n"
+                                                     "    if err: on_error(err)\n    return True")
+
+    @staticmethod
+    def _compile(fast, tail: str):
+        lines, scope = fast
+        scope = dict(scope)
+        exec("def fast(args):\n" + "".join(f"    {ln}\n" for ln in lines) + f"    {tail}\n", scope)  # noqa: S102
+        return scope["fast"]
+
     def _generate(self, args: tuple):
-        """Source of a packer for exactly these argument types, or None (always checked)."""
+        """(body lines, scope) of a packer for exactly these argument types, or None when some
+        argument kind always takes the checked path. Generated from the parameter table only."""
         from .memory import DeviceArray
         from .tensormap import TensorMap
 
@@ -193,13 +213,12 @@ class ArgPacker:
             pos = p.offset + p.size
         n = len(args)
         names = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
-        src = (f"def fast(args):\n"
-               f"    if len(args) != {n}: return False\n"
-               + (f"    {names} = args\n" if n else "")
-               + (f"    if not ({' and '.join(checks)}): return False\n" if checks else "")
-               + f"    pack_into(buf, 0{''.join(', ' + v for v in values)})\n"
-               f"    return True\n")
+        lines = [f"if len(args) != {n}: return False"]
+        if n:
+            lines.append(f"{names} = args")
+        if checks:
+            lines.append(f"if not ({' and '.join(checks)}): return False")
+        lines.append(f"pack_into(buf, 0{''.join(', ' + v for v in values)})")
         scope = {"TensorMap": TensorMap, "DeviceArray": DeviceArray,
                  "pack_into": struct.Struct("".join(fmt)).pack_into, "buf": self.buffer}
-        exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
-        return scope["fast"]
+        return lines, scope

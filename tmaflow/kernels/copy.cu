@@ -13,7 +13,11 @@ namespace L = tmaflow_layout;
 #endif
 
 // Persistent multi-stage tile copy: TMA load -> TMA store from the same stage. One thread
-// drives it; a stage is refilled once the store that read it has finished reading.
+// drives it; a stage is refilled once the store that read it has finished reading, with up
+// to STORES stores left in flight (the rest of the stages hold loads).
+#ifndef STORES
+#define STORES 1
+#endif
 extern "C" __global__ void __launch_bounds__(32, 1)
 tile_copy(const __grid_constant__ CUtensorMap src, const __grid_constant__ CUtensorMap dst,
           int tiles_x, int tiles_y) {
@@ -49,9 +53,9 @@ tile_copy(const __grid_constant__ CUtensorMap src, const __grid_constant__ CUten
     tma::store(&dst, S.tiles_tile0(s), (t % tiles_x) * BOX_X, (t / tiles_x) * BOX_Y);
 #endif
     tma::commit_group();
-    if (i >= 1 && i - 1 + stages < count) {
-      tma::wait_group_read<1>();  // the store of tile i-1 has read its stage
-      issue_load(i - 1 + stages);
+    if (i >= STORES && i - STORES + stages < count) {
+      tma::wait_group_read<STORES>();  // the store of tile i - STORES has read its stage
+      issue_load(i - STORES + stages);
     }
   }
   tma::wait_group<0>();

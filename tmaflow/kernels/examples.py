@@ -60,7 +60,7 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
 
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
          l2_promotion: str = "none", flatten: bool = True, evict_first: bool = False,
-         stream=None, launch: bool = True):
+         stores: int = 1, stream=None, launch: bool = True):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
 
     With ``flatten`` (default) two contiguous arrays are tiled as (size / 256, 256) views, so
@@ -76,6 +76,9 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     spec, layout, defines = copy_plan(a.dtype, a.shape, box, stages)
     if evict_first:
         defines["EVICT_FIRST"] = 1
+    if not 1 <= stores < layout.items[0].stages:
+        raise TmaflowError(f"copy: stores={stores} must be in [1, stages - 1]")
+    defines["STORES"] = stores
     box = spec.box
     k = get_kernel("tile_copy", layout, defines)
     ts = TensorMap.tiled(a, box, l2_promotion=l2_promotion)
