@@ -140,11 +140,11 @@ def test_launch_dims_messages(value, msg):
 
 def _fake_launcher(params):
     """A Launcher whose driver call is recorded instead of made."""
-    from tmaflow.kernel import Launcher, _never
+    from tmaflow.kernel import Launcher
 
     launcher = object.__new__(Launcher)
     launcher.packer = ArgPacker(params)
-    launcher._pack, launcher._watch, launcher._fast = launcher.packer.pack, None, _never
+    launcher._pack, launcher._watch = launcher.packer.pack, None
     launcher.config = launcher._function = None
     launcher.calls = []
     launcher._launch = lambda cfg, fn, kp, extra: (launcher.calls.append(read(launcher.packer)), (0,))[1]
@@ -156,7 +156,7 @@ def test_generated_launch_path():
     arr = DeviceArray(0x5000, (4,), "float32")
     run(arr, 7)
     run(arr, 8)  # generated path
-    assert run._fast.__name__ == "fast" and len(run.calls) == 2
+    assert type(run).__call__.__qualname__ == "__call__" and len(run.calls) == 2
     assert struct.unpack("<Qi", run.calls[1][:12]) == (0x5000, 8)
     run(arr, 2**32 - 1)  # needs the unsigned range: falls back to the checked path
     assert struct.unpack_from("<I", run.calls[2], 8)[0] == 2**32 - 1
@@ -165,3 +165,7 @@ def test_generated_launch_path():
     with pytest.raises(tf.LaunchError, match=r"takes 2 arguments"):
         run(arr)
     assert len(run.calls) == 3
+    free_epoch[0] += 1  # something was freed: the next call is checked again, then fast again
+    run(arr, 9)
+    run(arr, 10)
+    assert struct.unpack_from("<i", run.calls[-1], 8)[0] == 10 and len(run.calls) == 5

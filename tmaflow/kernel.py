@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import re
-import struct
 import threading
 from pathlib import Path
 
@@ -91,10 +90,6 @@ class _Module:
             self.non_portable = True
 
 
-def _never(args) -> bool:
-    return False
-
-
 class Launcher:
     """A kernel with its launch configuration fixed: ``launcher(*args)`` packs and launches.
 
@@ -127,7 +122,8 @@ class Launcher:
         self._function = module.function
         self._pack = self.packer.pack
         self._watch = module.watch
-        self._fast = _never  # generated for the first argument types seen (see ArgPacker)
+        # After the first checked call this instance's class becomes a subclass whose
+        # __call__ is generated for the argument types seen (ArgPacker.fast_call).
         if cluster != (1, 1, 1):
             self._check_cluster_fits()
 
@@ -141,15 +137,17 @@ class Launcher:
                 "use a smaller cluster, fewer threads or less shared memory")
 
     def __call__(self, *args) -> None:
-        try:
-            if self._fast(args):  # same argument types, nothing freed since: pack and launch
-                return
-        except (struct.error, OverflowError, ValueError):
-            pass  # a value the fast packer cannot take: the checked path explains or packs it
+        self._checked(args)
+
+    def _checked(self, args: tuple) -> None:
+        """Every argument checked against the parameter table, then the launch."""
         kp = self._pack(args)
-        if self._watch is None and self.packer.fast is not None:
-            self._fast = self.packer.fast_launch(self._launch, self.config, self._function,
-                                                 self._raise)
+        if self._watch is None:
+            if self.packer.fast is not None:
+                fast = self.packer.fast_call(self._launch, self.config, self._function, self._raise)
+                self.__class__ = type("Launcher", (Launcher,), {"__call__": fast})
+            elif type(self) is not Launcher:
+                self.__class__ = Launcher  # argument kinds that always take the checked path
         watch = self._watch
         if watch is not None:
             watch.arm()

@@ -164,15 +164,24 @@ class ArgPacker:
         self._epoch = free_epoch[0]
         return self.kernel_params
 
-    def fast_launch(self, launch, config, function, on_error):
-        """The packer for the current argument types, extended to launch as well: one Python
-        call per launch on the hot path."""
+    def fast_call(self, launch, config, function, on_error):
+        """A ``__call__(self, *args)`` for the current argument types that packs and launches
+        in one Python frame; anything unexpected goes to ``self._checked(args)``."""
         lines, scope = self.fast
         scope = dict(scope, launch=launch, config=config, function=function, kp=self.kernel_params,
-                     on_error=on_error, free_epoch=free_epoch, EPOCH=self._epoch)
-        guard = ["if free_epoch[0] != EPOCH: return False"]  # something was freed: re-check all
-        return self._compile((guard + lines, scope), "(err,) = launch(config, function, kp, 0)\n"
-                                                     "    if err: on_error(err)\n    return True")
+                     on_error=on_error, free_epoch=free_epoch, EPOCH=self._epoch, struct=struct)
+        body = [ln.replace("return False", "return self._checked(args)") for ln in lines]
+        src = ("def __call__(self, *args):\n"
+               "    if free_epoch[0] != EPOCH: return self._checked(args)\n"  # something was freed
+               + "".join(f"    {ln}\n" for ln in body[:-1])
+               + "    try:\n"
+               + f"        {body[-1]}\n"
+               + "    except (struct.error, OverflowError, ValueError):\n"
+               + "        return self._checked(args)\n"
+               + "    (err,) = launch(config, function, kp, 0)\n"
+               + "    if err: on_error(err)\n")
+        exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
+        return scope["__call__"]
 
     @staticmethod
     def _compile(fast, tail: str):
