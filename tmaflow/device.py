@@ -95,6 +95,12 @@ def current_device() -> Device:
     return dev.activate()
 
 
+def current_ordinal() -> int:
+    """The ordinal current_device() would return, without touching the driver."""
+    dev = getattr(_thread, "device", None)
+    return 0 if dev is None else dev.ordinal
+
+
 def set_device(ordinal: int) -> Device:
     _thread.device = Device(ordinal)
     return _thread.device.activate()

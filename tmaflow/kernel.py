@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from . import compiler, driver, watchdog
-from .device import Device, current_device, stream_handle
+from .device import Device, current_device, current_ordinal, stream_handle
 from .errors import CudaError, LaunchError, TmaflowError
 from .params import ArgPacker, Param
 
@@ -309,7 +309,8 @@ class Kernel:
     def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
                stream=None) -> None:
         """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
-        key = (grid, block, cluster, smem, stream if stream is None else stream_handle(stream))
+        key = (grid, block, cluster, smem, stream if stream is None else stream_handle(stream),
+               current_ordinal())  # a launcher belongs to one device's module
         cache = self._local.__dict__
         launcher = cache.get(key)
         if launcher is None or launcher.generation != launcher.module.device.generation:
