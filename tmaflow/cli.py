@@ -91,6 +91,12 @@ def swizzle(args) -> int:
         chunk = (pos2 % spec.row_pitch) // 16
         fig, ax = plt.subplots(figsize=(max(4, cols / 8), max(3, rows / 4)))
         ax.imshow(chunk, cmap="tab10", aspect="auto")
+        per = max(1, 16 // E)
+        if cols // per <= 32 and rows <= 32:
+            for r in range(chunk.shape[0]):
+                for c in range(0, cols, per):
+                    ax.text(c + (per - 1) / 2, r, str(int(chunk[r, c])), ha="center", va="center",
+                            fontsize=8, color="white")
         ax.set_xlabel("element column")
         ax.set_ylabel("box row")
         ax.set_title(f"{spec.dtype.name} box {box}, swizzle {spec.swizzle}: 16-byte chunk in smem row")
