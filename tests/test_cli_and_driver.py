@@ -64,3 +64,10 @@ def test_swizzle_png(tmp_path):
     out = run("swizzle", "--dtype", "float32", "--box", "16x32", "--png", str(png))
     assert out.returncode == 0, out.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_reports_tmaflow_errors_without_traceback():
+    out = run("swizzle", "--dtype", "float32", "--box", "8x64", "--swizzle", "128B")
+    assert out.returncode == 1
+    assert out.stderr.startswith("tmaflow: box[1]=64 x 4 B = 256 B exceeds the 128B swizzle span")
+    assert "Traceback" not in out.stderr

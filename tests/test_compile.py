@@ -236,3 +236,19 @@ def test_all_example_and_seed_kernels_compile():
                  "with_specialized_staging_unified<2>", "add_one_kernel", "kernel", "kernel_ptx",
                  "dsmem_kernel", "tma_multicast_kernel"]:
         assert tf.Kernel(source("seeds"), name, filename="seeds.cu").cubin[:4] == b"\x7fELF"
+
+
+def test_missing_nvrtc_says_how_to_install(monkeypatch):
+    from tmaflow import compiler, driver
+
+    class NoNVRTC:
+        def nvrtcVersion(self):
+            raise OSError('Failure finding "libnvrtc.so.13 or libnvrtc.so.12"')
+
+    monkeypatch.setattr(driver, "nvrtc", lambda: NoNVRTC())
+    compiler.nvrtc_version.cache_clear()
+    try:
+        with pytest.raises(tf.TmaflowError, match=r"NVRTC could not be loaded .* pip install 'tmaflow\[cu13\]'"):
+            tf.Kernel("__global__ void k() {}", "k").cubin
+    finally:
+        compiler.nvrtc_version.cache_clear()

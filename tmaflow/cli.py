@@ -130,9 +130,15 @@ def main(argv=None) -> int:
     s.add_argument("--swizzle", default="128B", choices=["none", "32B", "64B", "128B"])
     s.add_argument("--png", help="also draw it to this PNG (needs matplotlib)")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        from .bench import main as bench_main
+    from .errors import TmaflowError
 
-        return bench_main(argv[1:])
-    args = p.parse_args(argv)
-    return {"demo": demo, "cache": cache_cmd, "swizzle": swizzle}[args.cmd](args)
+    try:
+        if argv and argv[0] == "bench":
+            from .bench import main as bench_main
+
+            return bench_main(argv[1:])
+        args = p.parse_args(argv)
+        return {"demo": demo, "cache": cache_cmd, "swizzle": swizzle}[args.cmd](args)
+    except TmaflowError as exc:  # a user-facing problem: its message, not a traceback
+        print(f"tmaflow: {exc}", file=sys.stderr)
+        return 1

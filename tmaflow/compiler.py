@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cache, driver
-from .errors import CompileError, CudaError
+from .errors import CompileError, CudaError, TmaflowError
 
 log = logging.getLogger("tmaflow.compiler")
 
@@ -105,7 +105,13 @@ def include_dirs() -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1)
 def nvrtc_version() -> tuple[int, int]:
-    return tuple(driver.check("nvrtcVersion", driver.nvrtc().nvrtcVersion()))
+    try:
+        result = driver.nvrtc().nvrtcVersion()  # the first NVRTC call loads the library
+    except Exception as exc:  # ImportError, or cuda-pathfinder's not-found error
+        raise TmaflowError(
+            f"NVRTC could not be loaded ({exc}). Install a CUDA stack: "
+            "pip install 'tmaflow[cu13]' (or 'tmaflow[cu12]' for CUDA 12 drivers)") from None
+    return tuple(driver.check("nvrtcVersion", result))
 
 
 @functools.lru_cache(maxsize=1)

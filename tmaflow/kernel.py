@@ -103,6 +103,7 @@ class Launcher:
         self.generation = module.generation
         self.grid, self.block, self.cluster, self.smem = grid, block, cluster, smem
         self.stream = stream_handle(stream)
+        self._stream_owner = stream  # keeps a tf.Stream (or torch/cupy stream) alive
         self.packer = ArgPacker(module.params)
         cfg = cu.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
