@@ -252,3 +252,13 @@ def test_missing_nvrtc_says_how_to_install(monkeypatch):
             tf.Kernel("__global__ void k() {}", "k").cubin
     finally:
         compiler.nvrtc_version.cache_clear()
+
+
+def test_gemm_compiles_to_hgmma_and_multicast_without_spills():
+    from tmaflow.kernels.examples import get_kernel
+    from tmaflow.kernels.gemm import gemm_plan
+
+    k = get_kernel("gemm_nt", gemm_plan(4096, 4096, 4096)[3], file="gemm")
+    sass = disassemble(k.cubin)
+    assert "HGMMA.64x128x16.F32.BF16" in sass and "UTMALDG.2D.MULTICAST" in sass and "UTMASTG.2D" in sass
+    assert k.resources.spills == 0

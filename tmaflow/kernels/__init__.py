@@ -11,7 +11,7 @@ def source(name: str) -> str:
     return (HERE / f"{name}.cu").read_text()
 
 
-_EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb")
+_EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb", "gemm")
 
 
 def __getattr__(name):  # the example entry points are imported on first use
@@ -19,4 +19,5 @@ def __getattr__(name):  # the example entry points are imported on first use
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(f"{__name__}.examples"), name)
+    module = "gemm" if name == "gemm" else "examples"
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -11,3 +11,4 @@
 #include "tmaflow/cp_async.cuh"
 #include "tmaflow/cluster.cuh"
 #include "tmaflow/pipeline.cuh"
+#include "tmaflow/wgmma.cuh"
