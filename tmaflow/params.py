@@ -120,10 +120,10 @@ def _bad(where, arg, size):
 class ArgPacker:
     """Packs argument tuples for one kernel into a reusable buffer addressed by a void**.
 
-    The first call checks every argument (``convert``) and generates a packer specialised to
-    that tuple of argument types: one type test per argument and a single
-    ``struct.pack_into``. Later calls with the same types take it while no tmaflow memory
-    has been freed since (``memory.free_epoch``); anything else takes the checked path.
+    ``pack`` checks every argument (``convert``) and records the packing for that tuple of
+    argument types; ``fast_call`` turns it into a launcher ``__call__`` with one type test
+    per argument and a single ``struct.pack_into``, valid while no tmaflow memory has been
+    freed (``memory.free_epoch``). Anything else takes the checked path.
     """
 
     def __init__(self, params: list[Param]):
@@ -137,7 +137,6 @@ class ArgPacker:
             *[base + p.offset for p in self.params])
         self.kernel_params = ctypes.addressof(self._ptrs) if self.params else 0
         self.fast = None          # (source lines, scope) of the packer for the last argument types
-        self._fast = None
         self._epoch = -1
 
     def check_count(self, args: tuple) -> None:
@@ -147,20 +146,12 @@ class ArgPacker:
                               f"{len(args)} were given")
 
     def pack(self, args: tuple) -> int:
-        """Write ``args`` into the buffer; return the ``kernelParams`` pointer."""
-        fast = self._fast
-        if fast is not None and self._epoch == free_epoch[0]:
-            try:
-                if fast(args):
-                    return self.kernel_params
-            except (struct.error, OverflowError, ValueError):
-                pass  # e.g. a value needing the unsigned range: the checked path decides
+        """Check ``args``, write them into the buffer; return the ``kernelParams`` pointer."""
         self.check_count(args)
         for p, a in zip(self.params, args):
             data = convert(p, a)
             ctypes.memmove(ctypes.addressof(self.buffer) + p.offset, data, p.size)
         self.fast = self._generate(args)
-        self._fast = self._compile(self.fast, "return True") if self.fast else None
         self._epoch = free_epoch[0]
         return self.kernel_params
 
@@ -182,13 +173,6 @@ class ArgPacker:
                + "    if err: on_error(err)\n")
         exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
         return scope["__call__"]
-
-    @staticmethod
-    def _compile(fast, tail: str):
-        lines, scope = fast
-        scope = dict(scope)
-        exec("def fast(args):\n" + "".join(f"    {ln}\n" for ln in lines) + f"    {tail}\n", scope)  # noqa: S102
-        return scope["fast"]
 
     def _generate(self, args: tuple):
         """(body lines, scope) of a packer for exactly these argument types, or None when some

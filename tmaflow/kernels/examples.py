@@ -1,6 +1,7 @@
 """Python entry points of the example kernels. Each accepts tmaflow, torch or cupy arrays."""
 from __future__ import annotations
 
+import functools
 import math
 
 from ..device import current_device
@@ -48,6 +49,7 @@ def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
 
 
 # --- tile copy ------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def copy_plan(dtype, shape, box=None, stages: int | None = None):
     """(spec, layout, defines) of the persistent tile copy for a 2-D ``shape``."""
     itemsize = TensorMapSpec.tiled(dtype, (1, 16), (1, 16)).dtype.itemsize
@@ -73,7 +75,8 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     width = box[1] if box is not None else 256
     if flatten and a.is_contiguous and out.is_contiguous and a.size % width == 0:
         a, out = a.reshape(-1, width), out.reshape(-1, width)
-    spec, layout, defines = copy_plan(a.dtype, a.shape, box, stages)
+    spec, layout, defines = copy_plan(a.dtype, a.shape, tuple(box) if box else None, stages)
+    defines = dict(defines)  # the cached plan's dict stays untouched
     if evict_first:
         defines["EVICT_FIRST"] = 1
     if not 1 <= stores < layout.items[0].stages:
@@ -93,6 +96,7 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
 
 
 # --- transpose ------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def transpose_plan(shape, stages: int = 4):
     spec_in = TensorMapSpec.tiled("float32", shape, (128, 32), swizzle="128B")
     spec_out = TensorMapSpec.tiled("float32", shape[::-1], (32, 32), swizzle="128B")
@@ -121,6 +125,7 @@ def transpose(a, out=None, *, stream=None, launch: bool = True):
 
 
 # --- softmax --------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def softmax_plan(shape, rows: int = 4, stages: int = 3):
     """A stage holds ``rows`` rows as n_box boxes of (rows, 256) placed back to back, which
     is planned as one (rows * n_box, 256) tile: same bytes, same transaction count."""
@@ -174,6 +179,7 @@ def reduce_add(parts, out, *, box=(32, 64), stream=None):
 
 
 # --- multicast broadcast ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32):
     w_spec = TensorMapSpec.tiled("float32", (k_tiles * wrows, 256), (wrows, 256))
     x_spec = TensorMapSpec.tiled("float32", (32, 256), (32, 256))

@@ -2,6 +2,7 @@
 not yet run on a GPU: verify with tests/test_gpu_gemm.py before relying on it."""
 from __future__ import annotations
 
+import functools
 import math
 
 from ..device import current_device
@@ -14,6 +15,7 @@ from .examples import get_kernel
 BM, BN, BK = 128, 128, 64
 
 
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def gemm_plan(m: int, n: int, k: int, stages: int = 5):
     """Specs and shared-memory layout of the "nt" kernel for an (m x k) @ (n x k)^T product."""
     spec_a = TensorMapSpec.tiled("bfloat16", (m, k), (BM, BK), swizzle="128B")
