@@ -254,11 +254,16 @@ def test_missing_nvrtc_says_how_to_install(monkeypatch):
         compiler.nvrtc_version.cache_clear()
 
 
-def test_gemm_compiles_to_hgmma_and_multicast_without_spills():
+@pytest.mark.parametrize("layout,bn,cluster_m", [("nt", 256, 2), ("nt", 128, 2), ("nn", 256, 2),
+                                                  ("nn", 128, 1), ("nt", 128, 1)])
+def test_gemm_compiles_to_hgmma_and_multicast_without_spills(layout, bn, cluster_m):
     from tmaflow.kernels.examples import get_kernel
-    from tmaflow.kernels.gemm import gemm_plan
+    from tmaflow.kernels.matmul import GemmConfig, gemm_plan
 
-    k = get_kernel("gemm_nt", gemm_plan(4096, 4096, 4096)[3], file="gemm")
+    plan = gemm_plan(4096, 4096, 4096, layout, GemmConfig(bn=bn, cluster_m=cluster_m))
+    k = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
     sass = disassemble(k.cubin)
-    assert "HGMMA.64x128x16.F32.BF16" in sass and "UTMALDG.2D.MULTICAST" in sass and "UTMASTG.2D" in sass
-    assert k.resources.spills == 0
+    assert f"HGMMA.64x{bn}x16.F32.BF16" in sass and "UTMASTG.2D" in sass
+    assert ("UTMALDG.2D.MULTICAST" in sass) == (cluster_m > 1)
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0
+    assert plan.layout.total_bytes <= 227 * 1024 and plan.config.stages >= 4

@@ -1,16 +1,21 @@
-"""The bf16 GEMM (issue 6). The kernel is new and has not run on a GPU yet: each shape is
-first run as a debug build, so a pipeline bug becomes a DeadlockError instead of a hang."""
+"""The bf16 GEMM against a float64 reference: every layout and tile configuration, ragged
+and skinny shapes, poisoned outputs. Each case runs as a debug build first, so a pipeline
+bug becomes a DeadlockError naming the barrier instead of a hang."""
 import numpy as np
 import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
+from tmaflow.kernels.matmul import GemmConfig
 from tmaflow.testing import poison, rel_error
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(256, 256, 64), (128, 128, 1024), (1000, 760, 520), (300, 4096, 136), (16, 4096, 4096),
-          (4096, 16, 4096), (1024, 1024, 1024)]
+          (4096, 16, 4096), (1024, 1024, 1024), (8, 8, 8), (129, 257, 72)]
+CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
+           GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1, epi_cols=64),
+           GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3)]
 
 
 def _bf16(x):
@@ -20,15 +25,81 @@ def _bf16(x):
     return bits, (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-@pytest.mark.parametrize("m,n,k", SHAPES)
-def test_gemm_against_float64(device, rng, m, n, k):
+def _operands(rng, m, n, k, layout):
     a_bits, a = _bf16(rng.standard_normal((m, k)))
-    b_bits, b = _bf16(rng.standard_normal((n, k)))
-    A, B = tf.from_numpy(a_bits, dtype="bfloat16"), tf.from_numpy(b_bits, dtype="bfloat16")
-    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    b_bits, b = _bf16(rng.standard_normal((n, k) if layout == "nt" else (k, n)))
+    ref = a.astype(np.float64) @ (b.T if layout == "nt" else b).astype(np.float64)
+    return tf.from_numpy(a_bits, dtype="bfloat16"), tf.from_numpy(b_bits, dtype="bfloat16"), ref
+
+
+def _check(out, ref, what):
+    got = (out.numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    assert not np.isnan(got).any(), what
+    err = rel_error(got, ref)
+    assert err < 1e-2, (what, err)
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_gemm_against_float64(device, rng, m, n, k, layout):
+    A, B, ref = _operands(rng, m, n, k, layout)
     for debug in (True, False):
         out = poison(tf.empty((m, n), "bfloat16"))
-        kernels.gemm(A, B, out, debug=debug)
-        got = (out.numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        assert not np.isnan(got).any()
-        assert rel_error(got, ref) < 1e-2, (m, n, k, debug)
+        kernels.gemm(A, B, out, layout=layout, debug=debug)
+        _check(out, ref, (m, n, k, layout, debug))
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"bn{c.bn}-c{c.cluster_m}-e{c.epi_cols}-s{c.stages}")
+def test_gemm_every_config(device, rng, config, layout):
+    # 5 M tiles: an odd count, so with clusters of two the last CTA's tile is all out of bounds.
+    # 2 full waves of work items at most: the persistent loop and the stage ring both wrap.
+    m, n, k = 600, 1000, 1000
+    A, B, ref = _operands(rng, m, n, k, layout)
+    for debug in (True, False):
+        out = poison(tf.empty((m, n), "bfloat16"))
+        kernels.gemm(A, B, out, layout=layout, config=config, debug=debug)
+        _check(out, ref, (config, layout, debug))
+
+
+def test_gemm_many_tiles_per_cta(device, rng):
+    # More work items than resident clusters: each CTA loops over several tiles.
+    m, n, k = 4096, 4096, 256
+    A, B, ref = _operands(rng, m, n, k, "nt")
+    out = poison(tf.empty((m, n), "bfloat16"))
+    kernels.gemm(A, B, out, config=GemmConfig(bn=128))
+    _check(out, ref, "many tiles")
+
+
+def test_gemm_torch_interop_and_allocated_out(device):
+    torch = pytest.importorskip("torch")
+    a = torch.randn(520, 384, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(264, 384, device="cuda", dtype=torch.bfloat16)
+    out = kernels.gemm(a, b)
+    tf.current_device().synchronize()
+    c = torch.from_dlpack(out) if not isinstance(out, torch.Tensor) else out
+    ref = (a.double() @ b.double().T)
+    assert (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
+    c2 = torch.empty(520, 264, device="cuda", dtype=torch.bfloat16)
+    kernels.gemm(a, b.T.contiguous(), c2, layout="nn")
+    torch.cuda.synchronize()
+    assert (torch.linalg.norm(c2.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
+
+
+def test_gemm_zero_k_gives_zeros(device):
+    A, B = tf.empty((64, 0), "bfloat16"), tf.empty((32, 0), "bfloat16")
+    out = poison(tf.empty((64, 32), "bfloat16"))
+    kernels.gemm(A, B, out)
+    assert not out.numpy().view(np.uint16).any()
+
+
+def test_gemm_strided_rows(device, rng):
+    # A row-sliced view with a padded leading dimension: TMA takes the row pitch as given.
+    a_bits, a = _bf16(rng.standard_normal((256, 200)))
+    b_bits, b = _bf16(rng.standard_normal((96, 136)))
+    A = tf.from_numpy(a_bits, dtype="bfloat16")
+    from tmaflow.memory import DeviceArray
+    A_view = DeviceArray(A.ptr, (256, 136), "bfloat16", strides=(400, 2), owner=A)
+    out = poison(tf.empty((256, 96), "bfloat16"))
+    kernels.gemm(A_view, tf.from_numpy(b_bits, dtype="bfloat16"), out)
+    _check(out, a[:, :136].astype(np.float64) @ b.T.astype(np.float64), "strided")

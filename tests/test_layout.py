@@ -29,7 +29,8 @@ def test_layout_offsets_and_alignment():
     assert layout.total_bytes == max(e for _, e in spans)
     hdr = layout.header()
     assert "constexpr uint32_t tx_bytes = 16576;" in hdr
-    assert f"ab_a(uint32_t stage) const {{ return base + {off['ab_a'].offset} + stage * ab::a_stride;" in hdr
+    assert (f"ab_a(uint32_t stage, uint32_t box = 0) const {{ return base + {off['ab_a'].offset} + "
+            "stage * ab::a_stride + box * ab::a_box_stride;") in hdr
     assert '"done"' in hdr and "tmaflow::Pipeline<3>" in hdr
 
 
@@ -44,6 +45,30 @@ def test_multicast_masks_and_arrivals_2x2():
     assert p.release_mask(0) == 0b0111 and p.release_mask(3) == 0b1110
     assert p.empty_arrivals == 2 * 3  # consumers x CTAs writing into each CTA
     assert p.tx_bytes == A.tx_bytes + B.tx_bytes  # every CTA receives both tiles
+
+
+@pytest.mark.parametrize("cluster", [(2, 1, 1), (4, 1, 1), (2, 2, 1), (4, 2, 1), (2, 4, 1), (8, 2, 1), (3, 5, 1)])
+def test_generated_mask_expressions_match_the_plan(cluster):
+    # The header computes masks from the rank; evaluate its C expressions for every rank.
+    import re
+    p = tf.Pipeline("ab", stages=2, tiles={"a": A, "b": B, "s": SMALL}, cluster=cluster,
+                    multicast=["x", "y" if cluster[1] > 1 else None, None])
+    hdr = tf.SharedLayout([p]).header()
+    for t, name in enumerate(["a", "b", "s"]):
+        expr = re.search(rf"uint16_t {name}_mask\(uint32_t rank\) {{ return uint16_t\((.*)\); }}", hdr).group(1)
+        py = re.sub(r"(\d+)u\b", r"\1", expr).replace("/", "//")
+        for rank in range(cluster[0] * cluster[1]):
+            assert eval(py, {"rank": rank}) & 0xFFFF == p.group_mask(t, rank), (name, rank, expr)
+
+
+def test_tile_of_several_boxes():
+    p = tf.Pipeline("ab", stages=3, tiles={"a": A, "b": (SMALL, 3)})
+    assert p.boxes == (1, 3) and p.tx_bytes == A.tx_bytes + 3 * SMALL.tx_bytes
+    assert p.box_stride(1) == 256 and p.stage_stride(1) == 768
+    layout = tf.SharedLayout([p])
+    assert {q.name: q.nbytes for q in layout.placements}["ab_b"] == 3 * 768
+    with pytest.raises(tf.LayoutError, match=r"tile 'b' has boxes=0; give \(spec, n\) with n an int in \[1, 16\]"):
+        tf.Pipeline("ab", stages=3, tiles={"b": (SMALL, 0)})
 
 
 def test_multicast_4x1():

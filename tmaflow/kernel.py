@@ -128,9 +128,14 @@ class Launcher:
         if cluster != (1, 1, 1):
             self._check_cluster_fits()
 
+    def max_active_clusters(self) -> int:
+        """How many clusters of this configuration the device runs at once (its GPCs may not
+        pair every SM): the grid size, in clusters, of a persistent kernel."""
+        return driver.check("cuOccupancyMaxActiveClusters",
+                            driver.cu().cuOccupancyMaxActiveClusters(self._function, self.config))
+
     def _check_cluster_fits(self) -> None:
-        n = driver.check("cuOccupancyMaxActiveClusters",
-                         driver.cu().cuOccupancyMaxActiveClusters(self._function, self.config))
+        n = self.max_active_clusters()
         if n == 0:
             raise LaunchError(
                 f"cluster={self.cluster} with block={self.block} and smem={self.smem} B cannot be "

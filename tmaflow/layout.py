@@ -67,7 +67,9 @@ class Pipeline:
     """A ring of ``stages`` buffers, each holding one box of every tile, with full/empty
     barrier pairs.
 
-    ``tiles``: a list of specs/maps (named tile0, tile1, ...) or a dict name -> spec.
+    ``tiles``: a list of specs/maps (named tile0, tile1, ...) or a dict name -> spec. An
+    entry ``(spec, n)`` holds ``n`` boxes of that map back to back per stage (a tile loaded
+    in several pieces, or split among the CTAs of a multicast group).
     ``consumers``: arrivals on an empty barrier per CTA per release (e.g. one elected thread
     per consumer warp, or every thread for a unified pipeline).
     ``cluster`` and ``multicast``: with ``multicast`` a list (one entry per tile) of None or
@@ -82,14 +84,24 @@ class Pipeline:
     cluster: tuple = (1, 1, 1)
     multicast: tuple | None = None
     tile_names: tuple = field(default=(), compare=False)
+    boxes: tuple = ()
 
     def __init__(self, name, stages, tiles, consumers=1, multicast=None, cluster=(1, 1, 1)):
         _check_name("Pipeline", name)
         if isinstance(tiles, dict):
-            names, specs = tuple(tiles), tuple(_spec_of(t) for t in tiles.values())
+            names, entries = tuple(tiles), tuple(tiles.values())
         else:
-            specs = tuple(_spec_of(t) for t in tiles)
-            names = tuple(f"tile{i}" for i in range(len(specs)))
+            entries = tuple(tiles)
+            names = tuple(f"tile{i}" for i in range(len(entries)))
+        specs, boxes = [], []
+        for tname, entry in zip(names, entries):
+            spec, n = entry if isinstance(entry, tuple) else (entry, 1)
+            if not isinstance(n, int) or not 1 <= n <= 16:
+                raise LayoutError(f"Pipeline {name!r}: tile {tname!r} has boxes={n!r}; give "
+                                  "(spec, n) with n an int in [1, 16]")
+            specs.append(_spec_of(spec))
+            boxes.append(n)
+        specs = tuple(specs)
         for n in names:
             _check_name("tile", n)
         if not specs:
@@ -118,6 +130,7 @@ class Pipeline:
         object.__setattr__(self, "stages", stages)
         object.__setattr__(self, "tiles", specs)
         object.__setattr__(self, "tile_names", names)
+        object.__setattr__(self, "boxes", tuple(boxes))
         object.__setattr__(self, "consumers", consumers)
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "multicast", multicast)
@@ -128,7 +141,15 @@ class Pipeline:
     @property
     def tx_bytes(self) -> int:
         """Bytes landing in each CTA per stage: what the producer announces."""
-        return sum(s.tx_bytes for s in self.tiles)
+        return sum(n * s.tx_bytes for s, n in zip(self.tiles, self.boxes))
+
+    def box_stride(self, tile: int) -> int:
+        """Bytes between consecutive boxes of one tile (each box keeps its alignment)."""
+        spec = self.tiles[tile]
+        return -(-spec.smem_bytes // spec.smem_align) * spec.smem_align
+
+    def stage_stride(self, tile: int) -> int:
+        return self.box_stride(tile) * self.boxes[tile]
 
     @property
     def full_arrivals(self) -> int:
@@ -200,9 +221,9 @@ class SharedLayout:
         for item in self.items:
             if isinstance(item, Pipeline):
                 for t, (tname, spec) in enumerate(zip(item.tile_names, item.tiles)):
-                    stride = -(-spec.smem_bytes // spec.smem_align) * spec.smem_align
-                    place(f"{item.name}_{tname}", stride * item.stages, spec.smem_align,
-                          f"{item.stages} x {spec.smem_bytes} B {spec.dtype.name} box {spec.box}"
+                    boxes = f"{item.boxes[t]} x " if item.boxes[t] > 1 else ""
+                    place(f"{item.name}_{tname}", item.stage_stride(t) * item.stages, spec.smem_align,
+                          f"{item.stages} x {boxes}{spec.smem_bytes} B {spec.dtype.name} box {spec.box}"
                           f" swizzle {spec.swizzle}")
         for item in self.items:
             if isinstance(item, Buffer):
@@ -264,23 +285,12 @@ class SharedLayout:
                 L.append(f"constexpr uint32_t consumers = {item.consumers};")
                 L.append(f"constexpr uint32_t cluster_x = {item.cluster[0]}, cluster_y = {item.cluster[1]};")
                 for t, (tname, spec) in enumerate(zip(item.tile_names, item.tiles)):
-                    stride = -(-spec.smem_bytes // spec.smem_align) * spec.smem_align
-                    L.append(f"constexpr uint32_t {tname}_bytes = {spec.tx_bytes};")
-                    L.append(f"constexpr uint32_t {tname}_stride = {stride};")
+                    L.append(f"constexpr uint32_t {tname}_bytes = {item.boxes[t] * spec.tx_bytes};")
+                    L.append(f"constexpr uint32_t {tname}_stride = {item.stage_stride(t)};")
+                    L.append(f"constexpr int {tname}_boxes = {item.boxes[t]};")
+                    L.append(f"constexpr uint32_t {tname}_box_stride = {item.box_stride(t)};")
                     L.append(f"constexpr int {tname}_index = {t};")
-                masks = [item.release_mask(r) for r in range(16)]
-                if item.uses_cluster:
-                    L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t rank) { constexpr uint32_t "
-                             f"m[16] = {{{', '.join(map(str, masks))}}}; return m[rank & 15]; }}")
-                else:
-                    L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t) { return 0; }")
-                for t, tname in enumerate(item.tile_names):
-                    gm = [item.group_mask(t, r) for r in range(16)]
-                    L.append(f"// CTAs that receive {tname} together with CTA `rank`; the lowest issues it.")
-                    L.append(f"TMAFLOW_DEVICE uint16_t {tname}_mask(uint32_t rank) {{ constexpr uint16_t m[16] = "
-                             f"{{{', '.join(map(str, gm))}}}; return m[rank & 15]; }}")
-                    L.append(f"TMAFLOW_DEVICE bool {tname}_leader(uint32_t rank) {{ uint32_t m = {tname}_mask(rank); "
-                             "return (m & (~m + 1u)) == (1u << rank); }")
+                L.extend(_mask_functions(item))
                 L.append(f"}}  // namespace {n}")
             elif isinstance(item, Barrier):
                 L.append(f"namespace {item.name} {{ constexpr uint32_t arrivals = {item.arrivals}; "
@@ -292,8 +302,8 @@ class SharedLayout:
             if isinstance(item, Pipeline):
                 n = item.name
                 for tname in item.tile_names:
-                    L.append(f"  TMAFLOW_DEVICE void* {n}_{tname}(uint32_t stage) const {{ return base + "
-                             f"{self.offset(f'{n}_{tname}')} + stage * {n}::{tname}_stride; }}")
+                    L.append(f"  TMAFLOW_DEVICE void* {n}_{tname}(uint32_t stage, uint32_t box = 0) const {{ return base + "
+                             f"{self.offset(f'{n}_{tname}')} + stage * {n}::{tname}_stride + box * {n}::{tname}_box_stride; }}")
                 rm = f"{n}::release_mask(tmaflow::cluster::rank())" if item.uses_cluster else "0"
                 L.append(f"  TMAFLOW_DEVICE tmaflow::Pipeline<{item.stages}> {n}() const {{ return {{"
                          f"reinterpret_cast<uint64_t*>(base + {self.offset(f'{n}_full')}), "
@@ -309,3 +319,34 @@ class SharedLayout:
         L.append("};")
         L.append("}  // namespace tmaflow_layout")
         return "\n".join(L) + "\n"
+
+
+def _mask_functions(pipe: Pipeline) -> list[str]:
+    """Device functions giving each tile's multicast group (a CTA bit mask) from the cluster
+    rank, computed rather than looked up so no local array lands on the stack."""
+    cx, cy, _ = pipe.cluster
+    L = []
+    for t, tname in enumerate(pipe.tile_names):
+        axis = pipe.multicast[t] if pipe.multicast else None
+        if axis == "x":
+            expr = f"((1u << {cx}) - 1u) << ((rank / {cx}) % {cy} * {cx})"
+        elif axis == "y":
+            column = sum(1 << (j * cx) for j in range(cy))
+            expr = f"{column}u << (rank % {cx})"
+        else:
+            expr = "1u << rank"
+        L.append(f"// CTAs that receive {tname} together with CTA `rank`; the lowest issues it"
+                 " whole, or each issues its slice.")
+        L.append(f"TMAFLOW_DEVICE uint16_t {tname}_mask(uint32_t rank) {{ return uint16_t({expr}); }}")
+        L.append(f"TMAFLOW_DEVICE bool {tname}_leader(uint32_t rank) {{ uint32_t m = {tname}_mask(rank); "
+                 "return (m & (~m + 1u)) == (1u << rank); }")
+        L.append(f"TMAFLOW_DEVICE uint32_t {tname}_group_size(uint32_t rank) {{ return __popc({tname}_mask(rank)); }}")
+        L.append(f"// Position of CTA `rank` within its {tname} group (0 for the leader).")
+        L.append(f"TMAFLOW_DEVICE uint32_t {tname}_slice(uint32_t rank) {{ "
+                 f"return __popc({tname}_mask(rank) & ((1u << rank) - 1u)); }}")
+    if pipe.uses_cluster:
+        ors = " | ".join(f"{tname}_mask(rank)" for tname in pipe.tile_names)
+        L.append(f"TMAFLOW_DEVICE uint32_t release_mask(uint32_t rank) {{ return {ors}; }}")
+    else:
+        L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t) { return 0; }")
+    return L

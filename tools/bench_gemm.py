@@ -1,58 +1,96 @@
 """tmaflow's bf16 GEMM against torch.matmul (cuBLAS) in the same run: TFLOP/s and ratio.
 
-    python tools/bench_gemm.py [--json FILE]
-Shapes: 8192^3, 4096^3, 2048^3 and LLM-like ones. Inputs are random (never zeros), both sides
-time the same C = A @ B^T; medians of CUDA-event timings after warm-up.
+    python tools/bench_gemm.py [--json FILE] [--sweep] [--repeats N]
+
+Both sides compute the same product (layout "nt": C = A @ B^T; "nn": C = A @ B) from the
+same random bf16 inputs into a preallocated C. Each timed repeat is preceded by a 256 MB
+write that evicts L2, so neither side reuses the other's cached operands; times are CUDA
+events around the GEMM alone, medians after warm-up. Every row also checks tmaflow's output
+against cuBLAS's. ``--sweep`` also times every tile configuration per shape.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 
 import tmaflow as tf
 from tmaflow import kernels
+from tmaflow.kernels.matmul import GemmConfig, choose_config
 
-SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (2048, 2048, 2048),
-          (4096, 14336, 4096), (8192, 4096, 14336), (16, 4096, 4096)]
+SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048, "nt"),
+          (4096, 14336, 4096, "nt"), (8192, 4096, 14336, "nt"), (16, 4096, 4096, "nt"),
+          (8192, 8192, 8192, "nn"), (4096, 4096, 4096, "nn")]
+SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=1),
+         GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=1),
+         GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3)]
 
 
-def median_ms(fn, repeats=20):
+def median_ms(fn, flush, repeats):
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
+        flush.zero_()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
         e.record()
         e.synchronize()
         times.append(s.elapsed_time(e))
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
+
+
+def rel(x, ref):
+    return (torch.linalg.norm(x.float() - ref.float()) / torch.linalg.norm(ref.float())).item()
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--json")
+    p.add_argument("--sweep", action="store_true")
+    p.add_argument("--repeats", type=int, default=20)
     args = p.parse_args()
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    sms = tf.current_device().sm_count
     rows = []
-    for m, n, k in SHAPES:
+    for m, n, k, layout in SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        if layout == "nn":
+            b = b.T.contiguous()  # K x N, N contiguous
+        c_ref = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        launcher, largs, _ = kernels.gemm(a, b, c, launch=False)
-        t_ours = median_ms(lambda: launcher(*largs))
-        t_cublas = median_ms(lambda: torch.matmul(a, b.t(), out=c))
+        bt = b.T if layout == "nt" else b
+        t_cublas = median_ms(lambda: torch.matmul(a, bt, out=c_ref), flush, args.repeats)
         flop = 2.0 * m * n * k
-        rows.append({"shape": f"{m}x{n}x{k}", "tmaflow_tflops": flop / t_ours / 1e9,
-                     "cublas_tflops": flop / t_cublas / 1e9, "ratio": t_cublas / t_ours})
-        print(f"{rows[-1]['shape']:>18s}  tmaflow {rows[-1]['tmaflow_tflops']:7.1f}  "
-              f"cuBLAS {rows[-1]['cublas_tflops']:7.1f}  ratio {rows[-1]['ratio']:.3f}", flush=True)
+        auto = choose_config(m, n, sms)
+        configs = [auto] + ([cfg for cfg in SWEEP if cfg != auto] if args.sweep else [])
+        for cfg in configs:
+            try:
+                launcher, largs, _ = kernels.gemm(a, b, c, layout=layout, config=cfg, launch=False)
+                c.fill_(float("nan"))
+                launcher(*largs)
+                torch.cuda.synchronize()
+                err = rel(c, c_ref)
+                t = median_ms(lambda: launcher(*largs), flush, args.repeats)
+            except tf.TmaflowError as exc:
+                print(f"  skip {cfg}: {exc}", flush=True)
+                continue
+            row = {"shape": f"{m}x{n}x{k}", "layout": layout, "auto": cfg == auto,
+                   "config": f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'}",
+                   "tmaflow_ms": t, "cublas_ms": t_cublas, "tmaflow_tflops": flop / t / 1e9,
+                   "cublas_tflops": flop / t_cublas / 1e9, "ratio": t_cublas / t, "rel_err_vs_cublas": err}
+            rows.append(row)
+            print(f"{row['shape']:>18s} {layout}  {row['config']:<18s}{'*' if row['auto'] else ' '} "
+                  f"tmaflow {row['tmaflow_tflops']:6.1f}  cuBLAS {row['cublas_tflops']:6.1f} TFLOP/s  "
+                  f"ratio {row['ratio']:.3f}  err {err:.1e}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": tf.current_device().name, "rows": rows}, f, indent=1)
+            json.dump({"device": tf.current_device().name, "torch": torch.__version__,
+                       "repeats": args.repeats, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

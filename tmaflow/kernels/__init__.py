@@ -11,13 +11,14 @@ def source(name: str) -> str:
     return (HERE / f"{name}.cu").read_text()
 
 
-_EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb", "gemm")
+_EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb")
+_MATMUL = ("gemm", "GemmConfig")  # in matmul.py: a module named gemm would shadow the function
 
 
 def __getattr__(name):  # the example entry points are imported on first use
-    if name not in _EXAMPLES:
+    if name not in _EXAMPLES + _MATMUL:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    module = "gemm" if name == "gemm" else "examples"
+    module = "matmul" if name in _MATMUL else "examples"
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,129 +1,179 @@
-// bf16 GEMM, C = A * B^T ("nt": A is M x K, B is N x K, both K-major), fp32 accumulation,
-// bf16 out. Written with tmaflow's Pipeline, SharedLayout, multicast and wgmma wrappers.
-// STATUS: compiles to HGMMA + multicast TMA with no spills; NOT YET RUN ON A GPU.
+// bf16 GEMM with fp32 accumulation and bf16 out, written with tmaflow's Pipeline,
+// SharedLayout, multicast and wgmma wrappers.
+//   "nt" (B_N_MAJOR 0): C = A * B^T, A is M x K and B is N x K, both K-contiguous.
+//   "nn" (B_N_MAJOR 1): C = A * B,   A is M x K and B is K x N, B N-contiguous.
 //
-// Warpgroup 0 produces (one thread issues TMA), warpgroups 1-2 consume (wgmma m64n128k16,
-// 64 rows each). A cluster of two CTAs works on two M tiles of the same N tile: the B tile
-// is loaded once by the cluster's leader and multicast to both. Tiles are dealt to clusters
-// persistently in a grouped order for L2 reuse. The epilogue goes through shared memory and
-// a TMA store; out-of-bounds rows/columns are zero-filled on load and clipped on store.
+// One CTA computes a BM x BN tile with three warpgroups: warpgroup 0 produces (one thread
+// issues TMA, registers given away with setmaxnreg), warpgroups 1 and 2 each own 64 rows and
+// issue wgmma m64nBNk16. CLUSTER_M CTAs of a cluster work on consecutive M tiles of one N tile
+// and share B: each CTA loads its slice of the B boxes and multicasts it to the whole cluster.
+// Tiles are dealt to clusters persistently, grouped along M for L2 reuse. The epilogue writes
+// each warpgroup's rows into 128B-swizzled 64 x 64 boxes in shared memory (bank-conflict
+// free) and TMA-stores them; the hardware clips rows and columns past the edges, and loads
+// past the edges read zeros, so ragged M, N and K need no padding.
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
 using namespace tmaflow;
 namespace L = tmaflow_layout;
 
-#ifndef BM
-#define BM 128
-#endif
 #ifndef BN
-#define BN 128
+#define BN 256
 #endif
-#ifndef BK
-#define BK 64
+#ifndef EPI_COLS
+#define EPI_COLS 128
+#endif
+#ifndef B_N_MAJOR
+#define B_N_MAJOR 0
+#endif
+#ifndef CLUSTER_M
+#define CLUSTER_M 2
 #endif
 #ifndef GROUP_M
-#define GROUP_M 8
+#define GROUP_M 16
 #endif
-static_assert(BM == 128 && BN == 128 && BK == 64, "the wgmma tiling below assumes 128 x 128 x 64");
+constexpr int BM = 128, BK = 64;
+constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
+constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
+static_assert(BN == 128 || BN == 256, "BN is 128 or 256");
+static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
+static_assert(L::ab::a_bytes == BM * BK * 2 && L::ab::b_bytes == BN * BK * 2, "plan does not match BM/BN/BK");
 
-// Work item w -> (pair of M tiles, N tile), grouped GROUP_M pairs at a time for L2 reuse.
-TMAFLOW_DEVICE void tile_of(int w, int pairs_m, int tiles_n, int& pm, int& tn) {
-  const int per_group = GROUP_M * tiles_n;
-  const int first = (w / per_group) * GROUP_M;
-  const int size = min(pairs_m - first, GROUP_M);
-  pm = first + (w % per_group) % size;
-  tn = (w % per_group) / size;
+// Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
+TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
+  constexpr int band = GROUP_M / CLUSTER_M;
+  const int per_band = band * tiles_n;
+  const int first = (w / per_band) * band;
+  const int rows = min(groups_m - first, band);
+  gm = first + (w % per_band) % rows;
+  tn = (w % per_band) / rows;
 }
 
-TMAFLOW_DEVICE void consumers_sync() {  // named barrier 1: the two consumer warpgroups
-  asm volatile("bar.sync 1, 256;" ::: "memory");
+TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db) {
+#if BN == 256
+  wgmma::mma_m64n256k16_bf16<B_N_MAJOR>(acc, da, db, 1);
+#else
+  wgmma::mma_m64n128k16_bf16<B_N_MAJOR>(acc, da, db, 1);
+#endif
+}
+
+TMAFLOW_DEVICE uint32_t bf16x2_bits(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-gemm_nt(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-        const __grid_constant__ CUtensorMap tc, int M, int N, int K) {
+gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+          const __grid_constant__ CUtensorMap tc, int M, int N, int K) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
   using Cursor = decltype(pipe)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const uint32_t rank = cluster::rank();  // which M tile of the pair
+  const uint32_t rank = cluster::rank();  // which M tile of the cluster's group
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_blocks = (K + BK - 1) / BK;
-  const int pairs_m = (tiles_m + 1) / 2, work = pairs_m * tiles_n;
-  const int first = blockIdx.x / 2, step = gridDim.x / 2;
+  const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M, work = groups_m * tiles_n;
+  const int first = blockIdx.x / CLUSTER_M, step = gridDim.x / CLUSTER_M;
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&ta);
     tma::prefetch_descriptor(&tb);
     tma::prefetch_descriptor(&tc);
     pipe.init();
   }
-  cluster::sync();  // both CTAs' barriers exist before any multicast signals them
+  cluster::sync();  // every CTA's barriers exist before any multicast signals them
 
   if (wg == 0) {
     warp::setmaxnreg_dec<40>();
     if (threadIdx.x == 0) {
+      const uint16_t b_mask = L::ab::b_mask(rank);
+      const uint32_t slice = L::ab::b_slice(rank), slices = L::ab::b_group_size(rank);
       Cursor c;
       for (int w = first; w < work; w += step) {
-        int pm, tn;
-        tile_of(w, pairs_m, tiles_n, pm, tn);
-        const int tm = 2 * pm + int(rank);
+        int gm, tn;
+        tile_of(w, groups_m, tiles_n, gm, tn);
+        const int tm = CLUSTER_M * gm + int(rank);
         for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
           pipe.producer_acquire(c);
           pipe.producer_commit(c);
           tma::load(S.ab_a(c.stage), &ta, pipe.barrier(c), kb * BK, tm * BM);
-          if (L::ab::b_leader(rank))
-            tma::load_multicast(S.ab_b(c.stage), &tb, pipe.barrier(c), L::ab::b_mask(rank), kb * BK, tn * BN);
+          for (int box = int(slice); box < L::ab::b_boxes; box += int(slices)) {
+#if B_N_MAJOR
+            const int x = tn * BN + box * 64, y = kb * BK;                     // (n, k) of a 64 x 64 box
+#else
+            const int x = kb * BK, y = tn * BN + box * (BN / L::ab::b_boxes);  // (k, n) of a row slice
+#endif
+#if CLUSTER_M == 1
+            tma::load(S.ab_b(c.stage, box), &tb, pipe.barrier(c), x, y);
+#else
+            tma::load_multicast(S.ab_b(c.stage, box), &tb, pipe.barrier(c), b_mask, x, y);
+#endif
+          }
         }
       }
     }
   } else {
     warp::setmaxnreg_inc<232>();
-    const int cw = wg - 1;                      // this warpgroup's 64 rows of the tile
-    const int wq = (threadIdx.x % 128) / 32;    // warp within the warpgroup: 16 rows each
-    Cursor c;
+    const int cw = wg - 1;                       // this warpgroup's 64 rows of the tile
+    const int t = threadIdx.x % 128, wq = t / 32;  // warp wq holds rows 16 wq .. 16 wq + 15
+    uint8_t* cbuf = static_cast<uint8_t*>(S.c()) + cw * (64 * EPI_COLS * 2);
+    Cursor c, prev;
     for (int w = first; w < work; w += step) {
-      int pm, tn;
-      tile_of(w, pairs_m, tiles_n, pm, tn);
-      const int tm = 2 * pm + int(rank);
-      float acc[64];
+      int gm, tn;
+      tile_of(w, groups_m, tiles_n, gm, tn);
+      const int tm = CLUSTER_M * gm + int(rank);
+      float acc[kAcc];
 #pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-      for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+      for (int kb = 0; kb < k_blocks; ++kb) {
         pipe.consumer_wait(c);
         const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cw * 64 * 128);
+#if B_N_MAJOR
+        const uint64_t db = wgmma::desc_mn_major_sw128(S.ab_b(c.stage), L::ab::b_box_stride);
+        constexpr uint64_t kStepB = 2048 >> 4;   // 16 k-rows of 128 B
+#else
         const uint64_t db = wgmma::desc_k_major_sw128(S.ab_b(c.stage));
+        constexpr uint64_t kStepB = 32 >> 4;     // 16 bf16 along the row
+#endif
         wgmma::fence_operands(acc);
         wgmma::fence();
 #pragma unroll
-        for (int k = 0; k < BK / 16; ++k)  // 16 bf16 = 32 B per k-step: +2 in descriptor units
-          wgmma::mma_m64n128k16_bf16(acc, da + 2 * k, db + 2 * k, 1);
+        for (int k = 0; k < BK / 16; ++k) mma(acc, da + 2 * k, db + kStepB * k);
         wgmma::commit_group();
-        wgmma::wait_group<0>();
+        // Keep this k-block's group in flight; the previous one is done with its stage.
+        wgmma::wait_group<1>();
         wgmma::fence_operands(acc);
-        if (lane == 0) pipe.consumer_release(c);  // one arrival per consumer warp and CTA
+        if (kb > 0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp and CTA
+        prev = c;
+        c.advance();
       }
-      // Epilogue: registers -> bf16 tile in smem -> TMA store (clipped at the edges).
-      if (threadIdx.x == 128) tma::wait_group_read<0>();  // the last store has read the tile
-      consumers_sync();
-      uint32_t* ctile = static_cast<uint32_t*>(S.c());
-      const int row0 = cw * 64 + wq * 16 + lane / 4;
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(acc);
+      if (k_blocks > 0 && lane == 0) pipe.consumer_release(prev);
+
+      // Epilogue, EPI_COLS columns a round: registers -> swizzled boxes -> TMA store.
+      const int row = wq * 16 + lane / 4;   // and row + 8; the swizzle depends on row % 8
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {  // 8-column blocks; fragment as mma.m16n8 per block
-        const int col = 8 * j + 2 * (lane % 4);
-        __nv_bfloat162 lo = __floats2bfloat162_rn(acc[4 * j + 0], acc[4 * j + 1]);
-        __nv_bfloat162 hi = __floats2bfloat162_rn(acc[4 * j + 2], acc[4 * j + 3]);
-        ctile[(row0 * BN + col) / 2] = *reinterpret_cast<uint32_t*>(&lo);
-        ctile[((row0 + 8) * BN + col) / 2] = *reinterpret_cast<uint32_t*>(&hi);
-      }
-      fence::proxy_async_shared_cta();
-      consumers_sync();
-      if (threadIdx.x == 128) {
-        tma::store(&tc, S.c(), tn * BN, tm * BM);
-        tma::commit_group();
+      for (int r = 0; r < BN / EPI_COLS; ++r) {
+        if (t == 0) tma::wait_group_read<0>();  // the previous store has read the buffer
+        named_barrier::sync(1 + cw, 128);
+#pragma unroll
+        for (int jj = 0; jj < EPI_COLS / 8; ++jj) {  // 8-column blocks, fragment as mma.m16n8
+          const int j = r * (EPI_COLS / 8) + jj;
+          const uint32_t at = (jj / 8) * kBoxBytes + ((jj % 8) ^ (row % 8)) * 16 + (lane % 4) * 4;
+          *reinterpret_cast<uint32_t*>(cbuf + at + row * 128) = bf16x2_bits(acc[4 * j], acc[4 * j + 1]);
+          *reinterpret_cast<uint32_t*>(cbuf + at + (row + 8) * 128) = bf16x2_bits(acc[4 * j + 2], acc[4 * j + 3]);
+        }
+        fence::proxy_async_shared_cta();  // generic-proxy writes visible to the TMA store
+        named_barrier::sync(1 + cw, 128);
+        if (t == 0) {
+#pragma unroll
+          for (int box = 0; box < EPI_COLS / 64; ++box)
+            tma::store(&tc, cbuf + box * kBoxBytes, tn * BN + r * EPI_COLS + box * 64, tm * BM + cw * 64);
+          tma::commit_group();
+        }
       }
     }
-    if (threadIdx.x == 128) tma::wait_group<0>();
+    if (t == 0) tma::wait_group<0>();
   }
-  cluster::sync();  // no CTA leaves while its partner may still multicast into it
+  cluster::sync();  // no CTA leaves while a partner may still multicast into it
 }

@@ -17,4 +17,11 @@ template <uint32_t N> TMAFLOW_DEVICE void setmaxnreg_dec() {
 }
 TMAFLOW_DEVICE uint32_t lane() { return threadIdx.x & 31; }
 TMAFLOW_DEVICE uint32_t warp_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0); }
-}}  // namespace tmaflow::warp
+}  // namespace warp
+namespace named_barrier {
+// bar.sync id, threads — barrier `id` (1-15; 0 is __syncthreads) among `threads` threads
+// (a multiple of 32), e.g. one warpgroup without stalling the others.
+TMAFLOW_DEVICE void sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+}}  // namespace tmaflow::named_barrier

@@ -1,0 +1,71 @@
+"""The GEMM's host side without a GPU: operand checks, plans, shared-memory budgets."""
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.kernels.matmul import GemmConfig, choose_config, gemm_plan
+from tmaflow.memory import DeviceArray
+
+FAKE = 1 << 32  # never dereferenced: every check below fails before a launch
+
+
+def arr(shape, dtype="bfloat16", strides=None):
+    return DeviceArray(FAKE, shape, dtype, strides=strides)
+
+
+@pytest.mark.parametrize("a,b,out,kw,msg", [
+    (arr((64, 32)), arr((48, 32)), arr((64, 48)), dict(layout="tn"), r"layout='tn' must be one of \('nt', 'nn'\)"),
+    (arr((64, 32), "float16"), arr((48, 32)), arr((64, 48)), {}, r"a must be bfloat16 \(got float16\)"),
+    (arr((64, 32)), arr((48, 32, 1)), arr((64, 48)), {}, r"b must be 2-D \(got shape \(48, 32, 1\)\)"),
+    (arr((64, 32)), arr((48, 40)), arr((64, 48)), {}, r"b must be \(N, K\) for layout 'nt'"),
+    (arr((64, 32)), arr((48, 32)), arr((64, 48)), dict(layout="nn"), r"b must be \(K, N\) for layout 'nn'"),
+    (arr((64, 36)), arr((48, 36)), arr((64, 48)), {}, r"a has strides \(72, 2\) B; .*multiple of 16 B"),
+    (arr((64, 32)), arr((48, 32)), arr((64, 40)), {}, r"out must be a \(64, 48\) bfloat16 array \(got \(64, 40\)"),
+    (arr((64, 32)), arr((48, 32)), arr((64, 48), "float32"), {}, r"out must be a \(64, 48\) bfloat16 array"),
+    (arr((64, 32)), arr((32, 48), strides=(2, 64)), arr((64, 48)), dict(layout="nn"), r"b has strides \(2, 64\) B; rows must be contiguous"),
+])
+def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
+    with pytest.raises(tf.TmaflowError, match=msg):
+        kernels.gemm(a, b, out, **kw)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(bn=192), r"bn=192 must be 128 or 256"),
+    (dict(cluster_m=4), r"cluster_m=4 must be 1 or 2"),
+    (dict(epi_cols=96), r"epi_cols=96 must be a multiple of 64 dividing bn=256"),
+    (dict(group_m=3), r"group_m=3 must be a multiple of cluster_m=2"),
+    (dict(stages=1), r"stages=1 must be in \[2, 16\]"),
+])
+def test_gemm_config_rules(kw, msg):
+    with pytest.raises(tf.TmaflowError, match=msg):
+        GemmConfig(**kw)
+
+
+def test_gemm_stage_overflow_names_the_layout():
+    with pytest.raises(tf.LayoutError, match=r"over the 232448 B per-block limit"):
+        gemm_plan(4096, 4096, 4096, "nt", GemmConfig(stages=5))
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("bn,cm", [(256, 2), (128, 2), (256, 1), (128, 1)])
+def test_gemm_plan_bytes(layout, bn, cm):
+    plan = gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=cm))
+    pipe = plan.layout.items[0]
+    assert pipe.tx_bytes == (128 + bn) * 64 * 2           # one A and one whole B tile per stage
+    b_boxes = pipe.boxes[1]
+    assert b_boxes * plan.spec_b.tx_bytes == bn * 64 * 2
+    if layout == "nt":
+        assert plan.spec_b.box == (bn // cm, 64) and b_boxes == cm   # B rows split over the cluster
+    else:
+        assert plan.spec_b.box == (64, 64) and b_boxes == bn // 64
+    assert pipe.empty_arrivals == 8 * cm                  # 8 consumer warps in every CTA it feeds
+    assert plan.layout.total_bytes <= 227 * 1024
+    hdr = plan.layout.header()
+    assert f"constexpr int b_boxes = {b_boxes};" in hdr
+    assert plan.defines["B_N_MAJOR"] == (layout == "nn") and plan.defines["BN"] == bn
+
+
+def test_choose_config():
+    assert choose_config(8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
+    assert choose_config(2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)  # 128 wide tiles < 132 SMs
+    assert choose_config(16, 4096, 132).cluster_m == 1                         # one M tile: no partner
