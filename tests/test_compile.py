@@ -254,16 +254,20 @@ def test_missing_nvrtc_says_how_to_install(monkeypatch):
         compiler.nvrtc_version.cache_clear()
 
 
-@pytest.mark.parametrize("layout,bn,cluster_m", [("nt", 256, 2), ("nt", 128, 2), ("nn", 256, 2),
-                                                  ("nn", 128, 1), ("nt", 128, 1)])
-def test_gemm_compiles_to_hgmma_and_multicast_without_spills(layout, bn, cluster_m):
+@pytest.mark.parametrize("layout,bn,cluster_m,split_k,debug", [
+    ("nt", 256, 2, 1, False), ("nt", 128, 2, 1, False), ("nn", 256, 2, 1, False), ("nn", 128, 1, 1, False),
+    ("nt", 128, 1, 4, False), ("nt", 256, 2, 1, True), ("nn", 128, 1, 4, True)])
+def test_gemm_compiles_to_hgmma_and_multicast_without_spills(layout, bn, cluster_m, split_k, debug):
     from tmaflow.kernels.examples import get_kernel
     from tmaflow.kernels.matmul import GemmConfig, gemm_plan
 
-    plan = gemm_plan(4096, 4096, 4096, layout, GemmConfig(bn=bn, cluster_m=cluster_m))
-    k = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
+    plan = gemm_plan(4096, 4096, 4096, layout, GemmConfig(bn=bn, cluster_m=cluster_m, split_k=split_k))
+    k = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug)
     sass = disassemble(k.cubin)
-    assert f"HGMMA.64x{bn}x16.F32.BF16" in sass and "UTMASTG.2D" in sass
+    assert f"HGMMA.64x{bn}x16.F32.BF16" in sass
+    assert ("UTMASTG.2D" in sass) == (split_k == 1)     # split-K adds fp32 partials instead
+    assert ("G.E.ADD.F32" in sass) == (split_k > 1)  # REDG, or ATOMG in debug builds
     assert ("UTMALDG.2D.MULTICAST" in sass) == (cluster_m > 1)
+    # Debug builds too: the watchdog's report is inlined, since a call after setmaxnreg fails.
     assert k.resources.spills == 0 and k.resources.stack_frame == 0
     assert plan.layout.total_bytes <= 227 * 1024 and plan.config.stages >= 4

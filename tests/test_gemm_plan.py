@@ -35,6 +35,7 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
     (dict(epi_cols=96), r"epi_cols=96 must be a multiple of 64 dividing bn=256"),
     (dict(group_m=3), r"group_m=3 must be a multiple of cluster_m=2"),
     (dict(stages=1), r"stages=1 must be in \[2, 16\]"),
+    (dict(split_k=0), r"split_k=0 must be in \[1, 64\]"),
 ])
 def test_gemm_config_rules(kw, msg):
     with pytest.raises(tf.TmaflowError, match=msg):
@@ -66,6 +67,17 @@ def test_gemm_plan_bytes(layout, bn, cm):
 
 
 def test_choose_config():
-    assert choose_config(8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
-    assert choose_config(2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)  # 128 wide tiles < 132 SMs
-    assert choose_config(16, 4096, 132).cluster_m == 1                         # one M tile: no partner
+    assert choose_config(8192, 8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
+    assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)  # 128 wide tiles < 132 SMs
+    skinny = choose_config(16, 4096, 4096, 132)
+    assert skinny.cluster_m == 1 and skinny.bn == 128                              # one M tile: no partner
+    assert skinny.split_k == 4                                                     # 32 tiles x 4 splits fill 128 SMs
+    assert choose_config(16, 4096, 256, 132).split_k == 1                          # K too short to split
+
+
+@pytest.mark.parametrize("k_blocks,asked,used", [(64, 4, 4), (10, 4, 4), (9, 4, 3), (5, 16, 5), (1, 8, 1)])
+def test_split_k_never_plans_an_empty_split(k_blocks, asked, used):
+    plan = gemm_plan(256, 256, 64 * k_blocks, "nt", GemmConfig(split_k=asked))
+    assert plan.config.split_k == used and plan.defines["SPLIT_K"] == int(used > 1)
+    per = -(-k_blocks // used)
+    assert (used - 1) * per < k_blocks  # the last split starts inside K

@@ -42,6 +42,17 @@ def test_200kb_dynamic_smem(device, rng):
     np.testing.assert_array_equal(out.numpy(), words[::-1])
 
 
+def test_max_active_clusters(device):
+    k = probe("big_smem")
+    # One 200 KB block per SM: with no cluster, one per SM; pairs cannot exceed half the SMs.
+    single = k.bind(grid=1, block=256, smem=200 * 1024).max_active_clusters()
+    pairs = k.bind(grid=2, block=256, cluster=(2, 1, 1), smem=200 * 1024).max_active_clusters()
+    assert single == device.sm_count
+    assert 0 < pairs <= device.sm_count // 2
+    small = k.bind(grid=1, block=64, smem=1024).max_active_clusters()
+    assert small > device.sm_count  # several small blocks fit per SM
+
+
 def test_smem_over_limit_raises_before_launch(device):
     k = probe("big_smem")
     out = tf.empty(16, "uint32")

@@ -15,7 +15,8 @@ SHAPES = [(256, 256, 64), (128, 128, 1024), (1000, 760, 520), (300, 4096, 136), 
           (4096, 16, 4096), (1024, 1024, 1024), (8, 8, 8), (129, 257, 72)]
 CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
            GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1, epi_cols=64),
-           GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3)]
+           GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
+           GemmConfig(bn=128, cluster_m=1, split_k=3), GemmConfig(bn=256, cluster_m=2, split_k=2)]
 
 
 def _bf16(x):
@@ -50,7 +51,7 @@ def test_gemm_against_float64(device, rng, m, n, k, layout):
 
 
 @pytest.mark.parametrize("layout", ["nt", "nn"])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"bn{c.bn}-c{c.cluster_m}-e{c.epi_cols}-s{c.stages}")
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"bn{c.bn}-c{c.cluster_m}-e{c.epi_cols}-s{c.stages}-k{c.split_k}")
 def test_gemm_every_config(device, rng, config, layout):
     # 5 M tiles: an odd count, so with clusters of two the last CTA's tile is all out of bounds.
     # 2 full waves of work items at most: the persistent loop and the stage ring both wrap.
@@ -60,6 +61,15 @@ def test_gemm_every_config(device, rng, config, layout):
         out = poison(tf.empty((m, n), "bfloat16"))
         kernels.gemm(A, B, out, layout=layout, config=config, debug=debug)
         _check(out, ref, (config, layout, debug))
+
+
+def test_gemm_split_k_repeated_calls_reuse_the_workspace(device, rng):
+    # The fp32 partial sums are zeroed on every call: a second call must not add to the first.
+    A, B, ref = _operands(rng, 16, 512, 4096, "nt")
+    out = poison(tf.empty((16, 512), "bfloat16"))
+    for _ in range(2):
+        kernels.gemm(A, B, out, config=GemmConfig(bn=128, cluster_m=1, split_k=8))
+        _check(out, ref, "split-k twice")
 
 
 def test_gemm_many_tiles_per_cta(device, rng):

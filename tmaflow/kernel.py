@@ -130,9 +130,16 @@ class Launcher:
 
     def max_active_clusters(self) -> int:
         """How many clusters of this configuration the device runs at once (its GPCs may not
-        pair every SM): the grid size, in clusters, of a persistent kernel."""
+        pair every SM): the grid size, in clusters, of a persistent kernel. Without a cluster,
+        how many blocks (blocks per SM x SMs)."""
+        cu = driver.cu()
+        if self.cluster == (1, 1, 1):  # cuOccupancyMaxActiveClusters answers 1 here
+            threads = self.block[0] * self.block[1] * self.block[2]
+            per_sm = driver.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                                  cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._function, threads, self.smem))
+            return per_sm * self.module.device.sm_count
         return driver.check("cuOccupancyMaxActiveClusters",
-                            driver.cu().cuOccupancyMaxActiveClusters(self._function, self.config))
+                            cu.cuOccupancyMaxActiveClusters(self._function, self.config))
 
     def _check_cluster_fits(self) -> None:
         n = self.max_active_clusters()

@@ -23,9 +23,9 @@ from tmaflow.kernels.matmul import GemmConfig, choose_config
 SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048, "nt"),
           (4096, 14336, 4096, "nt"), (8192, 4096, 14336, "nt"), (16, 4096, 4096, "nt"),
           (8192, 8192, 8192, "nn"), (4096, 4096, 4096, "nn")]
-SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=1),
-         GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=1),
-         GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3)]
+SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_m=8),
+         GemmConfig(bn=256, cluster_m=2, group_m=32), GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
+         GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=1)]
 
 
 def median_ms(fn, flush, repeats):
@@ -66,7 +66,7 @@ def main():
         bt = b.T if layout == "nt" else b
         t_cublas = median_ms(lambda: torch.matmul(a, bt, out=c_ref), flush, args.repeats)
         flop = 2.0 * m * n * k
-        auto = choose_config(m, n, sms)
+        auto = choose_config(m, n, k, sms)
         configs = [auto] + ([cfg for cfg in SWEEP if cfg != auto] if args.sweep else [])
         for cfg in configs:
             try:
@@ -80,11 +80,11 @@ def main():
                 print(f"  skip {cfg}: {exc}", flush=True)
                 continue
             row = {"shape": f"{m}x{n}x{k}", "layout": layout, "auto": cfg == auto,
-                   "config": f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'}",
+                   "config": f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} k{cfg.split_k}",
                    "tmaflow_ms": t, "cublas_ms": t_cublas, "tmaflow_tflops": flop / t / 1e9,
                    "cublas_tflops": flop / t_cublas / 1e9, "ratio": t_cublas / t, "rel_err_vs_cublas": err}
             rows.append(row)
-            print(f"{row['shape']:>18s} {layout}  {row['config']:<18s}{'*' if row['auto'] else ' '} "
+            print(f"{row['shape']:>18s} {layout}  {row['config']:<26s}{'*' if row['auto'] else ' '} "
                   f"tmaflow {row['tmaflow_tflops']:6.1f}  cuBLAS {row['cublas_tflops']:6.1f} TFLOP/s  "
                   f"ratio {row['ratio']:.3f}  err {err:.1e}", flush=True)
     if args.json:

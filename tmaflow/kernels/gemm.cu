@@ -10,7 +10,8 @@
 // Tiles are dealt to clusters persistently, grouped along M for L2 reuse. The epilogue writes
 // each warpgroup's rows into 128B-swizzled 64 x 64 boxes in shared memory (bank-conflict
 // free) and TMA-stores them; the hardware clips rows and columns past the edges, and loads
-// past the edges read zeros, so ragged M, N and K need no padding.
+// past the edges read zeros, so ragged M, N and K need no padding. With SPLIT_K, work items
+// also split K (for shapes with too few tiles to fill the GPU) and add fp32 partials.
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
@@ -32,9 +33,14 @@ namespace L = tmaflow_layout;
 #ifndef GROUP_M
 #define GROUP_M 16
 #endif
+#ifndef SPLIT_K
+#define SPLIT_K 0  // 1: K is split among work items that add fp32 partials into `partial`
+#endif
 constexpr int BM = 128, BK = 64;
 constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
 constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
+// setmaxnreg split of the 64K registers: 128 x producer + 256 x consumer <= 65536.
+constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(BN == 128 || BN == 256, "BN is 128 or 256");
 static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
 static_assert(L::ab::a_bytes == BM * BK * 2 && L::ab::b_bytes == BN * BK * 2, "plan does not match BM/BN/BK");
@@ -64,7 +70,7 @@ TMAFLOW_DEVICE uint32_t bf16x2_bits(float lo, float hi) {
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-          const __grid_constant__ CUtensorMap tc, int M, int N, int K) {
+          const __grid_constant__ CUtensorMap tc, float* partial, int M, int N, int K, int splits) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
@@ -72,7 +78,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   const uint32_t rank = cluster::rank();  // which M tile of the cluster's group
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_blocks = (K + BK - 1) / BK;
-  const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M, work = groups_m * tiles_n;
+  const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M, work = groups_m * tiles_n * splits;
+  const int kb_per_split = (k_blocks + splits - 1) / splits;
   const int first = blockIdx.x / CLUSTER_M, step = gridDim.x / CLUSTER_M;
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&ta);
@@ -83,16 +90,17 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   cluster::sync();  // every CTA's barriers exist before any multicast signals them
 
   if (wg == 0) {
-    warp::setmaxnreg_dec<40>();
+    warp::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       const uint16_t b_mask = L::ab::b_mask(rank);
       const uint32_t slice = L::ab::b_slice(rank), slices = L::ab::b_group_size(rank);
       Cursor c;
       for (int w = first; w < work; w += step) {
         int gm, tn;
-        tile_of(w, groups_m, tiles_n, gm, tn);
+        tile_of(w / splits, groups_m, tiles_n, gm, tn);
         const int tm = CLUSTER_M * gm + int(rank);
-        for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+        const int kb0 = (w % splits) * kb_per_split, kb1 = min(k_blocks, kb0 + kb_per_split);
+        for (int kb = kb0; kb < kb1; ++kb, c.advance()) {
           pipe.producer_acquire(c);
           pipe.producer_commit(c);
           tma::load(S.ab_a(c.stage), &ta, pipe.barrier(c), kb * BK, tm * BM);
@@ -112,19 +120,21 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       }
     }
   } else {
-    warp::setmaxnreg_inc<232>();
+    warp::setmaxnreg_inc<kConsumerRegs>();
     const int cw = wg - 1;                       // this warpgroup's 64 rows of the tile
     const int t = threadIdx.x % 128, wq = t / 32;  // warp wq holds rows 16 wq .. 16 wq + 15
     uint8_t* cbuf = static_cast<uint8_t*>(S.c()) + cw * (64 * EPI_COLS * 2);
     Cursor c, prev;
     for (int w = first; w < work; w += step) {
       int gm, tn;
-      tile_of(w, groups_m, tiles_n, gm, tn);
+      tile_of(w / splits, groups_m, tiles_n, gm, tn);
       const int tm = CLUSTER_M * gm + int(rank);
+      const int kb0 = (w % splits) * kb_per_split, kb1 = min(k_blocks, kb0 + kb_per_split);
+      if (kb0 >= kb1) continue;  // an empty split (the host never plans one)
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-      for (int kb = 0; kb < k_blocks; ++kb) {
+      for (int kb = kb0; kb < kb1; ++kb) {
         pipe.consumer_wait(c);
         const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cw * 64 * 128);
 #if B_N_MAJOR
@@ -142,16 +152,32 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         // Keep this k-block's group in flight; the previous one is done with its stage.
         wgmma::wait_group<1>();
         wgmma::fence_operands(acc);
-        if (kb > 0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp and CTA
+        if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp and CTA
         prev = c;
         c.advance();
       }
       wgmma::wait_group<0>();
       wgmma::fence_operands(acc);
-      if (k_blocks > 0 && lane == 0) pipe.consumer_release(prev);
+      if (lane == 0) pipe.consumer_release(prev);
 
-      // Epilogue, EPI_COLS columns a round: registers -> swizzled boxes -> TMA store.
       const int row = wq * 16 + lane / 4;   // and row + 8; the swizzle depends on row % 8
+#if SPLIT_K
+      // Add this split's partial sums into the fp32 result (the host zeroes it first and
+      // converts it to bf16 after); only in-bounds elements.
+      const int grow = tm * BM + cw * 64 + row;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = tn * BN + 8 * j + 2 * (lane % 4);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (grow + 8 * h >= M) continue;
+          float* dst = partial + size_t(grow + 8 * h) * N + col;
+          if (col < N) atomicAdd(dst, acc[4 * j + 2 * h]);
+          if (col + 1 < N) atomicAdd(dst + 1, acc[4 * j + 2 * h + 1]);
+        }
+      }
+#else
+      // Epilogue, EPI_COLS columns a round: registers -> swizzled boxes -> TMA store.
 #pragma unroll
       for (int r = 0; r < BN / EPI_COLS; ++r) {
         if (t == 0) tma::wait_group_read<0>();  // the previous store has read the buffer
@@ -172,6 +198,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           tma::commit_group();
         }
       }
+#endif
     }
     if (t == 0) tma::wait_group<0>();
   }

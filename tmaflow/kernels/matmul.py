@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from dataclasses import dataclass, replace
 
-from ..device import current_device
+from .. import driver
+from ..device import current_device, stream_handle
 from ..errors import TmaflowError
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..memory import as_array, empty
@@ -31,6 +33,7 @@ class GemmConfig:
     epi_cols: int = 128      # epilogue columns per round (its buffer is 2 x 64 x epi_cols bf16)
     group_m: int = 16        # M tiles per band of the grouped (L2-friendly) tile order
     stages: int | None = None
+    split_k: int = 1         # work items per tile along K, adding fp32 partials (skinny shapes)
 
     def __post_init__(self):
         if self.bn not in (128, 256):
@@ -45,14 +48,30 @@ class GemmConfig:
                                f"cluster_m={self.cluster_m}")
         if self.stages is not None and not 2 <= self.stages <= 16:
             raise TmaflowError(f"GemmConfig: stages={self.stages} must be in [2, 16]")
+        if not 1 <= self.split_k <= 64:
+            raise TmaflowError(f"GemmConfig: split_k={self.split_k} must be in [1, 64]")
 
 
-def choose_config(m: int, n: int, sm_count: int) -> GemmConfig:
+def choose_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     """Wide tiles when there are enough of them to fill the GPU, narrow ones otherwise; no
-    cluster when a single M tile would leave its partner idle."""
+    cluster when a single M tile would leave its partner idle; K split among several CTAs
+    when even narrow tiles leave most SMs idle and K is long."""
     cluster_m = 1 if m <= BM else 2
     wide = math.ceil(m / BM) * math.ceil(n / 256)
-    return GemmConfig(bn=256 if wide >= sm_count else 128, cluster_m=cluster_m)
+    bn = 256 if wide >= sm_count else 128
+    tiles = math.ceil(m / BM) * math.ceil(n / bn)
+    k_blocks = math.ceil(k / BK)
+    split = 1
+    if 2 * tiles <= sm_count and k_blocks >= 8:
+        split = max(1, min(16, sm_count // tiles, k_blocks // 4))
+    return GemmConfig(bn=bn, cluster_m=cluster_m, split_k=_nonempty_splits(k_blocks, split))
+
+
+def _nonempty_splits(k_blocks: int, split: int) -> int:
+    """The split count actually used: ceil(k_blocks / per) with per = ceil(k_blocks / split),
+    so that no split is empty."""
+    per = math.ceil(k_blocks / split)
+    return math.ceil(k_blocks / per)
 
 
 @dataclass(frozen=True)
@@ -86,9 +105,10 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     pipe = Pipeline("ab", stages=stages, tiles={"a": spec_a, "b": (spec_b, b_boxes)}, consumers=8,
                     cluster=(cm, 1, 1), multicast=[None, "x"] if cm > 1 else None)
     smem = SharedLayout([pipe, epilogue])
+    split = _nonempty_splits(math.ceil(k / BK), config.split_k)
     defines = {"BN": bn, "EPI_COLS": config.epi_cols, "B_N_MAJOR": int(layout == "nn"),
-               "CLUSTER_M": cm, "GROUP_M": config.group_m}
-    return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages))
+               "CLUSTER_M": cm, "GROUP_M": config.group_m, "SPLIT_K": int(split > 1)}
+    return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split))
 
 
 def _check_operands(A, B, layout: str):
@@ -139,20 +159,54 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
-    plan = gemm_plan(m, n, k, layout, config or choose_config(m, n, device.sm_count))
+    plan = gemm_plan(m, n, k, layout, config or choose_config(m, n, k, device.sm_count))
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug)
     ta = TensorMap.tiled(A, plan.spec_a.box, swizzle="128B")
     tb = TensorMap.tiled(B, plan.spec_b.box, swizzle="128B")
     tc = TensorMap.tiled(C, plan.spec_c.box, swizzle="128B")
-    cm = plan.config.cluster_m
-    work = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)
+    cm, split = plan.config.cluster_m, plan.config.split_k
+    work = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn) * split
     clusters = max(1, min(work, _resident_clusters(kern, cm, device.ordinal)))
     launcher = kern.bind(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream)
-    args = (ta, tb, tc, m, n, k)
+    if split == 1:
+        args = (ta, tb, tc, 0, m, n, k, 1)
+    else:
+        partial = _workspace(m * n, device)
+        finish = get_kernel("cast_f32_bf16", None, debug=debug).bind(
+            grid=min(4 * device.sm_count, math.ceil(m * n / 256)), block=256, stream=stream)
+        launcher = _SplitK(launcher, finish, partial, m * n, (C, m, n, C.strides[0] // 2))
+        args = (ta, tb, tc, partial, m, n, k, split)
     if launch:
         launcher(*args)
         return out
     return launcher, args, out
+
+
+class _SplitK:
+    """A split-K launch: zero the fp32 partial sums, run the GEMM (which adds into them),
+    convert them to bf16 into ``out``, all on the GEMM's stream."""
+
+    def __init__(self, gemm_launcher, finish_launcher, partial, count: int, finish_args):
+        self.gemm, self.finish, self.partial = gemm_launcher, finish_launcher, partial
+        self.count, self.finish_args = count, finish_args
+
+    def __call__(self, *args) -> None:
+        driver.call("cuMemsetD32Async", self.partial.ptr, 0, self.count, self.gemm.stream)
+        self.gemm(*args)
+        self.finish(self.partial, *self.finish_args)
+
+
+_workspaces = threading.local()  # one per thread: concurrent GEMMs never share partial sums
+
+
+def _workspace(count: int, device):
+    """An fp32 buffer of at least ``count`` elements, kept per thread and device, grown as needed."""
+    cache = _workspaces.__dict__
+    buf = cache.get(device.ordinal)
+    if buf is None or buf.size < count or not buf.alive:
+        buf = empty((max(count, 1 << 20),), "float32", device)
+        cache[device.ordinal] = buf
+    return buf
 
 
 @functools.lru_cache(maxsize=32)

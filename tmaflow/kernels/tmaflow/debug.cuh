@@ -53,7 +53,8 @@ TMAFLOW_DEVICE void copy_str(char* dst, const char* src, int n) {
   }
   for (; i < n; ++i) dst[i] = 0;
 }
-__device__ __noinline__ void report(uint32_t bar_addr, uint32_t parity, Site site, uint32_t line,
+// Inlined: ptxas cannot allocate registers for a call made after setmaxnreg (C7600).
+__device__ __forceinline__ void report(uint32_t bar_addr, uint32_t parity, Site site, uint32_t line,
                                     const char* file, uint64_t waited_ns) {
   tmaflow_watchdog_state.abort = 1;
   uint32_t slot = atomicAdd(&tmaflow_watchdog_state.slots, 1u);
