@@ -3,9 +3,11 @@
     python tools/bench_gemm.py [--json FILE] [--sweep] [--repeats N]
 
 Both sides compute the same product (layout "nt": C = A @ B^T; "nn": C = A @ B) from the
-same random bf16 inputs into a preallocated C. Each timed repeat is preceded by a 256 MB
-write that evicts L2, so neither side reuses the other's cached operands; times are CUDA
-events around the GEMM alone, medians after warm-up. Every row also checks tmaflow's output
+same random bf16 inputs into a preallocated C. They run alternately, each timed repeat
+preceded by a 256 MB write that evicts L2, so neither side reuses the other's cached operands
+and clock drift hits both; times are CUDA events around the GEMM alone (for split-K: the
+zeroing, the GEMM and the bf16 conversion), medians after warm-up; the ratio is the median
+of per-repeat ratios. Every row also checks tmaflow's output
 against cuBLAS's. ``--sweep`` also times every tile configuration per shape.
 """
 from __future__ import annotations
@@ -26,21 +28,27 @@ SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048,
 SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_m=8),
          GemmConfig(bn=256, cluster_m=2, group_m=32), GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
          GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=1)]
+SKINNY_SWEEP = [GemmConfig(bn=128, cluster_m=1, split_k=s) for s in (2, 4, 8, 16)]
 
 
-def median_ms(fn, flush, repeats):
+def paired_ms(ours, peer, flush, repeats):
+    """Median times of both sides and the median of per-repeat ratios peer/ours. The two run
+    alternately, each after an L2 flush, so clock and power drift hits both alike."""
     for _ in range(3):
-        fn()
-    times = []
+        ours()
+        peer()
+    t_ours, t_peer = [], []
     for _ in range(repeats):
-        flush.zero_()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+        for fn, times in ((peer, t_peer), (ours, t_ours)):
+            flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+    ratio = statistics.median(p / o for p, o in zip(t_peer, t_ours))
+    return statistics.median(t_ours), statistics.median(t_peer), ratio
 
 
 def rel(x, ref):
@@ -64,10 +72,12 @@ def main():
         c_ref = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         bt = b.T if layout == "nt" else b
-        t_cublas = median_ms(lambda: torch.matmul(a, bt, out=c_ref), flush, args.repeats)
+        cublas = lambda: torch.matmul(a, bt, out=c_ref)  # noqa: E731
+        cublas()
         flop = 2.0 * m * n * k
         auto = choose_config(m, n, k, sms)
-        configs = [auto] + ([cfg for cfg in SWEEP if cfg != auto] if args.sweep else [])
+        sweep = SKINNY_SWEEP if m <= 128 else SWEEP
+        configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep else [])
         for cfg in configs:
             try:
                 launcher, largs, _ = kernels.gemm(a, b, c, layout=layout, config=cfg, launch=False)
@@ -75,14 +85,14 @@ def main():
                 launcher(*largs)
                 torch.cuda.synchronize()
                 err = rel(c, c_ref)
-                t = median_ms(lambda: launcher(*largs), flush, args.repeats)
+                t, t_cublas, ratio = paired_ms(lambda: launcher(*largs), cublas, flush, args.repeats)
             except tf.TmaflowError as exc:
                 print(f"  skip {cfg}: {exc}", flush=True)
                 continue
             row = {"shape": f"{m}x{n}x{k}", "layout": layout, "auto": cfg == auto,
                    "config": f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} k{cfg.split_k}",
                    "tmaflow_ms": t, "cublas_ms": t_cublas, "tmaflow_tflops": flop / t / 1e9,
-                   "cublas_tflops": flop / t_cublas / 1e9, "ratio": t_cublas / t, "rel_err_vs_cublas": err}
+                   "cublas_tflops": flop / t_cublas / 1e9, "ratio": ratio, "rel_err_vs_cublas": err}
             rows.append(row)
             print(f"{row['shape']:>18s} {layout}  {row['config']:<26s}{'*' if row['auto'] else ' '} "
                   f"tmaflow {row['tmaflow_tflops']:6.1f}  cuBLAS {row['cublas_tflops']:6.1f} TFLOP/s  "
