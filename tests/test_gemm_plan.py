@@ -68,7 +68,7 @@ def test_gemm_plan_bytes(layout, bn, cm):
 
 def test_choose_config():
     assert choose_config(8192, 8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
-    assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)  # 128 wide tiles < 132 SMs
+    assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=1)  # 128 wide tiles < 132 SMs
     skinny = choose_config(16, 4096, 4096, 132)
     assert skinny.cluster_m == 1 and skinny.bn == 128                              # one M tile: no partner
     assert skinny.split_k == 4                                                     # 32 tiles x 4 splits fill 128 SMs

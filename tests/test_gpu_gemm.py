@@ -63,13 +63,25 @@ def test_gemm_every_config(device, rng, config, layout):
         _check(out, ref, (config, layout, debug))
 
 
-def test_gemm_split_k_repeated_calls_reuse_the_workspace(device, rng):
-    # The fp32 partial sums are zeroed on every call: a second call must not add to the first.
-    A, B, ref = _operands(rng, 16, 512, 4096, "nt")
-    out = poison(tf.empty((16, 512), "bfloat16"))
+def test_gemm_split_k_counters_reset_between_calls(device, rng):
+    # Each tile's last split resets its counter; alternating shapes on one stream reuse the
+    # same counters and partial buffer, and every result must still be right.
+    cases = [_operands(rng, 16, 512, 4096, "nt") + (8,), _operands(rng, 300, 264, 1024, "nt") + (3,)]
     for _ in range(2):
-        kernels.gemm(A, B, out, config=GemmConfig(bn=128, cluster_m=1, split_k=8))
-        _check(out, ref, "split-k twice")
+        for A, B, ref, split in cases:
+            out = poison(tf.empty(ref.shape, "bfloat16"))
+            kernels.gemm(A, B, out, config=GemmConfig(bn=128, cluster_m=1, split_k=split))
+            _check(out, ref, ("split-k", ref.shape, split))
+
+
+def test_gemm_split_k_is_deterministic(device, rng):
+    A, B, _ = _operands(rng, 64, 1024, 8192, "nt")
+    outs = []
+    for _ in range(3):
+        out = poison(tf.empty((64, 1024), "bfloat16"))
+        kernels.gemm(A, B, out, config=GemmConfig(bn=128, cluster_m=1, split_k=16))
+        outs.append(out.numpy())
+    assert all((o == outs[0]).all() for o in outs[1:])
 
 
 def test_gemm_many_tiles_per_cta(device, rng):

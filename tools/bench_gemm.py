@@ -5,9 +5,8 @@
 Both sides compute the same product (layout "nt": C = A @ B^T; "nn": C = A @ B) from the
 same random bf16 inputs into a preallocated C. They run alternately, each timed repeat
 preceded by a 256 MB write that evicts L2, so neither side reuses the other's cached operands
-and clock drift hits both; times are CUDA events around the GEMM alone (for split-K: the
-zeroing, the GEMM and the bf16 conversion), medians after warm-up; the ratio is the median
-of per-repeat ratios. Every row also checks tmaflow's output
+and clock drift hits both; times are CUDA events around the GEMM alone, medians after
+warm-up; the ratio is the median of per-repeat ratios. Every row also checks tmaflow's output
 against cuBLAS's. ``--sweep`` also times every tile configuration per shape.
 """
 from __future__ import annotations

@@ -17,7 +17,7 @@ _kernels: dict[tuple, Kernel] = {}
 
 _FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
           "reduce_add": "reduce", "broadcast_scale": "broadcast", "axpb_ldgsts": "axpb",
-          "axpb_tma": "axpb", "gemm_bf16": "gemm", "cast_f32_bf16": "cast"}
+          "axpb_tma": "axpb", "gemm_bf16": "gemm"}
 
 
 def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = None,

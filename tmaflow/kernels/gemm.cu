@@ -11,7 +11,8 @@
 // each warpgroup's rows into 128B-swizzled 64 x 64 boxes in shared memory (bank-conflict
 // free) and TMA-stores them; the hardware clips rows and columns past the edges, and loads
 // past the edges read zeros, so ragged M, N and K need no padding. With SPLIT_K, work items
-// also split K (for shapes with too few tiles to fill the GPU) and add fp32 partials.
+// also split K (for shapes with too few tiles to fill the GPU): each split stores its fp32
+// partial, and the last one to finish a tile (a per-tile counter) sums them and stores C.
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
@@ -34,7 +35,7 @@ namespace L = tmaflow_layout;
 #define GROUP_M 16
 #endif
 #ifndef SPLIT_K
-#define SPLIT_K 0  // 1: K is split among work items that add fp32 partials into `partial`
+#define SPLIT_K 0  // 1: K is split among work items whose fp32 partials meet in `partial`
 #endif
 constexpr int BM = 128, BK = 64;
 constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
@@ -68,9 +69,62 @@ TMAFLOW_DEVICE uint32_t bf16x2_bits(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+#if SPLIT_K
+// Consumer warpgroups of one CTA (256 threads): store this split's in-bounds partial sums at
+// partial[split][row][col], count the split done, and if it was the tile's last, reload every
+// split's partial (in split order, so the sum does not depend on which finished last) into
+// acc. True in every consumer thread of the CTA that finishes the tile.
+TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc)[kAcc], int row, int lane,
+                                 int tm, int tn, int split, int splits, int M, int N, int tiles_n) {
+  const int cw = threadIdx.x / 128 - 1;
+  const int grow = tm * BM + cw * 64 + row;  // and grow + 8
+  const int col0 = tn * BN + 2 * (lane % 4);
+  const size_t plane = size_t(M) * N;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = grow + 8 * h, col = col0 + 8 * j;
+      if (r < M && col < N)  // N is even (16-byte rows), so col + 1 < N too
+        *reinterpret_cast<float2*>(partial + split * plane + size_t(r) * N + col) =
+            make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+  __threadfence();                        // this thread's partial is visible GPU-wide ...
+  named_barrier::sync(3, 256);            // ... for every consumer thread, before the count
+  uint32_t last = 0;
+  uint32_t* counter = counters + tm * tiles_n + tn;
+  if (threadIdx.x == 128) last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
+  uint32_t any;
+  asm volatile("{\n .reg .pred q, p;\n setp.ne.u32 q, %1, 0;\n bar.red.or.pred p, 3, 256, q;\n"
+               " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(any) : "r"(last) : "memory");
+  if (!any) return false;
+  __threadfence();
+  if (threadIdx.x == 128) *counter = 0;   // every split has counted: ready for the next launch
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+  for (int s = 0; s < splits; ++s) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = grow + 8 * h, col = col0 + 8 * j;
+        if (r < M && col < N) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(partial + s * plane + size_t(r) * N + col));
+          acc[4 * j + 2 * h] += v.x;
+          acc[4 * j + 2 * h + 1] += v.y;
+        }
+      }
+    }
+  }
+  return true;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-          const __grid_constant__ CUtensorMap tc, float* partial, int M, int N, int K, int splits) {
+          const __grid_constant__ CUtensorMap tc, float* partial, uint32_t* counters, int M, int N,
+          int K, int splits) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
@@ -162,21 +216,10 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 
       const int row = wq * 16 + lane / 4;   // and row + 8; the swizzle depends on row % 8
 #if SPLIT_K
-      // Add this split's partial sums into the fp32 result (the host zeroes it first and
-      // converts it to bf16 after); only in-bounds elements.
-      const int grow = tm * BM + cw * 64 + row;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const int col = tn * BN + 8 * j + 2 * (lane % 4);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (grow + 8 * h >= M) continue;
-          float* dst = partial + size_t(grow + 8 * h) * N + col;
-          if (col < N) atomicAdd(dst, acc[4 * j + 2 * h]);
-          if (col + 1 < N) atomicAdd(dst + 1, acc[4 * j + 2 * h + 1]);
-        }
-      }
-#else
+      // Publish this split's fp32 partial; the last split of the tile to finish sums every
+      // split's partial in split order (deterministic) and runs the bf16 epilogue below.
+      if (!split_k_last(partial, counters, acc, row, lane, tm, tn, w % splits, splits, M, N, tiles_n)) continue;
+#endif
       // Epilogue, EPI_COLS columns a round: registers -> swizzled boxes -> TMA store.
 #pragma unroll
       for (int r = 0; r < BN / EPI_COLS; ++r) {
@@ -198,7 +241,6 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           tma::commit_group();
         }
       }
-#endif
     }
     if (t == 0) tma::wait_group<0>();
   }
