@@ -24,6 +24,7 @@ from tmaflow.kernels.matmul import GemmConfig, choose_config
 SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048, "nt"),
           (4096, 14336, 4096, "nt"), (8192, 4096, 14336, "nt"), (16, 4096, 4096, "nt"),
           (8192, 8192, 8192, "nn"), (4096, 4096, 4096, "nn")]
+EXTRA = [(128, 4096, 4096, "nt"), (64, 4096, 4096, "nt"), (16, 4096, 16384, "nt")]  # --extra: skinny probes
 SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_m=8),
          GemmConfig(bn=256, cluster_m=2, group_m=32), GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
          GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=1)]
@@ -59,11 +60,16 @@ def main():
     p.add_argument("--json")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--extra", action="store_true", help="also the EXTRA shapes")
+    p.add_argument("--only-skinny", action="store_true", help="only shapes with M <= 128")
     args = p.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     sms = tf.current_device().sm_count
     rows = []
-    for m, n, k, layout in SHAPES:
+    shapes = SHAPES + (EXTRA if args.extra else [])
+    if args.only_skinny:
+        shapes = [s for s in shapes if s[0] <= 128]
+    for m, n, k, layout in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         if layout == "nn":
