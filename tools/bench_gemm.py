@@ -27,8 +27,10 @@ SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048,
 EXTRA = [(128, 4096, 4096, "nt"), (64, 4096, 4096, "nt"), (16, 4096, 16384, "nt")]  # --extra: skinny probes
 SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_m=8),
          GemmConfig(bn=256, cluster_m=2, group_m=32), GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
-         GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=1)]
-SKINNY_SWEEP = [GemmConfig(bn=128, cluster_m=1, split_k=s) for s in (2, 4, 8, 16)]
+         GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1),
+         GemmConfig(bn=256, cluster_m=2, l2_promotion="none"), GemmConfig(bn=128, cluster_m=1, l2_promotion="none")]
+SKINNY_SWEEP = [GemmConfig(bn=128, cluster_m=1, split_k=s) for s in (2, 4, 8)] + [
+    GemmConfig(bn=128, cluster_m=1, split_k=4, l2_promotion="none"), GemmConfig(bn=128, cluster_m=1, split_k=1)]
 
 
 def paired_ms(ours, peer, flush, repeats):
@@ -95,11 +97,11 @@ def main():
                 print(f"  skip {cfg}: {exc}", flush=True)
                 continue
             row = {"shape": f"{m}x{n}x{k}", "layout": layout, "auto": cfg == auto,
-                   "config": f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} k{cfg.split_k}",
+                   "config": f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} k{cfg.split_k} l2{cfg.l2_promotion}",
                    "tmaflow_ms": t, "cublas_ms": t_cublas, "tmaflow_tflops": flop / t / 1e9,
                    "cublas_tflops": flop / t_cublas / 1e9, "ratio": ratio, "rel_err_vs_cublas": err}
             rows.append(row)
-            print(f"{row['shape']:>18s} {layout}  {row['config']:<26s}{'*' if row['auto'] else ' '} "
+            print(f"{row['shape']:>18s} {layout}  {row['config']:<34s}{'*' if row['auto'] else ' '} "
                   f"tmaflow {row['tmaflow_tflops']:6.1f}  cuBLAS {row['cublas_tflops']:6.1f} TFLOP/s  "
                   f"ratio {row['ratio']:.3f}  err {err:.1e}", flush=True)
     if args.json:

@@ -33,6 +33,7 @@ class GemmConfig:
     group_m: int = 16        # M tiles per band of the grouped (L2-friendly) tile order
     stages: int | None = None
     split_k: int = 1         # work items per tile along K, adding fp32 partials (skinny shapes)
+    l2_promotion: str = "256B"  # of the A and B loads: L2 fetches whole 256 B from DRAM
 
     def __post_init__(self):
         if self.bn not in (128, 256):
@@ -47,6 +48,9 @@ class GemmConfig:
                                f"cluster_m={self.cluster_m}")
         if self.stages is not None and not 2 <= self.stages <= 16:
             raise TmaflowError(f"GemmConfig: stages={self.stages} must be in [2, 16]")
+        if self.l2_promotion not in ("none", "64B", "128B", "256B"):
+            raise TmaflowError(f"GemmConfig: l2_promotion={self.l2_promotion!r} must be 'none', "
+                               "'64B', '128B' or '256B'")
         if not 1 <= self.split_k <= 64:
             raise TmaflowError(f"GemmConfig: split_k={self.split_k} must be in [1, 64]")
 
@@ -90,12 +94,13 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     bn, cm = config.bn, config.cluster_m
-    spec_a = TensorMapSpec.tiled("bfloat16", (m, k), (BM, BK), swizzle="128B")
+    l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
+    spec_a = TensorMapSpec.tiled("bfloat16", (m, k), (BM, BK), **l2)
     if layout == "nt":  # B is n x k: bn rows of 128 B, split in row slices among the cluster
-        spec_b = TensorMapSpec.tiled("bfloat16", (n, k), (bn // cm, BK), swizzle="128B")
+        spec_b = TensorMapSpec.tiled("bfloat16", (n, k), (bn // cm, BK), **l2)
         b_boxes = cm
     else:               # B is k x n: boxes of 64 k-rows x 64 columns (128 B), bn / 64 of them
-        spec_b = TensorMapSpec.tiled("bfloat16", (k, n), (BK, 64), swizzle="128B")
+        spec_b = TensorMapSpec.tiled("bfloat16", (k, n), (BK, 64), **l2)
         b_boxes = bn // 64
     spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (64, 64), swizzle="128B")
     epilogue = Buffer("c", 2 * 64 * config.epi_cols * 2, align=1024)
@@ -161,8 +166,9 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     device = current_device()
     plan = gemm_plan(m, n, k, layout, config or choose_config(m, n, k, device.sm_count))
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug)
-    ta = TensorMap.tiled(A, plan.spec_a.box, swizzle="128B")
-    tb = TensorMap.tiled(B, plan.spec_b.box, swizzle="128B")
+    l2 = {"swizzle": "128B", "l2_promotion": plan.config.l2_promotion}
+    ta = TensorMap.tiled(A, plan.spec_a.box, **l2)
+    tb = TensorMap.tiled(B, plan.spec_b.box, **l2)
     tc = TensorMap.tiled(C, plan.spec_c.box, swizzle="128B")
     cm, split = plan.config.cluster_m, plan.config.split_k
     work = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn) * split
