@@ -103,8 +103,7 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
   if (threadIdx.x == 128) *counter = 0;   // every split has counted: ready for the next launch
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-#pragma unroll 2
-  for (int s = 0; s < splits; ++s) {
+  for (int s = 0; s < splits; ++s) {  // (unrolling this spills: 32 loads a split are in flight)
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
