@@ -23,6 +23,9 @@ def _demo_compile_only() -> int:
         ("broadcast_scale", ex.broadcast_plan(256, 4)[1], None),
         ("axpb_ldgsts", None, None), ("axpb_tma", None, None),
     ]
+    from .kernels.matmul import gemm_plan
+    g = gemm_plan(8192, 8192, 8192)
+    plans.append(("gemm_bf16", g.layout, g.defines))
     for name, layout, defines in plans:
         t0 = time.perf_counter()
         k = ex.get_kernel(name, layout, defines)
@@ -57,7 +60,33 @@ def demo(args) -> int:
           "against numpy")
     rows = bandwidth_suite(repeats=5, quick=True)
     print(format_table(rows))
-    return 0 if all(r["ok"] for r in rows) else 1
+    gemm_ok = _demo_gemm()
+    return 0 if all(r["ok"] for r in rows) and gemm_ok else 1
+
+
+def _demo_gemm(n: int = 4096) -> bool:
+    """The bf16 GEMM at n^3: rows of C checked against float64 numpy, TFLOP/s from events."""
+    from .bench import Timer
+    from .kernels import gemm
+    from .memory import empty, from_numpy
+
+    rng = np.random.default_rng()
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    b = rng.standard_normal((n, n)).astype(np.float32)
+    bits = [(x.view(np.uint32) >> 16).astype(np.uint16) for x in (a, b)]  # truncate to bf16
+    A, B = (from_numpy(x, dtype="bfloat16") for x in bits)
+    out = empty((n, n), "bfloat16").fill_bytes(0xFF)
+    launcher, args, _ = gemm(A, B, out, launch=False)
+    seconds = Timer().time(lambda: launcher(*args), repeats=10)
+    got = (out.numpy()[:256].view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    av, bv = ((x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for x in bits)
+    ref = av[:256] @ bv.T
+    err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    ok = bool(np.isfinite(got).all() and err < 1e-2)
+    print(f"\n  gemm bf16 {n}x{n}x{n} (C = A B^T): {2 * n ** 3 / seconds / 1e12:.0f} TFLOP/s, "
+          f"rel. error {err:.1e} on 256 rows vs float64 numpy: {'ok' if ok else 'WRONG'}")
+    print("  (its ratio to cuBLAS: tools/bench_gemm.py)")
+    return ok
 
 
 def swizzle(args) -> int:
