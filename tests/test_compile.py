@@ -256,7 +256,7 @@ def test_missing_nvrtc_says_how_to_install(monkeypatch):
 
 @pytest.mark.parametrize("layout,bn,cluster_m,split_k,debug", [
     ("nt", 256, 2, 1, False), ("nt", 128, 2, 1, False), ("nn", 256, 2, 1, False), ("nn", 128, 1, 1, False),
-    ("nt", 128, 1, 4, False), ("nt", 256, 2, 1, True), ("nn", 128, 1, 4, True)])
+    ("nt", 128, 1, 4, False), ("nt", 256, 2, 4, False), ("nt", 256, 2, 1, True), ("nn", 128, 1, 4, True)])
 def test_gemm_compiles_to_hgmma_and_multicast_without_spills(layout, bn, cluster_m, split_k, debug):
     from tmaflow.kernels.examples import get_kernel
     from tmaflow.kernels.matmul import GemmConfig, gemm_plan

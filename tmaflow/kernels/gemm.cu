@@ -80,15 +80,17 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
   const int grow = tm * BM + cw * 64 + row;  // and grow + 8
   const int col0 = tn * BN + 2 * (lane % 4);
   const size_t plane = size_t(M) * N;
+  // Rows grow and grow + 8 from column col0, 8 columns apart; N is even (16-byte rows), so an
+  // in-bounds col has col + 1 in bounds too.
+  const bool row_ok[2] = {grow < M, grow + 8 < M};
+  const size_t at = size_t(grow) * N + col0, next_rows = size_t(8) * N;
+  float* mine = partial + split * plane + at;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = grow + 8 * h, col = col0 + 8 * j;
-      if (r < M && col < N)  // N is even (16-byte rows), so col + 1 < N too
-        *reinterpret_cast<float2*>(partial + split * plane + size_t(r) * N + col) =
-            make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
+    for (int h = 0; h < 2; ++h)
+      if (row_ok[h] && col0 + 8 * j < N)
+        *reinterpret_cast<float2*>(mine + h * next_rows + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
   }
   __threadfence();                        // this thread's partial is visible GPU-wide ...
   named_barrier::sync(3, 256);            // ... for every consumer thread, before the count
@@ -103,18 +105,25 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
   if (threadIdx.x == 128) *counter = 0;   // every split has counted: ready for the next launch
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-  for (int s = 0; s < splits; ++s) {  // (unrolling this spills: 32 loads a split are in flight)
+  // Chunks of 8 column blocks (16 loads in flight) keep the registers beside the accumulators
+  // bounded; the empty asm with a memory clobber stops the compiler hoisting the next chunk.
+  constexpr int kChunk = 8;
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
+  for (int j0 = 0; j0 < BN / 8; j0 += kChunk) {
+    for (int s = 0; s < splits; ++s) {
+      const float* src = partial + s * plane + at;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = grow + 8 * h, col = col0 + 8 * j;
-        if (r < M && col < N) {
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(partial + s * plane + size_t(r) * N + col));
-          acc[4 * j + 2 * h] += v.x;
-          acc[4 * j + 2 * h + 1] += v.y;
+      for (int j = j0; j < j0 + kChunk; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          if (row_ok[h] && col0 + 8 * j < N) {
+            const float2 v = __ldcg(reinterpret_cast<const float2*>(src + h * next_rows + 8 * j));
+            acc[4 * j + 2 * h] += v.x;
+            acc[4 * j + 2 * h + 1] += v.y;
+          }
         }
       }
+      asm volatile("" ::: "memory");
     }
   }
   return true;
