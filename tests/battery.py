@@ -14,6 +14,7 @@ import numpy as np
 import tmaflow as tf
 from tmaflow.kernels import examples as ex
 from tmaflow.kernels import source
+from tmaflow.kernels.matmul import GemmConfig, gemm
 from tmaflow.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
 
@@ -232,6 +233,21 @@ gpu(H, "axpb with an unknown method", TE, r"method='fast' must be 'tma' or 'ldgs
 gpu(H, "broadcast with a cluster not dividing the CTAs", TE, r"must divide the 3 CTAs|cluster=2", lambda: ex.broadcast_scale(tf.zeros((96, 256)), tf.zeros((64, 256)), cluster=2))
 gpu(H, "broadcast with 16-row tiles", TE, r"wrows=16 must be 32 or 64", lambda: ex.broadcast_scale(tf.zeros((64, 256)), tf.zeros((64, 256)), wrows=16))
 gpu(H, "replace_address with another shape", E, r"replace_address: array shape=\(8, 16\)", lambda: tf.TensorMap.tiled(tf.zeros((16, 16)), (4, 16)).replace_address(tf.zeros((8, 16))))
+
+G = "gemm"
+
+
+def _bf(shape, dtype="bfloat16", strides=None):
+    return DeviceArray(1 << 32, shape, dtype, strides=strides)  # never dereferenced: checks fail first
+
+
+cpu(G, "unknown layout", TE, r"layout='tn' must be one of \('nt', 'nn'\)", lambda: gemm(_bf((64, 32)), _bf((48, 32)), _bf((64, 48)), layout="tn"))
+cpu(G, "float16 operand", TE, r"a must be bfloat16 \(got float16\)", lambda: gemm(_bf((64, 32), "float16"), _bf((48, 32)), _bf((64, 48))))
+cpu(G, "K of a and b differ", TE, r"b must be \(N, K\) for layout 'nt'", lambda: gemm(_bf((64, 32)), _bf((48, 40)), _bf((64, 48))))
+cpu(G, "rows not a 16-byte multiple (K = 36)", TE, r"a has strides \(72, 2\) B; .*multiple of 16 B", lambda: gemm(_bf((64, 36)), _bf((48, 36)), _bf((64, 48))))
+cpu(G, "out of the wrong shape", TE, r"out must be a \(64, 48\) bfloat16 array", lambda: gemm(_bf((64, 32)), _bf((48, 32)), _bf((64, 40))))
+cpu(G, "config with 192-column tiles", TE, r"bn=192 must be 128 or 256", lambda: GemmConfig(bn=192))
+cpu(G, "config with split_k=0", TE, r"split_k=0 must be in \[1, 64\]", lambda: GemmConfig(split_k=0))
 
 
 class _FakeAmpere:
