@@ -6,6 +6,7 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
 from tmaflow.kernels.matmul import GemmConfig
 from tmaflow.testing import poison, rel_error
 
@@ -20,10 +21,9 @@ CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
 
 
 def _bf16(x):
-    """float32 -> bf16 bits (round to nearest even) and the float32 values they hold."""
-    u = x.astype(np.float32).view(np.uint32)
-    bits = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return bits, (bits.astype(np.uint32) << 16).view(np.float32)
+    """bf16 bits of x and the float32 values they hold."""
+    bits = bf16_bits(x)
+    return bits, bf16_to_float32(bits)
 
 
 def _operands(rng, m, n, k, layout):
@@ -34,7 +34,7 @@ def _operands(rng, m, n, k, layout):
 
 
 def _check(out, ref, what):
-    got = (out.numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    got = bf16_to_float32(out.numpy())
     assert not np.isnan(got).any(), what
     err = rel_error(got, ref)
     assert err < 1e-2, (what, err)

@@ -213,3 +213,15 @@ def test_im2col_rules():
         im("float16", (2, 8, 8, 16), **dict(base, lower_corner=(5, 0), upper_corner=(-4, 0)))
     with pytest.raises(tf.TensorMapError, match=r"channels_per_pixel=64 x 4 B = 256 B exceeds the 128B swizzle span"):
         im("float32", (2, 8, 8, 64), **dict(base, channels_per_pixel=64), swizzle="128B")
+
+
+def test_bf16_host_conversion_rounds_to_nearest_even(rng):
+    from tmaflow.dtypes import bf16_bits, bf16_to_float32
+
+    x = rng.standard_normal(10000).astype(np.float32)
+    back = bf16_to_float32(bf16_bits(x))
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2.0 ** -8)       # half an 8-bit-mantissa ulp
+    assert np.array_equal(bf16_bits(back), bf16_bits(x))           # bf16 values are fixed points
+    # ties go to even: 1 + 2^-8 sits halfway between 1 and 1 + 2^-7
+    ties = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8], dtype=np.float32)
+    assert list(bf16_to_float32(bf16_bits(ties))) == [1.0, 1 + 2 * 2.0 ** -7]

@@ -67,19 +67,18 @@ def demo(args) -> int:
 def _demo_gemm(n: int = 4096) -> bool:
     """The bf16 GEMM at n^3: rows of C checked against float64 numpy, TFLOP/s from events."""
     from .bench import Timer
+    from .dtypes import bf16_bits, bf16_to_float32
     from .kernels import gemm
     from .memory import empty, from_numpy
 
     rng = np.random.default_rng()
-    a = rng.standard_normal((n, n)).astype(np.float32)
-    b = rng.standard_normal((n, n)).astype(np.float32)
-    bits = [(x.view(np.uint32) >> 16).astype(np.uint16) for x in (a, b)]  # truncate to bf16
+    bits = [bf16_bits(rng.standard_normal((n, n))) for _ in range(2)]
     A, B = (from_numpy(x, dtype="bfloat16") for x in bits)
     out = empty((n, n), "bfloat16").fill_bytes(0xFF)
     launcher, args, _ = gemm(A, B, out, launch=False)
     seconds = Timer().time(lambda: launcher(*args), repeats=10)
-    got = (out.numpy()[:256].view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    av, bv = ((x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for x in bits)
+    got = bf16_to_float32(out.numpy()[:256])
+    av, bv = (bf16_to_float32(x).astype(np.float64) for x in bits)
     ref = av[:256] @ bv.T
     err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
     ok = bool(np.isfinite(got).all() and err < 1e-2)

@@ -85,3 +85,16 @@ def as_dtype(obj) -> DType:
             return BY_NAME[key]
     names = ", ".join(sorted(n for n in BY_NAME))
     raise TensorMapError(f"dtype={obj!r} is not a supported element type; use one of: {names}")
+
+
+def bf16_bits(x) -> np.ndarray:
+    """Host floats -> bfloat16 bit patterns (uint16), rounded to nearest even; upload them with
+    ``tf.from_numpy(bits, dtype="bfloat16")``. NaN and overflow are not special-cased."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_to_float32(bits) -> np.ndarray:
+    """bfloat16 values (uint16 bit patterns, or ml_dtypes.bfloat16 as ``DeviceArray.numpy()``
+    returns when it is installed) -> float32, exactly."""
+    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)

@@ -319,9 +319,10 @@ class Kernel:
         mod.ensure_smem(smem)
         return Launcher(self, mod, grid, block, cluster, smem, stream)
 
-    def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
-               stream=None) -> None:
-        """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
+    def launcher(self, *, grid, block, cluster=(1, 1, 1), smem: int | None = None,
+                 stream=None) -> Launcher:
+        """The bound launcher for this configuration on the current device, built (and
+        checked) once per thread: what ``launch`` uses, for callers that launch again later."""
         key = (grid, block, cluster, smem, stream if stream is None else stream_handle(stream),
                current_ordinal())  # a launcher belongs to one device's module
         cache = self._local.__dict__
@@ -331,7 +332,12 @@ class Kernel:
             if len(cache) > 64:
                 cache.clear()
             cache[key] = launcher
-        launcher(*args)
+        return launcher
+
+    def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
+               stream=None) -> None:
+        """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
+        self.launcher(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream)(*args)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, arch={self._arch or 'auto'}, debug={self.debug})"

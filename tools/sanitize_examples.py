@@ -52,18 +52,18 @@ def main() -> int:
     for method in ("ldgsts", "tma"):
         o = kernels.axpb(tf.from_numpy(v), 2.0, 1.0, tf.zeros(v.shape), method=method).numpy()
         check(f"axpb {method}", np.allclose(o, 2 * v + 1))
+    from tmaflow.dtypes import bf16_bits, bf16_to_float32
     from tmaflow.kernels.matmul import GemmConfig
     for layout, cfg in (("nt", GemmConfig()), ("nn", GemmConfig(bn=128, cluster_m=1)),
                         ("nt", GemmConfig(bn=128, cluster_m=1, split_k=3))):
-        a16 = rng.standard_normal((300, 384)).astype(np.float32)
-        b16 = rng.standard_normal((264, 384) if layout == "nt" else (384, 264)).astype(np.float32)
-        bits = [(m.view(np.uint32) >> 16).astype(np.uint16) for m in (a16, b16)]
-        av, bv = [(x.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for x in bits]
+        bits = [bf16_bits(rng.standard_normal(shape))
+                for shape in ((300, 384), (264, 384) if layout == "nt" else (384, 264))]
+        av, bv = [bf16_to_float32(x).astype(np.float64) for x in bits]
         ref = av @ (bv.T if layout == "nt" else bv)
         out = tf.zeros((300, 264), "bfloat16")
         kernels.gemm(tf.from_numpy(bits[0], dtype="bfloat16"), tf.from_numpy(bits[1], dtype="bfloat16"),
                      out, layout=layout, config=cfg)
-        got = (out.numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        got = bf16_to_float32(out.numpy())
         check(f"gemm {layout} bn{cfg.bn} k{cfg.split_k}", np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2)
     print(f"{len(bad)} wrong" if bad else "all results correct")
     return 1 if bad else 0

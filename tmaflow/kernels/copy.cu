@@ -33,7 +33,7 @@ tile_copy(const __grid_constant__ CUtensorMap src, const __grid_constant__ CUten
   const uint64_t policy = tma::make_policy_evict_first();  // streamed once: don't keep it in L2
 #endif
   const int total = tiles_x * tiles_y;
-  const int count = blockIdx.x < total ? (total - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const int count = persistent_count(total);
   auto issue_load = [&](int i) {
     int t = blockIdx.x + i * gridDim.x, s = i % stages;
     pipe.producer_commit({uint32_t(s), 0});

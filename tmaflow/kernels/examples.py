@@ -87,8 +87,8 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     ts = TensorMap.tiled(a, box, l2_promotion=l2_promotion)
     td = TensorMap.tiled(out, box, l2_promotion=l2_promotion)
     tiles_y, tiles_x = math.ceil(a.shape[0] / box[0]), math.ceil(a.shape[1] / box[1])
-    launcher = k.bind(grid=_persistent_grid(tiles_x * tiles_y, ctas_per_sm), block=32,
-                      stream=stream)
+    launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y, ctas_per_sm), block=32,
+                          stream=stream)
     if launch:
         launcher(ts, td, tiles_x, tiles_y)
         return result
@@ -116,7 +116,7 @@ def transpose(a, out=None, *, stream=None, launch: bool = True):
     tin = TensorMap.tiled(x, spec_in.box, swizzle="128B")
     tout = TensorMap.tiled(o, spec_out.box, swizzle="128B")
     tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
-    launcher = k.bind(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
+    launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
     args = (tin, tout, tiles_x, tiles_y)
     if launch:
         launcher(*args)
@@ -152,8 +152,8 @@ def softmax(x, out=None, *, stream=None, launch: bool = True):
     rows = defines["ROWS"]
     tin, tout = TensorMap.tiled(a, spec.box), TensorMap.tiled(o, spec.box)
     groups = math.ceil(a.shape[0] / rows)
-    launcher = k.bind(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
-                      stream=stream)
+    launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
+                          stream=stream)
     args = (tin, tout, a.shape[1], groups)
     if launch:
         launcher(*args)
@@ -221,7 +221,7 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
         raise TmaflowError(f"broadcast_scale: sparse={sparse} must be a power of two <= 64")
     k = get_kernel("broadcast_scale", layout, {"WROWS": wrows, "SPARSE": sparse}, debug=debug)
     tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (wrows, 256))
-    launcher = k.bind(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
+    launcher = k.launcher(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
     args = (tx, tw, o, iters, group_size, group_tiles)
     if launch:
         launcher(*args)
@@ -264,7 +264,7 @@ def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
         raise TmaflowError(f"axpb: method={method!r} must be 'tma' or 'ldgsts'")
     o = _out_like(xa, out)
     k = get_kernel(f"axpb_{method}", None)
-    launcher = k.bind(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)
+    launcher = k.launcher(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)
     args = (xa, o, float(a), float(b), xa.size)
     if launch:
         launcher(*args)

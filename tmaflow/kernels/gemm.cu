@@ -94,13 +94,10 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
   }
   __threadfence();                        // this thread's partial is visible GPU-wide ...
   named_barrier::sync(3, 256);            // ... for every consumer thread, before the count
-  uint32_t last = 0;
+  bool last = false;
   uint32_t* counter = counters + tm * tiles_n + tn;
   if (threadIdx.x == 128) last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
-  uint32_t any;
-  asm volatile("{\n .reg .pred q, p;\n setp.ne.u32 q, %1, 0;\n bar.red.or.pred p, 3, 256, q;\n"
-               " selp.u32 %0, 1, 0, p;\n}\n" : "=r"(any) : "r"(last) : "memory");
-  if (!any) return false;
+  if (!named_barrier::sync_or(3, 256, last)) return false;  // every consumer thread learns it
   __threadfence();
   if (threadIdx.x == 128) *counter = 0;   // every split has counted: ready for the next launch
 #pragma unroll

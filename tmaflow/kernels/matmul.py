@@ -143,6 +143,11 @@ def _check_rows(name: str, arr) -> None:
             "leading dimension to a multiple of 8 or copy to a contiguous array")
 
 
+def _map(arr, spec: TensorMapSpec) -> TensorMap:
+    """The tensor map of ``arr`` with the box, swizzle and L2 promotion the plan chose."""
+    return TensorMap.tiled(arr, spec.box, swizzle=spec.swizzle, l2_promotion=spec.l2_promotion)
+
+
 def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None, stream=None,
          debug: bool | None = None, launch: bool = True):
     """C = A @ B^T (``layout="nt"``: A is M x K, B is N x K) or C = A @ B (``"nn"``: B is K x N)
@@ -151,11 +156,10 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     A, B = as_array(a), as_array(b)
-    if out is None:
-        n = B.shape[0 if layout == "nt" else 1] if B.ndim == 2 else 0
-        out = empty((A.shape[0] if A.ndim == 2 else 0, n), "bfloat16")
-    C = as_array(out)
     m, n, k = _check_operands(A, B, layout)
+    if out is None:
+        out = empty((m, n), "bfloat16")
+    C = as_array(out)
     if C.shape != (m, n) or C.dtype.name != "bfloat16":
         raise TmaflowError(f"gemm: out must be a ({m}, {n}) bfloat16 array (got {C.shape} {C.dtype.name})")
     if m == 0 or n == 0 or k == 0:
@@ -167,20 +171,17 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     device = current_device()
     plan = gemm_plan(m, n, k, layout, config or choose_config(m, n, k, device.sm_count))
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug)
-    l2 = {"swizzle": "128B", "l2_promotion": plan.config.l2_promotion}
-    ta = TensorMap.tiled(A, plan.spec_a.box, **l2)
-    tb = TensorMap.tiled(B, plan.spec_b.box, **l2)
-    tc = TensorMap.tiled(C, plan.spec_c.box, swizzle="128B")
+    ta, tb, tc = (_map(arr, spec) for arr, spec in ((A, plan.spec_a), (B, plan.spec_b), (C, plan.spec_c)))
     cm, split = plan.config.cluster_m, plan.config.split_k
-    work = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn) * split
-    clusters = max(1, min(work, _resident_clusters(kern, cm, device.ordinal)))
-    launcher = kern.bind(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream)
+    # (cm M tiles, N tile) groups: one cluster's work item per K split
+    tile_groups = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)
+    clusters = max(1, min(tile_groups * split, _resident_clusters(kern, cm, device.ordinal)))
+    launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream)
     if split == 1:
         args = (ta, tb, tc, 0, 0, m, n, k, 1)
     else:
-        counters = math.ceil(math.ceil(m / BM) / cm) * cm * math.ceil(n / plan.config.bn)
         ws = _workspace(device, stream)
-        counter_view, partial_view = ws.views(counters, split * m * n)
+        counter_view, partial_view = ws.views(tile_groups * cm, split * m * n)
         launcher = _SplitK(launcher, ws)
         args = (ta, tb, tc, partial_view, counter_view, m, n, k, split)
     if launch:
@@ -194,18 +195,21 @@ class _Workspace:
     launches (each tile's last split resets its own), then the fp32 partial sums."""
 
     def __init__(self, device):
-        self.device, self.buf = device, None
+        self.device, self.buf, self._views = device, None, None
         self.counters = self.floats = 0
 
     def views(self, counters: int, floats: int):
+        """(counters, partials) views holding at least the sizes asked for."""
         if self.buf is None or not self.buf.alive or counters > self.counters or floats > self.floats:
             self.counters = max(self.counters, -(-counters // 64) * 64, 4096)
             self.floats = max(self.floats, floats, 1 << 20)
             self.buf = empty((self.counters + self.floats,), "float32", self.device).fill_bytes(0)
-        base = self.buf.ptr
-        return (DeviceArray(base, (self.counters,), "uint32", owner=self.buf, device=self.device),
+            base = self.buf.ptr
+            self._views = (
+                DeviceArray(base, (self.counters,), "uint32", owner=self.buf, device=self.device),
                 DeviceArray(base + 4 * self.counters, (self.floats,), "float32", owner=self.buf,
                             device=self.device))
+        return self._views
 
     def discard(self) -> None:
         """After a failed launch (a watchdog abort, say) counters may be left mid-count."""

@@ -39,7 +39,7 @@ softmax(const __grid_constant__ CUtensorMap in, const __grid_constant__ CUtensor
   constexpr int box_bytes = ROWS * 256 * 4;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = warp / WPR, part = warp % WPR;
-  const int count = blockIdx.x < groups ? (groups - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const int count = persistent_count(groups);
   auto issue_load = [&](int i) {
     int g = blockIdx.x + i * gridDim.x, s = i % stages;
     uint8_t* base = static_cast<uint8_t*>(S.rows_tile0(s));
@@ -73,7 +73,7 @@ softmax(const __grid_constant__ CUtensorMap in, const __grid_constant__ CUtensor
       merge(m, sum, m2, s2);
     }
     if (lane == 0) { red_m[row][part] = m; red_s[row][part] = sum; }
-    asm volatile("bar.sync %0, %1;" :: "r"(1 + row), "r"(32 * WPR) : "memory");  // this row's warps
+    named_barrier::sync(1 + row, 32 * WPR);  // this row's warps
     m = red_m[row][0]; sum = red_s[row][0];
     for (int p = 1; p < WPR; ++p) merge(m, sum, red_m[row][p], red_s[row][p]);
     const float inv = 1.f / sum;

@@ -18,7 +18,7 @@ transpose(const __grid_constant__ CUtensorMap in, const __grid_constant__ CUtens
   constexpr int stages = L::tin::stages;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
   const int total = tiles_x * tiles_y;
-  const int count = blockIdx.x < total ? (total - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  const int count = persistent_count(total);
   auto origin = [&](int i, int& c0, int& r0) {
     int t = blockIdx.x + i * gridDim.x;
     c0 = (t % tiles_x) * 32;

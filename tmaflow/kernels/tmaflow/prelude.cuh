@@ -36,4 +36,10 @@ using cuda::std::uint8_t;
 TMAFLOW_DEVICE uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
+
+// Persistent grids deal items blockIdx.x, blockIdx.x + gridDim.x, ...: how many of `total`
+// items this block gets.
+TMAFLOW_DEVICE int persistent_count(int total) {
+  return int(blockIdx.x) < total ? (total - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 0;
+}
 }  // namespace tmaflow

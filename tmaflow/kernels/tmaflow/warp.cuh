@@ -24,4 +24,12 @@ namespace named_barrier {
 TMAFLOW_DEVICE void sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
+// bar.red.or.pred — the same barrier, returning whether `pred` held in any of the threads.
+TMAFLOW_DEVICE bool sync_or(uint32_t id, uint32_t threads, bool pred) {
+  uint32_t any;
+  asm volatile("{\n .reg .pred q, p;\n setp.ne.u32 q, %1, 0;\n bar.red.or.pred p, %2, %3, q;\n"
+               " selp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(any) : "r"(uint32_t(pred)), "r"(id), "r"(threads) : "memory");
+  return any != 0;
+}
 }}  // namespace tmaflow::named_barrier
