@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.memory import DeviceArray, free_epoch
+from tmaflow.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
 from tmaflow.tensormap import TensorMap, TensorMapSpec
 
@@ -73,12 +73,12 @@ def test_unsigned_range_and_overflow():
     ((1, 2), r"the kernel takes 3 arguments \(128 B, 8 B, 4 B\) but 2 were given"),
     ((DeviceArray(0x1000, (4,), "float32"), DeviceArray(0x1000, (4,), "float32"), 1),
      r"argument 0: a device array passes an 8-byte pointer but the kernel parameter is 128 bytes"),
-    ((None, 0, 0), r"argument 0: cannot pass NoneType None to a 128-byte parameter"),
     (("fake", DeviceArray(0x1000, (4,), "float32"), np.float64(1)),
      r"argument 2: numpy.float64 \(8 B\) is 8 bytes but the kernel parameter is 4 bytes"),
     (("fake", np.zeros(3), 1), r"argument 1: a host numpy array \(shape \(3,\)\) cannot be passed"),
     (("fake", fake_map(), 1), r"argument 1: a TensorMap is 128 bytes but the kernel parameter is 8"),
     (("fake", [1], 1), r"argument 1: cannot pass list \[1\] to a 8-byte parameter"),
+    ((None, 0, 0), r"argument 0: None can only stand for a null pointer"),
     (("fake", 0, b"abc"), r"argument 2: 3 raw bytes given for a 4-byte parameter"),
 ])
 def test_mismatches_name_index_and_sizes(args, msg):
@@ -95,24 +95,6 @@ def test_type_change_after_fast_path_is_still_checked():
         p.pack((DeviceArray(0x2000, (4,), "float32"), np.int64(1)))
 
 
-def test_freed_array_is_caught_after_fast_path():
-    class Owner:  # stands for a tmaflow allocation that can die
-        alive = True
-
-    from tmaflow import memory
-
-    arr = DeviceArray(0x3000, (4,), "float32")
-    p = ArgPacker(table(8))
-    p.pack((arr,))
-    memory._Allocation  # the real owner type; emulate its death through the epoch + alive
-    arr.owner = object.__new__(memory._Allocation)
-    arr.owner.__dict__.update(_finalizer=type("F", (), {"alive": False})(), generation=0,
-                              device=type("D", (), {"generation": 0})())
-    free_epoch[0] += 1  # what a free does
-    with pytest.raises(tf.LaunchError, match=r"argument 0: DeviceArray.* was freed before the launch"):
-        p.pack((arr,))
-
-
 def test_float_sizes():
     p = ArgPacker(table(2, 4, 8))
     p.pack((0.5, 0.25, 0.125))
@@ -127,45 +109,77 @@ def test_parameter_space_limit():
         ArgPacker([Param(0, 0, 32768)])
 
 
-@pytest.mark.parametrize("value,msg", [(0, r"grid=0 must have 1-3 extents"), ("x", r"grid='x' must be an int"),
-                                       ((1, 2, 3, 4), r"grid=\(1, 2, 3, 4\) must have"),
-                                       ((1.5, "a"), r"grid=\(1.5, 'a'\) must be an int")])
-def test_launch_dims_messages(value, msg):
-    from tmaflow.kernel import _dims
 
+
+SIGNATURE = r"""
+#include <tmaflow.cuh>
+struct Pair { int a; float b; };
+extern "C" __global__ void sig(const __grid_constant__ CUtensorMap m, float* p, const int* q,
+                               int i, unsigned u, long long l, float f, double d, char c,
+                               bool b, Pair pair, unsigned long long word) {}
+"""
+
+
+@pytest.fixture(scope="module")
+def sig_kernel():
+    return tf.Kernel(SIGNATURE, "sig")
+
+
+def test_typed_table_from_ptx_and_source(sig_kernel):
+    got = [(p.kind, p.signed, p.offset, p.size) for p in sig_kernel.params]
+    assert got == [("tensormap", None, 0, 128), ("pointer", None, 128, 8), ("pointer", None, 136, 8),
+                   ("int", True, 144, 4), ("int", False, 148, 4), ("int", True, 152, 8),
+                   ("float", None, 160, 4), ("float", None, 168, 8), ("int", True, 176, 1),
+                   ("int", False, 177, 1), ("bytes", None, 180, 8), ("int", False, 192, 8)]
+    assert sig_kernel.params[1].ctype == "float* p"
+
+
+def _good(arr, tm):
+    return [tm, arr, None, -3, 2**32 - 1, 2**40, 2, 1.5, np.int8(-4), True, b"\1" * 8, 2**64 - 1]
+
+
+def test_check_args_packs_without_a_gpu(sig_kernel, rng):
+    arr = DeviceArray(int(rng.integers(1, 2**40)) * 16, (4,), "float32")
+    tm = fake_map(7)
+    raw = sig_kernel.check_args(*_good(arr, tm))
+    assert raw[:128] == bytes(tm)
+    assert struct.unpack_from("<QQiIqfdbB", raw, 128)[:2] == (arr.ptr, 0)  # None: a null pointer
+    assert struct.unpack_from("<iI", raw, 144) == (-3, 2**32 - 1)
+    assert struct.unpack_from("<f", raw, 160)[0] == 2.0  # an int for a float parameter is a float
+    assert struct.unpack_from("<Q", raw, 192)[0] == 2**64 - 1
+
+
+@pytest.mark.parametrize("index,value,msg", [
+    (1, 1.5, r"argument 1 \(float\* p\): float 1.5 given for a pointer parameter"),
+    (3, 2.0, r"argument 3 \(int i\): float 2.0 given for an integer parameter"),
+    (4, -1, r"argument 4 \(unsigned u\): int -1 does not fit .* \[0, 4294967295\]"),
+    (3, 2**31, r"argument 3 \(int i\): int 2147483648 does not fit .* \[-2147483648, 2147483647\]"),
+    (6, np.int32(1), r"argument 6 \(float f\): numpy.int32 \(4 B\) given for a float parameter"),
+    (1, np.float64(1), r"argument 1 \(float\* p\): numpy.float64 \(8 B\) given for a pointer"),
+    (0, "array", r"argument 0 \(const __grid_constant__ CUtensorMap m\): a device array passes an 8-byte pointer"),
+    (1, "map", r"argument 1 \(float\* p\): a TensorMap is 128 bytes but the kernel parameter is 8"),
+    (3, None, r"argument 3 \(int i\): None can only stand for a null pointer"),
+    (7, True, r"argument 7 \(double d\): cannot pack bool True into a 8-byte float"),
+    (10, b"123", r"argument 10 \(Pair pair\): 3 raw bytes given for a 8-byte parameter"),
+])
+def test_check_args_names_kind_mismatches(sig_kernel, index, value, msg):
+    arr, tm = DeviceArray(0x10000, (4,), "float32"), fake_map()
+    args = _good(arr, tm)
+    args[index] = {"array": arr, "map": tm}.get(value, value) if isinstance(value, str) else value
     with pytest.raises(tf.LaunchError, match=msg):
-        _dims("grid", value)
-    assert _dims("grid", (4, 2)) == (4, 2, 1) and _dims("grid", 7) == (7, 1, 1)
+        sig_kernel.check_args(*args)
 
 
-def _fake_launcher(params):
-    """A Launcher whose driver call is recorded instead of made."""
-    from tmaflow.kernel import Launcher
-
-    launcher = object.__new__(Launcher)
-    launcher.packer = ArgPacker(params)
-    launcher._pack, launcher._watch = launcher.packer.pack, None
-    launcher.config = launcher._function = None
-    launcher.calls = []
-    launcher._launch = lambda cfg, fn, kp, extra: (launcher.calls.append(read(launcher.packer)), (0,))[1]
-    return launcher
+def test_check_args_counts(sig_kernel):
+    with pytest.raises(tf.LaunchError, match=r"the kernel takes 12 arguments \(const __grid_constant__ "
+                                             r"CUtensorMap m, float\* p, .*\) but 2 were given"):
+        sig_kernel.check_args(1, 2)
 
 
-def test_generated_launch_path():
-    run = _fake_launcher([Param(0, 0, 8), Param(1, 8, 4)])
-    arr = DeviceArray(0x5000, (4,), "float32")
-    run(arr, 7)
-    run(arr, 8)  # generated path
-    assert type(run).__call__.__qualname__ == "__call__" and len(run.calls) == 2
-    assert struct.unpack("<Qi", run.calls[1][:12]) == (0x5000, 8)
-    run(arr, 2**32 - 1)  # needs the unsigned range: falls back to the checked path
-    assert struct.unpack_from("<I", run.calls[2], 8)[0] == 2**32 - 1
-    with pytest.raises(tf.LaunchError, match=r"argument 1: numpy.float64"):
-        run(arr, np.float64(1))
-    with pytest.raises(tf.LaunchError, match=r"takes 2 arguments"):
-        run(arr)
-    assert len(run.calls) == 3
-    free_epoch[0] += 1  # something was freed: the next call is checked again, then fast again
-    run(arr, 9)
-    run(arr, 10)
-    assert struct.unpack_from("<i", run.calls[-1], 8)[0] == 10 and len(run.calls) == 5
+def test_signature_reading_falls_back_to_ptx_for_macros():
+    k = tf.Kernel("#include <tmaflow.cuh>\n#define ARGS float* p, int n\n"
+                  "extern \"C\" __global__ void m(ARGS) {}", "m")
+    assert [(p.kind, p.size) for p in k.params] == [("word", 8), ("int", 4)]
+    with pytest.raises(tf.LaunchError, match=r"argument 0: float 1.0 given for a 64-bit integer/pointer"):
+        k.check_args(1.0, 3)
+    assert struct.unpack("<Qi", k.check_args(DeviceArray(0x400, (1,), "float32"), 3)[:12]) == (0x400, 3)

@@ -10,14 +10,15 @@ from .driver import driver_available
 from .dtypes import DType, as_dtype
 from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, LaunchError,
                      LayoutError, TensorMapError, TmaflowError)
-from .kernel import Kernel, Launcher
+from .kernel import Kernel
+from .launch import LaunchConfig, Launcher
 from .layout import Barrier, Buffer, Pipeline, SharedLayout
 from .memory import DeviceArray, as_array, empty, from_numpy, zeros
 from .tensormap import TensorMap, TensorMapSpec
 
 __all__ = [
     "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "Device",
-    "DeviceArray", "DriverNotFoundError", "Kernel", "Launcher", "LaunchError", "LayoutError",
+    "DeviceArray", "DriverNotFoundError", "Kernel", "LaunchConfig", "Launcher", "LaunchError", "LayoutError",
     "Pipeline", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
     "TensorMapSpec", "TmaflowError", "as_array", "as_dtype", "current_device",
     "driver_available", "empty", "from_numpy", "reference", "set_device", "zeros",

@@ -88,10 +88,10 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
                                                 ((rows_32k, 256), 3, 2, "none", 1),
                                                 ((2 * rows_32k, 256), 3, 1, "256B", 1)):
             for flatten, evict in ((False, False), (True, False), (False, True), (True, True)):
-                launcher, args, _ = ex.copy(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
+                run = ex.copy.prepare(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
                                             l2_promotion=l2, flatten=flatten, evict_first=evict,
-                                            stores=stores, launch=False)
-                t = timer.time(lambda: launcher(*args), repeats)
+                                            stores=stores)
+                t = timer.time(run, repeats)
                 if best is None or t < best[0]:
                     best = (t, f"box {box} x {stages} stages, {stores} store(s) in flight, "
                                f"{per_sm} CTA/SM, L2 promotion {l2}"
@@ -99,12 +99,21 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         step = max(1, n // 64)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok, config=best[1])
+        # what a user gets: kernels.copy(x) with every argument left at its default, the
+        # output allocated by the call (from the pool) and dropped after it
+        dst.fill_bytes(0)
+        t = timer.time(lambda: ex.copy(src), repeats)
+        t_into = timer.time(ex.copy.prepare(src, dst), repeats)
+        ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
+        add(f"kernels.copy(x) {dtype}, defaults", f"{n}x{n}", t, 2 * n * n * item, ok,
+            config="allocating its output")
+        add(f"kernels.copy(x, out) {dtype}, defaults", f"{n}x{n}", t_into, 2 * n * n * item, ok)
         src.free(), dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128
     a, o = _random_device((n, n), "float32"), empty((n, n), "float32")
-    launcher, args, _ = ex.transpose(a, o, launch=False)
-    t = timer.time(lambda: launcher(*args), repeats)
+    run = ex.transpose.prepare(a, o)
+    t = timer.time(run, repeats)
     ok = np.array_equal(o.numpy()[:64, :64], a.numpy()[:64, :64].T)
     add("transpose fp32 (128B swizzle)", f"{n}x{n}", t, 2 * n * n * 4, ok)
     a.free(), o.free()
@@ -112,8 +121,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
     cols = 4096
     m = size // (cols * 4)
     x, y = _random_device((m, cols), "float32"), empty((m, cols), "float32")
-    launcher, args, _ = ex.softmax(x, y, launch=False)
-    t = timer.time(lambda: launcher(*args), repeats)
+    run = ex.softmax.prepare(x, y)
+    t = timer.time(run, repeats)
     xs = x.numpy()[:8].astype(np.float64)
     ref = np.exp(xs - xs.max(1, keepdims=True))
     ref /= ref.sum(1, keepdims=True)
@@ -124,8 +133,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
     n = size // 4 // 4096 * 4096
     x, y = _random_device((n,), "float32"), empty((n,), "float32")
     for method in ("ldgsts", "tma"):
-        launcher, args, _ = ex.axpb(x, 2.0, 1.0, y, method=method, launch=False)
-        t = timer.time(lambda: launcher(*args), repeats)
+        run = ex.axpb.prepare(x, 2.0, 1.0, y, method=method)
+        t = timer.time(run, repeats)
         ok = bool(np.allclose(y.numpy()[:4096], 2.0 * x.numpy()[:4096] + 1.0))
         add(f"axpb ({method})", f"{n}", t, 2 * n * 4, ok)
     x.free(), y.free()
@@ -151,10 +160,10 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         for stages in (4, 6):
             base_t = None
             for cluster in sorted({1, group or 2, 4 if group is None else group}):
-                launcher, args, _ = ex.broadcast_scale(xb, wb, ob, cluster=cluster, stages=stages,
+                run = (ex.broadcast_scale.prepare(xb, wb, ob, cluster=cluster, stages=stages,
                                                        group_size=group, iters=iters,
-                                                       sparse=sparse, launch=False)
-                t = timer.time(lambda: launcher(*args), repeats)
+                                                       sparse=sparse))
+                t = timer.time(run, repeats)
                 base_t = base_t or t
                 if cluster not in best or base_t / t > best[cluster][0]:
                     best[cluster] = (base_t / t, t, stages)
@@ -171,46 +180,137 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
     return rows
 
 
-def launch_overhead(n: int = 20000, rounds: int = 7) -> dict:
-    """Host cost per launch: raw cuLaunchKernelEx with pre-packed arguments vs the bound
-    launcher vs Kernel.launch, same kernel (two tensor maps + three scalars), interleaved."""
+def _per_call(fn, n: int) -> float:
+    """Seconds per call of ``fn`` over ``n`` calls, the queued GPU work included (host-bound
+    when the work is small: what a user's loop sees)."""
+    driver.call("cuCtxSynchronize")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    driver.call("cuCtxSynchronize")
+    return (time.perf_counter() - t0) / n
+
+
+def _interleaved(cases: dict, n: int, rounds: int) -> dict:
+    """Median seconds per call of each case, the cases taking turns in every round."""
+    samples = {name: [] for name in cases}
+    for name, fn in cases.items():  # warm up: compile, plan, generate the fast paths
+        for _ in range(3):
+            fn()
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            samples[name].append(_per_call(fn, n))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def launch_paths(n: int = 5000, rounds: int = 7) -> list[dict]:
+    """Host cost per launch on every path users take, each against its reference in the same
+    interleaved rounds: raw ``cuLaunchKernelEx`` with pre-packed arguments for the launch
+    paths (same kernel: two tensor maps and three scalars, or three pointers and two scalars),
+    the torch operation for the entry points."""
     from .kernel import Kernel
+    from .kernels import examples as ex
+    from .kernels import gemm
     from .kernels import source
     from .tensormap import TensorMap
 
+    rows = []
+    cu = driver.cu()
     k = Kernel(source("probe"), "empty_kernel", filename="probe.cu")
     a = empty((256, 256), "float32")
     ta, tb = TensorMap.tiled(a, (32, 32)), TensorMap.tiled(a, (64, 64))
     bound = k.bind(grid=1, block=32)
-    cu = driver.cu()
-    raw_packer = bound.packer.__class__(bound.module.params)
-    raw_params = raw_packer.pack((ta, tb, 1, 2.0, 3))
-    cfg, fn, launch = bound.config, bound.module.function, cu.cuLaunchKernelEx
+    raw_params = bound.packer.__class__(bound.module.params)
+    kp = raw_params.pack((ta, tb, 1, 2.0, 3))
+    cfg, fn, launch = bound.cu_config(0), bound.module.function, cu.cuLaunchKernelEx
+    raw = lambda: launch(cfg, fn, kp, 0)  # noqa: E731
 
-    def raw():
-        for _ in range(n):
-            launch(cfg, fn, raw_params, 0)
+    def after_free():
+        tmp = empty((64,), "float32")
+        tmp.free()
+        bound(ta, tb, 1, 2.0, 3)
 
-    def with_bound():
-        for _ in range(n):
-            bound(ta, tb, 1, 2.0, 3)
+    def free_only():
+        tmp = empty((64,), "float32")
+        tmp.free()
 
-    def with_launch():
-        for _ in range(n):
-            k.launch(ta, tb, 1, 2.0, 3, grid=1, block=32)
+    cases = {"raw": raw, "bound, tf arrays": lambda: bound(ta, tb, 1, 2.0, 3),
+             "launch, tf arrays": lambda: k.launch(ta, tb, 1, 2.0, 3, grid=1, block=32),
+             "bound after a free": after_free, "(alloc + free alone)": free_only}
+    # pointers: the axpb kernel takes (x, out, a, b, n)
+    kp_ptr = Kernel(source("axpb"), "axpb_tma", filename="axpb.cu")
+    x, y = empty((4096,), "float32"), empty((4096,), "float32")
+    bound_ptr = kp_ptr.bind(grid=1, block=256)
+    packed = bound_ptr.packer.__class__(bound_ptr.module.params).pack((x, y, 2.0, 1.0, 4096))
+    cfg_p, fn_p = bound_ptr.cu_config(0), bound_ptr.module.function
+    cases["raw (pointers)"] = lambda: launch(cfg_p, fn_p, packed, 0)
+    cases["bound, tf pointers"] = lambda: bound_ptr(x, y, 2.0, 1.0, 4096)
+    torch = cupy = None
+    try:
+        import torch
+    except ImportError:
+        pass
+    if torch is not None:
+        tx, tyy = torch.empty(4096, device="cuda"), torch.empty(4096, device="cuda")
+        t2d = torch.empty((256, 256), device="cuda")
+        tta, ttb = TensorMap.tiled(t2d, (32, 32)), TensorMap.tiled(t2d, (64, 64))
+        cases["bound, torch pointers"] = lambda: bound_ptr(tx, tyy, 2.0, 1.0, 4096)
+        cases["launch, torch pointers"] = lambda: kp_ptr.launch(tx, tyy, 2.0, 1.0, 4096, grid=1, block=256)
+        cases["bound, torch tensor maps"] = lambda: bound(tta, ttb, 1, 2.0, 3)
+        cases["launch, torch tensor maps"] = lambda: k.launch(tta, ttb, 1, 2.0, 3, grid=1, block=32)
+    try:
+        import cupy
+    except ImportError:
+        pass
+    if cupy is not None:
+        cx, cy = cupy.empty(4096, dtype=cupy.float32), cupy.empty(4096, dtype=cupy.float32)
+        cases["bound, cupy pointers"] = lambda: bound_ptr(cx, cy, 2.0, 1.0, 4096)
+    med = _interleaved(cases, n, rounds)
+    base, base_p = med["raw"], med["raw (pointers)"]
+    launch_after_free = med["bound after a free"] - med["(alloc + free alone)"]
+    for name, t in med.items():
+        ref = base_p if "pointers" in name else base
+        if name.startswith("(") or name.startswith("bound after"):
+            continue
+        rows.append({"path": name, "us": t * 1e6, "ref": "raw (pointers)" if "pointers" in name else "raw",
+                     "ratio": t / ref})
+    rows.append({"path": "bound right after a free", "us": launch_after_free * 1e6, "ref": "raw",
+                 "ratio": launch_after_free / base})
+    if torch is None:
+        return rows
 
-    results = {"raw": [], "bound": [], "launch": []}
-    for _ in range(rounds):
-        for name, fn_ in (("raw", raw), ("bound", with_bound), ("launch", with_launch)):
-            driver.call("cuCtxSynchronize")
-            t0 = time.perf_counter()
-            fn_()
-            results[name].append((time.perf_counter() - t0) / n)
-            driver.call("cuCtxSynchronize")
-    med = {k_: statistics.median(v) for k_, v in results.items()}
-    return {"raw_us": med["raw"] * 1e6, "bound_us": med["bound"] * 1e6,
-            "launch_us": med["launch"] * 1e6, "bound_ratio": med["bound"] / med["raw"],
-            "launch_ratio": med["launch"] / med["raw"]}
+    # entry points against their torch counterparts, small problems where the host dominates
+    xs = torch.randn(64, 1024, device="cuda")
+    ys = torch.empty_like(xs)
+    big = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    cbig = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    xtf, ytf = from_numpy(np.random.default_rng().standard_normal((64, 1024), dtype=np.float32)), empty((64, 1024))
+    pairs = {
+        "softmax 64x1024 torch, allocating": (lambda: ex.softmax(xs), lambda: torch.softmax(xs, -1)),
+        "softmax 64x1024 torch, out given": (lambda: ex.softmax(xs, ys), lambda: torch.softmax(xs, -1)),
+        "softmax 64x1024 tf arrays, allocating": (lambda: ex.softmax(xtf), lambda: torch.softmax(xs, -1)),
+        "softmax 64x1024 tf arrays, out given": (lambda: ex.softmax(xtf, ytf), lambda: torch.softmax(xs, -1)),
+        "copy 64x1024 torch, allocating": (lambda: ex.copy(xs), lambda: xs.clone()),
+        "copy 64x1024 torch, out given": (lambda: ex.copy(xs, ys), lambda: ys.copy_(xs)),
+        "gemm 256^3 torch, allocating": (lambda: gemm(big, big), lambda: torch.matmul(big, big.T)),
+        "gemm 256^3 torch, out given": (lambda: gemm(big, big, cbig), lambda: torch.matmul(big, big.T, out=cbig)),
+    }
+    cases = {}
+    for name, (ours, theirs) in pairs.items():
+        cases[name] = ours
+        cases[name + " [torch]"] = theirs
+    med = _interleaved(cases, max(1, n // 5), rounds)
+    for name in pairs:
+        rows.append({"path": name, "us": med[name] * 1e6, "ref": f"torch {med[name + ' [torch]'] * 1e6:.2f} us",
+                     "ratio": med[name] / med[name + " [torch]"]})
+    return rows
+
+
+def format_launch(rows: list[dict]) -> str:
+    lines = [f"{'launch path':40s} {'us/call':>8s} {'ratio':>7s}  reference"]
+    for r in rows:
+        lines.append(f"{r['path']:40s} {r['us']:8.2f} {r['ratio']:7.3f}  {r['ref']}")
+    return "\n".join(lines)
 
 
 def encode_cost(n: int = 50000) -> dict:
@@ -291,8 +391,8 @@ def main(argv=None) -> int:
     report = {"device": dev.name, "driver": driver.call("cuDriverGetVersion"),
               "sms": dev.sm_count}
     if "launch" in only:
-        report["launch"] = launch_overhead()
-        print("launch overhead (us/launch):", json.dumps(report["launch"]))
+        report["launch"] = launch_paths()
+        print(format_launch(report["launch"]))
     if "encode" in only:
         report["encode"] = encode_cost()
         print("tensor map encode:", json.dumps(report["encode"]))

@@ -75,8 +75,8 @@ def _demo_gemm(n: int = 4096) -> bool:
     bits = [bf16_bits(rng.standard_normal((n, n))) for _ in range(2)]
     A, B = (from_numpy(x, dtype="bfloat16") for x in bits)
     out = empty((n, n), "bfloat16").fill_bytes(0xFF)
-    launcher, args, _ = gemm(A, B, out, launch=False)
-    seconds = Timer().time(lambda: launcher(*args), repeats=10)
+    run = gemm.prepare(A, B, out)
+    seconds = Timer().time(run, repeats=10)
     got = bf16_to_float32(out.numpy()[:256])
     av, bv = (bf16_to_float32(x).astype(np.float64) for x in bits)
     ref = av[:256] @ bv.T

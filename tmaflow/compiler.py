@@ -163,14 +163,6 @@ def parse_resources(ptxas_log: str, lowered_name: str) -> Resources | None:
     return None
 
 
-def ptx_param_count(ptx: str, lowered_name: str) -> int | None:
-    """Number of parameters of ``.entry lowered_name(...)`` in the PTX, or None if not found."""
-    m = re.search(rf"\.entry\s+{re.escape(lowered_name)}\s*\((.*?)\)", ptx, re.S)
-    if m is None:
-        return 0 if re.search(rf"\.entry\s+{re.escape(lowered_name)}\s*\{{", ptx) else None
-    return len(re.findall(r"\.param\b", m.group(1)))
-
-
 def _excerpt(source: str, log_text: str, filename: str, context: int = 2) -> str:
     """The source lines NVRTC complained about, with line numbers and a marker."""
     lines = source.splitlines()

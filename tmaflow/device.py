@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import threading
+import weakref
+
 from . import driver
 from .errors import LaunchError, TmaflowError
 
@@ -42,6 +44,54 @@ class Device:
         self.l2_bytes = get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
         self.total_memory = driver.call("cuDeviceTotalMem", self.handle)
         self.generation = 0  # bumped by reset(): modules and allocations of older ones are gone
+        self._pool = None
+        self._allocations = weakref.WeakSet()
+
+    # --- memory: one stream-ordered pool per device --------------------------------------
+    def memory_pool(self):
+        """tmaflow's ``CUmemoryPool`` on this device: frees return memory to it, in stream order,
+        without synchronising; it keeps what it holds (release threshold: unlimited) until
+        ``trim_memory()`` or an allocation that would otherwise fail."""
+        if self._pool is None:
+            cu = driver.cu()
+            props = cu.CUmemPoolProps()
+            props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+            props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+            props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            props.location.id = self.ordinal
+            self.activate()
+            pool = driver.call("cuMemPoolCreate", props)
+            driver.call("cuMemPoolSetAttribute", pool,
+                        cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                        cu.cuuint64_t(2**64 - 1))
+            self._pool = pool
+        return self._pool
+
+    def allocate(self, nbytes: int, stream: int = 0) -> int:
+        """A device pointer of ``nbytes`` from the pool, ordered on ``stream``."""
+        pool = self.memory_pool()
+        err, ptr = driver.cu().cuMemAllocFromPoolAsync(nbytes, pool, stream)
+        if int(err) == int(driver.cu().CUresult.CUDA_ERROR_OUT_OF_MEMORY):
+            self.synchronize()  # let queued frees land, hand cached blocks back, try once more
+            self.trim_memory()
+            err, ptr = driver.cu().cuMemAllocFromPoolAsync(nbytes, pool, stream)
+            if int(err) == int(driver.cu().CUresult.CUDA_ERROR_OUT_OF_MEMORY):
+                raise TmaflowError(f"out of device memory: {nbytes} B requested on {self.name} "
+                                   f"({self.total_memory} B in all); free arrays or use smaller ones")
+        driver.check("cuMemAllocFromPoolAsync", (err,))
+        return int(ptr)
+
+    def release(self, ptr: int, stream: int = 0) -> None:
+        driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, stream))
+
+    def track(self, allocation) -> None:
+        self._allocations.add(allocation)
+
+    def trim_memory(self) -> None:
+        """Return the pool's unused memory to the device (after synchronising)."""
+        if self._pool is not None:
+            self.synchronize()
+            driver.call("cuMemPoolTrimTo", self._pool, 0)
 
     def reset(self) -> None:
         """Recover from a sticky error (a faulted kernel): reset the primary context.
@@ -49,11 +99,12 @@ class Device:
         Every allocation and loaded module of this device is invalid afterwards; tmaflow
         reloads its modules on the next launch and reports old arrays as freed.
         """
-        from .memory import free_epoch
-
         driver.call("cuDevicePrimaryCtxReset", self.handle)
         self.generation += 1
-        free_epoch[0] += 1
+        for allocation in list(self._allocations):
+            allocation.live = False
+        self._allocations = weakref.WeakSet()
+        self._pool = None  # destroyed with the context
         # The reset destroyed the context our handle named: retain the fresh one.
         self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
         self.activate()
@@ -84,6 +135,12 @@ class Device:
 
 
 _thread = threading.local()
+
+
+def device_of(ordinal: int) -> Device:
+    """``Device(ordinal)`` without the driver round trip once it exists (hot interop path)."""
+    dev = _devices.get(ordinal)
+    return dev if dev is not None else Device(ordinal)
 
 
 def current_device() -> Device:
@@ -122,7 +179,10 @@ class Stream:
         return (0, self.handle)
 
     def close(self) -> None:
+        """Synchronise, then destroy the stream (arrays allocated on it are freed in order on
+        the legacy default stream from then on)."""
         if getattr(self, "_handle", None) is not None:
+            driver.call("cuStreamSynchronize", self._handle)
             driver.call("cuStreamDestroy", self._handle)
             self._handle = None
 

@@ -7,30 +7,14 @@ import threading
 from pathlib import Path
 
 from . import compiler, driver, watchdog
-from .device import Device, current_device, current_ordinal, stream_handle
-from .errors import CudaError, LaunchError, TmaflowError
-from .params import ArgPacker, Param
+from .device import Device, current_device, current_ordinal
+from .errors import LaunchError, TmaflowError
+from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher, dims
+from .params import ArgPacker, Param, param_table
 
 log = logging.getLogger("tmaflow.kernel")
 
-PORTABLE_CLUSTER = 8
-MAX_CLUSTER = 16
 STATIC_SMEM_LIMIT = 48 * 1024
-
-
-def _dims(name: str, value) -> tuple[int, int, int]:
-    given = value
-    if isinstance(value, int):
-        value = (value,)
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
-    try:
-        dims = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints") from None
-    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
-        raise LaunchError(f"{name}={given!r} must have 1-3 extents, each >= 1")
-    return dims + (1,) * (3 - len(dims))
 
 
 class _Module:
@@ -43,7 +27,7 @@ class _Module:
         prog = kernel.program
         self.module = driver.call("cuModuleLoadData", prog.cubin)
         self.function = driver.call("cuModuleGetFunction", self.module, prog.lowered_name.encode())
-        self.params = self._param_table(compiler.ptx_param_count(prog.ptx, prog.lowered_name))
+        self.params = self._param_table(kernel.params)
         cu = driver.cu()
         fa = cu.CUfunction_attribute
         self.static_smem = driver.call("cuFuncGetAttribute", fa.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
@@ -58,18 +42,37 @@ class _Module:
         self.non_portable = False
         self.watch = watchdog.Watch(self.module, device) if kernel.debug else None
 
-    def _param_table(self, count: int | None) -> list[Param]:
-        """Offsets and sizes from cuFuncGetParamInfo; the count from the entry's PTX signature
-        (probing one past the end would be an API error that compute-sanitizer reports)."""
+    def _param_table(self, typed: list[Param] | None) -> list[Param]:
+        """Offsets and sizes as the driver reports them (``cuFuncGetParamInfo``), kinds from
+        the PTX and source table; the count from the PTX entry (probing one past the end would
+        be an API error that compute-sanitizer reports)."""
         cu = driver.cu()
+        count = len(typed) if typed is not None else None
         params = []
         while count is None or len(params) < count:
-            err, offset, size = cu.cuFuncGetParamInfo(self.function, len(params))
+            i = len(params)
+            err, offset, size = cu.cuFuncGetParamInfo(self.function, i)
             if count is None and int(err) == int(cu.CUresult.CUDA_ERROR_INVALID_VALUE):
                 break  # probed one past the last parameter (older drivers)
             driver.check("cuFuncGetParamInfo", (err,))
-            params.append(Param(len(params), int(offset), int(size)))
+            t = typed[i] if typed is not None else None
+            if t is not None and (t.offset, t.size) == (int(offset), int(size)):
+                params.append(t)
+            else:
+                if t is not None:
+                    log.warning("%s: parameter %d at offset %d, %d B per the driver but %d, %d B "
+                                "per the PTX; using the driver's", self.function, i, offset, size,
+                                t.offset, t.size)
+                params.append(Param(i, int(offset), int(size)))
         return params
+
+    def unload(self) -> None:
+        if self.generation == self.device.generation and self.module is not None:
+            self.device.activate()
+            driver.call("cuModuleUnload", self.module)
+            self.module = None
+        if self.watch is not None:
+            self.watch.close()
 
     def ensure_smem(self, dynamic: int) -> None:
         total = dynamic + self.static_smem
@@ -88,96 +91,6 @@ class _Module:
             attr = driver.cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
             driver.call("cuFuncSetAttribute", self.function, attr, 1)
             self.non_portable = True
-
-
-class Launcher:
-    """A kernel with its launch configuration fixed: ``launcher(*args)`` packs and launches.
-
-    All configuration checks ran when it was built. One launcher belongs to one thread
-    (its argument buffer is reused); ``Kernel.launch`` keeps one per thread and config.
-    """
-
-    def __init__(self, kernel: "Kernel", module: _Module, grid, block, cluster, smem: int, stream):
-        cu = driver.cu()
-        self.kernel, self.module = kernel, module
-        self.generation = module.generation
-        self.grid, self.block, self.cluster, self.smem = grid, block, cluster, smem
-        self.stream = stream_handle(stream)
-        self._stream_owner = stream  # keeps a tf.Stream (or torch/cupy stream) alive
-        self.packer = ArgPacker(module.params)
-        cfg = cu.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
-        cfg.sharedMemBytes = smem
-        cfg.hStream = cu.CUstream(self.stream)
-        attrs = []
-        if cluster != (1, 1, 1) and not any(module.compiled_cluster):
-            attr = cu.CUlaunchAttribute()
-            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-            attrs.append(attr)
-        cfg.attrs = attrs
-        cfg.numAttrs = len(attrs)
-        self.config = cfg
-        self._launch = cu.cuLaunchKernelEx
-        self._function = module.function
-        self._pack = self.packer.pack
-        self._watch = module.watch
-        # After the first checked call this instance's class becomes a subclass whose
-        # __call__ is generated for the argument types seen (ArgPacker.fast_call).
-        if cluster != (1, 1, 1):
-            self._check_cluster_fits()
-
-    def max_active_clusters(self) -> int:
-        """How many clusters of this configuration the device runs at once (its GPCs may not
-        pair every SM): the grid size, in clusters, of a persistent kernel. Without a cluster,
-        how many blocks (blocks per SM x SMs)."""
-        cu = driver.cu()
-        if self.cluster == (1, 1, 1):  # cuOccupancyMaxActiveClusters answers 1 here
-            threads = self.block[0] * self.block[1] * self.block[2]
-            per_sm = driver.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
-                                  cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._function, threads, self.smem))
-            return per_sm * self.module.device.sm_count
-        return driver.check("cuOccupancyMaxActiveClusters",
-                            cu.cuOccupancyMaxActiveClusters(self._function, self.config))
-
-    def _check_cluster_fits(self) -> None:
-        n = self.max_active_clusters()
-        if n == 0:
-            raise LaunchError(
-                f"cluster={self.cluster} with block={self.block} and smem={self.smem} B cannot be "
-                f"scheduled on {self.module.device.name} (cuOccupancyMaxActiveClusters = 0); "
-                "use a smaller cluster, fewer threads or less shared memory")
-
-    def __call__(self, *args) -> None:
-        self._checked(args)
-
-    def _checked(self, args: tuple) -> None:
-        """Every argument checked against the parameter table, then the launch."""
-        kp = self._pack(args)
-        if self._watch is None:
-            if self.packer.fast is not None:
-                fast = self.packer.fast_call(self._launch, self.config, self._function, self._raise)
-                self.__class__ = type("Launcher", (Launcher,), {"__call__": fast})
-            elif type(self) is not Launcher:
-                self.__class__ = Launcher  # argument kinds that always take the checked path
-        watch = self._watch
-        if watch is not None:
-            watch.arm()
-        (err,) = self._launch(self.config, self._function, kp, 0)
-        if err:
-            self._raise(err)
-        if watch is not None:
-            watch.check(self.stream, self.kernel)
-
-    def _raise(self, err) -> None:
-        raise CudaError("cuLaunchKernelEx", int(err), driver._error_name(err),
-                        f"{self.kernel.name} grid={self.grid} block={self.block} "
-                        f"cluster={self.cluster} smem={self.smem}")
-
-    def __repr__(self) -> str:
-        return (f"Launcher({self.kernel.name}, grid={self.grid}, block={self.block}, "
-                f"cluster={self.cluster}, smem={self.smem})")
 
 
 class Kernel:
@@ -207,6 +120,7 @@ class Kernel:
         self.options = tuple(options)
         self._arch = arch
         self._program = None
+        self._params = None
         self._modules: dict[int, _Module] = {}
         self._local = threading.local()
         self._lock = threading.RLock()  # module() holds it while _Module reads .program
@@ -278,10 +192,37 @@ class Kernel:
                     self._local.__dict__.clear()
         return mod
 
-    def bind(self, *, grid, block, cluster=(1, 1, 1), smem: int | None = None, stream=None,
+    @property
+    def params(self) -> list[Param]:
+        """The typed parameter table (index, C++ type, kind, offset, size), read from the
+        compiled PTX and the source signature: no GPU needed."""
+        if self._params is None:
+            prog = self.program
+            table = param_table(prog.ptx, prog.lowered_name, self.source, self.name)
+            if table is None:
+                raise TmaflowError(f"{self.name}: no .entry {prog.lowered_name} in the PTX")
+            self._params = table
+        return self._params
+
+    def check_args(self, *args) -> bytes:
+        """Check ``args`` against the parameter table exactly as a launch would (count, size
+        and kind: a float for a pointer, a pointer for a tensor map, an int out of range are
+        LaunchErrors) and return the packed parameter bytes. Needs no GPU."""
+        packer = ArgPacker(self.params)
+        packer.pack(args)
+        return bytes(packer.buffer.raw[:packer.total])
+
+    def bind(self, config: LaunchConfig | None = None, *, grid=None, block=None, cluster=(1, 1, 1),
+             smem: int | None = None, stream=None, pdl: bool = False,
              device: Device | None = None) -> Launcher:
-        """Check a launch configuration once and return a :class:`Launcher` for hot loops."""
-        grid, block, cluster = _dims("grid", grid), _dims("block", block), _dims("cluster", cluster)
+        """Check a launch configuration once and return a :class:`Launcher` for hot loops.
+        Pass a :class:`LaunchConfig` or its fields."""
+        if config is None:
+            if grid is None or block is None:
+                raise LaunchError(f"{self.name}: bind needs grid= and block= (or a LaunchConfig)")
+            config = LaunchConfig(grid, block, cluster, smem, stream, pdl)
+        elif not isinstance(config, LaunchConfig):
+            raise LaunchError(f"config={config!r} must be a tf.LaunchConfig")
         device = device or current_device()
         major, minor = device.compute_capability
         built = self.arch.removeprefix("sm_").rstrip("af")
@@ -291,6 +232,11 @@ class Kernel:
                               + ("tmaflow kernels need a Hopper GPU (cc 9.0)" if self.arch.startswith("sm_90")
                                  else f"build it with arch='{device.arch}'"))
         mod = self.module(device)
+        return Launcher(self, mod, self._fit(config, mod))
+
+    def _fit(self, config: LaunchConfig, mod: _Module) -> LaunchConfig:
+        """The device- and kernel-specific rules: compiled cluster dims, threads, smem."""
+        cluster = config.cluster
         if any(mod.compiled_cluster):
             if cluster == (1, 1, 1):
                 cluster = mod.compiled_cluster
@@ -298,46 +244,54 @@ class Kernel:
                 raise LaunchError(f"cluster={cluster} conflicts with __cluster_dims__"
                                   f"{mod.compiled_cluster} compiled into {self.name}; pass "
                                   f"cluster={mod.compiled_cluster} or leave it out")
-        threads = block[0] * block[1] * block[2]
-        if threads > mod.max_threads:
-            raise LaunchError(f"block={block} has {threads} threads; {self.name} allows at most "
-                              f"{mod.max_threads} (registers or __launch_bounds__)")
-        for axis, (g, c) in enumerate(zip(grid, cluster)):
-            if g % c:
-                raise LaunchError(f"cluster={cluster} does not divide grid={grid} (in blocks): "
-                                  f"axis {'xyz'[axis]} has {g} blocks, not a multiple of {c}")
-        size = cluster[0] * cluster[1] * cluster[2]
-        if size > MAX_CLUSTER:
-            raise LaunchError(f"cluster={cluster} has {size} blocks; Hopper allows at most "
-                              f"{PORTABLE_CLUSTER} (portable) or {MAX_CLUSTER} (non-portable)")
-        if size > PORTABLE_CLUSTER:
-            mod.allow_non_portable()
+        if config.threads > mod.max_threads:
+            raise LaunchError(f"block={config.block} has {config.threads} threads; {self.name} "
+                              f"allows at most {mod.max_threads} (registers or __launch_bounds__)")
+        smem = config.smem
         if smem is None:
             smem = self.layout.total_bytes if self.layout is not None else 0
-        if not isinstance(smem, int) or smem < 0:
-            raise LaunchError(f"smem={smem!r} must be a non-negative int (bytes of dynamic smem)")
+        if cluster != config.cluster or smem != config.smem:
+            config = LaunchConfig(config.grid, config.block, cluster, smem, config.stream,
+                                  config.pdl, config.stream_object)
+        if cluster[0] * cluster[1] * cluster[2] > PORTABLE_CLUSTER:
+            mod.allow_non_portable()
         mod.ensure_smem(smem)
-        return Launcher(self, mod, grid, block, cluster, smem, stream)
+        return config
 
     def launcher(self, *, grid, block, cluster=(1, 1, 1), smem: int | None = None,
-                 stream=None) -> Launcher:
+                 stream=None, pdl: bool = False) -> Launcher:
         """The bound launcher for this configuration on the current device, built (and
         checked) once per thread: what ``launch`` uses, for callers that launch again later."""
-        key = (grid, block, cluster, smem, stream if stream is None else stream_handle(stream),
-               current_ordinal())  # a launcher belongs to one device's module
+        key = (grid, block, cluster, smem, stream, pdl, current_ordinal())
         cache = self._local.__dict__
-        launcher = cache.get(key)
+        try:
+            launcher = cache.get(key)
+        except TypeError:  # lists: normalise them into the key
+            config = LaunchConfig(grid, block, cluster, smem, stream, pdl)
+            key = (config.grid, config.block, config.cluster, config.smem, config.stream, pdl,
+                   current_ordinal())
+            launcher = cache.get(key)
         if launcher is None or launcher.generation != launcher.module.device.generation:
-            launcher = self.bind(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream)
+            launcher = self.bind(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream,
+                                 pdl=pdl)
             if len(cache) > 64:
                 cache.clear()
             cache[key] = launcher
         return launcher
 
     def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
-               stream=None) -> None:
+               stream=None, pdl: bool = False) -> None:
         """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
-        self.launcher(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream)(*args)
+        self.launcher(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream,
+                      pdl=pdl)(*args)
+
+    def close(self) -> None:
+        """Unload this kernel's modules from every device (a later launch loads it again)."""
+        with self._lock:
+            modules, self._modules = self._modules, {}
+            self._local = threading.local()
+        for mod in modules.values():
+            mod.unload()
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, arch={self._arch or 'auto'}, debug={self.debug})"

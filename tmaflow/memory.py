@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+import sys
 import weakref
 
 import numpy as np
 
 from . import dlpack, driver
-from .device import Device, current_device
+from .device import Device, current_device, device_of, stream_handle
 from .dtypes import DType, as_dtype
 from .errors import TmaflowError
 
@@ -20,35 +21,51 @@ def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
     return tuple(strides)
 
 
-class _Allocation:
-    """Owns one ``cuMemAlloc`` block; freed by ``free()`` or when the last view dies."""
+class _Unowned:
+    """Memory tmaflow does not own (a foreign array's, a raw pointer): always live to us."""
 
-    def __init__(self, nbytes: int, device: Device):
+    live = True
+    stream = None
+
+
+UNOWNED = _Unowned()
+
+
+class _Allocation:
+    """One block from the device's stream-ordered pool; freed by ``free()`` (ordered on the
+    stream it was allocated on) or when the last view dies. ``live`` is read by the launch
+    fast path: it turns False at the free, or when the device's context is reset."""
+
+    __slots__ = ("device", "nbytes", "ptr", "live", "stream", "_stream_owner", "_finalizer",
+                 "__weakref__")
+
+    def __init__(self, nbytes: int, device: Device, stream=None):
         self.device = device.activate()
         self.nbytes = nbytes
-        self.ptr = int(driver.call("cuMemAlloc", max(nbytes, 1)))
-        self.generation = device.generation
-        self._finalizer = weakref.finalize(self, _free, self.ptr, device, self.generation)
+        self._stream_owner = stream  # a tf.Stream stays referenced until the free
+        self.stream = stream_handle(stream) if stream is not None else 0
+        self.ptr = device.allocate(max(nbytes, 1), self.stream)
+        self.live = True
+        device.track(self)
+        self._finalizer = weakref.finalize(self, _free, self.ptr, device, device.generation,
+                                           self.stream, stream)
 
     def free(self) -> None:
+        self.live = False
         self._finalizer()
 
     @property
     def alive(self) -> bool:
-        return self._finalizer.alive and self.generation == self.device.generation
+        return self.live
 
 
-# Bumped whenever tmaflow memory may have died (a free, a context reset). Hot paths that
-# validated their arrays at epoch E skip re-checking liveness while the epoch is still E.
-free_epoch = [0]
-
-
-def _free(ptr: int, device: Device, generation: int) -> None:
-    free_epoch[0] += 1
+def _free(ptr: int, device: Device, generation: int, stream: int, owner) -> None:
     if generation != device.generation:
         return  # the context was reset: the memory is already gone
+    if getattr(owner, "_handle", 0) is None:
+        stream = 0  # its tf.Stream was closed (and synchronised by close())
     try:
-        driver.cu().cuMemFree(ptr)
+        device.release(ptr, stream)
     except Exception:  # interpreter shutdown: the driver may already be gone
         pass
 
@@ -67,6 +84,17 @@ class DeviceArray:
         self.ptr = int(ptr)
         self.owner = owner
         self.device = device
+        owned = getattr(owner, "_alloc", None) if isinstance(owner, DeviceArray) else owner
+        self._alloc = owned if isinstance(owned, _Allocation) else UNOWNED
+        self._origin = _origin_of(owner)
+
+    @classmethod
+    def _view(cls, ptr: int, shape: tuple, dtype: DType, strides: tuple, owner, device, origin):
+        """A view from already-normalised parts (the fast interop path)."""
+        a = object.__new__(cls)
+        a.dtype, a.shape, a.strides, a.ptr, a.owner, a.device = dtype, shape, strides, ptr, owner, device
+        a._alloc, a._origin = UNOWNED, origin
+        return a
 
     # --- properties ---------------------------------------------------------
     @property
@@ -88,7 +116,7 @@ class DeviceArray:
     @property
     def alive(self) -> bool:
         """False once the tmaflow allocation behind this view was freed."""
-        return not isinstance(self.owner, _Allocation) or self.owner.alive
+        return self._alloc.live
 
     def reshape(self, *shape) -> "DeviceArray":
         """A view with another shape (contiguous arrays only; one extent may be -1)."""
@@ -101,12 +129,17 @@ class DeviceArray:
             shape = tuple(self.size // known if n == -1 else n for n in shape)
         if math.prod(shape) != self.size:
             raise TmaflowError(f"reshape: shape {tuple(shape)} does not hold {self.size} elements")
-        return DeviceArray(self.ptr, shape, self.dtype, owner=self.owner, device=self.device)
+        view = DeviceArray._view(self.ptr, tuple(int(n) for n in shape), self.dtype,
+                                 _contiguous_strides(shape, self.dtype.itemsize), self.owner,
+                                 self.device, self._origin)
+        view._alloc = self._alloc
+        return view
 
     def free(self) -> None:
-        """Release tmaflow-owned memory now (views of it become dead)."""
-        if isinstance(self.owner, _Allocation):
-            self.owner.free()
+        """Release tmaflow-owned memory now (views of it become dead). The free is ordered on
+        the stream the array was allocated on, so work already queued there finishes first."""
+        if isinstance(self._alloc, _Allocation):
+            self._alloc.free()
 
     # --- host transfers ---------------------------------------------------------
     def _require_alive(self, what: str) -> None:
@@ -167,15 +200,22 @@ class DeviceArray:
                 f"strides={self.strides}{'' if self.alive else ', FREED'})")
 
 
-def empty(shape, dtype="float32", device: Device | None = None) -> DeviceArray:
+def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> DeviceArray:
+    """An uninitialised array from the device's stream-ordered pool, allocated (and later
+    freed) in order on ``stream`` (default: the legacy default stream). Using it on another
+    stream is fine once that stream is ordered after the allocation; free it only after the
+    work on other streams finished (as with torch's caching allocator)."""
     if isinstance(shape, int):
         shape = (shape,)
     dt = as_dtype(dtype)
     if any((not isinstance(n, (int, np.integer))) or n < 0 for n in shape):
         raise TmaflowError(f"shape={tuple(shape)!r}: every extent must be a non-negative int")
     dev = device or current_device()
-    alloc = _Allocation(math.prod(shape) * dt.itemsize, dev)
-    return DeviceArray(alloc.ptr, shape, dt, owner=alloc, device=dev)
+    alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
+    arr = DeviceArray._view(alloc.ptr, tuple(int(n) for n in shape), dt,
+                            _contiguous_strides(shape, dt.itemsize), alloc, dev, None)
+    arr._alloc = alloc
+    return arr
 
 
 def zeros(shape, dtype="float32", device: Device | None = None) -> DeviceArray:
@@ -196,9 +236,56 @@ _CAI_TYPES = {"<f2": "float16", "<f4": "float32", "<f8": "float64", "|u1": "uint
               "<u8": "uint64", "<i8": "int64", "|b1": "bool", "<V2": "bfloat16"}
 
 
+# --- foreign arrays: fast views of the libraries we know, protocols for the rest ---------------
+
+def _origin_of(obj) -> str | None:
+    """"torch" / "cupy" when ``obj`` (or the array a view is of) belongs to that library."""
+    if isinstance(obj, DeviceArray):
+        return obj._origin
+    mod = type(obj).__module__ or ""
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    return None
+
+
+def _torch_types():
+    torch = sys.modules.get("torch")
+    return (torch.Tensor,) if torch is not None else ()
+
+
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_view(t) -> DeviceArray:
+    if not t.is_cuda:
+        raise TmaflowError(f"as_array: the torch tensor of shape {tuple(t.shape)} is on "
+                           f"{t.device}; kernels need a CUDA tensor (use .cuda())")
+    dt = _TORCH_DTYPES.get(t.dtype)
+    if dt is None:
+        dt = _TORCH_DTYPES[t.dtype] = as_dtype(t.dtype)
+    item = dt.itemsize
+    return DeviceArray._view(t.data_ptr(), tuple(t.shape), dt, tuple(s * item for s in t.stride()),
+                             t, device_of(t.get_device()), "torch")
+
+
+def _cupy_view(a) -> DeviceArray:
+    return DeviceArray._view(a.data.ptr, a.shape, as_dtype(a.dtype), a.strides, a,
+                             device_of(a.data.device_id), "cupy")
+
+
 def as_array(obj, dtype=None) -> DeviceArray:
     """A zero-copy DeviceArray view of a tmaflow, torch, cupy or jax array (or any object with
     ``__cuda_array_interface__`` or ``__dlpack__``). The view keeps ``obj`` alive."""
+    t = type(obj)
+    if t is DeviceArray:
+        return obj
+    mod = t.__module__
+    if dtype is None and mod.startswith("torch") and isinstance(obj, _torch_types()):
+        return _torch_view(obj)
+    if dtype is None and mod.startswith("cupy") and t.__name__ == "ndarray" and obj.dtype.kind != "V":
+        return _cupy_view(obj)
     if isinstance(obj, DeviceArray):
         return obj
     if isinstance(obj, np.ndarray):
@@ -221,8 +308,10 @@ def as_array(obj, dtype=None) -> DeviceArray:
         return DeviceArray(cai["data"][0] or 0, shape, dt, strides, owner=obj)
     if hasattr(obj, "__dlpack__"):
         ptr, shape, strides, dt, _, release = dlpack.consume(obj.__dlpack__())
-        return DeviceArray(ptr, shape, as_dtype(dtype) if dtype else dt, strides,
-                           owner=_DLPackOwner(obj, release))
+        arr = DeviceArray(ptr, shape, as_dtype(dtype) if dtype else dt, strides,
+                          owner=_DLPackOwner(obj, release))
+        arr._origin = _origin_of(obj)
+        return arr
     raise TmaflowError(
         f"as_array: {type(obj).__name__} is not a device array (no __cuda_array_interface__ "
         "or __dlpack__); pass a tf.DeviceArray, torch/cupy/jax array, or use tf.from_numpy")
@@ -239,3 +328,66 @@ class _DLPackOwner:
     def __init__(self, obj, release):
         self.obj = obj
         self._finalizer = weakref.finalize(self, release)
+
+
+# --- kernel arguments ------------------------------------------------------------------------
+
+def arg_kind(arg) -> str:
+    """How a kernel argument is passed: "tensormap", "array", "int", "float", "bool", "numpy",
+    "bytes", "host", "none" or "unknown"."""
+    from .tensormap import TensorMap
+
+    t = type(arg)
+    if t is TensorMap:
+        return "tensormap"
+    if t is DeviceArray:
+        return "array"
+    if t is bool or t is np.bool_:
+        return "bool"
+    if t is int:
+        return "int"
+    if t is float:
+        return "float"
+    if arg is None:
+        return "none"
+    if isinstance(arg, np.generic):
+        return "numpy"
+    if isinstance(arg, (bytes, bytearray, memoryview)):
+        return "bytes"
+    if isinstance(arg, np.ndarray):
+        return "host"
+    if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+        return "int" if isinstance(arg, int) else "float"
+    if hasattr(arg, "__cuda_array_interface__") or hasattr(arg, "__dlpack__"):
+        return "array"
+    return "unknown"
+
+
+def arg_fast_form(arg, name: str):
+    """(type-and-liveness test, value expression, struct code, framework) for the generated
+    launch path, or None for argument kinds that always take the checked path. Expressions
+    may use ``TensorMap``, ``DeviceArray``, ``T_<name>`` (the argument's exact type) and
+    ``ORD`` (the launch device's ordinal)."""
+    from .tensormap import TensorMap
+
+    t = type(arg)
+    if t is TensorMap:
+        origin = arg._origin
+        same = f"{name}._origin is None" if origin is None else f"{name}._origin == {origin!r}"
+        return (f"type({name}) is TensorMap and {name}._alloc.live and {same}",
+                f"{name}._bytes", "128s", origin)
+    if t is DeviceArray:
+        if arg._origin is not None:
+            return None  # a view of a foreign array: rare in hot loops, checked path
+        return f"type({name}) is DeviceArray and {name}._alloc.live", f"{name}.ptr", "ptr", None
+    if t in (int, float, bool) or (isinstance(arg, np.generic) and arg.dtype.kind in "iufb"):
+        return f"type({name}) is T_{name}", name, "num", None
+    if arg is None:
+        return f"{name} is None", "0", "ptr", None
+    if _origin_of(arg) == "torch" and isinstance(arg, _torch_types()):
+        return (f"type({name}) is T_{name} and {name}.get_device() == ORD",
+                f"{name}.data_ptr()", "ptr", "torch")
+    if _origin_of(arg) == "cupy" and t.__name__ == "ndarray":
+        return (f"type({name}) is T_{name} and {name}.data.device_id == ORD",
+                f"{name}.data.ptr", "ptr", "cupy")
+    return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from . import driver
 from .dtypes import DType, as_dtype
 from .errors import TensorMapError
-from .memory import DeviceArray, free_epoch
+from .memory import UNOWNED, DeviceArray
 
 SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
@@ -305,6 +305,8 @@ def _inner_rules(field_name: str, count: int, inner_bytes: int, dt: DType, swizz
 
 # --- encoded maps ---------------------------------------------------------------------------
 
+# The descriptor bytes are a pure function of the key (address included), so entries never go
+# stale; liveness is a property of the array, checked on every use.
 _encode_cache: dict[tuple, tuple] = {}
 _ENCODE_CACHE_MAX = 4096
 
@@ -312,30 +314,35 @@ _ENCODE_CACHE_MAX = 4096
 class TensorMap:
     """An encoded tensor map bound to an array it keeps alive. ``bytes(tmap)`` = 128 bytes.
 
-    Re-creating a map for the same array and options is a dictionary lookup: the cache key
-    is the array's address, shape, strides and dtype plus the options; liveness is
-    re-checked only if tmaflow memory was freed since the entry was validated.
+    Re-creating a map for the same array and options is a dictionary lookup keyed on the
+    array's address, shape, strides and dtype plus the options. A map of a tmaflow array that
+    was freed refuses to be used (``to_bytes``, launches).
     """
 
-    __slots__ = ("spec", "array", "_bytes", "_storage", "__weakref__")
+    __slots__ = ("spec", "array", "_bytes", "_storage", "_alloc", "_origin", "__weakref__")
 
     def __init__(self, spec: TensorMapSpec, array, raw: bytes):
         self.spec = spec
         self.array = array
         self._bytes = raw
         self._storage = None
+        self._alloc = getattr(array, "_alloc", UNOWNED)
+        self._origin = getattr(array, "_origin", None)
 
     @classmethod
     def tiled(cls, array, box, *, dtype=None, **options) -> "TensorMap":
         arr = array if type(array) is DeviceArray else _device_view(array)
+        if not arr._alloc.live:
+            raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
         key = ("tiled", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype,
                box if type(box) is tuple else tuple(box) if not isinstance(box, int) else (box,),
                *options.items())
-        hit = _encode_cache.get(key)
-        if hit is not None and (hit[2] == free_epoch[0] or _revalidate(key, hit, arr)):
-            tm = object.__new__(cls)
-            tm.spec, tm.array, tm._bytes, tm._storage = hit[0], arr, hit[1], None
-            return tm
+        try:
+            hit = _encode_cache.get(key)
+        except TypeError:  # an unhashable option value: validation below names it
+            hit, key = None, None
+        if hit is not None:
+            return cls(hit[0], arr, hit[1])
         arr = _device_view(arr)
         spec = TensorMapSpec.tiled(_view_dtype(arr, dtype), arr.shape, box, strides=arr.strides,
                                    address=arr.ptr, **options)
@@ -346,8 +353,11 @@ class TensorMap:
         arr = _device_view(array)
         key = ("im2col", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype,
                *((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in options.items()))
-        hit = _encode_cache.get(key)
-        if hit is not None and _revalidate(key, hit, arr):
+        try:
+            hit = _encode_cache.get(key)
+        except TypeError:
+            hit, key = None, None
+        if hit is not None:
             return cls(hit[0], arr, hit[1])
         spec = TensorMapSpec.im2col(_view_dtype(arr, dtype), arr.shape, strides=arr.strides,
                                     address=arr.ptr, **options)
@@ -355,10 +365,12 @@ class TensorMap:
 
     @classmethod
     def _encoded(cls, key, spec: TensorMapSpec, arr) -> "TensorMap":
-        raw = encode(spec)
-        if len(_encode_cache) >= _ENCODE_CACHE_MAX:
-            _encode_cache.clear()
-        _encode_cache[key] = (spec, raw, free_epoch[0])
+        encoder = _Encoder.of(spec)
+        raw = encoder(spec.address or 0) if encoder is not None else encode(spec)
+        if key is not None:
+            if len(_encode_cache) >= _ENCODE_CACHE_MAX:
+                _encode_cache.clear()
+            _encode_cache[key] = (spec, raw)
         return cls(spec, arr, raw)
 
     def replace_address(self, array) -> None:
@@ -372,11 +384,12 @@ class TensorMap:
                 f"strides={self.spec.strides} {self.spec.dtype.name}; encode a new TensorMap")
         spec = self.spec.with_address(arr.ptr)
         self.spec, self.array = spec, arr
+        self._alloc, self._origin = arr._alloc, arr._origin
         self._bytes = encode(spec)
         self._storage = None
 
     def to_bytes(self) -> bytes:
-        if not self.array.alive:
+        if not self._alloc.live:
             from .errors import LaunchError
 
             raise LaunchError(f"{self!r}: its array was freed; encode a map for a live array")
@@ -396,12 +409,31 @@ class TensorMap:
         return f"TensorMap({self.spec!r}, address=0x{self.spec.address or 0:x})"
 
 
-def _revalidate(key, hit, arr) -> bool:
-    """A cache entry made before some free: usable only if this array is still alive."""
-    if not arr.alive:
-        raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
-    _encode_cache[key] = (hit[0], hit[1], free_epoch[0])
-    return True
+class MapTemplate:
+    """Tensor maps of one validated spec at changing addresses: what an entry point keeps per
+    shape, so a call with new buffers costs a dictionary lookup or one driver encode, not a
+    re-validation. ``bind(array)`` needs an array of exactly the template's shape, strides
+    and element size (the caller's cache key guarantees it)."""
+
+    def __init__(self, spec: TensorMapSpec):
+        self.spec = spec
+        self._maps: dict[int, tuple] = {}   # address -> (spec with address, 128 bytes)
+        self._encoder = _Encoder.of(spec)
+
+    def bind(self, arr: DeviceArray) -> TensorMap:
+        hit = self._maps.get(arr.ptr)
+        if hit is None:
+            spec = self.spec.with_address(arr.ptr)  # the address rules, checked once
+            raw = self._encoder(arr.ptr) if self._encoder is not None else encode(spec)
+            if len(self._maps) >= 256:
+                self._maps.clear()
+            hit = self._maps[arr.ptr] = (spec, raw)
+        if not arr._alloc.live:
+            raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
+        return TensorMap(hit[0], arr, hit[1])
+
+    def __repr__(self) -> str:
+        return f"MapTemplate({self.spec!r}, {len(self._maps)} addresses)"
 
 
 def _aligned_storage(raw: bytes):
@@ -415,7 +447,7 @@ def _device_view(array):
     from .memory import as_array
 
     arr = as_array(array)
-    if not arr.alive:
+    if not arr._alloc.live:
         raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
     if arr.size == 0:
         raise TensorMapError(f"array shape={arr.shape} is empty; a tensor map needs every extent >= 1")
@@ -455,3 +487,51 @@ def encode(spec: TensorMapSpec) -> bytes:
                            list(d["upper_corner"]), cu.cuuint32_t(d["channels_per_pixel"]),
                            cu.cuuint32_t(d["pixels_per_column"]), *tail, detail=spec.describe())
     return ctypes.string_at(tmap.getPtr(), 128)
+
+
+class _Encoder:
+    """``cuTensorMapEncodeTiled`` through ctypes with every argument but the address built once:
+    about 1 us a call where the cuda.bindings wrapper, converting its lists, takes 25 us
+    (measured on an H100 host). Falls back to :func:`encode` (which names the failure)."""
+
+    _fn = None
+
+    @classmethod
+    def of(cls, spec: TensorMapSpec):
+        if spec.kind != "tiled" or cls._function() is None:
+            return None
+        return cls(spec)
+
+    @classmethod
+    def _function(cls):
+        if cls._fn is None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+                fn = lib.cuTensorMapEncodeTiled
+            except (OSError, AttributeError):
+                cls._fn = False
+                return None
+            P64, P32 = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, P64, P64,
+                           P32, P32, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+            cls._fn = fn
+        return cls._fn or None
+
+    def __init__(self, spec: TensorMapSpec):
+        d = spec.driver_order()
+        strides = d["global_strides"] or (-(-spec.shape[0] * spec.dtype.itemsize // 16) * 16,)
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        self.spec = spec
+        self._arrays = ((u64 * d["rank"])(*d["global_dim"]), (u64 * len(strides))(*strides),
+                        (u32 * d["rank"])(*d["box"]), (u32 * d["rank"])(*d["element_strides"]))
+        self._head = (d["dtype"], d["rank"])
+        self._tail = (d["interleave"], d["swizzle"], d["l2_promotion"], d["oob_fill"])
+        self._out = ctypes.create_string_buffer(128 + 64)
+        self._out_ptr = ctypes.addressof(self._out) + (-ctypes.addressof(self._out)) % 64
+
+    def __call__(self, address: int) -> bytes:
+        err = self._fn(self._out_ptr, *self._head, address, *self._arrays, *self._tail)
+        if err:
+            return encode(self.spec.with_address(address))  # raises the named CudaError
+        return ctypes.string_at(self._out_ptr, 128)

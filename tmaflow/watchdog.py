@@ -47,6 +47,7 @@ class Watch:
 
     def __init__(self, module, device):
         self.device = device
+        self._generation = device.generation
         cu = driver.cu()
         err, ptr, size = cu.cuModuleGetGlobal(module, b"tmaflow_watchdog_state")
         self.state = int(ptr) if int(err) == 0 else None  # kernel without tmaflow waits: inert
@@ -60,6 +61,12 @@ class Watch:
         # state = {u32 abort, u32 slots, Record* records}
         driver.call("cuMemcpyHtoD", self.state + 8, dev_ptr.to_bytes(8, "little"), 8)
         self.records = (Record * SLOTS).from_address(self.host)
+
+    def close(self) -> None:
+        """Free the pinned record buffer (the module it watched is being unloaded)."""
+        if self.host is not None and self.device.generation == self._generation:
+            driver.call("cuMemFreeHost", self.host)
+        self.host, self.state = None, None
 
     def arm(self) -> None:
         if self.state is not None:

@@ -87,12 +87,12 @@ def main():
         configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep else [])
         for cfg in configs:
             try:
-                launcher, largs, _ = kernels.gemm(a, b, c, layout=layout, config=cfg, launch=False)
+                run = kernels.gemm.prepare(a, b, c, layout=layout, config=cfg)
                 c.fill_(float("nan"))
-                launcher(*largs)
+                run()
                 torch.cuda.synchronize()
                 err = rel(c, c_ref)
-                t, t_cublas, ratio = paired_ms(lambda: launcher(*largs), cublas, flush, args.repeats)
+                t, t_cublas, ratio = paired_ms(run, cublas, flush, args.repeats)
             except tf.TmaflowError as exc:
                 print(f"  skip {cfg}: {exc}", flush=True)
                 continue

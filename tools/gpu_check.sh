@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU tier plus the benchmarks, in one call on the device machine:
 #   bash tools/gpu_check.sh [pytest -k expression]
-# Env: SKIP_TESTS=1 / SKIP_DEMO=1 / SKIP_BENCH=1, TEST_BUDGET / BENCH_BUDGET (seconds),
+# Env: SKIP_TESTS=1 / SKIP_DEMO=1 / SKIP_BENCH=1 / SKIP_GEMM=1, TEST_BUDGET / BENCH_BUDGET (seconds),
 #      BENCH_ARGS, GEMM_BUDGET, GEMM_ARGS (tools/bench_gemm.py, e.g. --sweep), SANITIZE=1 (compute-sanitizer over the examples and seeds),
 #      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last.
@@ -29,8 +29,10 @@ fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   timeout "${BENCH_BUDGET:-200}" python3 -m tmaflow bench --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench exit $?"
-  timeout "${GEMM_BUDGET:-240}" python3 tools/bench_gemm.py --json "$OUT/gemm.json" ${GEMM_ARGS:-} > "$OUT/gemm.log" 2>&1
-  echo "gemm bench exit $?"
+  if [ -z "${SKIP_GEMM:-}" ]; then
+    timeout "${GEMM_BUDGET:-240}" python3 tools/bench_gemm.py --json "$OUT/gemm.json" ${GEMM_ARGS:-} > "$OUT/gemm.log" 2>&1
+    echo "gemm bench exit $?"
+  fi
 fi
 if [ -n "${SANITIZE:-}" ]; then
   bash tools/sanitize.sh > "$OUT/sanitize.txt" 2>&1
@@ -57,5 +59,5 @@ echo "== summary =="
 [ -f "$OUT/sanitize.txt" ] && cat "$OUT/sanitize.txt"
 [ -f "$OUT/counts.json" ] && cat "$OUT/counts.json" && echo
 [ -f "$OUT/demo.log" ] && tail -n 14 "$OUT/demo.log"
-[ -f "$OUT/bench.log" ] && tail -n 30 "$OUT/bench.log"
+[ -f "$OUT/bench.log" ] && tail -n 45 "$OUT/bench.log"
 [ -f "$OUT/gemm.log" ] && tail -n 40 "$OUT/gemm.log"

@@ -1,4 +1,5 @@
-"""Python entry points of the example kernels. Each accepts tmaflow, torch or cupy arrays."""
+"""Python entry points of the example kernels. Each accepts tmaflow, torch or cupy arrays,
+returns an output of the caller's kind, and has ``.prepare(...)`` for timing loops."""
 from __future__ import annotations
 
 import functools
@@ -8,9 +9,11 @@ from ..device import current_device
 from ..errors import TmaflowError
 from ..kernel import Kernel
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
-from ..memory import as_array, empty
-from ..tensormap import TensorMap, TensorMapSpec
+from ..memory import as_array
+from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
 from . import source
+from .entry import (Prepared, cached_state, entry_point, given_output, new_output,
+                    on_current_device, stream_key)
 
 _kernels: dict[tuple, Kernel] = {}
 
@@ -34,18 +37,22 @@ def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = No
     return k
 
 
-def _out_like(arr, out, shape=None):
+def _output(name, like, arr, out, shape=None, dtype=None, stream=None):
+    """(object to return, its view): ``out`` checked, or a new array of the caller's kind."""
+    shape = tuple(shape or arr.shape)
     if out is None:
-        return empty(shape or arr.shape, arr.dtype)
-    out = as_array(out)
-    if out.shape != (shape or arr.shape) or out.dtype.itemsize != arr.dtype.itemsize:
-        raise TmaflowError(f"out: shape {out.shape} {out.dtype} does not match the expected "
-                           f"{shape or arr.shape} {arr.dtype}")
-    return out
+        return new_output(like, arr, shape, dtype, stream)
+    return given_output(name, out, shape, dtype or arr.dtype)
 
 
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))
+
+
+def _key(arr, out_arr=None):
+    """What a prepared state depends on, of the arrays: shape, strides, element type."""
+    k = (arr.shape, arr.strides, arr.dtype.name)
+    return k if out_arr is None else k + (out_arr.strides,)
 
 
 # --- tile copy ------------------------------------------------------------------------------
@@ -53,46 +60,71 @@ def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
 def copy_plan(dtype, shape, box=None, stages: int | None = None):
     """(spec, layout, defines) of the persistent tile copy for a 2-D ``shape``."""
     itemsize = TensorMapSpec.tiled(dtype, (1, 16), (1, 16)).dtype.itemsize
-    box = tuple(box) if box else (32 * 4 // itemsize, 256)
+    box = tuple(box) if box else (min(64 * 4 // itemsize, max(shape[0], 1)), 256)
     spec = TensorMapSpec.tiled(dtype, shape, box)
-    stages = stages or max(2, min(8, (200 * 1024) // spec.smem_bytes))
+    stages = stages or max(2, min(3, (200 * 1024) // spec.smem_bytes))
     layout = SharedLayout([Pipeline("tiles", stages=stages, tiles=[spec])])
     return spec, layout, {"BOX_X": box[1], "BOX_Y": box[0]}
 
 
+@entry_point
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
-         l2_promotion: str = "none", flatten: bool = True, evict_first: bool = False,
-         stores: int = 1, stream=None, launch: bool = True):
+         l2_promotion: str = "none", flatten: bool = True, evict_first: bool = True,
+         stores: int = 2, stream=None, debug: bool | None = None) -> Prepared:
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
 
     With ``flatten`` (default) two contiguous arrays are tiled as (size / 256, 256) views, so
-    every box is one contiguous range of memory rather than a column of short rows.
+    every box is one contiguous range of memory rather than a column of short rows. The
+    defaults (64 KB boxes, 3 stages, 2 stores in flight, evict-first loads) are the fastest
+    configuration the bandwidth sweep found on H100/H200.
     """
     a = as_array(src)
     if a.ndim != 2:
         raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
-    result = out = _out_like(a, dst)
+    result, out = _output("copy", src, a, dst, stream=stream)
+    box_t = tuple(box) if box is not None else None
+    key = (_key(a, out), out is a, box_t, stages, ctas_per_sm, l2_promotion, flatten,
+           evict_first, stores, stream_key(stream), on_current_device("copy", a), debug)
+    st = cached_state("copy", key, lambda: _copy_state(a, out, box_t, stages, ctas_per_sm,
+                                                       l2_promotion, flatten, evict_first,
+                                                       stores, stream, debug))
+    if st.flat:
+        a, out = a.reshape(st.shape), out.reshape(st.shape)
+    return Prepared(st.launcher, (st.src.bind(a), st.dst.bind(out), *st.extra), result)
+
+
+class _State:
+    """A prepared entry point for one key: launcher, map templates, fixed arguments."""
+
+    def __init__(self, launcher, src=None, dst=None, extra=(), **more):
+        self.launcher, self.src, self.dst, self.extra = launcher, src, dst, tuple(extra)
+        self.__dict__.update(more)
+
+
+def _copy_state(a, out, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores,
+                stream, debug):
     width = box[1] if box is not None else 256
-    if flatten and a.is_contiguous and out.is_contiguous and a.size % width == 0:
-        a, out = a.reshape(-1, width), out.reshape(-1, width)
-    spec, layout, defines = copy_plan(a.dtype, a.shape, tuple(box) if box else None, stages)
+    flat = bool(flatten and a.is_contiguous and out.is_contiguous and a.size % width == 0)
+    shape = (a.size // width, width) if flat else a.shape
+    spec, layout, defines = copy_plan(a.dtype, shape, box, stages)
     defines = dict(defines)  # the cached plan's dict stays untouched
     if evict_first:
         defines["EVICT_FIRST"] = 1
     if not 1 <= stores < layout.items[0].stages:
-        raise TmaflowError(f"copy: stores={stores} must be in [1, stages - 1]")
+        raise TmaflowError(f"copy: stores={stores} must be in [1, stages - 1] "
+                           f"(stages={layout.items[0].stages})")
     defines["STORES"] = stores
     box = spec.box
-    k = get_kernel("tile_copy", layout, defines)
-    ts = TensorMap.tiled(a, box, l2_promotion=l2_promotion)
-    td = TensorMap.tiled(out, box, l2_promotion=l2_promotion)
-    tiles_y, tiles_x = math.ceil(a.shape[0] / box[0]), math.ceil(a.shape[1] / box[1])
+    k = get_kernel("tile_copy", layout, defines, debug=debug)
+    tiles_y, tiles_x = math.ceil(shape[0] / box[0]), math.ceil(shape[1] / box[1])
     launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y, ctas_per_sm), block=32,
                           stream=stream)
-    if launch:
-        launcher(ts, td, tiles_x, tiles_y)
-        return result
-    return launcher, (ts, td, tiles_x, tiles_y), result
+    out_spec = TensorMapSpec.tiled(out.dtype, shape, box, l2_promotion=l2_promotion,
+                                   strides=None if flat else out.strides)
+    in_spec = TensorMapSpec.tiled(a.dtype, shape, box, l2_promotion=l2_promotion,
+                                  strides=None if flat else a.strides)
+    return _State(launcher, MapTemplate(in_spec), MapTemplate(out_spec), (tiles_x, tiles_y),
+                  flat=flat, shape=shape)
 
 
 # --- transpose ------------------------------------------------------------------------------
@@ -105,64 +137,81 @@ def transpose_plan(shape, stages: int = 4):
     return spec_in, spec_out, layout
 
 
-def transpose(a, out=None, *, stream=None, launch: bool = True):
+@entry_point
+def transpose(a, out=None, *, stream=None, debug: bool | None = None) -> Prepared:
     """out = a.T for a 2-D float32 array, through 128B-swizzled shared memory."""
     x = as_array(a)
     if x.ndim != 2 or x.dtype.itemsize != 4:
         raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
-    o = _out_like(x, out, x.shape[::-1])
-    spec_in, spec_out, layout = transpose_plan(x.shape)
-    k = get_kernel("transpose", layout)
-    tin = TensorMap.tiled(x, spec_in.box, swizzle="128B")
-    tout = TensorMap.tiled(o, spec_out.box, swizzle="128B")
-    tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
-    launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
-    args = (tin, tout, tiles_x, tiles_y)
-    if launch:
-        launcher(*args)
-        return o
-    return launcher, args, o
+    result, o = _output("transpose", a, x, out, x.shape[::-1], stream=stream)
+    key = (_key(x, o), stream_key(stream), on_current_device("transpose", x), debug)
+
+    def build():
+        spec_in, spec_out, layout = transpose_plan(x.shape)
+        k = get_kernel("transpose", layout, debug=debug)
+        tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
+        launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
+        tin = TensorMapSpec.tiled(x.dtype, x.shape, spec_in.box, strides=x.strides, swizzle="128B")
+        tout = TensorMapSpec.tiled(o.dtype, o.shape, spec_out.box, strides=o.strides, swizzle="128B")
+        return _State(launcher, MapTemplate(tin), MapTemplate(tout), (tiles_x, tiles_y))
+
+    st = cached_state("transpose", key, build)
+    return Prepared(st.launcher, (st.src.bind(x), st.dst.bind(o), *st.extra), result)
 
 
 # --- softmax --------------------------------------------------------------------------------
+SOFTMAX_SMEM = 200 * 1024
+
+
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def softmax_plan(shape, rows: int = 4, stages: int = 3):
     """A stage holds ``rows`` rows as n_box boxes of (rows, 256) placed back to back, which
-    is planned as one (rows * n_box, 256) tile: same bytes, same transaction count."""
+    is planned as one (rows * n_box, 256) tile: same bytes, same transaction count. The
+    kernel's loop needs at least two stages (it refills a stage after the store of the one
+    before has read it), so long rows take fewer rows per stage; rows too long for two
+    stages of one row are refused."""
     n_box = math.ceil(shape[1] / 256)
+    stage_bytes = lambda r: r * n_box * 256 * 4  # noqa: E731
+    while rows > 1 and 2 * stage_bytes(rows) > SOFTMAX_SMEM:
+        rows //= 2
+    if 2 * stage_bytes(rows) > SOFTMAX_SMEM:
+        raise TmaflowError(f"softmax: rows of {shape[1]} float32 need {stage_bytes(1)} B of shared "
+                           f"memory per stage and the kernel needs two stages in "
+                           f"{SOFTMAX_SMEM} B; at most {SOFTMAX_SMEM // 2 // 1024 * 256} columns fit")
     spec = TensorMapSpec.tiled("float32", shape, (rows, 256))
-    if rows * n_box > 256:
-        raise TmaflowError(f"softmax: rows of {shape[1]} elements need {n_box} boxes of 256; at "
-                           f"most {256 // rows} fit one stage (rows <= {256 * 256 // rows})")
     stage = TensorMapSpec.tiled("float32", (rows * n_box, 256), (rows * n_box, 256))
-    while stages > 1 and stages * stage.smem_bytes > 200 * 1024:
-        stages -= 1
+    stages = max(2, min(stages, SOFTMAX_SMEM // stage.smem_bytes))
     layout = SharedLayout([Pipeline("rows", stages=stages, tiles=[stage])])
     return spec, layout, {"ROWS": rows, "NBOX": n_box, "WPR": 4}
 
 
-def softmax(x, out=None, *, stream=None, launch: bool = True):
+@entry_point
+def softmax(x, out=None, *, stream=None, debug: bool | None = None) -> Prepared:
     """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
     a = as_array(x)
     if a.ndim != 2 or a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a 2-D float32 array (got {a.shape} {a.dtype})")
-    o = _out_like(a, out)
-    spec, layout, defines = softmax_plan(a.shape)
-    k = get_kernel("softmax", layout, defines)
-    rows = defines["ROWS"]
-    tin, tout = TensorMap.tiled(a, spec.box), TensorMap.tiled(o, spec.box)
-    groups = math.ceil(a.shape[0] / rows)
-    launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
-                          stream=stream)
-    args = (tin, tout, a.shape[1], groups)
-    if launch:
-        launcher(*args)
-        return o
-    return launcher, args, o
+    result, o = _output("softmax", x, a, out, stream=stream)
+    key = (_key(a, o), stream_key(stream), on_current_device("softmax", a), debug)
+
+    def build():
+        spec, layout, defines = softmax_plan(a.shape)
+        k = get_kernel("softmax", layout, defines, debug=debug)
+        rows = defines["ROWS"]
+        groups = math.ceil(a.shape[0] / rows)
+        launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
+                              stream=stream)
+        tin = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=a.strides)
+        tout = TensorMapSpec.tiled(o.dtype, o.shape, spec.box, strides=o.strides)
+        return _State(launcher, MapTemplate(tin), MapTemplate(tout), (a.shape[1], groups))
+
+    st = cached_state("softmax", key, build)
+    return Prepared(st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), result)
 
 
 # --- TMA reduce-add --------------------------------------------------------------------------
-def reduce_add(parts, out, *, box=(32, 64), stream=None):
+@entry_point
+def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = None) -> Prepared:
     """out += sum(parts, axis=0) with cp.reduce.async.bulk.tensor (float32 or int32)."""
     p, o = as_array(parts), as_array(out)
     if p.ndim != 3 or o.shape != p.shape[1:] or p.dtype != o.dtype:
@@ -172,10 +221,10 @@ def reduce_add(parts, out, *, box=(32, 64), stream=None):
     to = TensorMap.tiled(o, box)
     layout = SharedLayout([Buffer("tile", tp.spec.smem_bytes, align=128),
                            Barrier("loaded", arrivals=1, tx_bytes=tp.spec.tx_bytes)])
-    k = get_kernel("reduce_add", layout, {"BOX_X": box[1], "BOX_Y": box[0]})
+    k = get_kernel("reduce_add", layout, {"BOX_X": box[1], "BOX_Y": box[0]}, debug=debug)
     tiles_x, tiles_y = math.ceil(o.shape[1] / box[1]), math.ceil(o.shape[0] / box[0])
-    k.launch(tp, to, tiles_x, grid=(tiles_x * tiles_y, p.shape[0]), block=32, stream=stream)
-    return o
+    launcher = k.launcher(grid=(tiles_x * tiles_y, p.shape[0]), block=32, stream=stream)
+    return Prepared(launcher, (tp, to, tiles_x), out)
 
 
 # --- multicast broadcast ------------------------------------------------------------------------
@@ -190,9 +239,10 @@ def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32)
     return pipe, layout
 
 
+@entry_point
 def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows: int = 32,
                     group_size: int | None = None, iters: int | None = None, sparse: int = 1,
-                    stream=None, launch: bool = True, debug: bool | None = None):
+                    stream=None, debug: bool | None = None) -> Prepared:
     """Broadcast-heavy reduction: out[b] = x[b] * sum over ``iters`` w tiles of CTA b's group.
 
     x is (B*32, 256) float32 (one 32-row block per CTA), w is (T*wrows, 256). By default all
@@ -215,18 +265,14 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
                            f"the {w_tiles} w tiles evenly")
     group_tiles = w_tiles // (blocks // group_size)
     iters = iters or group_tiles
-    o = _out_like(xa, out)
+    result, o = _output("broadcast_scale", x, xa, out, stream=stream)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
     if sparse not in (1, 2, 4, 8, 16, 32, 64):
         raise TmaflowError(f"broadcast_scale: sparse={sparse} must be a power of two <= 64")
     k = get_kernel("broadcast_scale", layout, {"WROWS": wrows, "SPARSE": sparse}, debug=debug)
     tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (wrows, 256))
     launcher = k.launcher(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
-    args = (tx, tw, o, iters, group_size, group_tiles)
-    if launch:
-        launcher(*args)
-        return o
-    return launcher, args, o
+    return Prepared(launcher, (tx, tw, o, iters, group_size, group_tiles), result)
 
 
 def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=None, sparse=1):
@@ -252,8 +298,9 @@ def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=Non
 
 
 # --- LDGSTS vs TMA ------------------------------------------------------------------------------
+@entry_point
 def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
-         launch: bool = True):
+         debug: bool | None = None) -> Prepared:
     """out = a * x + b over a 1-D float32 array whose length is a multiple of 4096, double
     buffered through smem with LDGSTS (``method="ldgsts"``) or 1-D TMA bulk copies."""
     xa = as_array(x)
@@ -262,11 +309,7 @@ def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
                            f"(got {xa.shape} {xa.dtype})")
     if method not in ("tma", "ldgsts"):
         raise TmaflowError(f"axpb: method={method!r} must be 'tma' or 'ldgsts'")
-    o = _out_like(xa, out)
-    k = get_kernel(f"axpb_{method}", None)
+    result, o = _output("axpb", x, xa, out, stream=stream)
+    k = get_kernel(f"axpb_{method}", None, debug=debug)
     launcher = k.launcher(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)
-    args = (xa, o, float(a), float(b), xa.size)
-    if launch:
-        launcher(*args)
-        return o
-    return launcher, args, o
+    return Prepared(launcher, (xa, o, float(a), float(b), xa.size), result)

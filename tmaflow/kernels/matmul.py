@@ -15,7 +15,8 @@ from ..device import current_device, stream_handle
 from ..errors import TmaflowError
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..memory import DeviceArray, as_array, empty
-from ..tensormap import TensorMap, TensorMapSpec
+from ..tensormap import MapTemplate, TensorMapSpec
+from .entry import Prepared, cached_state, entry_point, given_output, new_output, on_current_device, stream_key
 from .examples import get_kernel
 
 BM, BK = 128, 64
@@ -136,6 +137,11 @@ def _check_operands(A, B, layout: str):
 
 
 def _check_rows(name: str, arr) -> None:
+    if name == "out" and arr.shape[1] % 8:
+        raise TmaflowError(
+            f"gemm: out has {arr.shape[1]} columns; TMA stores write whole 16-byte chunks, so a "
+            "row that is not a multiple of 8 bf16 would spill into the next columns. Use an out "
+            "with a multiple of 8 columns and slice the result")
     if arr.strides[1] != 2 or arr.strides[0] % 16:
         raise TmaflowError(
             f"gemm: {name} has strides {arr.strides} B; rows must be contiguous and start "
@@ -143,51 +149,72 @@ def _check_rows(name: str, arr) -> None:
             "leading dimension to a multiple of 8 or copy to a contiguous array")
 
 
-def _map(arr, spec: TensorMapSpec) -> TensorMap:
-    """The tensor map of ``arr`` with the box, swizzle and L2 promotion the plan chose."""
-    return TensorMap.tiled(arr, spec.box, swizzle=spec.swizzle, l2_promotion=spec.l2_promotion)
+def _template(arr, spec: TensorMapSpec) -> MapTemplate:
+    """Maps of ``arr``'s shape and row pitch with the box, swizzle and L2 promotion the plan
+    chose (the plan's specs assume contiguous rows; the array's real pitch is used)."""
+    return MapTemplate(TensorMapSpec.tiled(arr.dtype, arr.shape, spec.box, strides=arr.strides,
+                                           swizzle=spec.swizzle, l2_promotion=spec.l2_promotion))
 
 
+@entry_point
 def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None, stream=None,
-         debug: bool | None = None, launch: bool = True):
+         debug: bool | None = None) -> Prepared:
     """C = A @ B^T (``layout="nt"``: A is M x K, B is N x K) or C = A @ B (``"nn"``: B is K x N)
     for bfloat16 tmaflow, torch or cupy arrays; fp32 accumulation, bfloat16 ``out`` (M x N,
-    allocated when None). ``launch=False`` returns ``(launcher, args, out)`` for timing loops."""
+    allocated of the caller's kind when None). ``gemm.prepare(...)`` returns the launch ready
+    to repeat."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig")
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
     if out is None:
-        out = empty((m, n), "bfloat16")
-    C = as_array(out)
-    if C.shape != (m, n) or C.dtype.name != "bfloat16":
-        raise TmaflowError(f"gemm: out must be a ({m}, {n}) bfloat16 array (got {C.shape} {C.dtype.name})")
+        result, C = new_output(a, A, (m, n), None, stream)
+    else:
+        result, C = given_output("gemm", out, (m, n), A.dtype)
+        if C.dtype.name != "bfloat16":
+            raise TmaflowError(f"gemm: out must be a ({m}, {n}) bfloat16 array (got {C.shape} {C.dtype.name})")
     if m == 0 or n == 0 or k == 0:
         if k == 0 and C.size:
             C.fill_bytes(0)  # an empty sum: C is all zeros
-        return out if launch else (None, (), out)
+        return Prepared(None, (), result)
+    key = (A.shape, A.strides, B.shape, B.strides, C.strides, layout, config, stream_key(stream),
+           on_current_device("gemm", A), debug)
+    st = cached_state("gemm", key, lambda: _gemm_state(A, B, C, m, n, k, layout, config, stream, debug))
+    tail = st.tail
+    if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
+        counters, partials = st.workspace.views(*st.workspace_sizes)
+        tail = (partials, counters, *tail)
+    return Prepared(st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *tail), result)
+
+
+class _GemmState:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _gemm_state(A, B, C, m, n, k, layout, config, stream, debug) -> _GemmState:
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
     plan = gemm_plan(m, n, k, layout, config or choose_config(m, n, k, device.sm_count))
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug)
-    ta, tb, tc = (_map(arr, spec) for arr, spec in ((A, plan.spec_a), (B, plan.spec_b), (C, plan.spec_c)))
     cm, split = plan.config.cluster_m, plan.config.split_k
     # (cm M tiles, N tile) groups: one cluster's work item per K split
     tile_groups = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)
     clusters = max(1, min(tile_groups * split, _resident_clusters(kern, cm, device.ordinal)))
     launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream)
+    ws = None
     if split == 1:
-        args = (ta, tb, tc, 0, 0, m, n, k, 1)
+        tail = (0, 0, m, n, k, 1)
     else:
         ws = _workspace(device, stream)
-        counter_view, partial_view = ws.views(tile_groups * cm, split * m * n)
         launcher = _SplitK(launcher, ws)
-        args = (ta, tb, tc, partial_view, counter_view, m, n, k, split)
-    if launch:
-        launcher(*args)
-        return out
-    return launcher, args, out
+        tail = (m, n, k, split)
+    return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
+                      tc=_template(C, plan.spec_c), tail=tail, plan=plan, workspace=ws,
+                      workspace_sizes=(tile_groups * cm, split * m * n))
 
 
 class _Workspace:

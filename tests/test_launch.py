@@ -1,0 +1,192 @@
+"""LaunchConfig normalisation and the generated launch path, with the driver call recorded
+instead of made (no GPU)."""
+import struct
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow.launch import LaunchConfig, Launcher, dims
+from tmaflow.memory import DeviceArray
+from tmaflow.params import ArgPacker, Param
+from tmaflow.tensormap import TensorMap, TensorMapSpec
+
+
+# --- LaunchConfig ----------------------------------------------------------------------------
+
+def test_config_normalises_lists_and_ints_and_hashes_equal():
+    a = LaunchConfig(grid=[8, 2], block=128, cluster=[2], smem=np.int64(1024))
+    b = LaunchConfig((8, 2, 1), (128, 1, 1), (2, 1, 1), 1024)
+    assert a == b and hash(a) == hash(b)
+    assert (a.grid, a.block, a.cluster, a.smem, a.stream) == ((8, 2, 1), (128, 1, 1), (2, 1, 1), 1024, None)
+    assert type(a.smem) is int and a.threads == 128 and a.cluster_size == 2
+    assert {a: 1}[b] == 1
+
+
+def test_config_keeps_the_stream_object_alive_and_compares_by_handle():
+    class FakeStream:
+        def __cuda_stream__(self):
+            return (0, 0x1234)
+
+    s = FakeStream()
+    c = LaunchConfig(1, 32, stream=s)
+    assert c.stream == 0x1234 and c.stream_object is s
+    assert c == LaunchConfig(1, 32, stream=0x1234)
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(grid=0, block=32), r"grid=0 must have 1-3 extents, each >= 1"),
+    (dict(grid="x", block=32), r"grid='x' must be an int or a tuple of 1-3 ints"),
+    (dict(grid=(1, 2, 3, 4), block=32), r"grid=\(1, 2, 3, 4\) must have 1-3 extents"),
+    (dict(grid=(1.5, 2), block=32), r"grid=\(1.5, 2\) must be an int"),
+    (dict(grid=True, block=32), r"grid=True must be an int"),
+    (dict(grid=None, block=32), r"grid=None must be an int"),
+    (dict(grid=(1, 70000), block=32), r"axis y has 70000 blocks; the limit is 65535"),
+    (dict(grid=2**31, block=32), r"axis x has 2147483648 blocks; the limit is 2147483647"),
+    (dict(grid=1, block=(32, 64)), r"block=\(32, 64, 1\) has 2048 threads; a block holds at most 1024"),
+    (dict(grid=1, block=(1, 1, 65)), r"axis z has 65 threads; the limit is 64"),
+    (dict(grid=6, block=32, cluster=4), r"cluster=\(4, 1, 1\) does not divide grid=\(6, 1, 1\).*axis x has 6"),
+    (dict(grid=32, block=32, cluster=32), r"cluster=\(32, 1, 1\) has 32 blocks; .* at most 8 \(portable\) or 16"),
+    (dict(grid=1, block=32, smem=-1), r"smem=-1 must be a non-negative int"),
+    (dict(grid=1, block=32, smem=1.5), r"smem=1.5 must be a non-negative int"),
+    (dict(grid=1, block=32, smem=True), r"smem=True must be a non-negative int"),
+    (dict(grid=1, block=32, pdl=1), r"pdl=1 must be True or False"),
+    (dict(grid=1, block=32, stream="s"), r"stream='s' \(str\) is not a stream"),
+])
+def test_config_rules(kwargs, msg):
+    with pytest.raises(tf.LaunchError, match=msg):
+        LaunchConfig(**kwargs)
+
+
+def test_dims():
+    assert dims("grid", (4, 2)) == (4, 2, 1) and dims("grid", 7) == (7, 1, 1)
+    assert dims("grid", np.int32(3)) == (3, 1, 1) and dims("grid", [2, 2, 2]) == (2, 2, 2)
+
+
+# --- the generated path --------------------------------------------------------------------
+
+class _Module:
+    compiled_cluster = (0, 0, 0)
+
+
+class _Alloc:  # stands for a tmaflow allocation; free() is what memory does to it
+    live = True
+
+
+def fake_launcher(params, stream=0):
+    """A Launcher whose driver call is recorded instead of made."""
+    run = object.__new__(Launcher)
+    run.kernel, run.module, run.config = None, _Module(), LaunchConfig(1, 32, stream=stream)
+    run.generation, run.ordinal = 0, 0
+    run.packer = ArgPacker(params)
+    run._configs = {stream: "cfg"}
+    run._plans, run._function, run._watch = {}, None, None
+    run.calls = []
+
+    def launch(cfg, fn, kp, extra):
+        run.calls.append((cfg, bytes(run.packer.buffer.raw[:run.packer.total])))
+        return (0,)
+
+    run._launch = launch
+    return run
+
+
+def owned_array(ptr=0x5000):
+    arr = DeviceArray(ptr, (64, 64), "float32")
+    arr._alloc = _Alloc()
+    return arr
+
+
+def owned_map(arr):
+    spec = TensorMapSpec.tiled("float32", (64, 64), (8, 8), address=arr.ptr)
+    return TensorMap(spec, arr, bytes(range(128)))
+
+
+TABLE = [Param(0, 0, 128, "tensormap"), Param(1, 128, 8, "pointer"), Param(2, 136, 4, "int", True),
+         Param(3, 140, 4, "float")]
+
+
+def test_generated_path_packs_new_values_each_call(rng):
+    run = fake_launcher(TABLE)
+    arr = owned_array()
+    tm = owned_map(arr)
+    for i in range(5):
+        x, y = int(rng.integers(-2**31, 2**31)), float(rng.standard_normal())
+        run(tm, arr, x, y)
+        raw = run.calls[-1][1]
+        assert raw[:128] == bytes(tm)
+        assert struct.unpack_from("<Qif", raw, 128) == (arr.ptr, x, np.float32(y))
+    assert type(run) is not Launcher and "pack_into" in type(run)._source
+    assert len(run._plans) == 1
+
+
+def test_one_plan_per_type_tuple_reused_when_types_alternate():
+    run = fake_launcher(TABLE)
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    first = type(run)
+    run(tm, arr, 1, 2)          # int for the float: another type tuple, another plan
+    second = type(run)
+    for _ in range(3):
+        run(tm, arr, 1, 2.0)
+        assert type(run) is first
+        run(tm, arr, 1, 3)
+        assert type(run) is second
+    assert len(run._plans) == 2 and first is not second
+    assert struct.unpack_from("<f", run.calls[-1][1], 140)[0] == 3.0
+
+
+@pytest.mark.parametrize("which", ["array", "map"])
+def test_freed_memory_is_refused_on_the_generated_path(which):
+    run = fake_launcher(TABLE)
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    run(tm, arr, 1, 2.0)  # generated path
+    assert len(run.calls) == 2
+    arr._alloc.live = False  # what DeviceArray.free() does
+    if which == "map":       # only the map's array died; the pointer argument is another array
+        other = owned_array(0x9000)
+        with pytest.raises(tf.LaunchError, match=r"argument 0: TensorMap.*its array was freed"):
+            run(tm, other, 1, 2.0)
+    else:
+        with pytest.raises(tf.LaunchError, match=r"argument 1: DeviceArray.*was freed before the launch"):
+            run(owned_map(owned_array(0x9000)), arr, 1, 2.0)
+    assert len(run.calls) == 2  # nothing was launched
+
+
+def test_free_of_another_array_leaves_the_path_alone():
+    run = fake_launcher(TABLE)
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    plan = type(run)
+    unrelated = owned_array(0x7000)
+    unrelated._alloc.live = False
+    run(tm, arr, 5, 2.0)
+    assert type(run) is plan and struct.unpack_from("<i", run.calls[-1][1], 136)[0] == 5
+
+
+def test_wrong_types_after_the_fast_path_are_still_checked():
+    run = fake_launcher(TABLE)
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    with pytest.raises(tf.LaunchError, match=r"argument 1: float 1.5 given for a pointer parameter"):
+        run(tm, 1.5, 1, 2.0)
+    with pytest.raises(tf.LaunchError, match=r"argument 2: int 4294967296 does not fit"):
+        run(tm, arr, 2**32, 2.0)
+    with pytest.raises(tf.LaunchError, match=r"takes 4 arguments"):
+        run(tm, arr, 1)
+    assert len(run.calls) == 1
+
+
+def test_unsigned_values_past_the_signed_range_fall_back_to_the_checked_path():
+    run = fake_launcher([Param(0, 0, 8, "any"), Param(1, 8, 4, "any")])
+    arr = owned_array()
+    run(arr, 7)
+    run(arr, 2**32 - 1)  # 'i' overflows: the checked path packs it unsigned
+    assert struct.unpack_from("<I", run.calls[-1][1], 8)[0] == 2**32 - 1
+    run(arr, 9)
+    assert struct.unpack_from("<i", run.calls[-1][1], 8)[0] == 9 and len(run.calls) == 3

@@ -1,0 +1,120 @@
+"""What every entry point (``kernels.copy``, ``softmax``, ``gemm``, ...) shares.
+
+- ``Prepared``: one launch with everything resolved (launcher, arguments, output). Calling it
+  launches and returns the output; ``kernels.softmax.prepare(x)`` hands one to timing loops.
+- outputs of the caller's kind: torch in, torch out (allocated by torch on the tensor's
+  device); cupy in, cupy out; otherwise a tmaflow array from the stream-ordered pool.
+- a per-thread cache of prepared states, keyed by shape, strides, dtype, configuration and
+  stream: a repeated call does no planning, validation or encoding, only lookups.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+from ..device import current_ordinal
+from ..errors import TmaflowError
+from ..memory import DeviceArray, as_array, empty
+
+
+class Prepared:
+    """A launch ready to go: ``prepared()`` launches and returns ``out``."""
+
+    __slots__ = ("launcher", "args", "out")
+
+    def __init__(self, launcher, args: tuple, out):
+        self.launcher, self.args, self.out = launcher, args, out
+
+    def __call__(self):
+        if self.launcher is not None:
+            self.launcher(*self.args)
+        return self.out
+
+    def __repr__(self) -> str:
+        return f"Prepared({self.launcher!r}, {len(self.args)} args)"
+
+
+def entry_point(prepare):
+    """Turn ``prepare(...) -> Prepared`` into the entry point ``f(...)`` (launch, return the
+    output) with ``f.prepare`` kept for callers that launch the same thing many times."""
+
+    @functools.wraps(prepare)
+    def run(*args, **kwargs):
+        p = prepare(*args, **kwargs)
+        if p.launcher is not None:
+            p.launcher(*p.args)
+        return p.out
+
+    run.prepare = prepare
+    return run
+
+
+_states = threading.local()
+
+
+def cached_state(name: str, key: tuple, build):
+    """The state ``build()`` made for ``key`` on this thread (launchers belong to a thread)."""
+    cache = _states.__dict__.setdefault(name, {})
+    try:
+        state = cache.get(key)
+    except TypeError:
+        raise TmaflowError(f"{name}: an argument is not hashable ({key!r})") from None
+    if state is None:
+        state = build()
+        if len(cache) >= 128:
+            cache.clear()
+        cache[key] = state
+    return state
+
+
+def stream_key(stream):
+    """A hashable stand-in for ``stream`` in cache keys."""
+    try:
+        hash(stream)
+        return stream
+    except TypeError:
+        from ..device import stream_handle
+
+        return stream_handle(stream)
+
+
+def on_current_device(name: str, arr: DeviceArray) -> int:
+    """The current device's ordinal, after checking that ``arr`` lives there."""
+    ordinal = current_ordinal()
+    if arr.device is not None and arr.device.ordinal != ordinal:
+        raise TmaflowError(f"{name}: the array lives on device {arr.device.ordinal} but tmaflow's "
+                           f"current device is {ordinal}; call tf.set_device({arr.device.ordinal})")
+    return ordinal
+
+
+def new_output(like, like_arr: DeviceArray, shape: tuple, dtype, stream=None):
+    """(object returned to the caller, its DeviceArray view): of ``like``'s kind."""
+    origin = like_arr._origin
+    if origin == "torch" and hasattr(like, "new_empty"):
+        obj = like.new_empty(shape) if dtype is None or dtype == like_arr.dtype else \
+            like.new_empty(shape, dtype=_torch_dtype(dtype))
+        return obj, as_array(obj)
+    if origin == "cupy" and (dtype is None or dtype.name != "bfloat16"):
+        import cupy
+
+        obj = cupy.empty(shape, dtype=(dtype or like_arr.dtype).numpy)
+        return obj, as_array(obj)
+    arr = empty(shape, dtype or like_arr.dtype, like_arr.device, stream=stream)
+    return arr, arr
+
+
+def given_output(name: str, out, shape: tuple, dtype) -> tuple:
+    """(out, its DeviceArray view) after checking shape and element type."""
+    arr = as_array(out)
+    if arr.shape != tuple(shape) or arr.dtype.itemsize != dtype.itemsize:
+        raise TmaflowError(f"{name}: out must be a {tuple(shape)} {dtype} array (got "
+                           f"{arr.shape} {arr.dtype})")
+    if not arr.alive:
+        raise TmaflowError(f"{name}: out {arr!r} was freed")
+    return out, arr
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    return getattr(torch, dtype.name)

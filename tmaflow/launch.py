@@ -1,0 +1,306 @@
+"""Launching: ``LaunchConfig`` holds every configuration rule, once; a ``Launcher`` is a kernel
+bound to one configuration, whose calls check, pack and launch through a path generated once
+per tuple of argument types.
+
+Streams: an explicit ``stream`` is used as given. ``stream=None`` follows the convention of
+the arrays passed, as Triton does for torch: the current torch stream of the launch device
+when any argument is a torch tensor (or a TensorMap of one), else the current cupy stream
+when any is a cupy array, else the legacy default stream.
+"""
+from __future__ import annotations
+
+import struct
+import sys
+from dataclasses import dataclass, field
+
+from . import driver
+from .device import stream_handle
+from .errors import CudaError, LaunchError
+from .params import ArgPacker
+
+GRID_LIMITS = (2**31 - 1, 65535, 65535)
+BLOCK_LIMITS = (1024, 1024, 64)
+MAX_THREADS = 1024
+PORTABLE_CLUSTER = 8
+MAX_CLUSTER = 16
+
+
+def dims(name: str, value) -> tuple[int, int, int]:
+    """An int or a sequence of 1-3 ints, as an (x, y, z) triple of extents >= 1."""
+    given = value
+    if isinstance(value, bool):
+        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
+    if isinstance(value, int) or hasattr(value, "__index__") and not hasattr(value, "__len__"):
+        value = (value,)
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
+    try:
+        items = list(value)
+    except TypeError:
+        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints") from None
+    if any(isinstance(v, bool) or not hasattr(v, "__index__") for v in items):
+        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
+    out = tuple(int(v.__index__()) for v in items)
+    if not 1 <= len(out) <= 3 or any(d < 1 for d in out):
+        raise LaunchError(f"{name}={given!r} must have 1-3 extents, each >= 1")
+    return out + (1,) * (3 - len(out))
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """A checked, normalised, hashable launch configuration.
+
+    ``grid`` counts blocks; ``cluster`` must divide it. Lists and ints are accepted and
+    normalised to (x, y, z). ``smem`` is dynamic shared memory in bytes (None: the kernel's
+    layout decides). ``stream`` is kept as its raw handle (None: follow the arrays'
+    framework, see the module doc); the stream object itself is kept alive by the config.
+    ``pdl`` allows programmatic dependent launch (the kernel may start while the previous
+    one on the stream finishes; it must ``griddepcontrol.wait`` before reading its output).
+    """
+
+    grid: tuple
+    block: tuple
+    cluster: tuple = (1, 1, 1)
+    smem: int | None = None
+    stream: int | None = None
+    pdl: bool = False
+    stream_object: object = field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        grid, block, cluster = dims("grid", self.grid), dims("block", self.block), dims("cluster", self.cluster)
+        for axis, (g, limit) in enumerate(zip(grid, GRID_LIMITS)):
+            if g > limit:
+                raise LaunchError(f"grid={grid}: axis {'xyz'[axis]} has {g} blocks; the limit is {limit}")
+        for axis, (b, limit) in enumerate(zip(block, BLOCK_LIMITS)):
+            if b > limit:
+                raise LaunchError(f"block={block}: axis {'xyz'[axis]} has {b} threads; the limit is {limit}")
+        threads = block[0] * block[1] * block[2]
+        if threads > MAX_THREADS:
+            raise LaunchError(f"block={block} has {threads} threads; a block holds at most {MAX_THREADS}")
+        for axis, (g, c) in enumerate(zip(grid, cluster)):
+            if g % c:
+                raise LaunchError(f"cluster={cluster} does not divide grid={grid} (in blocks): "
+                                  f"axis {'xyz'[axis]} has {g} blocks, not a multiple of {c}")
+        size = cluster[0] * cluster[1] * cluster[2]
+        if size > MAX_CLUSTER:
+            raise LaunchError(f"cluster={cluster} has {size} blocks; Hopper allows at most "
+                              f"{PORTABLE_CLUSTER} (portable) or {MAX_CLUSTER} (non-portable)")
+        smem = self.smem
+        if smem is not None and (isinstance(smem, bool) or not hasattr(smem, "__index__") or smem < 0):
+            raise LaunchError(f"smem={smem!r} must be a non-negative int (bytes of dynamic smem)")
+        if not isinstance(self.pdl, bool):
+            raise LaunchError(f"pdl={self.pdl!r} must be True or False")
+        stream, owner = self.stream, self.stream_object
+        if stream is not None and not (type(stream) is int and owner is not None):
+            owner = stream
+            stream = stream_handle(stream)
+        set_(self, "grid", grid)
+        set_(self, "block", block)
+        set_(self, "cluster", cluster)
+        set_(self, "smem", None if smem is None else int(smem))
+        set_(self, "stream", stream)
+        set_(self, "stream_object", owner)
+
+    @property
+    def threads(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+    @property
+    def cluster_size(self) -> int:
+        return self.cluster[0] * self.cluster[1] * self.cluster[2]
+
+
+def _type_key(args: tuple) -> tuple:
+    from .tensormap import TensorMap
+
+    return tuple((TensorMap, a._origin) if type(a) is TensorMap else type(a) for a in args)
+
+
+def _framework_stream(frameworks, ordinal: int):
+    """(expression, scope) of the stream for ``stream=None`` given the arguments' frameworks."""
+    if "torch" in frameworks:
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is None:
+            return "current_stream(ORD).cuda_stream", {"current_stream": torch.cuda.current_stream}
+        return "raw_stream(ORD)", {"raw_stream": raw}
+    if "cupy" in frameworks:
+        return "cupy_stream().ptr", {"cupy_stream": sys.modules["cupy"].cuda.get_current_stream}
+    return "0", {}
+
+
+class Launcher:
+    """A kernel with its launch configuration fixed: ``launcher(*args)`` packs and launches.
+
+    All configuration checks ran when it was built. The first call with a new tuple of
+    argument types is checked argument by argument; it then generates a path for those
+    types (one type test per argument, liveness of tmaflow memory, one ``struct.pack_into``)
+    that later calls take. One launcher belongs to one thread (its argument buffer is
+    reused); ``Kernel.launch`` keeps one per thread and configuration.
+    """
+
+    def __init__(self, kernel, module, config: LaunchConfig):
+        cu = driver.cu()
+        self.kernel, self.module, self.config = kernel, module, config
+        self.generation = module.generation
+        self.ordinal = module.device.ordinal
+        self.packer = ArgPacker(module.params)
+        self._configs: dict[int, object] = {}
+        self._plans: dict[tuple, type] = {}
+        self._launch = cu.cuLaunchKernelEx
+        self._function = module.function
+        self._watch = module.watch
+        if config.cluster != (1, 1, 1):
+            self._check_cluster_fits()
+
+    # configuration, read-only
+    grid = property(lambda self: self.config.grid)
+    block = property(lambda self: self.config.block)
+    cluster = property(lambda self: self.config.cluster)
+    smem = property(lambda self: self.config.smem)
+    stream = property(lambda self: self.config.stream)
+
+    def cu_config(self, stream: int):
+        """The driver's ``CUlaunchConfig`` of this configuration on ``stream`` (made once)."""
+        cfg = self._configs.get(stream)
+        if cfg is not None:
+            return cfg
+        cu = driver.cu()
+        c = self.config
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = c.grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = c.block
+        cfg.sharedMemBytes = c.smem
+        cfg.hStream = cu.CUstream(stream)
+        attrs = []
+        if c.cluster != (1, 1, 1) and not any(self.module.compiled_cluster):
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = c.cluster
+            attrs.append(attr)
+        if c.pdl:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
+        if len(self._configs) >= 64:
+            self._configs.clear()
+        self._configs[stream] = cfg
+        return cfg
+
+    def stream_for(self, frameworks) -> int:
+        """The stream a call with arrays of these frameworks launches on."""
+        if self.config.stream is not None:
+            return self.config.stream
+        expr, scope = _framework_stream(frameworks, self.ordinal)
+        return int(eval(expr, dict(scope, ORD=self.ordinal)))  # noqa: S307 - our expression
+
+    def max_active_clusters(self) -> int:
+        """How many clusters of this configuration the device runs at once (its GPCs may not
+        pair every SM): the grid size, in clusters, of a persistent kernel. Without a cluster,
+        how many blocks (blocks per SM x SMs)."""
+        cu = driver.cu()
+        c = self.config
+        if c.cluster == (1, 1, 1):  # cuOccupancyMaxActiveClusters answers 1 here
+            per_sm = driver.check("cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                                  cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self._function, c.threads, c.smem))
+            return per_sm * self.module.device.sm_count
+        return driver.check("cuOccupancyMaxActiveClusters",
+                            cu.cuOccupancyMaxActiveClusters(self._function, self.cu_config(0)))
+
+    def _check_cluster_fits(self) -> None:
+        if self.max_active_clusters() == 0:
+            c = self.config
+            raise LaunchError(
+                f"cluster={c.cluster} with block={c.block} and smem={c.smem} B cannot be "
+                f"scheduled on {self.module.device.name} (cuOccupancyMaxActiveClusters = 0); "
+                "use a smaller cluster, fewer threads or less shared memory")
+
+    # --- calls ------------------------------------------------------------------------------
+    def __call__(self, *args) -> None:
+        self._dispatch(args)
+
+    def _dispatch(self, args: tuple) -> None:
+        """The generated path for these argument types if there is one, else the checked path."""
+        cls = self._plans.get(_type_key(args))
+        if cls is None or cls is type(self) or self._watch is not None:
+            return self._checked(args)
+        self.__class__ = cls
+        return cls.__call__(self, *args)
+
+    def _checked(self, args: tuple) -> None:
+        """Every argument checked against the parameter table, then the launch."""
+        from .memory import _origin_of
+
+        kp = self.packer.pack(args, self.ordinal)
+        frameworks = {_origin_of(a) if type(a).__name__ != "TensorMap" else a._origin for a in args}
+        stream = self.stream_for(frameworks)
+        cfg = self.cu_config(stream)
+        if self._watch is None:
+            self._install_plan(args)
+        watch = self._watch
+        if watch is not None:
+            watch.arm()
+        (err,) = self._launch(cfg, self._function, kp, 0)
+        if err:
+            self._raise(err)
+        if watch is not None:
+            watch.check(stream, self.kernel)
+
+    def _install_plan(self, args: tuple) -> None:
+        key = _type_key(args)
+        cls = self._plans.get(key)
+        if cls is None:
+            cls = self._plans[key] = self._generate(args)
+        self.__class__ = cls
+
+    def _generate(self, args: tuple) -> type:
+        """A subclass whose ``__call__`` is generated from the parameter table and the types of
+        ``args`` (no user text); ``Launcher`` itself when some argument kind has no fast form."""
+        plan = self.packer.plan_source(args)
+        if plan is None:
+            return Launcher
+        checks, values, fmt, frameworks = plan
+        from .memory import DeviceArray
+        from .tensormap import TensorMap
+
+        scope = {"TensorMap": TensorMap, "DeviceArray": DeviceArray, "struct": struct,
+                 "pack_into": struct.Struct(fmt).pack_into, "buf": self.packer.buffer,
+                 "kp": self.packer.kernel_params, "launch": self._launch,
+                 "function": self._function, "on_error": self._raise, "ORD": self.ordinal,
+                 "configs": self._configs, "make_config": self.cu_config}
+        scope.update({f"T_a{i}": type(a) for i, a in enumerate(args)})
+        n = len(args)
+        lines = [f"if len(args) != {n}: return self._dispatch(args)"]
+        if n:
+            lines.append(", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "") + " = args")
+            lines.append(f"if not ({' and '.join(checks)}): return self._dispatch(args)")
+        lines += ["try:",
+                  f"    pack_into(buf, 0{''.join(', ' + v for v in values)})",
+                  "except (struct.error, OverflowError, ValueError, TypeError):",
+                  "    return self._checked(args)"]
+        if self.config.stream is not None:
+            scope["cfg"] = self.cu_config(self.config.stream)
+        else:
+            expr, extra = _framework_stream(frameworks, self.ordinal)
+            scope.update(extra)
+            lines += [f"s = {expr}", "cfg = configs.get(s) or make_config(s)"]
+        lines += ["(err,) = launch(cfg, function, kp, 0)", "if err: on_error(err)"]
+        src = "def __call__(self, *args):\n" + "".join(f"    {ln}\n" for ln in lines)
+        exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
+        return type("Launcher", (Launcher,), {"__call__": scope["__call__"], "__slots__": (),
+                                              "_source": src})
+
+    def _raise(self, err) -> None:
+        c = self.config
+        raise CudaError("cuLaunchKernelEx", int(err), driver._error_name(err),
+                        f"{self.kernel.name} grid={c.grid} block={c.block} "
+                        f"cluster={c.cluster} smem={c.smem}")
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Launcher({self.kernel.name}, grid={c.grid}, block={c.block}, "
+                f"cluster={c.cluster}, smem={c.smem}, stream={c.stream})")
