@@ -69,6 +69,7 @@ class Device:
 
     def allocate(self, nbytes: int, stream: int = 0) -> int:
         """A device pointer of ``nbytes`` from the pool, ordered on ``stream``."""
+        driver.init()
         pool = self.memory_pool()
         err, ptr = driver.cu().cuMemAllocFromPoolAsync(nbytes, pool, stream)
         if int(err) == int(driver.cu().CUresult.CUDA_ERROR_OUT_OF_MEMORY):

@@ -48,13 +48,18 @@ class _Module:
         be an API error that compute-sanitizer reports)."""
         cu = driver.cu()
         count = len(typed) if typed is not None else None
-        params = []
+        params, base = [], None
         while count is None or len(params) < count:
             i = len(params)
             err, offset, size = cu.cuFuncGetParamInfo(self.function, i)
             if count is None and int(err) == int(cu.CUresult.CUDA_ERROR_INVALID_VALUE):
                 break  # probed one past the last parameter (older drivers)
             driver.check("cuFuncGetParamInfo", (err,))
+            # Measured (driver 580, H100/H200): offsets are into the device-side parameter
+            # space, whose first parameter may sit past a header (48 B); our buffer needs
+            # them relative to the first.
+            base = int(offset) if base is None else base
+            offset = int(offset) - base
             t = typed[i] if typed is not None else None
             if t is not None and (t.offset, t.size) == (int(offset), int(size)):
                 params.append(t)

@@ -60,8 +60,12 @@ def _key(arr, out_arr=None):
 def copy_plan(dtype, shape, box=None, stages: int | None = None):
     """(spec, layout, defines) of the persistent tile copy for a 2-D ``shape``."""
     itemsize = TensorMapSpec.tiled(dtype, (1, 16), (1, 16)).dtype.itemsize
-    box = tuple(box) if box else (min(64 * 4 // itemsize, max(shape[0], 1)), 256)
-    spec = TensorMapSpec.tiled(dtype, shape, box)
+    if not box:  # 64 KB boxes, or as large as the stages asked for allow
+        rows = 64 * 4 // itemsize
+        while stages and rows > 1 and stages * rows * 256 * itemsize > 200 * 1024:
+            rows //= 2
+        box = (min(rows, max(shape[0], 1)), 256)
+    spec = TensorMapSpec.tiled(dtype, shape, tuple(box))
     stages = stages or max(2, min(3, (200 * 1024) // spec.smem_bytes))
     layout = SharedLayout([Pipeline("tiles", stages=stages, tiles=[spec])])
     return spec, layout, {"BOX_X": box[1], "BOX_Y": box[0]}
