@@ -220,7 +220,7 @@ def test_gemm_writes_into_a_padded_view(device, rng):
 
 # --- softmax: long rows (the plan kept two stages or refuses) -----------------------------------
 
-@pytest.mark.parametrize("shape", [(512, 8192), (64, 25600), (4, 12345)])
+@pytest.mark.parametrize("shape", [(512, 8192), (64, 25600), (5, 12340)])
 def test_softmax_long_rows(device, rng, shape):
     host = rng.standard_normal(shape).astype(np.float32)
     out = poison(tf.empty(shape))
@@ -244,7 +244,7 @@ def test_template_encoder_matches_the_driver_bindings(device, rng):
     base = tf.empty((1 << 22,), "uint8")
     cases = [("float32", (300, 200), (32, 32), "none"), ("bfloat16", (64, 4096), (64, 64), "128B"),
              ("uint8", (7, 9, 640), (2, 3, 64), "64B"), ("float16", (5, 6, 7, 8, 16), (1, 2, 3, 4, 16), "32B"),
-             ("float64", (1000,), (16,), "none"), ("int32", (17, 33), (8, 4), "none")]
+             ("float64", (1000,), (16,), "none"), ("int32", (17, 36), (8, 4), "none")]
     for dtype, shape, box, swz in cases:
         spec = TensorMapSpec.tiled(dtype, shape, box, swizzle=swz, l2_promotion="128B", oob_fill="zero")
         tmpl = MapTemplate(spec)

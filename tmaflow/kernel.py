@@ -287,8 +287,15 @@ class Kernel:
     def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
                stream=None, pdl: bool = False) -> None:
         """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
-        self.launcher(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream,
-                      pdl=pdl)(*args)
+        try:  # the launcher() lookup, inlined: this is the hot path of k.launch
+            launcher = self._local.__dict__.get(
+                (grid, block, cluster, smem, stream, pdl, current_ordinal()))
+        except TypeError:
+            launcher = None
+        if launcher is None or launcher.generation != launcher.module.device.generation:
+            launcher = self.launcher(grid=grid, block=block, cluster=cluster, smem=smem,
+                                     stream=stream, pdl=pdl)
+        launcher(*args)
 
     def close(self) -> None:
         """Unload this kernel's modules from every device (a later launch loads it again)."""

@@ -282,12 +282,13 @@ class Launcher:
                   f"    pack_into(buf, 0{''.join(', ' + v for v in values)})",
                   "except (struct.error, OverflowError, ValueError, TypeError):",
                   "    return self._checked(args)"]
-        if self.config.stream is not None:
-            scope["cfg"] = self.cu_config(self.config.stream)
+        expr, extra = _framework_stream(frameworks, self.ordinal)
+        if self.config.stream is not None or expr == "0":
+            scope["cfg"] = self.cu_config(self.stream_for(frameworks))
         else:
-            expr, extra = _framework_stream(frameworks, self.ordinal)
             scope.update(extra)
-            lines += [f"s = {expr}", "cfg = configs.get(s) or make_config(s)"]
+            lines += [f"s = {expr}", "cfg = configs.get(s)",
+                      "if cfg is None: cfg = make_config(s)"]
         lines += ["(err,) = launch(cfg, function, kp, 0)", "if err: on_error(err)"]
         src = "def __call__(self, *args):\n" + "".join(f"    {ln}\n" for ln in lines)
         exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text

@@ -265,8 +265,7 @@ def _torch_view(t) -> DeviceArray:
     dt = _TORCH_DTYPES.get(t.dtype)
     if dt is None:
         dt = _TORCH_DTYPES[t.dtype] = as_dtype(t.dtype)
-    item = dt.itemsize
-    return DeviceArray._view(t.data_ptr(), tuple(t.shape), dt, tuple(s * item for s in t.stride()),
+    return DeviceArray._view(t.data_ptr(), t.shape, dt, tuple(map(dt.itemsize.__mul__, t.stride())),
                              t, device_of(t.get_device()), "torch")
 
 

@@ -409,6 +409,9 @@ class TensorMap:
         return f"TensorMap({self.spec!r}, address=0x{self.spec.address or 0:x})"
 
 
+_new_map = object.__new__
+
+
 class MapTemplate:
     """Tensor maps of one validated spec at changing addresses: what an entry point keeps per
     shape, so a call with new buffers costs a dictionary lookup or one driver encode, not a
@@ -428,9 +431,13 @@ class MapTemplate:
             if len(self._maps) >= 256:
                 self._maps.clear()
             hit = self._maps[arr.ptr] = (spec, raw)
-        if not arr._alloc.live:
+        alloc = arr._alloc
+        if not alloc.live:
             raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
-        return TensorMap(hit[0], arr, hit[1])
+        tm = _new_map(TensorMap)
+        tm.spec, tm.array, tm._bytes, tm._storage, tm._alloc, tm._origin = \
+            hit[0], arr, hit[1], None, alloc, arr._origin
+        return tm
 
     def __repr__(self) -> str:
         return f"MapTemplate({self.spec!r}, {len(self._maps)} addresses)"
