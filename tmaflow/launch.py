@@ -112,9 +112,11 @@ class LaunchConfig:
 
 
 def _type_key(args: tuple) -> tuple:
+    from .memory import DeviceArray
     from .tensormap import TensorMap
 
-    return tuple((TensorMap, a._origin) if type(a) is TensorMap else type(a) for a in args)
+    return tuple((type(a), a._origin) if type(a) is TensorMap or type(a) is DeviceArray else type(a)
+                 for a in args)
 
 
 def _framework_stream(frameworks, ordinal: int):
@@ -274,10 +276,13 @@ class Launcher:
                  "configs": self._configs, "make_config": self.cu_config}
         scope.update({f"T_a{i}": type(a) for i, a in enumerate(args)})
         n = len(args)
-        lines = [f"if len(args) != {n}: return self._dispatch(args)"]
         if n:
-            lines.append(", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "") + " = args")
-            lines.append(f"if not ({' and '.join(checks)}): return self._dispatch(args)")
+            names = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
+            lines = ["try:", f"    {names} = args",
+                     "except ValueError:", "    return self._dispatch(args)",
+                     f"if not ({' and '.join(checks)}): return self._dispatch(args)"]
+        else:
+            lines = ["if args: return self._dispatch(args)"]
         lines += ["try:",
                   f"    pack_into(buf, 0{''.join(', ' + v for v in values)})",
                   "except (struct.error, OverflowError, ValueError, TypeError):",

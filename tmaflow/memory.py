@@ -22,13 +22,19 @@ def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
 
 
 class _Unowned:
-    """Memory tmaflow does not own (a foreign array's, a raw pointer): always live to us."""
+    """Memory tmaflow does not own (a foreign array's, a raw pointer): always live to us, kept
+    alive by the object viewed. ``live`` is True, or the owning library's name ("torch",
+    "cupy"), so the launch fast path tests liveness and origin in one comparison."""
 
-    live = True
+    __slots__ = ("live",)
     stream = None
 
+    def __init__(self, live):
+        self.live = live
 
-UNOWNED = _Unowned()
+
+UNOWNED = _Unowned(True)
+FOREIGN = {None: UNOWNED, "torch": _Unowned("torch"), "cupy": _Unowned("cupy")}
 
 
 class _Allocation:
@@ -84,17 +90,24 @@ class DeviceArray:
         self.ptr = int(ptr)
         self.owner = owner
         self.device = device
-        owned = getattr(owner, "_alloc", None) if isinstance(owner, DeviceArray) else owner
-        self._alloc = owned if isinstance(owned, _Allocation) else UNOWNED
         self._origin = _origin_of(owner)
+        owned = getattr(owner, "_alloc", None) if isinstance(owner, DeviceArray) else owner
+        self._alloc = owned if isinstance(owned, _Allocation) else FOREIGN[self._origin]
 
     @classmethod
     def _view(cls, ptr: int, shape: tuple, dtype: DType, strides: tuple, owner, device, origin):
         """A view from already-normalised parts (the fast interop path)."""
         a = object.__new__(cls)
         a.dtype, a.shape, a.strides, a.ptr, a.owner, a.device = dtype, shape, strides, ptr, owner, device
-        a._alloc, a._origin = UNOWNED, origin
+        a._alloc, a._origin = FOREIGN[origin], origin
         return a
+
+    def _as(self, shape: tuple, strides: tuple) -> "DeviceArray":
+        """The same memory under another (already checked) layout: the entry points' reshape."""
+        view = DeviceArray._view(self.ptr, shape, self.dtype, strides, self.owner, self.device,
+                                 self._origin)
+        view._alloc = self._alloc
+        return view
 
     # --- properties ---------------------------------------------------------
     @property
@@ -116,7 +129,7 @@ class DeviceArray:
     @property
     def alive(self) -> bool:
         """False once the tmaflow allocation behind this view was freed."""
-        return self._alloc.live
+        return bool(self._alloc.live)
 
     def reshape(self, *shape) -> "DeviceArray":
         """A view with another shape (contiguous arrays only; one extent may be -1)."""
@@ -250,23 +263,31 @@ def _origin_of(obj) -> str | None:
     return None
 
 
+_TORCH_TYPES: list = []
+
+
 def _torch_types():
-    torch = sys.modules.get("torch")
-    return (torch.Tensor,) if torch is not None else ()
+    if not _TORCH_TYPES:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return ()
+        _TORCH_TYPES.append(torch.Tensor)
+    return _TORCH_TYPES[0]
 
 
 _TORCH_DTYPES: dict = {}
 
 
 def _torch_view(t) -> DeviceArray:
-    if not t.is_cuda:
+    ordinal = t.get_device()
+    if ordinal < 0:
         raise TmaflowError(f"as_array: the torch tensor of shape {tuple(t.shape)} is on "
                            f"{t.device}; kernels need a CUDA tensor (use .cuda())")
     dt = _TORCH_DTYPES.get(t.dtype)
     if dt is None:
         dt = _TORCH_DTYPES[t.dtype] = as_dtype(t.dtype)
     return DeviceArray._view(t.data_ptr(), t.shape, dt, tuple(map(dt.itemsize.__mul__, t.stride())),
-                             t, device_of(t.get_device()), "torch")
+                             t, device_of(ordinal), "torch")
 
 
 def _cupy_view(a) -> DeviceArray:
@@ -310,6 +331,7 @@ def as_array(obj, dtype=None) -> DeviceArray:
         arr = DeviceArray(ptr, shape, as_dtype(dtype) if dtype else dt, strides,
                           owner=_DLPackOwner(obj, release))
         arr._origin = _origin_of(obj)
+        arr._alloc = FOREIGN[arr._origin]
         return arr
     raise TmaflowError(
         f"as_array: {type(obj).__name__} is not a device array (no __cuda_array_interface__ "
@@ -370,15 +392,12 @@ def arg_fast_form(arg, name: str):
     from .tensormap import TensorMap
 
     t = type(arg)
-    if t is TensorMap:
-        origin = arg._origin
-        same = f"{name}._origin is None" if origin is None else f"{name}._origin == {origin!r}"
-        return (f"type({name}) is TensorMap and {name}._alloc.live and {same}",
-                f"{name}._bytes", "128s", origin)
-    if t is DeviceArray:
-        if arg._origin is not None:
-            return None  # a view of a foreign array: rare in hot loops, checked path
-        return f"type({name}) is DeviceArray and {name}._alloc.live", f"{name}.ptr", "ptr", None
+    if t is TensorMap or t is DeviceArray:
+        live = "True" if arg._origin is None else repr(arg._origin)
+        test = "is" if arg._origin is None else "=="
+        value = f"{name}._bytes" if t is TensorMap else f"{name}.ptr"
+        return (f"type({name}) is {t.__name__} and {name}._alloc.live {test} {live}", value,
+                "128s" if t is TensorMap else "ptr", arg._origin)
     if t in (int, float, bool) or (isinstance(arg, np.generic) and arg.dtype.kind in "iufb"):
         return f"type({name}) is T_{name}", name, "num", None
     if arg is None:

@@ -35,17 +35,22 @@ class Prepared:
 
 
 def entry_point(prepare):
-    """Turn ``prepare(...) -> Prepared`` into the entry point ``f(...)`` (launch, return the
-    output) with ``f.prepare`` kept for callers that launch the same thing many times."""
+    """Turn ``prepare(...) -> (launcher, args, out)`` into the entry point ``f(...)`` (launch,
+    return the output), with ``f.prepare(...) -> Prepared`` for callers that launch the same
+    thing many times."""
 
     @functools.wraps(prepare)
     def run(*args, **kwargs):
-        p = prepare(*args, **kwargs)
-        if p.launcher is not None:
-            p.launcher(*p.args)
-        return p.out
+        launcher, largs, out = prepare(*args, **kwargs)
+        if launcher is not None:
+            launcher(*largs)
+        return out
 
-    run.prepare = prepare
+    def prepared(*args, **kwargs) -> Prepared:
+        return Prepared(*prepare(*args, **kwargs))
+
+    prepared.__doc__ = f"The launch ``{prepare.__name__}(...)`` would make, ready to repeat."
+    run.prepare = prepared
     return run
 
 
@@ -87,34 +92,51 @@ def on_current_device(name: str, arr: DeviceArray) -> int:
     return ordinal
 
 
-def new_output(like, like_arr: DeviceArray, shape: tuple, dtype, stream=None):
-    """(object returned to the caller, its DeviceArray view): of ``like``'s kind."""
+def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream=None):
+    """(object returned to the caller, its DeviceArray view): a new contiguous array of
+    ``like``'s kind. The view is built directly: its layout is known."""
+    dt = dtype or like_arr.dtype
+    shape = tuple(shape)
     origin = like_arr._origin
-    if origin == "torch" and hasattr(like, "new_empty"):
-        obj = like.new_empty(shape) if dtype is None or dtype == like_arr.dtype else \
-            like.new_empty(shape, dtype=_torch_dtype(dtype))
-        return obj, as_array(obj)
-    if origin == "cupy" and (dtype is None or dtype.name != "bfloat16"):
+    if origin == "torch":
+        obj = like.new_empty(shape) if dt is like_arr.dtype else like.new_empty(shape, dtype=_torch_dtype(dt))
+        return obj, DeviceArray._view(obj.data_ptr(), shape, dt, contiguous_strides(shape, dt.itemsize),
+                                      obj, like_arr.device, "torch")
+    if origin == "cupy" and dt.name != "bfloat16":
         import cupy
 
-        obj = cupy.empty(shape, dtype=(dtype or like_arr.dtype).numpy)
+        obj = cupy.empty(shape, dtype=dt.numpy)
         return obj, as_array(obj)
-    arr = empty(shape, dtype or like_arr.dtype, like_arr.device, stream=stream)
+    arr = empty(shape, dt, like_arr.device, stream=stream)
     return arr, arr
 
 
-def given_output(name: str, out, shape: tuple, dtype) -> tuple:
-    """(out, its DeviceArray view) after checking shape and element type."""
+def given_output(name: str, out, shape: tuple, dtype) -> DeviceArray:
+    """The DeviceArray view of ``out`` after checking shape, element type and liveness."""
     arr = as_array(out)
     if arr.shape != tuple(shape) or arr.dtype.itemsize != dtype.itemsize:
         raise TmaflowError(f"{name}: out must be a {tuple(shape)} {dtype} array (got "
                            f"{arr.shape} {arr.dtype})")
     if not arr.alive:
         raise TmaflowError(f"{name}: out {arr!r} was freed")
-    return out, arr
+    return arr
+
+
+@functools.lru_cache(maxsize=256)
+def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.insert(0, acc)
+        acc *= max(n, 1)
+    return tuple(strides)
 
 
 def _torch_dtype(dtype):
     import torch
 
     return getattr(torch, dtype.name)
+
+
+def output_strides(out_arr: DeviceArray | None, shape: tuple, itemsize: int) -> tuple:
+    """The strides an output will have: ``out``'s, or those of a new contiguous array."""
+    return out_arr.strides if out_arr is not None else contiguous_strides(tuple(shape), itemsize)

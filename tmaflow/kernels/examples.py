@@ -12,8 +12,8 @@ from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
 from . import source
-from .entry import (Prepared, cached_state, entry_point, given_output, new_output,
-                    on_current_device, stream_key)
+from .entry import (cached_state, contiguous_strides, entry_point, given_output, new_output,
+                    on_current_device, output_strides, stream_key)
 
 _kernels: dict[tuple, Kernel] = {}
 
@@ -37,22 +37,31 @@ def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = No
     return k
 
 
-def _output(name, like, arr, out, shape=None, dtype=None, stream=None):
-    """(object to return, its view): ``out`` checked, or a new array of the caller's kind."""
-    shape = tuple(shape or arr.shape)
-    if out is None:
-        return new_output(like, arr, shape, dtype, stream)
-    return given_output(name, out, shape, dtype or arr.dtype)
-
-
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))
 
 
-def _key(arr, out_arr=None):
-    """What a prepared state depends on, of the arrays: shape, strides, element type."""
-    k = (arr.shape, arr.strides, arr.dtype.name)
-    return k if out_arr is None else k + (out_arr.strides,)
+def _output(name: str, like, arr, out, shape=None, dtype=None):
+    """The view of a given ``out`` (checked) or None, and the strides the output will have."""
+    shape = tuple(shape or arr.shape)
+    dt = dtype or arr.dtype
+    o = None if out is None else given_output(name, out, shape, dt)
+    return o, output_strides(o, shape, dt.itemsize)
+
+
+def _result(like, arr, out, o, shape=None, dtype=None, stream=None):
+    """(object to return, its view): ``out`` as given, or a new array of the caller's kind."""
+    if o is not None:
+        return out, o
+    return new_output(like, arr, shape or arr.shape, dtype, stream)
+
+
+class _State:
+    """A prepared entry point for one key: launcher, map templates, fixed arguments."""
+
+    def __init__(self, launcher, src=None, dst=None, extra=(), **more):
+        self.launcher, self.src, self.dst, self.extra = launcher, src, dst, tuple(extra)
+        self.__dict__.update(more)
 
 
 # --- tile copy ------------------------------------------------------------------------------
@@ -74,7 +83,7 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
 @entry_point
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
          l2_promotion: str = "none", flatten: bool = True, evict_first: bool = True,
-         stores: int = 2, stream=None, debug: bool | None = None) -> Prepared:
+         stores: int = 2, stream=None, debug: bool | None = None):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
 
     With ``flatten`` (default) two contiguous arrays are tiled as (size / 256, 256) views, so
@@ -85,30 +94,24 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     a = as_array(src)
     if a.ndim != 2:
         raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
-    result, out = _output("copy", src, a, dst, stream=stream)
+    o, o_strides = _output("copy", src, a, dst)
     box_t = tuple(box) if box is not None else None
-    key = (_key(a, out), out is a, box_t, stages, ctas_per_sm, l2_promotion, flatten,
-           evict_first, stores, stream_key(stream), on_current_device("copy", a), debug)
-    st = cached_state("copy", key, lambda: _copy_state(a, out, box_t, stages, ctas_per_sm,
+    key = (a.shape, a.strides, a.dtype.name, o_strides, box_t, stages, ctas_per_sm, l2_promotion,
+           flatten, evict_first, stores, stream_key(stream), on_current_device("copy", a), debug)
+    st = cached_state("copy", key, lambda: _copy_state(a, o_strides, box_t, stages, ctas_per_sm,
                                                        l2_promotion, flatten, evict_first,
                                                        stores, stream, debug))
+    result, o = _result(src, a, dst, o, stream=stream)
     if st.flat:
-        a, out = a.reshape(st.shape), out.reshape(st.shape)
-    return Prepared(st.launcher, (st.src.bind(a), st.dst.bind(out), *st.extra), result)
+        a, o = a._as(st.shape, st.strides), o._as(st.shape, st.strides)
+    return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), result
 
 
-class _State:
-    """A prepared entry point for one key: launcher, map templates, fixed arguments."""
-
-    def __init__(self, launcher, src=None, dst=None, extra=(), **more):
-        self.launcher, self.src, self.dst, self.extra = launcher, src, dst, tuple(extra)
-        self.__dict__.update(more)
-
-
-def _copy_state(a, out, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores,
-                stream, debug):
+def _copy_state(a, o_strides, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first,
+                stores, stream, debug):
+    contiguous = contiguous_strides(a.shape, a.dtype.itemsize)
     width = box[1] if box is not None else 256
-    flat = bool(flatten and a.is_contiguous and out.is_contiguous and a.size % width == 0)
+    flat = bool(flatten and a.strides == contiguous == o_strides and a.size % width == 0)
     shape = (a.size // width, width) if flat else a.shape
     spec, layout, defines = copy_plan(a.dtype, shape, box, stages)
     defines = dict(defines)  # the cached plan's dict stays untouched
@@ -123,12 +126,12 @@ def _copy_state(a, out, box, stages, ctas_per_sm, l2_promotion, flatten, evict_f
     tiles_y, tiles_x = math.ceil(shape[0] / box[0]), math.ceil(shape[1] / box[1])
     launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y, ctas_per_sm), block=32,
                           stream=stream)
-    out_spec = TensorMapSpec.tiled(out.dtype, shape, box, l2_promotion=l2_promotion,
-                                   strides=None if flat else out.strides)
+    out_spec = TensorMapSpec.tiled(a.dtype, shape, box, l2_promotion=l2_promotion,
+                                   strides=None if flat else o_strides)
     in_spec = TensorMapSpec.tiled(a.dtype, shape, box, l2_promotion=l2_promotion,
                                   strides=None if flat else a.strides)
     return _State(launcher, MapTemplate(in_spec), MapTemplate(out_spec), (tiles_x, tiles_y),
-                  flat=flat, shape=shape)
+                  flat=flat, shape=shape, strides=in_spec.strides)
 
 
 # --- transpose ------------------------------------------------------------------------------
@@ -142,13 +145,15 @@ def transpose_plan(shape, stages: int = 4):
 
 
 @entry_point
-def transpose(a, out=None, *, stream=None, debug: bool | None = None) -> Prepared:
+def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     """out = a.T for a 2-D float32 array, through 128B-swizzled shared memory."""
     x = as_array(a)
     if x.ndim != 2 or x.dtype.itemsize != 4:
         raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
-    result, o = _output("transpose", a, x, out, x.shape[::-1], stream=stream)
-    key = (_key(x, o), stream_key(stream), on_current_device("transpose", x), debug)
+    shape_t = (x.shape[1], x.shape[0])
+    o, o_strides = _output("transpose", a, x, out, shape_t)
+    key = (x.shape, x.strides, x.dtype.name, o_strides, stream_key(stream),
+           on_current_device("transpose", x), debug)
 
     def build():
         spec_in, spec_out, layout = transpose_plan(x.shape)
@@ -156,11 +161,12 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None) -> Prepare
         tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
         launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
         tin = TensorMapSpec.tiled(x.dtype, x.shape, spec_in.box, strides=x.strides, swizzle="128B")
-        tout = TensorMapSpec.tiled(o.dtype, o.shape, spec_out.box, strides=o.strides, swizzle="128B")
+        tout = TensorMapSpec.tiled(x.dtype, shape_t, spec_out.box, strides=o_strides, swizzle="128B")
         return _State(launcher, MapTemplate(tin), MapTemplate(tout), (tiles_x, tiles_y))
 
     st = cached_state("transpose", key, build)
-    return Prepared(st.launcher, (st.src.bind(x), st.dst.bind(o), *st.extra), result)
+    result, o = _result(a, x, out, o, shape_t, stream=stream)
+    return st.launcher, (st.src.bind(x), st.dst.bind(o), *st.extra), result
 
 
 # --- softmax --------------------------------------------------------------------------------
@@ -190,13 +196,13 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
 
 
 @entry_point
-def softmax(x, out=None, *, stream=None, debug: bool | None = None) -> Prepared:
+def softmax(x, out=None, *, stream=None, debug: bool | None = None):
     """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
     a = as_array(x)
     if a.ndim != 2 or a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a 2-D float32 array (got {a.shape} {a.dtype})")
-    result, o = _output("softmax", x, a, out, stream=stream)
-    key = (_key(a, o), stream_key(stream), on_current_device("softmax", a), debug)
+    o, o_strides = _output("softmax", x, a, out)
+    key = (a.shape, a.strides, o_strides, stream_key(stream), on_current_device("softmax", a), debug)
 
     def build():
         spec, layout, defines = softmax_plan(a.shape)
@@ -206,16 +212,17 @@ def softmax(x, out=None, *, stream=None, debug: bool | None = None) -> Prepared:
         launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
                               stream=stream)
         tin = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=a.strides)
-        tout = TensorMapSpec.tiled(o.dtype, o.shape, spec.box, strides=o.strides)
+        tout = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=o_strides)
         return _State(launcher, MapTemplate(tin), MapTemplate(tout), (a.shape[1], groups))
 
     st = cached_state("softmax", key, build)
-    return Prepared(st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), result)
+    result, o = _result(x, a, out, o, stream=stream)
+    return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), result
 
 
 # --- TMA reduce-add --------------------------------------------------------------------------
 @entry_point
-def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = None) -> Prepared:
+def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = None):
     """out += sum(parts, axis=0) with cp.reduce.async.bulk.tensor (float32 or int32)."""
     p, o = as_array(parts), as_array(out)
     if p.ndim != 3 or o.shape != p.shape[1:] or p.dtype != o.dtype:
@@ -228,7 +235,7 @@ def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = No
     k = get_kernel("reduce_add", layout, {"BOX_X": box[1], "BOX_Y": box[0]}, debug=debug)
     tiles_x, tiles_y = math.ceil(o.shape[1] / box[1]), math.ceil(o.shape[0] / box[0])
     launcher = k.launcher(grid=(tiles_x * tiles_y, p.shape[0]), block=32, stream=stream)
-    return Prepared(launcher, (tp, to, tiles_x), out)
+    return launcher, (tp, to, tiles_x), out
 
 
 # --- multicast broadcast ------------------------------------------------------------------------
@@ -246,7 +253,7 @@ def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32)
 @entry_point
 def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows: int = 32,
                     group_size: int | None = None, iters: int | None = None, sparse: int = 1,
-                    stream=None, debug: bool | None = None) -> Prepared:
+                    stream=None, debug: bool | None = None):
     """Broadcast-heavy reduction: out[b] = x[b] * sum over ``iters`` w tiles of CTA b's group.
 
     x is (B*32, 256) float32 (one 32-row block per CTA), w is (T*wrows, 256). By default all
@@ -269,14 +276,15 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
                            f"the {w_tiles} w tiles evenly")
     group_tiles = w_tiles // (blocks // group_size)
     iters = iters or group_tiles
-    result, o = _output("broadcast_scale", x, xa, out, stream=stream)
+    o, _ = _output("broadcast_scale", x, xa, out)
+    result, o = _result(x, xa, out, o, stream=stream)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
     if sparse not in (1, 2, 4, 8, 16, 32, 64):
         raise TmaflowError(f"broadcast_scale: sparse={sparse} must be a power of two <= 64")
     k = get_kernel("broadcast_scale", layout, {"WROWS": wrows, "SPARSE": sparse}, debug=debug)
     tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (wrows, 256))
     launcher = k.launcher(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
-    return Prepared(launcher, (tx, tw, o, iters, group_size, group_tiles), result)
+    return launcher, (tx, tw, o, iters, group_size, group_tiles), result
 
 
 def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=None, sparse=1):
@@ -304,7 +312,7 @@ def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=Non
 # --- LDGSTS vs TMA ------------------------------------------------------------------------------
 @entry_point
 def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
-         debug: bool | None = None) -> Prepared:
+         debug: bool | None = None):
     """out = a * x + b over a 1-D float32 array whose length is a multiple of 4096, double
     buffered through smem with LDGSTS (``method="ldgsts"``) or 1-D TMA bulk copies."""
     xa = as_array(x)
@@ -313,7 +321,8 @@ def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
                            f"(got {xa.shape} {xa.dtype})")
     if method not in ("tma", "ldgsts"):
         raise TmaflowError(f"axpb: method={method!r} must be 'tma' or 'ldgsts'")
-    result, o = _output("axpb", x, xa, out, stream=stream)
+    o, _ = _output("axpb", x, xa, out)
+    result, o = _result(x, xa, out, o, stream=stream)
     k = get_kernel(f"axpb_{method}", None, debug=debug)
     launcher = k.launcher(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)
-    return Prepared(launcher, (xa, o, float(a), float(b), xa.size), result)
+    return launcher, (xa, o, float(a), float(b), xa.size), result

@@ -16,7 +16,8 @@ from ..errors import TmaflowError
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..memory import DeviceArray, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
-from .entry import Prepared, cached_state, entry_point, given_output, new_output, on_current_device, stream_key
+from .entry import (cached_state, entry_point, given_output, new_output, on_current_device,
+                    output_strides, stream_key)
 from .examples import get_kernel
 
 BM, BK = 128, 64
@@ -158,7 +159,7 @@ def _template(arr, spec: TensorMapSpec) -> MapTemplate:
 
 @entry_point
 def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None, stream=None,
-         debug: bool | None = None) -> Prepared:
+         debug: bool | None = None):
     """C = A @ B^T (``layout="nt"``: A is M x K, B is N x K) or C = A @ B (``"nn"``: B is K x N)
     for bfloat16 tmaflow, torch or cupy arrays; fp32 accumulation, bfloat16 ``out`` (M x N,
     allocated of the caller's kind when None). ``gemm.prepare(...)`` returns the launch ready
@@ -169,24 +170,27 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig")
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
-    if out is None:
-        result, C = new_output(a, A, (m, n), None, stream)
-    else:
-        result, C = given_output("gemm", out, (m, n), A.dtype)
+    C = None
+    if out is not None:
+        C = given_output("gemm", out, (m, n), A.dtype)
         if C.dtype.name != "bfloat16":
             raise TmaflowError(f"gemm: out must be a ({m}, {n}) bfloat16 array (got {C.shape} {C.dtype.name})")
     if m == 0 or n == 0 or k == 0:
+        result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
         if k == 0 and C.size:
             C.fill_bytes(0)  # an empty sum: C is all zeros
-        return Prepared(None, (), result)
-    key = (A.shape, A.strides, B.shape, B.strides, C.strides, layout, config, stream_key(stream),
+        return None, (), result
+    c_strides = output_strides(C, (m, n), 2)
+    key = (A.shape, A.strides, B.shape, B.strides, c_strides, layout, config, stream_key(stream),
            on_current_device("gemm", A), debug)
-    st = cached_state("gemm", key, lambda: _gemm_state(A, B, C, m, n, k, layout, config, stream, debug))
+    st = cached_state("gemm", key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
+                                                       stream, debug))
+    result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
     tail = st.tail
     if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
         counters, partials = st.workspace.views(*st.workspace_sizes)
         tail = (partials, counters, *tail)
-    return Prepared(st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *tail), result)
+    return st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *tail), result
 
 
 class _GemmState:
@@ -194,7 +198,8 @@ class _GemmState:
         self.__dict__.update(fields)
 
 
-def _gemm_state(A, B, C, m, n, k, layout, config, stream, debug) -> _GemmState:
+def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, debug) -> _GemmState:
+    C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
