@@ -220,7 +220,7 @@ def launch_paths(n: int = 5000, rounds: int = 7) -> list[dict]:
     a = empty((256, 256), "float32")
     ta, tb = TensorMap.tiled(a, (32, 32)), TensorMap.tiled(a, (64, 64))
     bound = k.bind(grid=1, block=32)
-    raw_params = bound.packer.__class__(bound.module.params)
+    raw_params = bound.packer.__class__(bound.module.params)  # owns the buffer: keep it
     kp = raw_params.pack((ta, tb, 1, 2.0, 3))
     cfg, fn, launch = bound.cu_config(0), bound.module.function, cu.cuLaunchKernelEx
     raw = lambda: launch(cfg, fn, kp, 0)  # noqa: E731
@@ -247,7 +247,8 @@ def launch_paths(n: int = 5000, rounds: int = 7) -> list[dict]:
     kp_ptr = Kernel(source("axpb"), "axpb_tma", filename="axpb.cu")
     x, y = empty((4096,), "float32"), empty((4096,), "float32")
     bound_ptr = kp_ptr.bind(grid=1, block=256)
-    packed = bound_ptr.packer.__class__(bound_ptr.module.params).pack((x, y, 2.0, 1.0, 4096))
+    ptr_params = bound_ptr.packer.__class__(bound_ptr.module.params)  # owns the buffer: keep it
+    packed = ptr_params.pack((x, y, 2.0, 1.0, 4096))
     cfg_p, fn_p = bound_ptr.cu_config(0), bound_ptr.module.function
     cases["raw (pointers)"] = lambda: launch(cfg_p, fn_p, packed, 0)
     cases["bound, tf pointers"] = lambda: bound_ptr(x, y, 2.0, 1.0, 4096)

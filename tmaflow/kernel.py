@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from threading import get_ident
 from pathlib import Path
 
 from . import compiler, driver, watchdog
@@ -127,7 +128,7 @@ class Kernel:
         self._program = None
         self._params = None
         self._modules: dict[int, _Module] = {}
-        self._local = threading.local()
+        self._launchers: dict[tuple, Launcher] = {}  # (config..., ordinal, thread ident)
         self._lock = threading.RLock()  # module() holds it while _Module reads .program
 
     @classmethod
@@ -194,7 +195,7 @@ class Kernel:
                 if mod is None or mod.generation != device.generation:
                     mod = _Module(self, device)
                     self._modules[device.ordinal] = mod
-                    self._local.__dict__.clear()
+                    self._launchers.clear()
         return mod
 
     @property
@@ -267,19 +268,19 @@ class Kernel:
                  stream=None, pdl: bool = False) -> Launcher:
         """The bound launcher for this configuration on the current device, built (and
         checked) once per thread: what ``launch`` uses, for callers that launch again later."""
-        key = (grid, block, cluster, smem, stream, pdl, current_ordinal())
-        cache = self._local.__dict__
+        key = (grid, block, cluster, smem, stream, pdl, current_ordinal(), get_ident())
+        cache = self._launchers
         try:
             launcher = cache.get(key)
         except TypeError:  # lists: normalise them into the key
             config = LaunchConfig(grid, block, cluster, smem, stream, pdl)
             key = (config.grid, config.block, config.cluster, config.smem, config.stream, pdl,
-                   current_ordinal())
+                   current_ordinal(), get_ident())
             launcher = cache.get(key)
         if launcher is None or launcher.generation != launcher.module.device.generation:
             launcher = self.bind(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream,
                                  pdl=pdl)
-            if len(cache) > 64:
+            if len(cache) > 256:
                 cache.clear()
             cache[key] = launcher
         return launcher
@@ -288,8 +289,8 @@ class Kernel:
                stream=None, pdl: bool = False) -> None:
         """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
         try:  # the launcher() lookup, inlined: this is the hot path of k.launch
-            launcher = self._local.__dict__.get(
-                (grid, block, cluster, smem, stream, pdl, current_ordinal()))
+            launcher = self._launchers.get(
+                (grid, block, cluster, smem, stream, pdl, current_ordinal(), get_ident()))
         except TypeError:
             launcher = None
         if launcher is None or launcher.generation != launcher.module.device.generation:
@@ -301,7 +302,7 @@ class Kernel:
         """Unload this kernel's modules from every device (a later launch loads it again)."""
         with self._lock:
             modules, self._modules = self._modules, {}
-            self._local = threading.local()
+            self._launchers = {}
         for mod in modules.values():
             mod.unload()
 

@@ -111,6 +111,9 @@ class LaunchConfig:
         return self.cluster[0] * self.cluster[1] * self.cluster[2]
 
 
+_MISSING = object()
+
+
 def _type_key(args: tuple) -> tuple:
     from .memory import DeviceArray
     from .tensormap import TensorMap
@@ -273,20 +276,23 @@ class Launcher:
                  "pack_into": struct.Struct(fmt).pack_into, "buf": self.packer.buffer,
                  "kp": self.packer.kernel_params, "launch": self._launch,
                  "function": self._function, "on_error": self._raise, "ORD": self.ordinal,
-                 "configs": self._configs, "make_config": self.cu_config}
+                 "configs": self._configs, "make_config": self.cu_config, "MISSING": _MISSING,
+                 "TORCH": "torch", "CUPY": "cupy"}
         scope.update({f"T_a{i}": type(a) for i, a in enumerate(args)})
+        # Arguments bind to parameters a0.. (defaults and *more only catch a wrong count), so
+        # a call builds no tuple; ``args`` is rebuilt only on the way to the checked path.
         n = len(args)
+        names = [f"a{i}" for i in range(n)]
+        signature = ", ".join(["self", *(f"{a}=MISSING" for a in names), "*more"])
+        args_expr = f"({', '.join(names)}{',' if n == 1 else ''})"
+        lines = [f"if more{f' or a{n - 1} is MISSING' if n else ''}: "
+                 f"return self._dispatch(tuple(a for a in {args_expr} if a is not MISSING) + more)"]
         if n:
-            names = ", ".join(f"a{i}" for i in range(n)) + ("," if n == 1 else "")
-            lines = ["try:", f"    {names} = args",
-                     "except ValueError:", "    return self._dispatch(args)",
-                     f"if not ({' and '.join(checks)}): return self._dispatch(args)"]
-        else:
-            lines = ["if args: return self._dispatch(args)"]
+            lines.append(f"if not ({' and '.join(checks)}): return self._dispatch({args_expr})")
         lines += ["try:",
                   f"    pack_into(buf, 0{''.join(', ' + v for v in values)})",
                   "except (struct.error, OverflowError, ValueError, TypeError):",
-                  "    return self._checked(args)"]
+                  f"    return self._checked({args_expr})"]
         expr, extra = _framework_stream(frameworks, self.ordinal)
         if self.config.stream is not None or expr == "0":
             scope["cfg"] = self.cu_config(self.stream_for(frameworks))
@@ -295,7 +301,7 @@ class Launcher:
             lines += [f"s = {expr}", "cfg = configs.get(s)",
                       "if cfg is None: cfg = make_config(s)"]
         lines += ["(err,) = launch(cfg, function, kp, 0)", "if err: on_error(err)"]
-        src = "def __call__(self, *args):\n" + "".join(f"    {ln}\n" for ln in lines)
+        src = f"def __call__({signature}):\n" + "".join(f"    {ln}\n" for ln in lines)
         exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
         return type("Launcher", (Launcher,), {"__call__": scope["__call__"], "__slots__": (),
                                               "_source": src})

@@ -34,7 +34,7 @@ class _Unowned:
 
 
 UNOWNED = _Unowned(True)
-FOREIGN = {None: UNOWNED, "torch": _Unowned("torch"), "cupy": _Unowned("cupy")}
+FOREIGN = {None: UNOWNED, "torch": _Unowned("torch"), "cupy": _Unowned("cupy")}  # interned names
 
 
 class _Allocation:
@@ -393,10 +393,9 @@ def arg_fast_form(arg, name: str):
 
     t = type(arg)
     if t is TensorMap or t is DeviceArray:
-        live = "True" if arg._origin is None else repr(arg._origin)
-        test = "is" if arg._origin is None else "=="
+        live = "True" if arg._origin is None else arg._origin.upper()  # "torch" is TORCH
         value = f"{name}._bytes" if t is TensorMap else f"{name}.ptr"
-        return (f"type({name}) is {t.__name__} and {name}._alloc.live {test} {live}", value,
+        return (f"type({name}) is {t.__name__} and {name}._alloc.live is {live}", value,
                 "128s" if t is TensorMap else "ptr", arg._origin)
     if t in (int, float, bool) or (isinstance(arg, np.generic) and arg.dtype.kind in "iufb"):
         return f"type({name}) is T_{name}", name, "num", None

@@ -36,7 +36,8 @@ def main():
     a = tf.empty((256, 256), "float32")
     ta, tb = tf.TensorMap.tiled(a, (32, 32)), tf.TensorMap.tiled(a, (64, 64))
     bound = k.bind(grid=1, block=32)
-    kp = bound.packer.__class__(bound.module.params).pack((ta, tb, 1, 2.0, 3))
+    packer = bound.packer.__class__(bound.module.params)  # owns the buffer kp points into
+    kp = packer.pack((ta, tb, 1, 2.0, 3))
     cfg, fn = bound.cu_config(0), bound.module.function
     rows["maps: raw"] = per_call(lambda: cu.cuLaunchKernelEx(cfg, fn, kp, 0))
     rows["maps: bound"] = per_call(lambda: bound(ta, tb, 1, 2.0, 3))
@@ -46,7 +47,8 @@ def main():
     kx = tf.Kernel(source("probe"), "cluster_probe", filename="probe.cu")
     out = tf.empty(64, "uint32")
     bx = kx.bind(grid=1, block=32)
-    kpx = bx.packer.__class__(bx.module.params).pack((out,))
+    packer_x = bx.packer.__class__(bx.module.params)
+    kpx = packer_x.pack((out,))
     cfgx, fnx = bx.cu_config(0), bx.module.function
     rows["pointer: raw"] = per_call(lambda: cu.cuLaunchKernelEx(cfgx, fnx, kpx, 0))
     rows["pointer: bound"] = per_call(lambda: bx(out))

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import functools
-import threading
 
 from ..device import current_ordinal
 from ..errors import TmaflowError
@@ -54,26 +53,29 @@ def entry_point(prepare):
     return run
 
 
-_states = threading.local()
+# Prepared states of every entry point, keyed by (entry name, ..., thread ident): launchers
+# belong to one thread. Entry points look up ``STATES[key]`` inline and build on a miss.
+STATES: dict = {}
 
 
-def cached_state(name: str, key: tuple, build):
-    """The state ``build()`` made for ``key`` on this thread (launchers belong to a thread)."""
-    cache = _states.__dict__.setdefault(name, {})
+def cached_state(key: tuple, build):
+    """``STATES[key]``, made by ``build()`` on a miss."""
     try:
-        state = cache.get(key)
+        state = STATES.get(key)
     except TypeError:
-        raise TmaflowError(f"{name}: an argument is not hashable ({key!r})") from None
+        raise TmaflowError(f"{key[0]}: an argument is not hashable ({key!r})") from None
     if state is None:
         state = build()
-        if len(cache) >= 128:
-            cache.clear()
-        cache[key] = state
+        if len(STATES) >= 512:
+            STATES.clear()
+        STATES[key] = state
     return state
 
 
 def stream_key(stream):
     """A hashable stand-in for ``stream`` in cache keys."""
+    if stream is None or type(stream) is int:
+        return stream
     try:
         hash(stream)
         return stream

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import functools
 import math
+from threading import get_ident
 
-from ..device import current_device
+from ..device import current_device, current_ordinal
 from ..errors import TmaflowError
 from ..kernel import Kernel
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
 from . import source
-from .entry import (cached_state, contiguous_strides, entry_point, given_output, new_output,
-                    on_current_device, output_strides, stream_key)
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
+                    new_output, on_current_device, output_strides, stream_key)
 
 _kernels: dict[tuple, Kernel] = {}
 
@@ -39,21 +40,6 @@ def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = No
 
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))
-
-
-def _output(name: str, like, arr, out, shape=None, dtype=None):
-    """The view of a given ``out`` (checked) or None, and the strides the output will have."""
-    shape = tuple(shape or arr.shape)
-    dt = dtype or arr.dtype
-    o = None if out is None else given_output(name, out, shape, dt)
-    return o, output_strides(o, shape, dt.itemsize)
-
-
-def _result(like, arr, out, o, shape=None, dtype=None, stream=None):
-    """(object to return, its view): ``out`` as given, or a new array of the caller's kind."""
-    if o is not None:
-        return out, o
-    return new_output(like, arr, shape or arr.shape, dtype, stream)
 
 
 class _State:
@@ -92,24 +78,30 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     configuration the bandwidth sweep found on H100/H200.
     """
     a = as_array(src)
-    if a.ndim != 2:
-        raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
-    o, o_strides = _output("copy", src, a, dst)
+    o = None if dst is None else given_output("copy", dst, a.shape, a.dtype)
     box_t = tuple(box) if box is not None else None
-    key = (a.shape, a.strides, a.dtype.name, o_strides, box_t, stages, ctas_per_sm, l2_promotion,
-           flatten, evict_first, stores, stream_key(stream), on_current_device("copy", a), debug)
-    st = cached_state("copy", key, lambda: _copy_state(a, o_strides, box_t, stages, ctas_per_sm,
-                                                       l2_promotion, flatten, evict_first,
-                                                       stores, stream, debug))
-    result, o = _result(src, a, dst, o, stream=stream)
+    key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
+           l2_promotion, flatten, evict_first, stores, stream_key(stream), a.device,
+           current_ordinal(), debug, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        st = cached_state(key, lambda: _copy_state(a, o, box_t, stages, ctas_per_sm, l2_promotion,
+                                                   flatten, evict_first, stores, stream, debug))
+    if o is None:
+        dst, o = new_output(src, a, a.shape, None, stream)
     if st.flat:
         a, o = a._as(st.shape, st.strides), o._as(st.shape, st.strides)
-    return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), result
+    return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), dst
 
 
-def _copy_state(a, o_strides, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first,
+def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first,
                 stores, stream, debug):
+    if a.ndim != 2:
+        raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
+    on_current_device("copy", a)
     contiguous = contiguous_strides(a.shape, a.dtype.itemsize)
+    o_strides = o.strides if o is not None else contiguous
     width = box[1] if box is not None else 256
     flat = bool(flatten and a.strides == contiguous == o_strides and a.size % width == 0)
     shape = (a.size // width, width) if flat else a.shape
@@ -151,11 +143,13 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     if x.ndim != 2 or x.dtype.itemsize != 4:
         raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
     shape_t = (x.shape[1], x.shape[0])
-    o, o_strides = _output("transpose", a, x, out, shape_t)
-    key = (x.shape, x.strides, x.dtype.name, o_strides, stream_key(stream),
-           on_current_device("transpose", x), debug)
+    o = None if out is None else given_output("transpose", out, shape_t, x.dtype)
+    o_strides = output_strides(o, shape_t, 4)
+    key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream_key(stream), x.device,
+           current_ordinal(), debug, get_ident())
 
     def build():
+        on_current_device("transpose", x)
         spec_in, spec_out, layout = transpose_plan(x.shape)
         k = get_kernel("transpose", layout, debug=debug)
         tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
@@ -164,9 +158,10 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
         tout = TensorMapSpec.tiled(x.dtype, shape_t, spec_out.box, strides=o_strides, swizzle="128B")
         return _State(launcher, MapTemplate(tin), MapTemplate(tout), (tiles_x, tiles_y))
 
-    st = cached_state("transpose", key, build)
-    result, o = _result(a, x, out, o, shape_t, stream=stream)
-    return st.launcher, (st.src.bind(x), st.dst.bind(o), *st.extra), result
+    st = cached_state(key, build)
+    if o is None:
+        out, o = new_output(a, x, shape_t, None, stream)
+    return st.launcher, (st.src.bind(x), st.dst.bind(o), *st.extra), out
 
 
 # --- softmax --------------------------------------------------------------------------------
@@ -199,25 +194,31 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
 def softmax(x, out=None, *, stream=None, debug: bool | None = None):
     """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
     a = as_array(x)
+    o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
+    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), a.device,
+           current_ordinal(), debug, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        st = cached_state(key, lambda: _softmax_state(a, o, stream, debug))
+    if o is None:
+        out, o = new_output(x, a, a.shape, None, stream)
+    return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), out
+
+
+def _softmax_state(a, o, stream, debug) -> _State:
     if a.ndim != 2 or a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a 2-D float32 array (got {a.shape} {a.dtype})")
-    o, o_strides = _output("softmax", x, a, out)
-    key = (a.shape, a.strides, o_strides, stream_key(stream), on_current_device("softmax", a), debug)
-
-    def build():
-        spec, layout, defines = softmax_plan(a.shape)
-        k = get_kernel("softmax", layout, defines, debug=debug)
-        rows = defines["ROWS"]
-        groups = math.ceil(a.shape[0] / rows)
-        launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
-                              stream=stream)
-        tin = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=a.strides)
-        tout = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=o_strides)
-        return _State(launcher, MapTemplate(tin), MapTemplate(tout), (a.shape[1], groups))
-
-    st = cached_state("softmax", key, build)
-    result, o = _result(x, a, out, o, stream=stream)
-    return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), result
+    on_current_device("softmax", a)
+    spec, layout, defines = softmax_plan(a.shape)
+    k = get_kernel("softmax", layout, defines, debug=debug)
+    rows = defines["ROWS"]
+    groups = math.ceil(a.shape[0] / rows)
+    launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
+                          stream=stream)
+    tin = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=a.strides)
+    tout = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=output_strides(o, a.shape, 4))
+    return _State(launcher, MapTemplate(tin), MapTemplate(tout), (a.shape[1], groups))
 
 
 # --- TMA reduce-add --------------------------------------------------------------------------
@@ -276,8 +277,8 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
                            f"the {w_tiles} w tiles evenly")
     group_tiles = w_tiles // (blocks // group_size)
     iters = iters or group_tiles
-    o, _ = _output("broadcast_scale", x, xa, out)
-    result, o = _result(x, xa, out, o, stream=stream)
+    result, o = (out, given_output("broadcast_scale", out, xa.shape, xa.dtype)) if out is not None \
+        else new_output(x, xa, xa.shape, None, stream)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
     if sparse not in (1, 2, 4, 8, 16, 32, 64):
         raise TmaflowError(f"broadcast_scale: sparse={sparse} must be a power of two <= 64")
@@ -321,8 +322,8 @@ def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
                            f"(got {xa.shape} {xa.dtype})")
     if method not in ("tma", "ldgsts"):
         raise TmaflowError(f"axpb: method={method!r} must be 'tma' or 'ldgsts'")
-    o, _ = _output("axpb", x, xa, out)
-    result, o = _result(x, xa, out, o, stream=stream)
+    result, o = (out, given_output("axpb", out, xa.shape, xa.dtype)) if out is not None \
+        else new_output(x, xa, xa.shape, None, stream)
     k = get_kernel(f"axpb_{method}", None, debug=debug)
     launcher = k.launcher(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)
     return launcher, (xa, o, float(a), float(b), xa.size), result

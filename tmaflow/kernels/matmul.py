@@ -10,14 +10,15 @@ import functools
 import math
 import threading
 from dataclasses import dataclass, replace
+from threading import get_ident
 
-from ..device import current_device, stream_handle
+from ..device import current_device, current_ordinal, stream_handle
 from ..errors import TmaflowError
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..memory import DeviceArray, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
-from .entry import (cached_state, entry_point, given_output, new_output, on_current_device,
-                    output_strides, stream_key)
+from .entry import (STATES, cached_state, entry_point, given_output, new_output,
+                    on_current_device, output_strides, stream_key)
 from .examples import get_kernel
 
 BM, BK = 128, 64
@@ -180,11 +181,14 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         if k == 0 and C.size:
             C.fill_bytes(0)  # an empty sum: C is all zeros
         return None, (), result
-    c_strides = output_strides(C, (m, n), 2)
-    key = (A.shape, A.strides, B.shape, B.strides, c_strides, layout, config, stream_key(stream),
-           on_current_device("gemm", A), debug)
-    st = cached_state("gemm", key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
-                                                       stream, debug))
+    key = ("gemm", A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
+           stream_key(stream), A.device, current_ordinal(), debug, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        c_strides = output_strides(C, (m, n), 2)
+        st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
+                                                   stream, debug))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
     tail = st.tail
     if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
@@ -199,6 +203,7 @@ class _GemmState:
 
 
 def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, debug) -> _GemmState:
+    on_current_device("gemm", A)
     C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
