@@ -192,18 +192,36 @@ def _per_call(fn, n: int) -> float:
 
 
 def _interleaved(cases: dict, n: int, rounds: int) -> dict:
-    """Median seconds per call of each case, the cases taking turns in every round."""
+    """Seconds per call of each case in every round, the cases taking turns in each round
+    (so drift in clocks or load hits them alike). The process is pinned to one CPU meanwhile:
+    host-bound timings otherwise move with scheduler migrations."""
     samples = {name: [] for name in cases}
     for name, fn in cases.items():  # warm up: compile, plan, generate the fast paths
         for _ in range(3):
             fn()
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            samples[name].append(_per_call(fn, n))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    pinned = hasattr(os, "sched_setaffinity")
+    if pinned:
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(allowed)})
+    try:
+        for _ in range(rounds):
+            for name, fn in cases.items():
+                samples[name].append(_per_call(fn, n))
+    finally:
+        if pinned:
+            os.sched_setaffinity(0, allowed)
+    return samples
 
 
-def launch_paths(n: int = 5000, rounds: int = 7) -> list[dict]:
+def _row(path: str, samples: dict, name: str, ref: str, label: str | None = None) -> dict:
+    """Median time of ``name`` and the median of its per-round ratios to ``ref``."""
+    ratios = [a / b for a, b in zip(samples[name], samples[ref])]
+    return {"path": path, "us": statistics.median(samples[name]) * 1e6,
+            "ref": label or f"{ref} {statistics.median(samples[ref]) * 1e6:.2f} us",
+            "ratio": statistics.median(ratios)}
+
+
+def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     """Host cost per launch on every path users take, each against its reference in the same
     interleaved rounds: raw ``cuLaunchKernelEx`` with pre-packed arguments for the launch
     paths (same kernel: two tensor maps and three scalars, or three pointers and two scalars),
@@ -272,19 +290,19 @@ def launch_paths(n: int = 5000, rounds: int = 7) -> list[dict]:
     if cupy is not None:
         cx, cy = cupy.empty(4096, dtype=cupy.float32), cupy.empty(4096, dtype=cupy.float32)
         cases["bound, cupy pointers"] = lambda: bound_ptr(cx, cy, 2.0, 1.0, 4096)
-    med = _interleaved(cases, n, rounds)
-    base, base_p = med["raw"], med["raw (pointers)"]
-    launch_after_free = med["bound after a free"] - med["(alloc + free alone)"]
-    for name, t in med.items():
-        ref = base_p if "pointers" in name else base
-        if name.startswith("(") or name.startswith("bound after"):
+    got = _interleaved(cases, n, rounds)
+    for name in cases:
+        if name.startswith("(") or name.startswith("raw") or name == "bound after a free":
             continue
-        rows.append({"path": name, "us": t * 1e6, "ref": "raw (pointers)" if "pointers" in name else "raw",
-                     "ratio": t / ref})
-    raw_after = med["(raw after a free)"] - med["(alloc + free alone)"]
-    rows.append({"path": "bound right after a free", "us": launch_after_free * 1e6,
-                 "ref": f"raw (raw right after a free: {raw_after * 1e6:.2f} us)",
-                 "ratio": launch_after_free / base})
+        rows.append(_row(name, got, name, "raw (pointers)" if "pointers" in name else "raw"))
+    # a launch right after a free: (alloc + free + launch) - (alloc + free), per round, against
+    # raw launches timed the same way (the driver's own launch is slower right after a free)
+    free = got["(alloc + free alone)"]
+    got["bound right after a free"] = [a - f for a, f in zip(got["bound after a free"], free)]
+    got["raw right after a free"] = [a - f for a, f in zip(got["(raw after a free)"], free)]
+    rows.append(_row("bound right after a free", got, "bound right after a free", "raw"))
+    rows.append(_row("bound right after a free", got, "bound right after a free",
+                     "raw right after a free"))
     if torch is None:
         return rows
 
@@ -308,15 +326,15 @@ def launch_paths(n: int = 5000, rounds: int = 7) -> list[dict]:
     for name, (ours, theirs) in pairs.items():
         cases[name] = ours
         cases[name + " [torch]"] = theirs
-    med = _interleaved(cases, max(1, n // 5), rounds)
+    got = _interleaved(cases, max(1, n // 5), rounds)
     for name in pairs:
-        rows.append({"path": name, "us": med[name] * 1e6, "ref": f"torch {med[name + ' [torch]'] * 1e6:.2f} us",
-                     "ratio": med[name] / med[name + " [torch]"]})
+        rows.append(_row(name, got, name, name + " [torch]",
+                         f"torch {statistics.median(got[name + ' [torch]']) * 1e6:.2f} us"))
     return rows
 
 
 def format_launch(rows: list[dict]) -> str:
-    lines = [f"{'launch path':40s} {'us/call':>8s} {'ratio':>7s}  reference"]
+    lines = [f"{'launch path (ratio: median of per-round ratios)':40s} {'us/call':>8s} {'ratio':>7s}  reference"]
     for r in rows:
         lines.append(f"{r['path']:40s} {r['us']:8.2f} {r['ratio']:7.3f}  {r['ref']}")
     return "\n".join(lines)

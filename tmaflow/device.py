@@ -153,15 +153,24 @@ def current_device() -> Device:
     return dev.activate()
 
 
+_switched = [False]  # has any thread ever selected a device other than 0?
+
+
 def current_ordinal() -> int:
-    """The ordinal current_device() would return, without touching the driver."""
+    """The ordinal current_device() would return, without touching the driver (and without
+    the thread-local lookup while no thread ever left device 0: the launch hot path)."""
+    if not _switched[0]:
+        return 0
     dev = getattr(_thread, "device", None)
     return 0 if dev is None else dev.ordinal
 
 
 def set_device(ordinal: int) -> Device:
-    _thread.device = Device(ordinal)
-    return _thread.device.activate()
+    dev = Device(ordinal)
+    if dev.ordinal != 0:
+        _switched[0] = True
+    _thread.device = dev
+    return dev.activate()
 
 
 class Stream:

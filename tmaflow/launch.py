@@ -277,22 +277,23 @@ class Launcher:
                  "kp": self.packer.kernel_params, "launch": self._launch,
                  "function": self._function, "on_error": self._raise, "ORD": self.ordinal,
                  "configs": self._configs, "make_config": self.cu_config, "MISSING": _MISSING,
-                 "TORCH": "torch", "CUPY": "cupy"}
+                 "TORCH": "torch", "CUPY": "cupy",
+                 "SUCCESS": driver.cu().CUresult.CUDA_SUCCESS}
         scope.update({f"T_a{i}": type(a) for i, a in enumerate(args)})
-        # Arguments bind to parameters a0.. (defaults and *more only catch a wrong count), so
-        # a call builds no tuple; ``args`` is rebuilt only on the way to the checked path.
+        # Arguments bind to parameters a0.. (defaults and *more only catch a wrong count), so a
+        # call builds no tuple; ``args`` is rebuilt only on the way to another path. A map or
+        # array of the wrong kind fails inside the try (no _bytes / ptr attribute).
         n = len(args)
         names = [f"a{i}" for i in range(n)]
         signature = ", ".join(["self", *(f"{a}=MISSING" for a in names), "*more"])
-        args_expr = f"({', '.join(names)}{',' if n == 1 else ''})"
-        lines = [f"if more{f' or a{n - 1} is MISSING' if n else ''}: "
-                 f"return self._dispatch(tuple(a for a in {args_expr} if a is not MISSING) + more)"]
-        if n:
-            lines.append(f"if not ({' and '.join(checks)}): return self._dispatch({args_expr})")
-        lines += ["try:",
-                  f"    pack_into(buf, 0{''.join(', ' + v for v in values)})",
-                  "except (struct.error, OverflowError, ValueError, TypeError):",
-                  f"    return self._checked({args_expr})"]
+        args_expr = f"tuple(a for a in ({', '.join(names)}{',' if n == 1 else ''}) if a is not MISSING) + more"
+        fails = " or ".join(["more", *checks]) if n else "more"
+        lines = ["try:",
+                 f"    bad = {fails}",
+                 f"    if not bad: pack_into(buf, 0{''.join(', ' + v for v in values)})",
+                 "except (AttributeError, struct.error, OverflowError, ValueError, TypeError):",
+                 f"    return self._checked({args_expr})",
+                 f"if bad: return self._dispatch({args_expr})"]
         expr, extra = _framework_stream(frameworks, self.ordinal)
         if self.config.stream is not None or expr == "0":
             scope["cfg"] = self.cu_config(self.stream_for(frameworks))
@@ -300,7 +301,7 @@ class Launcher:
             scope.update(extra)
             lines += [f"s = {expr}", "cfg = configs.get(s)",
                       "if cfg is None: cfg = make_config(s)"]
-        lines += ["(err,) = launch(cfg, function, kp, 0)", "if err: on_error(err)"]
+        lines += ["(err,) = launch(cfg, function, kp, 0)", "if err is not SUCCESS and err: on_error(err)"]
         src = f"def __call__({signature}):\n" + "".join(f"    {ln}\n" for ln in lines)
         exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
         return type("Launcher", (Launcher,), {"__call__": scope["__call__"], "__slots__": (),

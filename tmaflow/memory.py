@@ -385,26 +385,28 @@ def arg_kind(arg) -> str:
 
 
 def arg_fast_form(arg, name: str):
-    """(type-and-liveness test, value expression, struct code, framework) for the generated
-    launch path, or None for argument kinds that always take the checked path. Expressions
-    may use ``TensorMap``, ``DeviceArray``, ``T_<name>`` (the argument's exact type) and
-    ``ORD`` (the launch device's ordinal)."""
+    """(failure test, value expression, struct code, framework) for the generated launch
+    path, or None for argument kinds that always take the checked path. The test is True when
+    the argument cannot take this path (another type, dead memory, another device); a map or
+    array of the wrong kind fails by lacking ``_bytes`` / ``ptr`` (AttributeError). Expressions
+    may use ``T_<name>`` (the argument's exact type), ``ORD`` (the launch device's ordinal),
+    ``TORCH`` and ``CUPY``."""
     from .tensormap import TensorMap
 
     t = type(arg)
     if t is TensorMap or t is DeviceArray:
         live = "True" if arg._origin is None else arg._origin.upper()  # "torch" is TORCH
         value = f"{name}._bytes" if t is TensorMap else f"{name}.ptr"
-        return (f"type({name}) is {t.__name__} and {name}._alloc.live is {live}", value,
-                "128s" if t is TensorMap else "ptr", arg._origin)
+        return (f"{name}._alloc.live is not {live}", value, "128s" if t is TensorMap else "ptr",
+                arg._origin)
     if t in (int, float, bool) or (isinstance(arg, np.generic) and arg.dtype.kind in "iufb"):
-        return f"type({name}) is T_{name}", name, "num", None
+        return f"type({name}) is not T_{name}", name, "num", None
     if arg is None:
-        return f"{name} is None", "0", "ptr", None
+        return f"{name} is not None", "0", "ptr", None
     if _origin_of(arg) == "torch" and isinstance(arg, _torch_types()):
-        return (f"type({name}) is T_{name} and {name}.get_device() == ORD",
+        return (f"type({name}) is not T_{name} or {name}.get_device() != ORD",
                 f"{name}.data_ptr()", "ptr", "torch")
     if _origin_of(arg) == "cupy" and t.__name__ == "ndarray":
-        return (f"type({name}) is T_{name} and {name}.data.device_id == ORD",
+        return (f"type({name}) is not T_{name} or {name}.data.device_id != ORD",
                 f"{name}.data.ptr", "ptr", "cupy")
     return None
