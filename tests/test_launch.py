@@ -11,6 +11,8 @@ from tmaflow.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
 from tmaflow.tensormap import TensorMap, TensorMapSpec
 
+SUCCESS = tf.driver.cu().CUresult.CUDA_SUCCESS
+
 
 # --- LaunchConfig ----------------------------------------------------------------------------
 
@@ -75,7 +77,7 @@ class _Alloc:  # stands for a tmaflow allocation; free() is what memory does to 
 
 def fake_launcher(params, stream=0):
     """A Launcher whose driver call is recorded instead of made."""
-    run = object.__new__(Launcher)
+    run = Launcher.__new__(Launcher, None, None, None)
     run.kernel, run.module, run.config = None, _Module(), LaunchConfig(1, 32, stream=stream)
     run.generation, run.ordinal = 0, 0
     run.packer = ArgPacker(params)
@@ -85,9 +87,10 @@ def fake_launcher(params, stream=0):
 
     def launch(cfg, fn, kp, extra):
         run.calls.append((cfg, bytes(run.packer.buffer.raw[:run.packer.total])))
-        return (0,)
+        return (SUCCESS,)
 
     run._launch = launch
+    run._use(Launcher._checked_call)
     return run
 
 
@@ -116,7 +119,7 @@ def test_generated_path_packs_new_values_each_call(rng):
         raw = run.calls[-1][1]
         assert raw[:128] == bytes(tm)
         assert struct.unpack_from("<Qif", raw, 128) == (arr.ptr, x, np.float32(y))
-    assert type(run) is not Launcher and "pack_into" in type(run)._source
+    assert run.func is not Launcher._checked_call and "pack_into" in run.func.source
     assert len(run._plans) == 1
 
 
@@ -125,14 +128,14 @@ def test_one_plan_per_type_tuple_reused_when_types_alternate():
     arr = owned_array()
     tm = owned_map(arr)
     run(tm, arr, 1, 2.0)
-    first = type(run)
+    first = run.func
     run(tm, arr, 1, 2)          # int for the float: another type tuple, another plan
-    second = type(run)
+    second = run.func
     for _ in range(3):
         run(tm, arr, 1, 2.0)
-        assert type(run) is first
+        assert run.func is first
         run(tm, arr, 1, 3)
-        assert type(run) is second
+        assert run.func is second
     assert len(run._plans) == 2 and first is not second
     assert struct.unpack_from("<f", run.calls[-1][1], 140)[0] == 3.0
 
@@ -161,11 +164,11 @@ def test_free_of_another_array_leaves_the_path_alone():
     arr = owned_array()
     tm = owned_map(arr)
     run(tm, arr, 1, 2.0)
-    plan = type(run)
+    plan = run.func
     unrelated = owned_array(0x7000)
     unrelated._alloc.live = False
     run(tm, arr, 5, 2.0)
-    assert type(run) is plan and struct.unpack_from("<i", run.calls[-1][1], 136)[0] == 5
+    assert run.func is plan and struct.unpack_from("<i", run.calls[-1][1], 136)[0] == 5
 
 
 def test_wrong_types_after_the_fast_path_are_still_checked():

