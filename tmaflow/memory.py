@@ -42,38 +42,40 @@ class _Allocation:
     stream it was allocated on) or when the last view dies. ``live`` is read by the launch
     fast path: it turns False at the free, or when the device's context is reset."""
 
-    __slots__ = ("device", "nbytes", "ptr", "live", "stream", "_stream_owner", "_finalizer",
+    __slots__ = ("device", "nbytes", "ptr", "live", "stream", "generation", "_stream_owner",
                  "__weakref__")
 
     def __init__(self, nbytes: int, device: Device, stream=None):
+        self.live = False  # until the pointer exists (a failed allocation frees nothing)
         self.device = device.activate()
         self.nbytes = nbytes
         self._stream_owner = stream  # a tf.Stream stays referenced until the free
         self.stream = stream_handle(stream) if stream is not None else 0
+        self.generation = device.generation
         self.ptr = device.allocate(max(nbytes, 1), self.stream)
         self.live = True
         device.track(self)
-        self._finalizer = weakref.finalize(self, _free, self.ptr, device, device.generation,
-                                           self.stream, stream)
 
     def free(self) -> None:
+        """Return the block to the pool, once; later uses of its views are refused."""
+        if not self.live:
+            return
         self.live = False
-        self._finalizer()
+        device, stream = self.device, self.stream
+        if self.generation != device.generation:
+            return  # the context was reset: the memory is already gone
+        if getattr(self._stream_owner, "_handle", 0) is None:
+            stream = 0  # its tf.Stream was closed (and synchronised by close())
+        try:
+            device.release(self.ptr, stream)
+        except Exception:  # interpreter shutdown: the driver may already be gone
+            pass
+
+    __del__ = free  # the last view died (CPython frees at once; no finalizer registry)
 
     @property
     def alive(self) -> bool:
         return self.live
-
-
-def _free(ptr: int, device: Device, generation: int, stream: int, owner) -> None:
-    if generation != device.generation:
-        return  # the context was reset: the memory is already gone
-    if getattr(owner, "_handle", 0) is None:
-        stream = 0  # its tf.Stream was closed (and synchronised by close())
-    try:
-        device.release(ptr, stream)
-    except Exception:  # interpreter shutdown: the driver may already be gone
-        pass
 
 
 class DeviceArray:
