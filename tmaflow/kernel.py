@@ -8,7 +8,7 @@ from threading import get_ident
 from pathlib import Path
 
 from . import compiler, driver, watchdog
-from .device import Device, current_device, current_ordinal
+from .device import Device, _switched, current_device, current_ordinal
 from .errors import LaunchError, TmaflowError
 from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher, dims
 from .params import ArgPacker, Param, param_table
@@ -289,11 +289,11 @@ class Kernel:
                stream=None, pdl: bool = False) -> None:
         """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
         try:  # the launcher() lookup, inlined: this is the hot path of k.launch
-            launcher = self._launchers.get(
-                (grid, block, cluster, smem, stream, pdl, current_ordinal(), get_ident()))
-        except TypeError:
-            launcher = None
-        if launcher is None or launcher.generation != launcher.module.device.generation:
+            launcher = self._launchers[grid, block, cluster, smem, stream, pdl,
+                                       current_ordinal() if _switched[0] else 0, get_ident()]
+            if launcher.generation != launcher.module.device.generation:
+                raise KeyError("the device was reset")
+        except (KeyError, TypeError):
             launcher = self.launcher(grid=grid, block=block, cluster=cluster, smem=smem,
                                      stream=stream, pdl=pdl)
         launcher(*args)
