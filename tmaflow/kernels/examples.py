@@ -68,14 +68,16 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
 
 @entry_point
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
-         l2_promotion: str = "none", flatten: bool = True, evict_first: bool = True,
+         l2_promotion: str = "none", flatten: bool | None = None, evict_first: bool = True,
          stores: int = 2, stream=None, debug: bool | None = None):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
 
-    With ``flatten`` (default) two contiguous arrays are tiled as (size / 256, 256) views, so
-    every box is one contiguous range of memory rather than a column of short rows. The
-    defaults (64 KB boxes, 3 stages, 2 stores in flight, evict-first loads) are the fastest
-    configuration the bandwidth sweep found on H100/H200.
+    With ``flatten``, two contiguous arrays are tiled as (size / 256, 256) views, so every box
+    is one contiguous range of memory. By default (``None``) that is done only when rows are
+    not a multiple of the box width (narrow or ragged rows would leave boxes partly empty);
+    wide rows are copied as they are, which measured faster (1 GiB fp32 on H200: 0.965 of
+    cuMemcpyDtoD against 0.933 flattened). The other defaults (64 KB boxes, 3 stages, 2 stores
+    in flight, evict-first loads) are the fastest configuration the bandwidth sweep found.
     """
     a = as_array(src)
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype)
@@ -103,6 +105,8 @@ def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_fir
     contiguous = contiguous_strides(a.shape, a.dtype.itemsize)
     o_strides = o.strides if o is not None else contiguous
     width = box[1] if box is not None else 256
+    if flatten is None:
+        flatten = a.shape[1] % width != 0
     flat = bool(flatten and a.strides == contiguous == o_strides and a.size % width == 0)
     shape = (a.size // width, width) if flat else a.shape
     spec, layout, defines = copy_plan(a.dtype, shape, box, stages)
