@@ -45,12 +45,18 @@ class Timer:
             samples.append(driver.call("cuEventElapsedTime", self.start, self.stop) / 1e3 / batch)
         return statistics.median(samples)
 
-    def paired(self, fns: dict, repeats: int = 10, batch: int = 1) -> dict:
-        """Seconds per call of each function, sampled in turns (one sample of each per round)."""
+    def paired(self, fns: dict, repeats: int = 10, batch: int = 1, flush=None) -> dict:
+        """Seconds per call of each function, sampled in turns (one sample of each per round).
+        ``flush()`` runs before every sample, outside the timed region: writing a buffer larger
+        than L2 leaves every sample the same cache to start from (without it, a copy timed
+        after a memcpy pays for writing back the memcpy's dirty lines, measured 3% at 1 GiB)."""
         got = {name: [] for name in fns}
         for _ in range(repeats):
             for name, fn in fns.items():
-                got[name].append(self.time(fn, repeats=1, warmup=1, batch=batch))
+                fn()  # warm-up (allocations, plans) outside the timed region
+                if flush is not None:
+                    flush()
+                got[name].append(self.time(fn, repeats=1, warmup=0, batch=batch))
         return got
 
 
@@ -83,6 +89,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         rows.append({"kernel": name, "shape": shape, "GB/s": bw / 1e9, "ratio": bw / ceiling,
                      "ok": ok, **extra})
 
+    scratch = empty(2 * current_device().l2_bytes, "uint8")  # flushes L2 by being written
     for dtype in ("float32", "bfloat16"):
         item = 4 if dtype == "float32" else 2
         n = int(np.sqrt(size // item)) // 256 * 256
@@ -117,7 +124,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         nbytes = n * n * item
         got = timer.paired({"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
                             "alloc": lambda: ex.copy(src), "into": lambda: ex.copy(src, dst)},
-                           repeats=2 * repeats, batch=4)
+                           repeats=2 * repeats, batch=4, flush=lambda: scratch.fill_bytes(0))
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         for label, name in ((f"kernels.copy(x) {dtype}, defaults", "alloc"),
                             (f"kernels.copy(x, out) {dtype}, defaults", "into")):
@@ -125,7 +132,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
             ratio = statistics.median(m / t for m, t in zip(got["memcpy"], got[name]))
             rows.append({"kernel": label, "shape": f"{n}x{n}", "GB/s": 2 * nbytes / secs / 1e9,
                          "ratio": ratio, "ok": ok,
-                         "note": "ratio to cuMemcpyDtoD, paired samples of 4 calls"})
+                         "note": "ratio to cuMemcpyDtoD, paired samples of 4 calls, L2 flushed"})
         src.free(), dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128
