@@ -45,18 +45,16 @@ class Timer:
             samples.append(driver.call("cuEventElapsedTime", self.start, self.stop) / 1e3 / batch)
         return statistics.median(samples)
 
-    def paired(self, fns: dict, repeats: int = 10, batch: int = 1, flush=None) -> dict:
-        """Seconds per call of each function, sampled in turns (one sample of each per round).
-        ``flush()`` runs before every sample, outside the timed region: writing a buffer larger
-        than L2 leaves every sample the same cache to start from (without it, a copy timed
-        after a memcpy pays for writing back the memcpy's dirty lines, measured 3% at 1 GiB)."""
+    def paired(self, fns: dict, repeats: int = 10, batch: int = 1, warmup: int = 3) -> dict:
+        """Seconds per call of each function, sampled in turns (one sample of each per round,
+        so clock drift hits all alike). Each sample follows ``warmup`` untimed calls of the same
+        function: it starts from that function's own steady state (caches, allocations), not
+        from the previous function's dirty L2 lines (a copy timed right after a 1 GiB memcpy
+        measured 3% slower than in a loop of its own)."""
         got = {name: [] for name in fns}
         for _ in range(repeats):
             for name, fn in fns.items():
-                fn()  # warm-up (allocations, plans) outside the timed region
-                if flush is not None:
-                    flush()
-                got[name].append(self.time(fn, repeats=1, warmup=0, batch=batch))
+                got[name].append(self.time(fn, repeats=1, warmup=warmup, batch=batch))
         return got
 
 
@@ -89,7 +87,6 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         rows.append({"kernel": name, "shape": shape, "GB/s": bw / 1e9, "ratio": bw / ceiling,
                      "ok": ok, **extra})
 
-    scratch = empty(2 * current_device().l2_bytes, "uint8")  # flushes L2 by being written
     for dtype in ("float32", "bfloat16"):
         item = 4 if dtype == "float32" else 2
         n = int(np.sqrt(size // item)) // 256 * 256
@@ -118,13 +115,13 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok, config=best[1])
         # what a user gets: kernels.copy(x) with every argument left at its default, the
         # output allocated by the call (from the pool) and dropped after it
-        # (four calls a sample, taking turns with four memcpys of the same bytes, so clock
-        # drift hits both; the ratio is the median of the per-sample ratios)
+        # (four calls a sample, taking turns with four memcpys of the same bytes; the ratio
+        # is the median of the per-sample ratios)
         dst.fill_bytes(0)
         nbytes = n * n * item
         got = timer.paired({"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
                             "alloc": lambda: ex.copy(src), "into": lambda: ex.copy(src, dst)},
-                           repeats=2 * repeats, batch=4, flush=lambda: scratch.fill_bytes(0))
+                           repeats=2 * repeats, batch=4)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         for label, name in ((f"kernels.copy(x) {dtype}, defaults", "alloc"),
                             (f"kernels.copy(x, out) {dtype}, defaults", "into")):
@@ -132,7 +129,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
             ratio = statistics.median(m / t for m, t in zip(got["memcpy"], got[name]))
             rows.append({"kernel": label, "shape": f"{n}x{n}", "GB/s": 2 * nbytes / secs / 1e9,
                          "ratio": ratio, "ok": ok,
-                         "note": "ratio to cuMemcpyDtoD, paired samples of 4 calls, L2 flushed"})
+                         "note": "ratio to cuMemcpyDtoD: paired samples of 4 calls, each after 3 of its own"})
         src.free(), dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128
