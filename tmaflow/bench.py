@@ -25,6 +25,7 @@ class Timer:
 
     def __init__(self):
         cu = driver.cu()
+        current_device()  # the events belong to the current device's context
         self.start = driver.call("cuEventCreate", 0)
         self.stop = driver.call("cuEventCreate", 0)
         self._cu = cu
