@@ -1,6 +1,7 @@
 """tmaflow's minimal device array, and zero-copy views of anyone else's."""
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import weakref
@@ -13,6 +14,7 @@ from .dtypes import DType, as_dtype
 from .errors import TmaflowError
 
 
+@functools.lru_cache(maxsize=256)
 def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
     strides, acc = [], itemsize
     for n in reversed(shape):
@@ -144,7 +146,8 @@ class DeviceArray:
             shape = tuple(self.size // known if n == -1 else n for n in shape)
         if math.prod(shape) != self.size:
             raise TmaflowError(f"reshape: shape {tuple(shape)} does not hold {self.size} elements")
-        view = DeviceArray._view(self.ptr, tuple(int(n) for n in shape), self.dtype,
+        shape = tuple(int(n) for n in shape)
+        view = DeviceArray._view(self.ptr, shape, self.dtype,
                                  _contiguous_strides(shape, self.dtype.itemsize), self.owner,
                                  self.device, self._origin)
         view._alloc = self._alloc
@@ -225,10 +228,11 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     dt = as_dtype(dtype)
     if any((not isinstance(n, (int, np.integer))) or n < 0 for n in shape):
         raise TmaflowError(f"shape={tuple(shape)!r}: every extent must be a non-negative int")
+    shape = tuple(int(n) for n in shape)
     dev = device or current_device()
     alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
-    arr = DeviceArray._view(alloc.ptr, tuple(int(n) for n in shape), dt,
-                            _contiguous_strides(shape, dt.itemsize), alloc, dev, None)
+    arr = DeviceArray._view(alloc.ptr, shape, dt, _contiguous_strides(shape, dt.itemsize), alloc,
+                            dev, None)
     arr._alloc = alloc
     return arr
 

@@ -54,9 +54,13 @@ def main():
     rows["maps: raw inside an instance __call__"] = per_call(lambda: w(ta, tb, 1, 2.0, 3))
     rows["maps: raw inside a partial"] = per_call(lambda: part(ta, tb, 1, 2.0, 3))
     c = bound.config
-    f_ptr = int(fn)
     rows["maps: raw cuLaunchKernel (no Ex)"] = per_call(
         lambda: cu.cuLaunchKernel(fn, *c.grid, *c.block, 0, 0, kp, 0))
+    import ctypes  # the same driver entry point without cuda.bindings (measured: no faster)
+    lib_ex = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    lib_ex.restype, lib_ex.argtypes = ctypes.c_int, [ctypes.c_void_p] * 4
+    cfg_ptr, fn_ptr = cfg.getPtr(), int(fn)
+    rows["maps: raw cuLaunchKernelEx via ctypes"] = per_call(lambda: lib_ex(cfg_ptr, fn_ptr, kp, None))
     rows["maps: bound"] = per_call(lambda: bound(ta, tb, 1, 2.0, 3))
     rows["maps: bound.packer.pack (checked)"] = per_call(lambda: bound.packer.pack((ta, tb, 1, 2.0, 3)), n=5000)
     rows["maps: launch"] = per_call(lambda: k.launch(ta, tb, 1, 2.0, 3, grid=1, block=32))

@@ -14,6 +14,7 @@ import functools
 from ..device import current_ordinal
 from ..errors import TmaflowError
 from ..memory import DeviceArray, as_array, empty
+from ..memory import _contiguous_strides as contiguous_strides
 
 
 class Prepared:
@@ -122,15 +123,6 @@ def given_output(name: str, out, shape: tuple, dtype) -> DeviceArray:
     if not arr.alive:
         raise TmaflowError(f"{name}: out {arr!r} was freed")
     return arr
-
-
-@functools.lru_cache(maxsize=256)
-def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
-    strides, acc = [], itemsize
-    for n in reversed(shape):
-        strides.insert(0, acc)
-        acc *= max(n, 1)
-    return tuple(strides)
 
 
 def _torch_dtype(dtype):
