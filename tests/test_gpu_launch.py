@@ -160,6 +160,34 @@ def test_pool_reuses_memory_and_trims(device, rng):
     assert tf.from_numpy(host).numpy().sum() == pytest.approx(host.sum(), rel=1e-5)
 
 
+def test_block_cache_reuses_in_stream_order_and_trims(device):
+    pool = tf.current_device().memory_pool()
+    tf.current_device().trim_memory()
+    assert pool.cached_bytes == 0
+    a = tf.empty((1000,), "float32")  # 4000 B: a 4096 B block
+    ptr = a.ptr
+    a.free()
+    assert pool.cached_bytes == 4096
+    b = tf.empty((1010,), "float32")  # rounds to the same size: the same block, no driver call
+    assert b.ptr == ptr and pool.cached_bytes == 0
+    s = tf.Stream()
+    c = tf.empty((1000,), "float32", stream=s)  # another stream: another block
+    assert c.ptr != ptr
+    c.free()
+    s.close()  # its cached blocks go back to the pool
+    assert pool.cached_bytes == 0
+    budget, pool.budget = pool.budget, 8192
+    try:
+        arrays = [tf.empty((2048,), "float32") for _ in range(4)]  # 8 KB each
+        del arrays
+        assert pool.cached_bytes <= 8192
+    finally:
+        pool.budget = budget
+    b.free()
+    tf.current_device().trim_memory()
+    assert pool.cached_bytes == 0
+
+
 # --- entry points -------------------------------------------------------------------------------
 
 def test_entry_points_return_the_callers_kind(device, rng):

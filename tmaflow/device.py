@@ -47,52 +47,30 @@ class Device:
         self._pool = None
         self._allocations = weakref.WeakSet()
 
-    # --- memory: one stream-ordered pool per device --------------------------------------
+    # --- memory: tmaflow's pool on this device (pool.py) ----------------------------------
     def memory_pool(self):
-        """tmaflow's ``CUmemoryPool`` on this device: frees return memory to it, in stream order,
-        without synchronising; it keeps what it holds (release threshold: unlimited) until
-        ``trim_memory()`` or an allocation that would otherwise fail."""
+        """tmaflow's :class:`~tmaflow.pool.MemoryPool` on this device (made on first use)."""
         if self._pool is None:
-            cu = driver.cu()
-            props = cu.CUmemPoolProps()
-            props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-            props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
-            props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            props.location.id = self.ordinal
-            self.activate()
-            pool = driver.call("cuMemPoolCreate", props)
-            driver.call("cuMemPoolSetAttribute", pool,
-                        cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                        cu.cuuint64_t(2**64 - 1))
-            self._pool = pool
+            from .pool import MemoryPool
+
+            self._pool = MemoryPool(self)
         return self._pool
 
-    def allocate(self, nbytes: int, stream: int = 0) -> int:
-        """A device pointer of ``nbytes`` from the pool, ordered on ``stream``."""
+    def allocate(self, size: int, stream: int = 0) -> int:
+        """A device pointer of ``size`` bytes (a ``pool.rounded`` size), ordered on ``stream``."""
         driver.init()
-        pool = self.memory_pool()
-        err, ptr = driver.cu().cuMemAllocFromPoolAsync(nbytes, pool, stream)
-        if int(err) == int(driver.cu().CUresult.CUDA_ERROR_OUT_OF_MEMORY):
-            self.synchronize()  # let queued frees land, hand cached blocks back, try once more
-            self.trim_memory()
-            err, ptr = driver.cu().cuMemAllocFromPoolAsync(nbytes, pool, stream)
-            if int(err) == int(driver.cu().CUresult.CUDA_ERROR_OUT_OF_MEMORY):
-                raise TmaflowError(f"out of device memory: {nbytes} B requested on {self.name} "
-                                   f"({self.total_memory} B in all); free arrays or use smaller ones")
-        driver.check("cuMemAllocFromPoolAsync", (err,))
-        return int(ptr)
+        return self.memory_pool().allocate(size, stream)
 
-    def release(self, ptr: int, stream: int = 0) -> None:
-        driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, stream))
+    def release(self, ptr: int, size: int, stream: int = 0) -> None:
+        self.memory_pool().release(ptr, size, stream)
 
     def track(self, allocation) -> None:
         self._allocations.add(allocation)
 
     def trim_memory(self) -> None:
-        """Return the pool's unused memory to the device (after synchronising)."""
+        """Return cached blocks and the pool's unused memory to the device (synchronises)."""
         if self._pool is not None:
-            self.synchronize()
-            driver.call("cuMemPoolTrimTo", self._pool, 0)
+            self._pool.trim()
 
     def reset(self) -> None:
         """Recover from a sticky error (a faulted kernel): reset the primary context.
@@ -193,6 +171,8 @@ class Stream:
         the legacy default stream from then on)."""
         if getattr(self, "_handle", None) is not None:
             driver.call("cuStreamSynchronize", self._handle)
+            if self.device._pool is not None:
+                self.device._pool.forget_stream(self.handle)
             driver.call("cuStreamDestroy", self._handle)
             self._handle = None
 

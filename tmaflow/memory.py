@@ -12,6 +12,7 @@ from . import dlpack, driver
 from .device import Device, current_device, device_of, stream_handle
 from .dtypes import DType, as_dtype
 from .errors import TmaflowError
+from .pool import rounded
 
 
 @functools.lru_cache(maxsize=256)
@@ -44,8 +45,8 @@ class _Allocation:
     stream it was allocated on) or when the last view dies. ``live`` is read by the launch
     fast path: it turns False at the free, or when the device's context is reset."""
 
-    __slots__ = ("device", "nbytes", "ptr", "live", "stream", "generation", "_stream_owner",
-                 "__weakref__")
+    __slots__ = ("device", "nbytes", "size", "ptr", "live", "stream", "generation",
+                 "_stream_owner", "__weakref__")
 
     def __init__(self, nbytes: int, device: Device, stream=None):
         self.live = False  # until the pointer exists (a failed allocation frees nothing)
@@ -54,7 +55,8 @@ class _Allocation:
         self._stream_owner = stream  # a tf.Stream stays referenced until the free
         self.stream = stream_handle(stream) if stream is not None else 0
         self.generation = device.generation
-        self.ptr = device.allocate(max(nbytes, 1), self.stream)
+        self.size = rounded(nbytes)
+        self.ptr = device.allocate(self.size, self.stream)
         self.live = True
         device.track(self)
 
@@ -69,7 +71,7 @@ class _Allocation:
         if getattr(self._stream_owner, "_handle", 0) is None:
             stream = 0  # its tf.Stream was closed (and synchronised by close())
         try:
-            device.release(self.ptr, stream)
+            device.release(self.ptr, self.size, stream)
         except Exception:  # interpreter shutdown: the driver may already be gone
             pass
 
