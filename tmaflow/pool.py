@@ -2,9 +2,10 @@
 
 A freed block goes to a per-stream cache keyed by its (rounded) size and is handed to the next
 allocation of that size on that stream, in stream order like torch's caching allocator: no
-driver call, and no pool operation queued between the kernels that use it (measured on an
-H200: a 1 GiB copy allocating its output each call ran 3% slower when every call queued a
-``cuMemFreeAsync`` and a ``cuMemAllocFromPoolAsync`` of the same block). Blocks past the cache's
+driver call, and no pool operation queued between the kernels that use it. Measured on an
+H200: an allocating ``kernels.softmax`` on tmaflow arrays went from 2.44x to 1.83x
+``torch.softmax``, and a launch right after a free no longer pays for the driver's
+``cuMemFreeAsync`` (the launch itself was 0.6 us slower after one). Blocks past the cache's
 budget, and all of them on ``trim()``, go back to the pool with ``cuMemFreeAsync``.
 """
 from __future__ import annotations
