@@ -304,3 +304,56 @@ def test_replace_address_and_im2col(device, rng):
     a.free()
     with pytest.raises(tf.TensorMapError, match=r"was freed"):
         tf.TensorMap.tiled(a, (16, 16))
+
+
+def test_store_through_a_column_slice_spills_as_modelled(device, rng):
+    """The hardware clips a store's inner dim at 16-byte granularity: through a map of
+    parent[:, :5] (int32, 20 B rows) it also writes parent[:, 5:8]. The model predicts it."""
+    k = tf.Kernel(source("probe"), "tma_store_probe", filename="probe.cu")
+    host = rng.integers(-2**31, 2**31, size=(6, 24), dtype=np.int32)
+    parent = tf.from_numpy(host)
+    view = tf.DeviceArray(parent.ptr, (6, 5), "int32", strides=(96, 4), owner=parent)
+    with pytest.warns(tf.TmaflowWarning, match=r"writes 12 B past the end of every row"):
+        tmap = tf.TensorMap.tiled(view, (4, 8))
+    spec = tmap.spec
+    for c in [(0, 0), (4, 0)]:
+        images = rng.integers(0, 256, size=spec.smem_bytes, dtype=np.uint8)
+        parent.copy_from(host)
+        dev_c = tf.from_numpy(np.array([[c[1], c[0], 0, 0, 0]], np.int32))
+        addr = tf.empty(1, "uint32")
+        k.launch(tmap, tf.from_numpy(images), addr, dev_c, 2, 0, spec.smem_bytes,
+                 grid=1, block=128, smem=spec.smem_bytes + 1024)
+        want = host.copy()
+        tf.reference.tma_store(want[:, :5], spec, c, images, smem_base=int(addr.numpy()[0]))
+        got = parent.numpy()
+        assert np.array_equal(got, want), c
+        rows = slice(c[0], min(c[0] + 4, 6))
+        assert not np.array_equal(got[rows, 5:8], host[rows, 5:8])  # the spill happened
+        assert np.array_equal(got[:, 8:], host[:, 8:])               # and stopped at 16 B
+
+
+def test_extent_one_middle_dim_loads_as_modelled(device, rng):
+    k = tf.Kernel(source("probe"), "tma_load_probe", filename="probe.cu")
+    host = rng.standard_normal((8, 1, 64)).astype(np.float32)  # torch's unsqueeze(1) layout
+    g = tf.from_numpy(host)
+    tmap = tf.TensorMap.tiled(g, (2, 1, 32))
+    spec = tmap.spec
+    out = tf.empty(spec.smem_bytes, "uint8").fill_bytes(0)
+    addr = tf.empty(1, "uint32")
+    c = (2, 0, 32)
+    k.launch(tmap, out, addr, tf.from_numpy(np.array([[32, 0, 2, 0, 0]], np.int32)), 3, 0,
+             spec.smem_bytes, spec.tx_bytes, grid=1, block=128, smem=spec.smem_bytes + 1024)
+    ref = tf.reference.tma_load(host, spec, c, smem_base=int(addr.numpy()[0]))
+    assert np.array_equal(out.numpy(), ref)
+
+
+def test_entry_points_refuse_an_out_that_stores_would_spill_into(device, rng):
+    wide_in = tf.from_numpy(rng.standard_normal((8, 1008)).astype(np.float32))
+    wide_out = tf.zeros((8, 1008))
+    x = tf.DeviceArray(wide_in.ptr, (8, 1001), "float32", strides=(4032, 4), owner=wide_in)
+    out = tf.DeviceArray(wide_out.ptr, (8, 1001), "float32", strides=(4032, 4), owner=wide_out)
+    from tmaflow import kernels
+
+    with pytest.raises(tf.TensorMapError, match=r"rows of 1001 x 4 B = 4004 B are not a multiple of 16 B"):
+        kernels.softmax(x, out)
+    assert not wide_out.numpy().any()  # nothing was written

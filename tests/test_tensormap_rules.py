@@ -102,11 +102,55 @@ def test_stride_limit():
 
 def test_overlapping_rows_rejected():
     # The driver accepts these (measured); the copy would read the same bytes twice.
-    with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=240 B is smaller than the 256 B spanned by dim 1"):
+    with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=240 B is smaller than the 256 B reached by dim 1"):
         tiled("float32", (8, 64), (4, 16), strides=(240, 4))
     with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=0 B: rows would overlap"):
         tiled("float32", (8, 64), (4, 16), strides=(0, 4))
+    with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=64 B is smaller than the 80 B reached by dim 1"):
+        tiled("int32", (2, 3, 4), (1, 3, 4), strides=(64, 32, 4))
     tiled("float32", (8, 64), (4, 16), strides=(256, 4))  # exactly one row: fine
+
+
+@pytest.mark.parametrize("shape,box,strides", [
+    ((8, 1, 64), (2, 1, 32), None),             # torch unsqueeze(1): an extent-1 middle dim
+    ((8, 1, 64), (2, 1, 32), (256, 16, 4)),     # its stride is free: it never steps
+    ((1, 4, 64), (1, 2, 32), (16, 256, 4)),
+    ((2, 3, 4), (1, 3, 4), (80, 32, 4)),        # planes reach 80 B, not 3 x 32: the last row's padding is free
+])
+def test_strides_that_cannot_overlap_are_accepted(shape, box, strides):
+    spec = tiled("int32" if shape == (2, 3, 4) else "float32", shape, box, strides=strides)
+    assert spec.shape == shape
+
+
+def test_store_spill_is_modelled_and_flagged(rng):
+    parent = rng.integers(-2**31, 2**31, size=(4, 8), dtype=np.int32)
+    before = parent.copy()
+    view = parent[:, :5]
+    spec = tiled("int32", (4, 5), (4, 8), strides=view.strides)
+    assert spec.store_spill_bytes == 12
+    image = rng.integers(0, 256, size=spec.smem_bytes, dtype=np.uint8)
+    tf.reference.tma_store(view, spec, (0, 0), image)
+    rows = image.reshape(4, 32)  # the box: 4 rows of 8 int32
+    # the hardware writes up to the 16-byte boundary: columns 5..7 too
+    assert np.array_equal(parent.view(np.uint8).reshape(4, 32), rows)
+    assert not np.array_equal(parent[:, 5:], before[:, 5:])
+    with pytest.raises(tf.TmaflowError, match=r"spills 12 B past the end of rows of 20 B .* no memory"):
+        tf.reference.tma_store(np.zeros((4, 5), np.int32), spec, (0, 0), image)
+    assert tiled("int32", (4, 8), (4, 8)).store_spill_bytes == 0
+
+
+def test_store_map_that_spills_is_refused_or_flagged():
+    from tmaflow.memory import DeviceArray
+    from tmaflow.tensormap import MapTemplate
+
+    view = DeviceArray(0x10000, (4, 5), "int32", strides=(32, 4))
+    spec = tiled("int32", (4, 5), (4, 8), strides=(32, 4))
+    with pytest.raises(tf.TensorMapError, match=r"rows of 5 x 4 B = 20 B are not a multiple of 16 B: "
+                                                r"a TMA store .* writes 12 B past .*\(elements 5\.\.7"):
+        MapTemplate(spec, "store")
+    MapTemplate(spec)  # a load template is fine
+    with pytest.raises(tf.TensorMapError, match=r"access='write' must be 'any', 'load' or 'store'"):
+        tf.TensorMap.tiled(view, (4, 8), access="write")
 
 
 def test_permuted_view_accepted():

@@ -9,7 +9,7 @@ from .device import Device, Stream, current_device, set_device
 from .driver import driver_available
 from .dtypes import DType, as_dtype
 from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, LaunchError,
-                     LayoutError, TensorMapError, TmaflowError)
+                     LayoutError, TensorMapError, TmaflowError, TmaflowWarning)
 from .kernel import Kernel
 from .launch import LaunchConfig, Launcher
 from .layout import Barrier, Buffer, Pipeline, SharedLayout
@@ -20,6 +20,6 @@ __all__ = [
     "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "Device",
     "DeviceArray", "DriverNotFoundError", "Kernel", "LaunchConfig", "Launcher", "LaunchError", "LayoutError",
     "Pipeline", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
-    "TensorMapSpec", "TmaflowError", "as_array", "as_dtype", "current_device",
+    "TensorMapSpec", "TmaflowError", "TmaflowWarning", "as_array", "as_dtype", "current_device",
     "driver_available", "empty", "from_numpy", "reference", "set_device", "zeros",
 ]

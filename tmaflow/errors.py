@@ -9,6 +9,10 @@ class TmaflowError(Exception):
     """Base class of every error tmaflow raises."""
 
 
+class TmaflowWarning(UserWarning):
+    """Something legal that is very likely not what was meant (a store map that spills)."""
+
+
 class TensorMapError(TmaflowError, ValueError):
     """A tensor-map parameter breaks an encode rule (checked before the driver sees it)."""
 

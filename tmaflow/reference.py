@@ -44,14 +44,18 @@ def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[
     return coords
 
 
-def _geometry(spec: TensorMapSpec, coords, smem_base: int):
-    """Per element of the box: global index arrays, in-bounds mask, byte address in smem."""
+def _geometry(spec: TensorMapSpec, coords, smem_base: int, inner_extent: int | None = None):
+    """Per element of the box: global index arrays, in-bounds mask, byte address in smem.
+    ``inner_extent`` overrides the innermost bound (a store's 16-byte-granular clip)."""
     n = spec.elements_per_dim
     estr = list(spec.element_strides)
     estr[-1] = 1  # inner element stride is ignored with interleave none
     idx = np.indices(n).reshape(spec.rank, -1)                      # row-major box indices
     gidx = np.array(coords)[:, None] + idx * np.array(estr)[:, None]
-    inside = np.all((gidx >= 0) & (gidx < np.array(spec.shape)[:, None]), axis=0)
+    bounds = list(spec.shape)
+    if inner_extent is not None:
+        bounds[-1] = inner_extent
+    inside = np.all((gidx >= 0) & (gidx < np.array(bounds)[:, None]), axis=0)
     outer = np.ravel_multi_index(idx[:-1], n[:-1]) if spec.rank > 1 else np.zeros(idx.shape[1], int)
     offset = idx[-1] * spec.dtype.itemsize + spec.row_pitch * outer
     byte = np.arange(spec.dtype.itemsize)
@@ -82,7 +86,12 @@ def tma_load(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_base: int 
 def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np.ndarray,
               smem_base: int = 0) -> None:
     """Write the box at ``coords`` from ``smem_image`` (read at ``smem_base``) into
-    ``np_global`` in place; elements outside the tensor are discarded."""
+    ``np_global`` in place; elements outside the tensor are discarded, except that the
+    hardware clips the innermost dimension at 16-byte granularity: when a row is not a
+    multiple of 16 bytes, the box's elements up to the next 16-byte boundary are written past
+    the row's end too (``spec.store_spill_bytes``). Pass ``np_global`` as a view into the
+    array it lives in (``parent[:, :5]``) and the model writes those bytes into the parent;
+    with no memory there to model, it raises."""
     g = np.asarray(np_global)
     coords = _check(spec, g, coords, smem_base)
     if any(c < 0 for c in coords):
@@ -91,10 +100,51 @@ def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np
     image = np.asarray(smem_image, np.uint8).ravel()
     if image.size < spec.smem_bytes:
         raise TmaflowError(f"smem_image has {image.size} B; the box needs {spec.smem_bytes} B")
-    gidx, inside, physical = _geometry(spec, coords, smem_base)
     E = spec.dtype.itemsize
-    dst = g.view(np.uint8).reshape(*g.shape, E)
+    extent = spec.shape[-1] + spec.store_spill_bytes // E
+    gidx, inside, physical = _geometry(spec, coords, smem_base, extent)
+    if extent > spec.shape[-1] and np.any(inside & (gidx[-1] >= spec.shape[-1])):
+        g = _with_spill(g, extent)
+    dst = _bytes_of(g)
     dst[tuple(gidx[:, inside])] = image[physical[inside]].reshape(-1, E)
+
+
+def _with_spill(g: np.ndarray, extent: int) -> np.ndarray:
+    """``g`` with its inner dim widened to ``extent`` over the same memory, which must exist:
+    ``g`` a view into a larger array whose rows continue past ``g``'s."""
+    base = g
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    wide = np.lib.stride_tricks.as_strided(g, shape=g.shape[:-1] + (extent,), strides=g.strides)
+    lo, hi = _byte_bounds(base)
+    wlo, whi = _byte_bounds(wide)
+    if base is g or wlo < lo or whi > hi:
+        raise TmaflowError(
+            f"the store spills {(extent - g.shape[-1]) * g.itemsize} B past the end of rows of "
+            f"{g.shape[-1] * g.itemsize} B (16-byte granularity) and np_global has no memory "
+            "there to model it; pass np_global as a view into the array it belongs to")
+    return wide
+
+
+def _byte_bounds(a: np.ndarray) -> tuple[int, int]:
+    """(first, one past last) byte address of ``a``'s memory (numpy's byte_bounds, which
+    moved in numpy 2)."""
+    first = last = a.__array_interface__["data"][0]
+    for n, st in zip(a.shape, a.strides):
+        if n == 0:
+            return first, first
+        if st < 0:
+            first += st * (n - 1)
+        else:
+            last += st * (n - 1)
+    return first, last + a.itemsize
+
+
+def _bytes_of(g: np.ndarray) -> np.ndarray:
+    """A (..., itemsize) uint8 view of ``g``, whose inner axis is contiguous (a TMA rule), so
+    writes land in ``g``'s memory even when ``g`` is a strided view."""
+    return np.lib.stride_tricks.as_strided(g.view(np.uint8), shape=g.shape + (g.itemsize,),
+                                           strides=g.strides + (1,))
 
 
 def element_positions(spec: TensorMapSpec, smem_base: int = 0) -> np.ndarray:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import math
+import warnings
 from dataclasses import dataclass
 
 from . import driver
 from .dtypes import DType, as_dtype
-from .errors import TensorMapError
+from .errors import TensorMapError, TmaflowWarning
 from .memory import UNOWNED, DeviceArray
 
 SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
@@ -177,6 +178,15 @@ class TensorMapSpec:
         return self.row_pitch * math.prod(self.elements_per_dim[:-1])
 
     @property
+    def store_spill_bytes(self) -> int:
+        """Bytes a TMA store writes past the end of every inner row: the hardware clips the
+        innermost dimension at 16-byte granularity, not per element (measured: a store through
+        an int32 map of ``x[:, :5]`` of a (4, 8) array overwrites ``x[:, 5:8]``). Zero when the
+        inner extent is a multiple of 16 bytes. Loads are unaffected."""
+        inner = self.shape[-1] * self.dtype.itemsize
+        return -(-inner // 16) * 16 - inner
+
+    @property
     def smem_align(self) -> int:
         """Destination alignment: 128 B, or the swizzle pattern's repeat (8 rows of the span)."""
         return 128 if self.swizzle == "none" else 8 * SWIZZLE_SPAN[self.swizzle]
@@ -264,14 +274,17 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
         if s >= MAX_STRIDE:
             raise TensorMapError(f"strides[{i}]={s} B must be < 2^40")
     # The driver does not check that dims do not overlap: sorted by stride, each must step
-    # past the whole extent of the dim below it.
-    order = sorted(range(rank), key=lambda d: strides[d])
-    for lower, upper in zip(order, order[1:]):
-        span = strides[lower] * shape[lower]
-        if strides[upper] < span:
+    # past the bytes the dims below it reach (the last row's end, not its padding). A dim of
+    # extent 1 never steps, so its stride is free (torch's unsqueeze makes such strides).
+    order = sorted((d for d in range(rank) if shape[d] > 1 or d == rank - 1), key=lambda d: strides[d])
+    reach, below = dt.itemsize, None
+    for d in order:
+        if below is not None and strides[d] < reach:
             raise TensorMapError(
-                f"strides[{upper}]={strides[upper]} B is smaller than the {span} B spanned by dim "
-                f"{lower} (shape {shape[lower]} x stride {strides[lower]} B): rows would overlap")
+                f"strides[{d}]={strides[d]} B is smaller than the {reach} B reached by dim "
+                f"{below} (shape {shape[below]}, stride {strides[below]} B, and the dims below "
+                "it): rows would overlap")
+        reach, below = strides[d] * (shape[d] - 1) + reach, d
     estrides = _ints("element_strides", element_strides if element_strides is not None
                      else (1,) * rank, rank)
     for i, e in enumerate(estrides):
@@ -330,7 +343,14 @@ class TensorMap:
         self._origin = getattr(array, "_origin", None)
 
     @classmethod
-    def tiled(cls, array, box, *, dtype=None, **options) -> "TensorMap":
+    def tiled(cls, array, box, *, dtype=None, access: str = "any", **options) -> "TensorMap":
+        """The map of ``array`` (any array kind) with box ``box`` (row-major) and the
+        ``TensorMapSpec.tiled`` options. ``access`` says how the kernel uses it: "load",
+        "store" or "any" (default). A store map whose rows are not a multiple of 16 bytes
+        spills past each row (``spec.store_spill_bytes``): "store" refuses it, "any" warns
+        (``tf.TmaflowWarning``), "load" is silent."""
+        if access not in ("any", "load", "store"):
+            raise TensorMapError(f"access={access!r} must be 'any', 'load' or 'store'")
         arr = array if type(array) is DeviceArray else _device_view(array)
         if not arr._alloc.live:
             raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
@@ -342,10 +362,14 @@ class TensorMap:
         except TypeError:  # an unhashable option value: validation below names it
             hit, key = None, None
         if hit is not None:
+            if access != "load" and hit[0].store_spill_bytes:
+                _spill(hit[0], access)
             return cls(hit[0], arr, hit[1])
         arr = _device_view(arr)
         spec = TensorMapSpec.tiled(_view_dtype(arr, dtype), arr.shape, box, strides=arr.strides,
                                    address=arr.ptr, **options)
+        if access != "load" and spec.store_spill_bytes:
+            _spill(spec, access)
         return cls._encoded(key, spec, arr)
 
     @classmethod
@@ -418,7 +442,9 @@ class MapTemplate:
     re-validation. ``bind(array)`` needs an array of exactly the template's shape, strides
     and element size (the caller's cache key guarantees it)."""
 
-    def __init__(self, spec: TensorMapSpec):
+    def __init__(self, spec: TensorMapSpec, access: str = "load"):
+        if access == "store" and spec.store_spill_bytes:
+            _spill(spec, "store")
         self.spec = spec
         self._maps: dict[int, tuple] = {}   # address -> (spec with address, 128 bytes)
         self._encoder = _Encoder.of(spec)
@@ -441,6 +467,19 @@ class MapTemplate:
 
     def __repr__(self) -> str:
         return f"MapTemplate({self.spec!r}, {len(self._maps)} addresses)"
+
+
+def _spill(spec: TensorMapSpec, access: str) -> None:
+    n, item = spec.shape[-1], spec.dtype.itemsize
+    extra = spec.store_spill_bytes // item
+    text = (f"rows of {n} x {item} B = {n * item} B are not a multiple of 16 B: a TMA store "
+            f"through this map writes {spec.store_spill_bytes} B past the end of every row "
+            f"(elements {n}..{n + extra - 1} of the underlying rows get overwritten). Use rows of a "
+            f"multiple of {16 // math.gcd(16, item)} elements")
+    if access == "store":
+        raise TensorMapError(text)
+    warnings.warn(TmaflowWarning(text + "; pass access='load' for a map that is only loaded"),
+                  stacklevel=3)
 
 
 def _aligned_storage(raw: bytes):

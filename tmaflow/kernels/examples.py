@@ -126,7 +126,7 @@ def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_fir
                                    strides=None if flat else o_strides)
     in_spec = TensorMapSpec.tiled(a.dtype, shape, box, l2_promotion=l2_promotion,
                                   strides=None if flat else a.strides)
-    return _State(launcher, MapTemplate(in_spec), MapTemplate(out_spec), (tiles_x, tiles_y),
+    return _State(launcher, MapTemplate(in_spec), MapTemplate(out_spec, "store"), (tiles_x, tiles_y),
                   flat=flat, shape=shape, strides=in_spec.strides)
 
 
@@ -160,7 +160,7 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
         launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
         tin = TensorMapSpec.tiled(x.dtype, x.shape, spec_in.box, strides=x.strides, swizzle="128B")
         tout = TensorMapSpec.tiled(x.dtype, shape_t, spec_out.box, strides=o_strides, swizzle="128B")
-        return _State(launcher, MapTemplate(tin), MapTemplate(tout), (tiles_x, tiles_y))
+        return _State(launcher, MapTemplate(tin), MapTemplate(tout, "store"), (tiles_x, tiles_y))
 
     st = cached_state(key, build)
     if o is None:
@@ -222,7 +222,7 @@ def _softmax_state(a, o, stream, debug) -> _State:
                           stream=stream)
     tin = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=a.strides)
     tout = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=output_strides(o, a.shape, 4))
-    return _State(launcher, MapTemplate(tin), MapTemplate(tout), (a.shape[1], groups))
+    return _State(launcher, MapTemplate(tin), MapTemplate(tout, "store"), (a.shape[1], groups))
 
 
 # --- TMA reduce-add --------------------------------------------------------------------------

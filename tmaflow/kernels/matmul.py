@@ -151,11 +151,12 @@ def _check_rows(name: str, arr) -> None:
             "leading dimension to a multiple of 8 or copy to a contiguous array")
 
 
-def _template(arr, spec: TensorMapSpec) -> MapTemplate:
+def _template(arr, spec: TensorMapSpec, access: str = "load") -> MapTemplate:
     """Maps of ``arr``'s shape and row pitch with the box, swizzle and L2 promotion the plan
     chose (the plan's specs assume contiguous rows; the array's real pitch is used)."""
     return MapTemplate(TensorMapSpec.tiled(arr.dtype, arr.shape, spec.box, strides=arr.strides,
-                                           swizzle=spec.swizzle, l2_promotion=spec.l2_promotion))
+                                           swizzle=spec.swizzle, l2_promotion=spec.l2_promotion),
+                       access)
 
 
 @entry_point
@@ -223,7 +224,7 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, debug) -> _Gem
         launcher = _SplitK(launcher, ws)
         tail = (m, n, k, split)
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
-                      tc=_template(C, plan.spec_c), tail=tail, plan=plan, workspace=ws,
+                      tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
                       workspace_sizes=(tile_groups * cm, split * m * n))
 
 
