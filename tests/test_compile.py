@@ -272,3 +272,63 @@ def test_gemm_compiles_to_hgmma_and_multicast_without_spills(layout, bn, cluster
     # Debug builds too: the watchdog's report is inlined, since a call after setmaxnreg fails.
     assert k.resources.spills == 0 and k.resources.stack_frame == 0
     assert plan.layout.total_bytes <= 227 * 1024 and plan.config.stages >= 4
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    (dict(options="-lineinfo"), r"options='-lineinfo' must be a list or tuple of strings, e.g. \('-lineinfo',\)"),
+    (dict(options=["-dlto"]), r"option '-dlto' makes NVRTC emit no CUBIN"),
+    (dict(options=[1]), r"option 1 must be a non-empty one-line string"),
+    (dict(options=["-DX=1\n-DY"]), r"must be a non-empty one-line string"),
+    (dict(defines={"A": "1\n#include <x>"}), r"defines\['A'\]=.* must be one line"),
+    (dict(defines={None: 1}), r"defines key None must be a C identifier"),
+    (dict(defines={"1X": 1}), r"defines key '1X' must be a C identifier"),
+    (dict(defines={"X": [1]}), r"defines\['X'\]=\[1\] must be a str, int, float or None"),
+    (dict(defines=[("X", 1)]), r"defines=\[\('X', 1\)\] must be a dict"),
+    (dict(debug="yes"), r"debug='yes' must be True, False or None"),
+    (dict(watchdog_seconds=-1), r"watchdog_seconds=-1 must be a positive number"),
+    (dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a positive number"),
+])
+def test_kernel_inputs_are_checked(kwargs, msg):
+    with pytest.raises(tf.TmaflowError, match=msg):
+        tf.Kernel("extern \"C\" __global__ void k() {}", "k", **kwargs)
+
+
+def test_nul_in_name_or_source_is_refused():
+    with pytest.raises(tf.TmaflowError, match=r"source has a NUL character at offset 5"):
+        tf.Kernel("int x\0; extern \"C\" __global__ void k() {}", "k")
+    with pytest.raises(tf.TmaflowError, match=r"name='k\\x00x' must name a __global__ function"):
+        tf.Kernel("extern \"C\" __global__ void k() {}", "k\0x")
+
+
+def test_environment_variables_are_parsed_with_named_errors(monkeypatch):
+    src = "extern \"C\" __global__ void k() {}"
+    monkeypatch.setenv("TMAFLOW_WATCHDOG_S", "abc")
+    tf.Kernel(src, "k", debug=False)  # a release build never reads it
+    with pytest.raises(tf.TmaflowError, match=r"TMAFLOW_WATCHDOG_S='abc' must be a positive number of seconds"):
+        tf.Kernel(src, "k", debug=True)
+    monkeypatch.setenv("TMAFLOW_DEBUG", "2")
+    with pytest.raises(tf.TmaflowError, match=r"TMAFLOW_DEBUG='2' must be one of 1/true/on/yes or 0/false/off/no"):
+        tf.Kernel(src, "k")
+    monkeypatch.setenv("TMAFLOW_DEBUG", "off")
+    monkeypatch.setenv("TMAFLOW_CACHE", "maybe")
+    from tmaflow import cache
+
+    with pytest.raises(tf.TmaflowError, match=r"TMAFLOW_CACHE='maybe' must be one of"):
+        cache.enabled()
+
+
+def test_errors_pickle():
+    import pickle
+
+    for err in (tf.CudaError("cuLaunchKernelEx", 719, "CUDA_ERROR_LAUNCH_FAILED", "grid=(1, 1, 1)"),
+                tf.CompileError("NVRTC failed", log="x.cu(3): error", excerpt=">> 3 | bad"),
+                tf.DeadlockError("stuck", [{"barrier": "full"}]), tf.LaunchError("argument 0: bad")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
+    assert pickle.loads(pickle.dumps(tf.CudaError("c", 1, "N"))).code == 1
+
+
+def test_a_bad_option_is_named():
+    with pytest.raises(tf.CompileError, match=r"NVRTC refused the compile options of kernel.cu: "
+                                              r"unrecognized option --not-an-option"):
+        tf.Kernel("extern \"C\" __global__ void k() {}", "k", options=["--not-an-option"]).cubin

@@ -357,3 +357,24 @@ def test_entry_points_refuse_an_out_that_stores_would_spill_into(device, rng):
     with pytest.raises(tf.TensorMapError, match=r"rows of 1001 x 4 B = 4004 B are not a multiple of 16 B"):
         kernels.softmax(x, out)
     assert not wide_out.numpy().any()  # nothing was written
+
+
+@pytest.mark.parametrize("dtype", ["tf32", "tf32_ftz", "float32_ftz"])
+def test_float32_variants_load_as_modelled(device, rng, dtype):
+    k = tf.Kernel(source("probe"), "tma_load_probe", filename="probe.cu")
+    bits = rng.integers(0, 2**32, size=(16, 64), dtype=np.uint64).astype(np.uint32)
+    special = np.array([0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 0x7F800001, 0x00000001,
+                        0x007FFFFF, 0x80001000, 0x3F801000, 0x3F803000, 0x7F7FFFFF, 0], np.uint32)
+    bits[0, :special.size] = special
+    host = bits.view(np.float32)
+    g = tf.from_numpy(host)
+    tmap = tf.TensorMap.tiled(g, (16, 64), dtype=dtype)
+    spec = tmap.spec
+    out = tf.empty(spec.smem_bytes, "uint8").fill_bytes(0)
+    addr = tf.empty(1, "uint32")
+    k.launch(tmap, out, addr, tf.from_numpy(np.zeros((1, 5), np.int32)), 2, 0, spec.smem_bytes,
+             spec.tx_bytes, grid=1, block=128, smem=spec.smem_bytes + 1024)
+    ref = tf.reference.tma_load(host, spec, (0, 0), smem_base=int(addr.numpy()[0]))
+    got = out.numpy()
+    bad = np.flatnonzero(got.view("<u4") != ref.view("<u4"))
+    assert bad.size == 0, (dtype, [(hex(bits.ravel()[i]), hex(got.view("<u4")[i]), hex(ref.view("<u4")[i])) for i in bad[:6]])

@@ -143,3 +143,16 @@ def test_layout_header_compiles_into_a_kernel():
     }'''
     k = tf.Kernel(src, "k", layout=layout)
     assert k.cubin[:4] == b"\x7fELF"
+
+
+def test_buffer_of_a_spec_takes_its_size_and_alignment():
+    spec = tf.TensorMapSpec.tiled("bfloat16", (64, 64), (64, 64), swizzle="128B")
+    b = tf.Buffer("tile", spec)
+    assert (b.nbytes, b.align) == (spec.smem_bytes, 1024)
+    layout = tf.SharedLayout([tf.Buffer("pad", 16), b])
+    assert layout.offset("tile") % 1024 == 0
+    with pytest.raises(tf.LayoutError, match=r"Buffer 'tile': align=128 is below the 1024 B its 128B box needs"):
+        tf.Buffer("tile", spec, align=128)
+    with pytest.raises(tf.LayoutError, match=r"Buffer 'x': nbytes=1.5 must be an int"):
+        tf.Buffer("x", 1.5)
+    assert tf.Buffer("x", 100).align == 128

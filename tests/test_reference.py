@@ -129,3 +129,20 @@ def test_store_round_trip_discards_out_of_bounds(rng):
     want = np.full_like(g, -1.0)
     want[8:12, 16:40] = g[8:12, 16:40]
     np.testing.assert_array_equal(out, want)
+
+
+def test_tf32_loads_round_to_nearest_even(rng):
+    vals = np.array([1.0, 1.0 + 2**-11, 1.0 + 3 * 2**-11, 3.4028235e38, np.inf, -np.inf, np.nan,
+                     -np.nan, 1e-40, -2.5], np.float32)
+    want = [0x3F800000, 0x3F800000, 0x3F804000, 0x7F800000, 0x7F800000, 0xFF800000, 0x7FFFE000,
+            0x7FFFE000, 0x00012000, 0xC0200000]
+    g = np.zeros(16, np.float32)
+    g[:vals.size] = vals
+    for name in ("tf32", "tf32_ftz"):
+        spec = tf.TensorMapSpec.tiled(name, (16,), (16,))
+        got = tf.reference.tma_load(g, spec, (0,)).view("<u4")
+        assert [int(x) for x in got[:vals.size]] == want, name
+    raw = rng.standard_normal(16).astype(np.float32)
+    raw[3] = 1e-41  # a denormal: float32_ftz copies it as it is
+    spec = tf.TensorMapSpec.tiled("float32_ftz", (16,), (16,))
+    assert np.array_equal(tf.reference.tma_load(raw, spec, (0,)).view(np.float32), raw)

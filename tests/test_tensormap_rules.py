@@ -269,3 +269,17 @@ def test_bf16_host_conversion_rounds_to_nearest_even(rng):
     # ties go to even: 1 + 2^-8 sits halfway between 1 and 1 + 2^-7
     ties = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8], dtype=np.float32)
     assert list(bf16_to_float32(bf16_bits(ties))) == [1.0, 1 + 2 * 2.0 ** -7]
+
+
+@pytest.mark.parametrize("address,msg", [
+    (1 << 57, r"address=0x200000000000000 is outside \[0, 2\^57\)"),
+    (1 << 64, r"address=0x10000000000000000 is outside \[0, 2\^57\)"),
+    (-16, r"address=-16 is negative"),
+    (24, r"address=24 must be 16-byte aligned"),
+    (16.0, r"address=16.0 must be an int"),
+    (True, r"address=True must be an int"),
+])
+def test_addresses(address, msg):
+    with pytest.raises(tf.TensorMapError, match=msg):
+        tiled("float32", (8, 64), (4, 16), address=address)
+    assert tiled("float32", (8, 64), (4, 16), address=(1 << 57) - 16).address == (1 << 57) - 16

@@ -15,6 +15,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from . import env
+
 log = logging.getLogger("tmaflow.cache")
 
 _MAGIC = b"TMAFLOW1"
@@ -23,7 +25,7 @@ _lock = threading.Lock()
 
 
 def enabled() -> bool:
-    return os.environ.get("TMAFLOW_CACHE", "1").strip().lower() not in ("0", "false", "off", "no")
+    return env.flag("TMAFLOW_CACHE", True)
 
 
 def cache_dir() -> Path:

@@ -184,6 +184,51 @@ def kernel_names(source: str) -> list[str]:
     return _GLOBAL_RE.findall(source)
 
 
+_MACRO = re.compile(r"[A-Za-z_]\w*")
+
+
+def check_defines(defines) -> dict:
+    """``defines`` as a dict of macro name -> value (None: defined without a value), each name
+    a C identifier and each value one line of text (it becomes a ``-D`` option)."""
+    if defines is None:
+        return {}
+    if not isinstance(defines, dict):
+        raise TmaflowError(f"Kernel: defines={defines!r} must be a dict of macro name -> value")
+    out = {}
+    for key, value in defines.items():
+        if not isinstance(key, str) or not _MACRO.fullmatch(key):
+            raise TmaflowError(f"Kernel: defines key {key!r} must be a C identifier (a macro name)")
+        if value is not None:
+            if isinstance(value, bool):
+                value = int(value)
+            if not isinstance(value, (str, int, float)):
+                raise TmaflowError(f"Kernel: defines[{key!r}]={value!r} must be a str, int, float "
+                                   "or None")
+            if any(c in str(value) for c in "\n\r\0"):
+                raise TmaflowError(f"Kernel: defines[{key!r}]={value!r} must be one line (no "
+                                   "newline or NUL)")
+        out[key] = value
+    return out
+
+
+def check_options(options) -> tuple[str, ...]:
+    """NVRTC options as a tuple of strings (a single string is a mistake worth naming)."""
+    if isinstance(options, (str, bytes)):
+        raise TmaflowError(f"Kernel: options={options!r} must be a list or tuple of strings, "
+                           f"e.g. ({options!r},)")
+    try:
+        options = tuple(options)
+    except TypeError:
+        raise TmaflowError(f"Kernel: options={options!r} must be a list or tuple of strings") from None
+    for opt in options:
+        if not isinstance(opt, str) or not opt or any(c in opt for c in "\n\0"):
+            raise TmaflowError(f"Kernel: option {opt!r} must be a non-empty one-line string")
+        if opt in ("-dlto", "--dlto") or opt.startswith(("-ptx", "--ptx", "-dc")):
+            raise TmaflowError(f"Kernel: option {opt!r} makes NVRTC emit no CUBIN (LTO IR or "
+                               "relocatable code); tmaflow loads CUBIN")
+    return options
+
+
 def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
                     arch: str = DEFAULT_ARCH, headers: dict[str, str] | None = None,
                     filename: str = "kernel.cu") -> Program:
@@ -221,6 +266,9 @@ def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
             raise _compile_error(source, name, log_text, filename) from None
         lowered = lowered.decode() if isinstance(lowered, bytes) else lowered
         size = driver.check("nvrtcGetCUBINSize", nv.nvrtcGetCUBINSize(prog))
+        if not size:
+            raise CompileError(f"NVRTC compiled {filename} but produced no CUBIN (options "
+                               f"{list(options)}); an option asked for another output", log=log_text)
         cubin = b" " * size
         driver.check("nvrtcGetCUBIN", nv.nvrtcGetCUBIN(prog, cubin))
         size = driver.check("nvrtcGetPTXSize", nv.nvrtcGetPTXSize(prog))
@@ -247,4 +295,9 @@ def _compile_error(source: str, name: str, log_text: str, filename: str) -> Comp
     else:
         n = source_errors or len(re.findall(r": error", log_text))
         msg = f"NVRTC failed to compile {filename} ({n} error{'s' if n != 1 else ''})"
+        # errors before any source line: an option or a define (the log names it)
+        fatal = re.findall(r"nvrtc: error: (.*)", log_text)
+        if not source_errors and (fatal or not n):
+            msg = (f"NVRTC refused the compile options of {filename}: "
+                   f"{'; '.join(fatal) if fatal else log_text.strip() or 'no log'}")
     return CompileError(msg, log=log_text, excerpt=_excerpt(source, log_text, filename))

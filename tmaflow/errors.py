@@ -25,14 +25,17 @@ class CompileError(TmaflowError):
     """NVRTC rejected a kernel. Carries the full log and the failing source lines."""
 
     def __init__(self, message: str, log: str = "", excerpt: str = ""):
-        self.log = log
-        self.excerpt = excerpt
+        self.message, self.log, self.excerpt = message, log, excerpt
         parts = [message]
         if excerpt:
             parts.append(excerpt)
         if log:
             parts.append("NVRTC log:\n" + log.strip())
         super().__init__("\n".join(parts))
+
+
+    def __reduce__(self):  # picklable: the arguments, not the composed text
+        return type(self), (self.message, self.log, self.excerpt)
 
 
 class LaunchError(TmaflowError):
@@ -43,9 +46,13 @@ class CudaError(TmaflowError):
     """A driver or NVRTC call failed: ``call`` is the API name, ``code``/``name`` the result."""
 
     def __init__(self, call: str, code: int, name: str, detail: str = ""):
-        self.call, self.code, self.name = call, int(code), name
+        self.call, self.code, self.name, self.detail = call, int(code), name, detail
         msg = f"{call} failed with {name} ({int(code)})"
         super().__init__(msg + (f": {detail}" if detail else ""))
+
+
+    def __reduce__(self):
+        return type(self), (self.call, self.code, self.name, self.detail)
 
 
 class DeadlockError(TmaflowError):
@@ -54,6 +61,9 @@ class DeadlockError(TmaflowError):
     def __init__(self, message: str, records: list | None = None):
         self.records = list(records or [])
         super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.records)
 
 
 class DriverNotFoundError(TmaflowError):

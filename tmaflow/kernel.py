@@ -112,18 +112,30 @@ class Kernel:
                  watchdog_seconds: float | None = None, filename: str = "kernel.cu"):
         if not isinstance(source, str) or not source.strip():
             raise TmaflowError(f"Kernel: source must be non-empty CUDA C++ text (got {type(source).__name__})")
-        if not isinstance(name, str) or not name.strip():
+        if "\0" in source:
+            raise TmaflowError(f"Kernel: source has a NUL character at offset {source.index(chr(0))}; "
+                               "NVRTC would stop reading there")
+        if not isinstance(name, str) or not name.strip() or "\0" in name or "\n" in name:
             raise TmaflowError(f"Kernel: name={name!r} must name a __global__ function")
         if arch is not None and not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
             raise TmaflowError(f"Kernel: arch={arch!r} must look like 'sm_90a'")
         if layout is not None and not hasattr(layout, "header"):
             raise TmaflowError(f"Kernel: layout={layout!r} must be a tf.SharedLayout")
         self.source, self.name, self.filename = source, name, filename
-        self.defines = dict(defines or {})
+        self.defines = compiler.check_defines(defines)
+        self.options = compiler.check_options(options)
         self.layout = layout
-        self.debug = bool(debug) if debug is not None else watchdog.env_debug()
-        self.watchdog_seconds = watchdog_seconds or watchdog.default_seconds()
-        self.options = tuple(options)
+        if debug is not None and not isinstance(debug, bool):
+            raise TmaflowError(f"Kernel: debug={debug!r} must be True, False or None (TMAFLOW_DEBUG)")
+        self.debug = debug if debug is not None else watchdog.env_debug()
+        if watchdog_seconds is not None and (isinstance(watchdog_seconds, bool) or
+                                             not isinstance(watchdog_seconds, (int, float)) or
+                                             not 0 < watchdog_seconds < float("inf")):
+            raise TmaflowError(f"Kernel: watchdog_seconds={watchdog_seconds!r} must be a positive "
+                               "number of seconds")
+        # read only for debug builds: a bad TMAFLOW_WATCHDOG_S must not break release kernels
+        self.watchdog_seconds = (watchdog_seconds or watchdog.default_seconds()) if self.debug \
+            else watchdog_seconds
         self._arch = arch
         self._program = None
         self._params = None

@@ -46,14 +46,35 @@ class Barrier:
 
 @dataclass(frozen=True)
 class Buffer:
-    """A plain shared-memory region (epilogue staging, scratch)."""
+    """A plain shared-memory region (epilogue staging, scratch, a tile loaded by hand).
+
+    ``nbytes`` is a byte count, or a ``TensorMapSpec`` / ``TensorMap`` whose box the buffer
+    holds: then its size is ``spec.smem_bytes`` and its alignment ``spec.smem_align`` (1024 B
+    for a 128B-swizzled box; the swizzle pattern follows absolute addresses, so less would
+    change the image). ``align`` defaults to 128 B for byte counts; an explicit ``align`` below
+    a spec's is an error.
+    """
 
     name: str
     nbytes: int
-    align: int = 128
+    align: int | None = None
 
     def __post_init__(self):
         _check_name("Buffer", self.name)
+        spec = getattr(self.nbytes, "spec", self.nbytes)
+        if hasattr(spec, "smem_bytes") and hasattr(spec, "smem_align"):
+            if self.align is not None and self.align < spec.smem_align:
+                raise LayoutError(f"Buffer {self.name!r}: align={self.align} is below the "
+                                  f"{spec.smem_align} B its {spec.swizzle} box needs; leave align out")
+            object.__setattr__(self, "nbytes", spec.smem_bytes)
+            object.__setattr__(self, "align", max(self.align or 0, spec.smem_align))
+        elif self.align is None:
+            object.__setattr__(self, "align", 128)
+        for field_name in ("nbytes", "align"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise LayoutError(f"Buffer {self.name!r}: {field_name}={value!r} must be an int "
+                                  "(or nbytes a TensorMapSpec)")
         if self.nbytes <= 0 or self.align <= 0 or self.align & (self.align - 1):
             raise LayoutError(f"Buffer {self.name!r}: nbytes={self.nbytes} must be > 0 and "
                               f"align={self.align} a power of two")

@@ -75,12 +75,26 @@ def tma_load(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_base: int 
     values = np.zeros((inside.size, E), np.uint8)
     if spec.oob_fill == "nan":
         values[:] = np.frombuffer(np.full(E // 2 or 1, NAN_FILL_LANE, "<u2").tobytes()[:E], np.uint8)
-    src = g.view(np.uint8).reshape(*g.shape, E) if g.ndim else g.view(np.uint8)
+    src = _bytes_of(g) if g.ndim else g.view(np.uint8)
     picked = tuple(gidx[:, inside])
-    values[inside] = src[picked]
+    loaded = src[picked]
+    if spec.dtype.name in ("tf32", "tf32_ftz"):
+        loaded = _round_tf32(loaded)
+    values[inside] = loaded
     image = np.full(spec.smem_bytes, background, np.uint8)
     image[physical.ravel()] = values.ravel()
     return image
+
+
+def _round_tf32(raw: np.ndarray) -> np.ndarray:
+    """What a TF32 load delivers (measured): float32 rounded to a 10-bit mantissa, to nearest
+    even, overflowing to Inf; every NaN becomes 0x7FFFE000; denormals are rounded, not flushed.
+    ``raw`` is (n, 4) little-endian bytes."""
+    u = raw.copy().view("<u4").reshape(-1).astype(np.uint64)
+    nan = ((u & 0x7F800000) == 0x7F800000) & ((u & 0x007FFFFF) != 0)
+    rounded = ((u + 0xFFF + ((u >> 13) & 1)) & 0xFFFFE000) & 0xFFFFFFFF
+    out = np.where(nan, 0x7FFFE000, rounded).astype("<u4")
+    return out.view(np.uint8).reshape(raw.shape)
 
 
 def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np.ndarray,

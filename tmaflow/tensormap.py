@@ -296,9 +296,18 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
                                           "l2_promotion": l2, "oob_fill": oob, "address": address}
 
 
+MAX_ADDRESS = 1 << 57  # measured: the driver rejects global addresses from 2^57 up
+
+
 def _check_address(address, interleave: str) -> None:
     align = 32 if interleave == "32B" else 16
-    if not isinstance(address, int) or address < 0 or address % align:
+    if isinstance(address, bool) or not hasattr(address, "__index__"):
+        raise TensorMapError(f"address={address!r} must be an int (a device pointer)")
+    address = address.__index__()
+    if not 0 <= address < MAX_ADDRESS:
+        raise TensorMapError(f"address=0x{address:x} is outside [0, 2^57), the addresses the "
+                             "driver encodes" if address >= 0 else f"address={address} is negative")
+    if address % align:
         raise TensorMapError(f"address={address!r} must be {align}-byte aligned (a misaligned "
                              "view such as an offset slice cannot be a TMA source)")
 

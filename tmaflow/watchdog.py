@@ -9,9 +9,8 @@ debug builds; afterwards the host reads the records and raises.
 from __future__ import annotations
 
 import ctypes
-import os
 
-from . import driver
+from . import driver, env
 from .errors import CudaError, DeadlockError
 
 SLOTS = 64
@@ -35,11 +34,11 @@ RECORDS_BYTES = ctypes.sizeof(Record) * SLOTS
 
 
 def env_debug() -> bool:
-    return os.environ.get("TMAFLOW_DEBUG", "0").strip().lower() in ("1", "true", "on", "yes")
+    return env.flag("TMAFLOW_DEBUG", False)
 
 
 def default_seconds() -> float:
-    return float(os.environ.get("TMAFLOW_WATCHDOG_S", "1.0"))
+    return env.seconds("TMAFLOW_WATCHDOG_S", 1.0)
 
 
 class Watch:
