@@ -42,6 +42,17 @@ def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))
 
 
+def _padded(shape, itemsize: int) -> tuple:
+    """Row-major strides of ``shape`` with rows padded to 16 bytes: a plan only needs its
+    boxes and byte counts, which do not depend on the pitch; the maps a call encodes use the
+    arrays' real strides (which TMA requires to be 16-byte multiples)."""
+    row = -(-shape[-1] * itemsize // 16) * 16
+    strides = [itemsize, row]
+    for n in reversed(shape[1:-1]):
+        strides.append(strides[-1] * n)
+    return tuple(reversed(strides[:len(shape)]))
+
+
 class _State:
     """A prepared entry point for one key: launcher, map templates, fixed arguments."""
 
@@ -60,7 +71,7 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
         while stages and rows > 1 and stages * rows * 256 * itemsize > 200 * 1024:
             rows //= 2
         box = (min(rows, max(shape[0], 1)), 256)
-    spec = TensorMapSpec.tiled(dtype, shape, tuple(box))
+    spec = TensorMapSpec.tiled(dtype, shape, tuple(box), strides=_padded(shape, itemsize))
     stages = stages or max(2, min(3, (200 * 1024) // spec.smem_bytes))
     layout = SharedLayout([Pipeline("tiles", stages=stages, tiles=[spec])])
     return spec, layout, {"BOX_X": box[1], "BOX_Y": box[0]}
@@ -133,8 +144,9 @@ def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_fir
 # --- transpose ------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def transpose_plan(shape, stages: int = 4):
-    spec_in = TensorMapSpec.tiled("float32", shape, (128, 32), swizzle="128B")
-    spec_out = TensorMapSpec.tiled("float32", shape[::-1], (32, 32), swizzle="128B")
+    spec_in = TensorMapSpec.tiled("float32", shape, (128, 32), swizzle="128B", strides=_padded(shape, 4))
+    spec_out = TensorMapSpec.tiled("float32", shape[::-1], (32, 32), swizzle="128B",
+                                   strides=_padded(shape[::-1], 4))
     layout = SharedLayout([Pipeline("tin", stages=stages, tiles=[spec_in], consumers=1),
                            Buffer("tout", 2 * 4 * spec_out.smem_bytes, align=1024)])
     return spec_in, spec_out, layout
@@ -187,7 +199,7 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
         raise TmaflowError(f"softmax: rows of {shape[1]} float32 need {stage_bytes(1)} B of shared "
                            f"memory per stage and the kernel needs two stages in "
                            f"{SOFTMAX_SMEM} B; at most {SOFTMAX_SMEM // 2 // 1024 * 256} columns fit")
-    spec = TensorMapSpec.tiled("float32", shape, (rows, 256))
+    spec = TensorMapSpec.tiled("float32", shape, (rows, 256), strides=_padded(shape, 4))
     stage = TensorMapSpec.tiled("float32", (rows * n_box, 256), (rows * n_box, 256))
     stages = max(2, min(stages, SOFTMAX_SMEM // stage.smem_bytes))
     layout = SharedLayout([Pipeline("rows", stages=stages, tiles=[stage])])
