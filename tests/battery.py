@@ -295,3 +295,64 @@ def _without_driver():
     finally:
         driver._init_state.clear()
         driver._init_state.update(saved)
+
+
+# --- classes of hostile values, generated: every hostile value into every field ---------------
+# Each must be a TmaflowError naming the field; none may leak a TypeError, OverflowError,
+# AttributeError or numpy error, or pass silently.
+
+def _gen():
+    yield 1
+
+
+HOSTILE = {"None": None, "a string": "abc", "a float": 2.5, "True": True, "NaN": float("nan"),
+           "inf": float("inf"), "a generator": _gen(), "a nested list": [[1, 2]],
+           "a numpy NaN": np.float64("nan"), "a dict": {"a": 1}}
+# TensorMapSpec.tiled: the value replaces one field of a valid call
+TILED = dict(dtype="float32", shape=(64, 64), box=(8, 32), strides=None, element_strides=None,
+             swizzle="none", interleave="none", l2_promotion="none", oob_fill="zero", address=None)
+_TILED_FIELDS = {"shape": r"shape=", "box": r"box=", "strides": r"strides=",
+                 "element_strides": r"element_strides=", "swizzle": r"swizzle=",
+                 "interleave": r"interleave=", "l2_promotion": r"l2_promotion=",
+                 "oob_fill": r"oob_fill=", "address": r"address=", "dtype": r"dtype="}
+_SKIP = {("strides", "None"), ("element_strides", "None"), ("address", "None")}  # legal values
+
+
+def _tiled_with(field, value):
+    kw = dict(TILED, **{field: value})
+    return T(kw.pop("dtype"), kw.pop("shape"), kw.pop("box"), **kw)
+
+
+for _field, _pattern in _TILED_FIELDS.items():
+    for _label, _value in HOSTILE.items():
+        if (_field, _label) in _SKIP:
+            continue
+        cpu("hostile types: TensorMapSpec.tiled", f"{_field} = {_label}", E, _pattern,
+            lambda f=_field, v=_value: _tiled_with(f, v))
+
+# LaunchConfig: every field
+_LAUNCH = dict(grid=4, block=128, cluster=1, smem=0, stream=None, pdl=False)
+for _field in ("grid", "block", "cluster", "smem", "stream", "pdl"):
+    for _label, _value in HOSTILE.items():
+        if (_field in ("smem", "stream") and _label == "None") or (_field == "pdl" and _label == "True"):
+            continue  # legal: the layout's smem, the arrays' stream, PDL on
+        cpu("hostile types: LaunchConfig", f"{_field} = {_label}", LE, rf"{_field}=",
+            lambda f=_field, v=_value: tf.LaunchConfig(**dict(_LAUNCH, **{f: v})))
+
+# Barrier / Buffer / Pipeline counts and names
+for _label, _value in HOSTILE.items():
+    cpu("hostile types: Barrier", f"arrivals = {_label}", L, r"arrivals=", lambda v=_value: tf.Barrier("b", arrivals=v))
+    cpu("hostile types: Barrier", f"tx_bytes = {_label}", L, r"tx_bytes=", lambda v=_value: tf.Barrier("b", tx_bytes=v))
+    cpu("hostile types: Buffer", f"nbytes = {_label}", L, r"nbytes=", lambda v=_value: tf.Buffer("b", v))
+    cpu("hostile types: Pipeline", f"stages = {_label}", L, r"stages=", lambda v=_value: tf.Pipeline("p", stages=v, tiles=[SPEC]))
+    cpu("hostile types: Pipeline", f"consumers = {_label}", L, r"consumers=", lambda v=_value: tf.Pipeline("p", stages=2, tiles=[SPEC], consumers=v))
+    if _label not in ("a string",):
+        cpu("hostile types: names", f"Barrier name = {_label}", L, r"name=", lambda v=_value: tf.Barrier(v))
+for _name in ("int", "class", "template", "Smem", "tmaflow_layout", "__x", "a-b", "9lives", ""):
+    cpu("layout names", f"{_name!r} as a name", L, r"name=", lambda n=_name: tf.SharedLayout([tf.Barrier(n)]))
+cpu("layout names", "a pipeline whose generated names collide with a barrier", L, r"collide|used twice",
+    lambda: tf.SharedLayout([tf.Pipeline("ab", stages=2, tiles=[SPEC]), tf.Barrier("ab_full")]))
+for _label, _value in HOSTILE.items():
+    if _label != "None":
+        cpu("hostile types: Pipeline", f"cluster = {_label}", L, r"cluster=",
+            lambda v=_value: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=v))

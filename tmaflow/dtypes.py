@@ -74,11 +74,11 @@ def as_dtype(obj) -> DType:
         key = obj.lower().strip()
     elif type(obj).__module__.startswith("torch"):
         key = str(obj).split(".")[-1]  # torch.bfloat16 -> "bfloat16"
-    else:
-        try:
-            key = np.dtype(obj).name
-        except TypeError:
-            key = None
+    elif isinstance(obj, np.dtype) or (isinstance(obj, type) and issubclass(obj, np.generic)):
+        key = np.dtype(obj).name  # a numpy dtype or scalar type; not None (numpy's float64)
+    elif hasattr(obj, "dtype") and isinstance(getattr(obj, "dtype"), np.dtype) and \
+            not isinstance(obj, np.generic):
+        key = obj.dtype.name  # e.g. ml_dtypes types expose .dtype
     if key is not None:
         key = _ALIASES.get(key, key)
         if key in BY_NAME:

@@ -33,7 +33,7 @@ def dims(name: str, value) -> tuple[int, int, int]:
         raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
     if isinstance(value, int) or hasattr(value, "__index__") and not hasattr(value, "__len__"):
         value = (value,)
-    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+    if not isinstance(value, (tuple, list)) and type(value).__name__ not in ("ndarray", "Size"):
         raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
     try:
         items = list(value)

@@ -17,10 +17,34 @@ HOPPER_SMEM_LIMIT = 227 * 1024
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+# Names become C++ identifiers in the generated header (and members of its Smem struct):
+# keywords, reserved identifiers and the header's own names cannot be used.
+_CXX_KEYWORDS = frozenset("""alignas alignof and asm auto bool break case catch char char16_t
+char32_t char8_t class const consteval constexpr constinit const_cast continue co_await co_return
+co_yield decltype default delete do double dynamic_cast else enum explicit export extern false
+float for friend goto if inline int long mutable namespace new noexcept not nullptr operator or
+private protected public register reinterpret_cast requires return short signed sizeof static
+static_assert static_cast struct switch template this thread_local throw true try typedef typeid
+typename union unsigned using virtual void volatile wchar_t while xor""".split())
+_GENERATED = frozenset({"Smem", "tmaflow_layout", "tmaflow", "total_bytes", "base"})
+
+
 def _check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise LayoutError(f"{kind} name={name!r} must be a C identifier")
+    if name in _CXX_KEYWORDS or name in _GENERATED or name.startswith("__") or \
+            (name[0] == "_" and name[1:2].isupper()):
+        raise LayoutError(f"{kind} name={name!r} is a C++ keyword, a reserved identifier or a "
+                          "name the generated header uses; choose another")
     return name
+
+
+def _count(kind: str, name: str, field_name: str, value, lo: int, hi: int, note: str = "") -> int:
+    """An int in [lo, hi] (a bool, float or anything else is a LayoutError naming the field)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise LayoutError(f"{kind} {name!r}: {field_name}={value!r} must be an int in "
+                          f"[{lo}, {hi}]{note}")
+    return value
 
 
 def _spec_of(tile):
@@ -37,11 +61,9 @@ class Barrier:
 
     def __post_init__(self):
         _check_name("Barrier", self.name)
-        if not 1 <= self.arrivals <= (1 << 20) - 1:
-            raise LayoutError(f"Barrier {self.name!r}: arrivals={self.arrivals} must be in [1, 2^20-1]")
-        if not 0 <= self.tx_bytes <= (1 << 20) - 1:
-            raise LayoutError(f"Barrier {self.name!r}: tx_bytes={self.tx_bytes} must be in "
-                              "[0, 2^20-1] (the mbarrier tx-count range)")
+        _count("Barrier", self.name, "arrivals", self.arrivals, 1, (1 << 20) - 1)
+        _count("Barrier", self.name, "tx_bytes", self.tx_bytes, 0, (1 << 20) - 1,
+               " (the mbarrier tx-count range)")
 
 
 @dataclass(frozen=True)
@@ -81,6 +103,16 @@ class Buffer:
 
 
 _AXES = {"x": 0, "y": 1, "z": 2}
+
+
+def _cluster(name: str, cluster) -> tuple[int, int, int]:
+    given = cluster
+    if isinstance(cluster, int) and not isinstance(cluster, bool):
+        cluster = (cluster,)
+    if not isinstance(cluster, (tuple, list)) or not 1 <= len(cluster) <= 3 or any(
+            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in cluster):
+        raise LayoutError(f"Pipeline {name!r}: cluster={given!r} must be an int or 1-3 ints >= 1")
+    return tuple(cluster) + (1,) * (3 - len(cluster))
 
 
 @dataclass(frozen=True, init=False)
@@ -127,11 +159,9 @@ class Pipeline:
             _check_name("tile", n)
         if not specs:
             raise LayoutError(f"Pipeline {name!r}: tiles is empty; give at least one spec or map")
-        if not 1 <= stages <= 32:
-            raise LayoutError(f"Pipeline {name!r}: stages={stages} must be in [1, 32]")
-        if not 1 <= consumers <= 1024:
-            raise LayoutError(f"Pipeline {name!r}: consumers={consumers} must be in [1, 1024]")
-        cluster = tuple(cluster) + (1,) * (3 - len(tuple(cluster)))
+        _count("Pipeline", name, "stages", stages, 1, 32)
+        _count("Pipeline", name, "consumers", consumers, 1, 1024)
+        cluster = _cluster(name, cluster)
         if math.prod(cluster) > 16 or cluster[2] != 1 and multicast:
             raise LayoutError(f"Pipeline {name!r}: cluster={cluster} must have at most 16 CTAs "
                               "(and z = 1 with multicast)")

@@ -33,26 +33,29 @@ IM2COL_CORNER = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
 
 
 def _choice(field_name: str, value, table: dict) -> str:
+    """One of ``table``'s names (any case) or its driver code as an int."""
     if isinstance(value, int) and not isinstance(value, bool):
         for k, v in table.items():
             if v == value:
                 return k
-    key = str(value)
-    for k in table:
-        if k.lower() == key.lower():
-            return k
+    elif isinstance(value, str):
+        for k in table:
+            if k.lower() == value.strip().lower():
+                return k
     raise TensorMapError(f"{field_name}={value!r} is not one of {', '.join(map(repr, table))}")
 
 
 def _ints(field_name: str, value, rank: int | None = None) -> tuple[int, ...]:
-    if isinstance(value, int):
-        value = (value,)
-    try:
-        out = tuple(int(v) for v in value)
-    except (TypeError, ValueError):
-        raise TensorMapError(f"{field_name}={value!r} must be a sequence of ints") from None
-    if any(not isinstance(v, int) and not hasattr(v, "__index__") for v in value):
+    """A tuple of ints from an int or a flat sequence of ints (numpy ints too); bools, floats
+    (NaN, inf), strings, nested sequences and generators are refused by name."""
+    if isinstance(value, (bool, str, bytes, dict)) or value is None or (
+            not hasattr(value, "__index__") and not isinstance(value, (tuple, list)) and
+            type(value).__name__ not in ("Size", "ndarray")):
+        raise TensorMapError(f"{field_name}={value!r} must be a sequence of ints")
+    items = [value] if hasattr(value, "__index__") and not hasattr(value, "__len__") else list(value)
+    if any(isinstance(v, bool) or not hasattr(v, "__index__") for v in items):
         raise TensorMapError(f"{field_name}={value!r} must contain ints")
+    out = tuple(int(v.__index__()) for v in items)
     if rank is not None and len(out) != rank:
         raise TensorMapError(f"{field_name}={value!r} has {len(out)} entries; the tensor has rank {rank}")
     return out
