@@ -356,3 +356,65 @@ for _label, _value in HOSTILE.items():
     if _label != "None":
         cpu("hostile types: Pipeline", f"cluster = {_label}", L, r"cluster=",
             lambda v=_value: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=v))
+
+# tf.reference: every argument
+RSPEC = T("float32", (16, 64), (8, 32))
+RG = np.zeros((16, 64), np.float32)
+for _label, _value in HOSTILE.items():
+    cpu("hostile types: tf.reference", f"coords = {_label}", TE, r"coords=",
+        lambda v=_value: tf.reference.tma_load(RG, RSPEC, v))
+    cpu("hostile types: tf.reference", f"a coordinate = {_label}", TE, r"coords=",
+        lambda v=_value: tf.reference.tma_load(RG, RSPEC, (0, v)))
+    cpu("hostile types: tf.reference", f"smem_base = {_label}", TE, r"smem_base=",
+        lambda v=_value: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=v))
+    cpu("hostile types: tf.reference", f"spec = {_label}", TE, r"spec=",
+        lambda v=_value: tf.reference.tma_load(RG, v, (0, 0)))
+    cpu("hostile types: tf.reference", f"store image = {_label}", TE, r"smem_image",
+        lambda v=_value: tf.reference.tma_store(RG.copy(), RSPEC, (0, 0), v))
+for _what, _g in (("a list", RG.tolist()), ("an object array", RG.astype(object)),
+                  ("a float64 array", RG.astype(np.float64)),
+                  ("a 1-D array", RG.ravel()), ("None", None)):
+    cpu("tf.reference: global arrays", f"np_global {_what}", TE, r"np_global",
+        lambda g=_g: tf.reference.tma_load(g, RSPEC, (0, 0)))
+cpu("tf.reference: global arrays", "store into a read-only array", TE, r"np_global .*read-only",
+    lambda: tf.reference.tma_store(np.broadcast_to(np.float32(0), (16, 64)), RSPEC, (0, 0), np.zeros(RSPEC.smem_bytes, np.uint8)))
+cpu("tf.reference: global arrays", "store into a transposed array", TE, r"np_global has strides .* inner axis must be contiguous",
+    lambda: tf.reference.tma_store(np.zeros((64, 16), np.float32).T, RSPEC, (0, 0), np.zeros(RSPEC.smem_bytes, np.uint8)))
+cpu("tf.reference: global arrays", "smem_base not 128-aligned", TE, r"smem_base=100 must be 128-byte aligned",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=100))
+cpu("tf.reference: global arrays", "background out of a byte's range", TE, r"background=300",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), background=300))
+
+
+# foreign arrays that lie about themselves
+class _CAI:
+    def __init__(self, **iface):
+        self.__cuda_array_interface__ = iface
+
+
+_GOOD_CAI = dict(shape=(4, 4), typestr="<f4", data=(0x1000, False), version=3)
+for _what, _iface in (("no shape", {k: v for k, v in _GOOD_CAI.items() if k != "shape"}),
+                      ("no typestr", {k: v for k, v in _GOOD_CAI.items() if k != "typestr"}),
+                      ("no data", {k: v for k, v in _GOOD_CAI.items() if k != "data"}),
+                      ("shape of strings", dict(_GOOD_CAI, shape=("4", "4"))),
+                      ("negative extent", dict(_GOOD_CAI, shape=(-4, 4))),
+                      ("data that is not a pair", dict(_GOOD_CAI, data=0x1000)),
+                      ("a pointer that is not an int", dict(_GOOD_CAI, data=("0x1000", False))),
+                      ("fp8 typestr", dict(_GOOD_CAI, typestr="<V1")),
+                      ("complex typestr", dict(_GOOD_CAI, typestr="<c8")),
+                      ("strides of the wrong rank", dict(_GOOD_CAI, strides=(16,))),
+                      ("a mask", dict(_GOOD_CAI, mask=object()))):
+    cpu("foreign arrays", f"__cuda_array_interface__ with {_what}", TE, r"__cuda_array_interface__",
+        lambda i=_iface: tf.as_array(_CAI(**i)))
+
+
+class _BadDLPack:
+    def __dlpack__(self, *a, **k):
+        raise RuntimeError("the exporter failed")
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+cpu("foreign arrays", "__dlpack__ that raises", TE, r"__dlpack__ .*the exporter failed", lambda: tf.as_array(_BadDLPack()))
+cpu("foreign arrays", "__dlpack__ returning garbage", TE, r"__dlpack__", lambda: tf.as_array(type("D", (), {"__dlpack__": lambda self, *a, **k: 42})()))

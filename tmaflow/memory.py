@@ -326,16 +326,14 @@ def as_array(obj, dtype=None) -> DeviceArray:
     except Exception:  # torch raises for bfloat16; fall through to DLPack
         cai = None
     if cai is not None:
-        typestr = cai["typestr"]
-        name = _CAI_TYPES.get(typestr.replace("=", "<").replace(">", "<") if typestr[0] != "|" else typestr)
-        if name is None:
-            raise TmaflowError(f"as_array: __cuda_array_interface__ typestr={typestr!r} unsupported")
-        dt = as_dtype(dtype or _torch_dtype_name(obj) or name)
-        shape = tuple(cai["shape"])
-        strides = cai.get("strides") or _contiguous_strides(shape, dt.itemsize)
-        return DeviceArray(cai["data"][0] or 0, shape, dt, strides, owner=obj)
+        return _from_cai(obj, cai, dtype)
     if hasattr(obj, "__dlpack__"):
-        ptr, shape, strides, dt, _, release = dlpack.consume(obj.__dlpack__())
+        try:
+            ptr, shape, strides, dt, _, release = dlpack.consume(obj.__dlpack__())
+        except TmaflowError:
+            raise
+        except Exception as exc:
+            raise TmaflowError(f"as_array: __dlpack__ of {type(obj).__name__} failed: {exc}") from None
         arr = DeviceArray(ptr, shape, as_dtype(dtype) if dtype else dt, strides,
                           owner=_DLPackOwner(obj, release))
         arr._origin = _origin_of(obj)
@@ -344,6 +342,40 @@ def as_array(obj, dtype=None) -> DeviceArray:
     raise TmaflowError(
         f"as_array: {type(obj).__name__} is not a device array (no __cuda_array_interface__ "
         "or __dlpack__); pass a tf.DeviceArray, torch/cupy/jax array, or use tf.from_numpy")
+
+
+def _from_cai(obj, cai, dtype) -> DeviceArray:
+    """A view described by ``__cuda_array_interface__`` (v2/v3), every field checked."""
+    def bad(why):
+        return TmaflowError(f"as_array: {type(obj).__name__}.__cuda_array_interface__ {why}")
+
+    if not isinstance(cai, dict):
+        raise bad(f"is a {type(cai).__name__}, not a dict")
+    for key in ("shape", "typestr", "data"):
+        if key not in cai:
+            raise bad(f"has no {key!r}")
+    if cai.get("mask") is not None:
+        raise bad("has a mask; masked arrays are not supported")
+    typestr, shape, data = cai["typestr"], cai["shape"], cai["data"]
+    if not isinstance(typestr, str) or len(typestr) < 3:
+        raise bad(f"typestr={typestr!r} is not a numpy type string")
+    name = _CAI_TYPES.get(typestr.replace("=", "<").replace(">", "<") if typestr[0] != "|" else typestr)
+    if name is None:
+        raise bad(f"typestr={typestr!r} unsupported (tmaflow types: {', '.join(sorted(_CAI_TYPES))})")
+    if not isinstance(shape, (tuple, list)) or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shape):
+        raise bad(f"shape={shape!r} must be a tuple of non-negative ints")
+    if not isinstance(data, (tuple, list)) or len(data) != 2 or isinstance(data[0], bool) or \
+            not isinstance(data[0], (int, type(None))):
+        raise bad(f"data={data!r} must be a (pointer, read_only) pair")
+    dt = as_dtype(dtype or _torch_dtype_name(obj) or name)
+    shape = tuple(shape)
+    strides = cai.get("strides")
+    if strides is not None and (not isinstance(strides, (tuple, list)) or len(strides) != len(shape)
+                                or any(isinstance(s, bool) or not isinstance(s, int) for s in strides)):
+        raise bad(f"strides={strides!r} must be {len(shape)} ints (or None)")
+    strides = tuple(strides) if strides else _contiguous_strides(shape, dt.itemsize)
+    return DeviceArray(data[0] or 0, shape, dt, strides, owner=obj)
 
 
 def _torch_dtype_name(obj) -> str | None:

@@ -21,7 +21,30 @@ def swizzle_address(addr, swizzle: str):
     return addr ^ (((addr >> 7) & m) << 4)
 
 
+def _global(np_global, store: bool = False) -> np.ndarray:
+    if not isinstance(np_global, np.ndarray) or np_global.dtype == object:
+        raise TmaflowError(f"np_global must be a numpy array of the map's element type (got "
+                           f"{type(np_global).__name__}{' of objects' if isinstance(np_global, np.ndarray) else ''})")
+    if store:
+        if not np_global.flags.writeable:
+            raise TmaflowError("np_global is read-only; a store model writes into it")
+        if np_global.ndim and np_global.strides[-1] != np_global.itemsize:
+            raise TmaflowError(f"np_global has strides {np_global.strides}: a store model writes "
+                               "through its memory, so its inner axis must be contiguous (as TMA's is)")
+        return np_global
+    return np_global if not np_global.ndim or np_global.strides[-1] == np_global.itemsize \
+        else np.ascontiguousarray(np_global)  # a load only reads values
+
+
 def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[int, ...]:
+    if not isinstance(spec, TensorMapSpec):
+        raise TmaflowError(f"spec={spec!r} must be a tf.TensorMapSpec (a TensorMap's .spec)")
+    if isinstance(smem_base, bool) or not isinstance(smem_base, (int, np.integer)) or smem_base < 0:
+        raise TmaflowError(f"smem_base={smem_base!r} must be a non-negative int (a shared address)")
+    if isinstance(coords, (str, bytes, dict)) or not isinstance(coords, (tuple, list, np.ndarray)):
+        raise TmaflowError(f"coords={coords!r} must be a tuple of ints (row-major)")
+    if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in coords):
+        raise TmaflowError(f"coords={tuple(coords)!r} must contain ints")
     if spec.kind != "tiled":
         raise TmaflowError("tf.reference models tiled maps only (im2col is not modelled)")
     if spec.interleave != "none":
@@ -68,7 +91,10 @@ def tma_load(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_base: int 
              background: int = 0) -> np.ndarray:
     """The uint8 image of ``spec.smem_bytes`` bytes that a load at ``coords`` writes at
     ``smem_base``. Padding bytes (rows narrower than the swizzle span) keep ``background``."""
-    g = np.asarray(np_global)
+    g = _global(np_global)
+    if isinstance(background, bool) or not isinstance(background, (int, np.integer)) or \
+            not 0 <= background <= 255:
+        raise TmaflowError(f"background={background!r} must be a byte value in [0, 255]")
     coords = _check(spec, g, coords, smem_base)
     gidx, inside, physical = _geometry(spec, coords, smem_base)
     E = spec.dtype.itemsize
@@ -106,12 +132,17 @@ def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np
     the row's end too (``spec.store_spill_bytes``). Pass ``np_global`` as a view into the
     array it lives in (``parent[:, :5]``) and the model writes those bytes into the parent;
     with no memory there to model, it raises."""
-    g = np.asarray(np_global)
+    g = _global(np_global, store=True)
     coords = _check(spec, g, coords, smem_base)
     if any(c < 0 for c in coords):
         raise TmaflowError(f"coords={coords}: a TMA store needs non-negative coordinates "
                            "(the hardware faults on negative ones)")
-    image = np.asarray(smem_image, np.uint8).ravel()
+    if isinstance(smem_image, (bytes, bytearray, memoryview)):
+        smem_image = np.frombuffer(smem_image, np.uint8)
+    if not isinstance(smem_image, np.ndarray) or smem_image.dtype != np.uint8:
+        raise TmaflowError(f"smem_image must be a uint8 numpy array or bytes (got "
+                           f"{type(smem_image).__name__}{'' if not isinstance(smem_image, np.ndarray) else ' of ' + str(smem_image.dtype)})")
+    image = smem_image.ravel()
     if image.size < spec.smem_bytes:
         raise TmaflowError(f"smem_image has {image.size} B; the box needs {spec.smem_bytes} B")
     E = spec.dtype.itemsize
