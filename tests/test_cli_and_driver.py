@@ -71,3 +71,38 @@ def test_cli_reports_tmaflow_errors_without_traceback():
     assert out.returncode == 1
     assert out.stderr.startswith("tmaflow: box[1]=64 x 4 B = 256 B exceeds the 128B swizzle span")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("argv", [["swizzle", "--box", "8xq"], ["swizzle", "--dtype", "nope"],
+                                  ["swizzle", "--box", "0x8"], ["swizzle", "--swizzle", "7B"],
+                                  ["cache", "nope"], ["nope"], [], ["bench", "--only", "nope"],
+                                  ["bench", "--repeats", "many"], ["demo", "--bogus"]])
+def test_cli_garbage_is_one_line_and_non_zero(argv):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "tmaflow", *argv], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0, (argv, r.stdout)
+    assert "Traceback" not in r.stderr and r.stderr.strip(), (argv, r.stderr)
+    assert len(r.stderr.strip().splitlines()) <= 3, r.stderr  # argparse: usage + error
+
+
+def test_cli_into_a_closed_pipe_is_quiet():
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "tmaflow", "swizzle", "--box", "256x64",
+                          "--dtype", "uint8", "--swizzle", "none"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader leaves before the first line (as `| head -0` would)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_version():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "tmaflow", "--version"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == f"tmaflow {tf.__version__}"

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 import numpy as np
+
+from .errors import TmaflowError
 
 
 def _demo_compile_only() -> int:
@@ -92,7 +95,10 @@ def swizzle(args) -> int:
     from . import reference
     from .tensormap import TensorMapSpec
 
-    box = tuple(int(v) for v in args.box.lower().split("x"))
+    try:
+        box = tuple(int(v) for v in args.box.lower().split("x"))
+    except ValueError:
+        raise TmaflowError(f"--box={args.box!r} must be extents joined by 'x', e.g. 8x64") from None
     spec = TensorMapSpec.tiled(args.dtype, box, box, swizzle=args.swizzle)
     pos = reference.element_positions(spec)  # byte offset of each element
     E = spec.dtype.itemsize
@@ -145,7 +151,10 @@ def cache_cmd(args) -> int:
 
 
 def main(argv=None) -> int:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="python -m tmaflow")
+    p.add_argument("--version", action="version", version=f"tmaflow {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run the examples (GPU) or compile and model them (no GPU)")
     d.add_argument("--no-gpu", action="store_true", help="compile-only mode even with a GPU")
@@ -168,5 +177,12 @@ def main(argv=None) -> int:
         args = p.parse_args(argv)
         return {"demo": demo, "cache": cache_cmd, "swizzle": swizzle}[args.cmd](args)
     except TmaflowError as exc:  # a user-facing problem: its message, not a traceback
-        print(f"tmaflow: {exc}", file=sys.stderr)
+        print(f"tmaflow: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `python -m tmaflow swizzle | head`: the reader left, not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush stays quiet
+        return 0
+    except OSError as exc:  # a path that cannot be written (--png, --json), a cache dir
+        print(f"tmaflow: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1
