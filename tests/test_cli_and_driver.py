@@ -106,3 +106,30 @@ def test_version():
 
     r = subprocess.run([sys.executable, "-m", "tmaflow", "--version"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == f"tmaflow {tf.__version__}"
+
+
+def test_cache_info_while_another_process_clears(tmp_path, monkeypatch):
+    import threading
+
+    from tmaflow import cache
+
+    monkeypatch.setenv("TMAFLOW_CACHE_DIR", str(tmp_path))
+    for i in range(200):
+        d = tmp_path / f"{i % 16:02x}"
+        d.mkdir(exist_ok=True)
+        (d / f"{i}.tfbin").write_bytes(b"x" * 100)
+    errors = []
+
+    def clear():
+        try:
+            cache.clear()
+        except Exception as exc:  # noqa: BLE001 - any escape is the failure
+            errors.append(exc)
+
+    t = threading.Thread(target=clear)
+    t.start()
+    for _ in range(20):
+        got = cache.info()
+        assert 0 <= got["entries"] <= 200 and got["bytes"] == 100 * got["entries"]
+    t.join()
+    assert not errors and cache.info()["entries"] == 0

@@ -127,10 +127,18 @@ def clear_memory() -> None:
 
 
 def info() -> dict:
+    """Entries and bytes on disk; files removed meanwhile (another process's ``clear``) are
+    simply not counted."""
     root = cache_dir()
-    files = list(root.glob("*/*.tfbin")) if root.exists() else []
-    return {"dir": str(root), "enabled": enabled(), "entries": len(files),
-            "bytes": sum(f.stat().st_size for f in files), "in_memory": len(_memory)}
+    entries = size = 0
+    for f in (root.glob("*/*.tfbin") if root.exists() else ()):
+        try:
+            size += f.stat().st_size
+            entries += 1
+        except OSError:
+            continue
+    return {"dir": str(root), "enabled": enabled(), "entries": entries, "bytes": size,
+            "in_memory": len(_memory)}
 
 
 def clear() -> int:
