@@ -13,7 +13,7 @@ import numpy as np
 
 import tmaflow as tf
 from tmaflow.kernels import examples as ex
-from tmaflow.kernels import source
+from kernel_sources import source
 from tmaflow.kernels.matmul import GemmConfig, gemm
 from tmaflow.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param

@@ -5,7 +5,7 @@ import pytest
 
 import tmaflow as tf
 from battery import CASES
-from tmaflow.kernels import source
+from kernel_sources import source
 
 IDS = [f"{c.area}: {c.what}" for c in CASES]
 

@@ -8,7 +8,8 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import cache
-from tmaflow.kernels import examples, source
+from kernel_sources import source
+from tmaflow.kernels import examples
 from tmaflow.tools import disassemble, sass_opcodes
 
 LIBCUXX = r'''

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.kernels import source
+from kernel_sources import source
 
 pytestmark = pytest.mark.gpu
 
@@ -12,10 +12,14 @@ def probe(name):
     return tf.Kernel(source("probe"), name, filename="probe.cu")
 
 
+def bench_kernel(name):
+    return tf.Kernel(source("bench"), name, filename="bench.cu")
+
+
 @pytest.mark.parametrize("cluster", [(1, 1, 1), (2, 1, 1), (4, 1, 1), (8, 1, 1), (16, 1, 1),
                                      (2, 2, 1), (1, 4, 1), (2, 2, 2)])
 def test_cluster_shape_seen_from_inside(device, cluster):
-    k = probe("cluster_probe")
+    k = bench_kernel("cluster_probe")
     grid = (cluster[0] * 4, cluster[1] * 2, cluster[2])
     nblocks = grid[0] * grid[1] * grid[2]
     out = tf.empty(nblocks * 10, "uint32").fill_bytes(0xFF)
@@ -115,7 +119,7 @@ def test_wrong_arguments_raise_before_launch(device):
 
 
 def test_bad_clusters_raise_before_launch(device):
-    k = probe("cluster_probe")
+    k = bench_kernel("cluster_probe")
     out = tf.empty(64 * 10, "uint32")
     with pytest.raises(tf.LaunchError, match=r"cluster=\(4, 1, 1\) does not divide grid=\(6, 1, 1\)"):
         k.launch(out, grid=6, block=32, cluster=4)

@@ -8,7 +8,8 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels import examples, source
+from kernel_sources import source
+from tmaflow.kernels import examples
 from tmaflow.kernels.entry import Prepared
 from tmaflow.testing import poison
 
@@ -17,6 +18,10 @@ pytestmark = pytest.mark.gpu
 
 def probe(name):
     return tf.Kernel(source("probe"), name, filename="probe.cu")
+
+
+def bench_kernel(name):
+    return tf.Kernel(source("bench"), name, filename="bench.cu")
 
 
 def big_smem_expect(value, seed):
@@ -46,7 +51,7 @@ def test_freed_array_is_refused(device, path):
 
 @pytest.mark.parametrize("path", ["bound", "launch"])
 def test_tensormap_of_freed_array_is_refused(device, path):
-    k = probe("empty_kernel")
+    k = bench_kernel("empty_kernel")
     a = tf.zeros((256, 256), "float32")
     ta, tb = tf.TensorMap.tiled(a, (32, 32)), tf.TensorMap.tiled(tf.zeros((64, 64)), (64, 64))
     run = k.bind(grid=1, block=32) if path == "bound" else (lambda *x: k.launch(*x, grid=1, block=32))
@@ -283,8 +288,8 @@ def test_template_encoder_matches_the_driver_bindings(device, rng):
 
 
 def test_ptx_table_matches_the_driver(device):
-    names = [("probe", "echo_args"), ("probe", "big_smem"), ("probe", "empty_kernel"),
-             ("probe", "cluster_probe")]
+    names = [("probe", "echo_args"), ("probe", "big_smem"), ("bench", "empty_kernel"),
+             ("bench", "cluster_probe")]
     kerns = [tf.Kernel(source(f), n, filename=f"{f}.cu") for f, n in names]
     plan = examples.softmax_plan((64, 1024))
     kerns.append(examples.get_kernel("softmax", plan[1], plan[2]))

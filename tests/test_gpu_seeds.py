@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.kernels import source
+from kernel_sources import source
 from tmaflow.testing import poison
 
 pytestmark = pytest.mark.gpu

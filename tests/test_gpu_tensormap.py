@@ -10,7 +10,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import driver
 from tmaflow.dtypes import BY_NAME
-from tmaflow.kernels import source
+from kernel_sources import source
 from tmaflow.tensormap import TensorMapSpec
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.kernels import source
+from kernel_sources import source
 
 pytestmark = pytest.mark.gpu
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.kernels import source
+from kernel_sources import source
 
 
 def _in_threads(fn, n=8):

@@ -258,7 +258,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
 
     rows = []
     cu = driver.cu()
-    k = Kernel(source("probe"), "empty_kernel", filename="probe.cu")
+    k = Kernel(source("bench"), "empty_kernel", filename="bench.cu")
     a = empty((256, 256), "float32")
     ta, tb = TensorMap.tiled(a, (32, 32)), TensorMap.tiled(a, (64, 64))
     bound = k.bind(grid=1, block=32)
@@ -385,7 +385,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     t0 = time.perf_counter()
     import tmaflow as tf
     from tmaflow.kernels import source
-    k = tf.Kernel(source("probe"), "cluster_probe", options=(sys.argv[1],))
+    k = tf.Kernel(source("bench"), "cluster_probe", options=(sys.argv[1],))
     k.cubin
     print(time.perf_counter() - t0, k.program.cache_hit or "compiled")
 """)
@@ -407,9 +407,9 @@ def compile_times(tmpdir: str) -> dict:
     from .kernels import source
 
     os.environ["TMAFLOW_CACHE_DIR"] = tmpdir
-    Kernel(source("probe"), "cluster_probe", options=(tag,)).cubin
+    Kernel(source("bench"), "cluster_probe", options=(tag,)).cubin
     t0 = time.perf_counter()
-    Kernel(source("probe"), "cluster_probe", options=(tag,)).cubin
+    Kernel(source("bench"), "cluster_probe", options=(tag,)).cubin
     mem = time.perf_counter() - t0
     return {"cold_s": cold, "cold_was": how_cold, "disk_hit_new_process_s": disk,
             "disk_was": how_disk, "memory_hit_ms": mem * 1e3}

@@ -14,8 +14,8 @@ from .errors import CompileError, CudaError, TmaflowError
 
 log = logging.getLogger("tmaflow.compiler")
 
-KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
-SHIM_DIR = KERNELS_DIR / "shim"
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"  # the device library: <tmaflow.cuh>
+SHIM_DIR = INCLUDE_DIR / "shim"                               # <cuda.h> under NVRTC
 DEFAULT_ARCH = "sm_90a"
 
 
@@ -74,7 +74,7 @@ def _wheel_header_dirs() -> dict[str, str]:
 def include_dirs() -> tuple[str, ...]:
     """The shim (``<cuda.h>`` under NVRTC) first, tmaflow's headers, then CCCL and cudart:
     from the wheels matching NVRTC's version, else wherever cuda-pathfinder finds them."""
-    dirs = [str(SHIM_DIR), str(KERNELS_DIR)]
+    dirs = [str(SHIM_DIR), str(INCLUDE_DIR)]
     wheels = _wheel_header_dirs()
     if len(wheels) == 2:
         return tuple(dirs + [wheels["cccl"], wheels["cudart"]])
@@ -118,9 +118,9 @@ def nvrtc_version() -> tuple[int, int]:
 def _headers_digest() -> str:
     """Hash of every tmaflow header, so a header edit invalidates every cached kernel."""
     h = hashlib.sha256()
-    for path in sorted(KERNELS_DIR.rglob("*")):
+    for path in sorted(INCLUDE_DIR.rglob("*")):
         if path.suffix in (".cuh", ".h") and path.is_file():
-            h.update(str(path.relative_to(KERNELS_DIR)).encode())
+            h.update(str(path.relative_to(INCLUDE_DIR)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
 

@@ -20,7 +20,7 @@ STICKY = {700, 701, 702, 709, 714, 715, 716, 717, 718, 719, 720}
 
 
 class Record(ctypes.Structure):
-    # Mirrors tmaflow::debug::Record in kernels/tmaflow/debug.cuh.
+    # Mirrors tmaflow::debug::Record in include/tmaflow/debug.cuh.
     _fields_ = [("magic", ctypes.c_uint32), ("block", ctypes.c_uint32 * 3),
                 ("thread", ctypes.c_uint32), ("cluster_rank", ctypes.c_uint32),
                 ("smem_offset", ctypes.c_uint32), ("stage", ctypes.c_int32),

@@ -32,7 +32,7 @@ def per_call(fn, n=20000, rounds=5):
 def main():
     cu = driver.cu()
     rows = {}
-    k = tf.Kernel(source("probe"), "empty_kernel", filename="probe.cu")
+    k = tf.Kernel(source("bench"), "empty_kernel", filename="bench.cu")
     a = tf.empty((256, 256), "float32")
     ta, tb = tf.TensorMap.tiled(a, (32, 32)), tf.TensorMap.tiled(a, (64, 64))
     bound = k.bind(grid=1, block=32)
@@ -65,7 +65,7 @@ def main():
     rows["maps: bound.packer.pack (checked)"] = per_call(lambda: bound.packer.pack((ta, tb, 1, 2.0, 3)), n=5000)
     rows["maps: launch"] = per_call(lambda: k.launch(ta, tb, 1, 2.0, 3, grid=1, block=32))
     src = bound.func.source
-    kx = tf.Kernel(source("probe"), "cluster_probe", filename="probe.cu")
+    kx = tf.Kernel(source("bench"), "cluster_probe", filename="bench.cu")
     out = tf.empty(64, "uint32")
     bx = kx.bind(grid=1, block=32)
     packer_x = bx.packer.__class__(bx.module.params)

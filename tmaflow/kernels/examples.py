@@ -8,35 +8,12 @@ from threading import get_ident
 
 from ..device import current_device, current_ordinal
 from ..errors import TmaflowError
-from ..kernel import Kernel
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
-from . import source
+from .registry import get_kernel
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
                     new_output, on_current_device, output_strides, stream_key)
-
-_kernels: dict[tuple, Kernel] = {}
-
-
-_FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
-          "reduce_add": "reduce", "broadcast_scale": "broadcast", "axpb_ldgsts": "axpb",
-          "axpb_tma": "axpb", "gemm_bf16": "gemm"}
-
-
-def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = None,
-               file: str | None = None, debug: bool | None = None) -> Kernel:
-    """One Kernel per (file, name, defines, generated layout)."""
-    file = file or _FILES[name]
-    key = (file, name, tuple(sorted((defines or {}).items())),
-           layout.header() if layout is not None else "", debug)
-    k = _kernels.get(key)
-    if k is None:
-        k = Kernel(source(file), name, defines=defines, layout=layout, filename=f"{file}.cu",
-                   debug=debug)
-        _kernels[key] = k
-    return k
-
 
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))

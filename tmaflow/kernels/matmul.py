@@ -19,7 +19,7 @@ from ..memory import DeviceArray, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,
                     on_current_device, output_strides, stream_key)
-from .examples import get_kernel
+from .registry import get_kernel
 
 BM, BK = 128, 64
 LAYOUTS = ("nt", "nn")

@@ -1,0 +1,28 @@
+"""One compiled ``Kernel`` per (source file, kernel name, defines, generated layout, debug):
+what the entry points share, so a plan seen twice compiles and loads once."""
+from __future__ import annotations
+
+from ..kernel import Kernel
+from ..layout import SharedLayout
+from . import source
+
+_kernels: dict[tuple, Kernel] = {}
+
+
+_FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
+          "reduce_add": "reduce", "broadcast_scale": "broadcast", "axpb_ldgsts": "axpb",
+          "axpb_tma": "axpb", "gemm_bf16": "gemm"}
+
+
+def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = None,
+               file: str | None = None, debug: bool | None = None) -> Kernel:
+    """One Kernel per (file, name, defines, generated layout)."""
+    file = file or _FILES[name]
+    key = (file, name, tuple(sorted((defines or {}).items())),
+           layout.header() if layout is not None else "", debug)
+    k = _kernels.get(key)
+    if k is None:
+        k = Kernel(source(file), name, defines=defines, layout=layout, filename=f"{file}.cu",
+                   debug=debug)
+        _kernels[key] = k
+    return k
