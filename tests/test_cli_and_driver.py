@@ -133,3 +133,15 @@ def test_cache_info_while_another_process_clears(tmp_path, monkeypatch):
         assert 0 <= got["entries"] <= 200 and got["bytes"] == 100 * got["entries"]
     t.join()
     assert not errors and cache.info()["entries"] == 0
+
+
+def test_device_library_page_is_current():
+    """docs/device-library.md is generated from the headers; a header edit must regenerate it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "tools" / "device_reference.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout

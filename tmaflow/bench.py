@@ -46,6 +46,19 @@ class Timer:
             samples.append(driver.call("cuEventElapsedTime", self.start, self.stop) / 1e3 / batch)
         return statistics.median(samples)
 
+    def close(self) -> None:
+        """Destroy the two events."""
+        for event in (self.start, self.stop):
+            if event is not None:
+                driver.call("cuEventDestroy", event)
+        self.start = self.stop = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def paired(self, fns: dict, repeats: int = 10, batch: int = 1, warmup: int = 3) -> dict:
         """Seconds per call of each function, sampled in turns (one sample of each per round,
         so clock drift hits all alike). Each sample follows ``warmup`` untimed calls of the same
@@ -74,9 +87,13 @@ def memcpy_bandwidth(nbytes: int, timer: Timer, repeats: int) -> float:
 
 
 def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
+    with Timer() as timer:
+        return _bandwidth_rows(timer, repeats, quick)
+
+
+def _bandwidth_rows(timer: "Timer", repeats: int, quick: bool) -> list[dict]:
     from .kernels import examples as ex
 
-    timer = Timer()
     size = GiB // (8 if quick else 1)
     rows = []
     ceiling = memcpy_bandwidth(size, timer, repeats)

@@ -79,7 +79,8 @@ def _demo_gemm(n: int = 4096) -> bool:
     A, B = (from_numpy(x, dtype="bfloat16") for x in bits)
     out = empty((n, n), "bfloat16").fill_bytes(0xFF)
     run = gemm.prepare(A, B, out)
-    seconds = Timer().time(run, repeats=10)
+    with Timer() as timer:
+        seconds = timer.time(run, repeats=10)
     got = bf16_to_float32(out.numpy()[:256])
     av, bv = (bf16_to_float32(x).astype(np.float64) for x in bits)
     ref = av[:256] @ bv.T

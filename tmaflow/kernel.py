@@ -102,9 +102,13 @@ class _Module:
 class Kernel:
     """A CUDA C++ kernel compiled with NVRTC to CUBIN.
 
-    ``cubin``, ``ptx`` and ``resources`` need no GPU. ``launch`` loads the module on the
-    current device the first time and checks every argument against the kernel's own
-    parameter table.
+    ``Kernel(source, name, defines=None, layout=None, arch=None, options=(), debug=None)``:
+    ``name`` is the ``__global__`` function (a C++ name expression for templates);
+    ``layout`` a ``SharedLayout`` whose header the source includes as
+    ``"tmaflow_layout.cuh"``; ``debug`` (default ``TMAFLOW_DEBUG``) bounds every barrier wait
+    so a hang is a ``DeadlockError``. ``cubin``, ``ptx``, ``resources``, ``params`` and
+    ``check_args`` need no GPU. ``launch`` / ``bind`` load the module on the current device
+    the first time; ``close`` unloads it.
     """
 
     def __init__(self, source: str, name: str, *, defines: dict | None = None, layout=None,

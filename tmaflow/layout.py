@@ -249,7 +249,12 @@ class Placement:
 
 
 class SharedLayout:
-    """Offsets for every item; the total is checked against ``limit`` (227 KB on Hopper)."""
+    """A kernel's dynamic shared memory: ``Pipeline``, ``Barrier`` and ``Buffer`` items placed in
+    order, each at its alignment (1024 B for 128B-swizzled tiles); the total is checked against
+    ``limit`` (227 KB on Hopper). ``header()`` is the generated ``tmaflow_layout.cuh`` a kernel
+    includes (``Kernel(..., layout=...)`` adds it): ``tmaflow_layout::Smem S(smem)`` gives every
+    item by name, with its arrival counts, transaction bytes and multicast masks.
+    ``total_bytes`` is what a launch passes as dynamic smem by default."""
 
     def __init__(self, items, limit: int = HOPPER_SMEM_LIMIT):
         self.items = list(items)

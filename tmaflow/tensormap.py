@@ -84,6 +84,16 @@ class TensorMapSpec:
     def tiled(cls, dtype, shape, box, *, strides=None, element_strides=None, swizzle="none",
               interleave="none", l2_promotion="none", oob_fill="zero", address=None,
               arch: str = "sm_90a") -> "TensorMapSpec":
+        """Check every encode rule for a tiled map, without a driver.
+
+        ``dtype``: a name ("bfloat16", "float32", "tf32", ...), numpy or torch dtype.
+        ``shape``, ``box``, ``strides`` (bytes; default C-contiguous) and ``element_strides``
+        are row-major, outermost first; the inner dim must be contiguous. ``swizzle``:
+        "none" | "32B" | "64B" | "128B"; ``interleave``: "none" | "16B" | "32B";
+        ``l2_promotion``: "none" | "64B" | "128B" | "256B"; ``oob_fill``: "zero" | "nan";
+        ``address``: the global address (16-byte aligned, below 2^57), if known.
+        A broken rule is a ``TensorMapError`` naming the field, the value and the fix.
+        """
         dt, shape, strides, estrides, opts = _common(dtype, shape, strides, element_strides,
                                                      swizzle, interleave, l2_promotion, oob_fill,
                                                      address, arch, ranks=(1, 5))

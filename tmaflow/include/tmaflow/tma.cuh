@@ -89,8 +89,10 @@ TMAFLOW_TMA_RANKS_ST_HINT(TMAFLOW_STORE_HINT)
   X(5, "{%2, %3, %4, %5, %6}", (int c0, int c1, int c2, int c3, int c4), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4))
 
 // cp.async.bulk.tensor.Nd.global.shared::cta.tile.bulk_group — store the box from `src`;
-// out-of-bounds elements are not written. Coordinates must be non-negative. Before it, each
-// thread that wrote `src` needs fence::proxy_async_shared_cta() and then a CTA barrier.
+// out-of-bounds elements are not written, except that the innermost dim is clipped at 16-byte
+// granularity (a row of 20 B gets 32 B: TensorMapSpec.store_spill_bytes). Coordinates must be
+// non-negative. Before it, each thread that wrote `src` needs fence::proxy_async_shared_cta()
+// and then a CTA barrier.
 #define TMAFLOW_STORE(N, COORDS, PARAMS, ...) \
   TMAFLOW_DEVICE void store(const CUtensorMap* map, const void* src, TMAFLOW_UNPAREN PARAMS) { \
     TMAFLOW_ASYNC_GUARD(); \
