@@ -418,3 +418,65 @@ class _BadDLPack:
 
 cpu("foreign arrays", "__dlpack__ that raises", TE, r"__dlpack__ .*the exporter failed", lambda: tf.as_array(_BadDLPack()))
 cpu("foreign arrays", "__dlpack__ returning garbage", TE, r"__dlpack__", lambda: tf.as_array(type("D", (), {"__dlpack__": lambda self, *a, **k: 42})()))
+
+# tf.empty / tf.zeros and the entry points: hostile shapes, dtypes, arrays (checked before any
+# device work, so these run without a GPU)
+for _label, _value in HOSTILE.items():
+    if _label not in ("a nested list",):
+        cpu("hostile types: arrays", f"tf.empty shape = {_label}", TE, r"shape=|must be",
+            lambda v=_value: tf.empty(v if not isinstance(v, list) else v, "float32"))
+    cpu("hostile types: arrays", f"tf.empty dtype = {_label}", E, r"dtype=", lambda v=_value: tf.empty((4,), v))
+    for _entry in ("copy", "softmax", "transpose"):
+        cpu("hostile types: entry points", f"kernels.{_entry}(x = {_label})", TE, r"as_array|not a device array",
+            lambda v=_value, e=_entry: getattr(ex, e)(v))
+    cpu("hostile types: entry points", f"kernels.gemm(a = {_label})", TE, r"as_array|not a device array",
+        lambda v=_value: gemm(v, _bf((64, 32))))
+
+# Kernel construction: options, defines, flags
+_K = "extern \"C\" __global__ void k() {}"
+for _what, _kw, _pattern in (
+        ("options given as one string", dict(options="-lineinfo"), r"options='-lineinfo' must be a list or tuple of strings"),
+        ("an option that is not a string", dict(options=[1]), r"option 1 must be a non-empty one-line string"),
+        ("an option with a newline", dict(options=["-DX\n-DY"]), r"must be a non-empty one-line string"),
+        ("-dlto (no CUBIN)", dict(options=["-dlto"]), r"option '-dlto' makes NVRTC emit no CUBIN"),
+        ("-ptx (no CUBIN)", dict(options=["-ptx"]), r"option '-ptx' makes NVRTC emit no CUBIN"),
+        ("options of another type", dict(options=42), r"options=42 must be a list or tuple"),
+        ("a define with a newline", dict(defines={"A": "1\n#include <x>"}), r"defines\['A'\]=.* must be one line"),
+        ("a define with a NUL", dict(defines={"A": "1\0"}), r"must be one line"),
+        ("a define keyed None", dict(defines={None: 1}), r"defines key None must be a C identifier"),
+        ("a define keyed by a number", dict(defines={1: 1}), r"defines key 1 must be a C identifier"),
+        ("a define name with a space", dict(defines={"A B": 1}), r"defines key 'A B' must be a C identifier"),
+        ("a define value that is a list", dict(defines={"X": [1]}), r"defines\['X'\]=\[1\] must be a str"),
+        ("defines as a list", dict(defines=[("X", 1)]), r"defines=\[\('X', 1\)\] must be a dict"),
+        ("debug as a string", dict(debug="yes"), r"debug='yes' must be True, False or None"),
+        ("a negative watchdog", dict(watchdog_seconds=-1), r"watchdog_seconds=-1 must be a positive"),
+        ("a NaN watchdog", dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a positive"),
+        ("a watchdog given as text", dict(watchdog_seconds="1"), r"watchdog_seconds='1' must be a positive")):
+    cpu("Kernel inputs", _what, TE, _pattern, lambda kw=_kw: tf.Kernel(_K, "k", **kw))
+cpu("Kernel inputs", "a NUL in the source", TE, r"source has a NUL character", lambda: tf.Kernel("int x\0;" + _K, "k"))
+cpu("Kernel inputs", "a NUL in the name", TE, r"must name a __global__ function", lambda: tf.Kernel(_K, "k\0"))
+
+
+def _with_env(name, value, action):
+    import os
+
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        return action()
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+for _name, _value, _action in (
+        ("TMAFLOW_WATCHDOG_S", "abc", lambda: tf.Kernel(_K, "k", debug=True)),
+        ("TMAFLOW_WATCHDOG_S", "-1", lambda: tf.Kernel(_K, "k", debug=True)),
+        ("TMAFLOW_WATCHDOG_S", "inf", lambda: tf.Kernel(_K, "k", debug=True)),
+        ("TMAFLOW_DEBUG", "2", lambda: tf.Kernel(_K, "k")),
+        ("TMAFLOW_DEBUG", "maybe", lambda: tf.Kernel(_K, "k")),
+        ("TMAFLOW_CACHE", "maybe", lambda: tf.Kernel(_K + " ", "k").cubin)):
+    cpu("environment", f"{_name}={_value}", TE, rf"{_name}='{_value}' must be",
+        lambda n=_name, v=_value, a=_action: _with_env(n, v, a))

@@ -225,11 +225,14 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     freed) in order on ``stream`` (default: the legacy default stream). Using it on another
     stream is fine once that stream is ordered after the allocation; free it only after the
     work on other streams finished (as with torch's caching allocator)."""
-    if isinstance(shape, int):
+    given = shape
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (shape,)
-    dt = as_dtype(dtype)
-    if any((not isinstance(n, (int, np.integer))) or n < 0 for n in shape):
+    if not isinstance(shape, (tuple, list)) and type(shape).__name__ != "Size":
+        raise TmaflowError(f"shape={given!r} must be an int or a tuple of non-negative ints")
+    if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
         raise TmaflowError(f"shape={tuple(shape)!r}: every extent must be a non-negative int")
+    dt = as_dtype(dtype)
     shape = tuple(int(n) for n in shape)
     dev = device or current_device()
     alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
