@@ -308,3 +308,17 @@ def test_kernel_close_unloads_and_reloads(device):
     k.launch(out, 1024, 5, grid=1, block=64, smem=1024)
     got = out.numpy()
     assert got[0] == big_smem_expect(255, 5) and got[255] == big_smem_expect(0, 5)
+
+
+def test_entry_points_after_a_context_reset(device, rng):
+    """A reset takes every loaded function with it: the entry points' prepared launches must
+    be rebuilt, not replayed with dead handles."""
+    host = rng.standard_normal((64, 512)).astype(np.float32)
+    ref = np.exp(host - host.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    np.testing.assert_allclose(kernels.softmax(tf.from_numpy(host)).numpy(), ref, rtol=1e-5, atol=1e-8)
+    old = tf.from_numpy(host)
+    tf.current_device().reset()
+    with pytest.raises(tf.TmaflowError, match=r"was freed"):
+        kernels.softmax(old)  # its memory went with the context
+    np.testing.assert_allclose(kernels.softmax(tf.from_numpy(host)).numpy(), ref, rtol=1e-5, atol=1e-8)

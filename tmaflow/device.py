@@ -80,6 +80,8 @@ class Device:
         """
         driver.call("cuDevicePrimaryCtxReset", self.handle)
         self.generation += 1
+        for forget in _reset_listeners:
+            forget()
         for allocation in list(self._allocations):
             allocation.live = False
         self._allocations = weakref.WeakSet()
@@ -114,6 +116,13 @@ class Device:
 
 
 _thread = threading.local()
+_reset_listeners: list = []
+
+
+def on_reset(forget) -> None:
+    """Call ``forget()`` whenever a device's context is reset (caches of launchers, whose
+    function handles died with it)."""
+    _reset_listeners.append(forget)
 
 
 def device_of(ordinal: int) -> Device:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 
-from ..device import current_ordinal
+from ..device import current_ordinal, on_reset
 from ..errors import TmaflowError
 from ..memory import DeviceArray, as_array, empty
 from ..memory import _contiguous_strides as contiguous_strides
@@ -57,6 +57,7 @@ def entry_point(prepare):
 # Prepared states of every entry point, keyed by (entry name, ..., thread ident): launchers
 # belong to one thread. Entry points look up ``STATES[key]`` inline and build on a miss.
 STATES: dict = {}
+on_reset(STATES.clear)  # a reset context took the launchers' functions with it
 
 
 def cached_state(key: tuple, build):
