@@ -76,9 +76,6 @@ def as_dtype(obj) -> DType:
         key = str(obj).split(".")[-1]  # torch.bfloat16 -> "bfloat16"
     elif isinstance(obj, np.dtype) or (isinstance(obj, type) and issubclass(obj, np.generic)):
         key = np.dtype(obj).name  # a numpy dtype or scalar type; not None (numpy's float64)
-    elif hasattr(obj, "dtype") and isinstance(getattr(obj, "dtype"), np.dtype) and \
-            not isinstance(obj, np.generic):
-        key = obj.dtype.name  # e.g. ml_dtypes types expose .dtype
     if key is not None:
         key = _ALIASES.get(key, key)
         if key in BY_NAME:
