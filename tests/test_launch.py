@@ -193,3 +193,19 @@ def test_unsigned_values_past_the_signed_range_fall_back_to_the_checked_path():
     assert struct.unpack_from("<I", run.calls[-1][1], 8)[0] == 2**32 - 1
     run(arr, 9)
     assert struct.unpack_from("<i", run.calls[-1][1], 8)[0] == 9 and len(run.calls) == 3
+
+
+def test_driver_launch_config_carries_cluster_and_pdl():
+    """The CUlaunchConfig a launcher builds (no GPU needed to build one)."""
+    cu = tf.driver.cu()
+    run = fake_launcher(TABLE)
+    run.config = LaunchConfig(grid=8, block=128, cluster=2, smem=1024, pdl=True)
+    run._configs = {}
+    cfg = run.cu_config(0x1234)
+    assert (cfg.gridDimX, cfg.blockDimX, cfg.sharedMemBytes) == (8, 128, 1024)
+    ids = [a.id for a in cfg.attrs]
+    assert ids == [cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+                   cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert cfg.attrs[0].value.clusterDim.x == 2 and cfg.numAttrs == 2
+    assert cfg.attrs[1].value.programmaticStreamSerializationAllowed == 1
+    assert run.cu_config(0x1234) is cfg  # one per stream
