@@ -2,7 +2,6 @@
 repeats, reported with its ratio to a ceiling or peer measured in the same run."""
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import statistics

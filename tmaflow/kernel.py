@@ -10,7 +10,7 @@ from pathlib import Path
 from . import compiler, driver, watchdog
 from .device import Device, _switched, current_device, current_ordinal
 from .errors import LaunchError, TmaflowError
-from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher, dims
+from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
 from .params import ArgPacker, Param, param_table
 
 log = logging.getLogger("tmaflow.kernel")
