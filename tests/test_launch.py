@@ -209,3 +209,26 @@ def test_driver_launch_config_carries_cluster_and_pdl():
     assert cfg.attrs[0].value.clusterDim.x == 2 and cfg.numAttrs == 2
     assert cfg.attrs[1].value.programmaticStreamSerializationAllowed == 1
     assert run.cu_config(0x1234) is cfg  # one per stream
+
+
+def test_stream_none_follows_the_arrays_framework(monkeypatch):
+    """stream=None: torch's current stream for torch arrays, else cupy's, else stream 0
+    (fake framework modules: the rule, not the libraries, is under test)."""
+    import sys
+    import types
+
+    from tmaflow.launch import _current_stream
+
+    fake_torch = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda o: 0x7000 + o))
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0x9000)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    assert _current_stream({None}) is None
+    assert _current_stream({"torch", "cupy"})(1) == 0x7001
+    assert _current_stream({"cupy", None})(0) == 0x9000
+    run = fake_launcher(TABLE, stream=None)
+    run.ordinal = 2
+    assert run.stream_for({"torch"}) == 0x7002 and run.stream_for({None}) == 0
+    run.config = LaunchConfig(1, 32, stream=5)
+    assert run.stream_for({"torch"}) == 5

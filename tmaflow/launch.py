@@ -123,17 +123,17 @@ def _type_key(args: tuple) -> tuple:
                  for a in args)
 
 
-def _framework_stream(frameworks, ordinal: int):
-    """(expression, scope) of the stream for ``stream=None`` given the arguments' frameworks."""
+def _current_stream(frameworks):
+    """``current(ordinal) -> stream handle`` for ``stream=None`` with arrays of these
+    frameworks, or None for the legacy default stream."""
     if "torch" in frameworks:
         torch = sys.modules["torch"]
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        if raw is None:
-            return "current_stream(ORD).cuda_stream", {"current_stream": torch.cuda.current_stream}
-        return "raw_stream(ORD)", {"raw_stream": raw}
+        return raw or (lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream)
     if "cupy" in frameworks:
-        return "cupy_stream().ptr", {"cupy_stream": sys.modules["cupy"].cuda.get_current_stream}
-    return "0", {}
+        get = sys.modules["cupy"].cuda.get_current_stream
+        return lambda ordinal: get().ptr
+    return None
 
 
 class Launcher(functools.partial):
@@ -213,8 +213,8 @@ class Launcher(functools.partial):
         """The stream a call with arrays of these frameworks launches on."""
         if self.config.stream is not None:
             return self.config.stream
-        expr, scope = _framework_stream(frameworks, self.ordinal)
-        return int(eval(expr, dict(scope, ORD=self.ordinal)))  # noqa: S307 - our expression
+        current = _current_stream(frameworks)
+        return int(current(self.ordinal)) if current is not None else 0
 
     def max_active_clusters(self) -> int:
         """How many clusters of this configuration the device runs at once (its GPCs may not
@@ -254,7 +254,7 @@ class Launcher(functools.partial):
         from .memory import _origin_of
 
         kp = self.packer.pack(args, self.ordinal)
-        frameworks = {_origin_of(a) if type(a).__name__ != "TensorMap" else a._origin for a in args}
+        frameworks = {_origin_of(a) for a in args}
         stream = self.stream_for(frameworks)
         cfg = self.cu_config(stream)
         if self._watch is None:
@@ -282,10 +282,7 @@ class Launcher(functools.partial):
         if plan is None:
             return Launcher._checked_call
         checks, values, fmt, frameworks = plan
-        from .memory import DeviceArray
-        from .tensormap import TensorMap
-
-        scope = {"TensorMap": TensorMap, "DeviceArray": DeviceArray, "struct": struct,
+        scope = {"struct": struct,
                  "pack_into": struct.Struct(fmt).pack_into, "buf": self.packer.buffer,
                  "kp": self.packer.kernel_params, "launch": self._launch,
                  "function": self._function, "on_error": self._raise, "ORD": self.ordinal,
@@ -307,12 +304,12 @@ class Launcher(functools.partial):
                  "except (AttributeError, struct.error, OverflowError, ValueError, TypeError):",
                  f"    return self._checked({args_expr})",
                  f"if bad: return self._dispatch({args_expr})"]
-        expr, extra = _framework_stream(frameworks, self.ordinal)
-        if self.config.stream is not None or expr == "0":
+        current = _current_stream(frameworks)
+        if self.config.stream is not None or current is None:
             scope["cfg"] = self.cu_config(self.stream_for(frameworks))
         else:
-            scope.update(extra)
-            lines += [f"s = {expr}", "cfg = configs.get(s)",
+            scope["current_stream"] = current
+            lines += ["s = current_stream(ORD)", "cfg = configs.get(s)",
                       "if cfg is None: cfg = make_config(s)"]
         lines += ["(err,) = launch(cfg, function, kp, 0)", "if err is not SUCCESS and err: on_error(err)"]
         src = f"def launch_{'_'.join(type(a).__name__ for a in args)}({signature}):\n" + \

@@ -106,13 +106,13 @@ _AXES = {"x": 0, "y": 1, "z": 2}
 
 
 def _cluster(name: str, cluster) -> tuple[int, int, int]:
-    given = cluster
-    if isinstance(cluster, int) and not isinstance(cluster, bool):
-        cluster = (cluster,)
-    if not isinstance(cluster, (tuple, list)) or not 1 <= len(cluster) <= 3 or any(
-            isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in cluster):
-        raise LayoutError(f"Pipeline {name!r}: cluster={given!r} must be an int or 1-3 ints >= 1")
-    return tuple(cluster) + (1,) * (3 - len(cluster))
+    from .errors import LaunchError
+    from .launch import dims
+
+    try:
+        return dims("cluster", cluster)
+    except LaunchError as exc:
+        raise LayoutError(f"Pipeline {name!r}: {exc}") from None
 
 
 @dataclass(frozen=True, init=False)

@@ -30,7 +30,6 @@ class _Unowned:
     "cupy"), so the launch fast path tests liveness and origin in one comparison."""
 
     __slots__ = ("live",)
-    stream = None
 
     def __init__(self, live):
         self.live = live
@@ -45,13 +44,13 @@ class _Allocation:
     stream it was allocated on) or when the last view dies. ``live`` is read by the launch
     fast path: it turns False at the free, or when the device's context is reset."""
 
-    __slots__ = ("device", "nbytes", "size", "ptr", "live", "stream", "generation",
-                 "_stream_owner", "__weakref__")
+    __slots__ = ("device", "size", "ptr", "live", "stream", "generation", "_stream_owner",
+                 "__weakref__")
 
     def __init__(self, nbytes: int, device: Device, stream=None):
+        """``device`` must be current (``empty`` made it so)."""
         self.live = False  # until the pointer exists (a failed allocation frees nothing)
-        self.device = device.activate()
-        self.nbytes = nbytes
+        self.device = device
         self._stream_owner = stream  # a tf.Stream stays referenced until the free
         self.stream = stream_handle(stream) if stream is not None else 0
         self.generation = device.generation
@@ -77,10 +76,6 @@ class _Allocation:
 
     __del__ = free  # the last view died (CPython frees at once; no finalizer registry)
 
-    @property
-    def alive(self) -> bool:
-        return self.live
-
 
 class DeviceArray:
     """A strided view of device memory: ``ptr``, ``shape``, ``strides`` (bytes), ``dtype``.
@@ -101,19 +96,18 @@ class DeviceArray:
         self._alloc = owned if isinstance(owned, _Allocation) else FOREIGN[self._origin]
 
     @classmethod
-    def _view(cls, ptr: int, shape: tuple, dtype: DType, strides: tuple, owner, device, origin):
+    def _view(cls, ptr: int, shape: tuple, dtype: DType, strides: tuple, owner, device, origin,
+              alloc=None):
         """A view from already-normalised parts (the fast interop path)."""
         a = object.__new__(cls)
         a.dtype, a.shape, a.strides, a.ptr, a.owner, a.device = dtype, shape, strides, ptr, owner, device
-        a._alloc, a._origin = FOREIGN[origin], origin
+        a._alloc, a._origin = alloc or FOREIGN[origin], origin
         return a
 
     def _as(self, shape: tuple, strides: tuple) -> "DeviceArray":
         """The same memory under another (already checked) layout: the entry points' reshape."""
-        view = DeviceArray._view(self.ptr, shape, self.dtype, strides, self.owner, self.device,
-                                 self._origin)
-        view._alloc = self._alloc
-        return view
+        return DeviceArray._view(self.ptr, shape, self.dtype, strides, self.owner, self.device,
+                                 self._origin, self._alloc)
 
     # --- properties ---------------------------------------------------------
     @property
@@ -149,11 +143,7 @@ class DeviceArray:
         if math.prod(shape) != self.size:
             raise TmaflowError(f"reshape: shape {tuple(shape)} does not hold {self.size} elements")
         shape = tuple(int(n) for n in shape)
-        view = DeviceArray._view(self.ptr, shape, self.dtype,
-                                 _contiguous_strides(shape, self.dtype.itemsize), self.owner,
-                                 self.device, self._origin)
-        view._alloc = self._alloc
-        return view
+        return self._as(shape, _contiguous_strides(shape, self.dtype.itemsize))
 
     def free(self) -> None:
         """Release tmaflow-owned memory now (views of it become dead). The free is ordered on
@@ -234,12 +224,10 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
         raise TmaflowError(f"shape={tuple(shape)!r}: every extent must be a non-negative int")
     dt = as_dtype(dtype)
     shape = tuple(int(n) for n in shape)
-    dev = device or current_device()
+    dev = device.activate() if device is not None else current_device()  # current either way
     alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
-    arr = DeviceArray._view(alloc.ptr, shape, dt, _contiguous_strides(shape, dt.itemsize), alloc,
-                            dev, None)
-    arr._alloc = alloc
-    return arr
+    return DeviceArray._view(alloc.ptr, shape, dt, _contiguous_strides(shape, dt.itemsize), alloc,
+                             dev, None, alloc)
 
 
 def zeros(shape, dtype="float32", device: Device | None = None) -> DeviceArray:
@@ -262,10 +250,16 @@ _CAI_TYPES = {"<f2": "float16", "<f4": "float32", "<f8": "float64", "|u1": "uint
 
 # --- foreign arrays: fast views of the libraries we know, protocols for the rest ---------------
 
+_NO_ORIGIN = object()
+
 def _origin_of(obj) -> str | None:
-    """"torch" / "cupy" when ``obj`` (or the array a view is of) belongs to that library."""
-    if isinstance(obj, DeviceArray):
-        return obj._origin
+    """"torch" / "cupy" when ``obj`` (or the array a view or tensor map is of, or a DLPack
+    capsule's exporter) belongs to that library."""
+    if isinstance(obj, _DLPackOwner):
+        obj = obj.obj
+    origin = getattr(obj, "_origin", _NO_ORIGIN)  # DeviceArray, TensorMap
+    if origin is not _NO_ORIGIN:
+        return origin
     mod = type(obj).__module__ or ""
     if mod.startswith("torch"):
         return "torch"
@@ -337,11 +331,8 @@ def as_array(obj, dtype=None) -> DeviceArray:
             raise
         except Exception as exc:
             raise TmaflowError(f"as_array: __dlpack__ of {type(obj).__name__} failed: {exc}") from None
-        arr = DeviceArray(ptr, shape, as_dtype(dtype) if dtype else dt, strides,
-                          owner=_DLPackOwner(obj, release))
-        arr._origin = _origin_of(obj)
-        arr._alloc = FOREIGN[arr._origin]
-        return arr
+        return DeviceArray(ptr, shape, as_dtype(dtype) if dtype else dt, strides,
+                           owner=_DLPackOwner(obj, release))
     raise TmaflowError(
         f"as_array: {type(obj).__name__} is not a device array (no __cuda_array_interface__ "
         "or __dlpack__); pass a tf.DeviceArray, torch/cupy/jax array, or use tf.from_numpy")

@@ -171,18 +171,8 @@ def _with_spill(g: np.ndarray, extent: int) -> np.ndarray:
     return wide
 
 
-def _byte_bounds(a: np.ndarray) -> tuple[int, int]:
-    """(first, one past last) byte address of ``a``'s memory (numpy's byte_bounds, which
-    moved in numpy 2)."""
-    first = last = a.__array_interface__["data"][0]
-    for n, st in zip(a.shape, a.strides):
-        if n == 0:
-            return first, first
-        if st < 0:
-            first += st * (n - 1)
-        else:
-            last += st * (n - 1)
-    return first, last + a.itemsize
+# numpy's (first, one past last) byte address of an array's memory; moved in numpy 2
+_byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds
 
 
 def _bytes_of(g: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from . import driver
 from .dtypes import DType, as_dtype
 from .errors import TensorMapError, TmaflowWarning
-from .memory import UNOWNED, DeviceArray
+from .memory import DeviceArray
 
 SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
@@ -361,8 +361,7 @@ class TensorMap:
         self.array = array
         self._bytes = raw
         self._storage = None
-        self._alloc = getattr(array, "_alloc", UNOWNED)
-        self._origin = getattr(array, "_origin", None)
+        self._alloc, self._origin = array._alloc, array._origin  # array: a DeviceArray
 
     @classmethod
     def tiled(cls, array, box, *, dtype=None, access: str = "any", **options) -> "TensorMap":
@@ -455,9 +454,6 @@ class TensorMap:
         return f"TensorMap({self.spec!r}, address=0x{self.spec.address or 0:x})"
 
 
-_new_map = object.__new__
-
-
 class MapTemplate:
     """Tensor maps of one validated spec at changing addresses: what an entry point keeps per
     shape, so a call with new buffers costs a dictionary lookup or one driver encode, not a
@@ -479,13 +475,9 @@ class MapTemplate:
             if len(self._maps) >= 256:
                 self._maps.clear()
             hit = self._maps[arr.ptr] = (spec, raw)
-        alloc = arr._alloc
-        if not alloc.live:
+        if not arr._alloc.live:
             raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
-        tm = _new_map(TensorMap)
-        tm.spec, tm.array, tm._bytes, tm._storage, tm._alloc, tm._origin = \
-            hit[0], arr, hit[1], None, alloc, arr._origin
-        return tm
+        return TensorMap(hit[0], arr, hit[1])
 
     def __repr__(self) -> str:
         return f"MapTemplate({self.spec!r}, {len(self._maps)} addresses)"

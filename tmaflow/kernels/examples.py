@@ -23,11 +23,8 @@ def _padded(shape, itemsize: int) -> tuple:
     """Row-major strides of ``shape`` with rows padded to 16 bytes: a plan only needs its
     boxes and byte counts, which do not depend on the pitch; the maps a call encodes use the
     arrays' real strides (which TMA requires to be 16-byte multiples)."""
-    row = -(-shape[-1] * itemsize // 16) * 16
-    strides = [itemsize, row]
-    for n in reversed(shape[1:-1]):
-        strides.append(strides[-1] * n)
-    return tuple(reversed(strides[:len(shape)]))
+    row = -(-shape[-1] * itemsize // 16) * 16 // itemsize  # elements (itemsize divides 16)
+    return contiguous_strides((*shape[:-1], row), itemsize)
 
 
 class _State:
