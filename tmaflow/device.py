@@ -76,8 +76,20 @@ class Device:
         """Recover from a sticky error (a faulted kernel): reset the primary context.
 
         Every allocation and loaded module of this device is invalid afterwards; tmaflow
-        reloads its modules on the next launch and reports old arrays as freed.
+        reloads its modules on the next launch and reports old arrays as freed. torch and
+        cupy share the primary context but cannot be told: their tensors, streams and
+        caching allocators are dead too, so this warns when one of them has initialised CUDA.
         """
+        users = _framework_cuda_users()
+        if users:
+            import warnings
+
+            from .errors import TmaflowWarning
+
+            warnings.warn(f"Device({self.ordinal}).reset(): {' and '.join(users)} initialised CUDA in "
+                          "this process and share the primary context being reset; their tensors, "
+                          "streams and allocator are invalid from now on (restart the process "
+                          "before using them on this device again)", TmaflowWarning, stacklevel=2)
         driver.call("cuDevicePrimaryCtxReset", self.handle)
         self.generation += 1
         for forget in _reset_listeners:
@@ -117,6 +129,18 @@ class Device:
 
 _thread = threading.local()
 _reset_listeners: list = []
+
+
+def _framework_cuda_users() -> list[str]:
+    import sys
+
+    users = []
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized():
+        users.append("torch")
+    if "cupy" in sys.modules:  # cupy cannot say whether it has touched the device: assume so
+        users.append("cupy")
+    return users
 
 
 def on_reset(forget) -> None:
