@@ -40,6 +40,12 @@ def _error_name(err) -> str:
     return getattr(err, "name", str(err))
 
 
+CAPTURE_HINT = ("a CUDA graph capture is in progress: this call cannot be captured, or broke "
+                "the capture (a synchronous copy, memset or allocation, or a launch on the legacy "
+                "stream while another stream captures). Run it once before capturing (warm-up), "
+                "or launch on the capturing stream")
+
+
 def check(call: str, result, detail: str = ""):
     """Unpack a cuda-python result tuple; raise ``CudaError(call, code, name)`` on failure."""
     if isinstance(result, tuple):
@@ -47,6 +53,8 @@ def check(call: str, result, detail: str = ""):
     else:
         err, values = result, ()
     if int(err) != 0:
+        if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*
+            detail = (detail + "; " if detail else "") + CAPTURE_HINT
         raise CudaError(call, int(err), _error_name(err), detail)
     if not values:
         return None

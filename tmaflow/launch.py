@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from . import driver
 from .device import stream_handle
 from .errors import CudaError, LaunchError
+from .graph import ACTIVE as CAPTURING
+from .graph import capturing
 from .params import ArgPacker
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -256,6 +258,16 @@ class Launcher(functools.partial):
         kp = self.packer.pack(args, self.ordinal)
         frameworks = {_origin_of(a) for a in args}
         stream = self.stream_for(frameworks)
+        graph = capturing() if CAPTURING else None
+        if graph is not None:
+            if self.config.stream is None:
+                stream = graph.stream.handle  # stream=None is captured
+            if stream == graph.stream.handle:
+                if self._watch is not None:
+                    raise LaunchError(f"{self.kernel.name}: a debug build synchronises after each "
+                                      "launch and cannot be captured into a graph; capture the "
+                                      "release build (debug=False)")
+                graph.record(self.kernel.name, args)
         cfg = self.cu_config(stream)
         if self._watch is None:
             self._install_plan(args)
@@ -287,7 +299,7 @@ class Launcher(functools.partial):
                  "kp": self.packer.kernel_params, "launch": self._launch,
                  "function": self._function, "on_error": self._raise, "ORD": self.ordinal,
                  "configs": self._configs, "make_config": self.cu_config, "MISSING": _MISSING,
-                 "TORCH": "torch", "CUPY": "cupy",
+                 "TORCH": "torch", "CUPY": "cupy", "CAPTURING": CAPTURING,
                  "SUCCESS": driver.cu().CUresult.CUDA_SUCCESS}
         scope.update({f"T_a{i}": type(a) for i, a in enumerate(args)})
         # Arguments bind to parameters a0.. (defaults and *more only catch a wrong count), so a
@@ -298,7 +310,10 @@ class Launcher(functools.partial):
         signature = ", ".join(["self", *(f"{a}=MISSING" for a in names), "*more"])
         args_expr = f"tuple(a for a in ({', '.join(names)}{',' if n == 1 else ''}) if a is not MISSING) + more"
         fails = " or ".join(["more", *checks]) if n else "more"
-        lines = ["try:",
+        # While any graph captures, every launch takes the checked path (it redirects and
+        # records the launches of the capturing thread); otherwise the test costs one lookup.
+        lines = [f"if CAPTURING: return self._checked({args_expr})",
+                 "try:",
                  f"    bad = {fails}",
                  f"    if not bad: pack_into(buf, 0{''.join(', ' + v for v in values)})",
                  "except (AttributeError, struct.error, OverflowError, ValueError, TypeError):",
@@ -321,9 +336,11 @@ class Launcher(functools.partial):
 
     def _raise(self, err) -> None:
         c = self.config
-        raise CudaError("cuLaunchKernelEx", int(err), driver._error_name(err),
-                        f"{self.kernel.name} grid={c.grid} block={c.block} "
-                        f"cluster={c.cluster} smem={c.smem}")
+        detail = f"{self.kernel.name} grid={c.grid} block={c.block} cluster={c.cluster} smem={c.smem}"
+        if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*
+            detail += ("; " + driver.CAPTURE_HINT + " (under torch.cuda.graph, pass torch tensors or "
+                       "stream=torch.cuda.current_stream(); tmaflow arrays launch on the legacy stream)")
+        raise CudaError("cuLaunchKernelEx", int(err), driver._error_name(err), detail)
 
     def __repr__(self) -> str:
         c = self.config

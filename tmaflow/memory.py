@@ -12,6 +12,8 @@ from . import dlpack, driver
 from .device import Device, current_device, device_of, stream_handle
 from .dtypes import DType, as_dtype
 from .errors import TmaflowError
+from .graph import ACTIVE as CAPTURING
+from .graph import capturing
 from .pool import rounded
 
 
@@ -225,7 +227,12 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     dt = as_dtype(dtype)
     shape = tuple(int(n) for n in shape)
     dev = device.activate() if device is not None else current_device()  # current either way
+    graph = capturing() if CAPTURING else None
+    if graph is not None:
+        stream = None  # eager, on the legacy stream: an allocation is no node of the graph
     alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
+    if graph is not None:
+        graph.own(alloc)  # kept for the replays that write it
     return DeviceArray._view(alloc.ptr, shape, dt, _contiguous_strides(shape, dt.itemsize), alloc,
                              dev, None, alloc)
 

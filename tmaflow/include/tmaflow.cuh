@@ -10,5 +10,6 @@
 #include "tmaflow/bulk.cuh"
 #include "tmaflow/cp_async.cuh"
 #include "tmaflow/cluster.cuh"
+#include "tmaflow/griddep.cuh"
 #include "tmaflow/pipeline.cuh"
 #include "tmaflow/wgmma.cuh"

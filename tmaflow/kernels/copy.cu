@@ -29,6 +29,8 @@ tile_copy(const __grid_constant__ CUtensorMap src, const __grid_constant__ CUten
   tma::prefetch_descriptor(&src);
   tma::prefetch_descriptor(&dst);
   pipe.init();
+  griddep::wait();               // under PDL: the previous kernel's writes are visible
+  griddep::launch_dependents();  // and the next one may start its prologue
 #if defined(EVICT_FIRST)
   const uint64_t policy = tma::make_policy_evict_first();  // streamed once: don't keep it in L2
 #endif

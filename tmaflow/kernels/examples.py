@@ -54,7 +54,7 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
 @entry_point
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
          l2_promotion: str = "none", flatten: bool | None = None, evict_first: bool = True,
-         stores: int = 2, stream=None, debug: bool | None = None):
+         stores: int = 2, stream=None, pdl: bool = False, debug: bool | None = None):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
 
     With ``flatten``, two contiguous arrays are tiled as (size / 256, 256) views, so every box
@@ -68,13 +68,13 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype)
     box_t = tuple(box) if box is not None else None
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
-           l2_promotion, flatten, evict_first, stores, stream_key(stream), a.device,
+           l2_promotion, flatten, evict_first, stores, stream_key(stream), pdl, a.device,
            current_ordinal(), debug, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _copy_state(a, o, box_t, stages, ctas_per_sm, l2_promotion,
-                                                   flatten, evict_first, stores, stream, debug))
+                                                   flatten, evict_first, stores, stream, pdl, debug))
     if o is None:
         dst, o = new_output(src, a, a.shape, None, stream)
     if st.flat:
@@ -83,7 +83,7 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
 
 
 def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first,
-                stores, stream, debug):
+                stores, stream, pdl, debug):
     if a.ndim != 2:
         raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
     on_current_device("copy", a)
@@ -106,7 +106,7 @@ def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_fir
     k = get_kernel("tile_copy", layout, defines, debug=debug)
     tiles_y, tiles_x = math.ceil(shape[0] / box[0]), math.ceil(shape[1] / box[1])
     launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y, ctas_per_sm), block=32,
-                          stream=stream)
+                          stream=stream, pdl=pdl)
     out_spec = TensorMapSpec.tiled(a.dtype, shape, box, l2_promotion=l2_promotion,
                                    strides=None if flat else o_strides)
     in_spec = TensorMapSpec.tiled(a.dtype, shape, box, l2_promotion=l2_promotion,
@@ -181,22 +181,22 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
 
 
 @entry_point
-def softmax(x, out=None, *, stream=None, debug: bool | None = None):
+def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None = None):
     """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
     a = as_array(x)
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
-    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), a.device,
-           current_ordinal(), debug, get_ident())
+    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), pdl,
+           a.device, current_ordinal(), debug, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _softmax_state(a, o, stream, debug))
+        st = cached_state(key, lambda: _softmax_state(a, o, stream, pdl, debug))
     if o is None:
         out, o = new_output(x, a, a.shape, None, stream)
     return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), out
 
 
-def _softmax_state(a, o, stream, debug) -> _State:
+def _softmax_state(a, o, stream, pdl, debug) -> _State:
     if a.ndim != 2 or a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a 2-D float32 array (got {a.shape} {a.dtype})")
     on_current_device("softmax", a)
@@ -205,7 +205,7 @@ def _softmax_state(a, o, stream, debug) -> _State:
     rows = defines["ROWS"]
     groups = math.ceil(a.shape[0] / rows)
     launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],
-                          stream=stream)
+                          stream=stream, pdl=pdl)
     tin = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=a.strides)
     tout = TensorMapSpec.tiled(a.dtype, a.shape, spec.box, strides=output_strides(o, a.shape, 4))
     return _State(launcher, MapTemplate(tin), MapTemplate(tout, "store"), (a.shape[1], groups))

@@ -147,6 +147,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     tma::prefetch_descriptor(&tc);
     pipe.init();
   }
+  griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
+  griddep::launch_dependents();
   cluster::sync();  // every CTA's barriers exist before any multicast signals them
 
   if (wg == 0) {

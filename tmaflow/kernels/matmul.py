@@ -161,7 +161,7 @@ def _template(arr, spec: TensorMapSpec, access: str = "load") -> MapTemplate:
 
 @entry_point
 def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None, stream=None,
-         debug: bool | None = None):
+         pdl: bool = False, debug: bool | None = None):
     """C = A @ B^T (``layout="nt"``: A is M x K, B is N x K) or C = A @ B (``"nn"``: B is K x N)
     for bfloat16 tmaflow, torch or cupy arrays; fp32 accumulation, bfloat16 ``out`` (M x N,
     allocated of the caller's kind when None). ``gemm.prepare(...)`` returns the launch ready
@@ -183,13 +183,13 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
             C.fill_bytes(0)  # an empty sum: C is all zeros
         return None, (), result
     key = ("gemm", A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
-           stream_key(stream), A.device, current_ordinal(), debug, get_ident())
+           stream_key(stream), pdl, A.device, current_ordinal(), debug, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         c_strides = output_strides(C, (m, n), 2)
         st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
-                                                   stream, debug))
+                                                   stream, pdl, debug))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
     tail = st.tail
     if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
@@ -203,7 +203,7 @@ class _GemmState:
         self.__dict__.update(fields)
 
 
-def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, debug) -> _GemmState:
+def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug) -> _GemmState:
     on_current_device("gemm", A)
     C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
@@ -215,7 +215,8 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, debug) -> _Gem
     # (cm M tiles, N tile) groups: one cluster's work item per K split
     tile_groups = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)
     clusters = max(1, min(tile_groups * split, _resident_clusters(kern, cm, device.ordinal)))
-    launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream)
+    launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream,
+                             pdl=pdl)
     ws = None
     if split == 1:
         tail = (0, 0, m, n, k, 1)

@@ -48,6 +48,8 @@ softmax(const __grid_constant__ CUtensorMap in, const __grid_constant__ CUtensor
   };
   if (threadIdx.x == 0) {
     pipe.init();
+    griddep::wait();  // under PDL: the previous kernel's writes are visible
+    griddep::launch_dependents();
     for (int i = 0; i < stages && i < count; ++i) issue_load(i);
   }
   __syncthreads();

@@ -1,0 +1,13 @@
+// Programmatic dependent launch (sm_90): a kernel launched with pdl=True may start while the
+// kernel before it on the stream is still running. It must wait() before it touches global
+// memory the previous kernel writes or reads; launch_dependents() lets the next kernel start.
+#pragma once
+namespace tmaflow { namespace griddep {
+// griddepcontrol.wait — until every prerequisite grid has completed and its memory operations
+// are visible to this grid. Returns at once in a grid launched without PDL.
+TMAFLOW_DEVICE void wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// griddepcontrol.launch_dependents — the dependent grid may be scheduled once every CTA of
+// this grid has issued this (or exited). A hint: the dependent's wait() still waits for this
+// grid's completion, so issuing it early is always correct.
+TMAFLOW_DEVICE void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+}}  // namespace tmaflow::griddep
