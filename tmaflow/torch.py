@@ -1,0 +1,80 @@
+"""tmaflow kernels as torch custom ops, so they run inside ``torch.compile(fullgraph=True)``
+and CUDA graphs like any torch operator.
+
+    import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm}
+    y = torch.ops.tmaflow.softmax(x)
+
+    @tmaflow.torch.op("mylib::scale", fake=lambda x, s: torch.empty_like(x))
+    def scale(x: torch.Tensor, s: float) -> torch.Tensor:
+        y = torch.empty_like(x)
+        my_kernel.launch(x, y, s, x.numel(), grid=..., block=...)
+        return y
+
+A fake (meta) implementation gives torch the output's shape, dtype and strides without
+running anything: torch.compile traces with it. The real implementation launches on the
+current torch stream (tmaflow's ``stream=None`` rule for torch tensors), so a graph captured
+by torch (``torch.cuda.graph``, ``mode="reduce-overhead"``) captures the kernel too.
+"""
+from __future__ import annotations
+
+import torch
+
+from .kernels import examples, matmul
+
+__all__ = ["op", "copy", "softmax", "gemm"]
+
+
+def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
+    """Register ``fn`` as the torch custom op ``qualname`` ("namespace::name") with ``fake``
+    as its fake (meta) implementation; returns the op (callable like ``fn``). Without
+    ``schema`` torch infers it from ``fn``'s type annotations."""
+
+    def register(fn):
+        custom = torch.library.custom_op(qualname, fn, mutates_args=mutates_args, schema=schema)
+        custom.register_fake(fake)
+        return custom
+
+    return register
+
+
+def _check(name: str, cond: bool, message: str) -> None:
+    torch._check(cond, lambda: f"tmaflow.{name}: {message}")
+
+
+def _copy_fake(x: torch.Tensor) -> torch.Tensor:
+    _check("copy", x.dim() == 2, f"src must be 2-D (got {tuple(x.shape)})")
+    return x.new_empty(x.shape)
+
+
+@op("tmaflow::copy", fake=_copy_fake)
+def copy(x: torch.Tensor) -> torch.Tensor:
+    """``kernels.copy(x)``: a TMA tile copy into a new contiguous tensor."""
+    return examples.copy(x)
+
+
+def _softmax_fake(x: torch.Tensor) -> torch.Tensor:
+    _check("softmax", x.dim() == 2 and x.dtype == torch.float32,
+           f"needs a 2-D float32 tensor (got {tuple(x.shape)} {x.dtype})")
+    return x.new_empty(x.shape)
+
+
+@op("tmaflow::softmax", fake=_softmax_fake)
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """``kernels.softmax(x)``: row softmax of a 2-D float32 tensor."""
+    return examples.softmax(x)
+
+
+def _gemm_fake(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
+    _check("gemm", a.dim() == 2 and b.dim() == 2 and a.dtype == b.dtype == torch.bfloat16,
+           f"needs 2-D bfloat16 operands (got {tuple(a.shape)} {a.dtype}, {tuple(b.shape)} {b.dtype})")
+    _check("gemm", layout in matmul.LAYOUTS, f"layout={layout!r} must be one of {matmul.LAYOUTS}")
+    n = b.shape[0] if layout == "nt" else b.shape[1]
+    k_b = b.shape[1] if layout == "nt" else b.shape[0]
+    _check("gemm", a.shape[1] == k_b, f"K of a ({a.shape[1]}) and b ({k_b}) differ")
+    return a.new_empty((a.shape[0], n))
+
+
+@op("tmaflow::gemm", fake=_gemm_fake)
+def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
+    """``kernels.gemm(a, b, layout=layout)``: bf16 GEMM, fp32 accumulation, bf16 out."""
+    return matmul.gemm(a, b, layout=layout)
