@@ -22,10 +22,6 @@ def bf16_random(rng, shape):
     return tf.from_numpy(bits, "bfloat16"), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def bf16_of(arr):
-    return (arr.numpy().view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
 # --- programmatic dependent launch ------------------------------------------------------------
 
 def test_pdl_copy_chain_carries_data_through(device, rng):
@@ -55,8 +51,7 @@ def test_pdl_softmax_gemm_chain_matches_plain(device, rng):
     np.testing.assert_array_equal(results[True][0], results[False][0])
     np.testing.assert_array_equal(results[True][1], results[False][1])
     np.testing.assert_allclose(results[True][0], softmax_ref(x.numpy().astype(np.float64)), rtol=1e-5, atol=1e-8)
-    c = (results[True][1].astype(np.uint32) << 16).view(np.float32)
-    np.testing.assert_allclose(c, a64 @ b64.T, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(results[True][1].astype(np.float64), a64 @ b64.T, rtol=2e-2, atol=2e-1)
 
 
 def test_pdl_launch_attribute_reaches_the_driver(device):
@@ -138,6 +133,27 @@ def test_graph_capture_errors_are_named(device, rng):
         g.replay()
         np.testing.assert_allclose(y.numpy(), softmax_ref(x.numpy().astype(np.float64)), rtol=1e-5, atol=1e-8)
 
+
+
+def test_graph_split_k_gemm_first_used_in_the_capture(device, rng):
+    """The split-K workspace made during a capture is zeroed at once: eager launches share it."""
+    from tmaflow.kernels import matmul
+
+    matmul._workspaces.__dict__.clear()
+    a, a64 = bf16_random(rng, (64, 8192))
+    b, b64 = bf16_random(rng, (256, 8192))
+    with tf.Graph() as g:
+        with g.capture():
+            c = kernels.gemm(a, b)
+            c.fill_bytes(0xFF)  # captured: a memset node before the second gemm
+            d = kernels.gemm(a, b, c)
+        assert d is c and g.nodes == 3
+        eager = kernels.gemm(a, b)
+        np.testing.assert_allclose(eager.numpy().astype(np.float64), a64 @ b64.T, rtol=2e-2, atol=1.0)
+        for _ in range(3):
+            poison(c)
+            g.replay()
+            assert np.array_equal(c.numpy(), eager.numpy())
 
 def test_graph_of_a_pdl_chain(device, rng):
     host = rng.standard_normal((512, 512)).astype(np.float32)

@@ -13,9 +13,12 @@ Rules a kernel author meets (all checked):
   them, are baked into the graph at capture. To replay with new buffers, capture again
   (``with g.capture():`` on the same graph): the new launches update the instantiated graph
   in place through ``cuGraphExecUpdate`` (no re-instantiation when only parameters changed).
-- Capture runs on the graph's own non-blocking stream in thread-local mode: work on other
-  streams (eager allocations and their zeroing, say) is not captured and does not break it.
-  A launch with an explicit other stream runs eagerly; ``stream=None`` is captured.
+- Capture runs on the graph's own non-blocking stream in thread-local mode. ``stream=None``
+  launches are captured; a launch on an explicit other (non-blocking) stream runs eagerly.
+  Outputs allocated during the capture come from the pool on the graph's ``alloc_stream``
+  and belong to the graph; ``fill_bytes`` (``zeros``, ``poison``) becomes a memset node of
+  the graph. The legacy default stream cannot be used while a capture runs (synchronous
+  copies such as ``copy_from`` / ``numpy()``, launches on stream 0).
 - Debug (watchdog) builds synchronise after each launch and cannot be captured.
 """
 from __future__ import annotations
@@ -47,6 +50,9 @@ class Graph:
     def __init__(self, device: Device | None = None):
         self.device = (device or current_device()).activate()
         self.stream = Stream(self.device)  # non-blocking: the legacy stream never joins a capture
+        # Allocations during a capture are made eagerly, ordered on a stream of their own: the
+        # legacy stream is off limits while a capture runs (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
+        self.alloc_stream = Stream(self.device)
         self._graph = self._exec = None
         self._thread = None
         self._launches: list = []   # (kernel name, args) of the current capture, strongly held
@@ -102,8 +108,8 @@ class Graph:
             driver.cu().cuGraphDestroy(graph)
             raise TmaflowError("Graph.capture(): nothing was captured; launches inside the "
                                "capture must use stream=None (or stream=graph.stream)")
-        if owned:  # outputs were allocated on the legacy stream: ready before any replay
-            driver.call("cuStreamSynchronize", 0)
+        if owned:  # the outputs' allocations are complete before any replay
+            self.alloc_stream.synchronize()
         updated = False
         if self._exec is not None:
             err, _info = cu.cuGraphExecUpdate(self._exec, graph)
@@ -163,6 +169,7 @@ class Graph:
         self._exec = self._graph = None
         self._launches, self._owned, self._checks = [], [], []
         self.stream.close()
+        self.alloc_stream.close()
 
     def __enter__(self):
         return self

@@ -187,7 +187,11 @@ class DeviceArray:
             if not self.is_contiguous:
                 raise TmaflowError("fill_bytes needs a contiguous array")
             (self.device or current_device()).activate()
-            driver.call("cuMemsetD8", self.ptr, value & 0xFF, self.nbytes)
+            graph = capturing() if CAPTURING else None
+            if graph is not None:  # part of the graph: it runs at every replay
+                driver.call("cuMemsetD8Async", self.ptr, value & 0xFF, self.nbytes, graph.stream.handle)
+            else:
+                driver.call("cuMemsetD8", self.ptr, value & 0xFF, self.nbytes)
         return self
 
     # --- interop ------------------------------------------------------------
@@ -229,7 +233,7 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     dev = device.activate() if device is not None else current_device()  # current either way
     graph = capturing() if CAPTURING else None
     if graph is not None:
-        stream = None  # eager, on the legacy stream: an allocation is no node of the graph
+        stream = graph.alloc_stream  # eager: an allocation is no node of the graph
     alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
     if graph is not None:
         graph.own(alloc)  # kept for the replays that write it

@@ -12,8 +12,10 @@ import threading
 from dataclasses import dataclass, replace
 from threading import get_ident
 
+from .. import driver
 from ..device import current_device, current_ordinal, stream_handle
 from ..errors import TmaflowError
+from ..graph import capturing
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..memory import DeviceArray, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
@@ -242,7 +244,7 @@ class _Workspace:
         if self.buf is None or not self.buf.alive or counters > self.counters or floats > self.floats:
             self.counters = max(self.counters, -(-counters // 64) * 64, 4096)
             self.floats = max(self.floats, floats, 1 << 20)
-            self.buf = empty((self.counters + self.floats,), "float32", self.device).fill_bytes(0)
+            self.buf = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device))
             base = self.buf.ptr
             self._views = (
                 DeviceArray(base, (self.counters,), "uint32", owner=self.buf, device=self.device),
@@ -253,6 +255,16 @@ class _Workspace:
     def discard(self) -> None:
         """After a failed launch (a watchdog abort, say) counters may be left mid-count."""
         self.buf = None
+
+
+def _zeroed_now(buf: DeviceArray) -> DeviceArray:
+    """``buf`` zeroed eagerly, also while a tf.Graph captures (a captured memset would leave the
+    workspace dirty for the eager launches that share it until the first replay)."""
+    graph = capturing()
+    if graph is None:
+        return buf.fill_bytes(0)
+    driver.call("cuMemsetD8Async", buf.ptr, 0, buf.nbytes, graph.alloc_stream.handle)
+    return buf
 
 
 class _SplitK:
