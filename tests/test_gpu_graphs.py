@@ -211,6 +211,13 @@ def test_torch_compile_fullgraph_runs_the_custom_ops(device, rng):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         torch.testing.assert_close(got[0], torch.softmax(x * 2.0, -1) + 1.0, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(got[1].float(), (a.float() @ b.float().T), rtol=2e-2, atol=2e-1)
+    graphed = torch.compile(f, fullgraph=True, mode="reduce-overhead")  # torch's CUDA graphs
+    for _ in range(4):  # recorded, then replayed with new inputs copied into its buffers
+        x = torch.randn(64, 512, device="cuda")
+        a = torch.randn(64, 256, device="cuda").to(torch.bfloat16)
+        b = torch.randn(128, 256, device="cuda").to(torch.bfloat16)
+        got, want = [t.clone() for t in graphed(x, a, b)], f(x, a, b)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_torch_custom_op_fake_shapes_and_user_ops(device):
