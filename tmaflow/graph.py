@@ -13,12 +13,12 @@ Rules a kernel author meets (all checked):
   them, are baked into the graph at capture. To replay with new buffers, capture again
   (``with g.capture():`` on the same graph): the new launches update the instantiated graph
   in place through ``cuGraphExecUpdate`` (no re-instantiation when only parameters changed).
-- Capture runs on the graph's own non-blocking stream in thread-local mode. ``stream=None``
+- Capture runs on the graph's own non-blocking stream in relaxed mode. ``stream=None``
   launches are captured; a launch on an explicit other (non-blocking) stream runs eagerly.
   Outputs allocated during the capture come from the pool on the graph's ``alloc_stream``
   and belong to the graph; ``fill_bytes`` (``zeros``, ``poison``) becomes a memset node of
-  the graph. The legacy default stream cannot be used while a capture runs (synchronous
-  copies such as ``copy_from`` / ``numpy()``, launches on stream 0).
+  the graph. Other work in the block (``copy_from``, ``numpy()``, launches on an explicit
+  other stream) runs eagerly, as it would outside.
 - Debug (watchdog) builds synchronise after each launch and cannot be captured.
 """
 from __future__ import annotations
@@ -74,8 +74,10 @@ class Graph:
         self.device.activate()
         launches, owned = [], []
         self._pending = (launches, owned)
+        # Relaxed: the thread may still allocate from the pool on another stream (the outputs);
+        # thread-local and global modes refuse that (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
         driver.call("cuStreamBeginCapture", self.stream._handle,
-                    cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                    cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
         self._thread = get_ident()
         ACTIVE.append(self)
         try:
