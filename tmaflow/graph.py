@@ -50,8 +50,8 @@ class Graph:
     def __init__(self, device: Device | None = None):
         self.device = (device or current_device()).activate()
         self.stream = Stream(self.device)  # non-blocking: the legacy stream never joins a capture
-        # Allocations during a capture are made eagerly, ordered on a stream of their own: the
-        # legacy stream is off limits while a capture runs (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
+        # Allocations during a capture are made eagerly, ordered on a stream of their own (one
+        # on the legacy stream was refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
         self.alloc_stream = Stream(self.device)
         self._graph = self._exec = None
         self._thread = None
