@@ -199,8 +199,8 @@ def test_torch_compile_fullgraph_runs_the_custom_ops(device, rng):
     torch = pytest.importorskip("torch")
     import tmaflow.torch  # noqa: F401  registers torch.ops.tmaflow.*
 
-    def f(x, a, b):
-        return torch.ops.tmaflow.softmax(x * 2.0) + 1.0, torch.ops.tmaflow.gemm(a, b)
+    def f(x, a, b):  # the entry points as users call them: traced as torch.ops.tmaflow.*
+        return kernels.softmax(x * 2.0) + 1.0, kernels.gemm(a, b)
 
     compiled = torch.compile(f, fullgraph=True)
     for m in (64, 96):  # a second shape: recompiled or dynamic, either way correct
@@ -218,6 +218,10 @@ def test_torch_compile_fullgraph_runs_the_custom_ops(device, rng):
         b = torch.randn(128, 256, device="cuda").to(torch.bfloat16)
         got, want = [t.clone() for t in graphed(x, a, b)], f(x, a, b)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ops = torch.compile(lambda x: torch.ops.tmaflow.copy(torch.ops.tmaflow.softmax(x)), fullgraph=True)
+    torch.testing.assert_close(ops(x), torch.softmax(x, -1), rtol=1e-5, atol=1e-7)
+    with pytest.raises(Exception, match=r"kernels.softmax\(...\) inside torch.compile.*takes no out"):
+        torch.compile(lambda x, y: kernels.softmax(x, y), fullgraph=True)(x, torch.empty_like(x))
 
 
 def test_torch_custom_op_fake_shapes_and_user_ops(device):

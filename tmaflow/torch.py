@@ -11,7 +11,9 @@ and CUDA graphs like any torch operator.
         return y
 
 A fake (meta) implementation gives torch the output's shape, dtype and strides without
-running anything: torch.compile traces with it. The real implementation launches on the
+running anything: torch.compile traces with it. Once this module is imported,
+``kernels.copy / softmax / gemm`` called inside a compiled function become these ops too
+(their default forms: no ``out=`` or tuning options there). The real implementation launches on the
 current torch stream (tmaflow's ``stream=None`` rule for torch tensors), so a graph captured
 by torch (``torch.cuda.graph``, ``mode="reduce-overhead"``) captures the kernel too.
 """
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .kernels import examples, matmul
+from .errors import TmaflowError
+from .kernels import entry, examples, matmul
 
 __all__ = ["op", "copy", "softmax", "gemm"]
 
@@ -78,3 +81,31 @@ def _gemm_fake(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Te
 def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
     """``kernels.gemm(a, b, layout=layout)``: bf16 GEMM, fp32 accumulation, bf16 out."""
     return matmul.gemm(a, b, layout=layout)
+
+
+def _only(name: str, given: dict, allowed: tuple = ()) -> None:
+    extra = sorted(k for k, v in given.items() if k not in allowed and v is not None and v is not False)
+    if extra:
+        raise TmaflowError(f"kernels.{name}(...) inside torch.compile runs as torch.ops.tmaflow.{name}, "
+                           f"which takes no {', '.join(extra)}; call it outside the compiled "
+                           "region, or wrap your own call with tmaflow.torch.op")
+
+
+def _copy_call(src, dst=None, **options):
+    _only("copy", {"dst": dst, **options})
+    return copy(src)
+
+
+def _softmax_call(x, out=None, **options):
+    _only("softmax", {"out": out, **options})
+    return softmax(x)
+
+
+def _gemm_call(a, b, out=None, *, layout: str = "nt", **options):
+    _only("gemm", {"out": out, **options})
+    return gemm(a, b, layout)
+
+
+# kernels.copy / softmax / gemm called while torch.compile traces become these ops.
+entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call,
+                        "<compiling>": torch.compiler.is_compiling})

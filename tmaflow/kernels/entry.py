@@ -34,13 +34,21 @@ class Prepared:
         return f"Prepared({self.launcher!r}, {len(self.args)} args)"
 
 
+# Entry points called while torch.compile traces run as their torch custom op instead
+# (``tmaflow.torch`` fills this in: name -> op adapter, plus the "is torch compiling?" test).
+TORCH_OPS: dict = {}
+
+
 def entry_point(prepare):
     """Turn ``prepare(...) -> (launcher, args, out)`` into the entry point ``f(...)`` (launch,
     return the output), with ``f.prepare(...) -> Prepared`` for callers that launch the same
     thing many times."""
+    name = prepare.__name__
 
     @functools.wraps(prepare)
     def run(*args, **kwargs):
+        if TORCH_OPS and name in TORCH_OPS and TORCH_OPS["<compiling>"]():
+            return TORCH_OPS[name](*args, **kwargs)
         launcher, largs, out = prepare(*args, **kwargs)
         if launcher is not None:
             launcher(*largs)
