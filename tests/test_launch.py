@@ -82,7 +82,7 @@ def fake_launcher(params, stream=0):
     run.generation, run.ordinal = 0, 0
     run.packer = ArgPacker(params)
     run._configs = {stream: "cfg"}
-    run._plans, run._function, run._watch = {}, None, None
+    run._plans, run._function, run._watch, run._recorder = {}, None, None, None
     run.calls = []
 
     def launch(cfg, fn, kp, extra):

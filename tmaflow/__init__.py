@@ -3,7 +3,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import reference
+from . import reference, trace
 from .compiler import Resources
 from .device import Device, Stream, current_device, set_device
 from .driver import driver_available
@@ -22,5 +22,5 @@ __all__ = [
     "DeviceArray", "DriverNotFoundError", "Graph", "Kernel", "LaunchConfig", "Launcher", "LaunchError", "LayoutError",
     "Pipeline", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
     "TensorMapSpec", "TmaflowError", "TmaflowWarning", "as_array", "as_dtype", "current_device",
-    "driver_available", "empty", "from_numpy", "reference", "set_device", "zeros",
+    "driver_available", "empty", "from_numpy", "reference", "set_device", "trace", "zeros",
 ]

@@ -151,6 +151,48 @@ def cache_cmd(args) -> int:
     return 0
 
 
+def trace_cmd(args) -> int:
+    """Trace one launch of an entry point (GPU), or redraw a saved trace (no GPU)."""
+    from . import trace as tr
+    from .driver import driver_available
+
+    if args.load:
+        t = tr.Trace.load(args.load)
+    else:
+        if not driver_available():
+            print("tmaflow trace: no CUDA driver here; tracing runs a kernel (use --load FILE.npz "
+                  "to draw a saved trace)")
+            return 1
+        import numpy as np
+
+        from .kernels import examples, gemm
+        from .memory import from_numpy
+
+        dims = [int(v) for v in args.shape.lower().split("x")]
+        rng = np.random.default_rng(0)
+        if args.kernel == "gemm":
+            m, n, k = (dims * 3)[:3] if len(dims) == 1 else dims
+            a = from_numpy(rng.integers(0, 2**16, (m, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
+            b = from_numpy(rng.integers(0, 2**16, (n, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
+            gemm(a, b, trace=True)
+        else:
+            rows, cols = (dims * 2)[:2]
+            x = from_numpy(rng.standard_normal((rows, cols), dtype=np.float32))
+            getattr(examples, args.kernel)(x, trace=True)
+        t = tr.last()
+    print(t.summary())
+    if args.json:
+        t.to_chrome(args.json)
+        print(f"wrote {args.json} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    if args.save:
+        t.save(args.save)
+        print(f"wrote {args.save}")
+    if args.png:
+        t.to_png(args.png, blocks=args.ctas)
+        print(f"wrote {args.png}")
+    return 0
+
+
 def main(argv=None) -> int:
     from . import __version__
 
@@ -167,6 +209,14 @@ def main(argv=None) -> int:
     s.add_argument("--box", default="8x64", help="rows x cols, e.g. 8x64")
     s.add_argument("--swizzle", default="128B", choices=["none", "32B", "64B", "128B"])
     s.add_argument("--png", help="also draw it to this PNG (needs matplotlib)")
+    t = sub.add_parser("trace", help="flight recorder: trace one launch of an entry point")
+    t.add_argument("kernel", nargs="?", default="gemm", choices=["gemm", "softmax", "copy"])
+    t.add_argument("--shape", default="2048", help="gemm: MxNxK or one size; softmax/copy: ROWSxCOLS")
+    t.add_argument("--json", help="write the Chrome / Perfetto trace JSON here")
+    t.add_argument("--png", help="draw a timeline of the first CTAs here (needs matplotlib)")
+    t.add_argument("--ctas", type=int, default=2, help="CTAs in the PNG")
+    t.add_argument("--save", help="keep the events in this .npz (draw it elsewhere with --load)")
+    t.add_argument("--load", help="a saved trace (.npz) instead of running a kernel")
     argv = list(sys.argv[1:] if argv is None else argv)
     from .errors import TmaflowError
 
@@ -176,7 +226,7 @@ def main(argv=None) -> int:
 
             return bench_main(argv[1:])
         args = p.parse_args(argv)
-        return {"demo": demo, "cache": cache_cmd, "swizzle": swizzle}[args.cmd](args)
+        return {"demo": demo, "cache": cache_cmd, "swizzle": swizzle, "trace": trace_cmd}[args.cmd](args)
     except TmaflowError as exc:  # a user-facing problem: its message, not a traceback
         print(f"tmaflow: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1

@@ -60,6 +60,7 @@ class DeadlockError(TmaflowError):
 
     def __init__(self, message: str, records: list | None = None):
         self.records = list(records or [])
+        self.trace = None  # the flight recorder's Trace, for builds with trace=True too
         super().__init__(message)
 
     def __reduce__(self):

@@ -12,6 +12,7 @@ from .device import Device, _switched, current_device, current_ordinal
 from .errors import LaunchError, TmaflowError
 from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
 from .params import ArgPacker, Param, param_table
+from .trace import Recorder
 
 log = logging.getLogger("tmaflow.kernel")
 
@@ -42,6 +43,7 @@ class _Module:
         self.dynamic_smem_set = 0
         self.non_portable = False
         self.watch = watchdog.Watch(self.module, device) if kernel.debug else None
+        self.recorder = Recorder(self.module, device) if kernel.trace else None
 
     def _param_table(self, typed: list[Param] | None) -> list[Param]:
         """Offsets and sizes as the driver reports them (``cuFuncGetParamInfo``), kinds from
@@ -79,6 +81,8 @@ class _Module:
             self.module = None
         if self.watch is not None:
             self.watch.close()
+        if self.recorder is not None:
+            self.recorder.close()
 
     def ensure_smem(self, dynamic: int) -> None:
         total = dynamic + self.static_smem
@@ -113,7 +117,8 @@ class Kernel:
 
     def __init__(self, source: str, name: str, *, defines: dict | None = None, layout=None,
                  arch: str | None = None, options=(), debug: bool | None = None,
-                 watchdog_seconds: float | None = None, filename: str = "kernel.cu"):
+                 watchdog_seconds: float | None = None, filename: str = "kernel.cu",
+                 trace: bool = False):
         if not isinstance(source, str) or not source.strip():
             raise TmaflowError(f"Kernel: source must be non-empty CUDA C++ text (got {type(source).__name__})")
         if "\0" in source:
@@ -132,6 +137,10 @@ class Kernel:
         if debug is not None and not isinstance(debug, bool):
             raise TmaflowError(f"Kernel: debug={debug!r} must be True, False or None (TMAFLOW_DEBUG)")
         self.debug = debug if debug is not None else watchdog.env_debug()
+        if not isinstance(trace, bool):
+            raise TmaflowError(f"Kernel: trace={trace!r} must be True or False")
+        self.trace = trace
+        self.last_trace = None  # the Trace of the latest traced launch (trace builds)
         if watchdog_seconds is not None and (isinstance(watchdog_seconds, bool) or
                                              not isinstance(watchdog_seconds, (int, float)) or
                                              not 0 < watchdog_seconds < float("inf")):
@@ -168,6 +177,8 @@ class Kernel:
         if self.debug:
             opts += ["-lineinfo", "-DTMAFLOW_DEBUG=1",
                      f"-DTMAFLOW_WATCHDOG_NS={int(self.watchdog_seconds * 1e9)}ull"]
+        if self.trace:
+            opts += ["-lineinfo", "-DTMAFLOW_TRACE=1"]
         return tuple(opts) + self.options
 
     def _headers(self) -> dict[str, str]:
@@ -323,4 +334,5 @@ class Kernel:
             mod.unload()
 
     def __repr__(self) -> str:
-        return f"Kernel({self.name!r}, arch={self._arch or 'auto'}, debug={self.debug})"
+        return (f"Kernel({self.name!r}, arch={self._arch or 'auto'}, debug={self.debug}"
+                + (", trace=True)" if self.trace else ")"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from . import driver
 from .device import stream_handle
-from .errors import CudaError, LaunchError
+from .errors import CudaError, DeadlockError, LaunchError
 from .graph import ACTIVE as CAPTURING
 from .graph import capturing
 from .params import ArgPacker
@@ -166,6 +166,7 @@ class Launcher(functools.partial):
         self._launch = cu.cuLaunchKernelEx
         self._function = module.function
         self._watch = module.watch
+        self._recorder = module.recorder
         self._use(Launcher._checked_call)
         if config.cluster != (1, 1, 1):
             self._check_cluster_fits()
@@ -246,7 +247,7 @@ class Launcher(functools.partial):
     def _dispatch(self, args: tuple) -> None:
         """The generated path for these argument types if there is one, else the checked path."""
         fn = self._plans.get(_type_key(args))
-        if fn is None or fn is self.func or self._watch is not None:
+        if fn is None or fn is self.func or self._watch is not None or self._recorder is not None:
             return self._checked(args)
         self._use(fn)
         return fn(self, *args)
@@ -263,22 +264,32 @@ class Launcher(functools.partial):
             if self.config.stream is None:
                 stream = graph.stream.handle  # stream=None is captured
             if stream == graph.stream.handle:
-                if self._watch is not None:
-                    raise LaunchError(f"{self.kernel.name}: a debug build synchronises after each "
+                if self._watch is not None or self._recorder is not None:
+                    build = "debug" if self._watch is not None else "trace"
+                    raise LaunchError(f"{self.kernel.name}: a {build} build synchronises after each "
                                       "launch and cannot be captured into a graph; capture the "
-                                      "release build (debug=False)")
+                                      f"release build ({build}=False)")
                 graph.record(self.kernel.name, args)
         cfg = self.cu_config(stream)
-        if self._watch is None:
+        watch, recorder = self._watch, self._recorder
+        if watch is None and recorder is None:
             self._install_plan(args)
-        watch = self._watch
         if watch is not None:
             watch.arm()
+        if recorder is not None:
+            recorder.arm(self.config, stream)
         (err,) = self._launch(cfg, self._function, kp, 0)
         if err:
             self._raise(err)
         if watch is not None:
-            watch.check(stream, self.kernel)
+            try:
+                watch.check(stream, self.kernel)
+            except DeadlockError as hang:
+                if recorder is not None:
+                    _attach_trace(hang, recorder, stream, self.kernel, self.config)
+                raise
+        if recorder is not None:
+            recorder.collect(stream, self.kernel, self.config)
 
     def _install_plan(self, args: tuple) -> None:
         key = _type_key(args)
@@ -346,3 +357,14 @@ class Launcher(functools.partial):
         c = self.config
         return (f"Launcher({self.kernel.name}, grid={c.grid}, block={c.block}, "
                 f"cluster={c.cluster}, smem={c.smem}, stream={c.stream})")
+
+
+def _attach_trace(hang: DeadlockError, recorder, stream: int, kernel, config) -> None:
+    """Add what every warp did last to a DeadlockError of a traced debug build."""
+    try:
+        trace = recorder.collect(stream, kernel, config)
+    except Exception:  # the context was reset after a fault: the rings went with it
+        return
+    if trace is not None and len(trace):
+        hang.trace = trace
+        hang.args = (f"{hang.args[0]}\nLast events of every warp (flight recorder):\n{trace.tail()}",)

@@ -2,6 +2,7 @@
 // Coordinates on the device side are innermost-first, as in PTX (c0 is the contiguous dim).
 #pragma once
 #include "tmaflow/prelude.cuh"
+#include "tmaflow/trace.cuh"
 #include "tmaflow/fence.cuh"
 #include "tmaflow/warp.cuh"
 #include "tmaflow/debug.cuh"

@@ -54,7 +54,8 @@ def copy_plan(dtype, shape, box=None, stages: int | None = None):
 @entry_point
 def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
          l2_promotion: str = "none", flatten: bool | None = None, evict_first: bool = True,
-         stores: int = 2, stream=None, pdl: bool = False, debug: bool | None = None):
+         stores: int = 2, stream=None, pdl: bool = False, debug: bool | None = None,
+         trace: bool = False):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
 
     With ``flatten``, two contiguous arrays are tiled as (size / 256, 256) views, so every box
@@ -69,12 +70,13 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     box_t = tuple(box) if box is not None else None
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
            l2_promotion, flatten, evict_first, stores, stream_key(stream), pdl, a.device,
-           current_ordinal(), debug, get_ident())
+           current_ordinal(), debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _copy_state(a, o, box_t, stages, ctas_per_sm, l2_promotion,
-                                                   flatten, evict_first, stores, stream, pdl, debug))
+                                                   flatten, evict_first, stores, stream, pdl, debug,
+                                                   trace))
     if o is None:
         dst, o = new_output(src, a, a.shape, None, stream)
     if st.flat:
@@ -83,7 +85,7 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
 
 
 def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first,
-                stores, stream, pdl, debug):
+                stores, stream, pdl, debug, trace=False):
     if a.ndim != 2:
         raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
     on_current_device("copy", a)
@@ -103,7 +105,7 @@ def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_fir
                            f"(stages={layout.items[0].stages})")
     defines["STORES"] = stores
     box = spec.box
-    k = get_kernel("tile_copy", layout, defines, debug=debug)
+    k = get_kernel("tile_copy", layout, defines, debug=debug, trace=trace)
     tiles_y, tiles_x = math.ceil(shape[0] / box[0]), math.ceil(shape[1] / box[1])
     launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y, ctas_per_sm), block=32,
                           stream=stream, pdl=pdl)
@@ -181,27 +183,28 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
 
 
 @entry_point
-def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None = None):
+def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None = None,
+            trace: bool = False):
     """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
     a = as_array(x)
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
     key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), pdl,
-           a.device, current_ordinal(), debug, get_ident())
+           a.device, current_ordinal(), debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _softmax_state(a, o, stream, pdl, debug))
+        st = cached_state(key, lambda: _softmax_state(a, o, stream, pdl, debug, trace))
     if o is None:
         out, o = new_output(x, a, a.shape, None, stream)
     return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), out
 
 
-def _softmax_state(a, o, stream, pdl, debug) -> _State:
+def _softmax_state(a, o, stream, pdl, debug, trace=False) -> _State:
     if a.ndim != 2 or a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a 2-D float32 array (got {a.shape} {a.dtype})")
     on_current_device("softmax", a)
     spec, layout, defines = softmax_plan(a.shape)
-    k = get_kernel("softmax", layout, defines, debug=debug)
+    k = get_kernel("softmax", layout, defines, debug=debug, trace=trace)
     rows = defines["ROWS"]
     groups = math.ceil(a.shape[0] / rows)
     launcher = k.launcher(grid=_persistent_grid(groups), block=32 * rows * defines["WPR"],

@@ -163,7 +163,7 @@ def _template(arr, spec: TensorMapSpec, access: str = "load") -> MapTemplate:
 
 @entry_point
 def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None, stream=None,
-         pdl: bool = False, debug: bool | None = None):
+         pdl: bool = False, debug: bool | None = None, trace: bool = False):
     """C = A @ B^T (``layout="nt"``: A is M x K, B is N x K) or C = A @ B (``"nn"``: B is K x N)
     for bfloat16 tmaflow, torch or cupy arrays; fp32 accumulation, bfloat16 ``out`` (M x N,
     allocated of the caller's kind when None). ``gemm.prepare(...)`` returns the launch ready
@@ -185,13 +185,13 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
             C.fill_bytes(0)  # an empty sum: C is all zeros
         return None, (), result
     key = ("gemm", A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
-           stream_key(stream), pdl, A.device, current_ordinal(), debug, get_ident())
+           stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         c_strides = output_strides(C, (m, n), 2)
         st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
-                                                   stream, pdl, debug))
+                                                   stream, pdl, debug, trace))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
     tail = st.tail
     if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
@@ -205,14 +205,16 @@ class _GemmState:
         self.__dict__.update(fields)
 
 
-def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug) -> _GemmState:
+def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
+                trace=False) -> _GemmState:
     on_current_device("gemm", A)
     C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
     plan = gemm_plan(m, n, k, layout, config or choose_config(m, n, k, device.sm_count))
-    kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug)
+    kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug,
+                      trace=trace)
     cm, split = plan.config.cluster_m, plan.config.split_k
     # (cm M tiles, N tile) groups: one cluster's work item per K split
     tile_groups = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)

@@ -15,14 +15,14 @@ _FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
 
 
 def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = None,
-               file: str | None = None, debug: bool | None = None) -> Kernel:
+               file: str | None = None, debug: bool | None = None, trace: bool = False) -> Kernel:
     """One Kernel per (file, name, defines, generated layout)."""
     file = file or _FILES[name]
     key = (file, name, tuple(sorted((defines or {}).items())),
-           layout.header() if layout is not None else "", debug)
+           layout.header() if layout is not None else "", debug, trace)
     k = _kernels.get(key)
     if k is None:
         k = Kernel(source(file), name, defines=defines, layout=layout, filename=f"{file}.cu",
-                   debug=debug)
+                   debug=debug, trace=trace)
         _kernels[key] = k
     return k

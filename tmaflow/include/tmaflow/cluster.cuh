@@ -32,7 +32,12 @@ TMAFLOW_DEVICE void arrive() { asm volatile("barrier.cluster.arrive.release.alig
 TMAFLOW_DEVICE void arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
 // barrier.cluster.wait.acquire.aligned
 TMAFLOW_DEVICE void wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-TMAFLOW_DEVICE void sync() { arrive(); wait(); }
+TMAFLOW_DEVICE void sync() {
+  TMAFLOW_TRACE_BEGIN();
+  arrive();
+  wait();
+  TMAFLOW_TRACE_SPAN(kClusterSync, -1, 0, 0, 0);
+}
 // mapa.shared::cluster.u32 — the cluster-window address of `ptr` in CTA `cta_rank`.
 TMAFLOW_DEVICE uint32_t map_shared(const void* ptr, uint32_t cta_rank) {
   uint32_t r;

@@ -5,7 +5,11 @@
 namespace tmaflow { namespace griddep {
 // griddepcontrol.wait — until every prerequisite grid has completed and its memory operations
 // are visible to this grid. Returns at once in a grid launched without PDL.
-TMAFLOW_DEVICE void wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+TMAFLOW_DEVICE void wait() {
+  TMAFLOW_TRACE_BEGIN();
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  TMAFLOW_TRACE_SPAN(kGriddepWait, -1, 0, 0, 0);
+}
 // griddepcontrol.launch_dependents — the dependent grid may be scheduled once every CTA of
 // this grid has issued this (or exited). A hint: the dependent's wait() still waits for this
 // grid's completion, so issuing it early is always correct.

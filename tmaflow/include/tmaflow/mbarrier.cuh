@@ -15,17 +15,20 @@ TMAFLOW_DEVICE uint64_t arrive(uint64_t* bar) {
   TMAFLOW_ASYNC_GUARD_RET(0);
   uint64_t state;
   asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
+  TMAFLOW_TRACE_EVENT(kArrive, -1, TMAFLOW_TRACE_BAR(bar), 0);
   return state;
 }
 // mbarrier.arrive.expect_tx — add `bytes` to the expected transactions, then arrive once.
 TMAFLOW_DEVICE void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   TMAFLOW_ASYNC_GUARD();
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+  TMAFLOW_TRACE_EVENT(kArriveExpectTx, -1, TMAFLOW_TRACE_BAR(bar), bytes);
 }
 // mbarrier.expect_tx — add expected bytes without arriving.
 TMAFLOW_DEVICE void expect_tx(uint64_t* bar, uint32_t bytes) {
   TMAFLOW_ASYNC_GUARD();
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(smem_u32(bar)), "r"(bytes) : "memory");
+  TMAFLOW_TRACE_EVENT(kExpectTx, -1, TMAFLOW_TRACE_BAR(bar), bytes);
 }
 // mbarrier.arrive.shared::cluster — arrive on the barrier at the same offset in CTA
 // `cta_rank` of the cluster (remote CTAs may only arrive / expect / complete). CTA-scope
@@ -36,6 +39,7 @@ TMAFLOW_DEVICE void arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+  TMAFLOW_TRACE_EVENT(kArriveRemote, -1, TMAFLOW_TRACE_BAR(bar), cta_rank);
 }
 // mbarrier.arrive.release.cluster.shared::cluster — also publishes this thread's writes to
 // the remote CTA (pair with wait_cluster there).
@@ -44,6 +48,7 @@ TMAFLOW_DEVICE void arrive_cluster_release(uint64_t* bar, uint32_t cta_rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
+  TMAFLOW_TRACE_EVENT(kArriveRemote, -1, TMAFLOW_TRACE_BAR(bar), cta_rank);
 }
 // mbarrier.try_wait.parity — true once the phase with this parity completed. Returns false
 // after a hardware time limit; callers loop.
@@ -67,16 +72,20 @@ TMAFLOW_DEVICE bool try_wait_cluster(uint64_t* bar, uint32_t parity) {
 template <bool Cluster>
 TMAFLOW_DEVICE void wait_on(uint64_t* bar, uint32_t parity, debug::Site site, uint32_t line, const char* file) {
   auto done = [&] { return Cluster ? try_wait_cluster(bar, parity) : try_wait(bar, parity); };
+  TMAFLOW_TRACE_BEGIN();
+#define TMAFLOW_WAITED() \
+  TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), parity, line)
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
-  if (done()) return;
+  if (done()) { TMAFLOW_WAITED(); return; }
   uint64_t start = debug::globaltimer();
   for (uint32_t spin = 0;; ++spin) {
-    if (done()) return;
+    if (done()) { TMAFLOW_WAITED(); return; }
     if ((spin & 63) == 0) {
       uint64_t waited = debug::globaltimer() - start;
       if (waited > TMAFLOW_WATCHDOG_NS || tmaflow_watchdog_state.abort) {
         // Stuck long enough to be part of the hang: say so, even if another wait tripped first.
         if (waited > TMAFLOW_WATCHDOG_NS / 2) debug::report(smem_u32(bar), parity, site, line, file, waited);
+        TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), parity | 0x100u, line);
         return;
       }
     }
@@ -84,7 +93,9 @@ TMAFLOW_DEVICE void wait_on(uint64_t* bar, uint32_t parity, debug::Site site, ui
 #else
   (void)site; (void)line; (void)file;
   while (!done()) {}
+  TMAFLOW_WAITED();
 #endif
+#undef TMAFLOW_WAITED
 }
 TMAFLOW_DEVICE void wait(uint64_t* bar, uint32_t parity, debug::Site site = {nullptr, -1, 0},
                          uint32_t line = TMAFLOW_CALLER_LINE, const char* file = TMAFLOW_CALLER_FILE) {

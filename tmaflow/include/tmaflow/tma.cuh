@@ -20,7 +20,8 @@ namespace tmaflow { namespace tma {
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" \
                  " [%0], [%1, " COORDS "], [%2];" \
-                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), __VA_ARGS__ : "memory"); }
+                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), __VA_ARGS__ : "memory"); \
+    TMAFLOW_TRACE_EVENT(kTmaLoad, -1, TMAFLOW_TRACE_BAR(bar), 0); }
 TMAFLOW_TMA_RANKS(TMAFLOW_LOAD)
 #undef TMAFLOW_LOAD
 
@@ -38,7 +39,8 @@ TMAFLOW_TMA_RANKS(TMAFLOW_LOAD)
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster" \
                  " [%0], [%1, " COORDS "], [%2], %3;" \
-                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "h"(cta_mask), __VA_ARGS__ : "memory"); }
+                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "h"(cta_mask), __VA_ARGS__ : "memory"); \
+    TMAFLOW_TRACE_EVENT(kTmaLoadMulticast, -1, TMAFLOW_TRACE_BAR(bar), cta_mask); }
 TMAFLOW_TMA_RANKS_MC(TMAFLOW_LOAD_MC)
 #undef TMAFLOW_LOAD_MC
 
@@ -48,7 +50,8 @@ TMAFLOW_TMA_RANKS_MC(TMAFLOW_LOAD_MC)
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint" \
                  " [%0], [%1, " COORDS "], [%2], %3;" \
-                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "l"(policy), __VA_ARGS__ : "memory"); }
+                 :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "l"(policy), __VA_ARGS__ : "memory"); \
+    TMAFLOW_TRACE_EVENT(kTmaLoad, -1, TMAFLOW_TRACE_BAR(bar), 0); }
 #define TMAFLOW_TMA_RANKS_HINT(X) \
   X(1, "{%4}", (int c0), "r"(c0)) \
   X(2, "{%4, %5}", (int c0, int c1), "r"(c0), "r"(c1)) \
@@ -77,7 +80,8 @@ TMAFLOW_DEVICE uint64_t make_policy_evict_last() {
   TMAFLOW_DEVICE void store_hint(const CUtensorMap* map, const void* src, uint64_t policy, TMAFLOW_UNPAREN PARAMS) { \
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.tile.bulk_group.L2::cache_hint [%0, " COORDS "], [%1], %2;" \
-                 :: "l"(map), "r"(smem_u32(src)), "l"(policy), __VA_ARGS__ : "memory"); }
+                 :: "l"(map), "r"(smem_u32(src)), "l"(policy), __VA_ARGS__ : "memory"); \
+    TMAFLOW_TRACE_EVENT(kTmaStore, -1, TMAFLOW_TRACE_BAR(src), 0); }
 TMAFLOW_TMA_RANKS_ST_HINT(TMAFLOW_STORE_HINT)
 #undef TMAFLOW_STORE_HINT
 
@@ -97,7 +101,8 @@ TMAFLOW_TMA_RANKS_ST_HINT(TMAFLOW_STORE_HINT)
   TMAFLOW_DEVICE void store(const CUtensorMap* map, const void* src, TMAFLOW_UNPAREN PARAMS) { \
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.tile.bulk_group [%0, " COORDS "], [%1];" \
-                 :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); }
+                 :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); \
+    TMAFLOW_TRACE_EVENT(kTmaStore, -1, TMAFLOW_TRACE_BAR(src), 0); }
 TMAFLOW_TMA_RANKS_ST(TMAFLOW_STORE)
 #undef TMAFLOW_STORE
 
@@ -112,7 +117,8 @@ TMAFLOW_TMA_RANKS_ST(TMAFLOW_STORE)
   TMAFLOW_DEVICE void reduce_##OP(const CUtensorMap* map, const void* src, TMAFLOW_UNPAREN PARAMS) { \
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.reduce.async.bulk.tensor." #N "d.global.shared::cta." #OP ".tile.bulk_group [%0, " COORDS "], [%1];" \
-                 :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); }
+                 :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); \
+    TMAFLOW_TRACE_EVENT(kTmaReduce, -1, TMAFLOW_TRACE_BAR(src), 0); }
 TMAFLOW_TMA_RANKS_ST(TMAFLOW_REDUCE)
 #undef TMAFLOW_REDUCE
 #undef TMAFLOW_REDUCE_OP
@@ -139,9 +145,17 @@ TMAFLOW_DEVICE void prefetch_descriptor(const CUtensorMap* map) {
 // cp.async.bulk.commit_group — close the bulk async-group of this thread's stores/reductions.
 TMAFLOW_DEVICE void commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // cp.async.bulk.wait_group N — at most N groups still pending (writes complete).
-template <int N = 0> TMAFLOW_DEVICE void wait_group() { asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory"); }
+template <int N = 0> TMAFLOW_DEVICE void wait_group() {
+  TMAFLOW_TRACE_BEGIN();
+  asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory");
+  TMAFLOW_TRACE_SPAN(kStoreWait, -1, 0, N, 0);
+}
 // cp.async.bulk.wait_group.read N — sources of all but N groups were read (smem reusable).
-template <int N = 0> TMAFLOW_DEVICE void wait_group_read() { asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory"); }
+template <int N = 0> TMAFLOW_DEVICE void wait_group_read() {
+  TMAFLOW_TRACE_BEGIN();
+  asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
+  TMAFLOW_TRACE_SPAN(kStoreWaitRead, -1, 0, N, 0);
+}
 
 #undef TMAFLOW_TMA_RANKS
 #undef TMAFLOW_TMA_RANKS_MC

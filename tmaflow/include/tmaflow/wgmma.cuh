@@ -29,9 +29,16 @@ TMAFLOW_DEVICE uint64_t desc_mn_major_sw128(const void* smem, uint32_t mn_block_
 // wgmma.fence.sync.aligned — order register accesses before the first wgmma of a group.
 TMAFLOW_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 // wgmma.commit_group.sync.aligned
-TMAFLOW_DEVICE void commit_group() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+TMAFLOW_DEVICE void commit_group() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  TMAFLOW_TRACE_EVENT(kWgmmaCommit, -1, 0, 0);
+}
 // wgmma.wait_group.sync.aligned N — at most N groups of this warpgroup still pending.
-template <int N> TMAFLOW_DEVICE void wait_group() { asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory"); }
+template <int N> TMAFLOW_DEVICE void wait_group() {
+  TMAFLOW_TRACE_BEGIN();
+  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+  TMAFLOW_TRACE_SPAN(kWgmmaWait, -1, 0, N, 0);
+}
 // Keep accumulator registers live across asynchronous wgmma (no reordering by the compiler).
 template <int R> TMAFLOW_DEVICE void fence_operands(float (&d)[R]) {
 #pragma unroll

@@ -1,0 +1,107 @@
+"""GPU tier: the flight recorder on real kernels. Traced softmax and gemm give the same results
+as release builds, every warp role shows up, waits name their layout barriers (the device's
+dynamic-smem base matches the layout's), the Chrome JSON is valid, and a traced debug build's
+DeadlockError tells what every warp did last."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow import trace as tr
+from kernel_sources import source
+from tmaflow.testing import poison
+
+pytestmark = pytest.mark.gpu
+
+
+def report(name):
+    """Where a test leaves a file for the GPU run's report (TMAFLOW_REPORT_DIR), if anywhere."""
+    d = os.environ.get("TMAFLOW_REPORT_DIR")
+    return os.path.join(d, name) if d else None
+
+
+def check_chrome(t, path=None):
+    doc = json.loads(json.dumps(t.to_chrome(path)))
+    timed = [e for e in doc["traceEvents"] if e["ph"] != "M"]
+    assert len(timed) == len(t) > 0
+    assert all(e["ph"] in ("X", "i") and e["ts"] >= 0 for e in timed)
+    return timed
+
+
+def test_traced_softmax(device, rng):
+    host = rng.standard_normal((512, 2048)).astype(np.float32)
+    x = tf.from_numpy(host)
+    want = kernels.softmax(x).numpy()
+    y = poison(tf.empty(host.shape, "float32"))
+    kernels.softmax(x, y, trace=True)
+    assert np.array_equal(y.numpy(), want)
+    t = tr.last()
+    assert t is not None and t.kernel_name == "softmax" and t.wrapped == 0
+    kinds = {t.kind(int(k)) for k in np.unique(t.events["kind"])}
+    assert {"TMA load", "wait", "TMA store", "named barrier", "store wait (read)"} <= kinds
+    waits = t.events[t.events["kind"] == tr.KINDS.index("wait") + 1]
+    names = {t.label(e) for e in waits}
+    assert names and all(n.startswith("wait rows_full[") for n in names), names
+    # each wait's stage (from the call site) is the index of the barrier it waited on
+    assert all(t.label(e) == f"wait rows_full[{e['stage']}]" for e in waits)
+    assert "producer" in set(t.roles().values())
+    check_chrome(t, report("trace_softmax.json"))
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024, 1024), (384, 640, 512)])
+def test_traced_gemm(device, rng, shape):
+    m, n, k = shape
+    a = tf.from_numpy(rng.integers(0, 2**16, (m, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
+    b = tf.from_numpy(rng.integers(0, 2**16, (n, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
+    want = kernels.gemm(a, b).numpy()
+    c = poison(tf.empty((m, n), "bfloat16"))
+    kernels.gemm(a, b, c, trace=True)
+    assert np.array_equal(c.numpy(), want)
+    t = tr.last()
+    kinds = {t.kind(int(x)) for x in np.unique(t.events["kind"])}
+    assert {"wait", "wgmma commit", "wgmma wait", "arrive + expect_tx", "TMA store"} <= kinds
+    assert kinds & {"TMA load", "TMA load (multicast)"}
+    roles = set(t.roles().values())
+    assert {"producer", "consumer"} <= roles
+    labels = {t.label(e) for e in t.events[t.events["kind"] == tr.KINDS.index("wait") + 1]}
+    assert any(label.startswith("wait ab_full[") for label in labels)
+    assert any(label.startswith("wait ab_empty[") for label in labels)
+    check_chrome(t, report(f"trace_gemm_{m}x{n}x{k}.json"))
+    if shape == (1024, 1024, 1024) and report("trace_gemm.npz"):
+        t.save(report("trace_gemm.npz"))
+
+
+def test_traced_deadlock_says_what_every_warp_did_last(device, rng):
+    spec = tf.TensorMapSpec.tiled("float32", (12 * 32, 64), (32, 64))
+    pipe = tf.Pipeline("p", stages=2, tiles=[spec])
+    k = tf.Kernel(source("planted"), "planted", layout=tf.SharedLayout([pipe]),
+                  defines={"BUG_MISSING_ARRIVE": 1}, debug=True, trace=True, watchdog_seconds=1.0,
+                  filename="planted.cu")
+    host = rng.standard_normal((12 * 32, 64)).astype(np.float32)
+    out = tf.empty((2, 64), "float32")
+    with pytest.raises(tf.DeadlockError, match=r"(?s)never completed.*Last events of every warp"
+                                               r".*warp 0 \(producer\).*TIMED OUT") as info:
+        k.launch(tf.TensorMap.tiled(tf.from_numpy(host), (32, 64)), out, 12, grid=2, block=64)
+    assert info.value.trace is not None and len(info.value.trace)
+    timed_out = info.value.trace.events[(info.value.trace.events["value"] & tr.TIMED_OUT) != 0]
+    assert len(timed_out) and {info.value.trace.label(e) for e in timed_out} <= \
+        {f"wait p_empty[{s}]" for s in range(2)} | {f"wait p_full[{s}]" for s in range(2)}
+    fixed = tf.Kernel(source("planted"), "planted", layout=tf.SharedLayout([pipe]), debug=True,
+                      trace=True, filename="planted.cu")
+    fixed.launch(tf.TensorMap.tiled(tf.from_numpy(host), (32, 64)), out, 12, grid=2, block=64)
+    np.testing.assert_allclose(out.numpy().astype(np.float64).sum(1),
+                               np.full(2, host.sum(dtype=np.float64)), rtol=1e-4, atol=1e-3)
+    assert fixed.last_trace is not None and fixed.last_trace.wrapped == 0
+
+
+def test_trace_builds_are_not_captured(device, rng):
+    x = tf.from_numpy(rng.standard_normal((64, 512)).astype(np.float32))
+    y = tf.empty((64, 512), "float32")
+    kernels.softmax(x, y, trace=True)
+    with tf.Graph() as g:
+        with pytest.raises(tf.LaunchError, match=r"trace build.*cannot be captured"):
+            with g.capture():
+                kernels.softmax(x, y, trace=True)

@@ -1,0 +1,113 @@
+"""CPU tier: the flight recorder. Trace builds compile (with and without the watchdog) and
+release builds contain none of it; rings parse, name their barriers from the layout, and
+export a valid Chrome / Perfetto JSON."""
+import json
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import trace as tr
+from tmaflow.kernels import examples as ex
+from tmaflow.kernels.matmul import choose_config, gemm_plan
+from tmaflow.kernels.registry import get_kernel
+from tmaflow.launch import LaunchConfig
+
+
+def example_kernels(**flags):
+    plan = gemm_plan(4096, 4096, 4096, "nt", choose_config(4096, 4096, 4096, 132))
+    yield get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", **flags)
+    _, layout, defines = ex.softmax_plan((64, 1024))
+    yield get_kernel("softmax", layout, defines, **flags)
+    _, layout, defines = ex.copy_plan("float32", (1024, 1024))
+    yield get_kernel("tile_copy", layout, dict(defines, STORES=2), **flags)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_release_builds_hold_no_recorder_and_trace_builds_do(debug):
+    for off, on in zip(example_kernels(debug=debug), example_kernels(debug=debug, trace=True)):
+        assert "tmaflow_trace" not in off.ptx and "%smid" not in off.ptx
+        assert off.cubin == tf.Kernel(off.source, off.name, defines=off.defines, layout=off.layout,
+                                      filename=off.filename, debug=debug).cubin
+        assert ".global .align 8 .b8 tmaflow_trace_state" in on.ptx and "%globaltimer" in on.ptx
+        assert on.resources.spill_stores == 0, f"{on.name}: the recorder spills"
+        assert on.cubin != off.cubin
+
+
+def test_trace_flag_is_checked():
+    with pytest.raises(tf.TmaflowError, match=r"trace='yes' must be True or False"):
+        tf.Kernel('extern "C" __global__ void k() {}', "k", trace="yes")
+
+
+def rings(events_per_ring: list[list[tuple]], capacity: int = 8) -> np.ndarray:
+    """Device-like rings: (t0, dur, kind, stage, bar, value) per event, zero slots after."""
+    out = np.zeros((len(events_per_ring), capacity), dtype=tr.EVENT)
+    for r, events in enumerate(events_per_ring):
+        for i, (t0, dur, kind, stage, bar, value) in enumerate(events):
+            out[r, (i + 3) % capacity] = (t0, dur, tr.KINDS.index(kind) + 1, stage, bar, value, 7, 5)
+    return out
+
+
+def layout():
+    spec = tf.TensorMapSpec.tiled("float32", (256, 256), (64, 64))
+    return tf.SharedLayout([tf.Pipeline("ab", stages=2, tiles=[spec])])
+
+
+def test_rings_parse_sort_and_name_barriers():
+    lay = layout()
+    full, empty = lay.offset("ab_full"), lay.offset("ab_empty")
+    producer = [(1000, 0, "arrive + expect_tx", -1, full, 16384), (1010, 0, "TMA load", -1, full, 0),
+                (1500, 40, "wait", 1, empty + 8, 1), (1600, 0, "TMA load", -1, full + 8, 0)]
+    consumer = [(1100, 300, "wait", 0, full, 0), (1420, 0, "arrive", -1, empty, 0),
+                (1900, 2_000_000_000, "wait", 1, full + 8, 0x101)]
+    t = tr.Trace.from_rings(rings([producer, consumer, []]), "k", LaunchConfig(3, 64), lay)
+    assert len(t) == 7 and list(t.events["t0"]) == sorted(t.events["t0"])
+    assert set(t.events["block"]) == {0} and set(t.events["warp"]) == {0, 1}  # rings 0, 1: warps of CTA 0
+    assert t.roles() == {(0, 0): "producer", (0, 1): "consumer"}
+    labels = [t.label(e) for e in t.events]
+    assert "wait ab_full[0]" in labels and "wait ab_empty[1]" in labels and "TMA load ab_full[1]" in labels
+    assert "TIMED OUT" in t.tail() and "warp 1 (consumer)" in t.tail()
+    summary = t.summary()
+    assert "7 events" in summary and "TMA load" in summary and "wait" in summary
+
+
+def test_chrome_json_is_valid_and_complete(tmp_path):
+    lay = layout()
+    full = lay.offset("ab_full")
+    ev = [[(5000 + 100 * i, 50 if i % 2 else 0, "wait" if i % 2 else "TMA load", i % 2, full, 0)
+           for i in range(6)], [(5050, 0, "mark", -1, 0, 42), (5060, 20, "named barrier", -1, 0, 1)]]
+    t = tr.Trace.from_rings(rings(ev), "kern", LaunchConfig(1, 64), lay)
+    path = tmp_path / "t.json"
+    doc = t.to_chrome(path)
+    assert json.loads(path.read_text()) == doc
+    events = doc["traceEvents"]
+    meta = [e for e in events if e["ph"] == "M"]
+    timed = [e for e in events if e["ph"] != "M"]
+    assert len(timed) == len(t) == 8
+    assert {m["args"]["name"] for m in meta} >= {"CTA 0", "warp 0 (producer)", "warp 1 (warp)"}
+    for e in timed:
+        assert e["ph"] in ("X", "i") and isinstance(e["pid"], int) and isinstance(e["tid"], int)
+        assert e["ts"] >= 0 and isinstance(e["name"], str) and e["cat"] in tr.KINDS
+        if e["ph"] == "X":
+            assert e["dur"] > 0 and e["cat"] in tr.SPANS
+    assert any(e["name"] == "mark 42" for e in timed)
+    assert doc["otherData"] == {"kernel": "kern", "events": 8, "wrapped_rings": 0}
+
+
+def test_full_rings_are_reported_and_save_load_round_trips(tmp_path):
+    full = [[(100 + i, 0, "arrive", -1, 0, 0) for i in range(8)]]
+    t = tr.Trace.from_rings(rings(full), "k", LaunchConfig(1, 32))
+    assert t.wrapped == 1 and "1 rings wrapped" in t.summary()
+    t.save(tmp_path / "t.npz")
+    back = tr.Trace.load(tmp_path / "t.npz")
+    assert np.array_equal(back.events, t.events) and back.kernel_name == "k" and back.wrapped == 1
+
+
+def test_png_timeline(tmp_path):
+    pytest.importorskip("matplotlib")
+    lay = layout()
+    ev = [[(1000 + 100 * i, 60, "wait", i % 2, lay.offset("ab_full"), 0) for i in range(5)],
+          [(1000 + 100 * i, 0, "TMA load", -1, lay.offset("ab_full"), 0) for i in range(5)]]
+    t = tr.Trace.from_rings(rings(ev), "k", LaunchConfig(1, 64), lay)
+    t.to_png(tmp_path / "t.png")
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

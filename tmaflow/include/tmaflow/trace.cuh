@@ -1,0 +1,97 @@
+// Flight recorder for trace builds (-DTMAFLOW_TRACE=1, Kernel(trace=True)): the library's own
+// wrappers (barrier waits, arrivals, TMA issue, store waits, wgmma commit/wait, named and
+// cluster barriers, PDL waits) record events stamped with %globaltimer into a ring per warp
+// in device memory, which the host reads after the launch (tmaflow/trace.py). Other builds
+// compile none of this: the macros below expand to nothing.
+#pragma once
+namespace tmaflow { namespace trace {
+// Mirrors tmaflow/trace.py (KINDS, EVENT).
+enum Kind : uint16_t {
+  kWait = 1, kWaitCluster, kArrive, kArriveExpectTx, kExpectTx, kArriveRemote,
+  kTmaLoad, kTmaLoadMulticast, kTmaStore, kTmaReduce, kStoreWait, kStoreWaitRead,
+  kWgmmaCommit, kWgmmaWait, kNamedBarrier, kClusterSync, kGriddepWait, kMark,
+};
+struct Event {           // 32 bytes
+  uint64_t t0;           // %globaltimer (ns) when the operation began
+  uint32_t dur;          // ns it took (waits); 0 for an instant
+  uint16_t kind;
+  int16_t stage;         // pipeline stage (-1: none)
+  uint32_t bar;          // barrier: byte offset into dynamic smem; bit 31 set: static smem address
+  uint32_t value;        // parity (waits), bytes (expect_tx), CTA mask or rank, marker id
+  uint32_t line;         // source line (waits), else 0
+  uint32_t sm;           // %smid
+};
+struct State {
+  Event* events;         // rings x 2^capacity_log2 events, zeroed by the host before the launch
+  uint32_t capacity_log2;
+  uint32_t rings;        // blocks x warps per block
+};
+}}  // namespace tmaflow::trace
+
+#if defined(TMAFLOW_TRACE) && TMAFLOW_TRACE
+extern "C" {
+__device__ tmaflow::trace::State tmaflow_trace_state;
+}
+// One write cursor per warp of the CTA. Never initialised: a ring is written modulo its size
+// from wherever the cursor starts, and the host orders events by time.
+__shared__ uint32_t tmaflow_trace_cursor[32];
+extern __shared__ uint8_t tmaflow_trace_dynamic_smem[];  // aliases the kernel's dynamic smem
+namespace tmaflow { namespace trace {
+TMAFLOW_DEVICE uint64_t now() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+TMAFLOW_DEVICE uint32_t where(uint32_t smem_addr) {
+  uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(tmaflow_trace_dynamic_smem));
+  return smem_addr >= base ? smem_addr - base : (smem_addr | 0x80000000u);
+}
+// Recorded by the lowest active lane of the warp, once per warp-wide call; the lanes meet
+// again before returning (wgmma and bar instructions after it need the warp converged).
+// Inlined: a call after setmaxnreg cannot be register-allocated (ptxas C7600).
+__device__ __forceinline__ void record(uint16_t kind, int32_t stage, uint32_t bar, uint32_t value,
+                                       uint64_t t0, uint32_t line) {
+  const uint32_t active = __activemask();
+  const State st = tmaflow_trace_state;
+  if ((threadIdx.x & 31u) == static_cast<uint32_t>(__ffs(active) - 1) && st.events != nullptr) {
+    const uint32_t threads = blockDim.x * blockDim.y * blockDim.z;
+    const uint32_t tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const uint32_t block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const uint32_t warp = tid / 32u, ring = block * ((threads + 31u) / 32u) + warp;
+    if (ring < st.rings) {
+      const uint32_t slot = atomicAdd(&tmaflow_trace_cursor[warp], 1u) & ((1u << st.capacity_log2) - 1u);
+      const uint64_t t1 = now();
+      uint32_t sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      Event* e = st.events + (static_cast<uint64_t>(ring) << st.capacity_log2) + slot;
+      const uint64_t start = t0 ? t0 : t1;
+      e->dur = static_cast<uint32_t>(t1 - start);
+      e->kind = kind;
+      e->stage = static_cast<int16_t>(stage);
+      e->bar = bar;
+      e->value = value;
+      e->line = line;
+      e->sm = sm;
+      e->t0 = start;  // last: the host treats t0 == 0 as an empty slot
+    }
+  }
+  __syncwarp(active);
+}
+// A user marker: shows as an instant named "mark <id>" in the trace.
+TMAFLOW_DEVICE void mark(uint32_t id) { record(kMark, -1, 0, id, 0, 0); }
+}}  // namespace tmaflow::trace
+#define TMAFLOW_TRACE_BEGIN() const uint64_t tmaflow_trace_t0_ = ::tmaflow::trace::now()
+#define TMAFLOW_TRACE_SPAN(kind, stage, bar, value, line) \
+  ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), tmaflow_trace_t0_, (line))
+#define TMAFLOW_TRACE_EVENT(kind, stage, bar, value) \
+  ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), 0, 0)
+#define TMAFLOW_TRACE_BAR(ptr) ::tmaflow::trace::where(smem_u32(ptr))
+#else
+namespace tmaflow { namespace trace {
+TMAFLOW_DEVICE void mark(uint32_t) {}
+}}  // namespace tmaflow::trace
+#define TMAFLOW_TRACE_BEGIN() do {} while (0)
+#define TMAFLOW_TRACE_SPAN(kind, stage, bar, value, line) do {} while (0)
+#define TMAFLOW_TRACE_EVENT(kind, stage, bar, value) do {} while (0)
+#define TMAFLOW_TRACE_BAR(ptr) 0u
+#endif

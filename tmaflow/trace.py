@@ -1,0 +1,294 @@
+"""The flight recorder: timelines of what a kernel's TMA copies, barriers and wgmma did.
+
+A kernel compiled with ``trace=True`` (``Kernel(..., trace=True)``, or ``trace=True`` on the
+entry points) records an event each time a device-library wrapper runs: barrier waits (with
+how long they took), arrivals and announced transaction bytes, TMA loads / stores /
+reductions, bulk store waits, wgmma commit / wait, named and cluster barriers, PDL waits and
+user markers (``tmaflow::trace::mark(id)``). Events go into a ring per warp in device memory
+(the last ``capacity`` events of each warp are kept), stamped with ``%globaltimer``. After a
+traced launch the host copies them out: ``kernel.last_trace`` / ``tf.trace.last()`` is a
+:class:`Trace`, which exports a Chrome / Perfetto JSON (``to_chrome``) and a PNG timeline
+(``to_png``), and summarises itself. A traced launch is synchronous.
+
+Without ``trace=True`` none of this is compiled (the macros expand to nothing).
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+import threading
+
+import numpy as np
+
+from . import driver
+from .errors import TmaflowError
+
+# Mirrors enum tmaflow::trace::Kind (include/tmaflow/trace.cuh), from 1.
+KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", "arrive (remote)",
+         "TMA load", "TMA load (multicast)", "TMA store", "TMA reduce", "store wait",
+         "store wait (read)", "wgmma commit", "wgmma wait", "named barrier", "cluster sync",
+         "PDL wait", "mark")
+SPANS = {"wait", "wait (cluster)", "store wait", "store wait (read)", "wgmma wait", "named barrier",
+         "cluster sync", "PDL wait"}
+EVENT = np.dtype([("t0", "<u8"), ("dur", "<u4"), ("kind", "<u2"), ("stage", "<i2"), ("bar", "<u4"),
+                  ("value", "<u4"), ("line", "<u4"), ("sm", "<u4")])
+assert EVENT.itemsize == 32
+STATIC_SMEM = 0x80000000  # bar: bit 31 = an address in static shared memory
+TIMED_OUT = 0x100  # value of a wait the watchdog gave up on
+DEFAULT_CAPACITY = 1024  # events kept per warp
+BUDGET_BYTES = 256 << 20  # device memory for the rings of one launch, at most
+
+_last = threading.local()
+
+
+def last() -> "Trace | None":
+    """The trace of this thread's latest traced launch."""
+    return getattr(_last, "trace", None)
+
+
+class Recorder:
+    """Per-module state of a trace build: the ring buffer and the device global naming it."""
+
+    def __init__(self, module, device, capacity: int = DEFAULT_CAPACITY):
+        cu = driver.cu()
+        err, ptr, _size = cu.cuModuleGetGlobal(module, b"tmaflow_trace_state")
+        self.state = int(ptr) if int(err) == 0 else None  # a kernel without wrappers: inert
+        self.device, self.capacity = device, capacity
+        self.buffer = None
+        self.rings = self.capacity_log2 = 0
+        self._state_bytes = None
+
+    def arm(self, config, stream: int) -> None:
+        """Size, zero and publish the rings for a launch of ``config`` on ``stream``."""
+        if self.state is None:
+            return
+        from .memory import empty
+
+        warps = -(-config.threads // 32)
+        self.rings = math.prod(config.grid) * warps
+        log2 = max(4, int(math.log2(self.capacity)))
+        while log2 > 4 and self.rings * (EVENT.itemsize << log2) > BUDGET_BYTES:
+            log2 -= 1  # large grids keep fewer events per warp
+        self.capacity_log2 = log2
+        nbytes = self.rings * (EVENT.itemsize << log2)
+        if self.buffer is None or self.buffer.nbytes < nbytes or not self.buffer.alive:
+            self.buffer = empty(nbytes, "uint8", self.device)
+        driver.call("cuMemsetD8Async", self.buffer.ptr, 0, nbytes, stream)
+        self._state_bytes = struct.pack("<QII", self.buffer.ptr, log2, self.rings)
+        driver.call("cuMemcpyHtoDAsync", self.state, self._state_bytes, 16, stream)
+
+    def collect(self, stream: int, kernel, config) -> "Trace | None":
+        """Wait for the launch, copy the rings out and keep them as ``kernel.last_trace``."""
+        if self.state is None:
+            return None
+        driver.call("cuStreamSynchronize", stream)
+        events = np.empty(self.rings << self.capacity_log2, dtype=EVENT)
+        driver.call("cuMemcpyDtoH", events.ctypes.data, self.buffer.ptr, events.nbytes)
+        trace = Trace.from_rings(events.reshape(self.rings, -1), kernel.name, config,
+                                 getattr(kernel, "layout", None))
+        kernel.last_trace = _last.trace = trace
+        return trace
+
+    def close(self) -> None:
+        self.buffer = None
+
+
+class Trace:
+    """The events of one traced launch: ``events`` (a numpy structured array sorted by time,
+    with ``block`` and ``warp`` columns), exports and summaries. ``save`` / ``Trace.load``
+    keep one in an ``.npz`` file (to draw it on another machine, say)."""
+
+    def __init__(self, events: np.ndarray, kernel_name: str, warps_per_block: int,
+                 placements=(), wrapped: int = 0):
+        self.events, self.kernel_name = events, kernel_name
+        self.warps_per_block, self.wrapped = warps_per_block, wrapped
+        self.placements = [(str(n), int(o), int(b)) for n, o, b in placements]
+
+    @classmethod
+    def from_rings(cls, rings: np.ndarray, kernel_name: str, config, layout=None) -> "Trace":
+        """From the rings as the device left them: empty slots dropped, sorted by time."""
+        warps = -(-config.threads // 32) if config is not None else 1
+        ring_index = np.repeat(np.arange(rings.shape[0]), rings.shape[1]).reshape(rings.shape)
+        valid = rings["t0"] != 0
+        ev, ring = rings[valid], ring_index[valid]
+        order = np.argsort(ev["t0"], kind="stable")
+        ev, ring = ev[order], ring[order]
+        out = np.empty(len(ev), dtype=EVENT.descr + [("block", "<u4"), ("warp", "<u4")])
+        for name in EVENT.names:
+            out[name] = ev[name]
+        out["block"], out["warp"] = ring // warps, ring % warps
+        placements = [(p.name, p.offset, p.nbytes) for p in getattr(layout, "placements", ())]
+        # a ring that came back full may have lost its oldest events
+        wrapped = int((valid.sum(axis=1) == rings.shape[1]).sum())
+        return cls(out, kernel_name, warps, placements, wrapped)
+
+    def save(self, path) -> None:
+        meta = json.dumps({"kernel": self.kernel_name, "warps_per_block": self.warps_per_block,
+                           "placements": self.placements, "wrapped": self.wrapped})
+        np.savez_compressed(path, events=self.events, meta=np.array(meta))
+
+    @classmethod
+    def load(cls, path) -> "Trace":
+        with np.load(path) as f:
+            meta = json.loads(str(f["meta"]))
+            return cls(f["events"], meta["kernel"], meta["warps_per_block"], meta["placements"],
+                       meta["wrapped"])
+
+    # --- naming ----------------------------------------------------------------------------
+    def kind(self, code: int) -> str:
+        return KINDS[code - 1] if 1 <= code <= len(KINDS) else f"kind {code}"
+
+    def barrier(self, bar: int) -> str:
+        """The layout item a barrier offset falls in, with its stage: 'tiles_full[2]'."""
+        if bar & STATIC_SMEM:
+            return f"static smem 0x{bar & ~STATIC_SMEM:x}"
+        for name, offset, nbytes in self.placements:
+            if offset <= bar < offset + nbytes:
+                return f"{name}[{(bar - offset) // 8}]" if name.endswith(("_full", "_empty")) \
+                    else f"{name}+{bar - offset}"
+        return f"smem+{bar}"
+
+    def roles(self) -> dict:
+        """(block, warp) -> role, from what the warp did: 'producer' issued TMA loads,
+        'consumer' waited on wgmma or on barriers it did not fill, 'storer' issued stores."""
+        roles = {}
+        kinds = self.events["kind"]
+        for key in {(int(b), int(w)) for b, w in zip(self.events["block"], self.events["warp"])}:
+            mine = kinds[(self.events["block"] == key[0]) & (self.events["warp"] == key[1])]
+            names = {self.kind(int(k)) for k in np.unique(mine)}
+            if names & {"TMA load", "TMA load (multicast)"}:
+                roles[key] = "producer"
+            elif "wgmma wait" in names or "wait" in names:
+                roles[key] = "consumer"
+            elif "TMA store" in names:
+                roles[key] = "storer"
+            else:
+                roles[key] = "warp"
+        return roles
+
+    def label(self, e) -> str:
+        name = self.kind(int(e["kind"]))
+        if name in ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx",
+                    "arrive (remote)", "TMA load", "TMA load (multicast)"):
+            where = self.barrier(int(e["bar"]))
+            if e["stage"] >= 0 and "[" not in where:
+                where += f"[{e['stage']}]"
+            return f"{name} {where}"
+        if name == "mark":
+            return f"mark {int(e['value'])}"
+        return name
+
+    # --- exports ---------------------------------------------------------------------------
+    def to_chrome(self, path=None) -> dict:
+        """The Chrome trace-event JSON (opens in Perfetto and chrome://tracing): one process per
+        CTA, one thread per warp named by its role; waits are spans, the rest instants."""
+        t_min = int(self.events["t0"].min()) if len(self.events) else 0
+        roles = self.roles()
+        out = []
+        for (block, warp), role in sorted(roles.items()):
+            out.append({"ph": "M", "name": "process_name", "pid": block, "tid": 0,
+                        "args": {"name": f"CTA {block}"}})
+            out.append({"ph": "M", "name": "thread_name", "pid": block, "tid": warp,
+                        "args": {"name": f"warp {warp} ({role})"}})
+        for e in self.events:
+            name = self.kind(int(e["kind"]))
+            args = {"sm": int(e["sm"]), "value": int(e["value"])}
+            if e["stage"] >= 0:
+                args["stage"] = int(e["stage"])
+            if e["line"]:
+                args["line"] = int(e["line"])
+            if name in ("wait", "wait (cluster)"):
+                args["parity"] = int(e["value"]) & 1
+                if int(e["value"]) & TIMED_OUT:
+                    args["timed_out"] = True
+            item = {"name": self.label(e), "cat": name, "pid": int(e["block"]), "tid": int(e["warp"]),
+                    "ts": (int(e["t0"]) - t_min) / 1e3, "args": args}
+            if name in SPANS:
+                item.update(ph="X", dur=max(int(e["dur"]), 1) / 1e3)
+            else:
+                item.update(ph="i", s="t")
+            out.append(item)
+        doc = {"traceEvents": out, "displayTimeUnit": "ns",
+               "otherData": {"kernel": self.kernel_name, "events": int(len(self.events)),
+                             "wrapped_rings": self.wrapped}}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
+
+    def to_png(self, path, blocks: int = 4, width: float = 14.0) -> None:
+        """A timeline of the first ``blocks`` CTAs: a lane per warp, waits as bars coloured by
+        stage, loads and stores as ticks (needs matplotlib: the ``plot`` extra)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise TmaflowError("Trace.to_png needs matplotlib (pip install 'tmaflow[plot]')") from None
+        roles = self.roles()
+        shown = sorted({b for b, _ in roles})[:blocks]
+        lanes = [(b, w) for b, w in sorted(roles) if b in shown]
+        if not lanes:
+            raise TmaflowError("Trace.to_png: the trace has no events")
+        t_min = int(self.events["t0"].min())
+        fig, ax = plt.subplots(figsize=(width, 0.35 * len(lanes) + 1.2))
+        cmap = plt.get_cmap("tab10")
+        for y, (b, w) in enumerate(lanes):
+            mine = self.events[(self.events["block"] == b) & (self.events["warp"] == w)]
+            for e in mine:
+                name = self.kind(int(e["kind"]))
+                x = (int(e["t0"]) - t_min) / 1e3
+                if name in SPANS:
+                    colour = cmap(int(e["stage"]) % 10) if e["stage"] >= 0 else "0.6"
+                    ax.broken_barh([(x, max(int(e["dur"]), 20) / 1e3)], (y - 0.35, 0.7), color=colour)
+                elif name.startswith("TMA"):
+                    ax.plot([x, x], [y - 0.4, y + 0.4], color="k" if "load" in name else "r", lw=0.6)
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels([f"CTA {b} warp {w} ({roles[(b, w)]})" for b, w in lanes], fontsize=7)
+        ax.set_xlabel("µs since the first event")
+        ax.set_title(f"{self.kernel_name}: waits coloured by stage; TMA loads black, stores red")
+        ax.invert_yaxis()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    def summary(self) -> str:
+        if not len(self.events):
+            return f"{self.kernel_name}: no events recorded"
+        span_us = (int(self.events["t0"].max()) - int(self.events["t0"].min())) / 1e3
+        lines = [f"{self.kernel_name}: {len(self.events)} events over {span_us:.1f} µs, "
+                 f"{len(set(self.events['block'].tolist()))} CTAs"
+                 + (f", {self.wrapped} rings wrapped (oldest events lost)" if self.wrapped else "")]
+        for code in np.unique(self.events["kind"]):
+            sel = self.events[self.events["kind"] == code]
+            name = self.kind(int(code))
+            if name in SPANS:
+                lines.append(f"  {name:22s} {len(sel):8d}  mean {sel['dur'].mean() / 1e3:8.2f} µs  "
+                             f"max {sel['dur'].max() / 1e3:8.2f} µs")
+            else:
+                lines.append(f"  {name:22s} {len(sel):8d}")
+        return "\n".join(lines)
+
+    def tail(self, n: int = 4) -> str:
+        """The last ``n`` events of every warp, as text (what led up to a hang)."""
+        roles = self.roles()
+        t_min = int(self.events["t0"].min()) if len(self.events) else 0
+        lines = []
+        for (b, w), role in sorted(roles.items()):
+            mine = self.events[(self.events["block"] == b) & (self.events["warp"] == w)][-n:]
+            steps = []
+            for e in mine:
+                text = f"{self.label(e)} @{(int(e['t0']) - t_min) / 1e3:.1f}us"
+                if int(e["value"]) & TIMED_OUT and self.kind(int(e["kind"])).startswith("wait"):
+                    text += " TIMED OUT"
+                steps.append(text)
+            lines.append(f"  CTA {b} warp {w} ({role}): " + " -> ".join(steps))
+        return "\n".join(lines)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __repr__(self) -> str:
+        return f"Trace({self.kernel_name}, {len(self.events)} events)"
