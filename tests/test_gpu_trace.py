@@ -31,47 +31,53 @@ def check_chrome(t, path=None):
     return timed
 
 
-def test_traced_softmax(device, rng):
+@pytest.mark.parametrize("level", ["stage", "all"])
+def test_traced_softmax(device, rng, level):
     host = rng.standard_normal((512, 2048)).astype(np.float32)
     x = tf.from_numpy(host)
     want = kernels.softmax(x).numpy()
     y = poison(tf.empty(host.shape, "float32"))
-    kernels.softmax(x, y, trace=True)
+    kernels.softmax(x, y, trace=level)
     assert np.array_equal(y.numpy(), want)
     t = tr.last()
     assert t is not None and t.kernel_name == "softmax" and t.wrapped == 0
     kinds = {t.kind(int(k)) for k in np.unique(t.events["kind"])}
-    assert {"TMA load", "wait", "TMA store", "named barrier", "store wait (read)"} <= kinds
+    assert {"wait", "arrive + expect_tx", "TMA store", "store wait"} <= kinds
+    detail = {"TMA load", "named barrier"}
+    assert detail <= kinds if level == "all" else not detail & kinds
     waits = t.events[t.events["kind"] == tr.KINDS.index("wait") + 1]
     names = {t.label(e) for e in waits}
     assert names and all(n.startswith("wait rows_full[") for n in names), names
     # each wait's stage (from the call site) is the index of the barrier it waited on
     assert all(t.label(e) == f"wait rows_full[{e['stage']}]" for e in waits)
     assert "producer" in set(t.roles().values())
-    check_chrome(t, report("trace_softmax.json"))
+    check_chrome(t)
 
 
-@pytest.mark.parametrize("shape", [(1024, 1024, 1024), (384, 640, 512)])
-def test_traced_gemm(device, rng, shape):
+@pytest.mark.parametrize("shape,level", [((1024, 1024, 1024), "stage"), ((1024, 1024, 1024), "all"),
+                                         ((384, 640, 512), "all")])
+def test_traced_gemm(device, rng, shape, level):
     m, n, k = shape
     a = tf.from_numpy(rng.integers(0, 2**16, (m, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
     b = tf.from_numpy(rng.integers(0, 2**16, (n, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
     want = kernels.gemm(a, b).numpy()
     c = poison(tf.empty((m, n), "bfloat16"))
-    kernels.gemm(a, b, c, trace=True)
+    kernels.gemm(a, b, c, trace=level)
     assert np.array_equal(c.numpy(), want)
     t = tr.last()
     kinds = {t.kind(int(x)) for x in np.unique(t.events["kind"])}
-    assert {"wait", "wgmma commit", "wgmma wait", "arrive + expect_tx", "TMA store"} <= kinds
-    assert kinds & {"TMA load", "TMA load (multicast)"}
+    assert {"wait", "arrive + expect_tx", "TMA store"} <= kinds
+    detail = {"wgmma commit", "wgmma wait"}
+    assert detail <= kinds and kinds & {"TMA load", "TMA load (multicast)"} if level == "all" \
+        else not detail & kinds
     roles = set(t.roles().values())
     assert {"producer", "consumer"} <= roles
     labels = {t.label(e) for e in t.events[t.events["kind"] == tr.KINDS.index("wait") + 1]}
     assert any(label.startswith("wait ab_full[") for label in labels)
     assert any(label.startswith("wait ab_empty[") for label in labels)
-    check_chrome(t, report(f"trace_gemm_{m}x{n}x{k}.json"))
+    check_chrome(t)
     if shape == (1024, 1024, 1024) and report("trace_gemm.npz"):
-        t.save(report("trace_gemm.npz"))
+        t.save(report(f"trace_gemm_{level}.npz"))
 
 
 def test_traced_deadlock_says_what_every_warp_did_last(device, rng):

@@ -23,9 +23,9 @@ def example_kernels(**flags):
     yield get_kernel("tile_copy", layout, dict(defines, STORES=2), **flags)
 
 
-@pytest.mark.parametrize("debug", [False, True])
-def test_release_builds_hold_no_recorder_and_trace_builds_do(debug):
-    for off, on in zip(example_kernels(debug=debug), example_kernels(debug=debug, trace=True)):
+@pytest.mark.parametrize("debug,level", [(False, "stage"), (True, "stage"), (False, "all")])
+def test_release_builds_hold_no_recorder_and_trace_builds_do(debug, level):
+    for off, on in zip(example_kernels(debug=debug), example_kernels(debug=debug, trace=level)):
         assert "tmaflow_trace" not in off.ptx and "%smid" not in off.ptx
         assert off.cubin == tf.Kernel(off.source, off.name, defines=off.defines, layout=off.layout,
                                       filename=off.filename, debug=debug).cubin
@@ -35,8 +35,10 @@ def test_release_builds_hold_no_recorder_and_trace_builds_do(debug):
 
 
 def test_trace_flag_is_checked():
-    with pytest.raises(tf.TmaflowError, match=r"trace='yes' must be True or False"):
-        tf.Kernel('extern "C" __global__ void k() {}', "k", trace="yes")
+    for bad in ("yes", 1, None):
+        with pytest.raises(tf.TmaflowError, match=r"trace=.* must be False, True \(= 'stage'\) or 'all'"):
+            tf.Kernel('extern "C" __global__ void k() {}', "k", trace=bad)
+    assert tf.Kernel('extern "C" __global__ void k() {}', "k", trace=True).trace == "stage"
 
 
 def rings(events_per_ring: list[list[tuple]], capacity: int = 8) -> np.ndarray:

@@ -118,7 +118,7 @@ class Kernel:
     def __init__(self, source: str, name: str, *, defines: dict | None = None, layout=None,
                  arch: str | None = None, options=(), debug: bool | None = None,
                  watchdog_seconds: float | None = None, filename: str = "kernel.cu",
-                 trace: bool = False):
+                 trace: bool | str = False):
         if not isinstance(source, str) or not source.strip():
             raise TmaflowError(f"Kernel: source must be non-empty CUDA C++ text (got {type(source).__name__})")
         if "\0" in source:
@@ -137,9 +137,9 @@ class Kernel:
         if debug is not None and not isinstance(debug, bool):
             raise TmaflowError(f"Kernel: debug={debug!r} must be True, False or None (TMAFLOW_DEBUG)")
         self.debug = debug if debug is not None else watchdog.env_debug()
-        if not isinstance(trace, bool):
-            raise TmaflowError(f"Kernel: trace={trace!r} must be True or False")
-        self.trace = trace
+        if not (trace is False or trace is True or isinstance(trace, str) and trace in ("stage", "all")):
+            raise TmaflowError(f"Kernel: trace={trace!r} must be False, True (= 'stage') or 'all'")
+        self.trace = "stage" if trace is True else trace  # False, "stage" or "all"
         self.last_trace = None  # the Trace of the latest traced launch (trace builds)
         if watchdog_seconds is not None and (isinstance(watchdog_seconds, bool) or
                                              not isinstance(watchdog_seconds, (int, float)) or
@@ -178,7 +178,7 @@ class Kernel:
             opts += ["-lineinfo", "-DTMAFLOW_DEBUG=1",
                      f"-DTMAFLOW_WATCHDOG_NS={int(self.watchdog_seconds * 1e9)}ull"]
         if self.trace:
-            opts += ["-lineinfo", "-DTMAFLOW_TRACE=1"]
+            opts += ["-lineinfo", f"-DTMAFLOW_TRACE={2 if self.trace == 'all' else 1}"]
         return tuple(opts) + self.options
 
     def _headers(self) -> dict[str, str]:
@@ -335,4 +335,4 @@ class Kernel:
 
     def __repr__(self) -> str:
         return (f"Kernel({self.name!r}, arch={self._arch or 'auto'}, debug={self.debug}"
-                + (", trace=True)" if self.trace else ")"))
+                + (f", trace={self.trace!r})" if self.trace else ")"))

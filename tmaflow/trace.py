@@ -1,10 +1,11 @@
 """The flight recorder: timelines of what a kernel's TMA copies, barriers and wgmma did.
 
 A kernel compiled with ``trace=True`` (``Kernel(..., trace=True)``, or ``trace=True`` on the
-entry points) records an event each time a device-library wrapper runs: barrier waits (with
-how long they took), arrivals and announced transaction bytes, TMA loads / stores /
-reductions, bulk store waits, wgmma commit / wait, named and cluster barriers, PDL waits and
-user markers (``tmaflow::trace::mark(id)``). Events go into a ring per warp in device memory
+entry points) records an event each time a device-library wrapper of a pipeline stage runs:
+the waits on a stage's barriers (with how long they took), the announced transaction bytes,
+TMA stores and store waits, cluster syncs, PDL waits and user markers
+(``tmaflow::trace::mark(id)``). ``trace="all"`` also records every arrival, TMA load and
+reduction, wgmma commit / wait and named barrier (more detail, more cost: BENCHMARKS.md). Events go into a ring per warp in device memory
 (the last ``capacity`` events of each warp are kept), stamped with ``%globaltimer``. After a
 traced launch the host copies them out: ``kernel.last_trace`` / ``tf.trace.last()`` is a
 :class:`Trace`, which exports a Chrome / Perfetto JSON (``to_chrome``) and a PNG timeline
@@ -150,14 +151,15 @@ class Trace:
         return f"smem+{bar}"
 
     def roles(self) -> dict:
-        """(block, warp) -> role, from what the warp did: 'producer' issued TMA loads,
+        """(block, warp) -> role, from what the warp did: 'producer' issued TMA loads (or
+        announced their bytes),
         'consumer' waited on wgmma or on barriers it did not fill, 'storer' issued stores."""
         roles = {}
         kinds = self.events["kind"]
         for key in {(int(b), int(w)) for b, w in zip(self.events["block"], self.events["warp"])}:
             mine = kinds[(self.events["block"] == key[0]) & (self.events["warp"] == key[1])]
             names = {self.kind(int(k)) for k in np.unique(mine)}
-            if names & {"TMA load", "TMA load (multicast)"}:
+            if names & {"TMA load", "TMA load (multicast)", "arrive + expect_tx"}:
                 roles[key] = "producer"
             elif "wgmma wait" in names or "wait" in names:
                 roles[key] = "consumer"

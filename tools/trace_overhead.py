@@ -1,8 +1,8 @@
 """What the flight recorder costs: the bf16 GEMM and the row softmax, release build against
 trace build, same inputs, paired rounds of CUDA-event-timed launches (kernel time only: the
 rings are armed once and the launches go straight to cuLaunchKernelEx, so the copy of the
-events back to the host is not counted). Also leaves a Chrome trace, a saved trace (.npz)
-and their summaries in --out.
+events back to the host is not counted), for trace="stage" and trace="all". Also leaves saved
+traces (.npz; `python -m tmaflow trace --load F --json J --png P` draws them) in --out.
 
     PYTHONPATH=. python3 tools/trace_overhead.py [--out DIR]
 """
@@ -47,23 +47,25 @@ def main():
     rows = []
     with Timer() as timer:
         for name, (prepare, flops) in cases.items():
-            release, _ = raw(prepare())
-            traced, launcher = raw(prepare(trace=True))
-            launcher._recorder.arm(launcher.config, 0)
-            got = timer.paired({"release": release, "trace": traced}, repeats=args.repeats, batch=5)
-            ratio = statistics.median(t / r for r, t in zip(got["release"], got["trace"]))
-            rel, tra = statistics.median(got["release"]), statistics.median(got["trace"])
-            rows.append((name, rel * 1e6, tra * 1e6, ratio,
-                         f"{flops / rel / 1e12:.0f} vs {flops / tra / 1e12:.0f} TFLOP/s" if flops else ""))
-            prepare(trace=True)()  # one traced launch through the launcher: events collected
-            t = tf.trace.last()
-            stem = os.path.join(args.out, "trace_" + name.split()[0])
-            t.to_chrome(stem + ".json")
-            t.save(stem + ".npz")
-            print(t.summary())
-    print(f"{'kernel':22s} {'release us':>11s} {'trace us':>9s} {'trace/release':>14s}")
+            fns = {"release": raw(prepare())[0]}
+            for level in ("stage", "all"):
+                fns[level], launcher = raw(prepare(trace=level))
+                launcher._recorder.arm(launcher.config, 0)
+            got = timer.paired(fns, repeats=args.repeats, batch=5)
+            rel = statistics.median(got["release"])
+            for level in ("stage", "all"):
+                ratio = statistics.median(t / r for r, t in zip(got["release"], got[level]))
+                tra = statistics.median(got[level])
+                rows.append((f"{name} ({level})", rel * 1e6, tra * 1e6, ratio,
+                             f"{flops / rel / 1e12:.0f} vs {flops / tra / 1e12:.0f} TFLOP/s" if flops else ""))
+                prepare(trace=level)()  # one traced launch through the launcher: events collected
+                t = tf.trace.last()
+                print(t.summary())
+                if "4096" not in name:
+                    t.save(os.path.join(args.out, f"trace_{name.split()[0]}_{level}.npz"))
+    print(f"{'kernel (trace level)':30s} {'release us':>11s} {'trace us':>9s} {'trace/release':>14s}")
     for name, rel, tra, ratio, note in rows:
-        print(f"{name:22s} {rel:11.1f} {tra:9.1f} {ratio:14.3f}  {note}")
+        print(f"{name:30s} {rel:11.1f} {tra:9.1f} {ratio:14.3f}  {note}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ TMAFLOW_DEVICE void arrive_relaxed() { asm volatile("barrier.cluster.arrive.rela
 // barrier.cluster.wait.acquire.aligned
 TMAFLOW_DEVICE void wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 TMAFLOW_DEVICE void sync() {
-  TMAFLOW_TRACE_BEGIN();
+  TMAFLOW_TRACE_BEGIN(kClusterSync);
   arrive();
   wait();
   TMAFLOW_TRACE_SPAN(kClusterSync, -1, 0, 0, 0);

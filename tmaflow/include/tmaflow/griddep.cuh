@@ -6,7 +6,7 @@ namespace tmaflow { namespace griddep {
 // griddepcontrol.wait — until every prerequisite grid has completed and its memory operations
 // are visible to this grid. Returns at once in a grid launched without PDL.
 TMAFLOW_DEVICE void wait() {
-  TMAFLOW_TRACE_BEGIN();
+  TMAFLOW_TRACE_BEGIN(kGriddepWait);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   TMAFLOW_TRACE_SPAN(kGriddepWait, -1, 0, 0, 0);
 }

@@ -146,13 +146,13 @@ TMAFLOW_DEVICE void prefetch_descriptor(const CUtensorMap* map) {
 TMAFLOW_DEVICE void commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // cp.async.bulk.wait_group N — at most N groups still pending (writes complete).
 template <int N = 0> TMAFLOW_DEVICE void wait_group() {
-  TMAFLOW_TRACE_BEGIN();
+  TMAFLOW_TRACE_BEGIN(kStoreWait);
   asm volatile("cp.async.bulk.wait_group %0;" :: "n"(N) : "memory");
   TMAFLOW_TRACE_SPAN(kStoreWait, -1, 0, N, 0);
 }
 // cp.async.bulk.wait_group.read N — sources of all but N groups were read (smem reusable).
 template <int N = 0> TMAFLOW_DEVICE void wait_group_read() {
-  TMAFLOW_TRACE_BEGIN();
+  TMAFLOW_TRACE_BEGIN(kStoreWaitRead);
   asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"(N) : "memory");
   TMAFLOW_TRACE_SPAN(kStoreWaitRead, -1, 0, N, 0);
 }

@@ -1,8 +1,9 @@
-// Flight recorder for trace builds (-DTMAFLOW_TRACE=1, Kernel(trace=True)): the library's own
-// wrappers (barrier waits, arrivals, TMA issue, store waits, wgmma commit/wait, named and
-// cluster barriers, PDL waits) record events stamped with %globaltimer into a ring per warp
-// in device memory, which the host reads after the launch (tmaflow/trace.py). Other builds
-// compile none of this: the macros below expand to nothing.
+// Flight recorder for trace builds: the library's own wrappers record events stamped with
+// %globaltimer into a ring per warp in device memory, which the host reads after the launch
+// (tmaflow/trace.py). TMAFLOW_TRACE=1 (Kernel(trace=True) / "stage"): pipeline waits (those
+// with a stage), announced bytes (arrive + expect_tx), TMA stores and store waits, cluster
+// syncs, PDL waits, marks. TMAFLOW_TRACE=2 ("all"): also every arrival, TMA load / reduce,
+// wgmma commit / wait, named barrier and stage-less wait. Other builds compile none of this.
 #pragma once
 namespace tmaflow { namespace trace {
 // Mirrors tmaflow/trace.py (KINDS, EVENT).
@@ -29,6 +30,7 @@ struct State {
 }}  // namespace tmaflow::trace
 
 #if defined(TMAFLOW_TRACE) && TMAFLOW_TRACE
+#define TMAFLOW_TRACE_LEVEL TMAFLOW_TRACE
 extern "C" {
 __device__ tmaflow::trace::State tmaflow_trace_state;
 }
@@ -37,6 +39,13 @@ __device__ tmaflow::trace::State tmaflow_trace_state;
 __shared__ uint32_t tmaflow_trace_cursor[32];
 extern __shared__ uint8_t tmaflow_trace_dynamic_smem[];  // aliases the kernel's dynamic smem
 namespace tmaflow { namespace trace {
+// Whether this build records events of `kind` (decided at compile time).
+__host__ __device__ constexpr bool traced(uint32_t kind) {
+  return TMAFLOW_TRACE_LEVEL >= 2 ||
+         !(kind == kArrive || kind == kExpectTx || kind == kArriveRemote || kind == kTmaLoad ||
+           kind == kTmaLoadMulticast || kind == kTmaReduce || kind == kWgmmaCommit ||
+           kind == kWgmmaWait || kind == kNamedBarrier);
+}
 TMAFLOW_DEVICE uint64_t now() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -63,16 +72,13 @@ __device__ __forceinline__ void record(uint16_t kind, int32_t stage, uint32_t ba
       const uint64_t t1 = now();
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-      Event* e = st.events + (static_cast<uint64_t>(ring) << st.capacity_log2) + slot;
+      uint4* e = reinterpret_cast<uint4*>(st.events + (static_cast<uint64_t>(ring) << st.capacity_log2) + slot);
       const uint64_t start = t0 ? t0 : t1;
-      e->dur = static_cast<uint32_t>(t1 - start);
-      e->kind = kind;
-      e->stage = static_cast<int16_t>(stage);
-      e->bar = bar;
-      e->value = value;
-      e->line = line;
-      e->sm = sm;
-      e->t0 = start;  // last: the host treats t0 == 0 as an empty slot
+      e[1] = make_uint4(bar, value, line, sm);
+      // t0 (the first half) last: the host treats t0 == 0 as an empty slot
+      e[0] = make_uint4(static_cast<uint32_t>(start), static_cast<uint32_t>(start >> 32),
+                        static_cast<uint32_t>(t1 - start),
+                        uint32_t(kind) | (uint32_t(static_cast<uint16_t>(stage)) << 16));
     }
   }
   __syncwarp(active);
@@ -80,17 +86,23 @@ __device__ __forceinline__ void record(uint16_t kind, int32_t stage, uint32_t ba
 // A user marker: shows as an instant named "mark <id>" in the trace.
 TMAFLOW_DEVICE void mark(uint32_t id) { record(kMark, -1, 0, id, 0, 0); }
 }}  // namespace tmaflow::trace
-#define TMAFLOW_TRACE_BEGIN() const uint64_t tmaflow_trace_t0_ = ::tmaflow::trace::now()
-#define TMAFLOW_TRACE_SPAN(kind, stage, bar, value, line) \
-  ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), tmaflow_trace_t0_, (line))
-#define TMAFLOW_TRACE_EVENT(kind, stage, bar, value) \
-  ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), 0, 0)
+#define TMAFLOW_TRACE_BEGIN(kind) \
+  const uint64_t tmaflow_trace_t0_ = ::tmaflow::trace::traced(::tmaflow::trace::kind) ? ::tmaflow::trace::now() : 0
+#define TMAFLOW_TRACE_SPAN(kind, stage, bar, value, line) do { \
+  if (::tmaflow::trace::traced(::tmaflow::trace::kind)) \
+    ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), tmaflow_trace_t0_, (line)); \
+  } while (0)
+#define TMAFLOW_TRACE_EVENT(kind, stage, bar, value) do { \
+  if (::tmaflow::trace::traced(::tmaflow::trace::kind)) \
+    ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), 0, 0); \
+  } while (0)
 #define TMAFLOW_TRACE_BAR(ptr) ::tmaflow::trace::where(smem_u32(ptr))
 #else
 namespace tmaflow { namespace trace {
 TMAFLOW_DEVICE void mark(uint32_t) {}
 }}  // namespace tmaflow::trace
-#define TMAFLOW_TRACE_BEGIN() do {} while (0)
+#define TMAFLOW_TRACE_LEVEL 0
+#define TMAFLOW_TRACE_BEGIN(kind) do {} while (0)
 #define TMAFLOW_TRACE_SPAN(kind, stage, bar, value, line) do {} while (0)
 #define TMAFLOW_TRACE_EVENT(kind, stage, bar, value) do {} while (0)
 #define TMAFLOW_TRACE_BAR(ptr) 0u

@@ -22,7 +22,7 @@ namespace named_barrier {
 // bar.sync id, threads — barrier `id` (1-15; 0 is __syncthreads) among `threads` threads
 // (a multiple of 32), e.g. one warpgroup without stalling the others.
 TMAFLOW_DEVICE void sync(uint32_t id, uint32_t threads) {
-  TMAFLOW_TRACE_BEGIN();
+  TMAFLOW_TRACE_BEGIN(kNamedBarrier);
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
   TMAFLOW_TRACE_SPAN(kNamedBarrier, -1, 0, id, 0);
 }

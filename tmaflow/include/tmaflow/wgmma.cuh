@@ -35,7 +35,7 @@ TMAFLOW_DEVICE void commit_group() {
 }
 // wgmma.wait_group.sync.aligned N — at most N groups of this warpgroup still pending.
 template <int N> TMAFLOW_DEVICE void wait_group() {
-  TMAFLOW_TRACE_BEGIN();
+  TMAFLOW_TRACE_BEGIN(kWgmmaWait);
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
   TMAFLOW_TRACE_SPAN(kWgmmaWait, -1, 0, N, 0);
 }
