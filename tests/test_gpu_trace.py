@@ -42,12 +42,13 @@ def test_traced_softmax(device, rng, level):
     t = tr.last()
     assert t is not None and t.kernel_name == "softmax" and t.wrapped == 0
     kinds = {t.kind(int(k)) for k in np.unique(t.events["kind"])}
-    assert {"wait", "arrive + expect_tx", "TMA store", "store wait"} <= kinds
-    detail = {"TMA load", "named barrier"}
+    assert "arrive + expect_tx" in kinds
+    detail = {"TMA load", "named barrier", "TMA store", "store wait"}
     assert detail <= kinds if level == "all" else not detail & kinds
     waits = t.events[t.events["kind"] == tr.KINDS.index("wait") + 1]
     names = {t.label(e) for e in waits}
-    assert names and all(n.startswith("wait rows_full[") for n in names), names
+    assert level == "stage" or names, "every wait is recorded at level 'all'"
+    assert all(n.startswith("wait rows_full[") for n in names), names
     # each wait's stage (from the call site) is the index of the barrier it waited on
     assert all(t.label(e) == f"wait rows_full[{e['stage']}]" for e in waits)
     assert "producer" in set(t.roles().values())
@@ -66,15 +67,16 @@ def test_traced_gemm(device, rng, shape, level):
     assert np.array_equal(c.numpy(), want)
     t = tr.last()
     kinds = {t.kind(int(x)) for x in np.unique(t.events["kind"])}
-    assert {"wait", "arrive + expect_tx", "TMA store"} <= kinds
-    detail = {"wgmma commit", "wgmma wait"}
+    assert "arrive + expect_tx" in kinds
+    detail = {"wgmma commit", "wgmma wait", "TMA store"}
     assert detail <= kinds and kinds & {"TMA load", "TMA load (multicast)"} if level == "all" \
         else not detail & kinds
     roles = set(t.roles().values())
-    assert {"producer", "consumer"} <= roles
+    assert "producer" in roles and (level == "stage" or "consumer" in roles)
     labels = {t.label(e) for e in t.events[t.events["kind"] == tr.KINDS.index("wait") + 1]}
-    assert any(label.startswith("wait ab_full[") for label in labels)
-    assert any(label.startswith("wait ab_empty[") for label in labels)
+    if level == "all":
+        assert any(label.startswith("wait ab_full[") for label in labels)
+        assert any(label.startswith("wait ab_empty[") for label in labels)
     check_chrome(t)
     if shape == (1024, 1024, 1024) and report("trace_gemm.npz"):
         t.save(report(f"trace_gemm_{level}.npz"))

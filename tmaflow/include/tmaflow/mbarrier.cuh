@@ -72,12 +72,11 @@ TMAFLOW_DEVICE bool try_wait_cluster(uint64_t* bar, uint32_t parity) {
 template <bool Cluster>
 TMAFLOW_DEVICE void wait_on(uint64_t* bar, uint32_t parity, debug::Site site, uint32_t line, const char* file) {
   auto done = [&] { return Cluster ? try_wait_cluster(bar, parity) : try_wait(bar, parity); };
+#if TMAFLOW_TRACE_LEVEL == 1
+  if (done()) return;  // stage traces record only the waits that wait
+#endif
   TMAFLOW_TRACE_BEGIN(kWait);
-  // Stage builds record the waits of pipeline stages (the call site names a stage).
-#define TMAFLOW_WAITED() do { \
-  if (TMAFLOW_TRACE_LEVEL >= 2 || site.stage >= 0) \
-    TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), parity, line); \
-  } while (0)
+#define TMAFLOW_WAITED() TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), parity, line)
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
   if (done()) { TMAFLOW_WAITED(); return; }
   uint64_t start = debug::globaltimer();

@@ -1,9 +1,10 @@
 // Flight recorder for trace builds: the library's own wrappers record events stamped with
 // %globaltimer into a ring per warp in device memory, which the host reads after the launch
-// (tmaflow/trace.py). TMAFLOW_TRACE=1 (Kernel(trace=True) / "stage"): pipeline waits (those
-// with a stage), announced bytes (arrive + expect_tx), TMA stores and store waits, cluster
-// syncs, PDL waits, marks. TMAFLOW_TRACE=2 ("all"): also every arrival, TMA load / reduce,
-// wgmma commit / wait, named barrier and stage-less wait. Other builds compile none of this.
+// (tmaflow/trace.py). TMAFLOW_TRACE=1 (Kernel(trace=True) / "stage"): the waits on pipeline
+// stages that had to wait (a wait whose phase had already completed costs nothing and is not
+// recorded), the bytes each stage announces (arrive + expect_tx), cluster syncs, PDL waits and
+// marks. TMAFLOW_TRACE=2 ("all"): every wait, arrival, TMA load / store / reduce, store wait,
+// wgmma commit / wait and named barrier. Other builds compile none of this.
 #pragma once
 namespace tmaflow { namespace trace {
 // Mirrors tmaflow/trace.py (KINDS, EVENT).
@@ -32,19 +33,18 @@ struct State {
 #if defined(TMAFLOW_TRACE) && TMAFLOW_TRACE
 #define TMAFLOW_TRACE_LEVEL TMAFLOW_TRACE
 extern "C" {
-__device__ tmaflow::trace::State tmaflow_trace_state;
+__constant__ tmaflow::trace::State tmaflow_trace_state;
 }
-// One write cursor per warp of the CTA. Never initialised: a ring is written modulo its size
-// from wherever the cursor starts, and the host orders events by time.
+// One write cursor per warp of the CTA, advanced by the recording lane alone (no atomic: two
+// diverged halves of a warp recording at once may share a slot). Never initialised: a ring is
+// written modulo its size from wherever the cursor starts, and the host orders events by time.
 __shared__ uint32_t tmaflow_trace_cursor[32];
 extern __shared__ uint8_t tmaflow_trace_dynamic_smem[];  // aliases the kernel's dynamic smem
 namespace tmaflow { namespace trace {
 // Whether this build records events of `kind` (decided at compile time).
 __host__ __device__ constexpr bool traced(uint32_t kind) {
-  return TMAFLOW_TRACE_LEVEL >= 2 ||
-         !(kind == kArrive || kind == kExpectTx || kind == kArriveRemote || kind == kTmaLoad ||
-           kind == kTmaLoadMulticast || kind == kTmaReduce || kind == kWgmmaCommit ||
-           kind == kWgmmaWait || kind == kNamedBarrier);
+  return TMAFLOW_TRACE_LEVEL >= 2 || kind == kWait || kind == kWaitCluster ||
+         kind == kArriveExpectTx || kind == kClusterSync || kind == kGriddepWait || kind == kMark;
 }
 TMAFLOW_DEVICE uint64_t now() {
   uint64_t t;
@@ -68,7 +68,9 @@ __device__ __forceinline__ void record(uint16_t kind, int32_t stage, uint32_t ba
     const uint32_t block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     const uint32_t warp = tid / 32u, ring = block * ((threads + 31u) / 32u) + warp;
     if (ring < st.rings) {
-      const uint32_t slot = atomicAdd(&tmaflow_trace_cursor[warp], 1u) & ((1u << st.capacity_log2) - 1u);
+      const uint32_t cursor = tmaflow_trace_cursor[warp];
+      tmaflow_trace_cursor[warp] = cursor + 1u;
+      const uint32_t slot = cursor & ((1u << st.capacity_log2) - 1u);
       const uint64_t t1 = now();
       uint32_t sm;
       asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
