@@ -188,7 +188,7 @@ def trace_cmd(args) -> int:
         t.save(args.save)
         print(f"wrote {args.save}")
     if args.png:
-        t.to_png(args.png, blocks=args.ctas)
+        t.to_png(args.png, blocks=args.ctas, window_us=args.window or None)
         print(f"wrote {args.png}")
     return 0
 
@@ -215,6 +215,7 @@ def main(argv=None) -> int:
     t.add_argument("--json", help="write the Chrome / Perfetto trace JSON here")
     t.add_argument("--png", help="draw a timeline of the first CTAs here (needs matplotlib)")
     t.add_argument("--ctas", type=int, default=2, help="CTAs in the PNG")
+    t.add_argument("--window", type=float, default=12.0, help="µs at the end the PNG shows (0: all)")
     t.add_argument("--save", help="keep the events in this .npz (draw it elsewhere with --load)")
     t.add_argument("--load", help="a saved trace (.npz) instead of running a kernel")
     argv = list(sys.argv[1:] if argv is None else argv)

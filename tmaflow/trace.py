@@ -219,9 +219,10 @@ class Trace:
                 json.dump(doc, f)
         return doc
 
-    def to_png(self, path, blocks: int = 4, width: float = 14.0) -> None:
+    def to_png(self, path, blocks: int = 2, window_us: float | None = 12.0, width: float = 14.0) -> None:
         """A timeline of the first ``blocks`` CTAs: a lane per warp, waits as bars coloured by
-        stage, loads and stores as ticks (needs matplotlib: the ``plot`` extra)."""
+        stage, loads and stores as ticks, over the last ``window_us`` microseconds (None: all
+        of it). Needs matplotlib (the ``plot`` extra)."""
         try:
             import matplotlib
 
@@ -235,10 +236,13 @@ class Trace:
         if not lanes:
             raise TmaflowError("Trace.to_png: the trace has no events")
         t_min = int(self.events["t0"].min())
+        t_end = int((self.events["t0"] + self.events["dur"]).max())
+        lo = t_min if window_us is None else max(t_min, t_end - int(window_us * 1e3))
         fig, ax = plt.subplots(figsize=(width, 0.35 * len(lanes) + 1.2))
         cmap = plt.get_cmap("tab10")
         for y, (b, w) in enumerate(lanes):
             mine = self.events[(self.events["block"] == b) & (self.events["warp"] == w)]
+            mine = mine[mine["t0"] + mine["dur"] >= lo]
             for e in mine:
                 name = self.kind(int(e["kind"]))
                 x = (int(e["t0"]) - t_min) / 1e3
@@ -247,10 +251,14 @@ class Trace:
                     ax.broken_barh([(x, max(int(e["dur"]), 20) / 1e3)], (y - 0.35, 0.7), color=colour)
                 elif name.startswith("TMA"):
                     ax.plot([x, x], [y - 0.4, y + 0.4], color="k" if "load" in name else "r", lw=0.6)
+                elif name.startswith("arrive"):
+                    ax.plot([x], [y], marker="|", color="tab:blue", ms=5, lw=0)
         ax.set_yticks(range(len(lanes)))
         ax.set_yticklabels([f"CTA {b} warp {w} ({roles[(b, w)]})" for b, w in lanes], fontsize=7)
+        ax.set_xlim((lo - t_min) / 1e3, (t_end - t_min) / 1e3)
         ax.set_xlabel("µs since the first event")
-        ax.set_title(f"{self.kernel_name}: waits coloured by stage; TMA loads black, stores red")
+        ax.set_title(f"{self.kernel_name}: waits coloured by stage (grey: no stage); TMA loads black, "
+                     "stores red, arrivals blue")
         ax.invert_yaxis()
         fig.tight_layout()
         fig.savefig(path, dpi=120)
