@@ -113,3 +113,68 @@ def test_trace_builds_are_not_captured(device, rng):
         with pytest.raises(tf.LaunchError, match=r"trace build.*cannot be captured"):
             with g.capture():
                 kernels.softmax(x, y, trace=True)
+
+
+# --- planted faults, each named by the flight recorder -------------------------------------------
+
+K_TILES = 12
+FAULTS = [  # (define, cluster, unified, the rule that must come first)
+    ("BUG_DOUBLE_TX", 1, False, "tx-announced-more"),
+    ("BUG_SHORT_TX", 1, False, "tx-announced-less"),
+    ("BUG_MISSING_ARRIVE", 1, False, "missing-arrive"),
+    ("BUG_MISSING_ARRIVE", 1, True, "missing-arrive"),
+    ("BUG_PARITY", 1, False, "wrong-parity"),
+    ("BUG_NO_COMMIT", 1, False, "missing-commit"),
+    ("BUG_MASK", 2, False, "multicast-mask"),
+    ("BUG_EARLY_MULTICAST", 2, False, "multicast-before-init"),
+    ("BUG_REUSE", 1, False, "stage-reused"),
+]
+
+
+def planted(bug, cluster, unified, trace="all"):
+    spec = tf.TensorMapSpec.tiled("float32", (K_TILES * 32, 64), (32, 64))
+    pipe = tf.Pipeline("p", stages=2, tiles=[spec], consumers=64 if unified else 1,
+                       cluster=(cluster, 1, 1), multicast=["x"] if cluster > 1 else None)
+    defines = {bug: 1} if bug else {}
+    if unified:
+        defines["UNIFIED"] = 1
+    return tf.Kernel(source("planted"), "planted", layout=tf.SharedLayout([pipe]), defines=defines,
+                     debug=True, trace=trace, watchdog_seconds=1.0, filename="planted.cu")
+
+
+def run_planted(k, cluster, host):
+    blocks = 2 * cluster
+    out = tf.empty((blocks, 64), "float32").fill_bytes(0xFF)
+    k.launch(tf.TensorMap.tiled(tf.from_numpy(host), (32, 64)), out, K_TILES, grid=blocks, block=64,
+             cluster=(cluster, 1, 1))
+    return out
+
+
+@pytest.mark.parametrize("bug,cluster,unified,rule", FAULTS,
+                         ids=[f"{b}-c{c}{'-unified' if u else ''}" for b, c, u, _ in FAULTS])
+def test_planted_fault_is_diagnosed_by_name(device, rng, bug, cluster, unified, rule):
+    import time
+
+    host = rng.standard_normal((K_TILES * 32, 64)).astype(np.float32)
+    k = planted(bug, cluster, unified)
+    assert k.cubin  # compiled before the clock starts
+    t0 = time.perf_counter()
+    with pytest.raises((tf.DeadlockError, tf.PipelineError, tf.CudaError)) as info:
+        run_planted(k, cluster, host)
+    assert time.perf_counter() - t0 < 2.0
+    findings = getattr(info.value, "findings", [])
+    assert findings and findings[0].name == rule, f"{[f.name for f in findings]}\n{info.value}"
+    assert f"[{rule}]" in str(info.value)
+    # and a correct kernel runs right after, on a context that may have been reset
+    out = run_planted(planted(None, cluster, unified), cluster, host)
+    np.testing.assert_allclose(out.numpy().astype(np.float64).sum(1),
+                               np.full(2 * cluster, host.sum(dtype=np.float64)), rtol=1e-4, atol=1e-3)
+
+
+def test_correct_planted_kernels_pass_the_diagnosis(device, rng):
+    host = rng.standard_normal((K_TILES * 32, 64)).astype(np.float32)
+    for cluster, unified in ((1, False), (1, True), (2, False), (2, True), (4, False)):
+        for level in ("stage", "all"):
+            out = run_planted(planted(None, cluster, unified, level), cluster, host)
+            np.testing.assert_allclose(out.numpy().astype(np.float64).sum(1),
+                                       np.full(2 * cluster, host.sum(dtype=np.float64)), rtol=1e-4, atol=1e-3)

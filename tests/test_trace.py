@@ -114,3 +114,88 @@ def test_png_timeline(tmp_path):
     t = tr.Trace.from_rings(rings(ev), "k", LaunchConfig(1, 64), lay)
     t.to_png(tmp_path / "t.png")
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- diagnosis ---------------------------------------------------------------------------------
+
+from tmaflow.diagnose import diagnose  # noqa: E402
+
+
+def planted_layout(cluster=1):
+    spec = tf.TensorMapSpec.tiled("float32", (12 * 32, 64), (32, 64))
+    return tf.SharedLayout([tf.Pipeline("p", stages=2, tiles=[spec], cluster=(cluster, 1, 1),
+                                        multicast=["x"] if cluster > 1 else None)])
+
+
+def ev(t, kind, bar=0, value=0, stage=-1, dur=0):
+    return (t, dur, kind, stage, bar, value)
+
+
+def run_rules(per_ring, cluster=1, warps=2):
+    lay = planted_layout(cluster)
+    t = tr.Trace.from_rings(rings(per_ring, capacity=32), "planted", LaunchConfig(len(per_ring) // warps, 32 * warps), lay)
+    return [f.name for f in diagnose(t, lay, cluster)], lay
+
+
+def offsets(lay):
+    return lay.offset("p_full"), lay.offset("p_empty"), 32 * 64 * 4
+
+
+def test_diagnosis_tx_announced_more_and_less():
+    lay = planted_layout()
+    full, empty, tx = offsets(lay)
+    for announced, rule in ((2 * tx, "tx-announced-more"), (tx // 2, "tx-announced-less")):
+        producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, announced),
+                    ev(30, "TMA load", full)]
+        consumer = [ev(40, "wait", full, 0x100, 0, dur=10**9)]
+        names, _ = run_rules([producer, consumer])
+        assert names[0] == rule, names
+
+
+def test_diagnosis_wrong_parity_missing_commit_missing_arrive_and_reuse():
+    lay = planted_layout()
+    full, empty, tx = offsets(lay)
+    # the producer's first wait on a fresh empty barrier with parity 0 never completes
+    names, _ = run_rules([[ev(10, "wait", empty, 0x100, 0, dur=10**9)], [ev(20, "wait", full, 0x100, 0, dur=10**9)]])
+    assert names[0] == "wrong-parity", names
+    # stage 1 was never filled while its consumer waits for it
+    producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(21, "TMA load", full)]
+    consumer = [ev(30, "wait", full, 0, 0), ev(40, "arrive", empty, 1), ev(50, "wait", full + 8, 0x100, 1, dur=10**9)]
+    names, _ = run_rules([producer, consumer])
+    assert names[0] == "missing-commit", names
+    # stage 0 consumed once but never released: the producer's refill waits forever
+    producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(21, "TMA load", full),
+                ev(60, "wait", empty, 0x100, 0, dur=10**9)]
+    consumer = [ev(30, "wait", full, 0, 0)]
+    names, _ = run_rules([producer, consumer])
+    assert names[0] == "missing-arrive", names
+    # a refill without a wait on the empty barrier since the previous fill
+    producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(30, "arrive + expect_tx", full, tx)]
+    consumer = [ev(40, "wait", full, 0, 0), ev(50, "arrive", empty, 1), ev(60, "wait", full, 1, 0)]
+    names, _ = run_rules([producer, consumer])
+    assert names == ["stage-reused"], names
+
+
+def test_diagnosis_multicast_rules():
+    lay = planted_layout(cluster=2)
+    full, empty, tx = offsets(lay)
+    sync = ev(5, "cluster sync", dur=3)
+    rank0 = [sync, ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(21, "TMA load (multicast)", full, 0b01)]
+    rank1 = [sync, ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(30, "wait", full, 0x100, 0, dur=10**9)]
+    names, _ = run_rules([rank0, [], rank1, []], cluster=2)
+    assert names[0] == "multicast-mask", names
+    early = [ev(2, "TMA load (multicast)", full, 0b11), sync, ev(20, "arrive + expect_tx", full, tx)]
+    names, _ = run_rules([early, [], [sync], []], cluster=2)
+    assert names[0] == "multicast-before-init", names
+    good = [sync, ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(21, "TMA load (multicast)", full, 0b11)]
+    assert run_rules([good, [], [sync, ev(20, "arrive + expect_tx", full, tx)], []], cluster=2)[0] == []
+
+
+def test_stage_traces_apply_only_the_rules_they_can_support():
+    lay = planted_layout()
+    full, empty, tx = offsets(lay)
+    producer = [ev(20, "arrive + expect_tx", full, tx), ev(30, "arrive + expect_tx", full, tx)]
+    t = tr.Trace.from_rings(rings([producer, []], capacity=32), "planted", LaunchConfig(1, 64), lay)
+    assert [f.name for f in diagnose(t, lay)] == ["stage-reused"]
+    t.level = "stage"  # non-blocking waits were not recorded: no reuse can be claimed
+    assert diagnose(t, lay) == []

@@ -9,7 +9,7 @@ from .device import Device, Stream, current_device, set_device
 from .driver import driver_available
 from .dtypes import DType, as_dtype
 from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, LaunchError,
-                     LayoutError, TensorMapError, TmaflowError, TmaflowWarning)
+                     LayoutError, PipelineError, TensorMapError, TmaflowError, TmaflowWarning)
 from .graph import Graph
 from .kernel import Kernel
 from .launch import LaunchConfig, Launcher
@@ -20,7 +20,7 @@ from .tensormap import TensorMap, TensorMapSpec
 __all__ = [
     "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "Device",
     "DeviceArray", "DriverNotFoundError", "Graph", "Kernel", "LaunchConfig", "Launcher", "LaunchError", "LayoutError",
-    "Pipeline", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
+    "Pipeline", "PipelineError", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
     "TensorMapSpec", "TmaflowError", "TmaflowWarning", "as_array", "as_dtype", "current_device",
     "driver_available", "empty", "from_numpy", "reference", "set_device", "trace", "zeros",
 ]

@@ -61,10 +61,24 @@ class DeadlockError(TmaflowError):
     def __init__(self, message: str, records: list | None = None):
         self.records = list(records or [])
         self.trace = None  # the flight recorder's Trace, for builds with trace=True too
+        self.findings = []  # and what tmaflow.diagnose made of it
         super().__init__(message)
 
     def __reduce__(self):
         return type(self), (self.args[0], self.records)
+
+
+class PipelineError(TmaflowError):
+    """A traced debug launch finished, but its trace breaks the pipeline's plan (bytes
+    announced, multicast masks, stage reuse): ``findings`` names each broken rule."""
+
+    def __init__(self, message: str, findings: list | None = None):
+        self.findings = list(findings or [])
+        self.trace = None
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (self.args[0], self.findings)
 
 
 class DriverNotFoundError(TmaflowError):

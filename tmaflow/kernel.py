@@ -43,7 +43,7 @@ class _Module:
         self.dynamic_smem_set = 0
         self.non_portable = False
         self.watch = watchdog.Watch(self.module, device) if kernel.debug else None
-        self.recorder = Recorder(self.module, device) if kernel.trace else None
+        self.recorder = Recorder(self.module, device, mapped=kernel.debug) if kernel.trace else None
 
     def _param_table(self, typed: list[Param] | None) -> list[Param]:
         """Offsets and sizes as the driver reports them (``cuFuncGetParamInfo``), kinds from

@@ -282,14 +282,17 @@ class Launcher(functools.partial):
         if err:
             self._raise(err)
         if watch is not None:
+            keep = None if recorder is None else (lambda: recorder.collect(stream, self.kernel, self.config))
             try:
-                watch.check(stream, self.kernel)
-            except DeadlockError as hang:
+                watch.check(stream, self.kernel, before_reset=keep)
+            except (DeadlockError, CudaError) as failure:
                 if recorder is not None:
-                    _attach_trace(hang, recorder, stream, self.kernel, self.config)
+                    _attach_trace(failure, recorder, stream, self.kernel, self.config)
                 raise
         if recorder is not None:
-            recorder.collect(stream, self.kernel, self.config)
+            trace = recorder.collect(stream, self.kernel, self.config)
+            if watch is not None and trace is not None:  # a traced debug build: check the plan
+                _check_plan(trace, self.kernel, self.config)
 
     def _install_plan(self, args: tuple) -> None:
         key = _type_key(args)
@@ -359,12 +362,38 @@ class Launcher(functools.partial):
                 f"cluster={c.cluster}, smem={c.smem}, stream={c.stream})")
 
 
-def _attach_trace(hang: DeadlockError, recorder, stream: int, kernel, config) -> None:
-    """Add what every warp did last to a DeadlockError of a traced debug build."""
-    try:
-        trace = recorder.collect(stream, kernel, config)
-    except Exception:  # the context was reset after a fault: the rings went with it
+def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
+    """Add the diagnosis and what every warp did last to the DeadlockError (or the fault) of
+    a traced debug build."""
+    from .diagnose import diagnose, explain
+
+    trace = recorder.last  # copied out before a fault reset the context
+    if trace is None:
+        try:
+            trace = recorder.collect(stream, kernel, config)
+        except Exception:  # the rings went with the context
+            return
+    if trace is None or not len(trace):
         return
-    if trace is not None and len(trace):
-        hang.trace = trace
-        hang.args = (f"{hang.args[0]}\nLast events of every warp (flight recorder):\n{trace.tail()}",)
+    hang.trace = trace
+    hang.findings = diagnose(trace, kernel.layout, config.cluster_size)
+    text = hang.args[0]
+    if hang.findings:
+        text += "\nDiagnosis (flight recorder):\n" + explain(hang.findings)
+    elif kernel.trace != "all":
+        text += "\n(trace='all' records every arrival and copy, for a full diagnosis)"
+    hang.args = (f"{text}\nLast events of every warp:\n{trace.tail()}",)
+
+
+def _check_plan(trace, kernel, config) -> None:
+    """A traced debug launch that finished may still have broken its plan (stale reads, a
+    reused stage): raise PipelineError naming the rule."""
+    from .diagnose import diagnose, explain
+    from .errors import PipelineError
+
+    findings = diagnose(trace, kernel.layout, config.cluster_size)
+    if findings:
+        err = PipelineError(f"{kernel.name}: the launch finished, but its trace breaks the "
+                            f"pipeline's plan:\n{explain(findings)}", findings)
+        err.trace = trace
+        raise err

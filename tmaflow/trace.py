@@ -15,6 +15,7 @@ Without ``trace=True`` none of this is compiled (the macros expand to nothing).
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import struct
@@ -39,6 +40,7 @@ STATIC_SMEM = 0x80000000  # bar: bit 31 = an address in static shared memory
 TIMED_OUT = 0x100  # value of a wait the watchdog gave up on
 DEFAULT_CAPACITY = 1024  # events kept per warp
 BUDGET_BYTES = 256 << 20  # device memory for the rings of one launch, at most
+MAPPED_BUDGET_BYTES = 64 << 20  # pinned host memory for them (debug builds)
 
 _last = threading.local()
 
@@ -51,14 +53,20 @@ def last() -> "Trace | None":
 class Recorder:
     """Per-module state of a trace build: the ring buffer and the device global naming it."""
 
-    def __init__(self, module, device, capacity: int = DEFAULT_CAPACITY):
+    def __init__(self, module, device, capacity: int = DEFAULT_CAPACITY, mapped: bool = False):
         cu = driver.cu()
         err, ptr, _size = cu.cuModuleGetGlobal(module, b"tmaflow_trace_state")
         self.state = int(ptr) if int(err) == 0 else None  # a kernel without wrappers: inert
         self.device, self.capacity = device, capacity
+        # Debug builds keep the rings in pinned host memory the device writes through: they
+        # can be read after a fault, before the context reset frees them.
+        self.mapped = mapped
         self.buffer = None
+        self.host = self.host_bytes = 0
         self.rings = self.capacity_log2 = 0
         self._state_bytes = None
+        self._generation = device.generation
+        self.last = None  # the Trace of the latest launch, once collected
 
     def arm(self, config, stream: int) -> None:
         """Size, zero and publish the rings for a launch of ``config`` on ``stream``."""
@@ -66,33 +74,59 @@ class Recorder:
             return
         from .memory import empty
 
+        self.last = None
         warps = -(-config.threads // 32)
         self.rings = math.prod(config.grid) * warps
+        budget = MAPPED_BUDGET_BYTES if self.mapped else BUDGET_BYTES
         log2 = max(4, int(math.log2(self.capacity)))
-        while log2 > 4 and self.rings * (EVENT.itemsize << log2) > BUDGET_BYTES:
+        while log2 > 4 and self.rings * (EVENT.itemsize << log2) > budget:
             log2 -= 1  # large grids keep fewer events per warp
         self.capacity_log2 = log2
         nbytes = self.rings * (EVENT.itemsize << log2)
-        if self.buffer is None or self.buffer.nbytes < nbytes or not self.buffer.alive:
-            self.buffer = empty(nbytes, "uint8", self.device)
-        driver.call("cuMemsetD8Async", self.buffer.ptr, 0, nbytes, stream)
-        self._state_bytes = struct.pack("<QII", self.buffer.ptr, log2, self.rings)
+        if self.mapped:
+            if self.host_bytes < nbytes:
+                self._free_host()
+                cu = driver.cu()
+                flags = cu.CU_MEMHOSTALLOC_DEVICEMAP if hasattr(cu, "CU_MEMHOSTALLOC_DEVICEMAP") else 2
+                self.host = int(driver.call("cuMemHostAlloc", nbytes, flags))
+                self.host_bytes = nbytes
+            ctypes.memset(self.host, 0, nbytes)
+            address = int(driver.call("cuMemHostGetDevicePointer", self.host, 0))
+        else:
+            if self.buffer is None or self.buffer.nbytes < nbytes or not self.buffer.alive:
+                self.buffer = empty(nbytes, "uint8", self.device)
+            driver.call("cuMemsetD8Async", self.buffer.ptr, 0, nbytes, stream)
+            address = self.buffer.ptr
+        self._state_bytes = struct.pack("<QII", address, log2, self.rings)
         driver.call("cuMemcpyHtoDAsync", self.state, self._state_bytes, 16, stream)
 
     def collect(self, stream: int, kernel, config) -> "Trace | None":
         """Wait for the launch, copy the rings out and keep them as ``kernel.last_trace``."""
         if self.state is None:
             return None
-        driver.call("cuStreamSynchronize", stream)
-        events = np.empty(self.rings << self.capacity_log2, dtype=EVENT)
-        driver.call("cuMemcpyDtoH", events.ctypes.data, self.buffer.ptr, events.nbytes)
+        count = self.rings << self.capacity_log2
+        if self.mapped:  # no synchronisation: after a fault it would fail; debug launches are done
+            raw = (ctypes.c_char * (count * EVENT.itemsize)).from_address(self.host)
+            events = np.frombuffer(raw, dtype=EVENT).copy()
+        else:
+            driver.call("cuStreamSynchronize", stream)
+            events = np.empty(count, dtype=EVENT)
+            driver.call("cuMemcpyDtoH", events.ctypes.data, self.buffer.ptr, events.nbytes)
         trace = Trace.from_rings(events.reshape(self.rings, -1), kernel.name, config,
                                  getattr(kernel, "layout", None))
-        kernel.last_trace = _last.trace = trace
+        trace.level = kernel.trace
+        kernel.last_trace = _last.trace = self.last = trace
         return trace
+
+    def _free_host(self) -> None:
+        if self.host and self.device.generation == self._generation:
+            driver.call("cuMemFreeHost", self.host)
+        self.host = self.host_bytes = 0
+        self._generation = self.device.generation
 
     def close(self) -> None:
         self.buffer = None
+        self._free_host()
 
 
 class Trace:
@@ -105,6 +139,7 @@ class Trace:
         self.events, self.kernel_name = events, kernel_name
         self.warps_per_block, self.wrapped = warps_per_block, wrapped
         self.placements = [(str(n), int(o), int(b)) for n, o, b in placements]
+        self.level = "all"  # or "stage": what the build recorded (set by the recorder)
 
     @classmethod
     def from_rings(cls, rings: np.ndarray, kernel_name: str, config, layout=None) -> "Trace":
@@ -126,15 +161,18 @@ class Trace:
 
     def save(self, path) -> None:
         meta = json.dumps({"kernel": self.kernel_name, "warps_per_block": self.warps_per_block,
-                           "placements": self.placements, "wrapped": self.wrapped})
+                           "placements": self.placements, "wrapped": self.wrapped,
+                           "level": self.level})
         np.savez_compressed(path, events=self.events, meta=np.array(meta))
 
     @classmethod
     def load(cls, path) -> "Trace":
         with np.load(path) as f:
             meta = json.loads(str(f["meta"]))
-            return cls(f["events"], meta["kernel"], meta["warps_per_block"], meta["placements"],
-                       meta["wrapped"])
+            trace = cls(f["events"], meta["kernel"], meta["warps_per_block"], meta["placements"],
+                        meta["wrapped"])
+            trace.level = meta.get("level", "all")
+            return trace
 
     # --- naming ----------------------------------------------------------------------------
     def kind(self, code: int) -> str:

@@ -72,8 +72,9 @@ class Watch:
             ctypes.memset(self.host, 0, RECORDS_BYTES)
             driver.call("cuMemsetD32", self.state, 0, 2)
 
-    def check(self, stream: int, kernel) -> None:
-        """Synchronise; raise DeadlockError if any bounded wait timed out."""
+    def check(self, stream: int, kernel, before_reset=None) -> None:
+        """Synchronise; raise DeadlockError if any bounded wait timed out. ``before_reset()``
+        runs before a fault resets the context (to copy out what the reset would free)."""
         err = driver.cu().cuStreamSynchronize(stream)[0]
         # Copy the records out first: a context reset frees the pinned buffer.
         found = [_as_dict(r) for r in self.records if r.magic == MAGIC] \
@@ -84,6 +85,11 @@ class Watch:
         if int(err) != 0:
             fault = driver._error_name(err)
             if int(err) in STICKY:
+                if before_reset is not None:
+                    try:
+                        before_reset()
+                    except Exception:  # a failed copy must not hide the fault
+                        pass
                 self.state = None  # the buffer and the module die with the context
                 self.device.reset()  # so the process can compile and launch again
             if not found:

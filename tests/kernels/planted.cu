@@ -13,11 +13,15 @@ TMAFLOW_DEVICE void produce(const P& pipe, L::Smem& S, const CUtensorMap* in, ui
 #if defined(BUG_PARITY)
   // waits for the phase that has not happened yet instead of the one that has
   mbarrier::wait(pipe.empty + c.stage, c.phase, debug::Site{"p.empty", int32_t(c.stage), 0});
+#elif defined(BUG_REUSE)
+  // refills the stage without waiting for its consumers to release it
 #else
   pipe.producer_acquire(c);
 #endif
 #if defined(BUG_DOUBLE_TX)
   mbarrier::arrive_expect_tx(pipe.barrier(c), 2 * L::p::tx_bytes);
+#elif defined(BUG_SHORT_TX)
+  mbarrier::arrive_expect_tx(pipe.barrier(c), L::p::tx_bytes / 2);
 #else
   pipe.producer_commit(c);
 #endif
@@ -44,6 +48,14 @@ planted(const __grid_constant__ CUtensorMap in, float* out, int k_tiles) {
   const uint32_t rank = cluster::rank();
   const int t = threadIdx.x;
   if (t == 0) pipe.init();
+  Cursor early;
+#if defined(BUG_EARLY_MULTICAST)
+  // multicasts tile 0 before the cluster sync that publishes the peers' barrier init
+  if (t == 0) produce(pipe, S, &in, rank, early, 0);
+  constexpr int first_k = 1;
+#else
+  constexpr int first_k = 0;
+#endif
   cluster::sync();
   float acc = 0.f;
 #if defined(UNIFIED)
@@ -67,8 +79,8 @@ planted(const __grid_constant__ CUtensorMap in, float* out, int k_tiles) {
 #else
   if (t < 32) {
     if (t == 0) {
-      Cursor c;
-      for (int k = 0; k < k_tiles; ++k) {
+      Cursor c = early;
+      for (int k = first_k; k < k_tiles; ++k) {
 #if defined(BUG_NO_COMMIT)
         if (k == 1) break;  // the producer stops committing
 #endif

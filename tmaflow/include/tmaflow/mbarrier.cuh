@@ -15,7 +15,7 @@ TMAFLOW_DEVICE uint64_t arrive(uint64_t* bar) {
   TMAFLOW_ASYNC_GUARD_RET(0);
   uint64_t state;
   asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(state) : "r"(smem_u32(bar)) : "memory");
-  TMAFLOW_TRACE_EVENT(kArrive, -1, TMAFLOW_TRACE_BAR(bar), 0);
+  TMAFLOW_TRACE_EVENT(kArrive, -1, TMAFLOW_TRACE_BAR(bar), __popc(__activemask()));  // arrivals
   return state;
 }
 // mbarrier.arrive.expect_tx — add `bytes` to the expected transactions, then arrive once.
@@ -39,7 +39,7 @@ TMAFLOW_DEVICE void arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
-  TMAFLOW_TRACE_EVENT(kArriveRemote, -1, TMAFLOW_TRACE_BAR(bar), cta_rank);
+  TMAFLOW_TRACE_EVENT(kArriveRemote, -1, TMAFLOW_TRACE_BAR(bar), cta_rank | (__popc(__activemask()) << 16));
 }
 // mbarrier.arrive.release.cluster.shared::cluster — also publishes this thread's writes to
 // the remote CTA (pair with wait_cluster there).
@@ -48,7 +48,7 @@ TMAFLOW_DEVICE void arrive_cluster_release(uint64_t* bar, uint32_t cta_rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(bar)), "r"(cta_rank));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(remote) : "memory");
-  TMAFLOW_TRACE_EVENT(kArriveRemote, -1, TMAFLOW_TRACE_BAR(bar), cta_rank);
+  TMAFLOW_TRACE_EVENT(kArriveRemote, -1, TMAFLOW_TRACE_BAR(bar), cta_rank | (__popc(__activemask()) << 16));
 }
 // mbarrier.try_wait.parity — true once the phase with this parity completed. Returns false
 // after a hardware time limit; callers loop.
