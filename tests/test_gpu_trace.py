@@ -178,3 +178,18 @@ def test_correct_planted_kernels_pass_the_diagnosis(device, rng):
             out = run_planted(planted(None, cluster, unified, level), cluster, host)
             np.testing.assert_allclose(out.numpy().astype(np.float64).sum(1),
                                        np.full(2 * cluster, host.sum(dtype=np.float64)), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(1024, 1024, 1024), (16, 4096, 4096)], ids=["cluster", "split-k"])
+def test_traced_debug_gemm_and_softmax_pass_the_diagnosis(device, rng, shape):
+    m, n, k = shape
+    a = tf.from_numpy(rng.integers(0, 2**16, (m, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
+    b = tf.from_numpy(rng.integers(0, 2**16, (n, k), dtype=np.uint16) & 0x3FFF, "bfloat16")
+    want = kernels.gemm(a, b).numpy()
+    for level in ("stage", "all"):
+        c = poison(tf.empty((m, n), "bfloat16"))
+        kernels.gemm(a, b, c, debug=True, trace=level)  # a false finding would raise
+        assert np.array_equal(c.numpy(), want)
+    x = tf.from_numpy(rng.standard_normal((256, 1024)).astype(np.float32))
+    y = kernels.softmax(x, debug=True, trace="all")
+    assert np.array_equal(y.numpy(), kernels.softmax(x).numpy())
