@@ -169,6 +169,10 @@ def test_diagnosis_wrong_parity_missing_commit_missing_arrive_and_reuse():
     consumer = [ev(30, "wait", full, 0, 0)]
     names, _ = run_rules([producer, consumer])
     assert names[0] == "missing-arrive", names
+    # with the consumer of stage 1 waiting for a fill the stuck producer never made
+    consumer.append(ev(70, "wait", full + 8, 0x100, 1, dur=10**9))
+    names, _ = run_rules([producer, consumer])
+    assert names == ["missing-arrive"], names  # the missing commit is its consequence
     # a refill without a wait on the empty barrier since the previous fill
     producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(30, "arrive + expect_tx", full, tx)]
     consumer = [ev(40, "wait", full, 0, 0), ev(50, "arrive", empty, 1), ev(60, "wait", full, 1, 0)]

@@ -148,7 +148,11 @@ def diagnose(trace, layout, cluster_size: int = 1) -> list[Finding]:
                     break
         found += _waits(block, pipe, s, st, full, empty, detail)
     order = ["multicast-before-init", "multicast-mask", "tx-announced-more", "tx-announced-less",
-             "wrong-parity", "stage-reused", "missing-commit", "missing-arrive"]
+             "wrong-parity", "stage-reused", "missing-arrive", "missing-commit"]
+    # a producer stuck on an empty barrier commits nothing more: its CTA's missing commits are
+    # the consequence, not the cause
+    stuck_producers = {f.block for f in found if f.name in ("missing-arrive", "wrong-parity")}
+    found = [f for f in found if not (f.name == "missing-commit" and f.block in stuck_producers)]
     unique = {(f.name, f.block, f.barrier): f for f in found}
     return sorted(unique.values(), key=lambda f: (order.index(f.name), f.block))
 
