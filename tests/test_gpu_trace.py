@@ -4,6 +4,7 @@ dynamic-smem base matches the layout's), the Chrome JSON is valid, and a traced 
 DeadlockError tells what every warp did last."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -128,6 +129,7 @@ FAULTS = [  # (define, cluster, unified, the rule that must come first)
     ("BUG_MASK", 2, False, "multicast-mask"),
     ("BUG_EARLY_MULTICAST", 2, False, "multicast-before-init"),
     ("BUG_REUSE", 1, False, "stage-reused"),
+    ("BUG_NO_FINAL_SYNC", 2, False, "missing-cluster-sync"),
 ]
 
 
@@ -165,6 +167,10 @@ def test_planted_fault_is_diagnosed_by_name(device, rng, bug, cluster, unified, 
     findings = getattr(info.value, "findings", [])
     assert findings and findings[0].name == rule, f"{[f.name for f in findings]}\n{info.value}"
     assert f"[{rule}]" in str(info.value)
+    if isinstance(info.value, tf.DeadlockError):
+        assert "Ledger of the stuck barriers" in str(info.value)
+    if bug == "BUG_DOUBLE_TX":  # the ledger shows what was announced against the plan
+        assert re.search(r"p_full\[\d\]: planned 8192 B per fill.*last bytes: 16384", str(info.value))
     # and a correct kernel runs right after, on a context that may have been reset
     out = run_planted(planted(None, cluster, unified), cluster, host)
     np.testing.assert_allclose(out.numpy().astype(np.float64).sum(1),

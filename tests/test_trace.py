@@ -191,8 +191,13 @@ def test_diagnosis_multicast_rules():
     early = [ev(2, "TMA load (multicast)", full, 0b11), sync, ev(20, "arrive + expect_tx", full, tx)]
     names, _ = run_rules([early, [], [sync], []], cluster=2)
     assert names[0] == "multicast-before-init", names
-    good = [sync, ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx), ev(21, "TMA load (multicast)", full, 0b11)]
-    assert run_rules([good, [], [sync, ev(20, "arrive + expect_tx", full, tx)], []], cluster=2)[0] == []
+    end = ev(90, "cluster sync", dur=3)
+    good = [sync, ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx),
+            ev(21, "TMA load (multicast)", full, 0b11), end]
+    peer = [sync, ev(20, "arrive + expect_tx", full, tx), ev(40, "arrive (remote)", empty, 0 | 1 << 16), end]
+    assert run_rules([good, [], peer, []], cluster=2)[0] == []
+    names, _ = run_rules([good, [], peer[:-1], []], cluster=2)  # the peer left without the sync
+    assert names == ["missing-cluster-sync"], names
 
 
 def test_stage_traces_apply_only_the_rules_they_can_support():
@@ -203,3 +208,16 @@ def test_stage_traces_apply_only_the_rules_they_can_support():
     assert [f.name for f in diagnose(t, lay)] == ["stage-reused"]
     t.level = "stage"  # non-blocking waits were not recorded: no reuse can be claimed
     assert diagnose(t, lay) == []
+
+
+def test_ledger_of_a_stuck_barrier():
+    from tmaflow.diagnose import ledger_text
+
+    lay = planted_layout()
+    full, empty, tx = offsets(lay)
+    producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, 2 * tx), ev(21, "TMA load", full)]
+    consumer = [ev(40, "wait", full, 0x100, 0, dur=10**9)]
+    t = tr.Trace.from_rings(rings([producer, consumer], capacity=32), "planted", LaunchConfig(1, 64), lay)
+    text = ledger_text(t, lay, 1, [{"barrier": "p.full", "stage": 0, "block": (0, 0, 0)}], (1, 1, 1))
+    assert text.strip().startswith("CTA 0 p_full[0]: planned 8192 B per fill")
+    assert f"last bytes: {2 * tx}" in text and "copies issued into it 1 = 8192 B" in text

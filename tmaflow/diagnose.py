@@ -18,7 +18,10 @@ Each broken rule is a :class:`Finding` with a name:
 - ``missing-arrive``: a stage was consumed but fewer releases than planned reached its empty
   barrier (the warps that took it and did not release it are named);
 - ``missing-commit``: consumers wait for a fill of a stage that no producer announced;
-- ``stage-reused``: a stage was refilled before its consumers released the previous round.
+- ``stage-reused``: a stage was refilled before its consumers released the previous round;
+- ``missing-cluster-sync``: a CTA reached into its peers' shared memory (remote arrivals,
+  multicast) and then left without a cluster sync, so a peer may still be using it, or it
+  may write into a peer that already left.
 
 Waits are counted from the trace's events, so the richer ``trace="all"`` gives the full ledger
 (stage traces carry announced bytes, cluster syncs and the waits that waited).
@@ -117,6 +120,7 @@ def diagnose(trace, layout, cluster_size: int = 1) -> list[Finding]:
     found: list[Finding] = []
     if detail:
         found += _early_multicast(trace, layout, pipes, cluster_size)
+        found += _no_final_sync(trace, cluster_size)
     for (block, name, s), st in sorted(book.items()):
         pipe = pipes[name]
         full, empty = f"{name}_full[{s}]", f"{name}_empty[{s}]"
@@ -148,7 +152,8 @@ def diagnose(trace, layout, cluster_size: int = 1) -> list[Finding]:
                     break
         found += _waits(block, pipe, s, st, full, empty, detail)
     order = ["multicast-before-init", "multicast-mask", "tx-announced-more", "tx-announced-less",
-             "wrong-parity", "stage-reused", "missing-arrive", "missing-commit"]
+             "wrong-parity", "stage-reused", "missing-cluster-sync", "missing-arrive",
+             "missing-commit"]
     # a producer stuck on an empty barrier commits nothing more: its CTA's missing commits are
     # the consequence, not the cause
     stuck_producers = {f.block for f in found if f.name in ("missing-arrive", "wrong-parity")}
@@ -232,6 +237,64 @@ def _early_multicast(trace, layout, pipes, cluster_size) -> list[Finding]:
                                "receivers may not have initialised their barriers yet (init, fence, "
                                "cluster sync, then multicast)", int(block), trace.barrier(int(e["bar"]))))
     return out
+
+
+def _no_final_sync(trace, cluster_size) -> list[Finding]:
+    """A CTA whose last remote operation (remote arrive, multicast) has no cluster sync after
+    it in the same CTA."""
+    if cluster_size <= 1:
+        return []
+    ev = trace.events
+    remote = ev[(ev["kind"] == K["arrive (remote)"]) | (ev["kind"] == K["TMA load (multicast)"])]
+    syncs = ev[ev["kind"] == K["cluster sync"]]
+    out = []
+    for block in np.unique(remote["block"]):
+        last = remote[remote["block"] == block][-1]
+        after = syncs[(syncs["block"] == block) & (syncs["t0"] >= last["t0"])]
+        if not len(after):
+            out.append(Finding("missing-cluster-sync",
+                               f"CTA {int(block)} warp {int(last['warp'])}: {trace.label(last)} was its "
+                               "last reach into a peer's shared memory, and no cluster sync followed "
+                               "before it left: a peer may still write into it (multicast, remote "
+                               "arrive) or it into a peer that left. End the kernel with "
+                               "cluster::sync()", int(block), trace.barrier(int(last["bar"]))))
+    return out
+
+
+def ledger_text(trace, layout, cluster_size: int, records: list, grid: tuple, limit: int = 4) -> str:
+    """For each barrier a hang is stuck on: planned bytes, the bytes each phase announced, the
+    copies issued into it, and the waits and releases it saw."""
+    pipes = {p.name: p for p in _pipelines(layout)}
+    book = ledger(trace, layout, cluster_size)
+    lines, seen = [], set()
+    for rec in records:
+        name, stage = str(rec.get("barrier", "")), int(rec.get("stage", -1))
+        pipe_name, _, side = name.rpartition(".")
+        pipe = pipes.get(pipe_name)
+        if pipe is None or stage < 0 or side not in ("full", "empty"):
+            continue
+        x, y, z = rec["block"]
+        block = x + grid[0] * (y + grid[1] * z)
+        if (block, name, stage) in seen:
+            continue
+        seen.add((block, name, stage))
+        st = book.get((block, pipe_name, stage))
+        if st is None:
+            continue
+        boxes = sum(pipe.boxes)
+        same = len({s.tx_bytes for s in pipe.tiles}) == 1
+        per_copy = f" = {len(st.loads) * pipe.tiles[0].tx_bytes} B" if same else ""
+        announced = ", ".join(str(a[1]) for a in st.announced[-6:]) or "none"
+        lines.append(
+            f"  CTA {block} {pipe_name}_{side}[{stage}]: planned {pipe.tx_bytes} B per fill "
+            f"({boxes} box(es)), {pipe.empty_arrivals} release(s) per round; fills announced "
+            f"{len(st.announced)} (last bytes: {announced}); copies issued into it "
+            f"{len(st.loads)}{per_copy}; full waits completed "
+            f"{sum(1 for w in st.full_waits if not w[2])}, empty waits completed "
+            f"{sum(1 for w in st.empty_waits if not w[2])}; releases received {len(st.releases)}")
+        if len(lines) >= limit:
+            break
+    return "\n".join(lines)
 
 
 def explain(findings: list[Finding], limit: int = 6) -> str:

@@ -375,6 +375,8 @@ def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
             return
     if trace is None or not len(trace):
         return
+    from .diagnose import ledger_text
+
     hang.trace = trace
     hang.findings = diagnose(trace, kernel.layout, config.cluster_size)
     text = hang.args[0]
@@ -382,6 +384,11 @@ def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
         text += "\nDiagnosis (flight recorder):\n" + explain(hang.findings)
     elif kernel.trace != "all":
         text += "\n(trace='all' records every arrival and copy, for a full diagnosis)"
+    records = getattr(hang, "records", None)
+    if records and kernel.layout is not None:
+        ledger = ledger_text(trace, kernel.layout, config.cluster_size, records, config.grid)
+        if ledger:
+            text += "\nLedger of the stuck barriers:\n" + ledger
     hang.args = (f"{text}\nLast events of every warp:\n{trace.tail()}",)
 
 
