@@ -95,7 +95,7 @@ def ledger(trace, layout, cluster_size: int = 1) -> dict:
                 for r in range(cluster_size):
                     if value >> r & 1:
                         book[first + r, pipe.name, s].loads.append((t, block, value))
-        elif kind in (K["wait"], K["wait (cluster)"]):
+        elif kind in (K["wait"], K["wait (cluster)"]) and not value & tr.GAVE_UP:
             entry = (t + int(e["dur"]), value & 1, bool(value & tr.TIMED_OUT), warp)
             stage = book[block, pipe.name, s]
             (stage.full_waits if side == "full" else stage.empty_waits).append(entry)
@@ -285,13 +285,18 @@ def ledger_text(trace, layout, cluster_size: int, records: list, grid: tuple, li
         same = len({s.tx_bytes for s in pipe.tiles}) == 1
         per_copy = f" = {len(st.loads) * pipe.tiles[0].tx_bytes} B" if same else ""
         announced = ", ".join(str(a[1]) for a in st.announced[-6:]) or "none"
-        lines.append(
-            f"  CTA {block} {pipe_name}_{side}[{stage}]: planned {pipe.tx_bytes} B per fill "
-            f"({boxes} box(es)), {pipe.empty_arrivals} release(s) per round; fills announced "
-            f"{len(st.announced)} (last bytes: {announced}); copies issued into it "
-            f"{len(st.loads)}{per_copy}; full waits completed "
-            f"{sum(1 for w in st.full_waits if not w[2])}, empty waits completed "
-            f"{sum(1 for w in st.empty_waits if not w[2])}; releases received {len(st.releases)}")
+        taken = sum(1 for w in st.full_waits if not w[2])
+        if side == "full":
+            lines.append(
+                f"  CTA {block} {pipe_name}_full[{stage}]: planned {pipe.tx_bytes} B per fill "
+                f"({boxes} box(es)); fills announced {len(st.announced)} (last bytes: {announced}); "
+                f"copies issued into it {len(st.loads)}{per_copy}; consumer waits completed {taken}")
+        else:
+            owed = pipe.empty_arrivals * len(st.announced)
+            lines.append(
+                f"  CTA {block} {pipe_name}_empty[{stage}]: {pipe.empty_arrivals} release(s) per "
+                f"round; rounds filled {len(st.announced)}, consumer waits completed {taken}; "
+                f"releases received {len(st.releases)} of the {owed} the filled rounds owe")
         if len(lines) >= limit:
             break
     return "\n".join(lines)

@@ -37,7 +37,8 @@ EVENT = np.dtype([("t0", "<u8"), ("dur", "<u4"), ("kind", "<u2"), ("stage", "<i2
                   ("value", "<u4"), ("line", "<u4"), ("sm", "<u4")])
 assert EVENT.itemsize == 32
 STATIC_SMEM = 0x80000000  # bar: bit 31 = an address in static shared memory
-TIMED_OUT = 0x100  # value of a wait the watchdog gave up on
+TIMED_OUT = 0x100  # value of a wait the watchdog stopped (it timed out)
+GAVE_UP = 0x200  # value of a wait that stopped because another one had timed out
 DEFAULT_CAPACITY = 1024  # events kept per warp
 BUDGET_BYTES = 256 << 20  # device memory for the rings of one launch, at most
 MAPPED_BUDGET_BYTES = 64 << 20  # pinned host memory for them (debug builds)
@@ -242,6 +243,8 @@ class Trace:
                 args["parity"] = int(e["value"]) & 1
                 if int(e["value"]) & TIMED_OUT:
                     args["timed_out"] = True
+                if int(e["value"]) & GAVE_UP:
+                    args["gave_up"] = True
             item = {"name": self.label(e), "cat": name, "pid": int(e["block"]), "tid": int(e["warp"]),
                     "ts": (int(e["t0"]) - t_min) / 1e3, "args": args}
             if name in SPANS:
@@ -329,8 +332,11 @@ class Trace:
             steps = []
             for e in mine:
                 text = f"{self.label(e)} @{(int(e['t0']) - t_min) / 1e3:.1f}us"
-                if int(e["value"]) & TIMED_OUT and self.kind(int(e["kind"])).startswith("wait"):
-                    text += " TIMED OUT"
+                if self.kind(int(e["kind"])).startswith("wait"):
+                    if int(e["value"]) & TIMED_OUT:
+                        text += " TIMED OUT"
+                    elif int(e["value"]) & GAVE_UP:
+                        text += " (gave up)"
                 steps.append(text)
             lines.append(f"  CTA {b} warp {w} ({role}): " + " -> ".join(steps))
         return "\n".join(lines)

@@ -87,7 +87,9 @@ TMAFLOW_DEVICE void wait_on(uint64_t* bar, uint32_t parity, debug::Site site, ui
       if (waited > TMAFLOW_WATCHDOG_NS || tmaflow_watchdog_state.abort) {
         // Stuck long enough to be part of the hang: say so, even if another wait tripped first.
         if (waited > TMAFLOW_WATCHDOG_NS / 2) debug::report(smem_u32(bar), parity, site, line, file, waited);
-        TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), parity | 0x100u, line);
+        // 0x100: this wait timed out; 0x200: it gave up because another one had
+        TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar),
+                           parity | (waited > TMAFLOW_WATCHDOG_NS / 2 ? 0x100u : 0x200u), line);
         return;
       }
     }

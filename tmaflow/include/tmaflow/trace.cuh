@@ -19,7 +19,7 @@ struct Event {           // 32 bytes
   uint16_t kind;
   int16_t stage;         // pipeline stage (-1: none)
   uint32_t bar;          // barrier: byte offset into dynamic smem; bit 31 set: static smem address
-  uint32_t value;        // parity (+0x100: timed out) of waits, bytes of expect_tx, lanes that
+  uint32_t value;        // parity (+0x100 timed out, +0x200 gave up) of waits, bytes of expect_tx, lanes that
                          // arrived (arrive; remote: target rank | lanes << 16), CTA mask, mark id
   uint32_t line;         // source line (waits), else 0
   uint32_t sm;           // %smid
