@@ -221,3 +221,16 @@ def test_ledger_of_a_stuck_barrier():
     text = ledger_text(t, lay, 1, [{"barrier": "p.full", "stage": 0, "block": (0, 0, 0)}], (1, 1, 1))
     assert text.strip().startswith("CTA 0 p_full[0]: planned 8192 B per fill")
     assert f"last bytes: {2 * tx}" in text and "copies issued into it 1 = 8192 B" in text
+
+
+def test_tail_stops_at_the_warps_own_timeout():
+    lay = planted_layout()
+    full, empty, tx = offsets(lay)
+    producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx),
+                ev(30, "wait", empty + 8, 0x100, 1, dur=10**9),  # timed out
+                ev(10**9 + 40, "wait", empty, 0x200, 0),         # gave up afterwards
+                ev(10**9 + 50, "cluster sync", dur=5)]
+    t = tr.Trace.from_rings(rings([producer]), "planted", LaunchConfig(1, 32), lay)
+    tail = t.tail()
+    assert tail.rstrip().endswith("wait p_empty[1] @0.0us TIMED OUT"), tail
+    assert "gave up" not in tail and "cluster sync" not in tail

@@ -323,12 +323,21 @@ class Trace:
         return "\n".join(lines)
 
     def tail(self, n: int = 4) -> str:
-        """The last ``n`` events of every warp, as text (what led up to a hang)."""
+        """The last ``n`` events of every warp, as text (what led up to a hang): up to and
+        including the warp's own timed-out wait; what it did after another wait timed out
+        (waits that gave up at once) is left out."""
         roles = self.roles()
         t_min = int(self.events["t0"].min()) if len(self.events) else 0
         lines = []
+        waits = (self.events["kind"] == KINDS.index("wait") + 1) | (self.events["kind"] == KINDS.index("wait (cluster)") + 1)
         for (b, w), role in sorted(roles.items()):
-            mine = self.events[(self.events["block"] == b) & (self.events["warp"] == w)][-n:]
+            sel = (self.events["block"] == b) & (self.events["warp"] == w)
+            mine = self.events[sel & ~(waits & ((self.events["value"] & GAVE_UP) != 0))]
+            timed_out = ((mine["value"] & TIMED_OUT) != 0) & np.isin(mine["kind"], [1, 2])
+            stuck = np.nonzero(timed_out)[0]
+            if len(stuck):
+                mine = mine[: stuck[0] + 1]
+            mine = mine[-n:]
             steps = []
             for e in mine:
                 text = f"{self.label(e)} @{(int(e['t0']) - t_min) / 1e3:.1f}us"
