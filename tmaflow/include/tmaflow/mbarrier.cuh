@@ -78,6 +78,11 @@ TMAFLOW_DEVICE void wait_on(uint64_t* bar, uint32_t parity, debug::Site site, ui
   TMAFLOW_TRACE_BEGIN(kWait);
 #define TMAFLOW_WAITED() TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), parity, line)
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
+  // after a timeout elsewhere, a wait "completes" whenever its parity happens to match: such
+  // events are marked as given up (0x200), not as completed
+#undef TMAFLOW_WAITED
+#define TMAFLOW_WAITED() TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), \
+                                            parity | (tmaflow_watchdog_state.abort ? 0x200u : 0u), line)
   if (done()) { TMAFLOW_WAITED(); return; }
   uint64_t start = debug::globaltimer();
   for (uint32_t spin = 0;; ++spin) {
