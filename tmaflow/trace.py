@@ -191,33 +191,37 @@ class Trace:
 
     def roles(self) -> dict:
         """(block, warp) -> role, from what the warp did: 'producer' issued TMA loads (or
-        announced their bytes),
-        'consumer' waited on wgmma or on barriers it did not fill, 'storer' issued stores."""
+        announced their bytes), 'consumer' waited on wgmma or on barriers it did not fill,
+        'storer' issued stores."""
+        ev = self.events
+        lanes = ev["block"].astype(np.int64) * self.warps_per_block + ev["warp"]
+
+        def did(*names):
+            codes = [KINDS.index(n) + 1 for n in names]
+            return set(np.unique(lanes[np.isin(ev["kind"], codes)]).tolist())
+
+        producers = did("TMA load", "TMA load (multicast)", "arrive + expect_tx")
+        consumers = did("wgmma wait", "wait") - producers
+        storers = did("TMA store") - producers - consumers
         roles = {}
-        kinds = self.events["kind"]
-        for key in {(int(b), int(w)) for b, w in zip(self.events["block"], self.events["warp"])}:
-            mine = kinds[(self.events["block"] == key[0]) & (self.events["warp"] == key[1])]
-            names = {self.kind(int(k)) for k in np.unique(mine)}
-            if names & {"TMA load", "TMA load (multicast)", "arrive + expect_tx"}:
-                roles[key] = "producer"
-            elif "wgmma wait" in names or "wait" in names:
-                roles[key] = "consumer"
-            elif "TMA store" in names:
-                roles[key] = "storer"
-            else:
-                roles[key] = "warp"
+        for lane in np.unique(lanes).tolist():
+            role = ("producer" if lane in producers else "consumer" if lane in consumers
+                    else "storer" if lane in storers else "warp")
+            roles[(lane // self.warps_per_block, lane % self.warps_per_block)] = role
         return roles
 
     def label(self, e) -> str:
-        name = self.kind(int(e["kind"]))
+        return self._label(self.kind(int(e["kind"])), int(e["bar"]), int(e["stage"]), int(e["value"]))
+
+    def _label(self, name: str, bar: int, stage: int, value: int) -> str:
         if name in ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx",
                     "arrive (remote)", "TMA load", "TMA load (multicast)"):
-            where = self.barrier(int(e["bar"]))
-            if e["stage"] >= 0 and "[" not in where:
-                where += f"[{e['stage']}]"
+            where = self.barrier(bar)
+            if stage >= 0 and "[" not in where:
+                where += f"[{stage}]"
             return f"{name} {where}"
         if name == "mark":
-            return f"mark {int(e['value'])}"
+            return f"mark {value}"
         return name
 
     # --- exports ---------------------------------------------------------------------------
@@ -232,23 +236,32 @@ class Trace:
                         "args": {"name": f"CTA {block}"}})
             out.append({"ph": "M", "name": "thread_name", "pid": block, "tid": warp,
                         "args": {"name": f"warp {warp} ({role})"}})
-        for e in self.events:
-            name = self.kind(int(e["kind"]))
-            args = {"sm": int(e["sm"]), "value": int(e["value"])}
-            if e["stage"] >= 0:
-                args["stage"] = int(e["stage"])
-            if e["line"]:
-                args["line"] = int(e["line"])
+        ev = self.events
+        labels = {}  # (kind, bar, stage, value) -> label: a few distinct ones for many events
+        columns = zip(ev["kind"].tolist(), ev["bar"].tolist(), ev["stage"].tolist(),
+                      ev["value"].tolist(), ev["sm"].tolist(), ev["line"].tolist(),
+                      ev["block"].tolist(), ev["warp"].tolist(), ev["t0"].tolist(), ev["dur"].tolist())
+        for kind, bar, stage, value, sm, line, block, warp, t0, dur in columns:
+            name = self.kind(kind)
+            key = (kind, bar, stage, value if name == "mark" else 0)
+            label = labels.get(key)
+            if label is None:
+                label = labels[key] = self._label(name, bar, stage, value)
+            args = {"sm": sm, "value": value}
+            if stage >= 0:
+                args["stage"] = stage
+            if line:
+                args["line"] = line
             if name in ("wait", "wait (cluster)"):
-                args["parity"] = int(e["value"]) & 1
-                if int(e["value"]) & TIMED_OUT:
+                args["parity"] = value & 1
+                if value & TIMED_OUT:
                     args["timed_out"] = True
-                if int(e["value"]) & GAVE_UP:
+                if value & GAVE_UP:
                     args["gave_up"] = True
-            item = {"name": self.label(e), "cat": name, "pid": int(e["block"]), "tid": int(e["warp"]),
-                    "ts": (int(e["t0"]) - t_min) / 1e3, "args": args}
+            item = {"name": label, "cat": name, "pid": block, "tid": warp,
+                    "ts": (t0 - t_min) / 1e3, "args": args}
             if name in SPANS:
-                item.update(ph="X", dur=max(int(e["dur"]), 1) / 1e3)
+                item.update(ph="X", dur=max(dur, 1) / 1e3)
             else:
                 item.update(ph="i", s="t")
             out.append(item)
@@ -256,8 +269,8 @@ class Trace:
                "otherData": {"kernel": self.kernel_name, "events": int(len(self.events)),
                              "wrapped_rings": self.wrapped}}
         if path is not None:
-            with open(path, "w") as f:
-                json.dump(doc, f)
+            with open(path, "w") as f:  # dumps, not dump: the C encoder (dump streams in Python)
+                f.write(json.dumps(doc, separators=(",", ":")))
         return doc
 
     def to_png(self, path, blocks: int = 2, window_us: float | None = 12.0, width: float = 14.0) -> None:
