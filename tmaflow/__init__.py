@@ -16,9 +16,10 @@ from .launch import LaunchConfig, Launcher
 from .layout import Barrier, Buffer, Pipeline, SharedLayout
 from .memory import DeviceArray, as_array, empty, from_numpy, zeros
 from .tensormap import TensorMap, TensorMapSpec
+from .workspace import DescriptorWorkspace
 
 __all__ = [
-    "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "Device",
+    "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "DescriptorWorkspace", "Device",
     "DeviceArray", "DriverNotFoundError", "Graph", "Kernel", "LaunchConfig", "Launcher", "LaunchError", "LayoutError",
     "Pipeline", "PipelineError", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
     "TensorMapSpec", "TmaflowError", "TmaflowWarning", "as_array", "as_dtype", "current_device",

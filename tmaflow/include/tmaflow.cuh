@@ -8,6 +8,7 @@
 #include "tmaflow/debug.cuh"
 #include "tmaflow/mbarrier.cuh"
 #include "tmaflow/tma.cuh"
+#include "tmaflow/tensormap.cuh"
 #include "tmaflow/bulk.cuh"
 #include "tmaflow/cp_async.cuh"
 #include "tmaflow/cluster.cuh"

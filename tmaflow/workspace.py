@@ -1,0 +1,88 @@
+"""Slots for tensor maps that kernels patch on the device (``tmaflow::tensormap`` in the
+device library): ``DescriptorWorkspace(n)`` holds ``n`` 128-byte slots, 128-B aligned (the PTX
+asks 64 B of a global tensor map; 128 keeps every slot on its own line), and proves a patched
+slot against the host's encode of the same parameters, byte for byte."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import driver
+from .errors import TensorMapError, TmaflowError
+from .memory import empty
+
+SLOT_BYTES = 128
+
+
+class DescriptorWorkspace:
+    """``slots`` tensor-map slots in device memory. ``ws.slot(i)`` is slot i's address (pass
+    ``ws`` itself for a ``CUtensorMap*`` parameter); ``ws.read(i)`` its 128 bytes;
+    ``ws.check(i, spec)`` raises unless they equal the host encode of ``spec``."""
+
+    def __init__(self, slots: int, device=None):
+        if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or not 1 <= slots <= 1 << 20:
+            raise TmaflowError(f"DescriptorWorkspace: slots={slots!r} must be an int in [1, 2^20]")
+        self.slots = int(slots)
+        self.array = empty((self.slots * SLOT_BYTES,), "uint8", device)
+        if self.array.ptr % SLOT_BYTES:  # the pool hands out 512-B aligned blocks; say so if not
+            raise TmaflowError(f"DescriptorWorkspace: memory at 0x{self.array.ptr:x} is not "
+                               f"{SLOT_BYTES}-B aligned")
+
+    @property
+    def ptr(self) -> int:
+        return self.array.ptr
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return self.array.__cuda_array_interface__
+
+    def slot(self, i: int) -> int:
+        self._index(i)
+        return self.array.ptr + SLOT_BYTES * i
+
+    def read(self, i: int) -> bytes:
+        """Slot i's 128 bytes, copied to the host after the work on the default stream."""
+        self._index(i)
+        out = np.empty(SLOT_BYTES, np.uint8)
+        driver.call("cuMemcpyDtoH", out.ctypes.data, self.slot(i), SLOT_BYTES)
+        return out.tobytes()
+
+    def write(self, i: int, tmap) -> None:
+        """Put a host-encoded map (a TensorMap, or 128 bytes) into slot i."""
+        raw = bytes(tmap)
+        if len(raw) != SLOT_BYTES:
+            raise TmaflowError(f"DescriptorWorkspace.write: {len(raw)} bytes given; a map is {SLOT_BYTES}")
+        driver.call("cuMemcpyHtoD", self.slot(i), raw, SLOT_BYTES)
+
+    def check(self, i: int, spec) -> None:
+        """Raise TensorMapError unless slot i holds exactly what the host encodes for ``spec``
+        (a TensorMapSpec with its address), naming the bytes that differ."""
+        from .tensormap import encode
+
+        got, want = self.read(i), encode(spec)
+        if got != want:
+            diff = [k for k in range(SLOT_BYTES) if got[k] != want[k]]
+            ranges = _ranges(diff)
+            raise TensorMapError(
+                f"DescriptorWorkspace slot {i}: the device-patched map differs from the host encode "
+                f"of {spec!r} (address 0x{spec.address or 0:x}) in bytes {ranges}: "
+                f"device {got[diff[0]:diff[-1] + 1].hex()} vs host {want[diff[0]:diff[-1] + 1].hex()}. "
+                "A field was patched with another value (or not at all), or the slot is stale: "
+                "published before this launch, or read before its release fence")
+
+    def _index(self, i) -> None:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.slots:
+            raise TmaflowError(f"DescriptorWorkspace: slot {i!r} is not in [0, {self.slots})")
+
+    def __repr__(self) -> str:
+        return f"DescriptorWorkspace({self.slots} slots at 0x{self.array.ptr:x})"
+
+
+def _ranges(indices: list[int]) -> str:
+    out, start = [], None
+    for k, v in enumerate(indices):
+        if start is None:
+            start = v
+        if k + 1 == len(indices) or indices[k + 1] != v + 1:
+            out.append(f"{start}" if start == v else f"{start}-{v}")
+            start = None
+    return ", ".join(out)
