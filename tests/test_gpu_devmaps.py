@@ -21,7 +21,9 @@ def groups(rng):
     for rows, pad in ((40, 0), (17, 32), (64, 8), (9, 4)):
         host = rng.standard_normal((rows, COLS + pad)).astype(np.float32)
         parent = tf.from_numpy(host)
-        out.append((host[:, :COLS], parent[:, :COLS] if pad else parent, parent))
+        view = tf.DeviceArray(parent.ptr, (rows, COLS), "float32", strides=((COLS + pad) * 4, 4),
+                              owner=parent) if pad else parent
+        out.append((host[:, :COLS], view, parent))
     return out
 
 
