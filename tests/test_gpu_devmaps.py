@@ -70,3 +70,20 @@ def test_workspace_checks_its_arguments(device):
     assert ws.slot(1) - ws.slot(0) == 128 and ws.ptr % 128 == 0
     with pytest.raises(tf.TmaflowError, match=r"slot 2 is not in \[0, 2\)"):
         ws.read(2)
+
+
+def test_a_missing_acquire_is_named_by_the_flight_recorder(device, rng):
+    arrays = groups(rng)
+    views = [v for _, v, _ in arrays]
+    template = tf.TensorMap.tiled(tf.zeros((128, COLS), "float32"), BOX)
+    ws = tf.DescriptorWorkspace(len(views))
+    addrs, rows, pitches = tables(views)
+    out = tf.empty((len(views), *BOX), "float32")
+    good = tf.Kernel(source("devmaps"), "load_slots", filename="devmaps.cu", debug=True, trace="all")
+    good.launch(template, ws, addrs, rows, pitches, out, 0, 0, 1, grid=len(views), block=64)
+    np.testing.assert_array_equal(out.numpy()[0], arrays[0][0][:BOX[0], :BOX[1]])
+    bad = tf.Kernel(source("devmaps"), "load_slots", filename="devmaps.cu", debug=True, trace="all",
+                    defines={"BUG_NO_ACQUIRE": 1})
+    with pytest.raises(tf.PipelineError, match=r"\[missing-acquire\] CTA 0 warp 0: TMA load .* without "
+                                               r"tensormap::acquire"):
+        bad.launch(template, ws, addrs, rows, pitches, out, 0, 0, 1, grid=len(views), block=64)

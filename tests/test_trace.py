@@ -234,3 +234,15 @@ def test_tail_stops_at_the_warps_own_timeout():
     tail = t.tail()
     assert tail.rstrip().endswith("wait p_empty[1] @0.0us TIMED OUT"), tail
     assert "gave up" not in tail and "cluster sync" not in tail
+
+
+def test_diagnosis_missing_acquire_of_a_device_patched_map():
+    slot = 0x1234_5680
+    out = np.zeros((2, 8), dtype=tr.EVENT)
+    out[0, 0] = (100, 0, tr.KINDS.index("tensormap publish") + 1, -1, 0, slot, 0, 1)
+    out[1, 0] = (200, 0, tr.KINDS.index("TMA load") + 1, -1, 64, 0, slot, 2)  # line: the map
+    t = tr.Trace.from_rings(out, "k", LaunchConfig(2, 32))
+    found = diagnose(t, None)
+    assert [f.name for f in found] == ["missing-acquire"] and "CTA 1" in found[0].message
+    out[1, 0]["t0"], out[1, 1] = 300, (250, 0, tr.KINDS.index("tensormap acquire") + 1, -1, 0, slot, 0, 2)
+    assert diagnose(tr.Trace.from_rings(out, "k", LaunchConfig(2, 32)), None) == []

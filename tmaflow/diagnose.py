@@ -21,7 +21,10 @@ Each broken rule is a :class:`Finding` with a name:
 - ``stage-reused``: a stage was refilled before its consumers released the previous round;
 - ``missing-cluster-sync``: a CTA reached into its peers' shared memory (remote arrivals,
   multicast) and then left without a cluster sync, so a peer may still be using it, or it
-  may write into a peer that already left.
+  may write into a peer that already left;
+- ``missing-acquire``: a TMA copy went through a tensor map published on the device in this
+  launch (``tensormap::publish_warp``) without ``tensormap::acquire`` of that slot first in
+  the copying CTA (it may see the old descriptor).
 
 Waits are counted from the trace's events, so the richer ``trace="all"`` gives the full ledger
 (stage traces carry announced bytes, cluster syncs and the waits that waited).
@@ -112,12 +115,14 @@ def ledger(trace, layout, cluster_size: int = 1) -> dict:
 def diagnose(trace, layout, cluster_size: int = 1) -> list[Finding]:
     """Every broken rule in the trace, most specific first (see the module doc). Rules that
     count every wait, arrival or copy apply to ``trace="all"`` traces only."""
-    if trace is None or layout is None or not len(trace):
+    if trace is None or not len(trace):
         return []
     detail = getattr(trace, "level", "all") == "all"
+    found: list[Finding] = _unacquired_maps(trace) if detail else []
+    if layout is None:
+        return found
     pipes = {p.name: p for p in _pipelines(layout)}
     book = ledger(trace, layout, cluster_size)
-    found: list[Finding] = []
     if detail:
         found += _early_multicast(trace, layout, pipes, cluster_size)
         found += _no_final_sync(trace, cluster_size)
@@ -152,8 +157,8 @@ def diagnose(trace, layout, cluster_size: int = 1) -> list[Finding]:
                     break
         found += _waits(block, pipe, s, st, full, empty, detail)
     order = ["multicast-before-init", "multicast-mask", "tx-announced-more", "tx-announced-less",
-             "wrong-parity", "stage-reused", "missing-cluster-sync", "missing-arrive",
-             "missing-commit"]
+             "wrong-parity", "stage-reused", "missing-acquire", "missing-cluster-sync",
+             "missing-arrive", "missing-commit"]
     # a producer stuck on an empty barrier commits nothing more: its CTA's missing commits are
     # the consequence, not the cause
     stuck_producers = {f.block for f in found if f.name in ("missing-arrive", "wrong-parity")}
@@ -236,6 +241,32 @@ def _early_multicast(trace, layout, pipes, cluster_size) -> list[Finding]:
                                f"({trace.label(e)}) before its first cluster sync completed: the "
                                "receivers may not have initialised their barriers yet (init, fence, "
                                "cluster sync, then multicast)", int(block), trace.barrier(int(e["bar"]))))
+    return out
+
+
+def _unacquired_maps(trace) -> list[Finding]:
+    """TMA copies through a slot published in this launch, by a CTA that has not acquired
+    that slot since it started (program order within the CTA: no clocks compared)."""
+    ev = trace.events
+    published = {}
+    for e in ev[ev["kind"] == K["tensormap publish"]]:
+        published.setdefault(int(e["value"]), int(e["block"]))
+    if not published:
+        return []
+    copies = [K["TMA load"], K["TMA load (multicast)"], K["TMA store"], K["TMA reduce"]]
+    acquired: dict = {}
+    out = []
+    for e in ev[np.isin(ev["kind"], copies + [K["tensormap acquire"]])]:
+        block, slot = int(e["block"]), int(e["value"] if e["kind"] == K["tensormap acquire"] else e["line"])
+        if e["kind"] == K["tensormap acquire"]:
+            acquired.setdefault(block, set()).add(slot)
+        elif slot in published and slot not in acquired.get(block, ()):
+            out.append(Finding("missing-acquire",
+                               f"CTA {block} warp {int(e['warp'])}: {trace.label(e)} went through the "
+                               f"tensor map in slot ..{slot:08x}, published in this launch by CTA "
+                               f"{published[slot]}, without tensormap::acquire(slot) first: the copy "
+                               "may use the old descriptor", block, f"slot ..{slot:08x}"))
+            acquired.setdefault(block, set()).add(slot)  # once per CTA and slot
     return out
 
 

@@ -30,7 +30,7 @@ from .errors import TmaflowError
 KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", "arrive (remote)",
          "TMA load", "TMA load (multicast)", "TMA store", "TMA reduce", "store wait",
          "store wait (read)", "wgmma commit", "wgmma wait", "named barrier", "cluster sync",
-         "PDL wait", "mark")
+         "PDL wait", "mark", "tensormap publish", "tensormap acquire")
 SPANS = {"wait", "wait (cluster)", "store wait", "store wait (read)", "wgmma wait", "named barrier",
          "cluster sync", "PDL wait"}
 EVENT = np.dtype([("t0", "<u8"), ("dur", "<u4"), ("kind", "<u2"), ("stage", "<i2"), ("bar", "<u4"),
@@ -222,6 +222,8 @@ class Trace:
             return f"{name} {where}"
         if name == "mark":
             return f"mark {value}"
+        if name.startswith("tensormap"):
+            return f"{name} slot ..{value:08x}"
         return name
 
     # --- exports ---------------------------------------------------------------------------

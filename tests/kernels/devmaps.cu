@@ -49,7 +49,9 @@ extern "C" __global__ void load_slots(const __grid_constant__ CUtensorMap tmpl, 
   if (threadIdx.x == 0) {
     mbarrier::init(&bar, 1);
     fence::proxy_async_shared_cta();
+#if !defined(BUG_NO_ACQUIRE)
     tensormap::acquire(slots + g);
+#endif
     mbarrier::arrive_expect_tx(&bar, sizeof(tile));
     tma::load(tile, slots + g, &bar, x0, y0);
     mbarrier::wait(&bar, 0);

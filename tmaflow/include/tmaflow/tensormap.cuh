@@ -44,10 +44,12 @@ template <int Ord> TMAFLOW_DEVICE void replace_element_stride(CUtensorMap* smem_
 TMAFLOW_DEVICE void publish_warp(CUtensorMap* slot, const CUtensorMap* smem_map) {
   asm volatile("tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned"
                " [%0], [%1], 128;" :: "l"(slot), "r"(smem_u32(smem_map)) : "memory");
+  TMAFLOW_TRACE_EVENT(kTensormapPublish, -1, 0, static_cast<uint32_t>(reinterpret_cast<uint64_t>(slot)));
 }
 // fence.proxy.tensormap::generic.acquire.gpu — before the first TMA copy through a slot that
 // was published after this kernel (or this grid) started; once per slot and publication.
 TMAFLOW_DEVICE void acquire(const CUtensorMap* slot) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(slot) : "memory");
+  TMAFLOW_TRACE_EVENT(kTensormapAcquire, -1, 0, static_cast<uint32_t>(reinterpret_cast<uint64_t>(slot)));
 }
 }}  // namespace tmaflow::tensormap

@@ -21,7 +21,7 @@ namespace tmaflow { namespace tma {
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" \
                  " [%0], [%1, " COORDS "], [%2];" \
                  :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), __VA_ARGS__ : "memory"); \
-    TMAFLOW_TRACE_EVENT(kTmaLoad, -1, TMAFLOW_TRACE_BAR(bar), 0); }
+    TMAFLOW_TRACE_COPY(kTmaLoad, TMAFLOW_TRACE_BAR(bar), 0, map); }
 TMAFLOW_TMA_RANKS(TMAFLOW_LOAD)
 #undef TMAFLOW_LOAD
 
@@ -40,7 +40,7 @@ TMAFLOW_TMA_RANKS(TMAFLOW_LOAD)
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster" \
                  " [%0], [%1, " COORDS "], [%2], %3;" \
                  :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "h"(cta_mask), __VA_ARGS__ : "memory"); \
-    TMAFLOW_TRACE_EVENT(kTmaLoadMulticast, -1, TMAFLOW_TRACE_BAR(bar), cta_mask); }
+    TMAFLOW_TRACE_COPY(kTmaLoadMulticast, TMAFLOW_TRACE_BAR(bar), cta_mask, map); }
 TMAFLOW_TMA_RANKS_MC(TMAFLOW_LOAD_MC)
 #undef TMAFLOW_LOAD_MC
 
@@ -51,7 +51,7 @@ TMAFLOW_TMA_RANKS_MC(TMAFLOW_LOAD_MC)
     asm volatile("cp.async.bulk.tensor." #N "d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint" \
                  " [%0], [%1, " COORDS "], [%2], %3;" \
                  :: "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "l"(policy), __VA_ARGS__ : "memory"); \
-    TMAFLOW_TRACE_EVENT(kTmaLoad, -1, TMAFLOW_TRACE_BAR(bar), 0); }
+    TMAFLOW_TRACE_COPY(kTmaLoad, TMAFLOW_TRACE_BAR(bar), 0, map); }
 #define TMAFLOW_TMA_RANKS_HINT(X) \
   X(1, "{%4}", (int c0), "r"(c0)) \
   X(2, "{%4, %5}", (int c0, int c1), "r"(c0), "r"(c1)) \
@@ -81,7 +81,7 @@ TMAFLOW_DEVICE uint64_t make_policy_evict_last() {
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.tile.bulk_group.L2::cache_hint [%0, " COORDS "], [%1], %2;" \
                  :: "l"(map), "r"(smem_u32(src)), "l"(policy), __VA_ARGS__ : "memory"); \
-    TMAFLOW_TRACE_EVENT(kTmaStore, -1, TMAFLOW_TRACE_BAR(src), 0); }
+    TMAFLOW_TRACE_COPY(kTmaStore, TMAFLOW_TRACE_BAR(src), 0, map); }
 TMAFLOW_TMA_RANKS_ST_HINT(TMAFLOW_STORE_HINT)
 #undef TMAFLOW_STORE_HINT
 
@@ -102,7 +102,7 @@ TMAFLOW_TMA_RANKS_ST_HINT(TMAFLOW_STORE_HINT)
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.async.bulk.tensor." #N "d.global.shared::cta.tile.bulk_group [%0, " COORDS "], [%1];" \
                  :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); \
-    TMAFLOW_TRACE_EVENT(kTmaStore, -1, TMAFLOW_TRACE_BAR(src), 0); }
+    TMAFLOW_TRACE_COPY(kTmaStore, TMAFLOW_TRACE_BAR(src), 0, map); }
 TMAFLOW_TMA_RANKS_ST(TMAFLOW_STORE)
 #undef TMAFLOW_STORE
 
@@ -118,7 +118,7 @@ TMAFLOW_TMA_RANKS_ST(TMAFLOW_STORE)
     TMAFLOW_ASYNC_GUARD(); \
     asm volatile("cp.reduce.async.bulk.tensor." #N "d.global.shared::cta." #OP ".tile.bulk_group [%0, " COORDS "], [%1];" \
                  :: "l"(map), "r"(smem_u32(src)), __VA_ARGS__ : "memory"); \
-    TMAFLOW_TRACE_EVENT(kTmaReduce, -1, TMAFLOW_TRACE_BAR(src), 0); }
+    TMAFLOW_TRACE_COPY(kTmaReduce, TMAFLOW_TRACE_BAR(src), 0, map); }
 TMAFLOW_TMA_RANKS_ST(TMAFLOW_REDUCE)
 #undef TMAFLOW_REDUCE
 #undef TMAFLOW_REDUCE_OP

@@ -12,6 +12,7 @@ enum Kind : uint16_t {
   kWait = 1, kWaitCluster, kArrive, kArriveExpectTx, kExpectTx, kArriveRemote,
   kTmaLoad, kTmaLoadMulticast, kTmaStore, kTmaReduce, kStoreWait, kStoreWaitRead,
   kWgmmaCommit, kWgmmaWait, kNamedBarrier, kClusterSync, kGriddepWait, kMark,
+  kTensormapPublish, kTensormapAcquire,
 };
 struct Event {           // 32 bytes
   uint64_t t0;           // %globaltimer (ns) when the operation began
@@ -21,7 +22,7 @@ struct Event {           // 32 bytes
   uint32_t bar;          // barrier: byte offset into dynamic smem; bit 31 set: static smem address
   uint32_t value;        // parity (+0x100 timed out, +0x200 gave up) of waits, bytes of expect_tx, lanes that
                          // arrived (arrive; remote: target rank | lanes << 16), CTA mask, mark id
-  uint32_t line;         // source line (waits), else 0
+  uint32_t line;         // source line (waits); low 32 bits of the map (TMA copies); else 0
   uint32_t sm;           // %smid
 };
 struct State {
@@ -45,7 +46,8 @@ namespace tmaflow { namespace trace {
 // Whether this build records events of `kind` (decided at compile time).
 __host__ __device__ constexpr bool traced(uint32_t kind) {
   return TMAFLOW_TRACE_LEVEL >= 2 || kind == kWait || kind == kWaitCluster ||
-         kind == kArriveExpectTx || kind == kClusterSync || kind == kGriddepWait || kind == kMark;
+         kind == kArriveExpectTx || kind == kClusterSync || kind == kGriddepWait || kind == kMark ||
+         kind == kTensormapPublish || kind == kTensormapAcquire;
 }
 TMAFLOW_DEVICE uint64_t now() {
   uint64_t t;
@@ -99,6 +101,12 @@ TMAFLOW_DEVICE void mark(uint32_t id) { record(kMark, -1, 0, id, 0, 0); }
   if (::tmaflow::trace::traced(::tmaflow::trace::kind)) \
     ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), 0, 0); \
   } while (0)
+// A TMA copy through `map`: its low 32 bits go where a wait keeps its line.
+#define TMAFLOW_TRACE_COPY(kind, bar, value, map) do { \
+  if (::tmaflow::trace::traced(::tmaflow::trace::kind)) \
+    ::tmaflow::trace::record(::tmaflow::trace::kind, -1, (bar), (value), 0, \
+                             static_cast<uint32_t>(reinterpret_cast<uint64_t>(map))); \
+  } while (0)
 #define TMAFLOW_TRACE_BAR(ptr) ::tmaflow::trace::where(smem_u32(ptr))
 #else
 namespace tmaflow { namespace trace {
@@ -109,4 +117,5 @@ TMAFLOW_DEVICE void mark(uint32_t) {}
 #define TMAFLOW_TRACE_SPAN(kind, stage, bar, value, line) do {} while (0)
 #define TMAFLOW_TRACE_EVENT(kind, stage, bar, value) do {} while (0)
 #define TMAFLOW_TRACE_BAR(ptr) 0u
+#define TMAFLOW_TRACE_COPY(kind, bar, value, map) do {} while (0)
 #endif
