@@ -86,6 +86,7 @@ def source_signature(source: str, name: str) -> list[str] | None:
     """The C++ parameter declarations of ``__global__ ... name(...)``, or None if not found
     exactly once (templates, macros)."""
     text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", source, flags=re.S)
+    text = re.sub(r"^[ \t]*#.*$", " ", text, flags=re.M)  # directives (parameters under #if)
     text = re.sub(r"__(?:launch_bounds|cluster_dims|maxnreg)__\s*\([^)]*\)", " ", text)
     found = [m for m in re.finditer(rf"__global__\b[^;{{}}()]*?\b{re.escape(name)}\s*\(", text)]
     if len(found) != 1:

@@ -37,6 +37,9 @@ namespace L = tmaflow_layout;
 #ifndef SPLIT_K
 #define SPLIT_K 0  // 1: K is split among work items whose fp32 partials meet in `partial`
 #endif
+#ifndef GROUPED
+#define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
+#endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
 constexpr int BM = 128, BK = 64;
 constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
 constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
@@ -55,6 +58,60 @@ TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) 
   gm = first + (w % per_band) % rows;
   tn = (w % per_band) / rows;
 }
+
+// One work item: the tile (tm, tn) of group g (g = 0 without GROUPED) over k-blocks [kb0, kb1).
+struct Item {
+  int g, tm, tn, kb0, kb1, split;
+  int a_row, b_row, c_row;  // first row of the tile in A, B and C (their 2-D maps)
+};
+
+// The work items of one CTA, in order (producer and consumers walk the same sequence).
+struct Schedule {
+  int w, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N;
+  uint32_t rank;
+#if GROUPED
+  const int* offsets;
+  int groups, g, base;  // the group of item w and the first item of that group
+#endif
+  TMAFLOW_DEVICE bool next(Item& it) {
+    if (w >= work) return false;
+#if GROUPED
+    for (;;) {  // items come group by group: CLUSTER_M-tile groups of M tiles x N tiles each
+      const int rows = offsets[g + 1] - offsets[g];
+      const int items = (((rows + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n;
+      if (w < base + items) break;
+      base += items;
+      ++g;
+    }
+    const int rows = offsets[g + 1] - offsets[g];
+    const int gms = ((rows + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M;
+    int gm, tn;
+    tile_of(w - base, gms, tiles_n, gm, tn);
+    it.g = g;
+    it.tm = CLUSTER_M * gm + int(rank);
+    it.tn = tn;
+    it.kb0 = 0;
+    it.kb1 = k_blocks;
+    it.split = 0;
+    it.a_row = offsets[g] + it.tm * BM;
+    it.c_row = it.a_row;
+    it.b_row = g * N + tn * BN;
+#else
+    int gm, tn;
+    tile_of(w / splits, groups_m, tiles_n, gm, tn);
+    it.g = 0;
+    it.tm = CLUSTER_M * gm + int(rank);
+    it.tn = tn;
+    it.split = w % splits;
+    it.kb0 = it.split * kb_per_split;
+    it.kb1 = min(k_blocks, it.kb0 + kb_per_split);
+    it.a_row = it.c_row = it.tm * BM;
+    it.b_row = tn * BN;
+#endif
+    w += step;
+    return true;
+  }
+};
 
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db) {
 #if BN == 256
@@ -130,7 +187,7 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
           const __grid_constant__ CUtensorMap tc, float* partial, uint32_t* counters, int M, int N,
-          int K, int splits) {
+          int K, int splits, const int* offsets, int groups, CUtensorMap* c_slots) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
@@ -138,9 +195,19 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   const uint32_t rank = cluster::rank();  // which M tile of the cluster's group
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_blocks = (K + BK - 1) / BK;
-  const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M, work = groups_m * tiles_n * splits;
+  const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
   const int kb_per_split = (k_blocks + splits - 1) / splits;
   const int first = blockIdx.x / CLUSTER_M, step = gridDim.x / CLUSTER_M;
+#if GROUPED
+  int work = 0;  // every CTA counts the items of all groups (G reads of offsets)
+  for (int g = 0; g < groups; ++g)
+    work += (((offsets[g + 1] - offsets[g] + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n;
+  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, 1, N, rank,
+                      offsets, groups, 0, 0};
+#else
+  const int work = groups_m * tiles_n * splits;
+  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N, rank};
+#endif
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&ta);
     tma::prefetch_descriptor(&tb);
@@ -157,20 +224,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       const uint16_t b_mask = L::ab::b_mask(rank);
       const uint32_t slice = L::ab::b_slice(rank), slices = L::ab::b_group_size(rank);
       Cursor c;
-      for (int w = first; w < work; w += step) {
-        int gm, tn;
-        tile_of(w / splits, groups_m, tiles_n, gm, tn);
-        const int tm = CLUSTER_M * gm + int(rank);
-        const int kb0 = (w % splits) * kb_per_split, kb1 = min(k_blocks, kb0 + kb_per_split);
-        for (int kb = kb0; kb < kb1; ++kb, c.advance()) {
+      Schedule items = plan;
+      for (Item it; items.next(it);) {
+        const int tn = it.tn;
+        for (int kb = it.kb0; kb < it.kb1; ++kb, c.advance()) {
           pipe.producer_acquire(c);
           pipe.producer_commit(c);
-          tma::load(S.ab_a(c.stage), &ta, pipe.barrier(c), kb * BK, tm * BM);
+          tma::load(S.ab_a(c.stage), &ta, pipe.barrier(c), kb * BK, it.a_row);
           for (int box = int(slice); box < L::ab::b_boxes; box += int(slices)) {
 #if B_N_MAJOR
             const int x = tn * BN + box * 64, y = kb * BK;                     // (n, k) of a 64 x 64 box
 #else
-            const int x = kb * BK, y = tn * BN + box * (BN / L::ab::b_boxes);  // (k, n) of a row slice
+            const int x = kb * BK, y = it.b_row + box * (BN / L::ab::b_boxes);  // (k, n) of a row slice
 #endif
 #if CLUSTER_M == 1
             tma::load(S.ab_b(c.stage, box), &tb, pipe.barrier(c), x, y);
@@ -187,11 +252,19 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     const int t = threadIdx.x % 128, wq = t / 32;  // warp wq holds rows 16 wq .. 16 wq + 15
     uint8_t* cbuf = static_cast<uint8_t*>(S.c()) + cw * (64 * EPI_COLS * 2);
     Cursor c, prev;
-    for (int w = first; w < work; w += step) {
-      int gm, tn;
-      tile_of(w / splits, groups_m, tiles_n, gm, tn);
-      const int tm = CLUSTER_M * gm + int(rank);
-      const int kb0 = (w % splits) * kb_per_split, kb1 = min(k_blocks, kb0 + kb_per_split);
+    Schedule items = plan;
+#if GROUPED
+    // This warpgroup's C map: the template with its rows ending where the group ends (so the
+    // TMA store clips a group's last tile there), patched on the device per group.
+    __shared__ alignas(128) CUtensorMap cmap[2];
+    CUtensorMap* const slot = c_slots + 2 * blockIdx.x + cw;
+    int patched = -1;
+    const CUtensorMap* const out_map = slot;
+#else
+    const CUtensorMap* const out_map = &tc;
+#endif
+    for (Item it; items.next(it);) {
+      const int tm = it.tm, tn = it.tn, kb0 = it.kb0, kb1 = it.kb1;
       if (kb0 >= kb1) continue;  // an empty split (the host never plans one)
       float acc[kAcc];
 #pragma unroll
@@ -226,7 +299,21 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if SPLIT_K
       // Publish this split's fp32 partial; the last split of the tile to finish sums every
       // split's partial in split order (deterministic) and runs the bf16 epilogue below.
-      if (!split_k_last(partial, counters, acc, row, lane, tm, tn, w % splits, splits, M, N, tiles_n)) continue;
+      if (!split_k_last(partial, counters, acc, row, lane, tm, tn, it.split, splits, M, N, tiles_n)) continue;
+#endif
+#if GROUPED
+      if (it.g != patched) {  // once per group and warpgroup
+        if (t == 0) tma::wait_group<0>();  // the stores through the old map are done with it
+        named_barrier::sync(1 + cw, 128);
+        if (t < 32) {
+          tensormap::load_warp(&cmap[cw], &tc);
+          if (t == 0) tensormap::replace_dim<1>(&cmap[cw], uint32_t(offsets[it.g + 1]));
+          __syncwarp();
+          tensormap::publish_warp(slot, &cmap[cw]);
+          if (t == 0) tensormap::acquire(slot);
+        }
+        patched = it.g;
+      }
 #endif
       // Epilogue, EPI_COLS columns a round: registers -> swizzled boxes -> TMA store.
 #pragma unroll
@@ -245,7 +332,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         if (t == 0) {
 #pragma unroll
           for (int box = 0; box < EPI_COLS / 64; ++box)
-            tma::store(&tc, cbuf + box * kBoxBytes, tn * BN + r * EPI_COLS + box * 64, tm * BM + cw * 64);
+            tma::store(out_map, cbuf + box * kBoxBytes, tn * BN + r * EPI_COLS + box * 64, it.c_row + cw * 64);
           tma::commit_group();
         }
       }

@@ -223,11 +223,11 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
                              pdl=pdl)
     ws = None
     if split == 1:
-        tail = (0, 0, m, n, k, 1)
+        tail = (0, 0, m, n, k, 1, 0, 0, 0)  # no split-K state; not grouped
     else:
         ws = _workspace(device, stream)
         launcher = _SplitK(launcher, ws)
-        tail = (m, n, k, split)
+        tail = (m, n, k, split, 0, 0, 0)
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
                       workspace_sizes=(tile_groups * cm, split * m * n))
@@ -303,3 +303,95 @@ def _resident_clusters(kern, cluster_m: int, ordinal: int) -> int:
     a second wave."""
     probe = kern.bind(grid=cluster_m, block=384, cluster=(cluster_m, 1, 1))
     return probe.max_active_clusters()
+
+
+# --- grouped (MoE) GEMM ----------------------------------------------------------------------
+
+@entry_point
+def grouped_gemm(a, b, offsets, out=None, *, config: GemmConfig | None = None, stream=None,
+                 pdl: bool = False, debug: bool | None = None, trace: bool | str = False):
+    """M-grouped GEMM (mixture of experts): for every group g, rows offsets[g] .. offsets[g+1]
+    of C = those rows of A @ B[g]^T. A is T x K and B is G x N x K (bfloat16); C is T x N
+    bfloat16, fp32 accumulation. ``offsets`` holds G + 1 ints: 0, then the running sums of the
+    group sizes, T last (groups may be empty).
+
+    Given as a device array (int32: tmaflow, torch or cupy), the group sizes stay on the GPU:
+    a call does no host work that depends on them, so a captured graph replays with new sizes.
+    A host sequence is checked and uploaded. Each CTA clips a group's last tile with a C map
+    patched on the device (``tmaflow::tensormap``) in a workspace the state keeps.
+    """
+    A, B = as_array(a), as_array(b)
+    if A.ndim != 2 or B.ndim != 3 or A.dtype.name != "bfloat16" or B.dtype.name != "bfloat16":
+        raise TmaflowError(f"grouped_gemm: a must be (T, K) and b (G, N, K), both bfloat16 (got "
+                           f"{A.shape} {A.dtype.name}, {B.shape} {B.dtype.name})")
+    t, k = A.shape
+    g, n, kb = B.shape
+    if kb != k:
+        raise TmaflowError(f"grouped_gemm: a is {A.shape} (T, K) but b is {B.shape}; b must be (G, N, K)")
+    if B.strides != (n * k * 2, k * 2, 2):
+        raise TmaflowError(f"grouped_gemm: b must be contiguous (G, N, K) (strides {B.strides} B)")
+    offs = _offsets("grouped_gemm", offsets, g, t, A.device)
+    C = None
+    if out is not None:
+        C = given_output("grouped_gemm", out, (t, n), A.dtype)
+    if t == 0 or n == 0 or k == 0:
+        result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
+        if k == 0 and C.size:
+            C.fill_bytes(0)  # empty sums
+        return None, (), result
+    key = ("grouped_gemm", A.shape, A.strides, B.shape, C and C.strides, config, stream_key(stream),
+           pdl, A.device, current_ordinal(), debug, trace, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        c_strides = output_strides(C, (t, n), 2)
+        st = cached_state(key, lambda: _grouped_state(A, B, c_strides, t, n, k, g, config, stream,
+                                                      pdl, debug, trace))
+    result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
+    B2 = B._as((g * n, k), (k * 2, 2))  # the experts' rows one after another
+    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), 0, 0, t, n, k, 1, offs, g,
+                         st.slots), result
+
+
+def _offsets(name: str, offsets, groups: int, rows: int, device):
+    """The offsets as a device int32 array: device arrays as given (their values are the
+    caller's to keep right), host sequences checked and uploaded."""
+    import numpy as np
+
+    if hasattr(offsets, "__cuda_array_interface__") or hasattr(offsets, "data_ptr") or \
+            isinstance(offsets, DeviceArray):
+        arr = as_array(offsets)
+        if arr.shape != (groups + 1,) or arr.dtype.name != "int32":
+            raise TmaflowError(f"{name}: offsets must be {groups + 1} int32 values (got "
+                               f"{arr.shape} {arr.dtype.name})")
+        return offsets
+    host = np.asarray(offsets)
+    if host.shape != (groups + 1,) or host.dtype.kind not in "iu":
+        raise TmaflowError(f"{name}: offsets must be {groups + 1} ints (got {host.shape} {host.dtype})")
+    if host[0] != 0 or host[-1] != rows or (np.diff(host) < 0).any():
+        raise TmaflowError(f"{name}: offsets {host.tolist()} must start at 0, never decrease and "
+                           f"end at the {rows} rows of a")
+    from ..memory import from_numpy
+
+    return from_numpy(host.astype(np.int32), device=device)
+
+
+def _grouped_state(A, B, c_strides, t, n, k, g, config, stream, pdl, debug, trace) -> _GemmState:
+    from ..workspace import DescriptorWorkspace
+
+    on_current_device("grouped_gemm", A)
+    C = DeviceArray(0, (t, n), "bfloat16", c_strides)
+    for name, arr in (("a", A), ("out", C)):
+        _check_rows(name, arr)
+    device = current_device()
+    config = replace(config or choose_config(max(t // max(g, 1), 1), n, k, device.sm_count), split_k=1)
+    plan = gemm_plan(max(t, 1), n, k, "nt", config)
+    kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
+                      debug=debug, trace=trace)
+    cm = plan.config.cluster_m
+    clusters = _resident_clusters(kern, cm, device.ordinal)
+    launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream, pdl=pdl)
+    B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2))
+    return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
+                      tc=_template(C, plan.spec_c, "store"), plan=plan,
+                      slots=DescriptorWorkspace(2 * cm * clusters, device))
