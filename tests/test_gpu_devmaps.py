@@ -50,6 +50,12 @@ def test_patched_slots_match_the_host_encode_and_load_the_right_data(device, rng
         ws.check(g, spec_of(view))  # byte-exact against cuTensorMapEncodeTiled
     with pytest.raises(tf.TensorMapError, match=r"slot 1: the device-patched map differs .* bytes"):
         ws.check(1, spec_of(views[2]))  # another group's parameters: caught by name
+    wrong = tf.Kernel(source("devmaps"), "patch_maps", filename="devmaps.cu", defines={"BUG_WRONG_ROWS": 1})
+    wrong.launch(template, ws, addrs, rows, pitches, grid=len(views), block=32)
+    ws.check(0, spec_of(views[0]))
+    with pytest.raises(tf.TensorMapError, match=r"slot 1: .* in bytes [\d, -]+ \(shape\[0\]\)"):
+        ws.check(1, spec_of(views[1]))  # the planted wrong patch, named: the row count
+    k.launch(template, ws, addrs, rows, pitches, grid=len(views), block=32)  # patched right again
     load = tf.Kernel(source("devmaps"), "load_slots", filename="devmaps.cu")
     for patch in (0, 1):  # through slots published by the launch before, then by the same CTA
         out = poison(tf.empty((len(views), *BOX), "float32"))

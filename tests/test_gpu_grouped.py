@@ -83,10 +83,10 @@ def test_grouped_gemm_graph_replays_with_changing_group_sizes(device, rng):
 
 def test_grouped_gemm_checks_its_arguments(device, rng):
     a, _ = bf16(rng, (10, 64))
-    b, _ = bf16(rng, (2, 32, 64))
+    b, _ = bf16(rng, (3, 32, 64))
     with pytest.raises(tf.TmaflowError, match=r"offsets \[0, 5, 4, 10\] must start at 0, never decrease"):
         kernels.grouped_gemm(a, b, [0, 5, 4, 10])
-    with pytest.raises(tf.TmaflowError, match=r"offsets must be 3 ints"):
+    with pytest.raises(tf.TmaflowError, match=r"offsets must be 4 ints"):
         kernels.grouped_gemm(a, b, [0, 10])
     with pytest.raises(tf.TmaflowError, match=r"b must be \(G, N, K\)"):
-        kernels.grouped_gemm(a, bf16(rng, (2, 32, 48))[0], [0, 5, 10])
+        kernels.grouped_gemm(a, bf16(rng, (3, 32, 48))[0], [0, 5, 6, 10])

@@ -61,10 +61,11 @@ class DescriptorWorkspace:
         got, want = self.read(i), encode(spec)
         if got != want:
             diff = [k for k in range(SLOT_BYTES) if got[k] != want[k]]
-            ranges = _ranges(diff)
+            fields = _fields_at(spec, diff)
+            where = f" ({', '.join(fields)})" if fields else ""
             raise TensorMapError(
                 f"DescriptorWorkspace slot {i}: the device-patched map differs from the host encode "
-                f"of {spec!r} (address 0x{spec.address or 0:x}) in bytes {ranges}: "
+                f"of {spec!r} (address 0x{spec.address or 0:x}) in bytes {_ranges(diff)}{where}: "
                 f"device {got[diff[0]:diff[-1] + 1].hex()} vs host {want[diff[0]:diff[-1] + 1].hex()}. "
                 "A field was patched with another value (or not at all), or the slot is stale: "
                 "published before this launch, or read before its release fence")
@@ -75,6 +76,34 @@ class DescriptorWorkspace:
 
     def __repr__(self) -> str:
         return f"DescriptorWorkspace({self.slots} slots at 0x{self.array.ptr:x})"
+
+
+def _fields_at(spec, differing: list[int]) -> list[str]:
+    """The fields of ``spec`` whose encoding covers the differing bytes, found by encoding
+    ``spec`` again with one field changed at a time (the descriptor's layout is not public)."""
+    from dataclasses import replace
+
+    from .tensormap import encode
+
+    base = encode(spec)
+    trials = [("global address", replace(spec, address=(spec.address or 0) + 256))]
+    for d in range(len(spec.shape)):  # numpy order, as the spec is written
+        shape = list(spec.shape)
+        shape[d] += 1
+        trials.append((f"shape[{d}]", replace(spec, shape=tuple(shape))))
+    for d in range(len(spec.shape) - 1):  # the innermost stride is the element size: not encoded
+        strides = list(spec.strides)
+        strides[d] += 16
+        trials.append((f"strides[{d}]", replace(spec, strides=tuple(strides))))
+    named = []
+    for name, variant in trials:
+        try:
+            changed = {k for k, (x, y) in enumerate(zip(base, encode(variant))) if x != y}
+        except Exception:  # a variant the encoder refuses: no evidence either way
+            continue
+        if changed & set(differing):
+            named.append(name)
+    return named
 
 
 def _ranges(indices: list[int]) -> str:

@@ -14,7 +14,11 @@ extern "C" __global__ void patch_maps(const __grid_constant__ CUtensorMap tmpl, 
   tensormap::load_warp(&m, &tmpl);
   if (threadIdx.x == 0) {
     tensormap::replace_address(&m, reinterpret_cast<const void*>(addrs[g]));
+#if defined(BUG_WRONG_ROWS)
+    tensormap::replace_dim<1>(&m, rows[g] + (g == 1));  // one group off by a row
+#else
     tensormap::replace_dim<1>(&m, rows[g]);
+#endif
     tensormap::replace_stride<0>(&m, pitches[g]);
   }
   __syncwarp();
