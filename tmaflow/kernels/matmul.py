@@ -376,6 +376,16 @@ def _offsets(name: str, offsets, groups: int, rows: int, device):
     return from_numpy(host.astype(np.int32), device=device)
 
 
+def _grouped_config(t: int, n: int, g: int, sm_count: int) -> GemmConfig:
+    """Wide tiles when all groups' tiles fill the GPU with them; clusters of two M tiles only
+    when an average group has rows for both (a pair straddling a group end computes rows it
+    throws away)."""
+    rows = t / max(g, 1)
+    wide = math.ceil(rows / BM) * g * math.ceil(n / 256)
+    bn = 256 if wide >= sm_count else 128
+    return GemmConfig(bn=bn, cluster_m=2 if bn == 256 and rows >= 2 * BM else 1, split_k=1)
+
+
 def _grouped_state(A, B, c_strides, t, n, k, g, config, stream, pdl, debug, trace) -> _GemmState:
     from ..workspace import DescriptorWorkspace
 
@@ -384,7 +394,7 @@ def _grouped_state(A, B, c_strides, t, n, k, g, config, stream, pdl, debug, trac
     for name, arr in (("a", A), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
-    config = replace(config or choose_config(max(t // max(g, 1), 1), n, k, device.sm_count), split_k=1)
+    config = config or _grouped_config(t, n, g, device.sm_count)
     plan = gemm_plan(max(t, 1), n, k, "nt", config)
     kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
                       debug=debug, trace=trace)
