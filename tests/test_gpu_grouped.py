@@ -17,30 +17,36 @@ def bf16(rng, shape):
     return tf.from_numpy(bits, "bfloat16"), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def reference(a64, b64, offsets):
-    out = np.zeros((a64.shape[0], b64.shape[1]))
+def reference(a64, b64, offsets, layout="nt"):
+    n = b64.shape[1] if layout == "nt" else b64.shape[2]
+    out = np.zeros((a64.shape[0], n))
     for g in range(b64.shape[0]):
         lo, hi = offsets[g], offsets[g + 1]
-        out[lo:hi] = a64[lo:hi] @ b64[g].T
+        out[lo:hi] = a64[lo:hi] @ (b64[g].T if layout == "nt" else b64[g])
     return out
 
 
+@pytest.mark.parametrize("layout", ["nt", "nn"])
 @pytest.mark.parametrize("sizes,n,k", [
     ((0, 130, 1, 257), 384, 256),                # an empty group, ragged groups
     ((128, 128, 128, 128), 256, 512),            # tile-aligned
     ((513, 0, 0, 64, 1000, 7, 300, 45), 1024, 320),  # uneven, K not a multiple of 64... (320 = 5 x 64)
     ((33, 97), 200, 136),                        # N and K ragged against the tiles
 ])
-def test_grouped_gemm_every_group(device, rng, sizes, n, k):
+def test_grouped_gemm_every_group(device, rng, sizes, n, k, layout):
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     t, g = int(offsets[-1]), len(sizes)
     a, a64 = bf16(rng, (t, k))
-    b, b64 = bf16(rng, (g, n, k))
-    want = reference(a64, b64, offsets)
+    b, b64 = bf16(rng, (g, n, k) if layout == "nt" else (g, k, n))
+    if layout == "nn" and k % 64:
+        with pytest.raises(tf.TmaflowError, match=r"layout 'nn' needs K a multiple of 64"):
+            kernels.grouped_gemm(a, b, offsets, layout="nn")
+        return
+    want = reference(a64, b64, offsets, layout)
     for given in ("host", "device"):
         out = poison(tf.empty((t, n), "bfloat16"))
         offs = offsets if given == "host" else tf.from_numpy(offsets)
-        kernels.grouped_gemm(a, b, offs, out)
+        kernels.grouped_gemm(a, b, offs, out, layout=layout)
         got = out.numpy().astype(np.float64)
         assert not np.isnan(got).any(), f"rows left unwritten ({given} offsets)"
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.sqrt(k) / 4)

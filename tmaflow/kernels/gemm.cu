@@ -63,11 +63,12 @@ TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) 
 struct Item {
   int g, tm, tn, kb0, kb1, split;
   int a_row, b_row, c_row;  // first row of the tile in A, B and C (their 2-D maps)
+  int b_k0;                 // first k-row of the group's B (B_N_MAJOR: B is (G x K) x N)
 };
 
 // The work items of one CTA, in order (producer and consumers walk the same sequence).
 struct Schedule {
-  int w, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N;
+  int w, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N, K;
   uint32_t rank;
 #if GROUPED
   const int* offsets;
@@ -96,6 +97,7 @@ struct Schedule {
     it.a_row = offsets[g] + it.tm * BM;
     it.c_row = it.a_row;
     it.b_row = g * N + tn * BN;
+    it.b_k0 = g * K;
 #else
     int gm, tn;
     tile_of(w / splits, groups_m, tiles_n, gm, tn);
@@ -107,6 +109,7 @@ struct Schedule {
     it.kb1 = min(k_blocks, it.kb0 + kb_per_split);
     it.a_row = it.c_row = it.tm * BM;
     it.b_row = tn * BN;
+    it.b_k0 = 0;
 #endif
     w += step;
     return true;
@@ -202,11 +205,11 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   int work = 0;  // every CTA counts the items of all groups (G reads of offsets)
   for (int g = 0; g < groups; ++g)
     work += (((offsets[g + 1] - offsets[g] + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n;
-  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, 1, N, rank,
+  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, 1, N, K, rank,
                       offsets, groups, 0, 0};
 #else
   const int work = groups_m * tiles_n * splits;
-  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N, rank};
+  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N, K, rank};
 #endif
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&ta);
@@ -233,7 +236,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           tma::load(S.ab_a(c.stage), &ta, pipe.barrier(c), kb * BK, it.a_row);
           for (int box = int(slice); box < L::ab::b_boxes; box += int(slices)) {
 #if B_N_MAJOR
-            const int x = tn * BN + box * 64, y = kb * BK;                     // (n, k) of a 64 x 64 box
+            const int x = tn * BN + box * 64, y = it.b_k0 + kb * BK;           // (n, k) of a 64 x 64 box
 #else
             const int x = kb * BK, y = it.b_row + box * (BN / L::ab::b_boxes);  // (k, n) of a row slice
 #endif

@@ -308,12 +308,13 @@ def _resident_clusters(kern, cluster_m: int, ordinal: int) -> int:
 # --- grouped (MoE) GEMM ----------------------------------------------------------------------
 
 @entry_point
-def grouped_gemm(a, b, offsets, out=None, *, config: GemmConfig | None = None, stream=None,
-                 pdl: bool = False, debug: bool | None = None, trace: bool | str = False):
+def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmConfig | None = None,
+                 stream=None, pdl: bool = False, debug: bool | None = None, trace: bool | str = False):
     """M-grouped GEMM (mixture of experts): for every group g, rows offsets[g] .. offsets[g+1]
-    of C = those rows of A @ B[g]^T. A is T x K and B is G x N x K (bfloat16); C is T x N
-    bfloat16, fp32 accumulation. ``offsets`` holds G + 1 ints: 0, then the running sums of the
-    group sizes, T last (groups may be empty).
+    of C = those rows of A @ B[g]^T (``layout="nt"``: B is G x N x K) or of A @ B[g] (``"nn"``:
+    B is G x K x N, K a multiple of 64). A is T x K, bfloat16; C is T x N bfloat16, fp32
+    accumulation. ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes,
+    T last (groups may be empty).
 
     Given as a device array (int32: tmaflow, torch or cupy), the group sizes stay on the GPU:
     a call does no host work that depends on them, so a captured graph replays with new sizes.
@@ -324,12 +325,21 @@ def grouped_gemm(a, b, offsets, out=None, *, config: GemmConfig | None = None, s
     if A.ndim != 2 or B.ndim != 3 or A.dtype.name != "bfloat16" or B.dtype.name != "bfloat16":
         raise TmaflowError(f"grouped_gemm: a must be (T, K) and b (G, N, K), both bfloat16 (got "
                            f"{A.shape} {A.dtype.name}, {B.shape} {B.dtype.name})")
+    if layout not in LAYOUTS:
+        raise TmaflowError(f"grouped_gemm: layout={layout!r} must be one of {LAYOUTS}")
     t, k = A.shape
-    g, n, kb = B.shape
+    if layout == "nt":
+        g, n, kb = B.shape
+    else:
+        g, kb, n = B.shape
+    want = "(G, N, K)" if layout == "nt" else "(G, K, N)"
     if kb != k:
-        raise TmaflowError(f"grouped_gemm: a is {A.shape} (T, K) but b is {B.shape}; b must be (G, N, K)")
-    if B.strides != (n * k * 2, k * 2, 2):
-        raise TmaflowError(f"grouped_gemm: b must be contiguous (G, N, K) (strides {B.strides} B)")
+        raise TmaflowError(f"grouped_gemm: a is {A.shape} (T, K) but b is {B.shape}; b must be {want}")
+    if B.strides != (B.shape[1] * B.shape[2] * 2, B.shape[2] * 2, 2):
+        raise TmaflowError(f"grouped_gemm: b must be contiguous {want} (strides {B.strides} B)")
+    if layout == "nn" and k % BK:
+        raise TmaflowError(f"grouped_gemm: layout 'nn' needs K a multiple of {BK} (got {k}): a "
+                           "group's last k-block would read the next group's rows of b")
     offs = _offsets("grouped_gemm", offsets, g, t, A.device)
     C = None
     if out is not None:
@@ -339,16 +349,16 @@ def grouped_gemm(a, b, offsets, out=None, *, config: GemmConfig | None = None, s
         if k == 0 and C.size:
             C.fill_bytes(0)  # empty sums
         return None, (), result
-    key = ("grouped_gemm", A.shape, A.strides, B.shape, C and C.strides, config, stream_key(stream),
+    key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream_key(stream),
            pdl, A.device, current_ordinal(), debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         c_strides = output_strides(C, (t, n), 2)
-        st = cached_state(key, lambda: _grouped_state(A, B, c_strides, t, n, k, g, config, stream,
-                                                      pdl, debug, trace))
+        st = cached_state(key, lambda: _grouped_state(A, c_strides, t, n, k, g, layout, config,
+                                                      stream, pdl, debug, trace))
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
-    B2 = B._as((g * n, k), (k * 2, 2))  # the experts' rows one after another
+    B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), 0, 0, t, n, k, 1, offs, g,
                          st.slots), result
 
@@ -386,7 +396,7 @@ def _grouped_config(t: int, n: int, g: int, sm_count: int) -> GemmConfig:
     return GemmConfig(bn=bn, cluster_m=2 if bn == 256 and rows >= 2 * BM else 1, split_k=1)
 
 
-def _grouped_state(A, B, c_strides, t, n, k, g, config, stream, pdl, debug, trace) -> _GemmState:
+def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug, trace) -> _GemmState:
     from ..workspace import DescriptorWorkspace
 
     on_current_device("grouped_gemm", A)
@@ -395,13 +405,14 @@ def _grouped_state(A, B, c_strides, t, n, k, g, config, stream, pdl, debug, trac
         _check_rows(name, arr)
     device = current_device()
     config = config or _grouped_config(t, n, g, device.sm_count)
-    plan = gemm_plan(max(t, 1), n, k, "nt", config)
+    plan = gemm_plan(max(t, 1), n, k, layout, config)
     kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
                       debug=debug, trace=trace)
     cm = plan.config.cluster_m
     clusters = _resident_clusters(kern, cm, device.ordinal)
     launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream, pdl=pdl)
-    B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2))
+    B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2)) if layout == "nt" else \
+        DeviceArray(0, (g * k, n), "bfloat16", (n * 2, 2))
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), plan=plan,
                       slots=DescriptorWorkspace(2 * cm * clusters, device))
