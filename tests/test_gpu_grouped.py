@@ -96,3 +96,16 @@ def test_grouped_gemm_checks_its_arguments(device, rng):
         kernels.grouped_gemm(a, b, [0, 10])
     with pytest.raises(tf.TmaflowError, match=r"b must be \(G, N, K\)"):
         kernels.grouped_gemm(a, bf16(rng, (3, 32, 48))[0], [0, 5, 6, 10])
+
+
+def test_debug_grouped_gemm_proves_its_patched_maps(device, rng):
+    """A debug launch checks every C map a CTA patched against the host encode (it would raise
+    TensorMapError on a wrong patch) and computes the same result."""
+    sizes = (0, 130, 1, 257, 64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    a, a64 = bf16(rng, (int(offsets[-1]), 256))
+    b, b64 = bf16(rng, (5, 384, 256))
+    release = kernels.grouped_gemm(a, b, offsets).numpy()
+    checked = kernels.grouped_gemm(a, b, tf.from_numpy(offsets), debug=True).numpy()
+    assert np.array_equal(release.view(np.uint16), checked.view(np.uint16))
+    np.testing.assert_allclose(checked.astype(np.float64), reference(a64, b64, offsets), rtol=2e-2, atol=2e-2)

@@ -413,6 +413,38 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream, pdl=pdl)
     B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2)) if layout == "nt" else \
         DeviceArray(0, (g * k, n), "bfloat16", (n * 2, 2))
+    slots = DescriptorWorkspace(2 * cm * clusters, device)
+    if launcher.module.watch is not None:  # debug builds prove every patched C map
+        launcher = _ProvedSlots(launcher, slots)
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
-                      tc=_template(C, plan.spec_c, "store"), plan=plan,
-                      slots=DescriptorWorkspace(2 * cm * clusters, device))
+                      tc=_template(C, plan.spec_c, "store"), plan=plan, slots=slots)
+
+
+class _ProvedSlots:
+    """A debug grouped launch: the C-map slots are cleared before it, and after it every slot
+    a CTA patched must equal the host encode of the C map clipped at some group's end, byte
+    for byte (a wrong patch or a stale slot raises TensorMapError naming the slot)."""
+
+    def __init__(self, launcher, slots):
+        self.launcher, self.slots = launcher, slots
+
+    def __call__(self, *args) -> None:
+        import numpy as np
+
+        from .. import driver
+        from ..errors import TensorMapError
+        from ..tensormap import encode
+
+        ws = self.slots
+        driver.call("cuMemsetD8", ws.ptr, 0, ws.slots * 128)
+        self.launcher(*args)
+        spec, offsets = args[2].spec, as_array(args[9]).numpy()
+        candidates = {encode(replace(spec, shape=(int(end), spec.shape[1]))): int(end)
+                      for end in np.unique(offsets[1:]) if end > 0}
+        for i in range(ws.slots):
+            raw = ws.read(i)
+            if raw != bytes(128) and raw not in candidates:
+                raise TensorMapError(
+                    f"grouped_gemm (debug): the C map CTA {i // 2} warpgroup {i % 2} patched is no "
+                    f"host encode of the output clipped at a group's end ({sorted(set(candidates.values()))}"
+                    f"): a wrong patch, or a publish that did not land (slot {i} of {ws!r})")
