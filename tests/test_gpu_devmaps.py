@@ -34,16 +34,20 @@ def tables(views):
     return addrs, rows, pitches
 
 
+def setup(rng):
+    """(groups, their views, the template map, a workspace of a slot per group, the tables)."""
+    arrays = groups(rng)
+    views = [v for _, v, _ in arrays]
+    template = tf.TensorMap.tiled(tf.zeros((128, COLS), "float32"), BOX)
+    return arrays, views, template, tf.DescriptorWorkspace(len(views)), tables(views)
+
+
 def spec_of(view):
     return tf.TensorMapSpec.tiled("float32", view.shape, BOX, strides=view.strides).with_address(view.ptr)
 
 
 def test_patched_slots_match_the_host_encode_and_load_the_right_data(device, rng):
-    arrays = groups(rng)
-    views = [v for _, v, _ in arrays]
-    template = tf.TensorMap.tiled(tf.zeros((128, COLS), "float32"), BOX)
-    ws = tf.DescriptorWorkspace(len(views))
-    addrs, rows, pitches = tables(views)
+    arrays, views, template, ws, (addrs, rows, pitches) = setup(rng)
     k = tf.Kernel(source("devmaps"), "patch_maps", filename="devmaps.cu")
     k.launch(template, ws, addrs, rows, pitches, grid=len(views), block=32)
     for g, view in enumerate(views):
@@ -79,11 +83,7 @@ def test_workspace_checks_its_arguments(device):
 
 
 def test_a_missing_acquire_is_named_by_the_flight_recorder(device, rng):
-    arrays = groups(rng)
-    views = [v for _, v, _ in arrays]
-    template = tf.TensorMap.tiled(tf.zeros((128, COLS), "float32"), BOX)
-    ws = tf.DescriptorWorkspace(len(views))
-    addrs, rows, pitches = tables(views)
+    arrays, views, template, ws, (addrs, rows, pitches) = setup(rng)
     out = tf.empty((len(views), *BOX), "float32")
     good = tf.Kernel(source("devmaps"), "load_slots", filename="devmaps.cu", debug=True, trace="all")
     good.launch(template, ws, addrs, rows, pitches, out, 0, 0, 1, grid=len(views), block=64)
