@@ -32,6 +32,7 @@ def reference(a64, b64, offsets, layout="nt"):
     ((128, 128, 128, 128), 256, 512),            # tile-aligned
     ((513, 0, 0, 64, 1000, 7, 300, 45), 1024, 320),  # uneven, K not a multiple of 64... (320 = 5 x 64)
     ((33, 97), 200, 136),                        # N and K ragged against the tiles
+    ((64,) * 6 + (0, 100), 512, 2048),           # few tiles, long K: split along K by default
 ])
 def test_grouped_gemm_every_group(device, rng, sizes, n, k, layout):
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
@@ -109,3 +110,19 @@ def test_debug_grouped_gemm_proves_its_patched_maps(device, rng):
     checked = kernels.grouped_gemm(a, b, tf.from_numpy(offsets), debug=True).numpy()
     assert np.array_equal(release.view(np.uint16), checked.view(np.uint16))
     np.testing.assert_allclose(checked.astype(np.float64), reference(a64, b64, offsets), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("split", [2, 3])
+def test_grouped_gemm_split_k(device, rng, split):
+    """K split among work items whose fp32 partials meet per tile; rows past a group's end are
+    never written to the partials the next group's first tile uses."""
+    sizes = (70, 0, 130, 5, 300)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    a, a64 = bf16(rng, (int(offsets[-1]), 1000))
+    b, b64 = bf16(rng, (5, 264, 1000))
+    config = kernels.GemmConfig(bn=128, cluster_m=1, split_k=split)
+    out = poison(tf.empty((int(offsets[-1]), 264), "bfloat16"))
+    for _ in range(3):  # the per-tile counters are reset by each tile's last split
+        kernels.grouped_gemm(a, b, tf.from_numpy(offsets), out, config=config)
+        np.testing.assert_allclose(out.numpy().astype(np.float64), reference(a64, b64, offsets),
+                                   rtol=2e-2, atol=5e-2)

@@ -64,11 +64,13 @@ struct Item {
   int g, tm, tn, kb0, kb1, split;
   int a_row, b_row, c_row;  // first row of the tile in A, B and C (their 2-D maps)
   int b_k0;                 // first k-row of the group's B (B_N_MAJOR: B is (G x K) x N)
+  int tile;                 // this CTA's tile, numbered uniquely (split-K counters)
+  int row_end;              // rows of C from here on belong to someone else (M, or the group's end)
 };
 
 // The work items of one CTA, in order (producer and consumers walk the same sequence).
 struct Schedule {
-  int w, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N, K;
+  int w, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K;
   uint32_t rank;
 #if GROUPED
   const int* offsets;
@@ -77,23 +79,26 @@ struct Schedule {
   TMAFLOW_DEVICE bool next(Item& it) {
     if (w >= work) return false;
 #if GROUPED
+    const int wt = w / splits;  // the tile's item; w % splits its K split
     for (;;) {  // items come group by group: CLUSTER_M-tile groups of M tiles x N tiles each
       const int rows = offsets[g + 1] - offsets[g];
       const int items = (((rows + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n;
-      if (w < base + items) break;
+      if (wt < base + items) break;
       base += items;
       ++g;
     }
     const int rows = offsets[g + 1] - offsets[g];
     const int gms = ((rows + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M;
     int gm, tn;
-    tile_of(w - base, gms, tiles_n, gm, tn);
+    tile_of(wt - base, gms, tiles_n, gm, tn);
     it.g = g;
     it.tm = CLUSTER_M * gm + int(rank);
     it.tn = tn;
-    it.kb0 = 0;
-    it.kb1 = k_blocks;
-    it.split = 0;
+    it.split = w % splits;
+    it.kb0 = it.split * kb_per_split;
+    it.kb1 = min(k_blocks, it.kb0 + kb_per_split);
+    it.tile = wt * CLUSTER_M + int(rank);
+    it.row_end = offsets[g + 1];
     it.a_row = offsets[g] + it.tm * BM;
     it.c_row = it.a_row;
     it.b_row = g * N + tn * BN;
@@ -110,6 +115,8 @@ struct Schedule {
     it.a_row = it.c_row = it.tm * BM;
     it.b_row = tn * BN;
     it.b_k0 = 0;
+    it.tile = it.tm * tiles_n + tn;
+    it.row_end = M;
 #endif
     w += step;
     return true;
@@ -135,14 +142,15 @@ TMAFLOW_DEVICE uint32_t bf16x2_bits(float lo, float hi) {
 // split's partial (in split order, so the sum does not depend on which finished last) into
 // acc. True in every consumer thread of the CTA that finishes the tile.
 TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc)[kAcc], int row, int lane,
-                                 int tm, int tn, int split, int splits, int M, int N, int tiles_n) {
-  const int cw = threadIdx.x / 128 - 1;
-  const int grow = tm * BM + cw * 64 + row;  // and grow + 8
-  const int col0 = tn * BN + 2 * (lane % 4);
+                                 const Item& it, int splits, int M, int N) {
+  const int cw = threadIdx.x / 128 - 1, split = it.split;
+  const int grow = it.c_row + cw * 64 + row;  // and grow + 8
+  const int col0 = it.tn * BN + 2 * (lane % 4);
   const size_t plane = size_t(M) * N;
   // Rows grow and grow + 8 from column col0, 8 columns apart; N is even (16-byte rows), so an
-  // in-bounds col has col + 1 in bounds too.
-  const bool row_ok[2] = {grow < M, grow + 8 < M};
+  // in-bounds col has col + 1 in bounds too. Rows from row_end on are another tile's (the next
+  // group's, grouped): never written here.
+  const bool row_ok[2] = {grow < it.row_end, grow + 8 < it.row_end};
   const size_t at = size_t(grow) * N + col0, next_rows = size_t(8) * N;
   float* mine = partial + split * plane + at;
 #pragma unroll
@@ -155,7 +163,7 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
   __threadfence();                        // this thread's partial is visible GPU-wide ...
   named_barrier::sync(3, 256);            // ... for every consumer thread, before the count
   bool last = false;
-  uint32_t* counter = counters + tm * tiles_n + tn;
+  uint32_t* counter = counters + it.tile;
   if (threadIdx.x == 128) last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
   if (!named_barrier::sync_or(3, 256, last)) return false;  // every consumer thread learns it
   __threadfence();
@@ -204,12 +212,12 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if GROUPED
   int work = 0;  // every CTA counts the items of all groups (G reads of offsets)
   for (int g = 0; g < groups; ++g)
-    work += (((offsets[g + 1] - offsets[g] + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n;
-  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, 1, N, K, rank,
-                      offsets, groups, 0, 0};
+    work += (((offsets[g + 1] - offsets[g] + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n * splits;
+  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K,
+                      rank, offsets, groups, 0, 0};
 #else
   const int work = groups_m * tiles_n * splits;
-  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, N, K, rank};
+  const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K, rank};
 #endif
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&ta);
@@ -302,7 +310,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if SPLIT_K
       // Publish this split's fp32 partial; the last split of the tile to finish sums every
       // split's partial in split order (deterministic) and runs the bf16 epilogue below.
-      if (!split_k_last(partial, counters, acc, row, lane, tm, tn, it.split, splits, M, N, tiles_n)) continue;
+      if (!split_k_last(partial, counters, acc, row, lane, it, splits, M, N)) continue;
 #endif
 #if GROUPED
       if (it.g != patched) {  // once per group and warpgroup

@@ -359,8 +359,11 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
                                                       stream, pdl, debug, trace))
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
-    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), 0, 0, t, n, k, 1, offs, g,
-                         st.slots), result
+    partials = counters = 0
+    if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
+        counters, partials = st.workspace.views(*st.workspace_sizes)
+    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), partials, counters, t, n, k,
+                         st.split, offs, g, st.slots), result
 
 
 def _offsets(name: str, offsets, groups: int, rows: int, device):
@@ -386,14 +389,18 @@ def _offsets(name: str, offsets, groups: int, rows: int, device):
     return from_numpy(host.astype(np.int32), device=device)
 
 
-def _grouped_config(t: int, n: int, g: int, sm_count: int) -> GemmConfig:
+def _grouped_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig:
     """Wide tiles when all groups' tiles fill the GPU with them; clusters of two M tiles only
     when an average group has rows for both (a pair straddling a group end computes rows it
-    throws away)."""
+    throws away); K split as the dense GEMM does when even narrow tiles leave SMs idle."""
     rows = t / max(g, 1)
-    wide = math.ceil(rows / BM) * g * math.ceil(n / 256)
-    bn = 256 if wide >= sm_count else 128
-    return GemmConfig(bn=bn, cluster_m=2 if bn == 256 and rows >= 2 * BM else 1, split_k=1)
+    m_tiles = math.ceil(rows / BM) * g
+    bn = 256 if m_tiles * math.ceil(n / 256) >= sm_count else 128
+    tiles, k_blocks, split = m_tiles * math.ceil(n / bn), math.ceil(k / BK), 1
+    if 2 * tiles <= sm_count and k_blocks >= 8:
+        split = max(1, min(4, sm_count // max(tiles, 1), k_blocks // 4))
+    return GemmConfig(bn=bn, cluster_m=2 if bn == 256 and rows >= 2 * BM else 1,
+                      split_k=_nonempty_splits(k_blocks, split))
 
 
 def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug, trace) -> _GemmState:
@@ -404,7 +411,7 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     for name, arr in (("a", A), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
-    config = config or _grouped_config(t, n, g, device.sm_count)
+    config = config or _grouped_config(t, n, k, g, device.sm_count)
     plan = gemm_plan(max(t, 1), n, k, layout, config)
     kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
                       debug=debug, trace=trace)
@@ -416,8 +423,14 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     slots = DescriptorWorkspace(2 * cm * clusters, device)
     if launcher.module.watch is not None:  # debug builds prove every patched C map
         launcher = _ProvedSlots(launcher, slots)
+    ws, split = None, plan.config.split_k
+    if split > 1:  # counters for every tile any offsets can make: a group adds at most one
+        ws = _workspace(device, stream)
+        launcher = _SplitK(launcher, ws)
+    tiles = (math.ceil(t / BM) + g + 1) * math.ceil(n / plan.config.bn) * cm
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
-                      tc=_template(C, plan.spec_c, "store"), plan=plan, slots=slots)
+                      tc=_template(C, plan.spec_c, "store"), plan=plan, slots=slots, split=split,
+                      workspace=ws, workspace_sizes=(tiles, split * t * n))
 
 
 class _ProvedSlots:
