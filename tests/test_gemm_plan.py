@@ -81,3 +81,39 @@ def test_split_k_never_plans_an_empty_split(k_blocks, asked, used):
     assert plan.config.split_k == used and plan.defines["SPLIT_K"] == int(used > 1)
     per = -(-k_blocks // used)
     assert (used - 1) * per < k_blocks  # the last split starts inside K
+
+
+# --- grouped (MoE) GEMM: its host side -------------------------------------------------------
+
+@pytest.mark.parametrize("a,b,offsets,kw,msg", [
+    (arr((10, 64)), arr((3, 32, 64)), [0, 5, 4, 10], {}, r"offsets \[0, 5, 4, 10\] must start at 0, never decrease"),
+    (arr((10, 64)), arr((3, 32, 64)), [1, 5, 6, 10], {}, r"must start at 0"),
+    (arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 9], {}, r"end at the 10 rows of a"),
+    (arr((10, 64)), arr((3, 32, 64)), [0, 10], {}, r"offsets must be 4 ints \(got \(2,\)"),
+    (arr((10, 64)), arr((3, 32, 64)), [0.0, 1.5, 2.0, 10.0], {}, r"offsets must be 4 ints"),
+    (arr((10, 64)), arr((3, 32, 48)), [0, 5, 6, 10], {}, r"b must be \(G, N, K\)"),
+    (arr((10, 64)), arr((3, 48, 32)), [0, 5, 6, 10], dict(layout="nn"), r"b must be \(G, K, N\)"),
+    (arr((10, 72)), arr((3, 72, 32)), [0, 5, 6, 10], dict(layout="nn"), r"layout 'nn' needs K a multiple of 64"),
+    (arr((10, 64)), arr((32, 64)), [0, 10], {}, r"a must be \(T, K\) and b \(G, N, K\)"),
+    (arr((10, 64), "float16"), arr((3, 32, 64)), [0, 5, 6, 10], {}, r"both bfloat16"),
+    (arr((10, 64)), arr((3, 32, 64), strides=(8192, 128, 2)), [0, 5, 6, 10], {}, r"b must be contiguous"),
+    (arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10], dict(layout="tn"), r"layout='tn' must be one of"),
+    (arr((10, 64)), arr((3, 32, 64)), arr((4,), "float32"), {}, r"offsets must be 4 int32 values"),
+])
+def test_grouped_gemm_rejects_bad_arguments(a, b, offsets, kw, msg):
+    with pytest.raises(tf.TmaflowError, match=msg):
+        kernels.grouped_gemm(a, b, offsets, **kw)
+
+
+@pytest.mark.parametrize("t,n,k,g,want", [
+    (4096 * 8, 4096, 7168, 8, (256, 2, 1)),    # big groups: wide tiles, pairs share B
+    (512, 7168, 2048, 8, (256, 1, 1)),         # 64-row groups: no pairs (half of each would idle)
+    (512, 4096, 7168, 8, (128, 1, 1)),         # too few wide tiles to fill 132 SMs
+    (484, 512, 2048, 8, (128, 1, 4)),          # few tiles, long K: split along K
+    (2048, 7168, 2048, 32, (256, 1, 1)),
+])
+def test_grouped_tile_choice(t, n, k, g, want):
+    from tmaflow.kernels.matmul import _grouped_config
+
+    c = _grouped_config(t, n, k, g, 132)
+    assert (c.bn, c.cluster_m, c.split_k) == want
