@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
 from tmaflow import kernels
 from tmaflow.testing import poison
 
@@ -17,9 +18,8 @@ def softmax_ref(x):
 
 def bf16_random(rng, shape):
     """Random bfloat16 values in [-2, 2) as (tf array, float64 numpy)."""
-    f = rng.uniform(-2, 2, shape).astype(np.float32)
-    bits = (f.view(np.uint32) >> 16).astype(np.uint16)
-    return tf.from_numpy(bits, "bfloat16"), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    bits = bf16_bits(rng.uniform(-2, 2, shape))
+    return tf.from_numpy(bits, "bfloat16"), bf16_to_float32(bits).astype(np.float64)
 
 
 # --- programmatic dependent launch ------------------------------------------------------------

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
 from tmaflow import kernels
 from tmaflow.testing import poison
 
@@ -12,9 +13,9 @@ pytestmark = pytest.mark.gpu
 
 
 def bf16(rng, shape):
-    f = rng.uniform(-1, 1, shape).astype(np.float32)
-    bits = (f.view(np.uint32) >> 16).astype(np.uint16)
-    return tf.from_numpy(bits, "bfloat16"), (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    """Random bfloat16 values in [-1, 1) as (tf array, float64 numpy)."""
+    bits = bf16_bits(rng.uniform(-1, 1, shape))
+    return tf.from_numpy(bits, "bfloat16"), bf16_to_float32(bits).astype(np.float64)
 
 
 def reference(a64, b64, offsets, layout="nt"):

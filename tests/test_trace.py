@@ -211,14 +211,14 @@ def test_stage_traces_apply_only_the_rules_they_can_support():
 
 
 def test_ledger_of_a_stuck_barrier():
-    from tmaflow.diagnose import ledger_text
+    from tmaflow.diagnose import ledger, ledger_text
 
     lay = planted_layout()
     full, empty, tx = offsets(lay)
     producer = [ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, 2 * tx), ev(21, "TMA load", full)]
     consumer = [ev(40, "wait", full, 0x100, 0, dur=10**9)]
     t = tr.Trace.from_rings(rings([producer, consumer], capacity=32), "planted", LaunchConfig(1, 64), lay)
-    text = ledger_text(t, lay, 1, [{"barrier": "p.full", "stage": 0, "block": (0, 0, 0)}], (1, 1, 1))
+    text = ledger_text(ledger(t, lay, 1), lay, [{"barrier": "p.full", "stage": 0, "block": (0, 0, 0)}], (1, 1, 1))
     assert text.strip().startswith("CTA 0 p_full[0]: planned 8192 B per fill")
     assert f"last bytes: {2 * tx}" in text and "copies issued into it 1 = 8192 B" in text
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import trace as tr
 
-K = {name: i + 1 for i, name in enumerate(tr.KINDS)}
+K = tr.KIND
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,10 @@ def ledger(trace, layout, cluster_size: int = 1) -> dict:
                 bars[base + 8 * s] = (pipe, side, s)
     book = defaultdict(_Stage)
     ev = trace.events
-    for e in ev:
-        where = bars.get(int(e["bar"]))
-        if where is None:
-            continue
-        pipe, side, s = where
-        kind, block, warp, t = int(e["kind"]), int(e["block"]), int(e["warp"]), int(e["t0"])
-        value = int(e["value"])
+    ev = ev[np.isin(ev["bar"], list(bars))]  # events on a pipeline's barriers only
+    columns = (ev[f].tolist() for f in ("bar", "kind", "block", "warp", "t0", "value", "dur"))
+    for bar, kind, block, warp, t, value, dur in zip(*columns):
+        pipe, side, s = bars[bar]
         if kind == K["arrive + expect_tx"] and side == "full":
             book[block, pipe.name, s].announced.append((t, value, warp))
             book[block, pipe.name, s].producer.append((t, "fill", warp))
@@ -99,7 +96,7 @@ def ledger(trace, layout, cluster_size: int = 1) -> dict:
                     if value >> r & 1:
                         book[first + r, pipe.name, s].loads.append((t, block, value))
         elif kind in (K["wait"], K["wait (cluster)"]) and not value & tr.GAVE_UP:
-            entry = (t + int(e["dur"]), value & 1, bool(value & tr.TIMED_OUT), warp)
+            entry = (t + dur, value & 1, bool(value & tr.TIMED_OUT), warp)
             stage = book[block, pipe.name, s]
             (stage.full_waits if side == "full" else stage.empty_waits).append(entry)
             if side == "empty" and not entry[2]:
@@ -112,9 +109,10 @@ def ledger(trace, layout, cluster_size: int = 1) -> dict:
     return book
 
 
-def diagnose(trace, layout, cluster_size: int = 1) -> list[Finding]:
+def diagnose(trace, layout, cluster_size: int = 1, book: dict | None = None) -> list[Finding]:
     """Every broken rule in the trace, most specific first (see the module doc). Rules that
-    count every wait, arrival or copy apply to ``trace="all"`` traces only."""
+    count every wait, arrival or copy apply to ``trace="all"`` traces only. ``book``: the
+    trace's ``ledger``, when the caller has it already."""
     if trace is None or not len(trace):
         return []
     detail = getattr(trace, "level", "all") == "all"
@@ -122,7 +120,7 @@ def diagnose(trace, layout, cluster_size: int = 1) -> list[Finding]:
     if layout is None:
         return found
     pipes = {p.name: p for p in _pipelines(layout)}
-    book = ledger(trace, layout, cluster_size)
+    book = ledger(trace, layout, cluster_size) if book is None else book
     if detail:
         found += _early_multicast(trace, layout, pipes, cluster_size)
         found += _no_final_sync(trace, cluster_size)
@@ -292,11 +290,11 @@ def _no_final_sync(trace, cluster_size) -> list[Finding]:
     return out
 
 
-def ledger_text(trace, layout, cluster_size: int, records: list, grid: tuple, limit: int = 4) -> str:
-    """For each barrier a hang is stuck on: planned bytes, the bytes each phase announced, the
-    copies issued into it, and the waits and releases it saw."""
+def ledger_text(book: dict, layout, records: list, grid: tuple, limit: int = 4) -> str:
+    """For each barrier a hang is stuck on (``records``: the watchdog's): planned bytes, the
+    bytes each phase announced, the copies issued into it, and the waits and releases it saw,
+    from ``book`` (the trace's ``ledger``)."""
     pipes = {p.name: p for p in _pipelines(layout)}
-    book = ledger(trace, layout, cluster_size)
     lines, seen = [], set()
     for rec in records:
         name, stage = str(rec.get("barrier", "")), int(rec.get("stage", -1))

@@ -67,6 +67,23 @@ def call(name: str, *args, detail: str = ""):
     return check(name, getattr(cu(), name)(*args), detail)
 
 
+def module_global(module, name: bytes) -> int | None:
+    """The device address of the global ``name`` of a loaded module, or None if it has none."""
+    err, ptr, _size = cu().cuModuleGetGlobal(module, name)
+    return int(ptr) if int(err) == 0 else None
+
+
+def mapped_host(nbytes: int) -> tuple[int, int]:
+    """Zeroed pinned host memory the device reads and writes directly: (host address, device
+    address). It outlives a fault until the context is reset; free it with cuMemFreeHost."""
+    import ctypes
+
+    flags = getattr(cu(), "CU_MEMHOSTALLOC_DEVICEMAP", 2)
+    host = int(call("cuMemHostAlloc", nbytes, flags))
+    ctypes.memset(host, 0, nbytes)
+    return host, int(call("cuMemHostGetDevicePointer", host, 0))
+
+
 def _try_init() -> str | None:
     """Run ``cuInit`` once; return ``None`` on success or the reason it failed."""
     with _lock:

@@ -150,9 +150,7 @@ class Graph:
                                   "capture again with live arrays")
         from .device import stream_handle
 
-        (err,) = driver.cu().cuGraphLaunch(self._exec, stream_handle(stream))
-        if int(err):
-            raise CudaError("cuGraphLaunch", int(err), driver._error_name(err))
+        driver.call("cuGraphLaunch", self._exec, stream_handle(stream))
 
     __call__ = replay
 

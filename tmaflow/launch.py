@@ -375,20 +375,22 @@ def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
             return
     if trace is None or not len(trace):
         return
-    from .diagnose import ledger_text
+    from .diagnose import ledger, ledger_text
 
+    layout = kernel.layout
+    book = ledger(trace, layout, config.cluster_size) if layout is not None else None
     hang.trace = trace
-    hang.findings = diagnose(trace, kernel.layout, config.cluster_size)
+    hang.findings = diagnose(trace, layout, config.cluster_size, book)
     text = hang.args[0]
     if hang.findings:
         text += "\nDiagnosis (flight recorder):\n" + explain(hang.findings)
     elif kernel.trace != "all":
         text += "\n(trace='all' records every arrival and copy, for a full diagnosis)"
     records = getattr(hang, "records", None)
-    if records and kernel.layout is not None:
-        ledger = ledger_text(trace, kernel.layout, config.cluster_size, records, config.grid)
-        if ledger:
-            text += "\nLedger of the stuck barriers:\n" + ledger
+    if records and book is not None:
+        stuck = ledger_text(book, layout, records, config.grid)
+        if stuck:
+            text += "\nLedger of the stuck barriers:\n" + stuck
     hang.args = (f"{text}\nLast events of every warp:\n{trace.tail()}",)
 
 

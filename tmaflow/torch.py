@@ -83,8 +83,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
     return matmul.gemm(a, b, layout=layout)
 
 
-def _only(name: str, given: dict, allowed: tuple = ()) -> None:
-    extra = sorted(k for k, v in given.items() if k not in allowed and v is not None and v is not False)
+def _only(name: str, given: dict) -> None:
+    extra = sorted(k for k, v in given.items() if v is not None and v is not False)
     if extra:
         raise TmaflowError(f"kernels.{name}(...) inside torch.compile runs as torch.ops.tmaflow.{name}, "
                            f"which takes no {', '.join(extra)}; call it outside the compiled "
@@ -107,5 +107,5 @@ def _gemm_call(a, b, out=None, *, layout: str = "nt", **options):
 
 
 # kernels.copy / softmax / gemm called while torch.compile traces become these ops.
-entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call,
-                        "<compiling>": torch.compiler.is_compiling})
+entry.torch_compiling = torch.compiler.is_compiling
+entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call})

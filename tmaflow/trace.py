@@ -31,6 +31,7 @@ KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", 
          "TMA load", "TMA load (multicast)", "TMA store", "TMA reduce", "store wait",
          "store wait (read)", "wgmma commit", "wgmma wait", "named barrier", "cluster sync",
          "PDL wait", "mark", "tensormap publish", "tensormap acquire")
+KIND = {name: code for code, name in enumerate(KINDS, start=1)}
 SPANS = {"wait", "wait (cluster)", "store wait", "store wait (read)", "wgmma wait", "named barrier",
          "cluster sync", "PDL wait"}
 EVENT = np.dtype([("t0", "<u8"), ("dur", "<u4"), ("kind", "<u2"), ("stage", "<i2"), ("bar", "<u4"),
@@ -55,15 +56,13 @@ class Recorder:
     """Per-module state of a trace build: the ring buffer and the device global naming it."""
 
     def __init__(self, module, device, capacity: int = DEFAULT_CAPACITY, mapped: bool = False):
-        cu = driver.cu()
-        err, ptr, _size = cu.cuModuleGetGlobal(module, b"tmaflow_trace_state")
-        self.state = int(ptr) if int(err) == 0 else None  # a kernel without wrappers: inert
+        self.state = driver.module_global(module, b"tmaflow_trace_state")  # None: no wrappers, inert
         self.device, self.capacity = device, capacity
         # Debug builds keep the rings in pinned host memory the device writes through: they
         # can be read after a fault, before the context reset frees them.
         self.mapped = mapped
         self.buffer = None
-        self.host = self.host_bytes = 0
+        self.host = self.host_bytes = self.host_address = 0
         self.rings = self.capacity_log2 = 0
         self._state_bytes = None
         self._generation = device.generation
@@ -87,12 +86,11 @@ class Recorder:
         if self.mapped:
             if self.host_bytes < nbytes:
                 self._free_host()
-                cu = driver.cu()
-                flags = cu.CU_MEMHOSTALLOC_DEVICEMAP if hasattr(cu, "CU_MEMHOSTALLOC_DEVICEMAP") else 2
-                self.host = int(driver.call("cuMemHostAlloc", nbytes, flags))
+                self.host, self.host_address = driver.mapped_host(nbytes)
                 self.host_bytes = nbytes
-            ctypes.memset(self.host, 0, nbytes)
-            address = int(driver.call("cuMemHostGetDevicePointer", self.host, 0))
+            else:
+                ctypes.memset(self.host, 0, nbytes)
+            address = self.host_address
         else:
             if self.buffer is None or self.buffer.nbytes < nbytes or not self.buffer.alive:
                 self.buffer = empty(nbytes, "uint8", self.device)
@@ -122,7 +120,7 @@ class Recorder:
     def _free_host(self) -> None:
         if self.host and self.device.generation == self._generation:
             driver.call("cuMemFreeHost", self.host)
-        self.host = self.host_bytes = 0
+        self.host = self.host_bytes = self.host_address = 0
         self._generation = self.device.generation
 
     def close(self) -> None:
@@ -189,15 +187,19 @@ class Trace:
                     else f"{name}+{bar - offset}"
         return f"smem+{bar}"
 
+    def _lanes(self) -> np.ndarray:
+        """Each event's warp, numbered across the grid."""
+        return self.events["block"].astype(np.int64) * self.warps_per_block + self.events["warp"]
+
     def roles(self) -> dict:
         """(block, warp) -> role, from what the warp did: 'producer' issued TMA loads (or
         announced their bytes), 'consumer' waited on wgmma or on barriers it did not fill,
         'storer' issued stores."""
         ev = self.events
-        lanes = ev["block"].astype(np.int64) * self.warps_per_block + ev["warp"]
+        lanes = self._lanes()
 
         def did(*names):
-            codes = [KINDS.index(n) + 1 for n in names]
+            codes = [KIND[n] for n in names]
             return set(np.unique(lanes[np.isin(ev["kind"], codes)]).tolist())
 
         producers = did("TMA load", "TMA load (multicast)", "arrive + expect_tx")
@@ -342,19 +344,23 @@ class Trace:
         including the warp's own timed-out wait; what it did after another wait timed out
         (waits that gave up at once) is left out."""
         roles = self.roles()
-        t_min = int(self.events["t0"].min()) if len(self.events) else 0
+        ev = self.events
+        t_min = int(ev["t0"].min()) if len(ev) else 0
+        waits = np.isin(ev["kind"], [KIND["wait"], KIND["wait (cluster)"]])
+        keep = ~(waits & ((ev["value"] & GAVE_UP) != 0))
+        ev, waits, lanes = ev[keep], waits[keep], self._lanes()[keep]
+        order = np.argsort(lanes, kind="stable")  # by warp, in time order within each
+        ev, waits, lanes = ev[order], waits[order], lanes[order]
+        bounds = np.flatnonzero(np.r_[True, lanes[1:] != lanes[:-1], True])
+        spans = {int(lanes[a]): (a, b) for a, b in zip(bounds[:-1], bounds[1:])}
         lines = []
-        waits = (self.events["kind"] == KINDS.index("wait") + 1) | (self.events["kind"] == KINDS.index("wait (cluster)") + 1)
         for (b, w), role in sorted(roles.items()):
-            sel = (self.events["block"] == b) & (self.events["warp"] == w)
-            mine = self.events[sel & ~(waits & ((self.events["value"] & GAVE_UP) != 0))]
-            timed_out = ((mine["value"] & TIMED_OUT) != 0) & np.isin(mine["kind"], [1, 2])
-            stuck = np.nonzero(timed_out)[0]
+            lo, hi = spans.get(b * self.warps_per_block + w, (0, 0))
+            stuck = np.flatnonzero(waits[lo:hi] & ((ev["value"][lo:hi] & TIMED_OUT) != 0))
             if len(stuck):
-                mine = mine[: stuck[0] + 1]
-            mine = mine[-n:]
+                hi = lo + stuck[0] + 1
             steps = []
-            for e in mine:
+            for e in ev[max(lo, hi - n):hi]:
                 text = f"{self.label(e)} @{(int(e['t0']) - t_min) / 1e3:.1f}us"
                 if self.kind(int(e["kind"])).startswith("wait"):
                     if int(e["value"]) & TIMED_OUT:

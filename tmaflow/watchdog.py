@@ -47,16 +47,11 @@ class Watch:
     def __init__(self, module, device):
         self.device = device
         self._generation = device.generation
-        cu = driver.cu()
-        err, ptr, size = cu.cuModuleGetGlobal(module, b"tmaflow_watchdog_state")
-        self.state = int(ptr) if int(err) == 0 else None  # kernel without tmaflow waits: inert
+        self.state = driver.module_global(module, b"tmaflow_watchdog_state")  # None: no waits, inert
         self.host = None
         if self.state is None:
             return
-        flags = cu.CU_MEMHOSTALLOC_DEVICEMAP if hasattr(cu, "CU_MEMHOSTALLOC_DEVICEMAP") else 2
-        self.host = int(driver.call("cuMemHostAlloc", RECORDS_BYTES, flags))
-        ctypes.memset(self.host, 0, RECORDS_BYTES)
-        dev_ptr = int(driver.call("cuMemHostGetDevicePointer", self.host, 0))
+        self.host, dev_ptr = driver.mapped_host(RECORDS_BYTES)
         # state = {u32 abort, u32 slots, Record* records}
         driver.call("cuMemcpyHtoD", self.state + 8, dev_ptr.to_bytes(8, "little"), 8)
         self.records = (Record * SLOTS).from_address(self.host)

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import driver
 from .errors import TensorMapError, TmaflowError
-from .memory import empty
+from .memory import DeviceArray, empty
 
 SLOT_BYTES = 128
 
@@ -41,17 +40,14 @@ class DescriptorWorkspace:
 
     def read(self, i: int) -> bytes:
         """Slot i's 128 bytes, copied to the host after the work on the default stream."""
-        self._index(i)
-        out = np.empty(SLOT_BYTES, np.uint8)
-        driver.call("cuMemcpyDtoH", out.ctypes.data, self.slot(i), SLOT_BYTES)
-        return out.tobytes()
+        return self._view(i).numpy().tobytes()
 
     def write(self, i: int, tmap) -> None:
         """Put a host-encoded map (a TensorMap, or 128 bytes) into slot i."""
         raw = bytes(tmap)
         if len(raw) != SLOT_BYTES:
             raise TmaflowError(f"DescriptorWorkspace.write: {len(raw)} bytes given; a map is {SLOT_BYTES}")
-        driver.call("cuMemcpyHtoD", self.slot(i), raw, SLOT_BYTES)
+        self._view(i).copy_from(np.frombuffer(raw, np.uint8))
 
     def check(self, i: int, spec) -> None:
         """Raise TensorMapError unless slot i holds exactly what the host encodes for ``spec``
@@ -69,6 +65,10 @@ class DescriptorWorkspace:
                 f"device {got[diff[0]:diff[-1] + 1].hex()} vs host {want[diff[0]:diff[-1] + 1].hex()}. "
                 "A field was patched with another value (or not at all), or the slot is stale: "
                 "published before this launch, or read before its release fence")
+
+    def _view(self, i: int) -> DeviceArray:
+        return DeviceArray(self.slot(i), (SLOT_BYTES,), "uint8", owner=self.array,
+                           device=self.array.device)
 
     def _index(self, i) -> None:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.slots:

@@ -35,8 +35,9 @@ class Prepared:
 
 
 # Entry points called while torch.compile traces run as their torch custom op instead
-# (``tmaflow.torch`` fills this in: name -> op adapter, plus the "is torch compiling?" test).
+# (``tmaflow.torch`` fills these in: name -> op adapter, and torch's "is it compiling?").
 TORCH_OPS: dict = {}
+torch_compiling = None
 
 
 def entry_point(prepare):
@@ -47,7 +48,7 @@ def entry_point(prepare):
 
     @functools.wraps(prepare)
     def run(*args, **kwargs):
-        if TORCH_OPS and name in TORCH_OPS and TORCH_OPS["<compiling>"]():
+        if TORCH_OPS and name in TORCH_OPS and torch_compiling():
             return TORCH_OPS[name](*args, **kwargs)
         launcher, largs, out = prepare(*args, **kwargs)
         if launcher is not None:

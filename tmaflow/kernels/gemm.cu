@@ -59,6 +59,9 @@ TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) 
   tn = (w % per_band) / rows;
 }
 
+// Work items of a group of `rows` rows (GROUPED): CLUSTER_M-tile groups of M tiles x N tiles.
+TMAFLOW_DEVICE int cluster_rows(int rows) { return ((rows + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M; }
+
 // One work item: the tile (tm, tn) of group g (g = 0 without GROUPED) over k-blocks [kb0, kb1).
 struct Item {
   int g, tm, tn, kb0, kb1, split;
@@ -82,15 +85,14 @@ struct Schedule {
     const int wt = w / splits;  // the tile's item; w % splits its K split
     for (;;) {  // items come group by group: CLUSTER_M-tile groups of M tiles x N tiles each
       const int rows = offsets[g + 1] - offsets[g];
-      const int items = (((rows + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n;
+      const int items = cluster_rows(rows) * tiles_n;
       if (wt < base + items) break;
       base += items;
       ++g;
     }
     const int rows = offsets[g + 1] - offsets[g];
-    const int gms = ((rows + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M;
     int gm, tn;
-    tile_of(wt - base, gms, tiles_n, gm, tn);
+    tile_of(wt - base, cluster_rows(rows), tiles_n, gm, tn);
     it.g = g;
     it.tm = CLUSTER_M * gm + int(rank);
     it.tn = tn;
@@ -212,7 +214,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if GROUPED
   int work = 0;  // every CTA counts the items of all groups (G reads of offsets)
   for (int g = 0; g < groups; ++g)
-    work += (((offsets[g + 1] - offsets[g] + BM - 1) / BM + CLUSTER_M - 1) / CLUSTER_M) * tiles_n * splits;
+    work += cluster_rows(offsets[g + 1] - offsets[g]) * tiles_n * splits;
   const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K,
                       rank, offsets, groups, 0, 0};
 #else

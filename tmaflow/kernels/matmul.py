@@ -180,10 +180,7 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         if C.dtype.name != "bfloat16":
             raise TmaflowError(f"gemm: out must be a ({m}, {n}) bfloat16 array (got {C.shape} {C.dtype.name})")
     if m == 0 or n == 0 or k == 0:
-        result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
-        if k == 0 and C.size:
-            C.fill_bytes(0)  # an empty sum: C is all zeros
-        return None, (), result
+        return _empty_product(a, A, out, C, (m, n), k, stream)
     key = ("gemm", A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
            stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident())
     try:
@@ -193,11 +190,34 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
                                                    stream, pdl, debug, trace))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
-    tail = st.tail
-    if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
-        counters, partials = st.workspace.views(*st.workspace_sizes)
-        tail = (partials, counters, *tail)
-    return st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *tail), result
+    return (st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail),
+            result)
+
+
+def _empty_product(a, A, out, C, shape: tuple, k: int, stream):
+    """The launch-free result of a product with no rows, columns or terms: zeros where a sum
+    has no terms."""
+    result, C = (out, C) if C is not None else new_output(a, A, shape, None, stream)
+    if k == 0 and C.size:
+        C.fill_bytes(0)  # an empty sum: C is all zeros
+    return None, (), result
+
+
+def _with_split_k(launcher, split: int, device, stream) -> tuple:
+    """(launcher, workspace): with split-K, the launch guarded by the stream's workspace."""
+    if split == 1:
+        return launcher, None
+    ws = _workspace(device, stream)
+    return _SplitK(launcher, ws), ws
+
+
+def _split_k_buffers(st) -> tuple:
+    """(partials, counters) of a split-K state, fetched per call: a failed launch discards the
+    workspace. (0, 0) without split-K."""
+    if st.workspace is None:
+        return 0, 0
+    counters, partials = st.workspace.views(*st.workspace_sizes)
+    return partials, counters
 
 
 class _GemmState:
@@ -221,13 +241,8 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     clusters = max(1, min(tile_groups * split, _resident_clusters(kern, cm, device.ordinal)))
     launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream,
                              pdl=pdl)
-    ws = None
-    if split == 1:
-        tail = (0, 0, m, n, k, 1, 0, 0, 0)  # no split-K state; not grouped
-    else:
-        ws = _workspace(device, stream)
-        launcher = _SplitK(launcher, ws)
-        tail = (m, n, k, split, 0, 0, 0)
+    launcher, ws = _with_split_k(launcher, split, device, stream)
+    tail = (m, n, k, split, 0, 0, 0)  # after the split-K buffers; not grouped
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
                       workspace_sizes=(tile_groups * cm, split * m * n))
@@ -345,10 +360,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     if out is not None:
         C = given_output("grouped_gemm", out, (t, n), A.dtype)
     if t == 0 or n == 0 or k == 0:
-        result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
-        if k == 0 and C.size:
-            C.fill_bytes(0)  # empty sums
-        return None, (), result
+        return _empty_product(a, A, out, C, (t, n), k, stream)
     key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream_key(stream),
            pdl, A.device, current_ordinal(), debug, trace, get_ident())
     try:
@@ -359,10 +371,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
                                                       stream, pdl, debug, trace))
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
-    partials = counters = 0
-    if st.workspace is not None:  # fetched per call: a failed launch discards the workspace
-        counters, partials = st.workspace.views(*st.workspace_sizes)
-    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), partials, counters, t, n, k,
+    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
                          st.split, offs, g, st.slots), result
 
 
@@ -423,10 +432,9 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     slots = DescriptorWorkspace(2 * cm * clusters, device)
     if launcher.module.watch is not None:  # debug builds prove every patched C map
         launcher = _ProvedSlots(launcher, slots)
-    ws, split = None, plan.config.split_k
-    if split > 1:  # counters for every tile any offsets can make: a group adds at most one
-        ws = _workspace(device, stream)
-        launcher = _SplitK(launcher, ws)
+    split = plan.config.split_k
+    launcher, ws = _with_split_k(launcher, split, device, stream)
+    # counters for every tile any offsets can make: a group adds at most one
     tiles = (math.ceil(t / BM) + g + 1) * math.ceil(n / plan.config.bn) * cm
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), plan=plan, slots=slots, split=split,
@@ -444,12 +452,11 @@ class _ProvedSlots:
     def __call__(self, *args) -> None:
         import numpy as np
 
-        from .. import driver
         from ..errors import TensorMapError
         from ..tensormap import encode
 
         ws = self.slots
-        driver.call("cuMemsetD8", ws.ptr, 0, ws.slots * 128)
+        ws.array.fill_bytes(0)
         self.launcher(*args)
         spec, offsets = args[2].spec, as_array(args[9]).numpy()
         candidates = {encode(replace(spec, shape=(int(end), spec.shape[1]))): int(end)
