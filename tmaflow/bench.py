@@ -63,11 +63,18 @@ class Timer:
         so clock drift hits all alike). Each sample follows ``warmup`` untimed calls of the same
         function: it starts from that function's own steady state (caches, allocations), not
         from the previous function's dirty L2 lines (a copy timed right after a 1 GiB memcpy
-        measured 3% slower than in a loop of its own)."""
+        measured 3% slower than in a loop of its own).
+
+        The order rotates every round, so each function takes each place in the round equally
+        often: a 1 GiB copy into a block other than the memcpy's destination measured 0.94 of
+        cuMemcpyDtoD in the first place after the memcpys and 0.965-0.97 in later places (H200,
+        ``tools/copy_offset_probe.py --bench-like``), the same kernel, arguments and addresses."""
         got = {name: [] for name in fns}
-        for _ in range(repeats):
-            for name, fn in fns.items():
-                got[name].append(self.time(fn, repeats=1, warmup=warmup, batch=batch))
+        names = list(fns)
+        for r in range(repeats):
+            shift = r % len(names) if names else 0
+            for name in names[shift:] + names[:shift]:
+                got[name].append(self.time(fns[name], repeats=1, warmup=warmup, batch=batch))
         return got
 
 
@@ -147,7 +154,7 @@ def _bandwidth_rows(timer: "Timer", repeats: int, quick: bool) -> list[dict]:
             ratio = statistics.median(m / t for m, t in zip(got["memcpy"], got[name]))
             rows.append({"kernel": label, "shape": f"{n}x{n}", "GB/s": 2 * nbytes / secs / 1e9,
                          "ratio": ratio, "ok": ok,
-                         "note": "ratio to cuMemcpyDtoD: paired samples of 16 calls, each after 3 of its own"})
+                         "note": "ratio to cuMemcpyDtoD: paired samples of 16 calls, each after 3 of its own, order rotated"})
         src.free(), dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128

@@ -113,8 +113,13 @@ class Device:
         return self.compute_capability == (9, 0)
 
     def activate(self) -> "Device":
-        """Make this device's primary context current on the calling thread."""
-        driver.check("cuCtxSetCurrent", driver.cu().cuCtxSetCurrent(self.context))
+        """Make this device's primary context current on the calling thread, if it is not
+        (``cuCtxSetCurrent`` is a driver call on every allocation otherwise). Another library
+        may have made another context current, so the driver is asked, not a cache of ours."""
+        cu = driver.cu()
+        err, current = cu.cuCtxGetCurrent()
+        if err or int(current) != int(self.context):
+            driver.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
         return self
 
     def synchronize(self) -> None:
