@@ -66,9 +66,10 @@ class Timer:
         measured 3% slower than in a loop of its own).
 
         The order rotates every round, so each function takes each place in the round equally
-        often: a 1 GiB copy into a block other than the memcpy's destination measured 0.94 of
-        cuMemcpyDtoD in the first place after the memcpys and 0.965-0.97 in later places (H200,
-        ``tools/copy_offset_probe.py --bench-like``), the same kernel, arguments and addresses."""
+        often; neighbours stay neighbours. A case can depend on its predecessor (a 1 GiB copy
+        right after memcpys into another block measured 3% slower, H200,
+        ``tools/copy_offset_probe.py --bench-like``), so list each reference right before its
+        case."""
         got = {name: [] for name in fns}
         names = list(fns)
         for r in range(repeats):
@@ -76,6 +77,11 @@ class Timer:
             for name in names[shift:] + names[:shift]:
                 got[name].append(self.time(fns[name], repeats=1, warmup=warmup, batch=batch))
         return got
+
+
+def _same_block(out, block: int) -> None:
+    if out.ptr != block:  # the reference memcpy would be writing somewhere else
+        raise RuntimeError(f"the allocating copy got block {out.ptr:#x}, not the cached {block:#x}")
 
 
 def _random_device(shape, dtype):
@@ -138,23 +144,34 @@ def _bandwidth_rows(timer: "Timer", repeats: int, quick: bool) -> list[dict]:
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok, config=best[1])
         # what a user gets: kernels.copy(x) with every argument left at its default, the
-        # output allocated by the call (from the pool) and dropped after it
-        # (16 calls a sample, taking turns with 16 memcpys of the same bytes; the ratio is
-        # the median of the per-sample ratios. The allocating call spends ~20 us of host time
-        # on its 1 GiB output, which a sample of 4 calls does not fully hide: 0.91-0.92)
+        # output allocated by the call (from the pool) and dropped after it. Each case takes
+        # turns with a memcpy of the same bytes into the same destination, right before it: a
+        # copy into a block other than the memcpy's measured 0.93-0.94 for the 19 calls after
+        # the memcpys and 0.965 later (tools/copy_offset_probe.py --bench-like), whichever way
+        # the block was allocated. The allocating call gets the same block back every time
+        # (the pool's block cache), so its reference memcpy writes that block.
         dst.fill_bytes(0)
         nbytes = n * n * item
+        y = ex.copy(src)
+        block = y.ptr
+        alloc_ok = np.array_equal(y.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
+        del y  # back to the block cache: the next allocating call gets it
         got = timer.paired({"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
-                            "alloc": lambda: ex.copy(src), "into": lambda: ex.copy(src, dst)},
+                            "into": lambda: ex.copy(src, dst),
+                            "memcpy to the allocated block": lambda: driver.call(
+                                "cuMemcpyDtoDAsync", block, src.ptr, nbytes, 0),
+                            "alloc": lambda: _same_block(ex.copy(src), block)},
                            repeats=repeats, batch=16)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
-        for label, name in ((f"kernels.copy(x) {dtype}, defaults", "alloc"),
-                            (f"kernels.copy(x, out) {dtype}, defaults", "into")):
+        for label, name, ref, good in (
+                (f"kernels.copy(x) {dtype}, defaults", "alloc", "memcpy to the allocated block", alloc_ok),
+                (f"kernels.copy(x, out) {dtype}, defaults", "into", "memcpy", ok)):
             secs = statistics.median(got[name])
-            ratio = statistics.median(m / t for m, t in zip(got["memcpy"], got[name]))
+            ratio = statistics.median(m / t for m, t in zip(got[ref], got[name]))
             rows.append({"kernel": label, "shape": f"{n}x{n}", "GB/s": 2 * nbytes / secs / 1e9,
-                         "ratio": ratio, "ok": ok,
-                         "note": "ratio to cuMemcpyDtoD: paired samples of 16 calls, each after 3 of its own, order rotated"})
+                         "ratio": ratio, "ok": good,
+                         "note": "ratio to cuMemcpyDtoD into the same destination: paired samples "
+                                 "of 16 calls, each after 3 of its own"})
         src.free(), dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128
@@ -381,7 +398,10 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
 
 
 def format_launch(rows: list[dict]) -> str:
-    lines = [f"{'launch path (ratio: median of per-round ratios)':40s} {'us/call':>8s} {'ratio':>7s}  reference"]
+    from . import native
+
+    lines = [f"launches take the {native.status()}",
+             f"{'launch path (ratio: median of per-round ratios)':40s} {'us/call':>8s} {'ratio':>7s}  reference"]
     for r in rows:
         lines.append(f"{r['path']:40s} {r['us']:8.2f} {r['ratio']:7.3f}  {r['ref']}")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ when any is a cupy array, else the legacy default stream.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import struct
 import sys
@@ -151,6 +152,8 @@ class Launcher(functools.partial):
     goes from C straight into the generated function: measured on an H100 host, a Python
     ``__call__`` alone costs 0.4 us against a 3.6 us raw launch, the partial's dispatch 0.2 us.
     """
+
+    _dry_plans = False  # tests: C plans that pack but launch nothing
 
     def __new__(cls, kernel, module, config: LaunchConfig):
         return super().__new__(cls, Launcher._checked_call)
@@ -308,6 +311,9 @@ class Launcher(functools.partial):
         if plan is None:
             return Launcher._checked_call
         checks, values, fmt, frameworks = plan
+        native_plan = self._native_plan(args, frameworks)
+        if native_plan is not None:
+            return native_plan
         scope = {"struct": struct,
                  "pack_into": struct.Struct(fmt).pack_into, "buf": self.packer.buffer,
                  "kp": self.packer.kernel_params, "launch": self._launch,
@@ -346,6 +352,27 @@ class Launcher(functools.partial):
         exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
         fn = next(v for k, v in scope.items() if k.startswith("launch_"))
         fn.source = src
+        return fn
+
+    def _native_plan(self, args: tuple, frameworks):
+        """The C plan (``tmaflow.native``) for these argument types, or None where it is not
+        built or these arguments are outside what it writes. A launcher whose ``_launch`` is
+        not the driver's (the CPU tests' fakes) gets none, or with ``_dry_plans`` a dry one."""
+        if not self._dry_plans and self._launch is not driver.cu().cuLaunchKernelEx:
+            return None
+        from . import native
+
+        fields = self.packer.native_fields(args)
+        if fields is None or native.module() is None:
+            return None
+        current = _current_stream(frameworks) if self.config.stream is None else None
+        cfg = self.cu_config(0 if current is not None else self.stream_for(frameworks))
+        fn = native.plan(
+            fields, launch=0 if self._dry_plans else native.launch_address(),
+            function=0 if self._function is None else int(self._function),
+            kernel_params=self.packer.kernel_params, buffer=ctypes.addressof(self.packer.buffer),
+            config=cfg.getPtr(), current_stream=current, ordinal=self.ordinal,
+            capturing=CAPTURING, on_error=self._raise, keep=(cfg, self.packer, self.module))
         return fn
 
     def _raise(self, err) -> None:

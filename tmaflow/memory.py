@@ -430,8 +430,9 @@ def arg_kind(arg) -> str:
 
 
 def arg_fast_form(arg, name: str):
-    """(failure test, value expression, struct code, framework) for the generated launch
-    path, or None for argument kinds that always take the checked path. The test is True when
+    """(failure test, value expression, struct code, framework, native kind, expected
+    ``_alloc.live``) for the generated launch path (the last two for the C path's fields), or
+    None for argument kinds that always take the checked path. The test is True when
     the argument cannot take this path (another type, dead memory, another device); a map or
     array of the wrong kind fails by lacking ``_bytes`` / ``ptr`` (AttributeError). Expressions
     may use ``T_<name>`` (the argument's exact type), ``ORD`` (the launch device's ordinal),
@@ -443,15 +444,15 @@ def arg_fast_form(arg, name: str):
         live = "True" if arg._origin is None else arg._origin.upper()  # "torch" is TORCH
         value = f"{name}._bytes" if t is TensorMap else f"{name}.ptr"
         return (f"{name}._alloc.live is not {live}", value, "128s" if t is TensorMap else "ptr",
-                arg._origin)
+                arg._origin, "map" if t is TensorMap else "array", FOREIGN[arg._origin].live)
     if t in (int, float, bool) or (isinstance(arg, np.generic) and arg.dtype.kind in "iufb"):
-        return f"type({name}) is not T_{name}", name, "num", None
+        return f"type({name}) is not T_{name}", name, "num", None, "num", None
     if arg is None:
-        return f"{name} is not None", "0", "ptr", None
+        return f"{name} is not None", "0", "ptr", None, "none", None
     if _origin_of(arg) == "torch" and isinstance(arg, _torch_types()):
         return (f"type({name}) is not T_{name} or {name}.get_device() != ORD",
-                f"{name}.data_ptr()", "ptr", "torch")
+                f"{name}.data_ptr()", "ptr", "torch", "torch", None)
     if _origin_of(arg) == "cupy" and t.__name__ == "ndarray":
         return (f"type({name}) is not T_{name} or {name}.data.device_id != ORD",
-                f"{name}.data.ptr", "ptr", "cupy")
+                f"{name}.data.ptr", "ptr", "cupy", "cupy", None)
     return None

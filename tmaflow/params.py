@@ -155,6 +155,15 @@ def _describe(arg) -> str:
     return type(arg).__name__
 
 
+def _pack_float(where: str, value, size: int) -> bytes:
+    try:
+        return struct.pack("<" + _FLOAT_CODES[size], float(value))
+    except OverflowError:  # finite but past the parameter's range (inf and nan pack)
+        top = {2: "65504", 4: "3.4028235e38", 8: "1.8e308"}[size]
+        raise LaunchError(f"{where}: {type(value).__name__} {value!r} does not fit the {size}-byte "
+                          f"float parameter (finite values up to ±{top})") from None
+
+
 def _int_range(param: Param) -> tuple[int, int]:
     bits = 8 * param.size
     if param.kind in ("pointer", "word") or param.signed is False:
@@ -196,7 +205,7 @@ def convert(param: Param, arg) -> bytes:
         raise LaunchError(f"{where}: None can only stand for a null pointer; this is {what}")
     if kind in ("bool", "int"):
         if pk in ("float",) and kind == "int":
-            return struct.pack("<" + _FLOAT_CODES[size], float(arg))
+            return _pack_float(where, arg, size)
         if pk not in ("int", "pointer", "word", "any") or size not in _INT_CODES:
             _bad(where, arg, param)
         value = int(arg)
@@ -211,7 +220,7 @@ def convert(param: Param, arg) -> bytes:
                               + ("a device array or an int address" if pk != "int" else "an int"))
         if pk not in ("float", "any") or size not in _FLOAT_CODES:
             _bad(where, arg, param)
-        return struct.pack("<" + _FLOAT_CODES[size], arg)
+        return _pack_float(where, arg, size)
     if kind == "numpy":
         if arg.dtype.itemsize != size:
             raise LaunchError(f"{where}: {_describe(arg)} is {arg.dtype.itemsize} bytes but the "
@@ -318,7 +327,7 @@ class ArgPacker:
             form = arg_fast_form(a, f"a{i}")
             if form is None:
                 return None
-            check, value, code, framework = form
+            check, value, code, framework = form[:4]
             if code == "num":  # Python/numpy number: the parameter decides the encoding
                 if p.kind == "float" or (p.kind == "any" and isinstance(a, float)):
                     code = _FLOAT_CODES.get(p.size)
@@ -337,3 +346,37 @@ class ArgPacker:
                 frameworks.add(framework)
             pos = p.offset + p.size
         return checks, values, "".join(fmt), frameworks
+
+    def native_fields(self, args: tuple):
+        """``((kind, offset, size, type, live), ...)`` for a C plan (``tmaflow.native``) of
+        these argument types, mirroring ``plan_source``; None where some argument is outside
+        what a plan writes (numpy scalars, half floats, ints for float parameters' siblings):
+        those take the generated Python path."""
+        from .memory import arg_fast_form
+        from .native import KINDS
+
+        fields = []
+        for p, a in zip(self.params, args):
+            form = arg_fast_form(a, "a")
+            if form is None:
+                return None
+            kind, live = form[4:]
+            t = type(a)
+            if kind == "num":
+                if t not in (int, float, bool):
+                    return None
+                if p.kind == "float" or (p.kind == "any" and t is float):
+                    kind = "float"
+                elif t is float:
+                    return None  # a float for an integer: the checked path names it
+                elif p.kind in ("pointer", "word") or p.signed is False:
+                    kind = "unsigned"
+                else:
+                    kind = "signed"
+            size_ok = {"map": p.size == 128, "float": p.size in (4, 8),
+                       "signed": p.size in (1, 2, 4, 8), "unsigned": p.size in (1, 2, 4, 8)}
+            if not size_ok.get(kind, p.size == 8):
+                return None
+            fields.append((KINDS[kind], p.offset, p.size, None if kind == "none" else t, live))
+        return tuple(fields) if len(fields) == len(self.params) == len(args) else None
+

@@ -12,7 +12,7 @@ import time
 import torch  # before the driver is touched (see bench.main)
 
 import tmaflow as tf
-from tmaflow import driver
+from tmaflow import driver, native
 from tmaflow.kernels import examples as ex
 from tmaflow.kernels import source
 
@@ -64,7 +64,7 @@ def main():
     rows["maps: bound"] = per_call(lambda: bound(ta, tb, 1, 2.0, 3))
     rows["maps: bound.packer.pack (checked)"] = per_call(lambda: bound.packer.pack((ta, tb, 1, 2.0, 3)), n=5000)
     rows["maps: launch"] = per_call(lambda: k.launch(ta, tb, 1, 2.0, 3, grid=1, block=32))
-    src = bound.func.source
+    src = getattr(bound.func, "source", native.status())
     kx = tf.Kernel(source("bench"), "cluster_probe", filename="bench.cu")
     out = tf.empty(64, "uint32")
     bx = kx.bind(grid=1, block=32)
@@ -73,10 +73,10 @@ def main():
     cfgx, fnx = bx.cu_config(0), bx.module.function
     rows["pointer: raw"] = per_call(lambda: cu.cuLaunchKernelEx(cfgx, fnx, kpx, 0))
     rows["pointer: bound"] = per_call(lambda: bx(out))
-    srcx = bx.func.source
+    srcx = getattr(bx.func, "source", native.status())
     t = torch.empty(64, device="cuda", dtype=torch.int32)
     rows["pointer: bound torch"] = per_call(lambda: bx(t))
-    srct = bx.func.source
+    srct = getattr(bx.func, "source", native.status())
     x = torch.randn(64, 1024, device="cuda")
     y = torch.empty_like(x)
     from tmaflow.memory import as_array
