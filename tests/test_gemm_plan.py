@@ -3,7 +3,7 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.matmul import GemmConfig, choose_config, gemm_plan
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, dense_config, gemm_plan
 from tmaflow.memory import DeviceArray
 
 FAKE = 1 << 32  # never dereferenced: every check below fails before a launch
@@ -69,10 +69,12 @@ def test_gemm_plan_bytes(layout, bn, cm):
 def test_choose_config():
     assert choose_config(8192, 8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
     assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=1)  # 128 wide tiles < 132 SMs
-    skinny = choose_config(16, 4096, 4096, 132)
-    assert skinny.cluster_m == 1 and skinny.bn == 128                              # one M tile: no partner
-    assert skinny.split_k == 4                                                     # 32 tiles x 4 splits fill 128 SMs
-    assert choose_config(16, 4096, 256, 132).split_k == 1                          # K too short to split
+    narrow = dense_config(16, 4096, 4096, 132)
+    assert narrow.cluster_m == 1 and narrow.bn == 128                              # one M tile: no partner
+    assert narrow.split_k == 4                                                     # 32 tiles x 4 splits fill 128 SMs
+    assert dense_config(16, 4096, 256, 132).split_k == 1                           # K too short to split
+    assert choose_config(16, 4096, 4096, 132) == SkinnyConfig()                    # "nt": operands swapped
+    assert choose_config(16, 4096, 4096, 132, "nn") == narrow
 
 
 @pytest.mark.parametrize("k_blocks,asked,used", [(64, 4, 4), (10, 4, 4), (9, 4, 3), (5, 16, 5), (1, 8, 1)])

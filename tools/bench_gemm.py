@@ -19,7 +19,7 @@ import torch
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.matmul import GemmConfig, choose_config
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, dense_config
 
 SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048, "nt"),
           (4096, 14336, 4096, "nt"), (8192, 4096, 14336, "nt"), (16, 4096, 4096, "nt"),
@@ -29,8 +29,17 @@ SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_
          GemmConfig(bn=256, cluster_m=2, group_m=32), GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
          GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1),
          GemmConfig(bn=256, cluster_m=2, l2_promotion="none"), GemmConfig(bn=128, cluster_m=1, l2_promotion="none")]
-SKINNY_SWEEP = [GemmConfig(bn=128, cluster_m=1, split_k=s) for s in (2, 4, 8)] + [
-    GemmConfig(bn=128, cluster_m=1, split_k=4, l2_promotion="none"), GemmConfig(bn=128, cluster_m=1, split_k=1)]
+# issue 16's decode shapes: M in {1, 16, 64, 128} x (N x K) in {4096 x 4096, 8192 x 8192, 7168 x 16384}
+SKINNY = [(m, n, k, "nt") for n, k in ((4096, 4096), (8192, 8192), (7168, 16384)) for m in (1, 16, 64, 128)]
+SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(rows=128), SkinnyConfig(stages=6), SkinnyConfig(rows=128, stages=4),
+                SkinnyConfig(l2_promotion="none"), "dense"]
+
+
+def describe(cfg) -> str:
+    if isinstance(cfg, SkinnyConfig):
+        return f"skinny rows{cfg.rows} s{cfg.stages or 'max'} k{cfg.split_k or 'auto'} l2{cfg.l2_promotion}"
+    return (f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} "
+            f"k{cfg.split_k} l2{cfg.l2_promotion}")
 
 
 def paired_ms(ours, peer, flush, repeats):
@@ -64,11 +73,12 @@ def main():
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--extra", action="store_true", help="also the EXTRA shapes")
     p.add_argument("--only-skinny", action="store_true", help="only shapes with M <= 128")
+    p.add_argument("--skinny", action="store_true", help="issue 16's decode shapes (M <= 128) instead")
     args = p.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     sms = tf.current_device().sm_count
     rows = []
-    shapes = SHAPES + (EXTRA if args.extra else [])
+    shapes = SKINNY if args.skinny else SHAPES + (EXTRA if args.extra else [])
     if args.only_skinny:
         shapes = [s for s in shapes if s[0] <= 128]
     for m, n, k, layout in shapes:
@@ -82,8 +92,9 @@ def main():
         cublas = lambda: torch.matmul(a, bt, out=c_ref)  # noqa: E731
         cublas()
         flop = 2.0 * m * n * k
-        auto = choose_config(m, n, k, sms)
+        auto = choose_config(m, n, k, sms, layout)
         sweep = SKINNY_SWEEP if m <= 128 else SWEEP
+        sweep = [dense_config(m, n, k, sms) if cfg == "dense" else cfg for cfg in sweep]
         configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep else [])
         for cfg in configs:
             try:
@@ -97,13 +108,18 @@ def main():
                 print(f"  skip {cfg}: {exc}", flush=True)
                 continue
             row = {"shape": f"{m}x{n}x{k}", "layout": layout, "auto": cfg == auto,
-                   "config": f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} k{cfg.split_k} l2{cfg.l2_promotion}",
+                   "config": describe(cfg),
                    "tmaflow_ms": t, "cublas_ms": t_cublas, "tmaflow_tflops": flop / t / 1e9,
                    "cublas_tflops": flop / t_cublas / 1e9, "ratio": ratio, "rel_err_vs_cublas": err}
             rows.append(row)
             print(f"{row['shape']:>18s} {layout}  {row['config']:<34s}{'*' if row['auto'] else ' '} "
                   f"tmaflow {row['tmaflow_tflops']:6.1f}  cuBLAS {row['cublas_tflops']:6.1f} TFLOP/s  "
                   f"ratio {row['ratio']:.3f}  err {err:.1e}", flush=True)
+    autos = [r["ratio"] for r in rows if r["auto"]]
+    skinny = [r["ratio"] for r in rows if r["auto"] and int(r["shape"].split("x")[0]) <= 128]
+    if autos:
+        print(f"median ratio to cuBLAS, automatic configs: {statistics.median(autos):.3f} over {len(autos)} shapes"
+              + (f"; M <= 128: {statistics.median(skinny):.3f} over {len(skinny)}" if skinny else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": tf.current_device().name, "torch": torch.__version__,

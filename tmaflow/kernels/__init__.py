@@ -12,7 +12,7 @@ def source(name: str) -> str:
 
 
 _EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb")
-_MATMUL = ("gemm", "grouped_gemm", "GemmConfig")  # in matmul.py: a module named gemm would shadow the function
+_MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in matmul.py: a module named gemm would shadow the function
 
 
 def __getattr__(name):  # the example entry points are imported on first use

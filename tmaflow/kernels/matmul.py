@@ -60,10 +60,53 @@ class GemmConfig:
             raise TmaflowError(f"GemmConfig: split_k={self.split_k} must be in [1, 64]")
 
 
-def choose_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
-    """Wide tiles in clusters of two when there are enough of them to fill the GPU, narrow
-    unclustered ones otherwise; K split among several CTAs when even narrow tiles leave most
-    SMs idle and K is long."""
+SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
+SKINNY_M = 128  # products of at most this many rows ("nt") take the skinny path by default
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """The skinny path (``layout="nt"``, M <= 128): operands swapped so B's rows fill the MMA's
+    64 rows (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer
+    warpgroup); ``split_k=None`` picks enough K splits to fill the GPU."""
+
+    rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
+    split_k: int | None = None
+    stages: int | None = None
+    l2_promotion: str = "256B"
+
+    def __post_init__(self):
+        if self.rows not in (64, 128):
+            raise TmaflowError(f"SkinnyConfig: rows={self.rows} must be 64 or 128")
+        if self.split_k is not None and (isinstance(self.split_k, bool) or not 1 <= self.split_k <= 64):
+            raise TmaflowError(f"SkinnyConfig: split_k={self.split_k} must be None or in [1, 64]")
+        if self.stages is not None and not 2 <= self.stages <= 16:
+            raise TmaflowError(f"SkinnyConfig: stages={self.stages} must be in [2, 16]")
+        if self.l2_promotion not in ("none", "64B", "128B", "256B"):
+            raise TmaflowError(f"SkinnyConfig: l2_promotion={self.l2_promotion!r} must be 'none', "
+                               "'64B', '128B' or '256B'")
+
+
+def skinny_splits(n: int, k: int, rows: int, sm_count: int) -> int:
+    """K splits that bring (N tiles x splits) CTAs closest to one per SM without a second
+    wave, each split keeping at least 4 k-blocks."""
+    tiles, k_blocks = math.ceil(n / rows), math.ceil(k / BK)
+    split = max(1, min(sm_count // tiles, k_blocks // 4, 64))
+    return _nonempty_splits(k_blocks, split)
+
+
+def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> GemmConfig | SkinnyConfig:
+    """The skinny path for "nt" products of at most SKINNY_M rows. Otherwise wide tiles in
+    clusters of two when there are enough of them to fill the GPU, narrow unclustered ones
+    otherwise; K split among several CTAs when even narrow tiles leave most SMs idle and K is
+    long."""
+    if layout == "nt" and m <= SKINNY_M:
+        return SkinnyConfig()
+    return dense_config(m, n, k, sm_count)
+
+
+def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
+    """The dense kernel's tiles for this shape (``choose_config`` without the skinny path)."""
     wide = math.ceil(m / BM) * math.ceil(n / 256)
     bn = 256 if wide >= sm_count else 128
     # Measured on H200: narrow tiles did best unclustered (2048^3: 0.98x cuBLAS against 0.93x).
@@ -122,6 +165,33 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split))
 
 
+@dataclass(frozen=True)
+class SkinnyPlan:
+    spec_x: TensorMapSpec      # one MP x 64 box of A (the activations)
+    spec_w: TensorMapSpec      # one 64 x 64 box of B (the weights); a stage holds rows / 64
+    layout: SharedLayout
+    defines: dict
+    config: SkinnyConfig       # with split_k and stages filled in
+
+
+@functools.lru_cache(maxsize=64)
+def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int) -> SkinnyPlan:
+    if m > SKINNY_MP[-1]:
+        raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig")
+    mp = next(p for p in SKINNY_MP if p >= m)
+    boxes = config.rows // 64
+    l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
+    spec_x = TensorMapSpec.tiled("bfloat16", (m, k), (mp, BK), **l2)
+    spec_w = TensorMapSpec.tiled("bfloat16", (n, k), (64, BK), **l2)
+    stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes
+    stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
+    pipe = Pipeline("wx", stages=stages, tiles={"w": (spec_w, boxes), "x": spec_x}, consumers=4 * boxes)
+    split = config.split_k or skinny_splits(n, k, config.rows, sm_count)
+    split = _nonempty_splits(math.ceil(k / BK), split)
+    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), {"MP": mp, "CONSUMERS": boxes},
+                      replace(config, split_k=split, stages=stages))
+
+
 def _check_operands(A, B, layout: str):
     for name, arr in (("a", A), ("b", B)):
         if arr.ndim != 2:
@@ -170,8 +240,10 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     to repeat."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
-    if config is not None and not isinstance(config, GemmConfig):
-        raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig")
+    if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
+        raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig or kernels.SkinnyConfig")
+    if isinstance(config, SkinnyConfig) and layout != "nt":
+        raise TmaflowError(f"gemm: a SkinnyConfig takes layout='nt' (got {layout!r})")
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
     C = None
@@ -190,6 +262,9 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
                                                    stream, pdl, debug, trace))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
+    if st.tc is None:  # the skinny kernel writes C through its pointer
+        return (st.launcher, (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail),
+                result)
     return (st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail),
             result)
 
@@ -232,7 +307,10 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
-    plan = gemm_plan(m, n, k, layout, config or choose_config(m, n, k, device.sm_count))
+    config = config or choose_config(m, n, k, device.sm_count, layout)
+    if isinstance(config, SkinnyConfig):
+        return _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace)
+    plan = gemm_plan(m, n, k, layout, config)
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug,
                       trace=trace)
     cm, split = plan.config.cluster_m, plan.config.split_k
@@ -246,6 +324,19 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
                       workspace_sizes=(tile_groups * cm, split * m * n))
+
+
+def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace) -> _GemmState:
+    plan = skinny_plan(m, n, k, config, device.sm_count)
+    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny",
+                      debug=debug, trace=trace)
+    rows, split = plan.config.rows, plan.config.split_k
+    tiles = math.ceil(n / rows)
+    launcher = kern.launcher(grid=(tiles, split), block=128 * (1 + rows // 64), stream=stream, pdl=pdl)
+    launcher, ws = _with_split_k(launcher, split, device, stream)
+    return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B, plan.spec_w),
+                      tc=None, ldc=c_strides[0] // 2, tail=(m, n, k, split), plan=plan, workspace=ws,
+                      workspace_sizes=(tiles, split * n * plan.defines["MP"]))
 
 
 class _Workspace:

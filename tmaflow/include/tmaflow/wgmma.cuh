@@ -44,6 +44,36 @@ template <int R> TMAFLOW_DEVICE void fence_operands(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
 }
+// wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 — D(64x8, fp32) += A(64x16) * B(16x8)^T,
+// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
+// scale_d = 0 overwrites D. Narrow N serves skinny products with the operands swapped.
+template <int TransB = 0>
+TMAFLOW_DEVICE void mma_m64n8k16_bf16(float (&d)[4], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
+               " wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, %7;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+}
+// wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 — D(64x16, fp32) += A(64x16) * B(16x16)^T,
+// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
+// scale_d = 0 overwrites D. Narrow N serves skinny products with the operands swapped.
+template <int TransB = 0>
+TMAFLOW_DEVICE void mma_m64n16k16_bf16(float (&d)[8], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
+               " wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, %11;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+}
+// wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 — D(64x32, fp32) += A(64x16) * B(16x32)^T,
+// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
+// scale_d = 0 overwrites D. Narrow N serves skinny products with the operands swapped.
+template <int TransB = 0>
+TMAFLOW_DEVICE void mma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+               " wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, %19;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+}
 // wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 — D(64x64, fp32) += A(64x16) * B(16x64)^T,
 // A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
 // scale_d = 0 overwrites D.

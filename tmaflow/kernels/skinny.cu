@@ -1,0 +1,147 @@
+// Skinny bf16 GEMM, M <= 128 ("nt": C = A * B^T, A is M x K activations, B is N x K weights,
+// both K-contiguous), with the operands swapped as cuBLAS does for decode shapes: a consumer
+// warpgroup computes D = B_tile * A^T, a 64 x MP tile of C^T, with wgmma m64nMPk16. The MMA's
+// 64 rows are filled by N and the activations' few rows are its N (MP: M rounded up to 8, 16,
+// 32, 64 or 128), so no MMA work and no shared memory go to padding M up to 64 or 128.
+//
+// A CTA owns CONSUMERS x 64 rows of B over one range of K: the grid is (N tiles, K splits).
+// Warp 0 issues the TMA loads (CONSUMERS 64 x 64 boxes of B and one MP x 64 box of A a stage);
+// the consumer warpgroups each own 64 rows. With several splits each stores its fp32 partial,
+// and the last to finish a tile (a per-tile counter) sums every split's partial in split order
+// (the result does not depend on which finished last) and writes C. C is small (M rows), so it
+// is written with plain stores, clipped at M and N.
+#include <cuda_bf16.h>
+#include <tmaflow.cuh>
+#include "tmaflow_layout.cuh"
+using namespace tmaflow;
+namespace L = tmaflow_layout;
+
+#ifndef MP
+#define MP 16
+#endif
+#ifndef CONSUMERS
+#define CONSUMERS 2
+#endif
+constexpr int BK = 64, kAcc = MP / 2;   // fp32 accumulators per thread: 64 x MP / 128
+constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
+constexpr int kConsumerThreads = 128 * CONSUMERS;
+static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * BK * 2, "plan does not match MP / CONSUMERS");
+
+TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx) {
+#if MP == 8
+  wgmma::mma_m64n8k16_bf16(acc, dw, dx, 1);
+#elif MP == 16
+  wgmma::mma_m64n16k16_bf16(acc, dw, dx, 1);
+#elif MP == 32
+  wgmma::mma_m64n32k16_bf16(acc, dw, dx, 1);
+#elif MP == 64
+  wgmma::mma_m64n64k16_bf16(acc, dw, dx, 1);
+#elif MP == 128
+  wgmma::mma_m64n128k16_bf16(acc, dw, dx, 1);
+#else
+#error "MP is 8, 16, 32, 64 or 128"
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
+                 __nv_bfloat16* C, int ldc, float* partial, uint32_t* counters, int M, int N, int K,
+                 int splits) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  L::Smem S(smem);
+  auto pipe = S.wx();
+  using Cursor = decltype(pipe)::Cursor;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int tile = blockIdx.x, split = blockIdx.y;
+  const int k_blocks = (K + BK - 1) / BK, per = (k_blocks + splits - 1) / splits;
+  const int kb0 = split * per, kb1 = min(k_blocks, kb0 + per);
+  if (threadIdx.x == 0) {
+    tma::prefetch_descriptor(&tx);
+    tma::prefetch_descriptor(&tw);
+    pipe.init();
+  }
+  griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
+  griddep::launch_dependents();
+  __syncthreads();  // the barriers exist before anyone waits on them
+
+  if (wg == 0) {
+    if (threadIdx.x == 0) {
+      Cursor c;
+      for (int kb = kb0; kb < kb1; ++kb, c.advance()) {
+        pipe.producer_acquire(c);
+        pipe.producer_commit(c);
+#pragma unroll
+        for (int box = 0; box < CONSUMERS; ++box)
+          tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
+        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, 0);
+      }
+    }
+    return;
+  }
+  const int cw = wg - 1, t = threadIdx.x - 128, wq = (t % 128) / 32;
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+  Cursor c, prev;
+  for (int kb = kb0; kb < kb1; ++kb) {
+    pipe.consumer_wait(c);
+    const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
+    const uint64_t dx = wgmma::desc_k_major_sw128(S.wx_x(c.stage));
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < BK / 16; ++k) mma(acc, dw + 2 * k, dx + 2 * k);  // 32 B a k-step
+    wgmma::commit_group();
+    wgmma::wait_group<1>();  // keep this k-block's group in flight; the previous one is done
+    wgmma::fence_operands(acc);
+    if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp
+    prev = c;
+    c.advance();
+  }
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(acc);
+  if (kb1 > kb0 && lane == 0) pipe.consumer_release(prev);
+
+  // The fragment (as mma.m16n8): rows n0 and n0 + 8 of C^T, columns m0 + 8 j and m0 + 8 j + 1.
+  const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4);
+  if (splits > 1) {
+    const size_t plane = size_t(N) * MP;  // partial[split][n][m], MP columns
+#pragma unroll
+    for (int j = 0; j < MP / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (n0 + 8 * h < N)
+          *reinterpret_cast<float2*>(partial + split * plane + size_t(n0 + 8 * h) * MP + 8 * j + m0) =
+              make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    __threadfence();                                    // this thread's partial is visible GPU-wide ...
+    named_barrier::sync(1, kConsumerThreads);           // ... for every consumer thread, before the count
+    bool last = false;
+    if (t == 0) last = atomicAdd(counters + tile, 1u) == uint32_t(splits - 1);
+    if (!named_barrier::sync_or(1, kConsumerThreads, last)) return;
+    __threadfence();
+    if (t == 0) counters[tile] = 0;  // every split has counted: ready for the next launch
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    for (int s = 0; s < splits; ++s) {
+#pragma unroll
+      for (int j = 0; j < MP / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (n0 + 8 * h < N) {
+            const float2 v = __ldcg(reinterpret_cast<const float2*>(
+                partial + s * plane + size_t(n0 + 8 * h) * MP + 8 * j + m0));
+            acc[4 * j + 2 * h] += v.x;
+            acc[4 * j + 2 * h + 1] += v.y;
+          }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < MP / 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int m = 8 * j + m0 + e, n = n0 + 8 * h;
+        if (m < M && n < N) C[size_t(m) * ldc + n] = __float2bfloat16_rn(acc[4 * j + 2 * h + e]);
+      }
+}
