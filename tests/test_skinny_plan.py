@@ -37,6 +37,7 @@ def test_choose_config_takes_the_skinny_path_for_few_rows_of_nt():
                                           ({"split_k": 0}, r"split_k=0 must be None or in \[1, 64\]"),
                                           ({"split_k": True}, r"split_k=True"),
                                           ({"stages": 1}, r"stages=1 must be in \[2, 16\]"),
+                                          ({"cluster": 4}, r"cluster=4 must be 1 or 2"),
                                           ({"l2_promotion": "512B"}, r"l2_promotion='512B'")])
 def test_bad_skinny_configs_are_named(kwargs, match):
     with pytest.raises(tf.TmaflowError, match=match):
@@ -55,7 +56,7 @@ def test_every_skinny_variant_compiles_without_spills():
     from tmaflow.kernels.registry import get_kernel
 
     for m in (1, 16, 32, 64, 128):
-        for rows in (64, 128):
-            plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows), 132)
+        for rows, cluster in ((64, 1), (128, 1), (64, 2), (128, 2)):
+            plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132)
             k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (m, rows)

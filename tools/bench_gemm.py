@@ -31,13 +31,14 @@ SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_
          GemmConfig(bn=256, cluster_m=2, l2_promotion="none"), GemmConfig(bn=128, cluster_m=1, l2_promotion="none")]
 # issue 16's decode shapes: M in {1, 16, 64, 128} x (N x K) in {4096 x 4096, 8192 x 8192, 7168 x 16384}
 SKINNY = [(m, n, k, "nt") for n, k in ((4096, 4096), (8192, 8192), (7168, 16384)) for m in (1, 16, 64, 128)]
-SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(rows=128), SkinnyConfig(stages=6), SkinnyConfig(rows=128, stages=4),
-                SkinnyConfig(l2_promotion="none"), "dense"]
+SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(cluster=2), SkinnyConfig(rows=128, cluster=2), SkinnyConfig(stages=6),
+                SkinnyConfig(split_k=1), SkinnyConfig(cluster=2, stages=6), "dense"]
 
 
 def describe(cfg) -> str:
     if isinstance(cfg, SkinnyConfig):
-        return f"skinny rows{cfg.rows} s{cfg.stages or 'max'} k{cfg.split_k or 'auto'} l2{cfg.l2_promotion}"
+        return (f"skinny rows{cfg.rows} c{cfg.cluster} s{cfg.stages or 'max'} k{cfg.split_k or 'auto'} "
+                f"l2{cfg.l2_promotion}")
     return (f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} "
             f"k{cfg.split_k} l2{cfg.l2_promotion}")
 
@@ -74,11 +75,14 @@ def main():
     p.add_argument("--extra", action="store_true", help="also the EXTRA shapes")
     p.add_argument("--only-skinny", action="store_true", help="only shapes with M <= 128")
     p.add_argument("--skinny", action="store_true", help="issue 16's decode shapes (M <= 128) instead")
+    p.add_argument("--shape", action="append", default=[], metavar="MxNxK[:nt|nn]", help="these shapes instead")
     args = p.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     sms = tf.current_device().sm_count
     rows = []
     shapes = SKINNY if args.skinny else SHAPES + (EXTRA if args.extra else [])
+    if args.shape:
+        shapes = [(*map(int, text.split(":")[0].split("x")), (text.split(":") + ["nt"])[1]) for text in args.shape]
     if args.only_skinny:
         shapes = [s for s in shapes if s[0] <= 128]
     for m, n, k, layout in shapes:

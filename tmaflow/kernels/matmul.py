@@ -68,16 +68,20 @@ SKINNY_M = 128  # products of at most this many rows ("nt") take the skinny path
 class SkinnyConfig:
     """The skinny path (``layout="nt"``, M <= 128): operands swapped so B's rows fill the MMA's
     64 rows (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer
-    warpgroup); ``split_k=None`` picks enough K splits to fill the GPU."""
+    warpgroup); ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs
+    neighbouring tiles, which share A by multicast."""
 
     rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
     split_k: int | None = None
     stages: int | None = None
     l2_promotion: str = "256B"
+    cluster: int = 1
 
     def __post_init__(self):
         if self.rows not in (64, 128):
             raise TmaflowError(f"SkinnyConfig: rows={self.rows} must be 64 or 128")
+        if self.cluster not in (1, 2) or isinstance(self.cluster, bool):
+            raise TmaflowError(f"SkinnyConfig: cluster={self.cluster} must be 1 or 2")
         if self.split_k is not None and (isinstance(self.split_k, bool) or not 1 <= self.split_k <= 64):
             raise TmaflowError(f"SkinnyConfig: split_k={self.split_k} must be None or in [1, 64]")
         if self.stages is not None and not 2 <= self.stages <= 16:
@@ -185,10 +189,12 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int) -> 
     spec_w = TensorMapSpec.tiled("bfloat16", (n, k), (64, BK), **l2)
     stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes
     stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
-    pipe = Pipeline("wx", stages=stages, tiles={"w": (spec_w, boxes), "x": spec_x}, consumers=4 * boxes)
+    cl = config.cluster
+    pipe = Pipeline("wx", stages=stages, tiles={"w": (spec_w, boxes), "x": spec_x}, consumers=4 * boxes,
+                    cluster=(cl, 1, 1), multicast=[None, "x"] if cl > 1 else None)
     split = config.split_k or skinny_splits(n, k, config.rows, sm_count)
     split = _nonempty_splits(math.ceil(k / BK), split)
-    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), {"MP": mp, "CONSUMERS": boxes},
+    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), {"MP": mp, "CONSUMERS": boxes, "CLUSTER": cl},
                       replace(config, split_k=split, stages=stages))
 
 
@@ -330,9 +336,10 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
     plan = skinny_plan(m, n, k, config, device.sm_count)
     kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny",
                       debug=debug, trace=trace)
-    rows, split = plan.config.rows, plan.config.split_k
-    tiles = math.ceil(n / rows)
-    launcher = kern.launcher(grid=(tiles, split), block=128 * (1 + rows // 64), stream=stream, pdl=pdl)
+    rows, split, cl = plan.config.rows, plan.config.split_k, plan.config.cluster
+    tiles = -(-math.ceil(n / rows) // cl) * cl  # whole clusters; a tile past N loads zeros, stores nothing
+    launcher = kern.launcher(grid=(tiles, split), block=128 * (1 + rows // 64), cluster=(cl, 1, 1),
+                             stream=stream, pdl=pdl)
     launcher, ws = _with_split_k(launcher, split, device, stream)
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B, plan.spec_w),
                       tc=None, ldc=c_strides[0] // 2, tail=(m, n, k, split), plan=plan, workspace=ws,

@@ -6,7 +6,8 @@
 //
 // A CTA owns CONSUMERS x 64 rows of B over one range of K: the grid is (N tiles, K splits).
 // Warp 0 issues the TMA loads (CONSUMERS 64 x 64 boxes of B and one MP x 64 box of A a stage);
-// the consumer warpgroups each own 64 rows. With several splits each stores its fp32 partial,
+// the consumer warpgroups each own 64 rows. With CLUSTER 2, neighbouring N tiles of one split
+// form a cluster and the first multicasts A's box to both (A is read once per pair from L2). With several splits each stores its fp32 partial,
 // and the last to finish a tile (a per-tile counter) sums every split's partial in split order
 // (the result does not depend on which finished last) and writes C. C is small (M rows), so it
 // is written with plain stores, clipped at M and N.
@@ -21,6 +22,9 @@ namespace L = tmaflow_layout;
 #endif
 #ifndef CONSUMERS
 #define CONSUMERS 2
+#endif
+#ifndef CLUSTER
+#define CLUSTER 1
 #endif
 constexpr int BK = 64, kAcc = MP / 2;   // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
@@ -43,42 +47,14 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx) {
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
-gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
-                 __nv_bfloat16* C, int ldc, float* partial, uint32_t* counters, int M, int N, int K,
-                 int splits) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  L::Smem S(smem);
-  auto pipe = S.wx();
-  using Cursor = decltype(pipe)::Cursor;
-  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int tile = blockIdx.x, split = blockIdx.y;
-  const int k_blocks = (K + BK - 1) / BK, per = (k_blocks + splits - 1) / splits;
-  const int kb0 = split * per, kb1 = min(k_blocks, kb0 + per);
-  if (threadIdx.x == 0) {
-    tma::prefetch_descriptor(&tx);
-    tma::prefetch_descriptor(&tw);
-    pipe.init();
-  }
-  griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
-  griddep::launch_dependents();
-  __syncthreads();  // the barriers exist before anyone waits on them
-
-  if (wg == 0) {
-    if (threadIdx.x == 0) {
-      Cursor c;
-      for (int kb = kb0; kb < kb1; ++kb, c.advance()) {
-        pipe.producer_acquire(c);
-        pipe.producer_commit(c);
-#pragma unroll
-        for (int box = 0; box < CONSUMERS; ++box)
-          tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
-        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, 0);
-      }
-    }
-    return;
-  }
-  const int cw = wg - 1, t = threadIdx.x - 128, wq = (t % 128) / 32;
+// The consumer warpgroups: MMAs over k-blocks [kb0, kb1), then (with splits) the fp32 partial
+// and, in the tile's last split, the sum of all partials; C written clipped at M and N.
+template <class Pipe>
+TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int ldc, float* partial,
+                            uint32_t* counters, int M, int N, int tile, int split, int splits, int kb0,
+                            int kb1) {
+  using Cursor = typename Pipe::Cursor;
+  const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
@@ -144,4 +120,48 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
         const int m = 8 * j + m0 + e, n = n0 + 8 * h;
         if (m < M && n < N) C[size_t(m) * ldc + n] = __float2bfloat16_rn(acc[4 * j + 2 * h + e]);
       }
+}
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
+                 __nv_bfloat16* C, int ldc, float* partial, uint32_t* counters, int M, int N, int K,
+                 int splits) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  L::Smem S(smem);
+  auto pipe = S.wx();
+  using Cursor = decltype(pipe)::Cursor;
+  const int tile = blockIdx.x, split = blockIdx.y;
+  const int k_blocks = (K + BK - 1) / BK, per = (k_blocks + splits - 1) / splits;
+  const int kb0 = split * per, kb1 = min(k_blocks, kb0 + per);
+  if (threadIdx.x == 0) {
+    tma::prefetch_descriptor(&tx);
+    tma::prefetch_descriptor(&tw);
+    pipe.init();
+  }
+  griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
+  griddep::launch_dependents();
+  cluster::sync();  // every CTA's barriers exist before any multicast signals them
+
+  if (threadIdx.x < 128) {
+    if (threadIdx.x == 0) {
+      Cursor c;
+      for (int kb = kb0; kb < kb1; ++kb, c.advance()) {
+        pipe.producer_acquire(c);
+        pipe.producer_commit(c);
+#pragma unroll
+        for (int box = 0; box < CONSUMERS; ++box)
+          tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
+#if CLUSTER == 1
+        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, 0);
+#else
+        const uint32_t rank = cluster::rank();
+        if (L::wx::x_leader(rank))
+          tma::load_multicast(S.wx_x(c.stage), &tx, pipe.barrier(c), L::wx::x_mask(rank), kb * BK, 0);
+#endif
+      }
+    }
+  } else {
+    consume(S, pipe, C, ldc, partial, counters, M, N, tile, split, splits, kb0, kb1);
+  }
+  cluster::sync();  // no CTA leaves while its partner may still multicast into it
 }
