@@ -242,7 +242,7 @@ def _bf(shape, dtype="bfloat16", strides=None):
 
 
 cpu(G, "unknown layout", TE, r"layout='tn' must be one of \('nt', 'nn'\)", lambda: gemm(_bf((64, 32)), _bf((48, 32)), _bf((64, 48)), layout="tn"))
-cpu(G, "float16 operand", TE, r"a must be bfloat16 \(got float16\)", lambda: gemm(_bf((64, 32), "float16"), _bf((48, 32)), _bf((64, 48))))
+cpu(G, "float16 operand", TE, r"a must be bfloat16 or float8_e4m3fn \(got float16\)", lambda: gemm(_bf((64, 32), "float16"), _bf((48, 32)), _bf((64, 48))))
 cpu(G, "K of a and b differ", TE, r"b must be \(N, K\) for layout 'nt'", lambda: gemm(_bf((64, 32)), _bf((48, 40)), _bf((64, 48))))
 cpu(G, "rows not a 16-byte multiple (K = 36)", TE, r"a has strides \(72, 2\) B; .*multiple of 16 B", lambda: gemm(_bf((64, 36)), _bf((48, 36)), _bf((64, 48))))
 cpu(G, "out of the wrong shape", TE, r"out must be a \(64, 48\) bfloat16 array", lambda: gemm(_bf((64, 32)), _bf((48, 32)), _bf((64, 40))))

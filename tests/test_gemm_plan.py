@@ -15,7 +15,7 @@ def arr(shape, dtype="bfloat16", strides=None):
 
 @pytest.mark.parametrize("a,b,out,kw,msg", [
     (arr((64, 32)), arr((48, 32)), arr((64, 48)), dict(layout="tn"), r"layout='tn' must be one of \('nt', 'nn'\)"),
-    (arr((64, 32), "float16"), arr((48, 32)), arr((64, 48)), {}, r"a must be bfloat16 \(got float16\)"),
+    (arr((64, 32), "float16"), arr((48, 32)), arr((64, 48)), {}, r"a must be bfloat16 or float8_e4m3fn \(got float16\)"),
     (arr((64, 32)), arr((48, 32, 1)), arr((64, 48)), {}, r"b must be 2-D \(got shape \(48, 32, 1\)\)"),
     (arr((64, 32)), arr((48, 40)), arr((64, 48)), {}, r"b must be \(N, K\) for layout 'nt'"),
     (arr((64, 32)), arr((48, 32)), arr((64, 48)), dict(layout="nn"), r"b must be \(K, N\) for layout 'nn'"),

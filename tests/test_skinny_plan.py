@@ -60,3 +60,54 @@ def test_every_skinny_variant_compiles_without_spills():
             plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132)
             k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (m, rows)
+
+
+# --- fp8 (no GPU) ---------------------------------------------------------------------------
+
+def test_e4m3_round_trip_and_rounding():
+    import numpy as np
+
+    from tmaflow.dtypes import e4m3_bits, e4m3_to_float32
+
+    b = np.arange(256, dtype=np.uint8)
+    v = e4m3_to_float32(b)
+    finite = ~np.isnan(v)
+    assert np.array_equal(e4m3_bits(v[finite]), b[finite]) and np.isnan(v).sum() == 2
+    assert e4m3_to_float32(e4m3_bits([1.0625, 1.1875, 500.0, -1e9, 2.0 ** -10])).tolist() == \
+        [1.0, 1.25, 448.0, -448.0, 0.0]  # ties to even, saturation, underflow to zero
+
+
+def test_fp8_plan_uses_128_byte_k_blocks_and_promotes():
+    from tmaflow.kernels.matmul import FP8_BK, gemm_plan
+
+    plan = gemm_plan(4096, 4096, 4096, "nt", GemmConfig(bn=128), "float8_e4m3fn")
+    assert plan.spec_a.box == (128, FP8_BK) and plan.spec_a.dtype.itemsize == 1
+    assert plan.defines["FP8"] == 1 and plan.defines["PROMOTE"] == 4
+    assert plan.spec_a.smem_bytes == gemm_plan(4096, 4096, 4096, "nt", GemmConfig(bn=128)).spec_a.smem_bytes
+
+
+@pytest.mark.parametrize("layout,config,match", [
+    ("nn", GemmConfig(bn=128), r"fp8 operands take layout 'nt' \(got 'nn'\)"),
+    ("nt", GemmConfig(bn=256), r"fp8 with promote=4 needs bn=128 \(got bn=256\)")])
+def test_fp8_plan_refusals(layout, config, match):
+    from tmaflow.kernels.matmul import gemm_plan
+
+    with pytest.raises(tf.TmaflowError, match=match):
+        gemm_plan(256, 256, 256, layout, config, "float8_e4m3fn")
+
+
+def test_fp8_scales_are_checked_before_any_launch():
+    from tmaflow.memory import DeviceArray
+
+    a8, b8 = DeviceArray(0, (64, 64), "float8_e4m3fn"), DeviceArray(0, (64, 64), "float8_e4m3fn")
+    with pytest.raises(tf.TmaflowError, match=r"scale_a=nan must be a finite float"):
+        kernels.gemm(a8, b8, scale_a=float("nan"))
+    with pytest.raises(tf.TmaflowError, match=r"scale_b='2' must be a finite float"):
+        kernels.gemm(a8, b8, scale_b="2")
+    bf = DeviceArray(0, (64, 64), "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=r"scale_a / scale_b dequantise fp8 operands; a and b are bfloat16"):
+        kernels.gemm(bf, bf, scale_a=2.0)
+    with pytest.raises(tf.TmaflowError, match=r"a is float8_e4m3fn but b is bfloat16"):
+        kernels.gemm(a8, bf)
+    with pytest.raises(tf.TmaflowError, match=r"promote=-1 must be an int in \[0, 64\]"):
+        GemmConfig(promote=-1)

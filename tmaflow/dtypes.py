@@ -50,6 +50,7 @@ _TABLE = [
     DType("16u4_align16b", 1, 14, False, "uint8", sm90=False),
     DType("16u6_align16b", 1, 15, False, "uint8", sm90=False),
     # Types TMA has no enum for are moved as raw bytes of the same width.
+    DType("float8_e4m3fn", 1, 0, True, "uint8"),  # fp8 (1-4-3, no inf, max 448): wgmma e4m3
     DType("int8", 1, 0, False, "int8"),
     DType("int16", 2, 1, False, "int16"),
     DType("bool", 1, 0, False, "bool"),
@@ -62,6 +63,7 @@ _ALIASES = {
     "u8": "uint8", "i8": "int8", "u16": "uint16", "i16": "int16", "u32": "uint32",
     "i32": "int32", "int": "int32", "u64": "uint64", "i64": "int64", "long": "int64",
     "tfloat32": "tf32", "char": "int8", "byte": "uint8", "short": "int16",
+    "e4m3": "float8_e4m3fn", "fp8": "float8_e4m3fn", "float8_e4m3": "float8_e4m3fn",
 }
 
 
@@ -95,3 +97,37 @@ def bf16_to_float32(bits) -> np.ndarray:
     """bfloat16 values (uint16 bit patterns, or ml_dtypes.bfloat16 as ``DeviceArray.numpy()``
     returns when it is installed) -> float32, exactly."""
     return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _e4m3_table() -> np.ndarray:
+    """The float32 value of every e4m3fn byte (sign, 4 exponent bits of bias 7, 3 mantissa
+    bits; exponent 0 is subnormal; S.1111.111 is NaN, there is no infinity)."""
+    b = np.arange(256)
+    e, m = (b >> 3) & 15, (b & 7).astype(np.float64)
+    mag = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+    mag = np.where((e == 15) & (m == 7), np.nan, mag)
+    return np.where(b >> 7, -mag, mag).astype(np.float32)
+
+
+E4M3 = _e4m3_table()
+E4M3_MAX = 448.0
+
+
+def e4m3_to_float32(bits) -> np.ndarray:
+    """float8_e4m3fn bytes -> float32, exactly."""
+    return E4M3[np.asarray(bits).view(np.uint8)]
+
+
+def e4m3_bits(x) -> np.ndarray:
+    """Host floats -> float8_e4m3fn bytes, rounded to nearest (ties to the even pattern) and
+    saturated at +-448; NaN stays NaN."""
+    x = np.asarray(x, dtype=np.float32)
+    grid = E4M3[:127]  # the non-negative finite values, ascending (bytes 0..126)
+    a = np.minimum(np.abs(x), E4M3_MAX)
+    hi = np.clip(np.searchsorted(grid, a), 0, 126)
+    lo = np.maximum(hi - 1, 0)
+    d_lo, d_hi = a - grid[lo], grid[hi] - a
+    pick = np.where((d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)), hi, lo).astype(np.uint8)
+    out = np.where(np.signbit(x), pick | 0x80, pick).astype(np.uint8)
+    return np.where(np.isnan(x), np.uint8(0x7F), out)
+

@@ -35,6 +35,52 @@ SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(cluster=2), SkinnyConfig(rows=128, 
                 SkinnyConfig(split_k=1), SkinnyConfig(cluster=2, stages=6), "dense"]
 
 
+# issue 16's fp8 shapes (M x N x K): per-tensor scales against torch._scaled_mm (cuBLAS fp8)
+FP8_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384), (4096, 2112, 7168), (64, 7168, 16384), (2048, 2048, 2048)]
+FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, cluster_m=2, promote=8),
+             GemmConfig(bn=128, cluster_m=1, promote=4), GemmConfig(bn=128, cluster_m=2, promote=0)]
+
+
+def fp8_rows(args, flush, sms) -> list[dict]:
+    """tmaflow's fp8 GEMM (per-tensor scales) against torch._scaled_mm with and without cuBLAS's
+    fast accumulation, each paired with ours; errors against a float64 product of the
+    dequantised operands on 256 rows."""
+    rows = []
+    for m, n, k in FP8_SHAPES:
+        a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
+        b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)
+        sa, sb = 0.01, 0.02
+        ta, tb = torch.tensor(sa, device="cuda"), torch.tensor(sb, device="cuda")
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        c_ref = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        ref = sa * sb * (a[:256].double() @ b.double().T)
+        peers = {fast: (lambda fast=fast: torch._scaled_mm(a, b.t(), scale_a=ta, scale_b=tb, out=c_ref,
+                                                          out_dtype=torch.bfloat16, use_fast_accum=fast))
+                 for fast in (False, True)}
+        auto = choose_config(m, n, k, sms, "nt", "float8_e4m3fn")
+        configs = [auto] + ([cfg for cfg in FP8_SWEEP if cfg != auto] if args.sweep else [])
+        flop = 2.0 * m * n * k
+        for cfg in configs:
+            run = kernels.gemm.prepare(a, b, c, config=cfg, scale_a=sa, scale_b=sb)
+            c.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            err = rel(c[:256], ref)
+            for fast, peer in peers.items():
+                peer()
+                torch.cuda.synchronize()
+                t, t_peer, ratio = paired_ms(run, peer, flush, args.repeats)
+                row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3", "config": describe(cfg) + f" p{cfg.promote}",
+                       "auto": cfg == auto, "peer": f"_scaled_mm fast_accum={fast}", "tmaflow_ms": t,
+                       "peer_ms": t_peer, "tmaflow_tflops": flop / t / 1e9, "peer_tflops": flop / t_peer / 1e9,
+                       "ratio": ratio, "rel_err_vs_float64": err, "peer_rel_err": rel(c_ref[:256], ref)}
+                rows.append(row)
+                print(f"{row['shape']:>18s} fp8 {row['config']:<40s}{'*' if row['auto'] else ' '} "
+                      f"tmaflow {row['tmaflow_tflops']:7.1f}  {row['peer']:27s} {row['peer_tflops']:7.1f} TFLOP/s  "
+                      f"ratio {ratio:.3f}  err {err:.1e} (peer {row['peer_rel_err']:.1e})", flush=True)
+    return rows
+
+
 def describe(cfg) -> str:
     if isinstance(cfg, SkinnyConfig):
         return (f"skinny rows{cfg.rows} c{cfg.cluster} s{cfg.stages or 'max'} k{cfg.split_k or 'auto'} "
@@ -76,10 +122,18 @@ def main():
     p.add_argument("--only-skinny", action="store_true", help="only shapes with M <= 128")
     p.add_argument("--skinny", action="store_true", help="issue 16's decode shapes (M <= 128) instead")
     p.add_argument("--shape", action="append", default=[], metavar="MxNxK[:nt|nn]", help="these shapes instead")
+    p.add_argument("--fp8", action="store_true", help="the fp8 shapes against torch._scaled_mm instead")
     args = p.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     sms = tf.current_device().sm_count
     rows = []
+    if args.fp8:
+        rows = fp8_rows(args, flush, sms)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": tf.current_device().name, "torch": torch.__version__,
+                           "repeats": args.repeats, "rows": rows}, f, indent=1)
+        return
     shapes = SKINNY if args.skinny else SHAPES + (EXTRA if args.extra else [])
     if args.shape:
         shapes = [(*map(int, text.split(":")[0].split("x")), (text.split(":") + ["nt"])[1]) for text in args.shape]

@@ -1,7 +1,10 @@
-// bf16 GEMM with fp32 accumulation and bf16 out, written with tmaflow's Pipeline,
-// SharedLayout, multicast and wgmma wrappers.
+// bf16 (or fp8 e4m3) GEMM with fp32 accumulation and bf16 out, written with tmaflow's
+// Pipeline, SharedLayout, multicast and wgmma wrappers.
 //   "nt" (B_N_MAJOR 0): C = A * B^T, A is M x K and B is N x K, both K-contiguous.
 //   "nn" (B_N_MAJOR 1): C = A * B,   A is M x K and B is K x N, B N-contiguous.
+//   FP8: A and B are e4m3, "nt" only, C = scale * A * B^T. A k-block is 128 elements (128 B
+//   rows, as bf16's 64). With PROMOTE, every PROMOTE k-blocks the wgmma accumulators are added
+//   into fp32 registers and restarted (fp8 tensor-core accumulation keeps fewer bits).
 //
 // One CTA computes a BM x BN tile with three warpgroups: warpgroup 0 produces (one thread
 // issues TMA, registers given away with setmaxnreg), warpgroups 1 and 2 each own 64 rows and
@@ -37,17 +40,25 @@ namespace L = tmaflow_layout;
 #ifndef SPLIT_K
 #define SPLIT_K 0  // 1: K is split among work items whose fp32 partials meet in `partial`
 #endif
+#ifndef FP8
+#define FP8 0
+#endif
+#ifndef PROMOTE
+#define PROMOTE 0
+#endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
 #endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
-constexpr int BM = 128, BK = 64;
+constexpr int BM = 128, BK = FP8 ? 128 : 64;  // BK elements: 128-byte rows either way
 constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
 constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
 // setmaxnreg split of the 64K registers: 128 x producer + 256 x consumer <= 65536.
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(BN == 128 || BN == 256, "BN is 128 or 256");
 static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
-static_assert(L::ab::a_bytes == BM * BK * 2 && L::ab::b_bytes == BN * BK * 2, "plan does not match BM/BN/BK");
+static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
+static_assert(!FP8 || !B_N_MAJOR, "fp8 wgmma reads both operands K-major: layout nt");
+static_assert(!(FP8 && PROMOTE) || BN == 128, "promotion doubles the accumulators: BN 128");
 
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
 TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
@@ -126,7 +137,11 @@ struct Schedule {
 };
 
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db) {
-#if BN == 256
+#if FP8 && BN == 256
+  wgmma::mma_m64n256k32_e4m3(acc, da, db, 1);
+#elif FP8
+  wgmma::mma_m64n128k32_e4m3(acc, da, db, 1);
+#elif BN == 256
   wgmma::mma_m64n256k16_bf16<B_N_MAJOR>(acc, da, db, 1);
 #else
   wgmma::mma_m64n128k16_bf16<B_N_MAJOR>(acc, da, db, 1);
@@ -200,7 +215,7 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
           const __grid_constant__ CUtensorMap tc, float* partial, uint32_t* counters, int M, int N,
-          int K, int splits, const int* offsets, int groups, CUtensorMap* c_slots) {
+          int K, int splits, const int* offsets, int groups, CUtensorMap* c_slots, float scale) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
@@ -282,6 +297,11 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+#if PROMOTE
+      float total[kAcc];  // the fp32 sum of the promoted k-blocks
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
+#endif
       for (int kb = kb0; kb < kb1; ++kb) {
         pipe.consumer_wait(c);
         const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cw * 64 * 128);
@@ -295,7 +315,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         wgmma::fence_operands(acc);
         wgmma::fence();
 #pragma unroll
-        for (int k = 0; k < BK / 16; ++k) mma(acc, da + 2 * k, db + kStepB * k);
+        for (int k = 0; k < 4; ++k) mma(acc, da + 2 * k, db + kStepB * k);  // 4 k-steps of 32 B
         wgmma::commit_group();
         // Keep this k-block's group in flight; the previous one is done with its stage.
         wgmma::wait_group<1>();
@@ -303,10 +323,25 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp and CTA
         prev = c;
         c.advance();
+#if PROMOTE
+        if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote: the accumulators restart from zero
+          wgmma::wait_group<0>();
+          wgmma::fence_operands(acc);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) {
+            total[i] += acc[i];
+            acc[i] = 0.f;
+          }
+        }
+#endif
       }
       wgmma::wait_group<0>();
       wgmma::fence_operands(acc);
       if (lane == 0) pipe.consumer_release(prev);
+#if PROMOTE
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] += total[i];
+#endif
 
       const int row = wq * 16 + lane / 4;   // and row + 8; the swizzle depends on row % 8
 #if SPLIT_K
@@ -337,8 +372,13 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         for (int jj = 0; jj < EPI_COLS / 8; ++jj) {  // 8-column blocks, fragment as mma.m16n8
           const int j = r * (EPI_COLS / 8) + jj;
           const uint32_t at = (jj / 8) * kBoxBytes + ((jj % 8) ^ (row % 8)) * 16 + (lane % 4) * 4;
-          *reinterpret_cast<uint32_t*>(cbuf + at + row * 128) = bf16x2_bits(acc[4 * j], acc[4 * j + 1]);
-          *reinterpret_cast<uint32_t*>(cbuf + at + (row + 8) * 128) = bf16x2_bits(acc[4 * j + 2], acc[4 * j + 3]);
+#if FP8
+          const float f = scale;  // the operands' scales, applied once to the fp32 sum
+#else
+          constexpr float f = 1.f;
+#endif
+          *reinterpret_cast<uint32_t*>(cbuf + at + row * 128) = bf16x2_bits(f * acc[4 * j], f * acc[4 * j + 1]);
+          *reinterpret_cast<uint32_t*>(cbuf + at + (row + 8) * 128) = bf16x2_bits(f * acc[4 * j + 2], f * acc[4 * j + 3]);
         }
         fence::proxy_async_shared_cta();  // generic-proxy writes visible to the TMA store
         named_barrier::sync(1 + cw, 128);

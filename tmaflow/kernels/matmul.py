@@ -14,6 +14,7 @@ from threading import get_ident
 
 from .. import driver
 from ..device import current_device, current_ordinal, stream_handle
+from ..dtypes import as_dtype
 from ..errors import TmaflowError
 from ..graph import capturing
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
@@ -24,6 +25,8 @@ from .entry import (STATES, cached_state, entry_point, given_output, new_output,
 from .registry import get_kernel
 
 BM, BK = 128, 64
+FP8_BK = 128  # fp8 k-blocks: 128-byte rows, as bf16's 64
+BF16 = as_dtype("bfloat16")  # every product's output
 LAYOUTS = ("nt", "nn")
 _BARRIER_RESERVE = 256  # full/empty mbarriers after the tiles
 
@@ -39,8 +42,11 @@ class GemmConfig:
     stages: int | None = None
     split_k: int = 1         # work items per tile along K; the last sums their fp32 partials
     l2_promotion: str = "256B"  # of the A and B loads: L2 fetches whole 256 B from DRAM
+    promote: int = 4         # fp8: k-blocks (of 128) the tensor cores sum before fp32 registers do (0: never)
 
     def __post_init__(self):
+        if isinstance(self.promote, bool) or not isinstance(self.promote, int) or not 0 <= self.promote <= 64:
+            raise TmaflowError(f"GemmConfig: promote={self.promote!r} must be an int in [0, 64]")
         if self.bn not in (128, 256):
             raise TmaflowError(f"GemmConfig: bn={self.bn} must be 128 or 256")
         if self.cluster_m not in (1, 2):
@@ -99,14 +105,27 @@ def skinny_splits(n: int, k: int, rows: int, sm_count: int) -> int:
     return _nonempty_splits(k_blocks, split)
 
 
-def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> GemmConfig | SkinnyConfig:
-    """The skinny path for "nt" products of at most SKINNY_M rows. Otherwise wide tiles in
-    clusters of two when there are enough of them to fill the GPU, narrow unclustered ones
+def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
+                  dtype: str = "bfloat16") -> GemmConfig | SkinnyConfig:
+    """The skinny path for bf16 "nt" products of at most SKINNY_M rows. Otherwise wide tiles
+    in clusters of two when there are enough of them to fill the GPU, narrow unclustered ones
     otherwise; K split among several CTAs when even narrow tiles leave most SMs idle and K is
-    long."""
+    long. fp8: 128-column tiles (promotion doubles the accumulators)."""
+    if dtype == "float8_e4m3fn":
+        return fp8_config(m, n, k, sm_count)
     if layout == "nt" and m <= SKINNY_M:
         return SkinnyConfig()
     return dense_config(m, n, k, sm_count)
+
+
+def fp8_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
+    """128 x 128 tiles, in clusters of two along M when there are two M tiles, promoted every 4
+    k-blocks of 128; K split as the bf16 tiles are."""
+    tiles, k_blocks = math.ceil(m / BM) * math.ceil(n / 128), math.ceil(k / FP8_BK)
+    split = 1
+    if 2 * tiles <= sm_count and k_blocks >= 8:
+        split = max(1, min(4, sm_count // tiles, k_blocks // 4))
+    return GemmConfig(bn=128, cluster_m=2 if m > BM else 1, split_k=_nonempty_splits(k_blocks, split))
 
 
 def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
@@ -142,18 +161,27 @@ class GemmPlan:
 
 
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
-def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = GemmConfig()) -> GemmPlan:
-    """Specs, shared-memory layout and compile-time defines for an (m x k) @ B product."""
+def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = GemmConfig(),
+              dtype: str = "bfloat16") -> GemmPlan:
+    """Specs, shared-memory layout and compile-time defines for an (m x k) @ B product of
+    bfloat16 or float8_e4m3fn operands."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
-    bn, cm = config.bn, config.cluster_m
+    fp8 = dtype == "float8_e4m3fn"
+    if fp8 and layout != "nt":
+        raise TmaflowError(f"gemm: fp8 operands take layout 'nt' (got {layout!r}): the tensor cores "
+                           "read fp8 K-major only; pass b as (N, K)")
+    if fp8 and config.promote and config.bn != 128:
+        raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=128 (got bn={config.bn}): "
+                           "promotion keeps a second set of accumulators; use promote=0 for bn=256")
+    bn, cm, bk = config.bn, config.cluster_m, FP8_BK if fp8 else BK
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
-    spec_a = TensorMapSpec.tiled("bfloat16", (m, k), (BM, BK), **l2)
+    spec_a = TensorMapSpec.tiled(dtype, (m, k), (BM, bk), **l2)
     if layout == "nt":  # B is n x k: bn rows of 128 B, split in row slices among the cluster
-        spec_b = TensorMapSpec.tiled("bfloat16", (n, k), (bn // cm, BK), **l2)
+        spec_b = TensorMapSpec.tiled(dtype, (n, k), (bn // cm, bk), **l2)
         b_boxes = cm
     else:               # B is k x n: boxes of 64 k-rows x 64 columns (128 B), bn / 64 of them
-        spec_b = TensorMapSpec.tiled("bfloat16", (k, n), (BK, 64), **l2)
+        spec_b = TensorMapSpec.tiled(dtype, (k, n), (BK, 64), **l2)
         b_boxes = bn // 64
     spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (64, 64), swizzle="128B")
     epilogue = Buffer("c", 2 * 64 * config.epi_cols * 2, align=1024)
@@ -163,9 +191,11 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     pipe = Pipeline("ab", stages=stages, tiles={"a": spec_a, "b": (spec_b, b_boxes)}, consumers=8,
                     cluster=(cm, 1, 1), multicast=[None, "x"] if cm > 1 else None)
     smem = SharedLayout([pipe, epilogue])
-    split = _nonempty_splits(math.ceil(k / BK), config.split_k)
+    split = _nonempty_splits(math.ceil(k / bk), config.split_k)
     defines = {"BN": bn, "EPI_COLS": config.epi_cols, "B_N_MAJOR": int(layout == "nn"),
                "CLUSTER_M": cm, "GROUP_M": config.group_m, "SPLIT_K": int(split > 1)}
+    if fp8:
+        defines.update(FP8=1, PROMOTE=config.promote)
     return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split))
 
 
@@ -202,8 +232,10 @@ def _check_operands(A, B, layout: str):
     for name, arr in (("a", A), ("b", B)):
         if arr.ndim != 2:
             raise TmaflowError(f"gemm: {name} must be 2-D (got shape {arr.shape})")
-        if arr.dtype.name != "bfloat16":
-            raise TmaflowError(f"gemm: {name} must be bfloat16 (got {arr.dtype.name})")
+        if arr.dtype.name not in ("bfloat16", "float8_e4m3fn"):
+            raise TmaflowError(f"gemm: {name} must be bfloat16 or float8_e4m3fn (got {arr.dtype.name})")
+    if A.dtype is not B.dtype:
+        raise TmaflowError(f"gemm: a is {A.dtype.name} but b is {B.dtype.name}; both must be one type")
     m, k = A.shape
     if layout == "nt":
         n, kb = B.shape
@@ -222,11 +254,13 @@ def _check_rows(name: str, arr) -> None:
             f"gemm: out has {arr.shape[1]} columns; TMA stores write whole 16-byte chunks, so a "
             "row that is not a multiple of 8 bf16 would spill into the next columns. Use an out "
             "with a multiple of 8 columns and slice the result")
-    if arr.strides[1] != 2 or arr.strides[0] % 16:
+    item = arr.dtype.itemsize
+    if arr.strides[1] != item or arr.strides[0] % 16:
         raise TmaflowError(
             f"gemm: {name} has strides {arr.strides} B; rows must be contiguous and start "
-            "16-byte aligned (TMA row pitch rule: a multiple of 16 B, i.e. 8 bf16). Pad the "
-            "leading dimension to a multiple of 8 or copy to a contiguous array")
+            f"16-byte aligned (TMA row pitch rule: a multiple of 16 B, i.e. {16 // item} "
+            f"{arr.dtype.name}). Pad the leading dimension to a multiple of {16 // item} or copy "
+            "to a contiguous array")
 
 
 def _template(arr, spec: TensorMapSpec, access: str = "load") -> MapTemplate:
@@ -239,11 +273,16 @@ def _template(arr, spec: TensorMapSpec, access: str = "load") -> MapTemplate:
 
 @entry_point
 def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None, stream=None,
-         pdl: bool = False, debug: bool | None = None, trace: bool = False):
+         pdl: bool = False, debug: bool | None = None, trace: bool = False,
+         scale_a: float | None = None, scale_b: float | None = None):
     """C = A @ B^T (``layout="nt"``: A is M x K, B is N x K) or C = A @ B (``"nn"``: B is K x N)
     for bfloat16 tmaflow, torch or cupy arrays; fp32 accumulation, bfloat16 ``out`` (M x N,
     allocated of the caller's kind when None). ``gemm.prepare(...)`` returns the launch ready
-    to repeat."""
+    to repeat.
+
+    fp8: a and b float8_e4m3fn ("nt" only), C = scale_a * scale_b * A @ B^T with per-tensor
+    scales (the dequantisation factors, floats), accumulated in fp32 with the tensor cores'
+    partial sums promoted every ``config.promote`` k-blocks of 128."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
@@ -252,14 +291,15 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         raise TmaflowError(f"gemm: a SkinnyConfig takes layout='nt' (got {layout!r})")
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
+    scale = _scale(A, scale_a, scale_b)
     C = None
     if out is not None:
-        C = given_output("gemm", out, (m, n), A.dtype)
+        C = given_output("gemm", out, (m, n), BF16)
         if C.dtype.name != "bfloat16":
             raise TmaflowError(f"gemm: out must be a ({m}, {n}) bfloat16 array (got {C.shape} {C.dtype.name})")
     if m == 0 or n == 0 or k == 0:
-        return _empty_product(a, A, out, C, (m, n), k, stream)
-    key = ("gemm", A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
+        return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
+    key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
            stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident())
     try:
         st = STATES[key]
@@ -267,18 +307,37 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         c_strides = output_strides(C, (m, n), 2)
         st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
                                                    stream, pdl, debug, trace))
-    result, C = (out, C) if C is not None else new_output(a, A, (m, n), None, stream)
+    result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
     if st.tc is None:  # the skinny kernel writes C through its pointer
         return (st.launcher, (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail),
                 result)
-    return (st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail),
-            result)
+    return (st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail,
+                          scale), result)
 
 
-def _empty_product(a, A, out, C, shape: tuple, k: int, stream):
+def _scale(A, scale_a, scale_b) -> float:
+    """The epilogue's factor: scale_a * scale_b for fp8 operands (each a finite float, 1 when
+    None); bf16 products take none."""
+    if A.dtype.name != "float8_e4m3fn":
+        if scale_a is not None or scale_b is not None:
+            raise TmaflowError("gemm: scale_a / scale_b dequantise fp8 operands; a and b are "
+                               f"{A.dtype.name} (scale the output instead)")
+        return 1.0
+    product = 1.0
+    for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise TmaflowError(f"gemm: {name}={value!r} must be a finite float (a per-tensor "
+                               "dequantisation factor)")
+        product *= float(value)
+    return product
+
+
+def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
     """The launch-free result of a product with no rows, columns or terms: zeros where a sum
     has no terms."""
-    result, C = (out, C) if C is not None else new_output(a, A, shape, None, stream)
+    result, C = (out, C) if C is not None else new_output(a, A, shape, dtype, stream)
     if k == 0 and C.size:
         C.fill_bytes(0)  # an empty sum: C is all zeros
     return None, (), result
@@ -313,10 +372,13 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
-    config = config or choose_config(m, n, k, device.sm_count, layout)
+    dtype = A.dtype.name
+    config = config or choose_config(m, n, k, device.sm_count, layout, dtype)
     if isinstance(config, SkinnyConfig):
+        if dtype != "bfloat16":
+            raise TmaflowError(f"gemm: the skinny path takes bfloat16 operands (got {dtype}); use a GemmConfig")
         return _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace)
-    plan = gemm_plan(m, n, k, layout, config)
+    plan = gemm_plan(m, n, k, layout, config, dtype)
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug,
                       trace=trace)
     cm, split = plan.config.cluster_m, plan.config.split_k
@@ -470,7 +532,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
-                         st.split, offs, g, st.slots), result
+                         st.split, offs, g, st.slots, 1.0), result
 
 
 def _offsets(name: str, offsets, groups: int, rows: int, device):

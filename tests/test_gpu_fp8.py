@@ -1,0 +1,47 @@
+"""The fp8 (e4m3) GEMM against a float64 product of the dequantised operands: tile shapes,
+promotion intervals, split K, ragged edges, skinny M, poisoned outputs, torch tensors."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
+from tmaflow.kernels.matmul import GemmConfig
+from tmaflow.testing import poison, rel_error
+
+pytestmark = pytest.mark.gpu
+
+
+def _operands(rng, m, n, k):
+    a_bits = e4m3_bits(rng.standard_normal((m, k)) * 40)
+    b_bits = e4m3_bits(rng.standard_normal((n, k)) * 40)
+    sa, sb = float(rng.uniform(0.001, 0.01)), float(rng.uniform(0.001, 0.01))
+    ref = sa * sb * (e4m3_to_float32(a_bits).astype(np.float64) @ e4m3_to_float32(b_bits).astype(np.float64).T)
+    return (tf.from_numpy(a_bits, dtype="float8_e4m3fn"), tf.from_numpy(b_bits, dtype="float8_e4m3fn"),
+            sa, sb, ref)
+
+
+@pytest.mark.parametrize("m,n,k", [(256, 256, 256), (1000, 760, 512), (300, 4096, 1040), (16, 4096, 4096),
+                                   (129, 264, 2048)])
+@pytest.mark.parametrize("config", [None, GemmConfig(bn=256, cluster_m=2, promote=0),
+                                    GemmConfig(bn=128, cluster_m=1, promote=1),
+                                    GemmConfig(bn=128, cluster_m=2, split_k=3)],
+                         ids=["auto", "bn256-nopromote", "promote1", "split3"])
+def test_fp8_against_float64(device, rng, m, n, k, config):
+    A, B, sa, sb, ref = _operands(rng, m, n, k)
+    for debug in (True, False):
+        out = poison(tf.empty((m, n), "bfloat16"))
+        kernels.gemm(A, B, out, config=config, scale_a=sa, scale_b=sb, debug=debug)
+        got = bf16_to_float32(out.numpy())
+        assert not np.isnan(got).any()
+        assert rel_error(got, ref) < 1e-2, (m, n, k, config, debug, rel_error(got, ref))
+
+
+def test_fp8_torch_in_bf16_torch_out(device):
+    torch = pytest.importorskip("torch")
+    a = (torch.randn(512, 1024, device="cuda") * 30).to(torch.float8_e4m3fn)
+    b = (torch.randn(768, 1024, device="cuda") * 30).to(torch.float8_e4m3fn)
+    c = kernels.gemm(a, b, scale_a=0.5, scale_b=0.25)
+    assert isinstance(c, torch.Tensor) and c.dtype == torch.bfloat16 and c.shape == (512, 768)
+    ref = 0.125 * (a.double() @ b.double().T)
+    assert (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
