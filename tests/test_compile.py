@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -333,3 +334,27 @@ def test_a_bad_option_is_named():
     with pytest.raises(tf.CompileError, match=r"NVRTC refused the compile options of kernel.cu: "
                                               r"unrecognized option --not-an-option"):
         tf.Kernel("extern \"C\" __global__ void k() {}", "k", options=["--not-an-option"]).cubin
+
+
+def test_ptxas_serializing_wgmma_is_a_warning_naming_the_note():
+    # The accumulator is read while its wgmma may still run: ptxas injects a wait there.
+    src = r'''
+#include <tmaflow.cuh>
+extern "C" __global__ void reads_in_flight(float* out, unsigned long long da, unsigned long long db) {
+  float acc[32];
+  for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+  tmaflow::wgmma::fence();
+  tmaflow::wgmma::mma_m64n64k16_bf16(acc, da, db, 1);
+  tmaflow::wgmma::commit_group();
+  out[threadIdx.x] = acc[0];
+  tmaflow::wgmma::wait_group<0>();
+  for (int i = 0; i < 32; ++i) out[threadIdx.x * 32 + i] += acc[i];
+}
+'''
+    k = tf.Kernel(src, "reads_in_flight")
+    with pytest.warns(tf.TmaflowWarning, match=r"reads_in_flight: ptxas changed the wgmma pipeline.*\(C75\d\d\)"):
+        k.cubin
+    clean = src.replace("  out[threadIdx.x] = acc[0];\n", "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tf.Kernel(clean, "reads_in_flight").cubin

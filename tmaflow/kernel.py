@@ -4,12 +4,13 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import warnings
 from threading import get_ident
 from pathlib import Path
 
 from . import compiler, driver, watchdog
 from .device import Device, _switched, current_device, current_ordinal
-from .errors import LaunchError, TmaflowError
+from .errors import LaunchError, TmaflowError, TmaflowWarning
 from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
 from .params import ArgPacker, Param, param_table
 from .trace import Recorder
@@ -189,9 +190,17 @@ class Kernel:
         if self._program is None:
             with self._lock:
                 if self._program is None:
-                    self._program = compiler.compile_program(
+                    program = compiler.compile_program(
                         self.source, self.name, options=self._compile_options(), arch=self.arch,
                         headers=self._headers(), filename=self.filename)
+                    notes = compiler.wgmma_pipeline_notes(program.log)
+                    if notes:
+                        warnings.warn(TmaflowWarning(
+                            f"{self.name}: ptxas changed the wgmma pipeline, so the tensor cores "
+                            "wait where the source does not: " + "; ".join(notes) + ". Keep "
+                            "accumulators untouched between a wgmma and its wait_group, and "
+                            "choose them at compile time"), stacklevel=3)
+                    self._program = program
         return self._program
 
     @property
