@@ -45,3 +45,29 @@ def test_fp8_torch_in_bf16_torch_out(device):
     assert isinstance(c, torch.Tensor) and c.dtype == torch.bfloat16 and c.shape == (512, 768)
     ref = 0.125 * (a.double() @ b.double().T)
     assert (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
+
+
+def _block_operands(rng, m, n, k):
+    a_bits = e4m3_bits(rng.standard_normal((m, k)) * 40)
+    b_bits = e4m3_bits(rng.standard_normal((n, k)) * 40)
+    kb = -(-k // 128)
+    sa = rng.uniform(0.001, 0.01, (m, kb)).astype(np.float32)
+    sb = rng.uniform(0.001, 0.01, (-(-n // 128), kb)).astype(np.float32)
+    cols = np.arange(k) // 128
+    a = e4m3_to_float32(a_bits).astype(np.float64) * sa[:, cols]
+    b = e4m3_to_float32(b_bits).astype(np.float64) * sb[np.arange(n)[:, None] // 128, cols[None, :]]
+    return (tf.from_numpy(a_bits, dtype="float8_e4m3fn"), tf.from_numpy(b_bits, dtype="float8_e4m3fn"),
+            tf.from_numpy(sa), tf.from_numpy(sb), a @ b.T)
+
+
+@pytest.mark.parametrize("m,n,k", [(300, 264, 1040), (1024, 1024, 2048), (16, 512, 4096)])
+@pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=1, promote=1, split_k=3)],
+                         ids=["auto", "split3"])
+def test_fp8_block_scales_against_float64(device, rng, m, n, k, config):
+    A, B, SA, SB, ref = _block_operands(rng, m, n, k)
+    for debug in (True, False):
+        out = poison(tf.empty((m, n), "bfloat16"))
+        kernels.gemm(A, B, out, config=config, scale_a=SA, scale_b=SB, debug=debug)
+        got = bf16_to_float32(out.numpy())
+        assert not np.isnan(got).any()
+        assert rel_error(got, ref) < 1e-2, (m, n, k, config, debug, rel_error(got, ref))

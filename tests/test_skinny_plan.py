@@ -111,3 +111,18 @@ def test_fp8_scales_are_checked_before_any_launch():
         kernels.gemm(a8, bf)
     with pytest.raises(tf.TmaflowError, match=r"promote=-1 must be an int in \[0, 64\]"):
         GemmConfig(promote=-1)
+
+
+def test_fp8_block_scales_are_checked_by_shape_type_and_config():
+    from tmaflow.memory import DeviceArray
+
+    a8, b8 = DeviceArray(0, (300, 1040), "float8_e4m3fn"), DeviceArray(0, (264, 1040), "float8_e4m3fn")
+    sa, sb = DeviceArray(0, (300, 9), "float32"), DeviceArray(0, (3, 9), "float32")
+    with pytest.raises(tf.TmaflowError, match=r"scale_b must be \(3, 9\) \(128 x 128 blocks of b\), got None"):
+        kernels.gemm(a8, b8, scale_a=sa)
+    with pytest.raises(tf.TmaflowError, match=r"scale_a must be \(300, 9\) \(1 x 128 blocks of a\), got \(300, 8\)"):
+        kernels.gemm(a8, b8, scale_a=DeviceArray(0, (300, 8), "float32"), scale_b=sb)
+    with pytest.raises(tf.TmaflowError, match=r"scale_b must be .* got \(3, 9\) float16"):
+        kernels.gemm(a8, b8, scale_a=sa, scale_b=DeviceArray(0, (3, 9), "float16"))
+    with pytest.raises(tf.TmaflowError, match=r"config must be a GemmConfig with bn=128 and promote=1"):
+        kernels.gemm(a8, b8, scale_a=sa, scale_b=sb, config=GemmConfig(bn=128, promote=4))

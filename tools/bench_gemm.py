@@ -78,7 +78,38 @@ def fp8_rows(args, flush, sms) -> list[dict]:
                 print(f"{row['shape']:>18s} fp8 {row['config']:<40s}{'*' if row['auto'] else ' '} "
                       f"tmaflow {row['tmaflow_tflops']:7.1f}  {row['peer']:27s} {row['peer_tflops']:7.1f} TFLOP/s  "
                       f"ratio {ratio:.3f}  err {err:.1e} (peer {row['peer_rel_err']:.1e})", flush=True)
+        if (m, n, k) in BLOCK_SHAPES:
+            rows.append(block_row(a, b, c, m, n, k, peers[False], flush, args.repeats))
     return rows
+
+
+BLOCK_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384)]
+
+
+def block_row(a, b, c, m, n, k, peer, flush, repeats) -> dict:
+    """DeepSeek-style block scales (1 x 128 for a, 128 x 128 for b): TFLOP/s, with
+    _scaled_mm's per-tensor product timed beside it (cuBLAS has no such block scaling on sm_90
+    in this torch), error against float64 of the dequantised operands on 256 rows."""
+    kb = -(-k // 128)
+    sa = torch.rand(m, kb, device="cuda") * 0.01 + 0.001
+    sb = torch.rand(-(-n // 128), kb, device="cuda") * 0.01 + 0.001
+    run = kernels.gemm.prepare(a, b, c, scale_a=sa, scale_b=sb)
+    c.fill_(float("nan"))
+    run()
+    torch.cuda.synchronize()
+    cols = torch.arange(k, device="cuda") // 128
+    a_deq = a[:256].double() * sa[:256][:, cols].double()
+    b_deq = b.double() * sb[torch.arange(n, device="cuda")[:, None] // 128, cols[None, :]].double()
+    err = rel(c[:256], a_deq @ b_deq.T)
+    t, t_peer, ratio = paired_ms(run, peer, flush, repeats)
+    flop = 2.0 * m * n * k
+    row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3, block scales", "config": "auto (bn128, promoted every block)",
+           "auto": True, "peer": "_scaled_mm per-tensor fast_accum=False", "tmaflow_ms": t, "peer_ms": t_peer,
+           "tmaflow_tflops": flop / t / 1e9, "peer_tflops": flop / t_peer / 1e9, "ratio": ratio,
+           "rel_err_vs_float64": err}
+    print(f"{row['shape']:>18s} fp8 block scales {'':<25s} tmaflow {row['tmaflow_tflops']:7.1f}  "
+          f"(per-tensor _scaled_mm {row['peer_tflops']:7.1f}) TFLOP/s  ratio {ratio:.3f}  err {err:.1e}", flush=True)
+    return row
 
 
 def describe(cfg) -> str:

@@ -5,6 +5,8 @@
 //   FP8: A and B are e4m3, "nt" only, C = scale * A * B^T. A k-block is 128 elements (128 B
 //   rows, as bf16's 64). With PROMOTE, every PROMOTE k-blocks the wgmma accumulators are added
 //   into fp32 registers and restarted (fp8 tensor-core accumulation keeps fewer bits).
+//   BLOCK_SCALES (DeepSeek-style): every k-block is promoted with its scales, 1 x 128 for A
+//   (scales_a[m][kb]) and 128 x 128 for B (scales_b[n / 128][kb]), both fp32 row-major.
 //
 // One CTA computes a BM x BN tile with three warpgroups: warpgroup 0 produces (one thread
 // issues TMA, registers given away with setmaxnreg), warpgroups 1 and 2 each own 64 rows and
@@ -43,6 +45,9 @@ namespace L = tmaflow_layout;
 #ifndef FP8
 #define FP8 0
 #endif
+#ifndef BLOCK_SCALES
+#define BLOCK_SCALES 0
+#endif
 #ifndef PROMOTE
 #define PROMOTE 0
 #endif
@@ -59,6 +64,7 @@ static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
 static_assert(!FP8 || !B_N_MAJOR, "fp8 wgmma reads both operands K-major: layout nt");
 static_assert(!(FP8 && PROMOTE) || BN == 128, "promotion doubles the accumulators: BN 128");
+static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
 
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
 TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
@@ -215,7 +221,8 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
           const __grid_constant__ CUtensorMap tc, float* partial, uint32_t* counters, int M, int N,
-          int K, int splits, const int* offsets, int groups, CUtensorMap* c_slots, float scale) {
+          int K, int splits, const int* offsets, int groups, CUtensorMap* c_slots, float scale,
+          const float* scales_a, const float* scales_b) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
@@ -323,7 +330,21 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp and CTA
         prev = c;
         c.advance();
-#if PROMOTE
+#if BLOCK_SCALES
+        {  // promote with this k-block's scales: rows r and r + 8 of A, the tile's 128 columns of B
+          const int r = it.c_row + cw * 64 + (t / 32) * 16 + lane / 4;
+          const float sb = __ldg(scales_b + size_t(tn) * k_blocks + kb);
+          const float s0 = r < it.row_end ? __ldg(scales_a + size_t(r) * k_blocks + kb) * sb : 0.f;
+          const float s1 = r + 8 < it.row_end ? __ldg(scales_a + size_t(r + 8) * k_blocks + kb) * sb : 0.f;
+          wgmma::wait_group<0>();
+          wgmma::fence_operands(acc);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) {
+            total[i] += acc[i] * ((i & 2) ? s1 : s0);  // acc[4j + 0/1]: row r, acc[4j + 2/3]: row r + 8
+            acc[i] = 0.f;
+          }
+        }
+#elif PROMOTE
         if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote: the accumulators restart from zero
           wgmma::wait_group<0>();
           wgmma::fence_operands(acc);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import threading
 from dataclasses import dataclass, replace
 from threading import get_ident
@@ -291,7 +292,11 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         raise TmaflowError(f"gemm: a SkinnyConfig takes layout='nt' (got {layout!r})")
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
-    scale = _scale(A, scale_a, scale_b)
+    scale, blocks = _scales(A, B, scale_a, scale_b)
+    if blocks is not None and config is not None and (not isinstance(config, GemmConfig) or
+                                                      config.bn != 128 or config.promote != 1):
+        raise TmaflowError(f"gemm: block scales are applied at every k-block: config must be a "
+                           f"GemmConfig with bn=128 and promote=1 (got {config!r})")
     C = None
     if out is not None:
         C = given_output("gemm", out, (m, n), BF16)
@@ -300,38 +305,65 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     if m == 0 or n == 0 or k == 0:
         return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
     key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
-           stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident())
+           stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident(),
+           blocks is not None)
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         c_strides = output_strides(C, (m, n), 2)
         st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
-                                                   stream, pdl, debug, trace))
+                                                   stream, pdl, debug, trace, blocks is not None))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
     if st.tc is None:  # the skinny kernel writes C through its pointer
         return (st.launcher, (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail),
                 result)
     return (st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail,
-                          scale), result)
+                          scale, *(blocks or (0, 0))), result)
 
 
-def _scale(A, scale_a, scale_b) -> float:
-    """The epilogue's factor: scale_a * scale_b for fp8 operands (each a finite float, 1 when
-    None); bf16 products take none."""
+def _scales(A, B, scale_a, scale_b) -> tuple:
+    """(the epilogue's factor, block scales or None). fp8 operands take per-tensor scales
+    (finite floats, 1 when None; their product scales the fp32 sum) or block scales: scale_a
+    an (M, ceil(K/128)) and scale_b a (ceil(N/128), ceil(K/128)) float32 device array, applied
+    at every k-block of 128. bf16 products take none."""
     if A.dtype.name != "float8_e4m3fn":
         if scale_a is not None or scale_b is not None:
             raise TmaflowError("gemm: scale_a / scale_b dequantise fp8 operands; a and b are "
                                f"{A.dtype.name} (scale the output instead)")
-        return 1.0
+        return 1.0, None
+    for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if value is not None and (isinstance(value, bool) or not (isinstance(value, numbers.Real) or _is_array(value))):
+            raise TmaflowError(f"gemm: {name}={value!r} must be a finite float (a per-tensor "
+                               "dequantisation factor) or a float32 device array of block scales")
+    if _is_array(scale_a) or _is_array(scale_b):
+        m, k = A.shape
+        n, kb = B.shape[0], -(-k // FP8_BK)
+        views = []
+        for name, value, shape, what in (("scale_a", scale_a, (m, kb), "1 x 128 blocks of a"),
+                                         ("scale_b", scale_b, (-(-n // 128), kb), "128 x 128 blocks of b")):
+            arr = as_array(value) if value is not None else None
+            if arr is None or arr.shape != shape or arr.dtype.name != "float32" or not arr.is_contiguous:
+                got = "None" if arr is None else f"{arr.shape} {arr.dtype.name}"
+                raise TmaflowError(f"gemm: block scales need both scale_a and scale_b as contiguous "
+                                   f"float32 device arrays; {name} must be {shape} ({what}), got {got}")
+            if not arr.alive:
+                raise TmaflowError(f"gemm: {name} {arr!r} was freed")
+            views.append(arr)
+        return 1.0, tuple(views)
     product = 1.0
     for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if not math.isfinite(value):
             raise TmaflowError(f"gemm: {name}={value!r} must be a finite float (a per-tensor "
-                               "dequantisation factor)")
+                               "dequantisation factor) or a float32 device array of block scales")
         product *= float(value)
-    return product
+    return product, None
+
+
+def _is_array(value) -> bool:
+    return isinstance(value, DeviceArray) or hasattr(value, "__cuda_array_interface__") or \
+        hasattr(value, "data_ptr")
 
 
 def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
@@ -366,7 +398,7 @@ class _GemmState:
 
 
 def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
-                trace=False) -> _GemmState:
+                trace=False, block_scales=False) -> _GemmState:
     on_current_device("gemm", A)
     C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
@@ -374,13 +406,15 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     device = current_device()
     dtype = A.dtype.name
     config = config or choose_config(m, n, k, device.sm_count, layout, dtype)
+    if block_scales:
+        config = replace(config, bn=128, promote=1)
     if isinstance(config, SkinnyConfig):
         if dtype != "bfloat16":
             raise TmaflowError(f"gemm: the skinny path takes bfloat16 operands (got {dtype}); use a GemmConfig")
         return _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace)
     plan = gemm_plan(m, n, k, layout, config, dtype)
-    kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug,
-                      trace=trace)
+    defines = dict(plan.defines, BLOCK_SCALES=1) if block_scales else plan.defines
+    kern = get_kernel("gemm_bf16", plan.layout, defines=defines, file="gemm", debug=debug, trace=trace)
     cm, split = plan.config.cluster_m, plan.config.split_k
     # (cm M tiles, N tile) groups: one cluster's work item per K split
     tile_groups = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)
@@ -532,7 +566,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
-                         st.split, offs, g, st.slots, 1.0), result
+                         st.split, offs, g, st.slots, 1.0, 0, 0), result
 
 
 def _offsets(name: str, offsets, groups: int, rows: int, device):
