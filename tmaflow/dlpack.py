@@ -63,6 +63,9 @@ def _capsule_destructor(capsule_ptr):
 
 
 def _dl_dtype(dtype: DType) -> DLDataType:
+    if dtype.name.startswith("float8"):
+        raise TmaflowError(f"{dtype.name} arrays are not exported through DLPack (its fp8 type "
+                           "codes are not settled); view the bytes as uint8 or pass the array itself")
     if dtype.name == "bfloat16":
         code = 4
     elif dtype.name == "bool":

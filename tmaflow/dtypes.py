@@ -56,6 +56,8 @@ _TABLE = [
     DType("bool", 1, 0, False, "bool"),
 ]
 BY_NAME = {d.name: d for d in _TABLE}
+BY_CODE = {d.tma_code: d.name for d in reversed(_TABLE[:16])}  # TMA's own name of each enum value
+TMA_FLOAT_CODES = frozenset(d.tma_code for d in _TABLE[:16] if d.is_float)  # NaN fill allowed
 _ALIASES = {
     "bf16": "bfloat16", "fp16": "float16", "half": "float16", "f16": "float16",
     "fp32": "float32", "f32": "float32", "float": "float32", "single": "float32",

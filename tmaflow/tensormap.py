@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 
 from . import driver
-from .dtypes import DType, as_dtype
+from .dtypes import BY_CODE, TMA_FLOAT_CODES, DType, as_dtype
 from .errors import TensorMapError, TmaflowWarning
 from .memory import DeviceArray
 
@@ -260,8 +260,10 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
     if interleave == "32B" and swizzle != "32B":
         raise TensorMapError(f"interleave='32B' requires swizzle='32B' (got swizzle={swizzle!r}); "
                              "the driver accepts it but the copy is undefined")
-    if oob == "nan" and not dt.is_float:
-        raise TensorMapError(f"oob_fill='nan' needs a floating-point dtype; {dt.name} is not")
+    if oob == "nan" and dt.tma_code not in TMA_FLOAT_CODES:
+        moved = f" (TMA moves it as {BY_CODE[dt.tma_code]})" if dt.is_float else ""
+        raise TensorMapError(f"oob_fill='nan' needs a floating-point dtype TMA knows; {dt.name} "
+                             f"is not{moved}")
     for i, n in enumerate(shape):
         if not 1 <= n <= MAX_DIM:
             raise TensorMapError(f"shape[{i}]={n} must be in [1, 2^32]")
