@@ -350,7 +350,7 @@ class ArgPacker:
     def native_fields(self, args: tuple):
         """``((kind, offset, size, type, live), ...)`` for a C plan (``tmaflow.native``) of
         these argument types, mirroring ``plan_source``; None where some argument is outside
-        what a plan writes (numpy scalars, half floats, ints for float parameters' siblings):
+        what a plan writes (numpy scalars, 2-byte floats, a float for an integer parameter):
         those take the generated Python path."""
         from .memory import arg_fast_form
         from .native import KINDS

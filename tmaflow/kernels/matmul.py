@@ -283,7 +283,10 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
 
     fp8: a and b float8_e4m3fn ("nt" only), C = scale_a * scale_b * A @ B^T with per-tensor
     scales (the dequantisation factors, floats), accumulated in fp32 with the tensor cores'
-    partial sums promoted every ``config.promote`` k-blocks of 128."""
+    partial sums promoted every ``config.promote`` k-blocks of 128. Block scales instead:
+    scale_a an (M, ceil(K/128)) and scale_b an (ceil(N/128), ceil(K/128)) float32 device
+    array, applied as each k-block is promoted (DeepSeek's 1 x 128 / 128 x 128 scaling).
+    bf16 products on "nt" with M <= 128 take the skinny path unless a GemmConfig is given."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
