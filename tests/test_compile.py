@@ -358,3 +358,14 @@ extern "C" __global__ void reads_in_flight(float* out, unsigned long long da, un
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         tf.Kernel(clean, "reads_in_flight").cubin
+
+
+def test_wgmma_pipeline_notes_of_both_ptxas_generations():
+    log = ("ptxas info    : (C7517) warpgroup.wait is injected in around line 82 by compiler to allow "
+           "use of registers defined by GMMA in function 'k'\n"
+           "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+           "serialized due to non wgmma instructions reading accumulator registers\n"
+           "ptxas info    : Used 58 registers, used 0 barriers\n")
+    notes = tf.compiler.wgmma_pipeline_notes(log)
+    assert [n[:7] for n in notes] == ["(C7517)", "(C7514)"] and "warpgroup.wait is injected" in notes[0]
+    assert tf.compiler.wgmma_pipeline_notes("ptxas info    : Used 58 registers\n") == []

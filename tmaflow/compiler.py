@@ -143,12 +143,13 @@ _SMEM_RE = re.compile(r"(\d+) bytes smem")
 _CMEM_RE = re.compile(r"(\d+) bytes cmem\[0\]")
 
 
-_WGMMA_NOTES = re.compile(r"^ptxas info\s*:\s*\((C75\d\d)\)\s*(.*wgmma.*)$", re.MULTILINE)
+# CUDA 13 says "wgmma.wait_group is injected", CUDA 12 "warpgroup.wait is injected".
+_WGMMA_NOTES = re.compile(r"^ptxas info\s*:\s*\((C75\d\d)\)\s*(.*(?:wgmma|warpgroup|GMMA).*)$", re.MULTILINE)
 
 
 def wgmma_pipeline_notes(ptxas_log: str) -> list[str]:
     """ptxas's notes that it serialized wgmma or injected waits the source did not ask for
-    (C75xx "Potential Performance Loss", "wgmma.wait_group is injected"): the tensor cores
+    (C75xx "Potential Performance Loss", "wait ... is injected"): the tensor cores
     then wait for each MMA, typically because code reads or writes an accumulator while its
     wgmma may still be in flight, or accumulators are chosen at run time."""
     return [f"({code}) {text.strip()}" for code, text in _WGMMA_NOTES.findall(ptxas_log)]
