@@ -60,6 +60,27 @@ typedef struct {
 static PyObject *s_alloc, *s_live, *s_ptr, *s_bytes, *s_data, *s_device_id, *s_get_device,
     *s_data_ptr, *s_dispatch, *s_checked;
 
+/* Write a new reference's value as 8 bytes at `at` (the reference is released): 1, or -1
+ * with an exception set (NULL in, not an int, out of range). */
+static int put_u64(char *at, PyObject *obj) {
+    if (obj == NULL) return -1;
+    unsigned long long value = PyLong_AsUnsignedLongLong(obj);
+    Py_DECREF(obj);
+    if (value == (unsigned long long)-1 && PyErr_Occurred()) return -1;
+    memcpy(at, &value, 8);
+    return 1;
+}
+
+/* Whether a new reference to a device ordinal is the plan's (the reference is released): 1, 0,
+ * or -1 with an exception set. */
+static int on_device(const Plan *plan, PyObject *ordinal) {
+    if (ordinal == NULL) return -1;
+    long value = PyLong_AsLong(ordinal);
+    Py_DECREF(ordinal);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    return value == plan->ordinal_value;
+}
+
 /* 1: written; 0: a check failed (no exception); -1: an exception is set */
 static int write_field(const Plan *plan, const Field *f, PyObject *arg) {
     char *at = plan->buffer + f->offset;
@@ -90,55 +111,19 @@ static int write_field(const Plan *plan, const Field *f, PyObject *arg) {
             Py_DECREF(raw);
             return 1;
         }
-        PyObject *ptr = PyObject_GetAttr(arg, s_ptr);
-        if (ptr == NULL) return -1;
-        unsigned long long value = PyLong_AsUnsignedLongLong(ptr);
-        Py_DECREF(ptr);
-        if (value == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-        memcpy(at, &value, 8);
-        return 1;
+        return put_u64(at, PyObject_GetAttr(arg, s_ptr));
     }
     case TORCH: {
-        PyObject *device = PyObject_CallMethodNoArgs(arg, s_get_device);
-        if (device == NULL) return -1;
-        long ordinal = PyLong_AsLong(device);
-        Py_DECREF(device);
-        if (ordinal == -1 && PyErr_Occurred()) return -1;
-        if (ordinal != plan->ordinal_value) return 0;
-        PyObject *ptr = PyObject_CallMethodNoArgs(arg, s_data_ptr);
-        if (ptr == NULL) return -1;
-        unsigned long long value = PyLong_AsUnsignedLongLong(ptr);
-        Py_DECREF(ptr);
-        if (value == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-        memcpy(at, &value, 8);
-        return 1;
+        int ok = on_device(plan, PyObject_CallMethodNoArgs(arg, s_get_device));
+        return ok < 1 ? ok : put_u64(at, PyObject_CallMethodNoArgs(arg, s_data_ptr));
     }
     case CUPY: {
         PyObject *data = PyObject_GetAttr(arg, s_data);
         if (data == NULL) return -1;
-        PyObject *device = PyObject_GetAttr(data, s_device_id);
-        if (device == NULL) {
-            Py_DECREF(data);
-            return -1;
-        }
-        long ordinal = PyLong_AsLong(device);
-        Py_DECREF(device);
-        if (ordinal == -1 && PyErr_Occurred()) {
-            Py_DECREF(data);
-            return -1;
-        }
-        if (ordinal != plan->ordinal_value) {
-            Py_DECREF(data);
-            return 0;
-        }
-        PyObject *ptr = PyObject_GetAttr(data, s_ptr);
+        int ok = on_device(plan, PyObject_GetAttr(data, s_device_id));
+        if (ok == 1) ok = put_u64(at, PyObject_GetAttr(data, s_ptr));
         Py_DECREF(data);
-        if (ptr == NULL) return -1;
-        unsigned long long value = PyLong_AsUnsignedLongLong(ptr);
-        Py_DECREF(ptr);
-        if (value == (unsigned long long)-1 && PyErr_Occurred()) return -1;
-        memcpy(at, &value, 8);
-        return 1;
+        return ok;
     }
     case SIGNED: {
         int overflow = 0;
