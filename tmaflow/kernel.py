@@ -197,9 +197,10 @@ class Kernel:
                     if notes:
                         warnings.warn(TmaflowWarning(
                             f"{self.name}: ptxas changed the wgmma pipeline, so the tensor cores "
-                            "wait where the source does not: " + "; ".join(notes) + ". Keep "
-                            "accumulators untouched between a wgmma and its wait_group, and "
-                            "choose them at compile time"), stacklevel=3)
+                            "wait where the source does not: " + "; ".join(notes) + ". Write no "
+                            "register a wgmma reads or accumulates between wgmma::fence() and "
+                            "its wait_group (convert register operands first), and choose "
+                            "accumulators at compile time"), stacklevel=3)
                     self._program = program
         return self._program
 

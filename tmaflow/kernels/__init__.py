@@ -15,10 +15,13 @@ _EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "a
 _MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in matmul.py: a module named gemm would shadow the function
 
 
+_ATTENTION = ("attention",)
+
+
 def __getattr__(name):  # the example entry points are imported on first use
-    if name not in _EXAMPLES + _MATMUL:
+    if name not in _EXAMPLES + _MATMUL + _ATTENTION:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    module = "matmul" if name in _MATMUL else "examples"
+    module = "matmul" if name in _MATMUL else "attention_entry" if name in _ATTENTION else "examples"
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)

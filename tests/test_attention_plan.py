@@ -1,0 +1,36 @@
+"""kernels.attention's argument checks and plan (no GPU)."""
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.kernels.attention_entry import attention_plan
+from tmaflow.layout import HOPPER_SMEM_LIMIT
+from tmaflow.memory import DeviceArray
+
+
+def arr(shape, dtype="bfloat16", strides=None):
+    return DeviceArray(0x10000, shape, dtype, strides)
+
+
+@pytest.mark.parametrize("q,k,v,kw,match", [
+    (arr((2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"q must be 4-D"),
+    (arr((1, 2, 64, 128), "float16"), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"q must be bfloat16 \(got float16\)"),
+    (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 65, 128)), {}, r"k \(1, 2, 64, 128\) and v \(1, 2, 65, 128\)"),
+    (arr((1, 3, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"3 query heads must be a multiple of the 2"),
+    (arr((1, 2, 64, 96)), arr((1, 2, 64, 96)), arr((1, 2, 64, 96)), {}, r"head_dim=96 is not supported"),
+    (arr((1, 2, 64, 128)), arr((1, 2, 0, 128)), arr((1, 2, 0, 128)), {}, r"k and v have no keys"),
+    (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {"scale": float("inf")}, r"scale=inf must be a finite float"),
+    (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {"causal": 1}, r"causal=1 must be a bool"),
+    (arr((1, 2, 64, 64), strides=(16384 * 2, 8192 * 2, 128, 2)), arr((1, 2, 64, 64)), arr((1, 2, 64, 64)), {},
+     r"q must be contiguous"),
+])
+def test_attention_refuses_bad_arguments_by_name(q, k, v, kw, match):
+    with pytest.raises(tf.TmaflowError, match=match):
+        kernels.attention(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_plan_fits_shared_memory_with_several_stages(d):
+    spec_q, spec_kv, layout = attention_plan(d)
+    assert layout.total_bytes <= HOPPER_SMEM_LIMIT and spec_kv.box == (1, 128, 64)
+    assert layout.items[1].stages >= 3

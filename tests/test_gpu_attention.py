@@ -1,0 +1,69 @@
+"""kernels.attention against a float64 reference: head dims 64 and 128, causal and not, ragged
+sequences, more keys than queries, grouped-query heads, poisoned outputs, the log-sum-exp."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.testing import poison, rel_error
+
+pytestmark = pytest.mark.gpu
+
+
+def _reference(q, k, v, causal, scale):
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if causal:
+        s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    total = p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p / total, v), (m + np.log(total))[..., 0]
+
+
+def _bf16(rng, shape):
+    bits = bf16_bits(rng.standard_normal(shape))
+    return tf.from_numpy(bits, dtype="bfloat16"), bf16_to_float32(bits).astype(np.float64)
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,skv", [(1, 2, 2, 128, 128), (2, 4, 2, 300, 300), (1, 2, 1, 77, 513),
+                                             (1, 1, 1, 1, 1000), (2, 2, 2, 640, 640)])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_against_float64(device, rng, b, hq, hkv, sq, skv, d, causal):
+    q, qf = _bf16(rng, (b, hq, sq, d))
+    k, kf = _bf16(rng, (b, hkv, skv, d))
+    v, vf = _bf16(rng, (b, hkv, skv, d))
+    scale = 1 / np.sqrt(d)
+    ref, ref_lse = _reference(qf, kf, vf, causal, scale)
+    for debug in (True, False):
+        out = poison(tf.empty((b, hq, sq, d), "bfloat16"))
+        _, lse = kernels.attention(q, k, v, out, causal=causal, return_lse=True, debug=debug)
+        got = bf16_to_float32(out.numpy())
+        assert not np.isnan(got).any(), (debug, causal)
+        assert rel_error(got, ref) < 1e-2, (b, hq, hkv, sq, skv, d, causal, debug, rel_error(got, ref))
+        np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+def test_attention_scale_and_allocated_output(device, rng):
+    q, qf = _bf16(rng, (1, 2, 200, 64))
+    k, kf = _bf16(rng, (1, 2, 333, 64))
+    v, vf = _bf16(rng, (1, 2, 333, 64))
+    out = kernels.attention(q, k, v, scale=0.3)
+    ref, _ = _reference(qf, kf, vf, False, 0.3)
+    assert rel_error(bf16_to_float32(out.numpy()), ref) < 1e-2
+
+
+def test_attention_matches_torch_sdpa(device):
+    torch = pytest.importorskip("torch")
+    q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 2, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    for causal in (False, True):
+        out = kernels.attention(q, k, v, causal=causal)
+        assert isinstance(out, torch.Tensor) and out.shape == q.shape
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
+                                                               enable_gqa=True)
+        assert (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item() < 1e-2

@@ -1,0 +1,212 @@
+// Attention forward, O = softmax(scale * Q K^T) V, bf16 in and out, fp32 softmax and sums,
+// written with tmaflow's Pipeline, TMA and wgmma wrappers (the FlashAttention algorithm on
+// Hopper's asynchronous units).
+//
+// A CTA owns 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q once, then K and V
+// tiles of 128 keys through a multi-stage pipeline), warpgroups 1 and 2 each own 64 query rows.
+// Per key tile a consumer computes S = Q K^T with wgmma (Q and K 128B-swizzled in shared memory,
+// K-major), updates the running row maxima and sums in registers, rescales its O accumulators,
+// and adds P V with wgmma taking P straight from registers (the S accumulator fragment,
+// converted to bf16, is the A fragment) and V from shared memory (N-major: head dim
+// contiguous). Maps are 3-D (batch x heads, sequence, head dim), so loads past a head's
+// sequence read zeros, never the next head's rows; such keys are masked to -inf.
+//   CAUSAL: key j is seen by query i when j <= i (top-left aligned, as torch's is_causal);
+//   key tiles past a CTA's last row are skipped.
+//   Grouped-query attention: query head h reads key/value head h / group.
+#include <cuda_bf16.h>
+#include <tmaflow.cuh>
+#include "tmaflow_layout.cuh"
+using namespace tmaflow;
+namespace L = tmaflow_layout;
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+constexpr int BM = 128, BN = 128, D = HEAD_DIM, kBoxes = D / 64;
+constexpr int kS = BN / 2;  // S accumulators per thread: 64 x BN / 128
+constexpr int kO = D / 2;   // O accumulators per thread: 64 x D / 128
+constexpr uint32_t kBoxBytes = 128 * 128;  // a (1, 128, 64) box: 128 rows of 128 B
+constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
+static_assert(L::kv::k_boxes == kBoxes && L::kv::k_bytes == BN * D * 2, "plan does not match HEAD_DIM");
+
+TMAFLOW_DEVICE void mma_pv(float (&o)[kO], const uint32_t (&a)[4], uint64_t dv) {
+#if HEAD_DIM == 64
+  wgmma::mma_m64n64k16_bf16_rs<1>(o, a, dv, 1);
+#else
+  wgmma::mma_m64n128k16_bf16_rs<1>(o, a, dv, 1);
+#endif
+}
+
+TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
+
+TMAFLOW_DEVICE uint32_t bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+TMAFLOW_DEVICE float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+TMAFLOW_DEVICE float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Key tiles a CTA whose first query row is m0 reads.
+TMAFLOW_DEVICE int key_tiles(int m0, int seq_q, int seq_kv) {
+  int tiles = (seq_kv + BN - 1) / BN;
+#if CAUSAL
+  tiles = min(tiles, (min(m0 + BM, seq_q) - 1) / BN + 1);
+#endif
+  return tiles;
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+              const __grid_constant__ CUtensorMap tv, __nv_bfloat16* out, float* lse, int seq_q,
+              int seq_kv, int heads, int group, float scale_log2) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  L::Smem S(smem);
+  auto qp = S.qp();
+  auto kv = S.kv();
+  using QCursor = decltype(qp)::Cursor;
+  using Cursor = decltype(kv)::Cursor;
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  const int m0 = blockIdx.x * BM, bh = blockIdx.y;
+  const int kvh = (bh / heads) * (heads / group) + (bh % heads) / group;
+  const int tiles = key_tiles(m0, seq_q, seq_kv);
+  if (threadIdx.x == 0) {
+    tma::prefetch_descriptor(&tq);
+    tma::prefetch_descriptor(&tk);
+    tma::prefetch_descriptor(&tv);
+    qp.init();
+    kv.init();
+  }
+  griddep::wait();
+  griddep::launch_dependents();
+  __syncthreads();
+
+  if (wg == 0) {
+    warp::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      QCursor cq;
+      qp.producer_acquire(cq);
+      qp.producer_commit(cq);
+#pragma unroll
+      for (int box = 0; box < kBoxes; ++box)
+        tma::load(S.qp_q(0, box), &tq, qp.barrier(cq), box * 64, m0, bh);
+      Cursor c;
+      for (int j = 0; j < tiles; ++j, c.advance()) {
+        kv.producer_acquire(c);
+        kv.producer_commit(c);
+#pragma unroll
+        for (int box = 0; box < kBoxes; ++box) {
+          tma::load(S.kv_k(c.stage, box), &tk, kv.barrier(c), box * 64, j * BN, kvh);
+          tma::load(S.kv_v(c.stage, box), &tv, kv.barrier(c), box * 64, j * BN, kvh);
+        }
+      }
+    }
+    return;
+  }
+  warp::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1, wq = (threadIdx.x % 128) / 32;
+  const int row0 = m0 + cw * 64 + wq * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const int col = 2 * (lane % 4);                      // and col + 1, in every 8-column chunk
+  float o[kO];
+#pragma unroll
+  for (int i = 0; i < kO; ++i) o[i] = 0.f;
+  float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};  // log2 domain; l per thread
+  QCursor cq;
+  qp.consumer_wait(cq);
+  Cursor c;
+  for (int j = 0; j < tiles; ++j, c.advance()) {
+    kv.consumer_wait(c);
+    float s[kS];
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {  // 16 head-dim columns a step: 32 B into a 128 B box row
+      const int box = ks / 4;
+      const uint64_t dq = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(0, box)) + cw * 64 * 128);
+      const uint64_t dk = wgmma::desc_k_major_sw128(S.kv_k(c.stage, box));
+      wgmma::mma_m64n128k16_bf16<0>(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
+    }
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(s);
+
+    // Online softmax: scores in the log2 domain, keys past the sequence (or the diagonal) at -inf.
+    float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+    for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = j * BN + 8 * jj + col + (e & 1);
+        bool masked = key >= seq_kv;
+#if CAUSAL
+        masked = masked || key > row0 + 8 * (e >> 1);
+#endif
+        float& v = s[4 * jj + e];
+        v = masked ? neg_inf() : v * scale_log2;
+        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+      }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float m_new = fmaxf(m_run[h], quad_max(mx[h]));
+      base[h] = m_new == neg_inf() ? 0.f : m_new;  // a row with every key masked so far: p = 0
+      alpha[h] = exp2f(m_run[h] - base[h]);
+      m_run[h] = m_new;
+      l_run[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int i = 0; i < kS; ++i) {
+      const int h = (i >> 1) & 1;
+      s[i] = exp2f(s[i] - base[h]);
+      l_run[h] += s[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
+
+    // O += P V: the S fragment of columns 16 kk .. 16 kk + 15 is the A fragment of k-step kk.
+    // All of P is converted before the first wgmma: registers a wgmma reads must not be written
+    // between the fence and the wait (ptxas would inject a warpgroup.arrive before each).
+    uint32_t p[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) p[kk][r] = bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    const uint64_t dv = wgmma::desc_mn_major_sw128(S.kv_v(c.stage, 0), kBoxBytes);
+    wgmma::fence_operands(o);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) mma_pv(o, p[kk], dv + kk * (2048 >> 4));  // 16 keys of 128 B rows a step
+    wgmma::commit_group();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(o);
+    if (lane == 0) kv.consumer_release(c);
+  }
+
+  // O / l, clipped at the sequence; the log-sum-exp (natural log of sum exp(scale * s)).
+  const int bh_row = bh * seq_q;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    const float l = quad_sum(l_run[h]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    if (row < seq_q) {
+      __nv_bfloat16* dst = out + size_t(bh_row + row) * D + col;
+#pragma unroll
+      for (int jj = 0; jj < D / 8; ++jj)
+        *reinterpret_cast<uint32_t*>(dst + 8 * jj) = bf16x2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+      if (lse != nullptr && lane % 4 == 0)
+        lse[bh_row + row] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
+    }
+  }
+}

@@ -1,0 +1,130 @@
+"""Attention forward written with tmaflow (``attention.cu``): the plan (3-D tensor maps of Q, K
+and V, a one-stage pipeline for Q and a multi-stage one for K and V tiles) and the entry point
+``kernels.attention``."""
+from __future__ import annotations
+
+import functools
+import math
+from threading import get_ident
+
+from ..device import current_ordinal
+from ..dtypes import as_dtype
+from ..errors import TmaflowError
+from ..layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
+from ..memory import as_array
+from ..tensormap import MapTemplate, TensorMapSpec
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
+                    on_current_device, stream_key)
+from .registry import get_kernel
+
+BM = BN = 128             # query rows per CTA, keys per tile
+HEAD_DIMS = (64, 128)
+_BARRIER_RESERVE = 256
+
+
+@functools.lru_cache(maxsize=16)
+def attention_plan(head_dim: int, stages: int | None = None) -> tuple:
+    """(Q box spec, K/V box spec, shared layout) for a head dimension; the shapes in the specs
+    are placeholders (the layout needs only box bytes; calls bind maps of the real shapes)."""
+    if head_dim not in HEAD_DIMS:
+        raise TmaflowError(f"attention: head dim {head_dim} is not supported; use one of {HEAD_DIMS}")
+    box = {"swizzle": "128B"}
+    spec_q = TensorMapSpec.tiled("bfloat16", (1, BM, head_dim), (1, BM, 64), **box)
+    spec_kv = TensorMapSpec.tiled("bfloat16", (1, BN, head_dim), (1, BN, 64), **box)
+    boxes = head_dim // 64
+    q_bytes = boxes * spec_q.smem_bytes
+    stage = 2 * boxes * spec_kv.smem_bytes
+    stages = stages or min(4, (HOPPER_SMEM_LIMIT - q_bytes - _BARRIER_RESERVE) // stage)
+    layout = SharedLayout([Pipeline("qp", stages=1, tiles={"q": (spec_q, boxes)}, consumers=8),
+                           Pipeline("kv", stages=stages, tiles={"k": (spec_kv, boxes), "v": (spec_kv, boxes)},
+                                    consumers=8)])
+    return spec_q, spec_kv, layout
+
+
+def _check(q, k, v):
+    for name, arr in (("q", q), ("k", k), ("v", v)):
+        if arr.ndim != 4:
+            raise TmaflowError(f"attention: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
+        if arr.dtype.name != "bfloat16":
+            raise TmaflowError(f"attention: {name} must be bfloat16 (got {arr.dtype.name})")
+        if arr.strides != contiguous_strides(arr.shape, 2):
+            raise TmaflowError(f"attention: {name} must be contiguous (batch, heads, seq, head_dim); "
+                               f"strides {arr.strides} B")
+    b, hq, sq, d = q.shape
+    if k.shape != v.shape:
+        raise TmaflowError(f"attention: k {k.shape} and v {v.shape} must have one shape")
+    bk, hkv, skv, dk = k.shape
+    if bk != b or dk != d:
+        raise TmaflowError(f"attention: q is {q.shape} but k is {k.shape}; batch and head_dim must match")
+    if hkv == 0 or hq % hkv:
+        raise TmaflowError(f"attention: {hq} query heads must be a multiple of the {hkv} key/value heads "
+                           "(grouped-query attention)")
+    if d not in HEAD_DIMS:
+        raise TmaflowError(f"attention: head_dim={d} is not supported; use one of {HEAD_DIMS}")
+    if skv == 0 and sq > 0:
+        raise TmaflowError("attention: k and v have no keys (seq 0); softmax over nothing is undefined")
+    return b, hq, sq, d, hkv, skv
+
+
+@entry_point
+def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = None,
+              return_lse: bool = False, stream=None, pdl: bool = False, debug: bool | None = None,
+              trace: bool = False):
+    """softmax(scale * q @ k^T) @ v for bfloat16 (batch, heads, seq, head_dim) arrays, head_dim 64
+    or 128; k and v may have fewer heads (grouped-query attention: query head h reads key/value
+    head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as torch's
+    ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind), and
+    with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
+    if not isinstance(causal, bool):
+        raise TmaflowError(f"attention: causal={causal!r} must be a bool")
+    Q, K, V = as_array(q), as_array(k), as_array(v)
+    b, hq, sq, d, hkv, skv = _check(Q, K, V)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TmaflowError(f"attention: scale={scale!r} must be a finite float")
+    O = None
+    if out is not None:
+        O = given_output("attention", out, Q.shape, Q.dtype)
+        if O.strides != contiguous_strides(Q.shape, 2):
+            raise TmaflowError(f"attention: out must be contiguous (strides {O.strides} B)")
+    key = ("attention", Q.shape, K.shape, causal, stream_key(stream), pdl, Q.device, current_ordinal(),
+           debug, trace, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        st = cached_state(key, lambda: _state(Q, K, causal, stream, pdl, debug, trace))
+    result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
+    lse_out, lse = (None, 0)
+    if return_lse:
+        lse_out, lse = new_output(q, Q, (b, hq, sq), as_dtype("float32"), stream)
+    ret = (result, lse_out) if return_lse else result
+    if b * hq * sq == 0:
+        return None, (), ret
+    args = (st.tq.bind(Q._as((b * hq, sq, d), contiguous_strides((b * hq, sq, d), 2))),
+            st.tk.bind(K._as((b * hkv, skv, d), contiguous_strides((b * hkv, skv, d), 2))),
+            st.tv.bind(V._as((b * hkv, skv, d), contiguous_strides((b * hkv, skv, d), 2))),
+            O, lse, sq, skv, hq, hq // hkv, float(scale) * math.log2(math.e))
+    return st.launcher, args, ret
+
+
+class _State:
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+def _state(Q, K, causal, stream, pdl, debug, trace) -> _State:
+    on_current_device("attention", Q)
+    b, hq, sq, d = Q.shape
+    hkv, skv = K.shape[1], K.shape[2]
+    spec_q, spec_kv, layout = attention_plan(d)
+    kern = get_kernel("attention_fwd", layout, defines={"HEAD_DIM": d, "CAUSAL": int(causal)},
+                      file="attention", debug=debug, trace=trace)
+    launcher = kern.launcher(grid=(max(1, math.ceil(sq / BM)), max(1, b * hq)), block=384, stream=stream,
+                             pdl=pdl)
+
+    def template(rows, seq, spec):
+        return MapTemplate(TensorMapSpec.tiled("bfloat16", (max(rows, 1), max(seq, 1), d), spec.box,
+                                               swizzle="128B"))
+    return _State(launcher=launcher, tq=template(b * hq, sq, spec_q), tk=template(b * hkv, skv, spec_kv),
+                  tv=template(b * hkv, skv, spec_kv))
