@@ -132,24 +132,36 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};  // log2 domain; l per thread
   QCursor cq;
   qp.consumer_wait(cq);
-  Cursor c;
-  for (int j = 0; j < tiles; ++j, c.advance()) {
-    kv.consumer_wait(c);
-    float s[kS];
+  // Tile j's scores are computed while the tensor cores still run tile j-1's P V: per tile,
+  // issue S_j, rescale O and issue P V_(j-1), wait for S_j only, run the softmax of S_j, then
+  // wait for P V_(j-1) and convert P_j for the next round.
+  float s[kS];
+  uint32_t p[BN / 16][4];
+  float alpha[2];
+  auto issue_s = [&](const Cursor& at) {
     wgmma::fence_operands(s);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {  // 16 head-dim columns a step: 32 B into a 128 B box row
       const int box = ks / 4;
       const uint64_t dq = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(0, box)) + cw * 64 * 128);
-      const uint64_t dk = wgmma::desc_k_major_sw128(S.kv_k(c.stage, box));
+      const uint64_t dk = wgmma::desc_k_major_sw128(S.kv_k(at.stage, box));
       wgmma::mma_m64n128k16_bf16<0>(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
     }
     wgmma::commit_group();
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(s);
-
-    // Online softmax: scores in the log2 domain, keys past the sequence (or the diagonal) at -inf.
+  };
+  auto issue_pv = [&](const Cursor& at) {  // O = alpha O + P V
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
+    const uint64_t dv = wgmma::desc_mn_major_sw128(S.kv_v(at.stage, 0), kBoxBytes);
+    wgmma::fence_operands(o);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) mma_pv(o, p[kk], dv + kk * (2048 >> 4));  // 16 keys of 128 B rows a step
+    wgmma::commit_group();
+  };
+  // Online softmax of tile j in place (s becomes P in fp32), alpha the rescale of older sums.
+  auto softmax = [&](int j) {
     float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
     for (int jj = 0; jj < BN / 8; ++jj)
@@ -164,7 +176,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
         v = masked ? neg_inf() : v * scale_log2;
         mx[e >> 1] = fmaxf(mx[e >> 1], v);
       }
-    float alpha[2], base[2];
+    float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m_run[h], quad_max(mx[h]));
@@ -179,27 +191,38 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       s[i] = fast_exp2(s[i] - base[h]);
       l_run[h] += s[i];
     }
-#pragma unroll
-    for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
-
-    // O += P V: the S fragment of columns 16 kk .. 16 kk + 15 is the A fragment of k-step kk.
-    // All of P is converted before the first wgmma: registers a wgmma reads must not be written
-    // between the fence and the wait (ptxas would inject a warpgroup.arrive before each).
-    uint32_t p[BN / 16][4];
+  };
+  auto convert = [&]() {  // P as bf16 A fragments: columns 16 kk .. 16 kk + 15 are k-step kk
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) p[kk][r] = bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-    const uint64_t dv = wgmma::desc_mn_major_sw128(S.kv_v(c.stage, 0), kBoxBytes);
-    wgmma::fence_operands(o);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) mma_pv(o, p[kk], dv + kk * (2048 >> 4));  // 16 keys of 128 B rows a step
-    wgmma::commit_group();
+  };
+  Cursor c, prev;
+  kv.consumer_wait(c);
+  issue_s(c);
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(s);
+  softmax(0);
+  convert();
+  for (int j = 1; j < tiles; ++j) {
+    prev = c;
+    c.advance();
+    kv.consumer_wait(c);
+    issue_s(c);
+    issue_pv(prev);
+    wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
+    wgmma::fence_operands(s);
+    softmax(j);
     wgmma::wait_group<0>();
     wgmma::fence_operands(o);
-    if (lane == 0) kv.consumer_release(c);
+    if (lane == 0) kv.consumer_release(prev);
+    convert();
   }
+  issue_pv(c);
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(o);
+  if (lane == 0) kv.consumer_release(c);
 
   // O / l, clipped at the sequence; the log-sum-exp (natural log of sum exp(scale * s)).
   const int bh_row = bh * seq_q;
