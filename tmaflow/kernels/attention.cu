@@ -198,9 +198,20 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
       for (int r = 0; r < 4; ++r) p[kk][r] = bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
   };
+  // Turns (FlashAttention-3's ping-pong): the two consumer warpgroups take turns issuing their
+  // GEMMs, so one's softmax runs while the other's GEMMs keep the tensor cores busy. Warpgroup
+  // 0 waits at barrier 1, warpgroup 1 at barrier 2; each ends a turn by arriving at the
+  // other's (warpgroup 1 lets warpgroup 0 go first, and skips its very last arrival).
+  auto turn_begin = [&]() { named_barrier::sync(1 + cw, 256); };
+  auto turn_end = [&](bool last) {
+    if (!(last && cw == 1)) named_barrier::arrive(2 - cw, 256);
+  };
+  if (cw == 1) named_barrier::arrive(1, 256);
   Cursor c, prev;
   kv.consumer_wait(c);
+  turn_begin();
   issue_s(c);
+  turn_end(false);
   wgmma::wait_group<0>();
   wgmma::fence_operands(s);
   softmax(0);
@@ -209,8 +220,10 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     prev = c;
     c.advance();
     kv.consumer_wait(c);
+    turn_begin();
     issue_s(c);
     issue_pv(prev);
+    turn_end(false);
     wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
     wgmma::fence_operands(s);
     softmax(j);
@@ -219,7 +232,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     if (lane == 0) kv.consumer_release(prev);
     convert();
   }
+  turn_begin();
   issue_pv(c);
+  turn_end(true);
   wgmma::wait_group<0>();
   wgmma::fence_operands(o);
   if (lane == 0) kv.consumer_release(c);

@@ -34,4 +34,9 @@ TMAFLOW_DEVICE bool sync_or(uint32_t id, uint32_t threads, bool pred) {
                : "=r"(any) : "r"(uint32_t(pred)), "r"(id), "r"(threads) : "memory");
   return any != 0;
 }
+// bar.arrive id, threads — count this warp's arrival at barrier `id` without waiting: the
+// other side of a sync() (producer/consumer hand-offs between warpgroups).
+TMAFLOW_DEVICE void arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
 }}  // namespace tmaflow::named_barrier
