@@ -29,8 +29,8 @@ def test_attention_refuses_bad_arguments_by_name(q, k, v, kw, match):
         kernels.attention(q, k, v, **kw)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_attention_plan_fits_shared_memory_with_several_stages(d):
+@pytest.mark.parametrize("d,keys,stages", [(64, 128, 4), (128, 128, 3), (256, 64, 2)])
+def test_attention_plan_fits_shared_memory_with_several_stages(d, keys, stages):
     spec_q, spec_kv, layout = attention_plan(d)
-    assert layout.total_bytes <= HOPPER_SMEM_LIMIT and spec_kv.box == (1, 128, 64)
-    assert layout.items[1].stages >= 3
+    assert layout.total_bytes <= HOPPER_SMEM_LIMIT and spec_kv.box == (1, keys, 64)
+    assert layout.items[1].stages == stages

@@ -1,4 +1,4 @@
-"""kernels.attention against a float64 reference: head dims 64 and 128, causal and not, ragged
+"""kernels.attention against a float64 reference: head dims 64, 128 and 256, causal and not, ragged
 sequences, more keys than queries, grouped-query heads, poisoned outputs, the log-sum-exp."""
 import numpy as np
 import pytest
@@ -30,7 +30,7 @@ def _bf16(rng, shape):
 
 @pytest.mark.parametrize("b,hq,hkv,sq,skv", [(1, 2, 2, 128, 128), (2, 4, 2, 300, 300), (1, 2, 1, 77, 513),
                                              (1, 1, 1, 1, 1000), (2, 2, 2, 640, 640)])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_against_float64(device, rng, b, hq, hkv, sq, skv, d, causal):
     q, qf = _bf16(rng, (b, hq, sq, d))

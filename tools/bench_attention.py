@@ -3,8 +3,8 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
 
     PYTHONPATH=. python3 tools/bench_attention.py [--json FILE] [--repeats N] [--quick]
 
-Shapes keep 16k tokens a batch (batch = 16384 / seq) at head dim 64 (32 heads) and 128 (16
-heads). The three run in turns, each timed call after a 256 MB write that evicts L2; the ratio
+Shapes keep 16k tokens a batch (batch = 16384 / seq) at head dim 64 (32 heads), 128 (16
+heads) and 256 (8 heads). The three run in turns, each timed call after a 256 MB write that evicts L2; the ratio
 is the median of per-round ratios. FLOPs: 4 * batch * heads * seq^2 * head_dim, half of it
 causal. Each row also checks our output against the cuDNN one.
 """
@@ -30,7 +30,7 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     seqs = (1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
     rows = []
-    for d, heads in ((64, 32), (128, 16)):
+    for d, heads in ((64, 32), (128, 16), (256, 8)):
         for seq in seqs:
             batch = max(1, 16384 // seq)
             q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))

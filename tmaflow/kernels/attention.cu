@@ -3,7 +3,8 @@
 // Hopper's asynchronous units).
 //
 // A CTA owns 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q once, then K and V
-// tiles of 128 keys through a multi-stage pipeline), warpgroups 1 and 2 each own 64 query rows.
+// tiles of 128 keys, 64 at head dim 256, through a multi-stage pipeline), warpgroups 1 and 2
+// each own 64 query rows.
 // Per key tile a consumer computes S = Q K^T with wgmma (Q and K 128B-swizzled in shared memory,
 // K-major), updates the running row maxima and sums in registers, rescales its O accumulators,
 // and adds P V with wgmma taking P straight from registers (the S accumulator fragment,
@@ -25,19 +26,30 @@ namespace L = tmaflow_layout;
 #ifndef CAUSAL
 #define CAUSAL 0
 #endif
-constexpr int BM = 128, BN = 128, D = HEAD_DIM, kBoxes = D / 64;
+constexpr int D = HEAD_DIM, kBoxes = D / 64;
+constexpr int BM = 128, BN = D == 256 ? 64 : 128;  // keys a tile: 64 at head dim 256 (registers)
 constexpr int kS = BN / 2;  // S accumulators per thread: 64 x BN / 128
 constexpr int kO = D / 2;   // O accumulators per thread: 64 x D / 128
-constexpr uint32_t kBoxBytes = 128 * 128;  // a (1, 128, 64) box: 128 rows of 128 B
+constexpr uint32_t kBoxBytes = BN * 128;  // a (1, BN, 64) K or V box: BN rows of 128 B
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
+static_assert(D == 64 || D == 128 || D == 256, "HEAD_DIM is 64, 128 or 256");
 static_assert(L::kv::k_boxes == kBoxes && L::kv::k_bytes == BN * D * 2, "plan does not match HEAD_DIM");
 
 TMAFLOW_DEVICE void mma_pv(float (&o)[kO], const uint32_t (&a)[4], uint64_t dv) {
 #if HEAD_DIM == 64
   wgmma::mma_m64n64k16_bf16_rs<1>(o, a, dv, 1);
-#else
+#elif HEAD_DIM == 128
   wgmma::mma_m64n128k16_bf16_rs<1>(o, a, dv, 1);
+#else
+  wgmma::mma_m64n256k16_bf16_rs<1>(o, a, dv, 1);
+#endif
+}
+
+TMAFLOW_DEVICE void mma_qk(float (&s)[kS], uint64_t dq, uint64_t dk, uint32_t scale_d) {
+#if HEAD_DIM == 256
+  wgmma::mma_m64n64k16_bf16<0>(s, dq, dk, scale_d);
+#else
+  wgmma::mma_m64n128k16_bf16<0>(s, dq, dk, scale_d);
 #endif
 }
 
@@ -146,7 +158,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       const int box = ks / 4;
       const uint64_t dq = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(0, box)) + cw * 64 * 128);
       const uint64_t dk = wgmma::desc_k_major_sw128(S.kv_k(at.stage, box));
-      wgmma::mma_m64n128k16_bf16<0>(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
+      mma_qk(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
     }
     wgmma::commit_group();
   };

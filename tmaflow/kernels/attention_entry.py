@@ -17,8 +17,13 @@ from .entry import (STATES, cached_state, contiguous_strides, entry_point, given
                     on_current_device, stream_key)
 from .registry import get_kernel
 
-BM = BN = 128             # query rows per CTA, keys per tile
-HEAD_DIMS = (64, 128)
+BM = 128                  # query rows per CTA
+HEAD_DIMS = (64, 128, 256)
+
+
+def keys_per_tile(head_dim: int) -> int:
+    """64 at head dim 256 (its O accumulators take 128 registers a thread), else 128."""
+    return 64 if head_dim == 256 else 128
 _BARRIER_RESERVE = 256
 
 
@@ -30,7 +35,8 @@ def attention_plan(head_dim: int, stages: int | None = None) -> tuple:
         raise TmaflowError(f"attention: head dim {head_dim} is not supported; use one of {HEAD_DIMS}")
     box = {"swizzle": "128B"}
     spec_q = TensorMapSpec.tiled("bfloat16", (1, BM, head_dim), (1, BM, 64), **box)
-    spec_kv = TensorMapSpec.tiled("bfloat16", (1, BN, head_dim), (1, BN, 64), **box)
+    bn = keys_per_tile(head_dim)
+    spec_kv = TensorMapSpec.tiled("bfloat16", (1, bn, head_dim), (1, bn, 64), **box)
     boxes = head_dim // 64
     q_bytes = boxes * spec_q.smem_bytes
     stage = 2 * boxes * spec_kv.smem_bytes
@@ -70,8 +76,8 @@ def _check(q, k, v):
 def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = None,
               return_lse: bool = False, stream=None, pdl: bool = False, debug: bool | None = None,
               trace: bool = False):
-    """softmax(scale * q @ k^T) @ v for bfloat16 (batch, heads, seq, head_dim) arrays, head_dim 64
-    or 128; k and v may have fewer heads (grouped-query attention: query head h reads key/value
+    """softmax(scale * q @ k^T) @ v for bfloat16 (batch, heads, seq, head_dim) arrays, head_dim 64,
+    128 or 256; k and v may have fewer heads (grouped-query attention: query head h reads key/value
     head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as torch's
     ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind), and
     with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
