@@ -67,3 +67,20 @@ def test_attention_matches_torch_sdpa(device):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
                                                                enable_gqa=True)
         assert (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item() < 1e-2
+
+
+def test_attention_inside_torch_compile_runs_the_custom_op(device):
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  registers torch.ops.tmaflow.attention
+
+    def f(q, k, v):
+        return kernels.attention(q * 1.0, k, v, causal=True) + 1.0
+
+    q, k, v = (torch.randn(1, 4, 300, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    got, want = torch.compile(f, fullgraph=True)(q, k, v), f(q, k, v)
+    assert torch.equal(got, want)
+    meta = torch.empty(2, 4, 100, 64, device="meta", dtype=torch.bfloat16)
+    assert torch.ops.tmaflow.attention(meta, meta, meta).shape == (2, 4, 100, 64)
+    with pytest.raises(Exception, match=r"tmaflow.attention: head_dim 96 must be one of"):
+        m96 = torch.empty(1, 1, 8, 96, device="meta", dtype=torch.bfloat16)
+        torch.ops.tmaflow.attention(m96, m96, m96)

@@ -1,7 +1,7 @@
 """tmaflow kernels as torch custom ops, so they run inside ``torch.compile(fullgraph=True)``
 and CUDA graphs like any torch operator.
 
-    import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm}
+    import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, attention}
     y = torch.ops.tmaflow.softmax(x)
 
     @tmaflow.torch.op("mylib::scale", fake=lambda x, s: torch.empty_like(x))
@@ -12,7 +12,7 @@ and CUDA graphs like any torch operator.
 
 A fake (meta) implementation gives torch the output's shape, dtype and strides without
 running anything: torch.compile traces with it. Once this module is imported,
-``kernels.copy / softmax / gemm`` called inside a compiled function become these ops too
+``kernels.copy / softmax / gemm / attention`` called inside a compiled function become these ops too
 (their default forms: no ``out=`` or tuning options there). The real implementation launches on the
 current torch stream (tmaflow's ``stream=None`` rule for torch tensors), so a graph captured
 by torch (``torch.cuda.graph``, ``mode="reduce-overhead"``) captures the kernel too.
@@ -22,9 +22,9 @@ from __future__ import annotations
 import torch
 
 from .errors import TmaflowError
-from .kernels import entry, examples, matmul
+from .kernels import attention_entry, entry, examples, matmul
 
-__all__ = ["op", "copy", "softmax", "gemm"]
+__all__ = ["op", "copy", "softmax", "gemm", "attention"]
 
 
 def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
@@ -83,6 +83,25 @@ def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
     return matmul.gemm(a, b, layout=layout)
 
 
+def _attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None) -> torch.Tensor:
+    _check("attention", q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and
+           q.dtype == k.dtype == v.dtype == torch.bfloat16,
+           f"needs 4-D bfloat16 q, k, v with k and v of one shape (got {tuple(q.shape)} {q.dtype}, "
+           f"{tuple(k.shape)}, {tuple(v.shape)})")
+    _check("attention", q.shape[-1] in attention_entry.HEAD_DIMS and k.shape[-1] == q.shape[-1],
+           f"head_dim {q.shape[-1]} must be one of {attention_entry.HEAD_DIMS}, the same in k")
+    return q.new_empty(q.shape)
+
+
+@op("tmaflow::attention", fake=_attention_fake,
+    schema="(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> Tensor")
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              scale: float | None = None) -> torch.Tensor:
+    """``kernels.attention(q, k, v, causal=causal, scale=scale)``: attention forward, bf16."""
+    return attention_entry.attention(q, k, v, causal=causal, scale=scale)
+
+
 def _only(name: str, given: dict) -> None:
     extra = sorted(k for k, v in given.items() if v is not None and v is not False)
     if extra:
@@ -106,6 +125,12 @@ def _gemm_call(a, b, out=None, *, layout: str = "nt", **options):
     return gemm(a, b, layout)
 
 
-# kernels.copy / softmax / gemm called while torch.compile traces become these ops.
+def _attention_call(q, k, v, out=None, *, causal: bool = False, scale: float | None = None, **options):
+    _only("attention", {"out": out, **options})
+    return attention(q, k, v, causal, scale)
+
+
+# kernels.copy / softmax / gemm / attention called while torch.compile traces become these ops.
 entry.torch_compiling = torch.compiler.is_compiling
-entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call})
+entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call,
+                        "attention": _attention_call})
