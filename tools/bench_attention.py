@@ -18,6 +18,7 @@ import torch  # before the driver is touched
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tmaflow as tf
+from bench_gemm import timed_rounds  # tools/ is on the path when this script runs
 from tmaflow import kernels
 
 
@@ -53,19 +54,7 @@ def main():
                 torch.cuda.synchronize()
                 peer = available.get("cudnn") or available.get("flash")
                 err = (torch.linalg.norm(out.float() - peer().float()) / torch.linalg.norm(peer().float())).item()
-                times = {name: [] for name in available}
-                for _ in range(2):  # warm-up
-                    for fn in available.values():
-                        fn()
-                for _ in range(args.repeats):
-                    for name, fn in available.items():
-                        flush.zero_()
-                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        s.record()
-                        fn()
-                        e.record()
-                        e.synchronize()
-                        times[name].append(s.elapsed_time(e))
+                times = timed_rounds(available, flush, args.repeats, warmup=2)
                 flop = 4.0 * batch * heads * seq * seq * d / (2 if causal else 1)
                 tflops = {name: flop / statistics.median(t) / 1e9 for name, t in times.items()}
                 peers = [n for n in times if n != "tmaflow"]

@@ -120,24 +120,30 @@ def describe(cfg) -> str:
             f"k{cfg.split_k} l2{cfg.l2_promotion}")
 
 
-def paired_ms(ours, peer, flush, repeats):
-    """Median times of both sides and the median of per-repeat ratios peer/ours. The two run
-    alternately, each after an L2 flush, so clock and power drift hits both alike."""
-    for _ in range(3):
-        ours()
-        peer()
-    t_ours, t_peer = [], []
+def timed_rounds(fns: dict, flush, repeats: int, warmup: int = 3) -> dict:
+    """Milliseconds of each call, in rounds that take every function in turn, each call right
+    after an L2-evicting write (so clock and power drift hits all alike)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        for fn, times in ((peer, t_peer), (ours, t_ours)):
+        for name, fn in fns.items():
             flush.zero_()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn()
             e.record()
             e.synchronize()
-            times.append(s.elapsed_time(e))
-    ratio = statistics.median(p / o for p, o in zip(t_peer, t_ours))
-    return statistics.median(t_ours), statistics.median(t_peer), ratio
+            times[name].append(s.elapsed_time(e))
+    return times
+
+
+def paired_ms(ours, peer, flush, repeats):
+    """Median times of both sides and the median of per-repeat ratios peer/ours."""
+    got = timed_rounds({"peer": peer, "ours": ours}, flush, repeats)
+    ratio = statistics.median(p / o for p, o in zip(got["peer"], got["ours"]))
+    return statistics.median(got["ours"]), statistics.median(got["peer"]), ratio
 
 
 def rel(x, ref):
