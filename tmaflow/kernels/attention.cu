@@ -174,24 +174,34 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   };
   // Online softmax of tile j in place (s becomes P in fp32), alpha the rescale of older sums.
   auto softmax = [&](int j) {
+    // Masks cost a compare and a select per score: only tiles that reach past the sequence or
+    // (causal) past this warpgroup's first row need them (a warp-uniform test).
+    bool need_mask = (j + 1) * BN > seq_kv;
+#if CAUSAL
+    need_mask = need_mask || (j + 1) * BN - 1 > m0 + cw * 64;
+#endif
+    if (need_mask) {
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * BN + 8 * jj + col + (e & 1);
+          bool masked = key >= seq_kv;
+#if CAUSAL
+          masked = masked || key > row0 + 8 * (e >> 1);
+#endif
+          if (masked) s[4 * jj + e] = neg_inf();
+        }
+    }
+    // Maxima of the raw scores (scale > 0 keeps the order); each score is then scaled and
+    // shifted by one FMA inside 2^x.
     float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-    for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = j * BN + 8 * jj + col + (e & 1);
-        bool masked = key >= seq_kv;
-#if CAUSAL
-        masked = masked || key > row0 + 8 * (e >> 1);
-#endif
-        float& v = s[4 * jj + e];
-        v = masked ? neg_inf() : v * scale_log2;
-        mx[e >> 1] = fmaxf(mx[e >> 1], v);
-      }
+    for (int i = 0; i < kS; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m_run[h], quad_max(mx[h]));
+      const float m_new = fmaxf(m_run[h], quad_max(mx[h]) * scale_log2);
       base[h] = m_new == neg_inf() ? 0.f : m_new;  // a row with every key masked so far: p = 0
       alpha[h] = fast_exp2(m_run[h] - base[h]);
       m_run[h] = m_new;
@@ -200,7 +210,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
     for (int i = 0; i < kS; ++i) {
       const int h = (i >> 1) & 1;
-      s[i] = fast_exp2(s[i] - base[h]);
+      s[i] = fast_exp2(fmaf(s[i], scale_log2, -base[h]));
       l_run[h] += s[i];
     }
   };

@@ -87,8 +87,9 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     b, hq, sq, d, hkv, skv = _check(Q, K, V)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise TmaflowError(f"attention: scale={scale!r} must be a finite float")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise TmaflowError(f"attention: scale={scale!r} must be a positive finite float (the kernel "
+                           "takes row maxima of the unscaled scores)")
     O = None
     if out is not None:
         O = given_output("attention", out, Q.shape, Q.dtype)
