@@ -163,8 +163,11 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     wgmma::commit_group();
   };
   auto issue_pv = [&](const Cursor& at) {  // O = alpha O + P V
+    // Once the row maxima settle, alpha is exactly 1 (2^0): a warp skips the multiplies then.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
     const uint64_t dv = wgmma::desc_mn_major_sw128(S.kv_v(at.stage, 0), kBoxBytes);
     wgmma::fence_operands(o);
     wgmma::fence();
