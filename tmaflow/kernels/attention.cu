@@ -9,7 +9,9 @@
 // K-major), updates the running row maxima and sums in registers, rescales its O accumulators,
 // and adds P V with wgmma taking P straight from registers (the S accumulator fragment,
 // converted to bf16, is the A fragment) and V from shared memory (N-major: head dim
-// contiguous). Maps are 3-D (batch x heads, sequence, head dim), so loads past a head's
+// contiguous). S_j and P V_(j-1) are issued together so the softmax of tile j runs while the
+// tensor cores finish tile j-1, and the two warpgroups take turns issuing (FlashAttention-3's
+// ping-pong). Maps are 3-D (batch x heads, sequence, head dim), so loads past a head's
 // sequence read zeros, never the next head's rows; such keys are masked to -inf.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned, as torch's is_causal);
 //   key tiles past a CTA's last row are skipped.
