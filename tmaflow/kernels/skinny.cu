@@ -7,10 +7,11 @@
 // A CTA owns CONSUMERS x 64 rows of B over one range of K: the grid is (N tiles, K splits).
 // Warp 0 issues the TMA loads (CONSUMERS 64 x 64 boxes of B and one MP x 64 box of A a stage);
 // the consumer warpgroups each own 64 rows. With CLUSTER 2, neighbouring N tiles of one split
-// form a cluster and the first multicasts A's box to both (A is read once per pair from L2). With several splits each stores its fp32 partial,
-// and the last to finish a tile (a per-tile counter) sums every split's partial in split order
-// (the result does not depend on which finished last) and writes C. C is small (M rows), so it
-// is written with plain stores, clipped at M and N.
+// form a cluster and the first multicasts A's box to both (A is read once per pair from L2).
+// With several splits each stores its fp32 partial, and the last to finish a tile (a per-tile
+// counter) sums every split's partial in split order (the result does not depend on which
+// finished last) and writes C. C is small (M rows), so it is written with plain stores,
+// clipped at M and N.
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
