@@ -65,11 +65,6 @@ TMAFLOW_DEVICE float fast_exp2(float x) {
   return y;
 }
 
-TMAFLOW_DEVICE uint32_t bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 TMAFLOW_DEVICE float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -223,7 +218,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) p[kk][r] = bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r) p[kk][r] = wgmma::bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
   };
   // Turns (FlashAttention-3's ping-pong): the two consumer warpgroups take turns issuing their
   // GEMMs, so one's softmax runs while the other's GEMMs keep the tensor cores busy. Warpgroup
@@ -277,7 +272,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       __nv_bfloat16* dst = out + size_t(bh_row + row) * D + col;
 #pragma unroll
       for (int jj = 0; jj < D / 8; ++jj)
-        *reinterpret_cast<uint32_t*>(dst + 8 * jj) = bf16x2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + 8 * jj) = wgmma::bf16x2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
       if (lse != nullptr && lane % 4 == 0)
         lse[bh_row + row] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
     }

@@ -154,11 +154,6 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db) {
 #endif
 }
 
-TMAFLOW_DEVICE uint32_t bf16x2_bits(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 #if SPLIT_K
 // Consumer warpgroups of one CTA (256 threads): store this split's in-bounds partial sums at
 // partial[split][row][col], count the split done, and if it was the tile's last, reload every
@@ -398,8 +393,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #else
           constexpr float f = 1.f;
 #endif
-          *reinterpret_cast<uint32_t*>(cbuf + at + row * 128) = bf16x2_bits(f * acc[4 * j], f * acc[4 * j + 1]);
-          *reinterpret_cast<uint32_t*>(cbuf + at + (row + 8) * 128) = bf16x2_bits(f * acc[4 * j + 2], f * acc[4 * j + 3]);
+          *reinterpret_cast<uint32_t*>(cbuf + at + row * 128) = wgmma::bf16x2(f * acc[4 * j], f * acc[4 * j + 1]);
+          *reinterpret_cast<uint32_t*>(cbuf + at + (row + 8) * 128) = wgmma::bf16x2(f * acc[4 * j + 2], f * acc[4 * j + 3]);
         }
         fence::proxy_async_shared_cta();  // generic-proxy writes visible to the TMA store
         named_barrier::sync(1 + cw, 128);

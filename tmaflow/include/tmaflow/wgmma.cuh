@@ -26,6 +26,13 @@ TMAFLOW_DEVICE uint64_t desc_mn_major_sw128(const void* smem, uint32_t mn_block_
   desc |= uint64_t(1) << 62;
   return desc;
 }
+// cvt.rn.bf16x2.f32 — two fp32 accumulators as one bf16x2 register, lo in the low half: an
+// epilogue word, or (from a C fragment) one register of an A fragment for the next wgmma.
+TMAFLOW_DEVICE uint32_t bf16x2(float lo, float hi) {
+  uint32_t packed;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
 // wgmma.fence.sync.aligned — order register accesses before the first wgmma of a group.
 TMAFLOW_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 // wgmma.commit_group.sync.aligned
