@@ -21,6 +21,17 @@ def _operands(rng, m, n, k):
             sa, sb, ref)
 
 
+def _check_gemm(A, B, ref, config, **scales):
+    """The debug build, then the release build, into poisoned outputs, against ``ref``."""
+    m, n = ref.shape
+    for debug in (True, False):
+        out = poison(tf.empty((m, n), "bfloat16"))
+        kernels.gemm(A, B, out, config=config, debug=debug, **scales)
+        got = bf16_to_float32(out.numpy())
+        assert not np.isnan(got).any()
+        assert rel_error(got, ref) < 1e-2, (m, n, A.shape[1], config, debug, rel_error(got, ref))
+
+
 @pytest.mark.parametrize("m,n,k", [(256, 256, 256), (1000, 760, 512), (300, 4096, 1040), (16, 4096, 4096),
                                    (129, 264, 2048)])
 @pytest.mark.parametrize("config", [None, GemmConfig(bn=256, cluster_m=2, promote=0),
@@ -29,12 +40,7 @@ def _operands(rng, m, n, k):
                          ids=["auto", "bn256-nopromote", "promote1", "split3"])
 def test_fp8_against_float64(device, rng, m, n, k, config):
     A, B, sa, sb, ref = _operands(rng, m, n, k)
-    for debug in (True, False):
-        out = poison(tf.empty((m, n), "bfloat16"))
-        kernels.gemm(A, B, out, config=config, scale_a=sa, scale_b=sb, debug=debug)
-        got = bf16_to_float32(out.numpy())
-        assert not np.isnan(got).any()
-        assert rel_error(got, ref) < 1e-2, (m, n, k, config, debug, rel_error(got, ref))
+    _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
 
 
 def test_fp8_torch_in_bf16_torch_out(device):
@@ -65,9 +71,4 @@ def _block_operands(rng, m, n, k):
                          ids=["auto", "split3"])
 def test_fp8_block_scales_against_float64(device, rng, m, n, k, config):
     A, B, SA, SB, ref = _block_operands(rng, m, n, k)
-    for debug in (True, False):
-        out = poison(tf.empty((m, n), "bfloat16"))
-        kernels.gemm(A, B, out, config=config, scale_a=SA, scale_b=SB, debug=debug)
-        got = bf16_to_float32(out.numpy())
-        assert not np.isnan(got).any()
-        assert rel_error(got, ref) < 1e-2, (m, n, k, config, debug, rel_error(got, ref))
+    _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import math
 from threading import get_ident
+from types import SimpleNamespace
 
 from ..device import current_ordinal
 from ..dtypes import as_dtype
@@ -108,19 +109,16 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     ret = (result, lse_out) if return_lse else result
     if b * hq * sq == 0:
         return None, (), ret
-    args = (st.tq.bind(Q._as((b * hq, sq, d), contiguous_strides((b * hq, sq, d), 2))),
-            st.tk.bind(K._as((b * hkv, skv, d), contiguous_strides((b * hkv, skv, d), 2))),
-            st.tv.bind(V._as((b * hkv, skv, d), contiguous_strides((b * hkv, skv, d), 2))),
+    # (batch x heads, seq, head_dim) views: the arrays are contiguous (checked), so the view's
+    # strides are the last three of theirs.
+    args = (st.tq.bind(Q._as((b * hq, sq, d), Q.strides[1:])),
+            st.tk.bind(K._as((b * hkv, skv, d), K.strides[1:])),
+            st.tv.bind(V._as((b * hkv, skv, d), V.strides[1:])),
             O, lse, sq, skv, hq, hq // hkv, float(scale) * math.log2(math.e))
     return st.launcher, args, ret
 
 
-class _State:
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
-
-
-def _state(Q, K, causal, stream, pdl, debug, trace) -> _State:
+def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     on_current_device("attention", Q)
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
@@ -133,5 +131,5 @@ def _state(Q, K, causal, stream, pdl, debug, trace) -> _State:
     def template(rows, seq, spec):
         return MapTemplate(TensorMapSpec.tiled("bfloat16", (max(rows, 1), max(seq, 1), d), spec.box,
                                                swizzle="128B"))
-    return _State(launcher=launcher, tq=template(b * hq, sq, spec_q), tk=template(b * hkv, skv, spec_kv),
+    return SimpleNamespace(launcher=launcher, tq=template(b * hq, sq, spec_q), tk=template(b * hkv, skv, spec_kv),
                   tv=template(b * hkv, skv, spec_kv))

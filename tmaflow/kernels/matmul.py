@@ -10,6 +10,7 @@ import functools
 import math
 import numbers
 import threading
+from types import SimpleNamespace as _GemmState  # a prepared state's fields
 from dataclasses import dataclass, replace
 from threading import get_ident
 
@@ -19,7 +20,7 @@ from ..dtypes import as_dtype
 from ..errors import TmaflowError
 from ..graph import capturing
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
-from ..memory import DeviceArray, as_array, empty
+from ..memory import DeviceArray, arg_kind, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,
                     on_current_device, output_strides, stream_key)
@@ -335,10 +336,11 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
                                f"{A.dtype.name} (scale the output instead)")
         return 1.0, None
     for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if value is not None and (isinstance(value, bool) or not (isinstance(value, numbers.Real) or _is_array(value))):
+        if value is not None and (isinstance(value, bool) or
+                                  not (isinstance(value, numbers.Real) or arg_kind(value) == "array")):
             raise TmaflowError(f"gemm: {name}={value!r} must be a finite float (a per-tensor "
                                "dequantisation factor) or a float32 device array of block scales")
-    if _is_array(scale_a) or _is_array(scale_b):
+    if "array" in (arg_kind(scale_a), arg_kind(scale_b)):
         m, k = A.shape
         n, kb = B.shape[0], -(-k // FP8_BK)
         views = []
@@ -362,11 +364,6 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
                                "dequantisation factor) or a float32 device array of block scales")
         product *= float(value)
     return product, None
-
-
-def _is_array(value) -> bool:
-    return isinstance(value, DeviceArray) or hasattr(value, "__cuda_array_interface__") or \
-        hasattr(value, "data_ptr")
 
 
 def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
@@ -393,11 +390,6 @@ def _split_k_buffers(st) -> tuple:
         return 0, 0
     counters, partials = st.workspace.views(*st.workspace_sizes)
     return partials, counters
-
-
-class _GemmState:
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
 
 
 def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
