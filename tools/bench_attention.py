@@ -27,11 +27,13 @@ def main():
     p.add_argument("--json")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="seq 1k and 4k only")
+    p.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256], help="head dims to run")
+    p.add_argument("--seqs", type=int, nargs="+", help="sequence lengths (default 512 to 16k)")
     args = p.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    seqs = (1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384)
+    seqs = args.seqs or ((1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384))
     rows = []
-    for d, heads in ((64, 32), (128, 16), (256, 8)):
+    for d, heads in ((d, h) for d, h in ((64, 32), (128, 16), (256, 8)) if d in args.dims):
         for seq in seqs:
             batch = max(1, 16384 // seq)
             q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))

@@ -2,9 +2,11 @@
 // written with tmaflow's Pipeline, TMA and wgmma wrappers (the FlashAttention algorithm on
 // Hopper's asynchronous units).
 //
-// A CTA owns 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q once, then K and V
+// A work tile is 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q, then K and V
 // tiles of 128 keys, 64 at head dim 256, through a multi-stage pipeline), warpgroups 1 and 2
-// each own 64 query rows.
+// each own 64 query rows. CTAs stride over the work tiles (a grid of one CTA an SM makes the
+// kernel persistent: the next tile's Q and K/V load while this one's last tiles and stores
+// run; released Q is the signal).
 // Per key tile a consumer computes S = Q K^T with wgmma (Q and K 128B-swizzled in shared memory,
 // K-major), updates the running row maxima and sums in registers, rescales its O accumulators,
 // and adds P V with wgmma taking P straight from registers (the S accumulator fragment,
@@ -87,7 +89,7 @@ TMAFLOW_DEVICE int key_tiles(int m0, int seq_q, int seq_kv) {
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, __nv_bfloat16* out, float* lse, int seq_q,
-              int seq_kv, int heads, int group, float scale_log2) {
+              int seq_kv, int batch_heads, int heads, int group, float scale_log2) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto qp = S.qp();
@@ -95,9 +97,13 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   using QCursor = decltype(qp)::Cursor;
   using Cursor = decltype(kv)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int m0 = blockIdx.x * BM, bh = blockIdx.y;
-  const int kvh = (bh / heads) * (heads / group) + (bh % heads) / group;
-  const int tiles = key_tiles(m0, seq_q, seq_kv);
+  const int m_blocks = (seq_q + BM - 1) / BM, work = m_blocks * batch_heads;
+  // Work tile t: query rows from m0, (batch x heads) row bh, key/value head kvh.
+  auto coords = [&](int t, int& m0, int& bh, int& kvh) {
+    m0 = (t % m_blocks) * BM;
+    bh = t / m_blocks;
+    kvh = (bh / heads) * (heads / group) + (bh % heads) / group;
+  };
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tq);
     tma::prefetch_descriptor(&tk);
@@ -113,19 +119,24 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     warp::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       QCursor cq;
-      qp.producer_acquire(cq);
-      qp.producer_commit(cq);
-#pragma unroll
-      for (int box = 0; box < kBoxes; ++box)
-        tma::load(S.qp_q(0, box), &tq, qp.barrier(cq), box * 64, m0, bh);
       Cursor c;
-      for (int j = 0; j < tiles; ++j, c.advance()) {
-        kv.producer_acquire(c);
-        kv.producer_commit(c);
+      for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance()) {
+        int m0, bh, kvh;
+        coords(t, m0, bh, kvh);
+        qp.producer_acquire(cq);
+        qp.producer_commit(cq);
 #pragma unroll
-        for (int box = 0; box < kBoxes; ++box) {
-          tma::load(S.kv_k(c.stage, box), &tk, kv.barrier(c), box * 64, j * BN, kvh);
-          tma::load(S.kv_v(c.stage, box), &tv, kv.barrier(c), box * 64, j * BN, kvh);
+        for (int box = 0; box < kBoxes; ++box)
+          tma::load(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * 64, m0, bh);
+        const int tiles = key_tiles(m0, seq_q, seq_kv);
+        for (int j = 0; j < tiles; ++j, c.advance()) {
+          kv.producer_acquire(c);
+          kv.producer_commit(c);
+#pragma unroll
+          for (int box = 0; box < kBoxes; ++box) {
+            tma::load(S.kv_k(c.stage, box), &tk, kv.barrier(c), box * 64, j * BN, kvh);
+            tma::load(S.kv_v(c.stage, box), &tv, kv.barrier(c), box * 64, j * BN, kvh);
+          }
         }
       }
     }
@@ -133,14 +144,11 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   }
   warp::setmaxnreg_inc<kConsumerRegs>();
   const int cw = wg - 1, wq = (threadIdx.x % 128) / 32;
-  const int row0 = m0 + cw * 64 + wq * 16 + lane / 4;  // this thread's rows: row0 and row0 + 8
-  const int col = 2 * (lane % 4);                      // and col + 1, in every 8-column chunk
+  const int col = 2 * (lane % 4);  // this thread's columns: col and col + 1 in every 8-column chunk
+  int m0, bh, kvh, row0;           // row0: this thread's rows are row0 and row0 + 8
   float o[kO];
-#pragma unroll
-  for (int i = 0; i < kO; ++i) o[i] = 0.f;
-  float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};  // log2 domain; l per thread
+  float m_run[2], l_run[2];        // log2 domain; l per thread
   QCursor cq;
-  qp.consumer_wait(cq);
   // Tile j's scores are computed while the tensor cores still run tile j-1's P V: per tile,
   // issue S_j, rescale O and issue P V_(j-1), wait for S_j only, run the softmax of S_j, then
   // wait for P V_(j-1) and convert P_j for the next round.
@@ -153,7 +161,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {  // 16 head-dim columns a step: 32 B into a 128 B box row
       const int box = ks / 4;
-      const uint64_t dq = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(0, box)) + cw * 64 * 128);
+      const uint64_t dq = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) + cw * 64 * 128);
       const uint64_t dk = wgmma::desc_k_major_sw128(S.kv_k(at.stage, box));
       mma_qk(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
     }
@@ -230,51 +238,67 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   };
   if (cw == 1) named_barrier::arrive(1, 256);
   Cursor c, prev;
-  kv.consumer_wait(c);
-  turn_begin();
-  issue_s(c);
-  turn_end(false);
-  wgmma::wait_group<0>();
-  wgmma::fence_operands(s);
-  softmax(0);
-  convert();
-  for (int j = 1; j < tiles; ++j) {
-    prev = c;
-    c.advance();
+  for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance(), c.advance()) {
+    coords(t, m0, bh, kvh);
+    row0 = m0 + cw * 64 + wq * 16 + lane / 4;
+    const int tiles = key_tiles(m0, seq_q, seq_kv);
+    const bool last_work = t + gridDim.x >= work;
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] = 0.f;
+    for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.f;
+    // Q goes back to the producer as soon as the last S is done, so the next work tile's Q
+    // loads while this one's softmax, P V and stores run.
+    auto scores_done = [&](int j) {
+      wgmma::fence_operands(s);
+      if (j == tiles - 1 && lane == 0) qp.consumer_release(cq);
+    };
+    qp.consumer_wait(cq);
     kv.consumer_wait(c);
     turn_begin();
     issue_s(c);
-    issue_pv(prev);
     turn_end(false);
-    wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
-    wgmma::fence_operands(s);
-    softmax(j);
+    wgmma::wait_group<0>();
+    scores_done(0);
+    softmax(0);
+    convert();
+    for (int j = 1; j < tiles; ++j) {
+      prev = c;
+      c.advance();
+      kv.consumer_wait(c);
+      turn_begin();
+      issue_s(c);
+      issue_pv(prev);
+      turn_end(false);
+      wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
+      scores_done(j);
+      softmax(j);
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(o);
+      if (lane == 0) kv.consumer_release(prev);
+      convert();
+    }
+    turn_begin();
+    issue_pv(c);
+    turn_end(last_work);
     wgmma::wait_group<0>();
     wgmma::fence_operands(o);
-    if (lane == 0) kv.consumer_release(prev);
-    convert();
-  }
-  turn_begin();
-  issue_pv(c);
-  turn_end(true);
-  wgmma::wait_group<0>();
-  wgmma::fence_operands(o);
-  if (lane == 0) kv.consumer_release(c);
+    if (lane == 0) kv.consumer_release(c);
 
-  // O / l, clipped at the sequence; the log-sum-exp (natural log of sum exp(scale * s)).
-  const int bh_row = bh * seq_q;
+    // O / l, clipped at the sequence; the log-sum-exp (natural log of sum exp(scale * s)).
+    const int bh_row = bh * seq_q;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    const float l = quad_sum(l_run[h]);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    if (row < seq_q) {
-      __nv_bfloat16* dst = out + size_t(bh_row + row) * D + col;
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + 8 * h;
+      const float l = quad_sum(l_run[h]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (row < seq_q) {
+        __nv_bfloat16* dst = out + size_t(bh_row + row) * D + col;
 #pragma unroll
-      for (int jj = 0; jj < D / 8; ++jj)
-        *reinterpret_cast<uint32_t*>(dst + 8 * jj) = wgmma::bf16x2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
-      if (lse != nullptr && lane % 4 == 0)
-        lse[bh_row + row] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
+        for (int jj = 0; jj < D / 8; ++jj)
+          *reinterpret_cast<uint32_t*>(dst + 8 * jj) = wgmma::bf16x2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+        if (lse != nullptr && lane % 4 == 0)
+          lse[bh_row + row] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
+      }
     }
   }
 }

@@ -8,7 +8,7 @@ import math
 from threading import get_ident
 from types import SimpleNamespace
 
-from ..device import current_ordinal
+from ..device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
 from ..layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
@@ -114,7 +114,7 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     args = (st.tq.bind(Q._as((b * hq, sq, d), Q.strides[1:])),
             st.tk.bind(K._as((b * hkv, skv, d), K.strides[1:])),
             st.tv.bind(V._as((b * hkv, skv, d), V.strides[1:])),
-            O, lse, sq, skv, hq, hq // hkv, float(scale) * math.log2(math.e))
+            O, lse, sq, skv, b * hq, hq, hq // hkv, float(scale) * math.log2(math.e))
     return st.launcher, args, ret
 
 
@@ -125,8 +125,11 @@ def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     spec_q, spec_kv, layout = attention_plan(d)
     kern = get_kernel("attention_fwd", layout, defines={"HEAD_DIM": d, "CAUSAL": int(causal)},
                       file="attention", debug=debug, trace=trace)
-    launcher = kern.launcher(grid=(max(1, math.ceil(sq / BM)), max(1, b * hq)), block=384, stream=stream,
-                             pdl=pdl)
+    # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).
+    # Causal ones differ in length: one CTA a tile, so the hardware's block scheduler balances.
+    work = max(1, math.ceil(sq / BM) * b * hq)
+    grid = work if causal else min(work, current_device().sm_count)
+    launcher = kern.launcher(grid=grid, block=384, stream=stream, pdl=pdl)
 
     def template(rows, seq, spec):
         return MapTemplate(TensorMapSpec.tiled("bfloat16", (max(rows, 1), max(seq, 1), d), spec.box,
