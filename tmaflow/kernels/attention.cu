@@ -3,10 +3,10 @@
 // Hopper's asynchronous units).
 //
 // A work tile is 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q, then K and V
-// tiles of 128 keys, 64 at head dim 256, through a multi-stage pipeline), warpgroups 1 and 2
-// each own 64 query rows. CTAs stride over the work tiles (a grid of one CTA an SM makes the
-// kernel persistent: the next tile's Q and K/V load while this one's last tiles and stores
-// run; released Q is the signal).
+// tiles of 128 keys, 64 at head dim 256, each through its own multi-stage pipeline),
+// warpgroups 1 and 2 each own 64 query rows. CTAs stride over the work tiles (a grid of one
+// CTA an SM makes the kernel persistent: the next tile's Q and K load while this one's last
+// P V and stores run; released Q is the signal).
 // Per key tile a consumer computes S = Q K^T with wgmma (Q and K 128B-swizzled in shared memory,
 // K-major), updates the running row maxima and sums in registers, rescales its O accumulators,
 // and adds P V with wgmma taking P straight from registers (the S accumulator fragment,
@@ -37,7 +37,7 @@ constexpr int kO = D / 2;   // O accumulators per thread: 64 x D / 128
 constexpr uint32_t kBoxBytes = BN * 128;  // a (1, BN, 64) K or V box: BN rows of 128 B
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(D == 64 || D == 128 || D == 256, "HEAD_DIM is 64, 128 or 256");
-static_assert(L::kv::k_boxes == kBoxes && L::kv::k_bytes == BN * D * 2, "plan does not match HEAD_DIM");
+static_assert(L::kp::k_boxes == kBoxes && L::kp::k_bytes == BN * D * 2, "plan does not match HEAD_DIM");
 
 TMAFLOW_DEVICE void mma_pv(float (&o)[kO], const uint32_t (&a)[4], uint64_t dv) {
 #if HEAD_DIM == 64
@@ -93,9 +93,11 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto qp = S.qp();
-  auto kv = S.kv();
+  auto kp = S.kp();
+  auto vp = S.vp();
   using QCursor = decltype(qp)::Cursor;
-  using Cursor = decltype(kv)::Cursor;
+  using KCursor = decltype(kp)::Cursor;
+  using VCursor = decltype(vp)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int m_blocks = (seq_q + BM - 1) / BM, work = m_blocks * batch_heads;
   // Work tile t: query rows from m0, (batch x heads) row bh, key/value head kvh.
@@ -109,7 +111,8 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     tma::prefetch_descriptor(&tk);
     tma::prefetch_descriptor(&tv);
     qp.init();
-    kv.init();
+    kp.init();
+    vp.init();
   }
   griddep::wait();
   griddep::launch_dependents();
@@ -118,8 +121,25 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   if (wg == 0) {
     warp::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
+      // In the order the consumers need them: Q and K_0, then K_j ahead of V_(j-1) (S_j and
+      // P V_(j-1) are issued together).
       QCursor cq;
-      Cursor c;
+      KCursor ck;
+      VCursor cv;
+      auto load_k = [&](int j, int kvh) {
+        kp.producer_acquire(ck);
+        kp.producer_commit(ck);
+#pragma unroll
+        for (int box = 0; box < kBoxes; ++box) tma::load(S.kp_k(ck.stage, box), &tk, kp.barrier(ck), box * 64, j * BN, kvh);
+        ck.advance();
+      };
+      auto load_v = [&](int j, int kvh) {
+        vp.producer_acquire(cv);
+        vp.producer_commit(cv);
+#pragma unroll
+        for (int box = 0; box < kBoxes; ++box) tma::load(S.vp_v(cv.stage, box), &tv, vp.barrier(cv), box * 64, j * BN, kvh);
+        cv.advance();
+      };
       for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance()) {
         int m0, bh, kvh;
         coords(t, m0, bh, kvh);
@@ -129,15 +149,12 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
         for (int box = 0; box < kBoxes; ++box)
           tma::load(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * 64, m0, bh);
         const int tiles = key_tiles(m0, seq_q, seq_kv);
-        for (int j = 0; j < tiles; ++j, c.advance()) {
-          kv.producer_acquire(c);
-          kv.producer_commit(c);
-#pragma unroll
-          for (int box = 0; box < kBoxes; ++box) {
-            tma::load(S.kv_k(c.stage, box), &tk, kv.barrier(c), box * 64, j * BN, kvh);
-            tma::load(S.kv_v(c.stage, box), &tv, kv.barrier(c), box * 64, j * BN, kvh);
-          }
+        load_k(0, kvh);
+        for (int j = 1; j < tiles; ++j) {
+          load_k(j, kvh);
+          load_v(j - 1, kvh);
         }
+        load_v(tiles - 1, kvh);
       }
     }
     return;
@@ -149,38 +166,41 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   float o[kO];
   float m_run[2], l_run[2];        // log2 domain; l per thread
   QCursor cq;
+  KCursor ck;
+  VCursor cv;
   // Tile j's scores are computed while the tensor cores still run tile j-1's P V: per tile,
   // issue S_j, rescale O and issue P V_(j-1), wait for S_j only, run the softmax of S_j, then
   // wait for P V_(j-1) and convert P_j for the next round.
   float s[kS];
   uint32_t p[BN / 16][4];
   float alpha[2];
-  auto issue_s = [&](const Cursor& at) {
+  auto issue_s = [&]() {
     wgmma::fence_operands(s);
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {  // 16 head-dim columns a step: 32 B into a 128 B box row
       const int box = ks / 4;
       const uint64_t dq = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) + cw * 64 * 128);
-      const uint64_t dk = wgmma::desc_k_major_sw128(S.kv_k(at.stage, box));
+      const uint64_t dk = wgmma::desc_k_major_sw128(S.kp_k(ck.stage, box));
       mma_qk(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
     }
     wgmma::commit_group();
   };
-  auto issue_pv = [&](const Cursor& at) {  // O = alpha O + P V
+  auto issue_pv = [&]() {  // O = alpha O + P V
     // Once the row maxima settle, alpha is exactly 1 (2^0): a warp skips the multiplies then.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
-    const uint64_t dv = wgmma::desc_mn_major_sw128(S.kv_v(at.stage, 0), kBoxBytes);
+    const uint64_t dv = wgmma::desc_mn_major_sw128(S.vp_v(cv.stage, 0), kBoxBytes);
     wgmma::fence_operands(o);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) mma_pv(o, p[kk], dv + kk * (2048 >> 4));  // 16 keys of 128 B rows a step
+    for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys of 128 B rows a step
+      mma_pv(o, p[kk], dv + kk * (2048 >> 4));
     wgmma::commit_group();
   };
-  // Online softmax of tile j in place (s becomes P in fp32), alpha the rescale of older sums.
+  // Online softmax of key tile j in place (s becomes P in fp32), alpha the rescale of older sums.
   auto softmax = [&](int j) {
     // Masks cost a compare and a select per score: only tiles that reach past the sequence or
     // (causal) past this warpgroup's first row need them (a warp-uniform test).
@@ -228,63 +248,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
       for (int r = 0; r < 4; ++r) p[kk][r] = wgmma::bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
   };
-  // Turns (FlashAttention-3's ping-pong): the two consumer warpgroups take turns issuing their
-  // GEMMs, so one's softmax runs while the other's GEMMs keep the tensor cores busy. Warpgroup
-  // 0 waits at barrier 1, warpgroup 1 at barrier 2; each ends a turn by arriving at the
-  // other's (warpgroup 1 lets warpgroup 0 go first, and skips its very last arrival).
-  auto turn_begin = [&]() { named_barrier::sync(1 + cw, 256); };
-  auto turn_end = [&](bool last) {
-    if (!(last && cw == 1)) named_barrier::arrive(2 - cw, 256);
-  };
-  if (cw == 1) named_barrier::arrive(1, 256);
-  Cursor c, prev;
-  for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance(), c.advance()) {
-    coords(t, m0, bh, kvh);
-    row0 = m0 + cw * 64 + wq * 16 + lane / 4;
-    const int tiles = key_tiles(m0, seq_q, seq_kv);
-    const bool last_work = t + gridDim.x >= work;
-#pragma unroll
-    for (int i = 0; i < kO; ++i) o[i] = 0.f;
-    for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.f;
-    // Q goes back to the producer as soon as the last S is done, so the next work tile's Q
-    // loads while this one's softmax, P V and stores run.
-    auto scores_done = [&](int j) {
-      wgmma::fence_operands(s);
-      if (j == tiles - 1 && lane == 0) qp.consumer_release(cq);
-    };
-    qp.consumer_wait(cq);
-    kv.consumer_wait(c);
-    turn_begin();
-    issue_s(c);
-    turn_end(false);
-    wgmma::wait_group<0>();
-    scores_done(0);
-    softmax(0);
-    convert();
-    for (int j = 1; j < tiles; ++j) {
-      prev = c;
-      c.advance();
-      kv.consumer_wait(c);
-      turn_begin();
-      issue_s(c);
-      issue_pv(prev);
-      turn_end(false);
-      wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
-      scores_done(j);
-      softmax(j);
-      wgmma::wait_group<0>();
-      wgmma::fence_operands(o);
-      if (lane == 0) kv.consumer_release(prev);
-      convert();
-    }
-    turn_begin();
-    issue_pv(c);
-    turn_end(last_work);
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(o);
-    if (lane == 0) kv.consumer_release(c);
-
-    // O / l, clipped at the sequence; the log-sum-exp (natural log of sum exp(scale * s)).
+  // O / l of the finished work tile, clipped at the sequence; the log-sum-exp (natural log of
+  // sum exp(scale * s)).
+  auto store = [&]() {
     const int bh_row = bh * seq_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -300,5 +266,81 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
           lse[bh_row + row] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
       }
     }
+  };
+  auto begin_work = [&](int t) {  // a work tile's coordinates and fresh sums
+    coords(t, m0, bh, kvh);
+    row0 = m0 + cw * 64 + wq * 16 + lane / 4;
+    for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] = 0.f;
+    return key_tiles(m0, seq_q, seq_kv);
+  };
+  // Turns (FlashAttention-3's ping-pong): the two consumer warpgroups take turns issuing their
+  // GEMMs, so one's softmax runs while the other's GEMMs keep the tensor cores busy. Warpgroup
+  // 0 waits at barrier 1, warpgroup 1 at barrier 2; each ends a turn by arriving at the
+  // other's (warpgroup 1 lets warpgroup 0 go first, and skips its very last arrival).
+  auto turn_begin = [&]() { named_barrier::sync(1 + cw, 256); };
+  auto turn_end = [&](bool last) {
+    if (!(last && cw == 1)) named_barrier::arrive(2 - cw, 256);
+  };
+  // Q goes back to the producer once the work tile's last S is done, K_j once S_j is.
+  auto scores_done = [&](int j, int tiles) {
+    wgmma::fence_operands(s);
+    if (lane == 0) {
+      kp.consumer_release(ck);
+      if (j == tiles - 1) qp.consumer_release(cq);
+    }
+    ck.advance();
+  };
+  // Tile j+1's K and tile j's V are waited for right after tile j's GEMMs are issued, while
+  // the thread would wait for S_j anyway: an mbarrier wait at the top of a tile sat on the
+  // critical path (4-10% at every head dim), though the loads had landed long before.
+  auto wait_ahead = [&](int j, int tiles) {
+    if (j + 1 < tiles) {
+      KCursor next = ck;
+      next.advance();
+      kp.consumer_wait(next);
+    }
+    VCursor next_v = cv;
+    if (j > 0) next_v.advance();
+    vp.consumer_wait(next_v);
+  };
+  if (cw == 1) named_barrier::arrive(1, 256);
+  for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance()) {
+    const int tiles = begin_work(t);
+    qp.consumer_wait(cq);
+    kp.consumer_wait(ck);
+    turn_begin();
+    issue_s();
+    turn_end(false);
+    wait_ahead(0, tiles);
+    wgmma::wait_group<0>();
+    scores_done(0, tiles);
+    softmax(0);
+    convert();
+    for (int j = 1; j < tiles; ++j) {
+      turn_begin();
+      issue_s();
+      issue_pv();
+      turn_end(false);
+      wait_ahead(j, tiles);
+      wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
+      scores_done(j, tiles);
+      softmax(j);
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(o);
+      if (lane == 0) vp.consumer_release(cv);
+      cv.advance();
+      convert();
+    }
+    const bool last = t + gridDim.x >= work;
+    turn_begin();
+    issue_pv();
+    turn_end(last);
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(o);
+    if (lane == 0) vp.consumer_release(cv);
+    cv.advance();
+    store();
   }
 }

@@ -1,5 +1,5 @@
 """Attention forward written with tmaflow (``attention.cu``): the plan (3-D tensor maps of Q, K
-and V, a one-stage pipeline for Q and a multi-stage one for K and V tiles) and the entry point
+and V, a one-stage pipeline for Q and a multi-stage one each for K and V tiles) and the entry point
 ``kernels.attention``."""
 from __future__ import annotations
 
@@ -29,9 +29,12 @@ _BARRIER_RESERVE = 256
 
 
 @functools.lru_cache(maxsize=16)
-def attention_plan(head_dim: int, stages: int | None = None) -> tuple:
+def attention_plan(head_dim: int) -> tuple:
     """(Q box spec, K/V box spec, shared layout) for a head dimension; the shapes in the specs
-    are placeholders (the layout needs only box bytes; calls bind maps of the real shapes)."""
+    are placeholders (the layout needs only box bytes; calls bind maps of the real shapes).
+
+    K and V are separate pipelines (K_j is needed a step before V_j, and each goes back as
+    soon as its GEMM is done); they take equal stages, up to four, and K any bytes left over."""
     if head_dim not in HEAD_DIMS:
         raise TmaflowError(f"attention: head dim {head_dim} is not supported; use one of {HEAD_DIMS}")
     box = {"swizzle": "128B"}
@@ -39,12 +42,13 @@ def attention_plan(head_dim: int, stages: int | None = None) -> tuple:
     bn = keys_per_tile(head_dim)
     spec_kv = TensorMapSpec.tiled("bfloat16", (1, bn, head_dim), (1, bn, 64), **box)
     boxes = head_dim // 64
-    q_bytes = boxes * spec_q.smem_bytes
-    stage = 2 * boxes * spec_kv.smem_bytes
-    stages = stages or min(4, (HOPPER_SMEM_LIMIT - q_bytes - _BARRIER_RESERVE) // stage)
+    q_bytes, kv_bytes = boxes * spec_q.smem_bytes, boxes * spec_kv.smem_bytes
+    budget = HOPPER_SMEM_LIMIT - _BARRIER_RESERVE
+    pairs = min(4, (budget - q_bytes) // (2 * kv_bytes))
+    k_stages = pairs + (pairs < 4 and budget - q_bytes - 2 * pairs * kv_bytes >= kv_bytes)
     layout = SharedLayout([Pipeline("qp", stages=1, tiles={"q": (spec_q, boxes)}, consumers=8),
-                           Pipeline("kv", stages=stages, tiles={"k": (spec_kv, boxes), "v": (spec_kv, boxes)},
-                                    consumers=8)])
+                           Pipeline("kp", stages=k_stages, tiles={"k": (spec_kv, boxes)}, consumers=8),
+                           Pipeline("vp", stages=pairs, tiles={"v": (spec_kv, boxes)}, consumers=8)])
     return spec_q, spec_kv, layout
 
 
