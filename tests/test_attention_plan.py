@@ -37,3 +37,19 @@ def test_attention_plan_fits_shared_memory_with_several_stages(d, keys, q_stages
     spec_q, spec_kv, layout = attention_plan(d)
     assert layout.total_bytes <= HOPPER_SMEM_LIMIT and spec_kv.box == (1, keys, 64)
     assert [(p.name, p.stages) for p in layout.items[:3]] == [("qp", q_stages), ("kp", k_stages), ("vp", v_stages)]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_cp_async_attention_compiles_without_spills(d, causal):
+    """The pre-Hopper kernel kept from seed 002: mma.sync and ldmatrix, no local memory."""
+    from tmaflow.kernels.registry import get_kernel
+    k = get_kernel("attention_cp_async", None, defines={"HEAD_DIM": d, "CAUSAL": causal}, file="attention_cp_async")
+    sass = k.sass()
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    assert "HMMA" in sass and "LDSM" in sass and "LDGSTS" in sass
+
+
+def test_cp_async_attention_refuses_head_dim_256():
+    with pytest.raises(tf.TmaflowError, match=r"attention_cp_async: head_dim=256 is not supported; use one of \(64, 128\)"):
+        kernels.attention_cp_async(arr((1, 2, 64, 256)), arr((1, 2, 64, 256)), arr((1, 2, 64, 256)))

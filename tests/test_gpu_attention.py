@@ -47,6 +47,41 @@ def test_attention_against_float64(device, rng, b, hq, hkv, sq, skv, d, causal):
         np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_attention_persistent_ctas_cross_heads_and_blocks(device, rng, d):
+    """More work tiles than SMs: non-causal CTAs stride over them, so one CTA runs several
+    (batch, head, row block)s in turn through the same pipelines and Q buffer."""
+    b, hq, hkv, sq = 3, 12, 4, 520
+    assert -(-sq // 128) * b * hq > device.sm_count
+    q, qf = _bf16(rng, (b, hq, sq, d))
+    k, kf = _bf16(rng, (b, hkv, sq, d))
+    v, vf = _bf16(rng, (b, hkv, sq, d))
+    ref, ref_lse = _reference(qf, kf, vf, False, 1 / np.sqrt(d))
+    out = poison(tf.empty((b, hq, sq, d), "bfloat16"))
+    _, lse = kernels.attention(q, k, v, out, return_lse=True)
+    got = bf16_to_float32(out.numpy())
+    assert not np.isnan(got).any()
+    assert rel_error(got, ref) < 1e-2, rel_error(got, ref)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,skv", [(1, 2, 2, 128, 128), (2, 4, 2, 300, 300), (1, 2, 1, 77, 513),
+                                             (1, 1, 1, 1, 1000)])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_cp_async_against_float64(device, rng, b, hq, hkv, sq, skv, d, causal):
+    """Seed 002's pre-Hopper schedule (cp.async double buffering, mma.sync), kept beside it."""
+    q, qf = _bf16(rng, (b, hq, sq, d))
+    k, kf = _bf16(rng, (b, hkv, skv, d))
+    v, vf = _bf16(rng, (b, hkv, skv, d))
+    ref, _ = _reference(qf, kf, vf, causal, 1 / np.sqrt(d))
+    out = poison(tf.empty((b, hq, sq, d), "bfloat16"))
+    kernels.attention_cp_async(q, k, v, out, causal=causal)
+    got = bf16_to_float32(out.numpy())
+    assert not np.isnan(got).any()
+    assert rel_error(got, ref) < 1e-2, (b, hq, hkv, sq, skv, d, causal, rel_error(got, ref))
+
+
 def test_attention_scale_and_allocated_output(device, rng):
     q, qf = _bf16(rng, (1, 2, 200, 64))
     k, kf = _bf16(rng, (1, 2, 333, 64))

@@ -15,7 +15,7 @@ _EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "a
 _MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in matmul.py: a module named gemm would shadow the function
 
 
-_ATTENTION = ("attention",)
+_ATTENTION = ("attention", "attention_cp_async")
 
 
 def __getattr__(name):  # the example entry points are imported on first use

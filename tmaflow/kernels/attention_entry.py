@@ -52,7 +52,9 @@ def attention_plan(head_dim: int) -> tuple:
     return spec_q, spec_kv, layout
 
 
-def _check(q, k, v):
+def _check(q, k, v, causal, head_dims=HEAD_DIMS, who="attention"):
+    if not isinstance(causal, bool):
+        raise TmaflowError(f"{who}: causal={causal!r} must be a bool")
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim != 4:
             raise TmaflowError(f"attention: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
@@ -70,11 +72,29 @@ def _check(q, k, v):
     if hkv == 0 or hq % hkv:
         raise TmaflowError(f"attention: {hq} query heads must be a multiple of the {hkv} key/value heads "
                            "(grouped-query attention)")
-    if d not in HEAD_DIMS:
-        raise TmaflowError(f"attention: head_dim={d} is not supported; use one of {HEAD_DIMS}")
+    if d not in head_dims:
+        raise TmaflowError(f"{who}: head_dim={d} is not supported; use one of {head_dims}")
     if skv == 0 and sq > 0:
         raise TmaflowError("attention: k and v have no keys (seq 0); softmax over nothing is undefined")
     return b, hq, sq, d, hkv, skv
+
+
+def _scale(scale, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise TmaflowError(f"attention: scale={scale!r} must be a positive finite float (the kernel "
+                           "takes row maxima of the unscaled scores)")
+    return float(scale)
+
+
+def _given_out(out, Q):
+    if out is None:
+        return None
+    O = given_output("attention", out, Q.shape, Q.dtype)
+    if O.strides != contiguous_strides(Q.shape, 2):
+        raise TmaflowError(f"attention: out must be contiguous (strides {O.strides} B)")
+    return O
 
 
 @entry_point
@@ -86,20 +106,10 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as torch's
     ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind), and
     with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
-    if not isinstance(causal, bool):
-        raise TmaflowError(f"attention: causal={causal!r} must be a bool")
     Q, K, V = as_array(q), as_array(k), as_array(v)
-    b, hq, sq, d, hkv, skv = _check(Q, K, V)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise TmaflowError(f"attention: scale={scale!r} must be a positive finite float (the kernel "
-                           "takes row maxima of the unscaled scores)")
-    O = None
-    if out is not None:
-        O = given_output("attention", out, Q.shape, Q.dtype)
-        if O.strides != contiguous_strides(Q.shape, 2):
-            raise TmaflowError(f"attention: out must be contiguous (strides {O.strides} B)")
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal)
+    scale = _scale(scale, d)
+    O = _given_out(out, Q)
     key = ("attention", Q.shape, K.shape, causal, stream_key(stream), pdl, Q.device, current_ordinal(),
            debug, trace, get_ident())
     try:
@@ -140,3 +150,36 @@ def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
                                                swizzle="128B"))
     return SimpleNamespace(launcher=launcher, tq=template(b * hq, sq, spec_q), tk=template(b * hkv, skv, spec_kv),
                   tv=template(b * hkv, skv, spec_kv))
+
+
+CP_ASYNC_HEAD_DIMS = (64, 128)
+_CP_ASYNC_ROWS = 64  # query rows (and keys) a CTA block
+
+
+@entry_point
+def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float | None = None, stream=None):
+    """The same attention the pre-Hopper way (``attention_cp_async.cu``: seed 002's cp.async
+    double buffering and mma.sync), kept beside ``attention`` to compare; head dim 64 or 128."""
+    Q, K, V = as_array(q), as_array(k), as_array(v)
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal, CP_ASYNC_HEAD_DIMS, "attention_cp_async")
+    scale = _scale(scale, d)
+    O = _given_out(out, Q)
+    key = ("attention_cp_async", Q.shape, K.shape, causal, stream_key(stream), Q.device, current_ordinal(),
+           get_ident())
+    try:
+        launcher = STATES[key]
+    except (KeyError, TypeError):
+        launcher = cached_state(key, lambda: _cp_async_launcher(Q, causal, stream))
+    result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
+    if b * hq * sq == 0:
+        return None, (), result
+    return launcher, (Q, K, V, O, sq, skv, hq, hq // hkv, scale * math.log2(math.e)), result
+
+
+def _cp_async_launcher(Q, causal, stream):
+    on_current_device("attention_cp_async", Q)
+    b, hq, sq, d = Q.shape
+    kern = get_kernel("attention_cp_async", None, defines={"HEAD_DIM": d, "CAUSAL": int(causal)},
+                      file="attention_cp_async")
+    return kern.launcher(grid=(max(1, math.ceil(sq / _CP_ASYNC_ROWS)), max(1, b * hq)), block=128,
+                         smem=3 * _CP_ASYNC_ROWS * d * 2, stream=stream)
