@@ -30,13 +30,15 @@ def test_attention_refuses_bad_arguments_by_name(q, k, v, kw, match):
         kernels.attention(q, k, v, **kw)
 
 
-@pytest.mark.parametrize("d,keys,q_stages,k_stages,v_stages",
-                         [(64, 128, 1, 4, 4), (128, 128, 1, 3, 3), (256, 64, 1, 3, 2)])
-def test_attention_plan_fits_shared_memory_with_several_stages(d, keys, q_stages, k_stages, v_stages):
-    """Separate K and V pipelines with equal stages (up to four), K taking any bytes left over."""
-    spec_q, spec_kv, layout = attention_plan(d)
+@pytest.mark.parametrize("d,causal,keys,k_stages,v_stages",
+                         [(64, False, 128, 4, 4), (128, False, 176, 2, 2), (128, True, 128, 3, 3),
+                          (256, False, 64, 3, 2)])
+def test_attention_plan_fits_shared_memory_with_several_stages(d, causal, keys, k_stages, v_stages):
+    """Separate K and V pipelines with equal stages (up to four), K taking any bytes left over;
+    176-key tiles at head dim 128 without a causal mask."""
+    spec_q, spec_kv, layout = attention_plan(d, causal)
     assert layout.total_bytes <= HOPPER_SMEM_LIMIT and spec_kv.box == (1, keys, 64)
-    assert [(p.name, p.stages) for p in layout.items[:3]] == [("qp", q_stages), ("kp", k_stages), ("vp", v_stages)]
+    assert [(p.name, p.stages) for p in layout.items[:3]] == [("qp", 1), ("kp", k_stages), ("vp", v_stages)]
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -27,7 +27,7 @@ KERNELS = {
                                                 file="skinny"))
        for m in (1, 16, 128)},
     **{f"attention d{d}{' causal' if c else ''}": (lambda d=d, c=c: get_kernel(
-        "attention_fwd", attention_plan(d)[2], defines={"HEAD_DIM": d, "CAUSAL": c}, file="attention"))
+        "attention_fwd", attention_plan(d, bool(c))[2], defines={"HEAD_DIM": d, "CAUSAL": c}, file="attention"))
        for d in (64, 128, 256) for c in (0, 1)},
 }
 

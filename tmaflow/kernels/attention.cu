@@ -3,7 +3,7 @@
 // Hopper's asynchronous units).
 //
 // A work tile is 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q, then K and V
-// tiles of 128 keys, 64 at head dim 256, each through its own multi-stage pipeline),
+// tiles of BN keys, each through its own multi-stage pipeline),
 // warpgroups 1 and 2 each own 64 query rows. CTAs stride over the work tiles (a grid of one
 // CTA an SM makes the kernel persistent: the next tile's Q and K load while this one's last
 // P V and stores run; released Q is the signal).
@@ -31,7 +31,9 @@ namespace L = tmaflow_layout;
 #define CAUSAL 0
 #endif
 constexpr int D = HEAD_DIM, kBoxes = D / 64;
-constexpr int BM = 128, BN = D == 256 ? 64 : 128;  // keys a tile: 64 at head dim 256 (registers)
+// Keys a tile: 64 at head dim 256 (its O takes 128 registers a thread); 176 at head dim 128
+// without a causal mask (fewer, longer softmax steps, as FlashAttention-3 chooses), else 128.
+constexpr int BM = 128, BN = D == 256 ? 64 : D == 128 && !CAUSAL ? 176 : 128;
 constexpr int kS = BN / 2;  // S accumulators per thread: 64 x BN / 128
 constexpr int kO = D / 2;   // O accumulators per thread: 64 x D / 128
 constexpr uint32_t kBoxBytes = BN * 128;  // a (1, BN, 64) K or V box: BN rows of 128 B
@@ -49,12 +51,11 @@ TMAFLOW_DEVICE void mma_pv(float (&o)[kO], const uint32_t (&a)[4], uint64_t dv) 
 #endif
 }
 
-TMAFLOW_DEVICE void mma_qk(float (&s)[kS], uint64_t dq, uint64_t dk, uint32_t scale_d) {
-#if HEAD_DIM == 256
-  wgmma::mma_m64n64k16_bf16<0>(s, dq, dk, scale_d);
-#else
-  wgmma::mma_m64n128k16_bf16<0>(s, dq, dk, scale_d);
-#endif
+template <int N>  // N = kS: BN / 2 accumulators
+TMAFLOW_DEVICE void mma_qk(float (&s)[N], uint64_t dq, uint64_t dk, uint32_t scale_d) {
+  if constexpr (N == 32) wgmma::mma_m64n64k16_bf16<0>(s, dq, dk, scale_d);
+  else if constexpr (N == 88) wgmma::mma_m64n176k16_bf16<0>(s, dq, dk, scale_d);
+  else wgmma::mma_m64n128k16_bf16<0>(s, dq, dk, scale_d);
 }
 
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }

@@ -22,14 +22,15 @@ BM = 128                  # query rows per CTA
 HEAD_DIMS = (64, 128, 256)
 
 
-def keys_per_tile(head_dim: int) -> int:
-    """64 at head dim 256 (its O accumulators take 128 registers a thread), else 128."""
-    return 64 if head_dim == 256 else 128
+def keys_per_tile(head_dim: int, causal: bool) -> int:
+    """64 at head dim 256 (its O accumulators take 128 registers a thread); 176 at head dim 128
+    without a causal mask (as attention.cu's BN), else 128."""
+    return 64 if head_dim == 256 else 176 if head_dim == 128 and not causal else 128
 _BARRIER_RESERVE = 256
 
 
 @functools.lru_cache(maxsize=16)
-def attention_plan(head_dim: int) -> tuple:
+def attention_plan(head_dim: int, causal: bool = False) -> tuple:
     """(Q box spec, K/V box spec, shared layout) for a head dimension; the shapes in the specs
     are placeholders (the layout needs only box bytes; calls bind maps of the real shapes).
 
@@ -39,7 +40,7 @@ def attention_plan(head_dim: int) -> tuple:
         raise TmaflowError(f"attention: head dim {head_dim} is not supported; use one of {HEAD_DIMS}")
     box = {"swizzle": "128B"}
     spec_q = TensorMapSpec.tiled("bfloat16", (1, BM, head_dim), (1, BM, 64), **box)
-    bn = keys_per_tile(head_dim)
+    bn = keys_per_tile(head_dim, causal)
     spec_kv = TensorMapSpec.tiled("bfloat16", (1, bn, head_dim), (1, bn, 64), **box)
     boxes = head_dim // 64
     q_bytes, kv_bytes = boxes * spec_q.smem_bytes, boxes * spec_kv.smem_bytes
@@ -136,7 +137,7 @@ def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     on_current_device("attention", Q)
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
-    spec_q, spec_kv, layout = attention_plan(d)
+    spec_q, spec_kv, layout = attention_plan(d, causal)
     kern = get_kernel("attention_fwd", layout, defines={"HEAD_DIM": d, "CAUSAL": int(causal)},
                       file="attention", debug=debug, trace=trace)
     # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).
