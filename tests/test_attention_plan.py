@@ -14,7 +14,9 @@ def arr(shape, dtype="bfloat16", strides=None):
 
 @pytest.mark.parametrize("q,k,v,kw,match", [
     (arr((2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"q must be 4-D"),
-    (arr((1, 2, 64, 128), "float16"), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"q must be bfloat16 \(got float16\)"),
+    (arr((1, 2, 64, 128), "float32"), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"q must be bfloat16 or float16 \(got float32\)"),
+    (arr((1, 2, 64, 128), "float16"), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"k is bfloat16 but q is float16; q, k and v must have one dtype"),
+    (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128), "float16"), {}, r"v is float16 but q is bfloat16"),
     (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 65, 128)), {}, r"k \(1, 2, 64, 128\) and v \(1, 2, 65, 128\)"),
     (arr((1, 3, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"3 query heads must be a multiple of the 2"),
     (arr((1, 2, 64, 96)), arr((1, 2, 64, 96)), arr((1, 2, 64, 96)), {}, r"head_dim=96 is not supported"),

@@ -1,5 +1,6 @@
-"""kernels.attention against a float64 reference: head dims 64, 128 and 256, causal and not, ragged
-sequences, more keys than queries, grouped-query heads, poisoned outputs, the log-sum-exp."""
+"""kernels.attention against a float64 reference: bf16 and fp16, head dims 64, 128 and 256, causal
+and not, ragged sequences, more keys than queries, grouped-query heads, poisoned outputs, the
+log-sum-exp; and kernels.attention_cp_async, seed 002's pre-Hopper schedule."""
 import numpy as np
 import pytest
 
@@ -47,6 +48,24 @@ def test_attention_against_float64(device, rng, b, hq, hkv, sq, skv, d, causal):
         np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("b,hq,hkv,sq,skv", [(2, 4, 2, 300, 300), (1, 2, 1, 77, 513), (3, 12, 4, 520, 520)])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_fp16_against_float64(device, rng, b, hq, hkv, sq, skv, d, causal):
+    """fp16 Q, K, V and O (the fp16 wgmmas); the last shape has more work tiles than SMs."""
+    q, k, v = (rng.standard_normal(shape).astype(np.float16)
+               for shape in ((b, hq, sq, d), (b, hkv, skv, d), (b, hkv, skv, d)))
+    ref, ref_lse = _reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal,
+                              1 / np.sqrt(d))
+    out = poison(tf.empty((b, hq, sq, d), "float16"))
+    _, lse = kernels.attention(tf.from_numpy(q), tf.from_numpy(k), tf.from_numpy(v), out, causal=causal,
+                               return_lse=True)
+    got = out.numpy()
+    assert got.dtype == np.float16 and not np.isnan(got).any()
+    assert rel_error(got, ref) < 5e-3, (b, hq, hkv, sq, skv, d, causal, rel_error(got, ref))
+    np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_attention_persistent_ctas_cross_heads_and_blocks(device, rng, d):
     """More work tiles than SMs: non-causal CTAs stride over them, so one CTA runs several
@@ -91,14 +110,16 @@ def test_attention_scale_and_allocated_output(device, rng):
     assert rel_error(bf16_to_float32(out.numpy()), ref) < 1e-2
 
 
-def test_attention_matches_torch_sdpa(device):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_attention_matches_torch_sdpa(device, dtype):
     torch = pytest.importorskip("torch")
-    q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(2, 2, 1000, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(2, 2, 1000, 128, device="cuda", dtype=torch.bfloat16)
+    dtype = getattr(torch, dtype)
+    q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype)
+    k = torch.randn(2, 2, 1000, 128, device="cuda", dtype=dtype)
+    v = torch.randn(2, 2, 1000, 128, device="cuda", dtype=dtype)
     for causal in (False, True):
         out = kernels.attention(q, k, v, causal=causal)
-        assert isinstance(out, torch.Tensor) and out.shape == q.shape
+        assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.dtype == dtype
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal,
                                                                enable_gqa=True)
         assert (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item() < 1e-2

@@ -29,6 +29,10 @@ KERNELS = {
     **{f"attention d{d}{' causal' if c else ''}": (lambda d=d, c=c: get_kernel(
         "attention_fwd", attention_plan(d, bool(c))[2], defines={"HEAD_DIM": d, "CAUSAL": c}, file="attention"))
        for d in (64, 128, 256) for c in (0, 1)},
+    **{f"attention fp16 d{d}{' causal' if c else ''}": (lambda d=d, c=c: get_kernel(
+        "attention_fwd", attention_plan(d, bool(c))[2], defines={"HEAD_DIM": d, "CAUSAL": c, "FP16": 1},
+        file="attention"))
+       for d in (64, 128, 256) for c in (0, 1)},
 }
 
 

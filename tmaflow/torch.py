@@ -86,9 +86,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
 def _attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: float | None = None) -> torch.Tensor:
     _check("attention", q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and
-           q.dtype == k.dtype == v.dtype == torch.bfloat16,
-           f"needs 4-D bfloat16 q, k, v with k and v of one shape (got {tuple(q.shape)} {q.dtype}, "
-           f"{tuple(k.shape)}, {tuple(v.shape)})")
+           q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16),
+           f"needs 4-D bfloat16 or float16 q, k, v of one dtype, k and v of one shape (got "
+           f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype})")
     _check("attention", q.shape[-1] in attention_entry.HEAD_DIMS and k.shape[-1] == q.shape[-1],
            f"head_dim {q.shape[-1]} must be one of {attention_entry.HEAD_DIMS}, the same in k")
     return q.new_empty(q.shape)
@@ -98,7 +98,7 @@ def _attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     schema="(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> Tensor")
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None) -> torch.Tensor:
-    """``kernels.attention(q, k, v, causal=causal, scale=scale)``: attention forward, bf16."""
+    """``kernels.attention(q, k, v, causal=causal, scale=scale)``: attention forward, bf16 or fp16."""
     return attention_entry.attention(q, k, v, causal=causal, scale=scale)
 
 

@@ -31,6 +31,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="seq 1k and 4k only")
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256], help="head dims to run")
     p.add_argument("--seqs", type=int, nargs="+", help="sequence lengths (default 512 to 16k)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     args = p.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     seqs = args.seqs or ((1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384))
@@ -38,7 +39,8 @@ def main():
     for d, heads in ((d, h) for d, h in ((64, 32), (128, 16), (256, 8)) if d in args.dims):
         for seq in seqs:
             batch = max(1, 16384 // seq)
-            q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=getattr(torch, args.dtype))
+                       for _ in range(3))
             out = torch.empty_like(q)
             for causal in (False, True):
                 def sdpa(backend):
@@ -48,7 +50,7 @@ def main():
                     return run
                 fns = {"tmaflow": kernels.attention.prepare(q, k, v, out, causal=causal),
                        "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
-                if d in CP_ASYNC_HEAD_DIMS:  # seed 002's schedule, for scale
+                if d in CP_ASYNC_HEAD_DIMS and args.dtype == "bfloat16":  # seed 002's schedule, for scale
                     fns["cp.async"] = kernels.attention_cp_async.prepare(q, k, v, torch.empty_like(q), causal=causal)
                 available = {}
                 for name, fn in fns.items():
@@ -66,10 +68,10 @@ def main():
                 peers = [n for n in times if n not in ("tmaflow", "cp.async")]
                 best = max(peers, key=lambda n: tflops[n])
                 ratio = statistics.median(b / o for b, o in zip(times[best], times["tmaflow"]))
-                row = {"d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal,
+                row = {"dtype": args.dtype, "d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal,
                        "tflops": tflops, "best_peer": best, "ratio": ratio, "rel_err_vs_peer": err}
                 rows.append(row)
-                print(f"d{d:<4d} seq {seq:6d} b{batch:<3d} {'causal' if causal else 'full  '} "
+                print(f"{args.dtype[:4]} d{d:<4d} seq {seq:6d} b{batch:<3d} {'causal' if causal else 'full  '} "
                       + "  ".join(f"{n} {tflops[n]:6.1f}" for n in times)
                       + f"  TFLOP/s  ratio to {best} {ratio:.3f}  err {err:.1e}", flush=True)
     if args.json:

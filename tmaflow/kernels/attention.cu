@@ -1,6 +1,6 @@
-// Attention forward, O = softmax(scale * Q K^T) V, bf16 in and out, fp32 softmax and sums,
-// written with tmaflow's Pipeline, TMA and wgmma wrappers (the FlashAttention algorithm on
-// Hopper's asynchronous units).
+// Attention forward, O = softmax(scale * Q K^T) V, bf16 (FP16: fp16) in and out, fp32 softmax
+// and sums, written with tmaflow's Pipeline, TMA and wgmma wrappers (the FlashAttention
+// algorithm on Hopper's asynchronous units).
 //
 // A work tile is 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q, then K and V
 // tiles of BN keys, each through its own multi-stage pipeline),
@@ -10,7 +10,7 @@
 // Per key tile a consumer computes S = Q K^T with wgmma (Q and K 128B-swizzled in shared memory,
 // K-major), updates the running row maxima and sums in registers, rescales its O accumulators,
 // and adds P V with wgmma taking P straight from registers (the S accumulator fragment,
-// converted to bf16, is the A fragment) and V from shared memory (N-major: head dim
+// converted to 16 bits, is the A fragment) and V from shared memory (N-major: head dim
 // contiguous). S_j and P V_(j-1) are issued together so the softmax of tile j runs while the
 // tensor cores finish tile j-1, and the two warpgroups take turns issuing (FlashAttention-3's
 // ping-pong). Maps are 3-D (batch x heads, sequence, head dim), so loads past a head's
@@ -19,6 +19,7 @@
 //   key tiles past a CTA's last row are skipped.
 //   Grouped-query attention: query head h reads key/value head h / group.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
 using namespace tmaflow;
@@ -29,6 +30,9 @@ namespace L = tmaflow_layout;
 #endif
 #ifndef CAUSAL
 #define CAUSAL 0
+#endif
+#ifndef FP16
+#define FP16 0  // 1: fp16 Q, K, V and O instead of bf16
 #endif
 constexpr int D = HEAD_DIM, kBoxes = D / 64;
 // Keys a tile: 64 at head dim 256 (its O takes 128 registers a thread); 176 at head dim 128
@@ -41,21 +45,33 @@ constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(D == 64 || D == 128 || D == 256, "HEAD_DIM is 64, 128 or 256");
 static_assert(L::kp::k_boxes == kBoxes && L::kp::k_bytes == BN * D * 2, "plan does not match HEAD_DIM");
 
+#if FP16
+using elem_t = __half;
+#define TF_MMA(shape) wgmma::mma_##shape##_f16
+#define TF_MMA_RS(shape) wgmma::mma_##shape##_f16_rs
+TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::f16x2(lo, hi); }
+#else
+using elem_t = __nv_bfloat16;
+#define TF_MMA(shape) wgmma::mma_##shape##_bf16
+#define TF_MMA_RS(shape) wgmma::mma_##shape##_bf16_rs
+TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::bf16x2(lo, hi); }
+#endif
+
 TMAFLOW_DEVICE void mma_pv(float (&o)[kO], const uint32_t (&a)[4], uint64_t dv) {
 #if HEAD_DIM == 64
-  wgmma::mma_m64n64k16_bf16_rs<1>(o, a, dv, 1);
+  TF_MMA_RS(m64n64k16)<1>(o, a, dv, 1);
 #elif HEAD_DIM == 128
-  wgmma::mma_m64n128k16_bf16_rs<1>(o, a, dv, 1);
+  TF_MMA_RS(m64n128k16)<1>(o, a, dv, 1);
 #else
-  wgmma::mma_m64n256k16_bf16_rs<1>(o, a, dv, 1);
+  TF_MMA_RS(m64n256k16)<1>(o, a, dv, 1);
 #endif
 }
 
 template <int N>  // N = kS: BN / 2 accumulators
 TMAFLOW_DEVICE void mma_qk(float (&s)[N], uint64_t dq, uint64_t dk, uint32_t scale_d) {
-  if constexpr (N == 32) wgmma::mma_m64n64k16_bf16<0>(s, dq, dk, scale_d);
-  else if constexpr (N == 88) wgmma::mma_m64n176k16_bf16<0>(s, dq, dk, scale_d);
-  else wgmma::mma_m64n128k16_bf16<0>(s, dq, dk, scale_d);
+  if constexpr (N == 32) TF_MMA(m64n64k16)<0>(s, dq, dk, scale_d);
+  else if constexpr (N == 88) TF_MMA(m64n176k16)<0>(s, dq, dk, scale_d);
+  else TF_MMA(m64n128k16)<0>(s, dq, dk, scale_d);
 }
 
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
@@ -89,7 +105,7 @@ TMAFLOW_DEVICE int key_tiles(int m0, int seq_q, int seq_kv) {
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-              const __grid_constant__ CUtensorMap tv, __nv_bfloat16* out, float* lse, int seq_q,
+              const __grid_constant__ CUtensorMap tv, elem_t* out, float* lse, int seq_q,
               int seq_kv, int batch_heads, int heads, int group, float scale_log2) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
@@ -243,11 +259,11 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       l_run[h] += s[i];
     }
   };
-  auto convert = [&]() {  // P as bf16 A fragments: columns 16 kk .. 16 kk + 15 are k-step kk
+  auto convert = [&]() {  // P as 16-bit A fragments: columns 16 kk .. 16 kk + 15 are k-step kk
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) p[kk][r] = wgmma::bf16x2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r) p[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
   };
   // O / l of the finished work tile, clipped at the sequence; the log-sum-exp (natural log of
   // sum exp(scale * s)).
@@ -259,10 +275,10 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       const float l = quad_sum(l_run[h]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       if (row < seq_q) {
-        __nv_bfloat16* dst = out + size_t(bh_row + row) * D + col;
+        elem_t* dst = out + size_t(bh_row + row) * D + col;
 #pragma unroll
         for (int jj = 0; jj < D / 8; ++jj)
-          *reinterpret_cast<uint32_t*>(dst + 8 * jj) = wgmma::bf16x2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
+          *reinterpret_cast<uint32_t*>(dst + 8 * jj) = pack2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
         if (lse != nullptr && lane % 4 == 0)
           lse[bh_row + row] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
       }

@@ -20,6 +20,7 @@ from .registry import get_kernel
 
 BM = 128                  # query rows per CTA
 HEAD_DIMS = (64, 128, 256)
+DTYPES = ("bfloat16", "float16")
 
 
 def keys_per_tile(head_dim: int, causal: bool) -> int:
@@ -53,16 +54,19 @@ def attention_plan(head_dim: int, causal: bool = False) -> tuple:
     return spec_q, spec_kv, layout
 
 
-def _check(q, k, v, causal, head_dims=HEAD_DIMS, who="attention"):
+def _check(q, k, v, causal, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
     if not isinstance(causal, bool):
         raise TmaflowError(f"{who}: causal={causal!r} must be a bool")
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim != 4:
-            raise TmaflowError(f"attention: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
-        if arr.dtype.name != "bfloat16":
-            raise TmaflowError(f"attention: {name} must be bfloat16 (got {arr.dtype.name})")
+            raise TmaflowError(f"{who}: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
+        if arr.dtype.name not in dtypes:
+            raise TmaflowError(f"{who}: {name} must be {' or '.join(dtypes)} (got {arr.dtype.name})")
+        if arr.dtype != q.dtype:
+            raise TmaflowError(f"{who}: {name} is {arr.dtype.name} but q is {q.dtype.name}; q, k and v "
+                               "must have one dtype")
         if arr.strides != contiguous_strides(arr.shape, 2):
-            raise TmaflowError(f"attention: {name} must be contiguous (batch, heads, seq, head_dim); "
+            raise TmaflowError(f"{who}: {name} must be contiguous (batch, heads, seq, head_dim); "
                                f"strides {arr.strides} B")
     b, hq, sq, d = q.shape
     if k.shape != v.shape:
@@ -102,16 +106,16 @@ def _given_out(out, Q):
 def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = None,
               return_lse: bool = False, stream=None, pdl: bool = False, debug: bool | None = None,
               trace: bool = False):
-    """softmax(scale * q @ k^T) @ v for bfloat16 (batch, heads, seq, head_dim) arrays, head_dim 64,
-    128 or 256; k and v may have fewer heads (grouped-query attention: query head h reads key/value
-    head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as torch's
-    ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind), and
-    with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
+    """softmax(scale * q @ k^T) @ v for bfloat16 or float16 (batch, heads, seq, head_dim) arrays,
+    head_dim 64, 128 or 256; k and v may have fewer heads (grouped-query attention: query head h
+    reads key/value head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as
+    torch's ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind),
+    and with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
     Q, K, V = as_array(q), as_array(k), as_array(v)
     b, hq, sq, d, hkv, skv = _check(Q, K, V, causal)
     scale = _scale(scale, d)
     O = _given_out(out, Q)
-    key = ("attention", Q.shape, K.shape, causal, stream_key(stream), pdl, Q.device, current_ordinal(),
+    key = ("attention", Q.dtype.name, Q.shape, K.shape, causal, stream_key(stream), pdl, Q.device, current_ordinal(),
            debug, trace, get_ident())
     try:
         st = STATES[key]
@@ -138,8 +142,8 @@ def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
     spec_q, spec_kv, layout = attention_plan(d, causal)
-    kern = get_kernel("attention_fwd", layout, defines={"HEAD_DIM": d, "CAUSAL": int(causal)},
-                      file="attention", debug=debug, trace=trace)
+    defines = {"HEAD_DIM": d, "CAUSAL": int(causal), **({"FP16": 1} if Q.dtype.name == "float16" else {})}
+    kern = get_kernel("attention_fwd", layout, defines=defines, file="attention", debug=debug, trace=trace)
     # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).
     # Causal ones differ in length: one CTA a tile, so the hardware's block scheduler balances.
     work = max(1, math.ceil(sq / BM) * b * hq)
@@ -147,7 +151,7 @@ def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     launcher = kern.launcher(grid=grid, block=384, stream=stream, pdl=pdl)
 
     def template(rows, seq, spec):
-        return MapTemplate(TensorMapSpec.tiled("bfloat16", (max(rows, 1), max(seq, 1), d), spec.box,
+        return MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (max(rows, 1), max(seq, 1), d), spec.box,
                                                swizzle="128B"))
     return SimpleNamespace(launcher=launcher, tq=template(b * hq, sq, spec_q), tk=template(b * hkv, skv, spec_kv),
                   tv=template(b * hkv, skv, spec_kv))
@@ -162,7 +166,7 @@ def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float 
     """The same attention the pre-Hopper way (``attention_cp_async.cu``: seed 002's cp.async
     double buffering and mma.sync), kept beside ``attention`` to compare; head dim 64 or 128."""
     Q, K, V = as_array(q), as_array(k), as_array(v)
-    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal, CP_ASYNC_HEAD_DIMS, "attention_cp_async")
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal, CP_ASYNC_HEAD_DIMS, "attention_cp_async", ("bfloat16",))
     scale = _scale(scale, d)
     O = _given_out(out, Q)
     key = ("attention_cp_async", Q.shape, K.shape, causal, stream_key(stream), Q.device, current_ordinal(),
