@@ -71,7 +71,7 @@ def main():
                 row = {"dtype": args.dtype, "d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal,
                        "tflops": tflops, "best_peer": best, "ratio": ratio, "rel_err_vs_peer": err}
                 rows.append(row)
-                print(f"{args.dtype[:4]} d{d:<4d} seq {seq:6d} b{batch:<3d} {'causal' if causal else 'full  '} "
+                print(f"{'fp16' if args.dtype == 'float16' else 'bf16'} d{d:<4d} seq {seq:6d} b{batch:<3d} {'causal' if causal else 'full  '} "
                       + "  ".join(f"{n} {tflops[n]:6.1f}" for n in times)
                       + f"  TFLOP/s  ratio to {best} {ratio:.3f}  err {err:.1e}", flush=True)
     if args.json:
