@@ -118,8 +118,10 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   const int m_blocks = (seq_q + BM - 1) / BM, work = m_blocks * batch_heads;
   // Work tile t: query rows from m0, (batch x heads) row bh, key/value head kvh.
+  // Causal tiles of later rows read more keys: they go first (blocks start in index order), so
+  // the short ones fill the tail.
   auto coords = [&](int t, int& m0, int& bh, int& kvh) {
-    m0 = (t % m_blocks) * BM;
+    m0 = (CAUSAL ? m_blocks - 1 - t % m_blocks : t % m_blocks) * BM;
     bh = t / m_blocks;
     kvh = (bh / heads) * (heads / group) + (bh % heads) / group;
   };
