@@ -142,15 +142,15 @@ struct Schedule {
   }
 };
 
-TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db) {
+TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t scale_d = 1) {
 #if FP8 && BN == 256
-  wgmma::mma_m64n256k32_e4m3(acc, da, db, 1);
+  wgmma::mma_m64n256k32_e4m3(acc, da, db, scale_d);
 #elif FP8
-  wgmma::mma_m64n128k32_e4m3(acc, da, db, 1);
+  wgmma::mma_m64n128k32_e4m3(acc, da, db, scale_d);
 #elif BN == 256
-  wgmma::mma_m64n256k16_bf16<B_N_MAJOR>(acc, da, db, 1);
+  wgmma::mma_m64n256k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
 #else
-  wgmma::mma_m64n128k16_bf16<B_N_MAJOR>(acc, da, db, 1);
+  wgmma::mma_m64n128k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
 #endif
 }
 
@@ -299,6 +299,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+      uint32_t acc_live = 1;  // 0: the next wgmma overwrites acc (after a promotion)
 #if PROMOTE
       float total[kAcc];  // the fp32 sum of the promoted k-blocks
 #pragma unroll
@@ -317,7 +318,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         wgmma::fence_operands(acc);
         wgmma::fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) mma(acc, da + 2 * k, db + kStepB * k);  // 4 k-steps of 32 B
+        for (int k = 0; k < 4; ++k) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);  // 4 k-steps of 32 B
+        acc_live = 1;
         wgmma::commit_group();
         // Keep this k-block's group in flight; the previous one is done with its stage.
         wgmma::wait_group<1>();
@@ -336,8 +338,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) {
             total[i] += acc[i] * ((i & 2) ? s1 : s0);  // acc[4j + 0/1]: row r, acc[4j + 2/3]: row r + 8
-            acc[i] = 0.f;
           }
+          acc_live = 0;  // the next k-block's first wgmma overwrites the accumulators
         }
 #elif PROMOTE
         if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote: the accumulators restart from zero
@@ -346,8 +348,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) {
             total[i] += acc[i];
-            acc[i] = 0.f;
           }
+          acc_live = 0;
         }
 #endif
       }
@@ -355,8 +357,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       wgmma::fence_operands(acc);
       if (lane == 0) pipe.consumer_release(prev);
 #if PROMOTE
+      // After a promotion acc still holds the promoted k-blocks (nothing has overwritten them).
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[i] += total[i];
+      for (int i = 0; i < kAcc; ++i) acc[i] = total[i] + (acc_live ? acc[i] : 0.f);
 #endif
 
       const int row = wq * 16 + lane / 4;   // and row + 8; the swizzle depends on row % 8
