@@ -3,10 +3,10 @@
 // algorithm on Hopper's asynchronous units).
 //
 // A work tile is 128 query rows of one (batch, head): warpgroup 0 issues TMA (Q, then K and V
-// tiles of BN keys, each through its own multi-stage pipeline),
-// warpgroups 1 and 2 each own 64 query rows. CTAs stride over the work tiles (a grid of one
-// CTA an SM makes the kernel persistent: the next tile's Q and K load while this one's last
-// P V and stores run; released Q is the signal).
+// tiles of BN keys, each through its own multi-stage pipeline), warpgroups 1 and 2 each own 64
+// query rows. CTAs stride over the work tiles (a grid of one CTA an SM makes the kernel
+// persistent: the next tile's Q and K load while this one's last P V and stores run; released
+// Q is the signal).
 // Per key tile a consumer computes S = Q K^T with wgmma (Q and K 128B-swizzled in shared memory,
 // K-major), updates the running row maxima and sums in registers, rescales its O accumulators,
 // and adds P V with wgmma taking P straight from registers (the S accumulator fragment,
@@ -16,7 +16,7 @@
 // ping-pong). Maps are 3-D (batch x heads, sequence, head dim), so loads past a head's
 // sequence read zeros, never the next head's rows; such keys are masked to -inf.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned, as torch's is_causal);
-//   key tiles past a CTA's last row are skipped.
+//   key tiles past a work tile's last row are skipped.
 //   Grouped-query attention: query head h reads key/value head h / group.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

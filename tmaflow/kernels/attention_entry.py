@@ -1,6 +1,7 @@
 """Attention forward written with tmaflow (``attention.cu``): the plan (3-D tensor maps of Q, K
-and V, a one-stage pipeline for Q and a multi-stage one each for K and V tiles) and the entry point
-``kernels.attention``."""
+and V, a one-stage pipeline for Q and a multi-stage one each for K and V tiles) and the entry
+point ``kernels.attention``; and ``kernels.attention_cp_async``, seed 002's pre-Hopper schedule
+(``attention_cp_async.cu``), kept beside it to compare."""
 from __future__ import annotations
 
 import functools
@@ -18,22 +19,23 @@ from .entry import (STATES, cached_state, contiguous_strides, entry_point, given
                     on_current_device, stream_key)
 from .registry import get_kernel
 
-BM = 128                  # query rows per CTA
+BM = 128                  # query rows a work tile
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("bfloat16", "float16")
+_BARRIER_RESERVE = 256
 
 
 def keys_per_tile(head_dim: int, causal: bool) -> int:
     """64 at head dim 256 (its O accumulators take 128 registers a thread); 176 at head dim 128
     without a causal mask (as attention.cu's BN), else 128."""
     return 64 if head_dim == 256 else 176 if head_dim == 128 and not causal else 128
-_BARRIER_RESERVE = 256
 
 
 @functools.lru_cache(maxsize=16)
 def attention_plan(head_dim: int, causal: bool = False) -> tuple:
-    """(Q box spec, K/V box spec, shared layout) for a head dimension; the shapes in the specs
-    are placeholders (the layout needs only box bytes; calls bind maps of the real shapes).
+    """(Q box spec, K/V box spec, shared layout) for a head dimension; the shapes (and the
+    dtype: fp16 has bf16's bytes) in the specs are placeholders (the layout needs only box bytes;
+    calls bind maps of the real shapes and dtype).
 
     K and V are separate pipelines (K_j is needed a step before V_j, and each goes back as
     soon as its GEMM is done); they take equal stages, up to four, and K any bytes left over."""
@@ -70,17 +72,17 @@ def _check(q, k, v, causal, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES)
                                f"strides {arr.strides} B")
     b, hq, sq, d = q.shape
     if k.shape != v.shape:
-        raise TmaflowError(f"attention: k {k.shape} and v {v.shape} must have one shape")
+        raise TmaflowError(f"{who}: k {k.shape} and v {v.shape} must have one shape")
     bk, hkv, skv, dk = k.shape
     if bk != b or dk != d:
-        raise TmaflowError(f"attention: q is {q.shape} but k is {k.shape}; batch and head_dim must match")
+        raise TmaflowError(f"{who}: q is {q.shape} but k is {k.shape}; batch and head_dim must match")
     if hkv == 0 or hq % hkv:
-        raise TmaflowError(f"attention: {hq} query heads must be a multiple of the {hkv} key/value heads "
+        raise TmaflowError(f"{who}: {hq} query heads must be a multiple of the {hkv} key/value heads "
                            "(grouped-query attention)")
     if d not in head_dims:
         raise TmaflowError(f"{who}: head_dim={d} is not supported; use one of {head_dims}")
     if skv == 0 and sq > 0:
-        raise TmaflowError("attention: k and v have no keys (seq 0); softmax over nothing is undefined")
+        raise TmaflowError(f"{who}: k and v have no keys (seq 0); softmax over nothing is undefined")
     return b, hq, sq, d, hkv, skv
 
 

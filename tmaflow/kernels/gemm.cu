@@ -299,7 +299,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-      uint32_t acc_live = 1;  // 0: the next wgmma overwrites acc (after a promotion)
+      // 0 after a promotion: the next wgmma overwrites acc (scale-d 0), which spares the 64
+      // zeroings a thread that would sit between the promotion's wait and the next issue.
+      uint32_t acc_live = 1;
 #if PROMOTE
       float total[kAcc];  // the fp32 sum of the promoted k-blocks
 #pragma unroll
@@ -318,7 +320,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         wgmma::fence_operands(acc);
         wgmma::fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);  // 4 k-steps of 32 B
+        for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
+          mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
         acc_live = 1;
         wgmma::commit_group();
         // Keep this k-block's group in flight; the previous one is done with its stage.
@@ -342,7 +345,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           acc_live = 0;  // the next k-block's first wgmma overwrites the accumulators
         }
 #elif PROMOTE
-        if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote: the accumulators restart from zero
+        if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote; the next k-block restarts acc
           wgmma::wait_group<0>();
           wgmma::fence_operands(acc);
 #pragma unroll
