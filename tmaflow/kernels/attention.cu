@@ -84,16 +84,6 @@ TMAFLOW_DEVICE float fast_exp2(float x) {
   return y;
 }
 
-TMAFLOW_DEVICE float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-TMAFLOW_DEVICE float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // Key tiles a CTA whose first query row is m0 reads.
 TMAFLOW_DEVICE int key_tiles(int m0, int seq_q, int seq_kv) {
   int tiles = (seq_kv + BN - 1) / BN;
@@ -248,7 +238,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     float base[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m_run[h], quad_max(mx[h]) * scale_log2);
+      const float m_new = fmaxf(m_run[h], warp::quad_max(mx[h]) * scale_log2);
       base[h] = m_new == neg_inf() ? 0.f : m_new;  // a row with every key masked so far: p = 0
       alpha[h] = fast_exp2(m_run[h] - base[h]);
       m_run[h] = m_new;
@@ -274,7 +264,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
-      const float l = quad_sum(l_run[h]);
+      const float l = warp::quad_sum(l_run[h]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       if (row < seq_q) {
         elem_t* dst = out + size_t(bh_row + row) * D + col;

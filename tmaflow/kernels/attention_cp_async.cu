@@ -63,21 +63,6 @@ TMAFLOW_DEVICE void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-TMAFLOW_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-TMAFLOW_DEVICE float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-TMAFLOW_DEVICE float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                    __nv_bfloat16* out, int seq_q, int seq_kv, int heads, int group, float scale_log2) {
@@ -143,7 +128,7 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
       float mx = neg_inf;
 #pragma unroll
       for (int n = 0; n < BN / 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-      const float m_new = fmaxf(m_run[h], quad_max(mx));
+      const float m_new = fmaxf(m_run[h], warp::quad_max(mx));
       const float base = m_new == neg_inf ? 0.f : m_new;
       const float alpha = exp2f(m_run[h] - base);
       m_run[h] = m_new;
@@ -166,9 +151,10 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
     }
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {  // 16 keys a k-step: P's A fragment from two S tiles
-      const uint32_t a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t a[4] = {wgmma::bf16x2(s[2 * kk][0], s[2 * kk][1]),
+                             wgmma::bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                             wgmma::bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             wgmma::bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {  // head-dim columns 16 dp ..: two n-tiles, V transposed
         uint32_t b[4];
@@ -181,13 +167,13 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + 8 * h;
-    const float l = quad_sum(l_run[h]);
+    const float l = warp::quad_sum(l_run[h]);
     const float inv = l > 0.f ? 1.f / l : 0.f;
     if (row < seq_q) {
       __nv_bfloat16* dst = out + (size_t(bh) * seq_q + row) * D + 2 * (lane % 4);
 #pragma unroll
       for (int d = 0; d < D / 8; ++d)
-        *reinterpret_cast<uint32_t*>(dst + 8 * d) = pack_bf16x2(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(dst + 8 * d) = wgmma::bf16x2(o[d][2 * h] * inv, o[d][2 * h + 1] * inv);
     }
   }
 }

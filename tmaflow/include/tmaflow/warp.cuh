@@ -17,6 +17,16 @@ template <uint32_t N> TMAFLOW_DEVICE void setmaxnreg_dec() {
 }
 TMAFLOW_DEVICE uint32_t lane() { return threadIdx.x & 31; }
 TMAFLOW_DEVICE uint32_t warp_index() { return __shfl_sync(0xffffffffu, threadIdx.x / 32, 0); }
+// Max / sum over the 4 lanes of a quad (lanes 4r .. 4r + 3): the lanes that hold one row of an
+// mma.m16n8 (or wgmma) accumulator fragment, so a row's reduction across the fragment.
+TMAFLOW_DEVICE float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+TMAFLOW_DEVICE float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
 }  // namespace warp
 namespace named_barrier {
 // bar.sync id, threads — barrier `id` (1-15; 0 is __syncthreads) among `threads` threads
