@@ -14,6 +14,7 @@ import numpy as np
 import tmaflow as tf
 from tmaflow.kernels import examples as ex
 from kernel_sources import source
+from tmaflow.kernels.attention_entry import attention, attention_cp_async
 from tmaflow.kernels.matmul import GemmConfig, gemm
 from tmaflow.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
@@ -245,9 +246,24 @@ cpu(G, "unknown layout", TE, r"layout='tn' must be one of \('nt', 'nn'\)", lambd
 cpu(G, "float16 operand", TE, r"a must be bfloat16 or float8_e4m3fn \(got float16\)", lambda: gemm(_bf((64, 32), "float16"), _bf((48, 32)), _bf((64, 48))))
 cpu(G, "K of a and b differ", TE, r"b must be \(N, K\) for layout 'nt'", lambda: gemm(_bf((64, 32)), _bf((48, 40)), _bf((64, 48))))
 cpu(G, "rows not a 16-byte multiple (K = 36)", TE, r"a has strides \(72, 2\) B; .*multiple of 16 B", lambda: gemm(_bf((64, 36)), _bf((48, 36)), _bf((64, 48))))
+cpu(G, "float16 out (the result is bf16)", TE, r"out must be a \(64, 48\) bfloat16 array \(got \(64, 48\) float16\)", lambda: gemm(_bf((64, 32)), _bf((48, 32)), _bf((64, 48), "float16")))
 cpu(G, "out of the wrong shape", TE, r"out must be a \(64, 48\) bfloat16 array", lambda: gemm(_bf((64, 32)), _bf((48, 32)), _bf((64, 40))))
 cpu(G, "config with 192-column tiles", TE, r"bn=192 must be 128 or 256", lambda: GemmConfig(bn=192))
 cpu(G, "config with split_k=0", TE, r"split_k=0 must be in \[1, 64\]", lambda: GemmConfig(split_k=0))
+
+A = "attention"
+_q = (1, 2, 64, 128)
+cpu(A, "float32 operands", TE, r"attention: q must be bfloat16 or float16 \(got float32\)", lambda: attention(_bf(_q, "float32"), _bf(_q, "float32"), _bf(_q, "float32")))
+cpu(A, "fp16 q with bf16 k and v", TE, r"k is bfloat16 but q is float16; q, k and v must have one dtype", lambda: attention(_bf(_q, "float16"), _bf(_q), _bf(_q)))
+cpu(A, "fp16 out for bf16 operands", TE, r"out must be a \(1, 2, 64, 128\) bfloat16 array", lambda: attention(_bf(_q), _bf(_q), _bf(_q), _bf(_q, "float16")))
+cpu(A, "scale NaN", TE, r"scale=nan must be a positive finite float", lambda: attention(_bf(_q), _bf(_q), _bf(_q), scale=float("nan")))
+cpu(A, "scale 0", TE, r"scale=0 must be a positive finite float", lambda: attention(_bf(_q), _bf(_q), _bf(_q), scale=0))
+cpu(A, "causal as a string", TE, r"causal='yes' must be a bool", lambda: attention(_bf(_q), _bf(_q), _bf(_q), causal="yes"))
+cpu(A, "head dim 96", TE, r"head_dim=96 is not supported; use one of \(64, 128, 256\)", lambda: attention(*(_bf((1, 2, 64, 96)),) * 3))
+cpu(A, "k transposed (not contiguous)", TE, r"attention: k must be contiguous", lambda: attention(_bf(_q), _bf(_q, strides=(32768, 16384, 2, 128)), _bf(_q)))
+cpu(A, "cp.async kernel given fp16", TE, r"attention_cp_async: q must be bfloat16 \(got float16\)", lambda: attention_cp_async(*(_bf(_q, "float16"),) * 3))
+cpu(A, "cp.async kernel at head dim 256", TE, r"attention_cp_async: head_dim=256 is not supported; use one of \(64, 128\)", lambda: attention_cp_async(*(_bf((1, 2, 64, 256)),) * 3))
+cpu(A, "cp.async kernel, 3 query heads over 2 kv heads", TE, r"attention_cp_async: 3 query heads must be a multiple of the 2", lambda: attention_cp_async(_bf((1, 3, 64, 64)), _bf((1, 2, 64, 64)), _bf((1, 2, 64, 64))))
 
 
 class _FakeAmpere:
@@ -431,6 +447,12 @@ for _label, _value in HOSTILE.items():
             lambda v=_value, e=_entry: getattr(ex, e)(v))
     cpu("hostile types: entry points", f"kernels.gemm(a = {_label})", TE, r"as_array|not a device array",
         lambda v=_value: gemm(v, _bf((64, 32))))
+    for _entry, _fn in (("attention", attention), ("attention_cp_async", attention_cp_async)):
+        cpu("hostile types: entry points", f"kernels.{_entry}(k = {_label})", TE, r"as_array|not a device array",
+            lambda v=_value, f=_fn: f(_bf((1, 2, 64, 64)), v, _bf((1, 2, 64, 64))))
+        if _value is not None and not isinstance(_value, (bool, int, float)):
+            cpu("hostile types: entry points", f"kernels.{_entry}(scale = {_label})", TE, r"scale=",
+                lambda v=_value, f=_fn: f(_bf((1, 2, 64, 64)), _bf((1, 2, 64, 64)), _bf((1, 2, 64, 64)), scale=v))
 
 # Kernel construction: options, defines, flags
 _K = "extern \"C\" __global__ void k() {}"

@@ -124,10 +124,13 @@ def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream=Non
     return arr, arr
 
 
-def given_output(name: str, out, shape: tuple, dtype) -> DeviceArray:
-    """The DeviceArray view of ``out`` after checking shape, element type and liveness."""
+def given_output(name: str, out, shape: tuple, dtype, bits_only: bool = False) -> DeviceArray:
+    """The DeviceArray view of ``out`` after checking shape, element type and liveness. Kernels
+    that only move bits (``bits_only``) take any element type of the same size; the others need
+    ``dtype`` itself (bf16 results in an fp16 array would read as garbage)."""
     arr = as_array(out)
-    if arr.shape != tuple(shape) or arr.dtype.itemsize != dtype.itemsize:
+    same = arr.dtype.itemsize == dtype.itemsize if bits_only else arr.dtype == dtype
+    if arr.shape != tuple(shape) or not same:
         raise TmaflowError(f"{name}: out must be a {tuple(shape)} {dtype} array (got "
                            f"{arr.shape} {arr.dtype})")
     if not arr.alive:

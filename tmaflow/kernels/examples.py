@@ -66,7 +66,7 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     in flight, evict-first loads) are the fastest configuration the bandwidth sweep found.
     """
     a = as_array(src)
-    o = None if dst is None else given_output("copy", dst, a.shape, a.dtype)
+    o = None if dst is None else given_output("copy", dst, a.shape, a.dtype, bits_only=True)
     box_t = tuple(box) if box is not None else None
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
            l2_promotion, flatten, evict_first, stores, stream_key(stream), pdl, a.device,
@@ -135,7 +135,7 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     if x.ndim != 2 or x.dtype.itemsize != 4:
         raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
     shape_t = (x.shape[1], x.shape[0])
-    o = None if out is None else given_output("transpose", out, shape_t, x.dtype)
+    o = None if out is None else given_output("transpose", out, shape_t, x.dtype, bits_only=True)
     o_strides = output_strides(o, shape_t, 4)
     key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream_key(stream), x.device,
            current_ordinal(), debug, get_ident())
