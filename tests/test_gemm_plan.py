@@ -30,7 +30,8 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(bn=192), r"bn=192 must be 128 or 256"),
+    (dict(bn=160), r"bn=160 must be 128, 192 \(fp8\) or 256"),
+    (dict(bn=192), r"epi_cols=128 must be a multiple of 64 dividing bn=192"),
     (dict(cluster_m=4), r"cluster_m=4 must be 1 or 2"),
     (dict(epi_cols=96), r"epi_cols=96 must be a multiple of 64 dividing bn=256"),
     (dict(group_m=3), r"group_m=3 must be a multiple of cluster_m=2"),

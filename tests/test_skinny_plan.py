@@ -88,7 +88,7 @@ def test_fp8_plan_uses_128_byte_k_blocks_and_promotes():
 
 @pytest.mark.parametrize("layout,config,match", [
     ("nn", GemmConfig(bn=128), r"fp8 operands take layout 'nt' \(got 'nn'\)"),
-    ("nt", GemmConfig(bn=256), r"fp8 with promote=4 needs bn=128 \(got bn=256\)")])
+    ("nt", GemmConfig(bn=256), r"fp8 with promote=4 needs bn=128 or 192 \(got bn=256\)")])
 def test_fp8_plan_refusals(layout, config, match):
     from tmaflow.kernels.matmul import gemm_plan
 
@@ -126,3 +126,14 @@ def test_fp8_block_scales_are_checked_by_shape_type_and_config():
         kernels.gemm(a8, b8, scale_a=sa, scale_b=DeviceArray(0, (3, 9), "float16"))
     with pytest.raises(tf.TmaflowError, match=r"config must be a GemmConfig with bn=128 and promote=1"):
         kernels.gemm(a8, b8, scale_a=sa, scale_b=sb, config=GemmConfig(bn=128, promote=4))
+
+
+def test_fp8_config_takes_192_column_tiles_for_large_products():
+    """Each promotion covers 1.5x the math with 128 x 192 tiles; small products keep 128 x 128
+    tiles (more of them to spread over the SMs)."""
+    from tmaflow.kernels.matmul import fp8_config
+
+    assert fp8_config(8192, 8192, 8192, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)
+    assert fp8_config(4096, 7168, 16384, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)
+    assert fp8_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)
+    assert choose_config(8192, 8192, 8192, 132, "nt", "float8_e4m3fn").bn == 192

@@ -38,7 +38,8 @@ SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(cluster=2), SkinnyConfig(rows=128, 
 # issue 16's fp8 shapes (M x N x K): per-tensor scales against torch._scaled_mm (cuBLAS fp8)
 FP8_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384), (4096, 2112, 7168), (64, 7168, 16384), (2048, 2048, 2048)]
 FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, cluster_m=2, promote=8),
-             GemmConfig(bn=128, cluster_m=2, promote=0)]
+             GemmConfig(bn=128, cluster_m=2, promote=0), GemmConfig(bn=192, cluster_m=2, epi_cols=64),
+             GemmConfig(bn=192, cluster_m=1, epi_cols=64)]
 
 
 def fp8_rows(args, flush, sms) -> list[dict]:
@@ -46,7 +47,8 @@ def fp8_rows(args, flush, sms) -> list[dict]:
     fast accumulation, each paired with ours; errors against a float64 product of the
     dequantised operands on 256 rows."""
     rows = []
-    for m, n, k in FP8_SHAPES:
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.fp8_shape] or FP8_SHAPES
+    for m, n, k in shapes:
         a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
         b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)
         sa, sb = 0.01, 0.02
@@ -160,6 +162,7 @@ def main():
     p.add_argument("--skinny", action="store_true", help="issue 16's decode shapes (M <= 128) instead")
     p.add_argument("--shape", action="append", default=[], metavar="MxNxK[:nt|nn]", help="these shapes instead")
     p.add_argument("--fp8", action="store_true", help="the fp8 shapes against torch._scaled_mm instead")
+    p.add_argument("--fp8-shape", action="append", default=[], metavar="MxNxK", help="with --fp8: these shapes instead")
     args = p.parse_args()
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     sms = tf.current_device().sm_count

@@ -59,11 +59,11 @@ constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread:
 constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
 // setmaxnreg split of the 64K registers: 128 x producer + 256 x consumer <= 65536.
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(BN == 128 || BN == 256, "BN is 128 or 256");
+static_assert(BN == 128 || BN == 256 || (BN == 192 && FP8), "BN is 128 or 256 (192: fp8)");
 static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
 static_assert(!FP8 || !B_N_MAJOR, "fp8 wgmma reads both operands K-major: layout nt");
-static_assert(!(FP8 && PROMOTE) || BN == 128, "promotion doubles the accumulators: BN 128");
+static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulators: BN 128 or 192");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
 
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
@@ -145,6 +145,8 @@ struct Schedule {
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t scale_d = 1) {
 #if FP8 && BN == 256
   wgmma::mma_m64n256k32_e4m3(acc, da, db, scale_d);
+#elif FP8 && BN == 192
+  wgmma::mma_m64n192k32_e4m3(acc, da, db, scale_d);
 #elif FP8
   wgmma::mma_m64n128k32_e4m3(acc, da, db, scale_d);
 #elif BN == 256
