@@ -21,6 +21,7 @@ KERNELS = {
     "gemm bf16 grouped": lambda: _gemm("bfloat16", GemmConfig(), {"GROUPED": 1}),
     "gemm fp8 promoted": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128)),
     "gemm fp8 fast 256": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=256, promote=0)),
+    "gemm fp8 promoted 192": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=192, cluster_m=1, epi_cols=64)),
     "gemm fp8 block scales": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128, promote=1), {"BLOCK_SCALES": 1}),
     **{f"skinny M={m}": (lambda m=m: get_kernel("gemm_skinny_bf16", skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).layout,
                                                 defines=skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).defines,
