@@ -139,14 +139,16 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
         kp.producer_acquire(ck);
         kp.producer_commit(ck);
 #pragma unroll
-        for (int box = 0; box < kBoxes; ++box) tma::load(S.kp_k(ck.stage, box), &tk, kp.barrier(ck), box * 64, j * BN, kvh);
+        for (int box = 0; box < kBoxes; ++box)
+          tma::load(S.kp_k(ck.stage, box), &tk, kp.barrier(ck), box * 64, j * BN, kvh);
         ck.advance();
       };
       auto load_v = [&](int j, int kvh) {
         vp.producer_acquire(cv);
         vp.producer_commit(cv);
 #pragma unroll
-        for (int box = 0; box < kBoxes; ++box) tma::load(S.vp_v(cv.stage, box), &tv, vp.barrier(cv), box * 64, j * BN, kvh);
+        for (int box = 0; box < kBoxes; ++box)
+          tma::load(S.vp_v(cv.stage, box), &tv, vp.barrier(cv), box * 64, j * BN, kvh);
         cv.advance();
       };
       for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance()) {
@@ -189,7 +191,8 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {  // 16 head-dim columns a step: 32 B into a 128 B box row
       const int box = ks / 4;
-      const uint64_t dq = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) + cw * 64 * 128);
+      const uint64_t dq =
+          wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) + cw * 64 * 128);
       const uint64_t dk = wgmma::desc_k_major_sw128(S.kp_k(ck.stage, box));
       mma_qk(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
     }
