@@ -171,17 +171,23 @@ def test_free_of_another_array_leaves_the_path_alone():
     assert run.func is plan and struct.unpack_from("<i", run.calls[-1][1], 136)[0] == 5
 
 
-def test_wrong_types_after_the_fast_path_are_still_checked():
-    run = fake_launcher(TABLE)
-    arr = owned_array()
-    tm = owned_map(arr)
-    run(tm, arr, 1, 2.0)
+def refuses_wrong_values(run, tm, arr):
+    """After a good call of TABLE's launcher: a wrong type, an int out of range and a missing
+    argument are each refused by name."""
     with pytest.raises(tf.LaunchError, match=r"argument 1: float 1.5 given for a pointer parameter"):
         run(tm, 1.5, 1, 2.0)
     with pytest.raises(tf.LaunchError, match=r"argument 2: int 4294967296 does not fit"):
         run(tm, arr, 2**32, 2.0)
     with pytest.raises(tf.LaunchError, match=r"takes 4 arguments"):
         run(tm, arr, 1)
+
+
+def test_wrong_types_after_the_fast_path_are_still_checked():
+    run = fake_launcher(TABLE)
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    refuses_wrong_values(run, tm, arr)
     assert len(run.calls) == 1
 
 

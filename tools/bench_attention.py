@@ -61,7 +61,8 @@ def main():
                         print(f"  {name} unavailable: {str(exc).splitlines()[0][:100]}")
                 torch.cuda.synchronize()
                 peer = available.get("cudnn") or available.get("flash")
-                err = (torch.linalg.norm(out.float() - peer().float()) / torch.linalg.norm(peer().float())).item()
+                ref = peer().float()
+                err = (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item()
                 times = timed_rounds(available, flush, args.repeats, warmup=2)
                 flop = 4.0 * batch * heads * seq * seq * d / (2 if causal else 1)
                 tflops = {name: flop / statistics.median(t) / 1e9 for name, t in times.items()}

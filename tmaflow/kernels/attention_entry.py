@@ -86,21 +86,21 @@ def _check(q, k, v, causal, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES)
     return b, hq, sq, d, hkv, skv
 
 
-def _scale(scale, d: int) -> float:
+def _scale(scale, d: int, who: str = "attention") -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise TmaflowError(f"attention: scale={scale!r} must be a positive finite float (the kernel "
+        raise TmaflowError(f"{who}: scale={scale!r} must be a positive finite float (the kernel "
                            "takes row maxima of the unscaled scores)")
     return float(scale)
 
 
-def _given_out(out, Q):
+def _given_out(out, Q, who: str = "attention"):
     if out is None:
         return None
-    O = given_output("attention", out, Q.shape, Q.dtype)
+    O = given_output(who, out, Q.shape, Q.dtype)
     if O.strides != contiguous_strides(Q.shape, 2):
-        raise TmaflowError(f"attention: out must be contiguous (strides {O.strides} B)")
+        raise TmaflowError(f"{who}: out must be contiguous (strides {O.strides} B)")
     return O
 
 
@@ -168,9 +168,10 @@ def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float 
     """The same attention the pre-Hopper way (``attention_cp_async.cu``: seed 002's cp.async
     double buffering and mma.sync), kept beside ``attention`` to compare; head dim 64 or 128."""
     Q, K, V = as_array(q), as_array(k), as_array(v)
-    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal, CP_ASYNC_HEAD_DIMS, "attention_cp_async", ("bfloat16",))
-    scale = _scale(scale, d)
-    O = _given_out(out, Q)
+    who = "attention_cp_async"
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal, CP_ASYNC_HEAD_DIMS, who, ("bfloat16",))
+    scale = _scale(scale, d, who)
+    O = _given_out(out, Q, who)
     key = ("attention_cp_async", Q.shape, K.shape, causal, stream_key(stream), Q.device, current_ordinal(),
            get_ident())
     try:
