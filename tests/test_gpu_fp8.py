@@ -69,8 +69,10 @@ def _block_operands(rng, m, n, k):
 
 
 @pytest.mark.parametrize("m,n,k", [(300, 264, 1040), (1024, 1024, 2048), (16, 512, 4096)])
-@pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=1, promote=1, split_k=3)],
-                         ids=["auto", "split3"])
+@pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=1, promote=1, split_k=3),
+                                    GemmConfig(bn=128, cluster_m=2, epi_cols=64, promote=1),
+                                    GemmConfig(bn=128, cluster_m=2, promote=1, split_k=2)],
+                         ids=["auto", "split3", "c2", "c2-split2"])
 def test_fp8_block_scales_against_float64(device, rng, m, n, k, config):
     A, B, SA, SB, ref = _block_operands(rng, m, n, k)
     _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)

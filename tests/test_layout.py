@@ -15,6 +15,17 @@ def test_pipeline_counts():
     assert p.full_arrivals == 1 and p.empty_arrivals == 2 and not p.uses_cluster
 
 
+def test_pipeline_producers_count_on_the_full_barrier():
+    """Threads that fill part of a stage themselves (cp.async) add their arrivals to the full
+    barrier's count, in the plan and in the generated header."""
+    p = tf.Pipeline("ab", stages=2, tiles=[A], consumers=8, producers=33)
+    assert p.full_arrivals == 33 and p.empty_arrivals == 8
+    assert "constexpr uint32_t full_arrivals = 33;" in tf.SharedLayout([p]).header()
+    for bad in (0, 1025, True, 2.0):
+        with pytest.raises(tf.LayoutError, match=rf"Pipeline 'ab': producers={bad!r} must be an int in \[1, 1024\]"):
+            tf.Pipeline("ab", stages=2, tiles=[A], producers=bad)
+
+
 def test_layout_offsets_and_alignment():
     pipe = tf.Pipeline("ab", stages=3, tiles={"a": A, "s": SMALL})
     layout = tf.SharedLayout([tf.Buffer("epi", 100, align=16), pipe, tf.Barrier("done", arrivals=3)])

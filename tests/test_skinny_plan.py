@@ -126,6 +126,8 @@ def test_fp8_block_scales_are_checked_by_shape_type_and_config():
         kernels.gemm(a8, b8, scale_a=sa, scale_b=DeviceArray(0, (3, 9), "float16"))
     with pytest.raises(tf.TmaflowError, match=r"config must be a GemmConfig with bn=128 and promote=1"):
         kernels.gemm(a8, b8, scale_a=sa, scale_b=sb, config=GemmConfig(bn=128, promote=4))
+    with pytest.raises(tf.TmaflowError, match=r"bn=128 and promote=1 \(got GemmConfig\(bn=192"):
+        kernels.gemm(a8, b8, scale_a=sa, scale_b=sb, config=GemmConfig(bn=192, epi_cols=64, promote=1))
 
 
 def test_fp8_config_takes_192_column_tiles_for_large_products():
@@ -137,3 +139,25 @@ def test_fp8_config_takes_192_column_tiles_for_large_products():
     assert fp8_config(4096, 7168, 16384, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)
     assert fp8_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)
     assert choose_config(8192, 8192, 8192, 132, "nt", "float8_e4m3fn").bn == 192
+
+
+def test_block_scale_plan_gives_each_stage_its_scales():
+    """Block scales: 128 x 128 tiles promoted every k-block, unclustered, with 64-column
+    epilogue rounds; each stage carries A's 128 row scales and B's one, gathered by 32 lanes that
+    arrive on the stage's full barrier beside the TMA thread."""
+    from tmaflow.kernels.matmul import SCALE_STRIDE, block_scale_config, gemm_plan
+
+    cfg = block_scale_config(4096, 7168, 16384, 132)
+    assert cfg == GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1)
+    assert block_scale_config(256, 512, 8192, 132).split_k == 4  # 8 tiles: K split to fill the GPU
+    plan = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn", block_scales=True)
+    assert plan.defines["BLOCK_SCALES"] == 1 and plan.config.stages == 6
+    pipe = plan.layout.items[0]
+    assert pipe.full_arrivals == 33 and pipe.empty_arrivals == 8
+    scales = next(p for p in plan.layout.placements if p.name == "scales")
+    assert scales.nbytes == 6 * SCALE_STRIDE * 4 and scales.offset % 16 == 0
+    assert "BLOCK_SCALES" not in gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn").defines
+    with pytest.raises(tf.TmaflowError, match=r"block scales .* fp8 operands with bn=128 and promote=1 \(got bfloat16"):
+        gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128, promote=1), "bfloat16", block_scales=True)
+    with pytest.raises(tf.TmaflowError, match=r"\(got float8_e4m3fn, bn=128, promote=4\)"):
+        gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128), "float8_e4m3fn", block_scales=True)

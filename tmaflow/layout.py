@@ -125,6 +125,9 @@ class Pipeline:
     in several pieces, or split among the CTAs of a multicast group).
     ``consumers``: arrivals on an empty barrier per CTA per release (e.g. one elected thread
     per consumer warp, or every thread for a unified pipeline).
+    ``producers``: arrivals on a full barrier per stage: the thread announcing the bytes, plus
+    threads that fill part of the stage themselves and arrive when their copies land
+    (``cp_async::arrive_on``).
     ``cluster`` and ``multicast``: with ``multicast`` a list (one entry per tile) of None or
     the cluster axis ("x" | "y") along which CTAs share that tile; the group's lowest rank
     issues the multicast load and every consumer releases to every CTA that writes into it.
@@ -138,8 +141,9 @@ class Pipeline:
     multicast: tuple | None = None
     tile_names: tuple = field(default=(), compare=False)
     boxes: tuple = ()
+    producers: int = 1
 
-    def __init__(self, name, stages, tiles, consumers=1, multicast=None, cluster=(1, 1, 1)):
+    def __init__(self, name, stages, tiles, consumers=1, multicast=None, cluster=(1, 1, 1), producers=1):
         _check_name("Pipeline", name)
         if isinstance(tiles, dict):
             names, entries = tuple(tiles), tuple(tiles.values())
@@ -161,6 +165,7 @@ class Pipeline:
             raise LayoutError(f"Pipeline {name!r}: tiles is empty; give at least one spec or map")
         _count("Pipeline", name, "stages", stages, 1, 32)
         _count("Pipeline", name, "consumers", consumers, 1, 1024)
+        _count("Pipeline", name, "producers", producers, 1, 1024)
         cluster = _cluster(name, cluster)
         if math.prod(cluster) > 16 or cluster[2] != 1 and multicast:
             raise LayoutError(f"Pipeline {name!r}: cluster={cluster} must have at most 16 CTAs "
@@ -183,6 +188,7 @@ class Pipeline:
         object.__setattr__(self, "tile_names", names)
         object.__setattr__(self, "boxes", tuple(boxes))
         object.__setattr__(self, "consumers", consumers)
+        object.__setattr__(self, "producers", producers)
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "multicast", multicast)
         if self.tx_bytes > (1 << 20) - 1:
@@ -204,7 +210,7 @@ class Pipeline:
 
     @property
     def full_arrivals(self) -> int:
-        return 1
+        return self.producers
 
     def _rank(self, x: int, y: int) -> int:
         return x + y * self.cluster[0]

@@ -105,7 +105,7 @@ def block_row(a, b, c, m, n, k, peer, flush, repeats) -> dict:
     err = rel(c[:256], a_deq @ b_deq.T)
     t, t_peer, ratio = paired_ms(run, peer, flush, repeats)
     flop = 2.0 * m * n * k
-    row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3, block scales", "config": "auto (bn128, promoted every block)",
+    row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3, block scales", "config": "auto (bn128 c1, promoted every block)",
            "auto": True, "peer": "_scaled_mm per-tensor fast_accum=False", "tmaflow_ms": t, "peer_ms": t_peer,
            "tmaflow_tflops": flop / t / 1e9, "peer_tflops": flop / t_peer / 1e9, "ratio": ratio,
            "rel_err_vs_float64": err}

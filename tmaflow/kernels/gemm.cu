@@ -6,7 +6,8 @@
 //   rows, as bf16's 64). With PROMOTE, every PROMOTE k-blocks the wgmma accumulators are added
 //   into fp32 registers and restarted (fp8 tensor-core accumulation keeps fewer bits).
 //   BLOCK_SCALES (DeepSeek-style): every k-block is promoted with its scales, 1 x 128 for A
-//   (scales_a[m][kb]) and 128 x 128 for B (scales_b[n / 128][kb]), both fp32 row-major.
+//   (scales_a[m][kb]) and 128 x 128 for B (scales_b[n / 128][kb]), both fp32 row-major. A
+//   producer warp gathers each stage's scales into shared memory with cp.async.
 //
 // One CTA computes a BM x BN tile with three warpgroups: warpgroup 0 produces (one thread
 // issues TMA, registers given away with setmaxnreg), warpgroups 1 and 2 each own 64 rows and
@@ -57,8 +58,10 @@ namespace L = tmaflow_layout;
 constexpr int BM = 128, BK = FP8 ? 128 : 64;  // BK elements: 128-byte rows either way
 constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
 constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
+constexpr int kScaleStride = BM + 4;            // fp32 block scales per stage: A's rows, then B's (SCALE_STRIDE)
 // setmaxnreg split of the 64K registers: 128 x producer + 256 x consumer <= 65536.
-constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+// The producer warp gathering block scales keeps more state: 56 + 224.
+constexpr uint32_t kProducerRegs = BLOCK_SCALES ? 56 : 40, kConsumerRegs = BLOCK_SCALES ? 224 : 232;
 static_assert(BN == 128 || BN == 256 || (BN == 192 && FP8), "BN is 128 or 256 (192: fp8)");
 static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
@@ -278,6 +281,27 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         }
       }
     }
+#if BLOCK_SCALES
+    else if (threadIdx.x / 32 == 1) {  // warp 1 gathers each stage's block scales (strided: no TMA)
+      const int l = threadIdx.x % 32;
+      Cursor c;
+      Schedule items = plan;
+      for (Item it; items.next(it);) {
+        for (int kb = it.kb0; kb < it.kb1; ++kb, c.advance()) {
+          pipe.producer_acquire(c);
+          // A's BM row scales and B's one; rows past the tile's end read as zero scales.
+          float* dst = static_cast<float*>(S.scales()) + c.stage * kScaleStride;
+#pragma unroll
+          for (int i = l; i < BM; i += 32) {
+            const int row = it.a_row + i;
+            cp_async::copy4_or_zero(dst + i, scales_a + size_t(min(row, it.row_end - 1)) * k_blocks + kb, row < it.row_end);
+          }
+          if (l == 0) cp_async::copy4(dst + BM, scales_b + size_t(it.tn) * k_blocks + kb);
+          cp_async::arrive_on(pipe.barrier(c));
+        }
+      }
+    }
+#endif
   } else {
     warp::setmaxnreg_inc<kConsumerRegs>();
     const int cw = wg - 1;                       // this warpgroup's 64 rows of the tile
@@ -332,28 +356,24 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp and CTA
         prev = c;
         c.advance();
-#if BLOCK_SCALES
-        {  // promote with this k-block's scales: rows r and r + 8 of A, the tile's 128 columns of B
-          const int r = it.c_row + cw * 64 + (t / 32) * 16 + lane / 4;
-          const float sb = __ldg(scales_b + size_t(tn) * k_blocks + kb);
-          const float s0 = r < it.row_end ? __ldg(scales_a + size_t(r) * k_blocks + kb) * sb : 0.f;
-          const float s1 = r + 8 < it.row_end ? __ldg(scales_a + size_t(r + 8) * k_blocks + kb) * sb : 0.f;
-          wgmma::wait_group<0>();
-          wgmma::fence_operands(acc);
-#pragma unroll
-          for (int i = 0; i < kAcc; ++i) {
-            total[i] += acc[i] * ((i & 2) ? s1 : s0);  // acc[4j + 0/1]: row r, acc[4j + 2/3]: row r + 8
-          }
-          acc_live = 0;  // the next k-block's first wgmma overwrites the accumulators
-        }
-#elif PROMOTE
+#if PROMOTE
         if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote; the next k-block restarts acc
           wgmma::wait_group<0>();
           wgmma::fence_operands(acc);
+#if BLOCK_SCALES
+          // With this k-block's scales, from its stage (released after the next k-block's issue):
+          // A's for rows r and r + 8 (acc[4j + 0/1] and acc[4j + 2/3]), B's for the tile.
+          const int r = cw * 64 + wq * 16 + lane / 4;
+          const float* sc = static_cast<const float*>(S.scales()) + prev.stage * kScaleStride;
+          const float sb = sc[BM], s0 = sc[r] * sb, s1 = sc[r + 8] * sb;
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? s1 : s0);
+#else
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) {
             total[i] += acc[i];
           }
+#endif
           acc_live = 0;
         }
 #endif

@@ -31,6 +31,7 @@ FP8_BK = 128  # fp8 k-blocks: 128-byte rows, as bf16's 64
 BF16 = as_dtype("bfloat16")  # every product's output
 LAYOUTS = ("nt", "nn")
 _BARRIER_RESERVE = 256  # full/empty mbarriers after the tiles
+SCALE_STRIDE = BM + 4  # fp32 block scales per stage: A's BM rows, then B's, padded to 16 B
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,16 @@ def fp8_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     return GemmConfig(bn=128, cluster_m=2 if m > BM else 1, split_k=_filling_splits(tiles, k_blocks, sm_count))
 
 
+def block_scale_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
+    """Block scales: 128 x 128 tiles (B's scales cover 128 x 128) promoted every k-block,
+    unclustered (on H200 faster than clusters of two at 4096x7168x16384 and 8192^3), with
+    64-column epilogue rounds (room for a sixth stage beside the scales); K split as the bf16
+    tiles are."""
+    tiles, k_blocks = math.ceil(m / BM) * math.ceil(n / 128), math.ceil(k / FP8_BK)
+    return GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1,
+                      split_k=_filling_splits(tiles, k_blocks, sm_count))
+
+
 def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     """The dense kernel's tiles for this shape (``choose_config`` without the skinny path)."""
     wide = math.ceil(m / BM) * math.ceil(n / 256)
@@ -170,9 +181,10 @@ class GemmPlan:
 
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = GemmConfig(),
-              dtype: str = "bfloat16") -> GemmPlan:
+              dtype: str = "bfloat16", block_scales: bool = False) -> GemmPlan:
     """Specs, shared-memory layout and compile-time defines for an (m x k) @ B product of
-    bfloat16 or float8_e4m3fn operands."""
+    bfloat16 or float8_e4m3fn operands. ``block_scales``: each stage also holds its k-block's
+    scales (BM of A's, one of B's), gathered by a producer warp with cp.async."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     fp8 = dtype == "float8_e4m3fn"
@@ -182,6 +194,9 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if fp8 and config.promote and config.bn == 256:
         raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=128 or 192 (got bn={config.bn}): "
                            "promotion keeps a second set of accumulators; use promote=0 for bn=256")
+    if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
+        raise TmaflowError(f"gemm: block scales are applied at every k-block: fp8 operands with bn=128 "
+                           f"and promote=1 (got {dtype}, bn={config.bn}, promote={config.promote})")
     if not fp8 and config.bn == 192:
         raise TmaflowError("gemm: bn=192 tiles are for fp8 operands (bf16 takes bn=128 or 256)")
     bn, cm, bk = config.bn, config.cluster_m, FP8_BK if fp8 else BK
@@ -195,17 +210,23 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         b_boxes = bn // 64
     spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (64, 64), swizzle="128B")
     epilogue = Buffer("c", 2 * 64 * config.epi_cols * 2, align=1024)
-    stage_bytes = spec_a.smem_bytes + b_boxes * spec_b.smem_bytes
+    scale_bytes = SCALE_STRIDE * 4 if block_scales else 0
+    stage_bytes = spec_a.smem_bytes + b_boxes * spec_b.smem_bytes + scale_bytes
     stages = config.stages or min(8, (HOPPER_SMEM_LIMIT - epilogue.nbytes - _BARRIER_RESERVE) // stage_bytes)
     # consumers: one arrival per consumer warp (2 warpgroups x 4 warps) per release.
+    # producers: the TMA thread, and with block scales the 32 lanes of the warp gathering them.
     pipe = Pipeline("ab", stages=stages, tiles={"a": spec_a, "b": (spec_b, b_boxes)}, consumers=8,
-                    cluster=(cm, 1, 1), multicast=[None, "x"] if cm > 1 else None)
-    smem = SharedLayout([pipe, epilogue])
+                    cluster=(cm, 1, 1), multicast=[None, "x"] if cm > 1 else None,
+                    producers=33 if block_scales else 1)
+    extra = [Buffer("scales", stages * scale_bytes, align=16)] if block_scales else []
+    smem = SharedLayout([pipe, epilogue, *extra])
     split = _nonempty_splits(math.ceil(k / bk), config.split_k)
     defines = {"BN": bn, "EPI_COLS": config.epi_cols, "B_N_MAJOR": int(layout == "nn"),
                "CLUSTER_M": cm, "GROUP_M": config.group_m, "SPLIT_K": int(split > 1)}
     if fp8:
         defines.update(FP8=1, PROMOTE=config.promote)
+    if block_scales:
+        defines.update(BLOCK_SCALES=1)
     return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split))
 
 
@@ -406,16 +427,15 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
         _check_rows(name, arr)
     device = current_device()
     dtype = A.dtype.name
+    if config is None and block_scales:
+        config = block_scale_config(m, n, k, device.sm_count)
     config = config or choose_config(m, n, k, device.sm_count, layout, dtype)
-    if block_scales:
-        config = replace(config, bn=128, promote=1)
     if isinstance(config, SkinnyConfig):
         if dtype != "bfloat16":
             raise TmaflowError(f"gemm: the skinny path takes bfloat16 operands (got {dtype}); use a GemmConfig")
         return _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace)
-    plan = gemm_plan(m, n, k, layout, config, dtype)
-    defines = dict(plan.defines, BLOCK_SCALES=1) if block_scales else plan.defines
-    kern = get_kernel("gemm_bf16", plan.layout, defines=defines, file="gemm", debug=debug, trace=trace)
+    plan = gemm_plan(m, n, k, layout, config, dtype, block_scales)
+    kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug, trace=trace)
     cm, split = plan.config.cluster_m, plan.config.split_k
     # (cm M tiles, N tile) groups: one cluster's work item per K split
     tile_groups = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)

@@ -8,6 +8,12 @@ TMAFLOW_DEVICE void copy4(void* dst, const void* src) {
 TMAFLOW_DEVICE void copy8(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
 }
+// cp.async.ca.shared.global [dst], [src], 4, src-size — 4 bytes, or 4 zero bytes when
+// !valid (a source size of 0 reads nothing: an out-of-range element lands as zero).
+TMAFLOW_DEVICE void copy4_or_zero(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+               :: "r"(smem_u32(dst)), "l"(src), "r"(valid ? 4u : 0u) : "memory");
+}
 // cp.async.cg.shared.global [dst], [src], 16 — 16-byte copies bypass L1.
 TMAFLOW_DEVICE void copy16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
