@@ -76,3 +76,14 @@ def _block_operands(rng, m, n, k):
 def test_fp8_block_scales_against_float64(device, rng, m, n, k, config):
     A, B, SA, SB, ref = _block_operands(rng, m, n, k)
     _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
+
+
+@pytest.mark.parametrize("level", ["stage", "all"])
+def test_fp8_block_scales_traced_debug_launch_passes_the_diagnosis(device, rng, level):
+    """The scale-gathering warp waits on the empty barriers and arrives on the full ones through
+    cp.async: a traced debug launch must not read that as a broken plan (a finding raises)."""
+    A, B, SA, SB, ref = _block_operands(rng, 300, 264, 1040)
+    out = poison(tf.empty((300, 264), "bfloat16"))
+    kernels.gemm(A, B, out, scale_a=SA, scale_b=SB, debug=True, trace=level)
+    got = bf16_to_float32(out.numpy())
+    assert not np.isnan(got).any() and rel_error(got, ref) < 1e-2
