@@ -4,7 +4,9 @@ A variant is a GemmConfig, per-tensor or block scales, and extra compile-time de
 trying a kernel change before it becomes a config). Errors are against float64 of the
 dequantised operands on 256 rows."""
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
@@ -12,6 +14,9 @@ from tmaflow import kernels
 from tmaflow.kernels import matmul
 from tmaflow.kernels.entry import STATES
 from tmaflow.kernels.matmul import GemmConfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gemm import timed_rounds  # noqa: E402  (tools/ is not a package)
 
 EXTRA: dict = {}
 _get_kernel = matmul.get_kernel
@@ -73,19 +78,7 @@ def main():
             ref = ref_block if block else ref_tensor
             errs[label] = (torch.linalg.norm(c[:256].double() - ref) / torch.linalg.norm(ref)).item()
             fns[label] = run
-        times = {name: [] for name in fns}
-        for _ in range(3):
-            for fn in fns.values():
-                fn()
-        for _ in range(args.repeats):
-            for name, fn in fns.items():
-                flush.zero_()
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                times[name].append(s.elapsed_time(e))
+        times = timed_rounds(fns, flush, args.repeats)
         flop = 2.0 * m * n * k
         print(f"== {m}x{n}x{k}")
         for name, ts in times.items():
