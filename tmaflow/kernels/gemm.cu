@@ -10,9 +10,10 @@
 //   producer warp gathers each stage's scales into shared memory with cp.async.
 //
 // One CTA computes a BM x BN tile with three warpgroups: warpgroup 0 produces (one thread
-// issues TMA, registers given away with setmaxnreg), warpgroups 1 and 2 each own 64 rows and
-// issue wgmma m64nBNk16. CLUSTER_M CTAs of a cluster work on consecutive M tiles of one N tile
-// and share B: each CTA loads its slice of the B boxes and multicasts it to the whole cluster.
+// issues TMA, with block scales warp 1 gathers them; registers given away with setmaxnreg),
+// warpgroups 1 and 2 each own 64 rows and issue wgmma m64nBNk16. CLUSTER_M CTAs of a cluster
+// work on consecutive M tiles of one N tile and share B: each CTA loads its slice of the B
+// boxes and multicasts it to the whole cluster.
 // Tiles are dealt to clusters persistently, grouped along M for L2 reuse. The epilogue writes
 // each warpgroup's rows into 128B-swizzled 64 x 64 boxes in shared memory (bank-conflict
 // free) and TMA-stores them; the hardware clips rows and columns past the edges, and loads
@@ -59,8 +60,8 @@ constexpr int BM = 128, BK = FP8 ? 128 : 64;  // BK elements: 128-byte rows eith
 constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
 constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
 constexpr int kScaleStride = BM + 4;            // fp32 block scales per stage: A's rows, then B's (SCALE_STRIDE)
-// setmaxnreg split of the 64K registers: 128 x producer + 256 x consumer <= 65536.
-// The producer warp gathering block scales keeps more state: 56 + 224.
+// setmaxnreg split of the 64K registers: 128 x producer + 256 x consumer <= 65536. The warp
+// gathering block scales spilled at 40 registers (its loop keeps the work item's state).
 constexpr uint32_t kProducerRegs = BLOCK_SCALES ? 56 : 40, kConsumerRegs = BLOCK_SCALES ? 224 : 232;
 static_assert(BN == 128 || BN == 256 || (BN == 192 && FP8), "BN is 128 or 256 (192: fp8)");
 static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
