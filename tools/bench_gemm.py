@@ -94,17 +94,12 @@ def block_row(a, b, c, m, n, k, peer, flush, repeats) -> dict:
     """DeepSeek-style block scales (1 x 128 for a, 128 x 128 for b): TFLOP/s, with
     _scaled_mm's per-tensor product timed beside it (cuBLAS has no such block scaling on sm_90
     in this torch), error against float64 of the dequantised operands on 256 rows."""
-    kb = -(-k // 128)
-    sa = torch.rand(m, kb, device="cuda") * 0.01 + 0.001
-    sb = torch.rand(-(-n // 128), kb, device="cuda") * 0.01 + 0.001
+    sa, sb, ref = block_scales(a, b)
     run = kernels.gemm.prepare(a, b, c, scale_a=sa, scale_b=sb)
     c.fill_(float("nan"))
     run()
     torch.cuda.synchronize()
-    cols = torch.arange(k, device="cuda") // 128
-    a_deq = a[:256].double() * sa[:256][:, cols].double()
-    b_deq = b.double() * sb[torch.arange(n, device="cuda")[:, None] // 128, cols[None, :]].double()
-    err = rel(c[:256], a_deq @ b_deq.T)
+    err = rel(c[:256], ref)
     t, t_peer, ratio = paired_ms(run, peer, flush, repeats)
     flop = 2.0 * m * n * k
     row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3, block scales", "config": "auto (bn128 c1, promoted every block)",
@@ -114,6 +109,19 @@ def block_row(a, b, c, m, n, k, peer, flush, repeats) -> dict:
     print(f"{row['shape']:>18s} fp8 block scales {'':<25s} tmaflow {row['tmaflow_tflops']:7.1f}  "
           f"(per-tensor _scaled_mm {row['peer_tflops']:7.1f}) TFLOP/s  ratio {ratio:.3f}  err {err:.1e}", flush=True)
     return row
+
+
+def block_scales(a, b, rows: int = 256):
+    """Random block scales for fp8 a (M x K) and b (N x K): (scale_a, scale_b, the float64
+    product of the dequantised operands on a's first ``rows`` rows)."""
+    (m, k), n = a.shape, b.shape[0]
+    kb = -(-k // 128)
+    sa = torch.rand(m, kb, device="cuda") * 0.01 + 0.001
+    sb = torch.rand(-(-n // 128), kb, device="cuda") * 0.01 + 0.001
+    cols = torch.arange(k, device="cuda") // 128
+    a_deq = a[:rows].double() * sa[:rows][:, cols].double()
+    b_deq = b.double() * sb[torch.arange(n, device="cuda")[:, None] // 128, cols[None, :]].double()
+    return sa, sb, a_deq @ b_deq.T
 
 
 def describe(cfg) -> str:

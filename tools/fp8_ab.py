@@ -16,7 +16,7 @@ from tmaflow.kernels.entry import STATES
 from tmaflow.kernels.matmul import GemmConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import timed_rounds  # noqa: E402  (tools/ is not a package)
+from bench_gemm import block_scales, rel, timed_rounds  # noqa: E402  (tools/ is not a package)
 
 EXTRA: dict = {}
 _get_kernel = matmul.get_kernel
@@ -48,13 +48,8 @@ def main():
         torch.manual_seed(0)
         a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
         b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)
-        kb = -(-k // 128)
-        sa = torch.rand(m, kb, device="cuda") * 0.01 + 0.001
-        sb = torch.rand(-(-n // 128), kb, device="cuda") * 0.01 + 0.001
+        sa, sb, ref_block = block_scales(a, b)
         one = torch.tensor(0.01, device="cuda")
-        cols = torch.arange(k, device="cuda") // 128
-        ref_block = (a[:256].double() * sa[:256][:, cols].double()) @ \
-            (b.double() * sb[torch.arange(n, device="cuda")[:, None] // 128, cols[None, :]].double()).T
         ref_tensor = (a[:256].double() @ b.double().T) * 1e-4
         fns, errs = {}, {}
         peer_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -76,7 +71,7 @@ def main():
             run()
             torch.cuda.synchronize()
             ref = ref_block if block else ref_tensor
-            errs[label] = (torch.linalg.norm(c[:256].double() - ref) / torch.linalg.norm(ref)).item()
+            errs[label] = rel(c[:256], ref)
             fns[label] = run
         times = timed_rounds(fns, flush, args.repeats)
         flop = 2.0 * m * n * k
