@@ -7,6 +7,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
 from tmaflow.kernels.matmul import GemmConfig
+from tmaflow.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
 
 pytestmark = pytest.mark.gpu
@@ -55,7 +56,10 @@ def test_fp8_torch_in_bf16_torch_out(device):
     assert (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
 
 
-def _block_operands(rng, m, n, k):
+def _block_operands(rng, m, n, k, m_major=False):
+    """fp8 operands, block scales and the float64 product of the dequantised operands. With
+    ``m_major`` scale_a is stored k-block by k-block, its pitch padded past M to 4 rows more
+    than a multiple of 4 (a pitch longer than M must be honoured)."""
     a_bits = e4m3_bits(rng.standard_normal((m, k)) * 40)
     b_bits = e4m3_bits(rng.standard_normal((n, k)) * 40)
     kb = -(-k // 128)
@@ -64,25 +68,46 @@ def _block_operands(rng, m, n, k):
     cols = np.arange(k) // 128
     a = e4m3_to_float32(a_bits).astype(np.float64) * sa[:, cols]
     b = e4m3_to_float32(b_bits).astype(np.float64) * sb[np.arange(n)[:, None] // 128, cols[None, :]]
+    if m_major:
+        pitch = -(-m // 4) * 4 + 4
+        padded = np.full((kb, pitch), np.nan, np.float32)  # the padding must never be read
+        padded[:, :m] = sa.T
+        buf = tf.from_numpy(padded)
+        SA = DeviceArray(buf.ptr, (m, kb), "float32", (4, 4 * pitch), owner=buf)
+    else:
+        SA = tf.from_numpy(sa)
     return (tf.from_numpy(a_bits, dtype="float8_e4m3fn"), tf.from_numpy(b_bits, dtype="float8_e4m3fn"),
-            tf.from_numpy(sa), tf.from_numpy(sb), a @ b.T)
+            SA, tf.from_numpy(sb), a @ b.T)
 
 
+# Row-major scale_a is gathered by a producer warp; M-major scale_a comes with A through the TMA.
 @pytest.mark.parametrize("m,n,k", [(300, 264, 1040), (1024, 1024, 2048), (16, 512, 4096)])
 @pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=1, promote=1, split_k=3),
                                     GemmConfig(bn=128, cluster_m=2, epi_cols=64, promote=1),
                                     GemmConfig(bn=128, cluster_m=2, promote=1, split_k=2)],
                          ids=["auto", "split3", "c2", "c2-split2"])
-def test_fp8_block_scales_against_float64(device, rng, m, n, k, config):
-    A, B, SA, SB, ref = _block_operands(rng, m, n, k)
+@pytest.mark.parametrize("m_major", [False, True], ids=["row-major", "m-major"])
+def test_fp8_block_scales_against_float64(device, rng, m, n, k, config, m_major):
+    A, B, SA, SB, ref = _block_operands(rng, m, n, k, m_major)
     _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
 
 
+@pytest.mark.parametrize("k", [128, 256, 384, 640])
+def test_fp8_block_scales_short_and_odd_k(device, rng, k):
+    """1-5 k-blocks: both endings of the two accumulator sets (an odd and an even count of
+    k-blocks per item), for both layouts of scale_a."""
+    for m_major in (False, True):
+        A, B, SA, SB, ref = _block_operands(rng, 200, 384, k, m_major)
+        _check_gemm(A, B, ref, None, scale_a=SA, scale_b=SB)
+
+
 @pytest.mark.parametrize("level", ["stage", "all"])
-def test_fp8_block_scales_traced_debug_launch_passes_the_diagnosis(device, rng, level):
+@pytest.mark.parametrize("k", [1040, 2048], ids=["gathered", "tma"])
+def test_fp8_block_scales_traced_debug_launch_passes_the_diagnosis(device, rng, level, k):
     """The scale-gathering warp waits on the empty barriers and arrives on the full ones through
-    cp.async: a traced debug launch must not read that as a broken plan (a finding raises)."""
-    A, B, SA, SB, ref = _block_operands(rng, 300, 264, 1040)
+    cp.async; the two accumulator sets release stages in turn: a traced debug launch must not
+    read either as a broken plan (a finding raises)."""
+    A, B, SA, SB, ref = _block_operands(rng, 300, 264, k)
     out = poison(tf.empty((300, 264), "bfloat16"))
     kernels.gemm(A, B, out, scale_a=SA, scale_b=SB, debug=True, trace=level)
     got = bf16_to_float32(out.numpy())

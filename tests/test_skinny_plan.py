@@ -143,21 +143,66 @@ def test_fp8_config_takes_192_column_tiles_for_large_products():
 
 def test_block_scale_plan_gives_each_stage_its_scales():
     """Block scales: 128 x 128 tiles promoted every k-block, unclustered, with 64-column
-    epilogue rounds; each stage carries A's 128 row scales and B's one, gathered by 32 lanes that
-    arrive on the stage's full barrier beside the TMA thread."""
+    epilogue rounds. Each stage carries A's 128 row scales: M-major ones as a TMA box beside
+    A's (counted in the stage's bytes), row-major ones gathered by 32 lanes that arrive on the
+    stage's full barrier beside the TMA thread."""
     from tmaflow.kernels.matmul import SCALE_STRIDE, block_scale_config, gemm_plan
 
     cfg = block_scale_config(4096, 7168, 16384, 132)
     assert cfg == GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1)
     assert block_scale_config(256, 512, 8192, 132).split_k == 4  # 8 tiles: K split to fill the GPU
-    plan = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn", block_scales=True)
-    assert plan.defines["BLOCK_SCALES"] == 1 and plan.config.stages == 6
+    plain = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn")
+    assert "BLOCK_SCALES" not in plain.defines and plain.spec_s is None
+    stage = plain.layout.items[0].tx_bytes
+    plan = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn", block_scales="m_major")
+    assert plan.defines["BLOCK_SCALES"] == 1 and plan.defines["SCALES_TMA"] == 1
+    assert plan.spec_s.box == (1, 128) and plan.spec_s.smem_bytes == 512 and plan.config.stages == 6
     pipe = plan.layout.items[0]
-    assert pipe.full_arrivals == 33 and pipe.empty_arrivals == 8
+    assert pipe.full_arrivals == 1 and pipe.tx_bytes == stage + 512
+    assert not any(p.name == "scales" for p in plan.layout.placements)
+    plan = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn", block_scales="row_major")
+    assert plan.defines["SCALES_TMA"] == 0 and plan.spec_s is None and plan.config.stages == 6
+    pipe = plan.layout.items[0]
+    assert pipe.full_arrivals == 33 and pipe.empty_arrivals == 8 and pipe.tx_bytes == stage
     scales = next(p for p in plan.layout.placements if p.name == "scales")
     assert scales.nbytes == 6 * SCALE_STRIDE * 4 and scales.offset % 16 == 0
-    assert "BLOCK_SCALES" not in gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn").defines
     with pytest.raises(tf.TmaflowError, match=r"block scales .* fp8 operands with bn=128 and promote=1 \(got bfloat16"):
-        gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128, promote=1), "bfloat16", block_scales=True)
+        gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128, promote=1), "bfloat16", block_scales="m_major")
     with pytest.raises(tf.TmaflowError, match=r"\(got float8_e4m3fn, bn=128, promote=4\)"):
-        gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128), "float8_e4m3fn", block_scales=True)
+        gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128), "float8_e4m3fn", block_scales="row_major")
+    with pytest.raises(tf.TmaflowError, match=r"block_scales=True must be None or one of \('row_major', 'm_major'\)"):
+        gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn", block_scales=True)
+
+
+@pytest.mark.parametrize("m,k,strides,mode", [
+    (300, 2048, None, "row_major"),
+    (300, 1040, None, "row_major"),
+    (300, 1040, (4, 1200), "m_major"),      # k-block by k-block, 300 rows
+    (301, 2048, (4, 1216), "m_major"),      # 301 rows padded to 304
+    (1, 128, (4, 16), "m_major"),
+])
+def test_block_scale_layout_picks_how_the_scales_travel(m, k, strides, mode):
+    from tmaflow.kernels.matmul import _scales
+    from tmaflow.memory import DeviceArray
+
+    kb = -(-k // 128)
+    a8, b8 = DeviceArray(0, (m, k), "float8_e4m3fn"), DeviceArray(0, (256, k), "float8_e4m3fn")
+    sa = DeviceArray(0, (m, kb), "float32", strides)
+    sb = DeviceArray(0, (2, kb), "float32")
+    scale, blocks, got = _scales(a8, b8, sa, sb)
+    assert (scale, got) == (1.0, mode) and blocks[0] is sa and blocks[1] is sb
+
+
+def test_block_scales_stored_k_block_by_k_block_need_a_16_byte_pitch():
+    from tmaflow.memory import DeviceArray
+
+    a8, b8 = DeviceArray(0, (301, 2048), "float8_e4m3fn"), DeviceArray(0, (256, 2048), "float8_e4m3fn")
+    sb = DeviceArray(0, (2, 16), "float32")
+    with pytest.raises(tf.TmaflowError, match=r"pitch of 1204 B between k-blocks; the TMA needs a multiple of 16 B: "
+                                              r"pad M to a multiple of 4"):
+        kernels.gemm(a8, b8, scale_a=DeviceArray(0, (301, 16), "float32", (4, 1204)), scale_b=sb)
+    with pytest.raises(tf.TmaflowError, match=r"scale_a must be \(301, 16\) .* got \(301, 16\) float32 strides \(8, 2408\) B"):
+        kernels.gemm(a8, b8, scale_a=DeviceArray(0, (301, 16), "float32", (8, 2408)), scale_b=sb)
+    with pytest.raises(tf.TmaflowError, match=r"scale_b must be \(2, 16\) .* strides \(4, 8\) B"):
+        kernels.gemm(a8, b8, scale_a=DeviceArray(0, (301, 16), "float32"),
+                     scale_b=DeviceArray(0, (2, 16), "float32", (4, 8)))

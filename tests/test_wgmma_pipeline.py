@@ -10,7 +10,7 @@ from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, gemm_plan, skinny_p
 from tmaflow.kernels.registry import get_kernel
 
 
-def _gemm(dtype, config, extra=None, block_scales=False):
+def _gemm(dtype, config, extra=None, block_scales=None):
     plan = gemm_plan(4096, 4096, 4096, "nt", config, dtype, block_scales)
     return get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, **(extra or {})), file="gemm")
 
@@ -22,7 +22,9 @@ KERNELS = {
     "gemm fp8 promoted": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128)),
     "gemm fp8 fast 256": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=256, promote=0)),
     "gemm fp8 promoted 192": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=192, cluster_m=1, epi_cols=64)),
-    "gemm fp8 block scales": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128, promote=1), block_scales=True),
+    **{f"gemm fp8 block scales {mode}": (lambda mode=mode: _gemm("float8_e4m3fn", GemmConfig(bn=128, promote=1),
+                                                                block_scales=mode))
+       for mode in ("row_major", "m_major")},
     **{f"skinny M={m}": (lambda m=m: get_kernel("gemm_skinny_bf16", skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).layout,
                                                 defines=skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).defines,
                                                 file="skinny"))

@@ -83,32 +83,61 @@ def fp8_rows(args, flush, sms) -> list[dict]:
                       f"tmaflow {row['tmaflow_tflops']:7.1f}  {row['peer']:27s} {row['peer_tflops']:7.1f} TFLOP/s  "
                       f"ratio {ratio:.3f}  err {err:.1e} (peer {row['peer_rel_err']:.1e})", flush=True)
         if (m, n, k) in BLOCK_SHAPES:
-            rows.append(block_row(a, b, c, m, n, k, peers[False], flush, args.repeats))
+            rows += block_rows(a, b, c, m, n, k, peers[False], flush, args.repeats)
     return rows
 
 
 BLOCK_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384)]
 
 
-def block_row(a, b, c, m, n, k, peer, flush, repeats) -> dict:
-    """DeepSeek-style block scales (1 x 128 for a, 128 x 128 for b): TFLOP/s, with
-    _scaled_mm's per-tensor product timed beside it (cuBLAS has no such block scaling on sm_90
-    in this torch), error against float64 of the dequantised operands on 256 rows."""
+def cublas_block_scaled(a, b, sa, sb, out):
+    """torch._scaled_mm with the same 1 x 128 / 128 x 128 block scales (cuBLAS 12.9+ on
+    sm_90), which takes scale_a M-major and scale_b as b.T's (K/128, N/128) view: a function,
+    or None where this torch or cuBLAS has no such path."""
+    sa_m, sb_t = sa.t().contiguous().t(), sb.t()
+
+    def fn():
+        return torch._scaled_mm(a, b.T, scale_a=sa_m, scale_b=sb_t, out_dtype=torch.bfloat16, out=out)
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except (RuntimeError, ValueError) as exc:
+        print(f"  no block-scaled _scaled_mm here: {str(exc).splitlines()[0][:160]}", flush=True)
+        return None
+    return fn
+
+
+def block_rows(a, b, c, m, n, k, per_tensor, flush, repeats) -> list:
+    """DeepSeek-style block scales (1 x 128 for a, 128 x 128 for b), scale_a row-major and
+    M-major, each timed beside cuBLAS's block-scaled _scaled_mm (per-tensor _scaled_mm where
+    there is none); errors against float64 of the dequantised operands on 256 rows."""
     sa, sb, ref = block_scales(a, b)
-    run = kernels.gemm.prepare(a, b, c, scale_a=sa, scale_b=sb)
-    c.fill_(float("nan"))
-    run()
-    torch.cuda.synchronize()
-    err = rel(c[:256], ref)
-    t, t_peer, ratio = paired_ms(run, peer, flush, repeats)
+    c_peer = torch.empty_like(c)
+    peer, peer_name = cublas_block_scaled(a, b, sa, sb, c_peer), "_scaled_mm block scales"
+    if peer is None:
+        peer, peer_name = per_tensor, "_scaled_mm per-tensor fast_accum=False"
+    else:
+        torch.cuda.synchronize()
+    peer_err = rel(c_peer[:256], ref) if peer_name.endswith("block scales") else float("nan")
     flop = 2.0 * m * n * k
-    row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3, block scales", "config": "auto (bn128 c1, promoted every block)",
-           "auto": True, "peer": "_scaled_mm per-tensor fast_accum=False", "tmaflow_ms": t, "peer_ms": t_peer,
-           "tmaflow_tflops": flop / t / 1e9, "peer_tflops": flop / t_peer / 1e9, "ratio": ratio,
-           "rel_err_vs_float64": err}
-    print(f"{row['shape']:>18s} fp8 block scales {'':<25s} tmaflow {row['tmaflow_tflops']:7.1f}  "
-          f"(per-tensor _scaled_mm {row['peer_tflops']:7.1f}) TFLOP/s  ratio {ratio:.3f}  err {err:.1e}", flush=True)
-    return row
+    rows = []
+    for layout, scale_a in (("row-major", sa), ("M-major", sa.t().contiguous().t())):
+        run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb)
+        c.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        err = rel(c[:256], ref)
+        t, t_peer, ratio = paired_ms(run, peer, flush, repeats)
+        row = {"shape": f"{m}x{n}x{k}", "dtype": f"fp8 e4m3, block scales, scale_a {layout}",
+               "config": "auto (bn128 c1, promoted every block)", "auto": True, "peer": peer_name,
+               "tmaflow_ms": t, "peer_ms": t_peer, "tmaflow_tflops": flop / t / 1e9,
+               "peer_tflops": flop / t_peer / 1e9, "ratio": ratio, "rel_err_vs_float64": err,
+               "peer_rel_err": peer_err}
+        rows.append(row)
+        print(f"{row['shape']:>18s} fp8 block scales, {layout:<9s} {'':<14s} tmaflow {row['tmaflow_tflops']:7.1f}  "
+              f"{peer_name:27s} {row['peer_tflops']:7.1f} TFLOP/s  ratio {ratio:.3f}  err {err:.1e} "
+              f"(peer {peer_err:.1e})", flush=True)
+    return rows
 
 
 def block_scales(a, b, rows: int = 256):

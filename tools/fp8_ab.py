@@ -1,9 +1,12 @@
 """A/B of fp8 GEMM kernel variants in one run, each paired with torch._scaled_mm:
     PYTHONPATH=. python3 tools/fp8_ab.py [--shape MxNxK ...] [--repeats N]
-A variant is a GemmConfig, per-tensor or block scales, and extra compile-time defines (for
-trying a kernel change before it becomes a config). Errors are against float64 of the
-dequantised operands on 256 rows."""
+A variant is a GemmConfig, per-tensor or block scales (scale_a row-major or M-major), extra
+compile-time defines (for trying a kernel change before it becomes a config) and optionally
+an edit of the FFMA runs' yield bits in the SASS (tools/sass_yield.py). cuBLAS's block-scaled
+_scaled_mm runs beside them where torch has it. Errors are against float64 of the dequantised
+operands on 256 rows."""
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -16,23 +19,40 @@ from tmaflow.kernels.entry import STATES
 from tmaflow.kernels.matmul import GemmConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import block_scales, rel, timed_rounds  # noqa: E402  (tools/ is not a package)
+import sass_yield  # noqa: E402  (tools/ is not a package)
+from bench_gemm import block_scales, cublas_block_scaled, rel, timed_rounds  # noqa: E402
 
 EXTRA: dict = {}
+YIELD: dict = {}  # patch the FFMA runs' scheduling bits (tools/sass_yield.py): {"fraction": f} or {"hold": True}
 _get_kernel = matmul.get_kernel
 
 
 def _with_extra(*args, defines=None, **kw):
-    return _get_kernel(*args, defines=dict(defines or {}, **EXTRA), **kw)
+    extra = dict(EXTRA, **({"SASS_PATCH": "_".join(f"{k}{v}" for k, v in YIELD.items()).replace(".", "")}
+                           if YIELD else {}))  # a kernel of its own
+    k = _get_kernel(*args, defines=dict(defines or {}, **extra), **kw)
+    if YIELD and not getattr(k, "_yield_patched", False):
+        prog = k.program
+        if YIELD.get("hold"):
+            cubin, changed = sass_yield.hold_in_ffma_runs(prog.cubin, prog.lowered_name)
+        else:
+            cubin, changed = sass_yield.yield_in_ffma_runs(prog.cubin, prog.lowered_name, **YIELD)
+        print(f"  yield patch {YIELD}: {changed} instructions", flush=True)
+        k._program = dataclasses.replace(prog, cubin=cubin)
+        k._yield_patched = True
+    return k
 
 
 matmul.get_kernel = _with_extra
 
-VARIANTS = [  # (label, block scales, config fields or None for the automatic choice, extra defines)
-    ("block scales, auto", True, None, {}),
-    ("block scales, clusters of 2", True, dict(bn=128, cluster_m=2, epi_cols=64, promote=1), {}),
-    ("per-tensor, auto", False, None, {}),
-    ("per-tensor, bn128 promote 1", False, dict(bn=128, cluster_m=1, promote=1), {}),
+P1 = dict(bn=128, cluster_m=1, epi_cols=64, stages=6, promote=1)
+VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's layout), config
+    #          fields or None for the automatic choice, extra defines, SASS patch arguments or None)
+    ("block scales, row-major", "row_major", None, {}, None),
+    ("block scales, M-major", "m_major", None, {}, None),
+    ("block scales, row-major, FFMA yields 9/16", "row_major", None, {}, dict(fraction=9 / 16)),
+    ("per-tensor, bn128 e64 s6 promote 1", None, P1, {}, None),
+    ("per-tensor, bn128 e64 s6 promote 0", None, dict(P1, promote=0), {}, None),
 ]
 
 
@@ -55,16 +75,23 @@ def main():
         peer_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         fns["_scaled_mm"] = lambda: torch._scaled_mm(a, b.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
                                                      out=peer_out)
-        for label, block, fields, extra in VARIANTS:
+        block_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        blockwise = cublas_block_scaled(a, b, sa, sb, block_out)
+        if blockwise is not None:
+            fns["_scaled_mm block scales"], errs["_scaled_mm block scales"] = blockwise, rel(block_out[:256], ref_block)
+        for label, block, fields, extra, patch in VARIANTS:
             if args.only not in label:
                 continue
             EXTRA.clear()
             EXTRA.update(extra)
+            YIELD.clear()
+            YIELD.update(patch or {})
             STATES.clear()
             c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             cfg = GemmConfig(**fields) if fields is not None else None
             if block:
-                run = kernels.gemm.prepare(a, b, c, scale_a=sa, scale_b=sb, config=cfg)
+                scale_a = sa.t().contiguous().t() if block == "m_major" else sa
+                run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)
             else:
                 run = kernels.gemm.prepare(a, b, c, scale_a=0.01, scale_b=0.01, config=cfg)
             c.fill_(float("nan"))

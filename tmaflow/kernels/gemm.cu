@@ -6,11 +6,15 @@
 //   rows, as bf16's 64). With PROMOTE, every PROMOTE k-blocks the wgmma accumulators are added
 //   into fp32 registers and restarted (fp8 tensor-core accumulation keeps fewer bits).
 //   BLOCK_SCALES (DeepSeek-style): every k-block is promoted with its scales, 1 x 128 for A
-//   (scales_a[m][kb]) and 128 x 128 for B (scales_b[n / 128][kb]), both fp32 row-major. A
-//   producer warp gathers each stage's scales into shared memory with cp.async.
+//   (scale_a[m][kb]) and 128 x 128 for B (scales_b[n / 128][kb], fp32 row-major). Row-major
+//   scale_a: a producer warp gathers each stage's A scales and B's with cp.async. SCALES_TMA
+//   (scale_a M-major, k-block by k-block): the TMA loads A's 128 with A (map tsa) and the
+//   consumers read B's from global memory. Each warpgroup alternates two accumulator sets, so
+//   the next k-block's wgmmas run while the last one is promoted.
 //
 // One CTA computes a BM x BN tile with three warpgroups: warpgroup 0 produces (one thread
-// issues TMA, with block scales warp 1 gathers them; registers given away with setmaxnreg),
+// issues TMA, with row-major block scales warp 1 gathers them; registers given away with
+// setmaxnreg),
 // warpgroups 1 and 2 each own 64 rows and issue wgmma m64nBNk16. CLUSTER_M CTAs of a cluster
 // work on consecutive M tiles of one N tile and share B: each CTA loads its slice of the B
 // boxes and multicasts it to the whole cluster.
@@ -53,6 +57,9 @@ namespace L = tmaflow_layout;
 #ifndef PROMOTE
 #define PROMOTE 0
 #endif
+#ifndef SCALES_TMA
+#define SCALES_TMA 0  // block scales of A: M-major, loaded by the TMA (above)
+#endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
 #endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
@@ -61,8 +68,13 @@ constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread:
 constexpr int kBoxBytes = 64 * 128;             // a 64-row box of 128-byte (64 x bf16) rows
 constexpr int kScaleStride = BM + 4;            // fp32 block scales per stage: A's rows, then B's (SCALE_STRIDE)
 // setmaxnreg split of the 64K registers: 128 x producer + 256 x consumer <= 65536. The warp
-// gathering block scales spilled at 40 registers (its loop keeps the work item's state).
+// gathering block scales spilled at 40 registers (its loop keeps the work item's state), and
+// block scales run faster with 224 consumer registers than with 232, TMA-loaded ones too (H200,
+// 4096x7168x16384: 1022 against 992-1017 TFLOP/s; 216 no faster, 208 slower).
 constexpr uint32_t kProducerRegs = BLOCK_SCALES ? 56 : 40, kConsumerRegs = BLOCK_SCALES ? 224 : 232;
+// A launch gives each of the 384 threads 168 registers (65536 / 384, rounded down to 8); the
+// consumers' setmaxnreg.inc waits forever unless the producer's decrease frees enough.
+static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setmaxnreg split would hang");
 static_assert(BN == 128 || BN == 256 || (BN == 192 && FP8), "BN is 128 or 256 (192: fp8)");
 static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
@@ -223,7 +235,11 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
           const __grid_constant__ CUtensorMap tc, float* partial, uint32_t* counters, int M, int N,
           int K, int splits, const int* offsets, int groups, CUtensorMap* c_slots, float scale,
-          const float* scales_a, const float* scales_b) {
+          const float* scales_a, const float* scales_b
+#if SCALES_TMA
+          , const __grid_constant__ CUtensorMap tsa
+#endif
+          ) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
@@ -248,6 +264,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     tma::prefetch_descriptor(&ta);
     tma::prefetch_descriptor(&tb);
     tma::prefetch_descriptor(&tc);
+#if SCALES_TMA
+    tma::prefetch_descriptor(&tsa);
+#endif
     pipe.init();
   }
   griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
@@ -267,6 +286,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           pipe.producer_acquire(c);
           pipe.producer_commit(c);
           tma::load(S.ab_a(c.stage), &ta, pipe.barrier(c), kb * BK, it.a_row);
+#if SCALES_TMA
+          tma::load(S.ab_s(c.stage), &tsa, pipe.barrier(c), it.a_row, kb);  // row kb of tsa: (KB, M)
+#endif
           for (int box = int(slice); box < L::ab::b_boxes; box += int(slices)) {
 #if B_N_MAJOR
             const int x = tn * BN + box * 64, y = it.b_k0 + kb * BK;           // (n, k) of a 64 x 64 box
@@ -282,7 +304,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         }
       }
     }
-#if BLOCK_SCALES
+#if BLOCK_SCALES && !SCALES_TMA
     else if (threadIdx.x / 32 == 1) {  // warp 1 gathers each stage's block scales (strided: no TMA)
       const int l = threadIdx.x % 32;
       Cursor c;
@@ -334,6 +356,69 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
 #endif
+#if BLOCK_SCALES
+      {
+        // k-block j of the item runs on acc (j even) or acc2 (j odd): while one set is promoted
+        // with its k-block's scales, the next k-block's wgmmas already run on the other.
+        float acc2[kAcc];
+        float a0, a1, ab, b0, b1, bb;  // each set's scales: A's rows r and r + 8, B's
+        Cursor pa, pb;                 // each set's stage
+        const int r = cw * 64 + wq * 16 + lane / 4;
+        // Wait for the k-block's stage and issue its wgmmas, then read its scales (used once the
+        // wgmmas are done).
+        auto issue = [&](float (&d)[kAcc], int kb, float& s0, float& s1, float& sb, Cursor& at) {
+          pipe.consumer_wait(c);
+          const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cw * 64 * 128);
+          const uint64_t db = wgmma::desc_k_major_sw128(S.ab_b(c.stage));
+          wgmma::fence_operands(d);
+          wgmma::fence();
+#pragma unroll
+          for (int k = 0; k < 4; ++k) mma(d, da + 2 * k, db + 2 * k, k > 0);  // k-step 0 overwrites d
+          wgmma::commit_group();
+#if SCALES_TMA
+          const float* sa = static_cast<const float*>(S.ab_s(c.stage));
+          sb = __ldg(scales_b + size_t(tn) * k_blocks + kb);
+#else
+          const float* sa = static_cast<const float*>(S.scales()) + c.stage * kScaleStride;
+          sb = sa[BM];
+#endif
+          s0 = sa[r];
+          s1 = sa[r + 8];
+          at = c;
+          c.advance();
+        };
+        // After the wait for its wgmmas: release the stage, add the scaled k-block to total.
+        auto retire = [&](float (&d)[kAcc], float s0, float s1, float sb, const Cursor& at) {
+          wgmma::fence_operands(d);
+          if (lane == 0) pipe.consumer_release(at);  // one arrival per consumer warp and CTA
+          s0 *= sb;
+          s1 *= sb;
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) total[i] += d[i] * ((i & 2) ? s1 : s0);  // rows r, r + 8
+        };
+        const int n = kb1 - kb0;
+        issue(acc, kb0, a0, a1, ab, pa);  // the loop's head always has acc's k-block in flight
+        for (int j = 1; j + 1 < n; j += 2) {
+          issue(acc2, kb0 + j, b0, b1, bb, pb);
+          wgmma::wait_group<1>();
+          retire(acc, a0, a1, ab, pa);
+          issue(acc, kb0 + j + 1, a0, a1, ab, pa);
+          wgmma::wait_group<1>();
+          retire(acc2, b0, b1, bb, pb);
+        }
+        if (n % 2 == 0) {
+          issue(acc2, kb1 - 1, b0, b1, bb, pb);
+          wgmma::wait_group<1>();
+          retire(acc, a0, a1, ab, pa);
+          wgmma::wait_group<0>();
+          retire(acc2, b0, b1, bb, pb);
+        } else {
+          wgmma::wait_group<0>();
+          retire(acc, a0, a1, ab, pa);
+        }
+        acc_live = 0;
+      }
+#else
       for (int kb = kb0; kb < kb1; ++kb) {
         pipe.consumer_wait(c);
         const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cw * 64 * 128);
@@ -361,20 +446,10 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote; the next k-block restarts acc
           wgmma::wait_group<0>();
           wgmma::fence_operands(acc);
-#if BLOCK_SCALES
-          // With this k-block's scales, from its stage (released after the next k-block's issue):
-          // A's for rows r and r + 8 (acc[4j + 0/1] and acc[4j + 2/3]), B's for the tile.
-          const int r = cw * 64 + wq * 16 + lane / 4;
-          const float* sc = static_cast<const float*>(S.scales()) + prev.stage * kScaleStride;
-          const float sb = sc[BM], s0 = sc[r] * sb, s1 = sc[r + 8] * sb;
-#pragma unroll
-          for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? s1 : s0);
-#else
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) {
             total[i] += acc[i];
           }
-#endif
           acc_live = 0;
         }
 #endif
@@ -382,6 +457,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       wgmma::wait_group<0>();
       wgmma::fence_operands(acc);
       if (lane == 0) pipe.consumer_release(prev);
+#endif  // BLOCK_SCALES
 #if PROMOTE
       // After a promotion acc still holds the promoted k-blocks (nothing has overwritten them).
 #pragma unroll

@@ -32,6 +32,11 @@ BF16 = as_dtype("bfloat16")  # every product's output
 LAYOUTS = ("nt", "nn")
 _BARRIER_RESERVE = 256  # full/empty mbarriers after the tiles
 SCALE_STRIDE = BM + 4  # fp32 block scales per stage: A's BM rows, then B's, padded to 16 B
+# How A's block scales reach shared memory, by their layout (the value: the kernel's SCALES_TMA).
+# "row_major" (M, KB): a producer warp gathers a stage's BM scales 4 bytes apart with cp.async
+# (a TMA box would be 16 bytes wide, 4 k-blocks, and run no faster on H200). "m_major" (M, KB)
+# stored k-block by k-block (DeepGEMM's and cuBLAS's layout): one TMA box of BM scales.
+SCALE_MODES = {"row_major": 0, "m_major": 1}
 
 
 @dataclass(frozen=True)
@@ -177,14 +182,15 @@ class GemmPlan:
     layout: SharedLayout
     defines: dict
     config: GemmConfig
+    spec_s: TensorMapSpec | None = None  # one stage's box of A's block scales (their TMA modes)
 
 
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = GemmConfig(),
-              dtype: str = "bfloat16", block_scales: bool = False) -> GemmPlan:
+              dtype: str = "bfloat16", block_scales: str | None = None) -> GemmPlan:
     """Specs, shared-memory layout and compile-time defines for an (m x k) @ B product of
-    bfloat16 or float8_e4m3fn operands. ``block_scales``: each stage also holds its k-block's
-    scales (BM of A's, one of B's), gathered by a producer warp with cp.async."""
+    bfloat16 or float8_e4m3fn operands. ``block_scales`` (one of ``SCALE_MODES``): each stage
+    also holds its k-block's scales of A's BM rows, loaded by the TMA or gathered by a warp."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     fp8 = dtype == "float8_e4m3fn"
@@ -194,6 +200,8 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if fp8 and config.promote and config.bn == 256:
         raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=128 or 192 (got bn={config.bn}): "
                            "promotion keeps a second set of accumulators; use promote=0 for bn=256")
+    if block_scales is not None and block_scales not in SCALE_MODES:
+        raise TmaflowError(f"gemm: block_scales={block_scales!r} must be None or one of {tuple(SCALE_MODES)}")
     if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
         raise TmaflowError(f"gemm: block scales are applied at every k-block: fp8 operands with bn=128 "
                            f"and promote=1 (got {dtype}, bn={config.bn}, promote={config.promote})")
@@ -210,15 +218,20 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         b_boxes = bn // 64
     spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (64, 64), swizzle="128B")
     epilogue = Buffer("c", 2 * 64 * config.epi_cols * 2, align=1024)
-    scale_bytes = SCALE_STRIDE * 4 if block_scales else 0
-    stage_bytes = spec_a.smem_bytes + b_boxes * spec_b.smem_bytes + scale_bytes
+    spec_s = None
+    if block_scales == "m_major":  # (KB, M) rows of one k-block, pitch padded to 4 rows (binding takes the real one)
+        spec_s = TensorMapSpec.tiled("float32", (math.ceil(k / bk), m), (1, BM), strides=(16 * -(-m // 4), 4))
+    scale_bytes = SCALE_STRIDE * 4 if block_scales == "row_major" else 0
+    stage_bytes = (spec_a.smem_bytes + b_boxes * spec_b.smem_bytes + scale_bytes +
+                   (spec_s.smem_bytes if spec_s else 0))
     stages = config.stages or min(8, (HOPPER_SMEM_LIMIT - epilogue.nbytes - _BARRIER_RESERVE) // stage_bytes)
     # consumers: one arrival per consumer warp (2 warpgroups x 4 warps) per release.
-    # producers: the TMA thread, and with block scales the 32 lanes of the warp gathering them.
-    pipe = Pipeline("ab", stages=stages, tiles={"a": spec_a, "b": (spec_b, b_boxes)}, consumers=8,
-                    cluster=(cm, 1, 1), multicast=[None, "x"] if cm > 1 else None,
-                    producers=33 if block_scales else 1)
-    extra = [Buffer("scales", stages * scale_bytes, align=16)] if block_scales else []
+    # producers: the TMA thread, and with gathered block scales the 32 lanes gathering them.
+    tiles = {"a": spec_a, "b": (spec_b, b_boxes), **({"s": spec_s} if spec_s else {})}
+    pipe = Pipeline("ab", stages=stages, tiles=tiles, consumers=8, cluster=(cm, 1, 1),
+                    multicast=[None, "x"] + [None] * bool(spec_s) if cm > 1 else None,
+                    producers=33 if block_scales == "row_major" else 1)
+    extra = [Buffer("scales", stages * scale_bytes, align=16)] if scale_bytes else []
     smem = SharedLayout([pipe, epilogue, *extra])
     split = _nonempty_splits(math.ceil(k / bk), config.split_k)
     defines = {"BN": bn, "EPI_COLS": config.epi_cols, "B_N_MAJOR": int(layout == "nn"),
@@ -226,8 +239,9 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if fp8:
         defines.update(FP8=1, PROMOTE=config.promote)
     if block_scales:
-        defines.update(BLOCK_SCALES=1)
-    return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split))
+        defines.update(BLOCK_SCALES=1, SCALES_TMA=SCALE_MODES[block_scales])
+    return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split),
+                    spec_s)
 
 
 @dataclass(frozen=True)
@@ -315,7 +329,9 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     scales (the dequantisation factors, floats), accumulated in fp32 with the tensor cores'
     partial sums promoted every ``config.promote`` k-blocks of 128. Block scales instead:
     scale_a an (M, ceil(K/128)) and scale_b an (ceil(N/128), ceil(K/128)) float32 device
-    array, applied as each k-block is promoted (DeepSeek's 1 x 128 / 128 x 128 scaling).
+    array, applied as each k-block is promoted (DeepSeek's 1 x 128 / 128 x 128 scaling);
+    scale_a row-major, or stored k-block by k-block (strides (1, P), P >= M a multiple of 4:
+    the layout DeepGEMM and cuBLAS take), which the TMA loads fastest.
     bf16 products on "nt" with M <= 128 take the skinny path unless a GemmConfig is given."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
@@ -325,7 +341,7 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         raise TmaflowError(f"gemm: a SkinnyConfig takes layout='nt' (got {layout!r})")
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
-    scale, blocks = _scales(A, B, scale_a, scale_b)
+    scale, blocks, mode = _scales(A, B, scale_a, scale_b)
     if blocks is not None and config is not None and (not isinstance(config, GemmConfig) or
                                                       config.bn != 128 or config.promote != 1):
         raise TmaflowError(f"gemm: block scales are applied at every k-block: config must be a "
@@ -337,31 +353,43 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
     key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
            stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident(),
-           blocks is not None)
+           mode, blocks and blocks[0].strides)
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         c_strides = output_strides(C, (m, n), 2)
         st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
-                                                   stream, pdl, debug, trace, blocks is not None))
+                                                   stream, pdl, debug, trace, mode,
+                                                   blocks and _scale_map_view(blocks[0], mode)))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
     if st.tc is None:  # the skinny kernel writes C through its pointer
         return (st.launcher, (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail),
                 result)
-    return (st.launcher, (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail,
-                          scale, *(blocks or (0, 0))), result)
+    args = (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail, scale,
+            *(blocks or (0, 0)))
+    if st.ts is not None:
+        args += (st.ts.bind(_scale_map_view(blocks[0], mode)),)
+    return st.launcher, args, result
+
+
+def _scale_map_view(scale_a, mode: str):
+    """scale_a as the 2-D array its TMA map covers: (M, KB) row-major, or (KB, M) rows of one
+    k-block for the M-major layout."""
+    if mode == "m_major":
+        return scale_a._as(scale_a.shape[::-1], scale_a.strides[::-1])
+    return scale_a
 
 
 def _scales(A, B, scale_a, scale_b) -> tuple:
-    """(the epilogue's factor, block scales or None). fp8 operands take per-tensor scales
-    (finite floats, 1 when None; their product scales the fp32 sum) or block scales: scale_a
-    an (M, ceil(K/128)) and scale_b a (ceil(N/128), ceil(K/128)) float32 device array, applied
-    at every k-block of 128. bf16 products take none."""
+    """(the epilogue's factor, block scales or None, their SCALE_MODES key or None). fp8
+    operands take per-tensor scales (finite floats, 1 when None; their product scales the fp32
+    sum) or block scales: scale_a an (M, ceil(K/128)) and scale_b a (ceil(N/128), ceil(K/128))
+    float32 device array, applied at every k-block of 128. bf16 products take none."""
     if A.dtype.name != "float8_e4m3fn":
         if scale_a is not None or scale_b is not None:
             raise TmaflowError("gemm: scale_a / scale_b dequantise fp8 operands; a and b are "
                                f"{A.dtype.name} (scale the output instead)")
-        return 1.0, None
+        return 1.0, None, None
     for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
         if value is not None and (isinstance(value, bool) or
                                   not (isinstance(value, numbers.Real) or arg_kind(value) == "array")):
@@ -374,14 +402,24 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
         for name, value, shape, what in (("scale_a", scale_a, (m, kb), "1 x 128 blocks of a"),
                                          ("scale_b", scale_b, (-(-n // 128), kb), "128 x 128 blocks of b")):
             arr = as_array(value) if value is not None else None
-            if arr is None or arr.shape != shape or arr.dtype.name != "float32" or not arr.is_contiguous:
-                got = "None" if arr is None else f"{arr.shape} {arr.dtype.name}"
-                raise TmaflowError(f"gemm: block scales need both scale_a and scale_b as contiguous "
-                                   f"float32 device arrays; {name} must be {shape} ({what}), got {got}")
+            if arr is None or arr.shape != shape or arr.dtype.name != "float32" or not (
+                    arr.is_contiguous or name == "scale_a" and _m_major(arr)):
+                got = "None" if arr is None else f"{arr.shape} {arr.dtype.name} strides {arr.strides} B"
+                raise TmaflowError(f"gemm: block scales need both scale_a and scale_b as float32 device "
+                                   f"arrays, scale_b contiguous and scale_a contiguous or stored "
+                                   f"k-block by k-block; {name} must be {shape} ({what}), got {got}")
             if not arr.alive:
                 raise TmaflowError(f"gemm: {name} {arr!r} was freed")
             views.append(arr)
-        return 1.0, tuple(views)
+        sa = views[0]
+        if not sa.is_contiguous:  # M-major: one k-block's M scales, then the next one's
+            if sa.strides[1] % 16:
+                raise TmaflowError(
+                    f"gemm: scale_a is stored k-block by k-block with a pitch of {sa.strides[1]} B "
+                    "between k-blocks; the TMA needs a multiple of 16 B: pad M to a multiple of 4 "
+                    "(strides (1, P) with P % 4 == 0) or pass scale_a row-major")
+            return 1.0, tuple(views), "m_major"
+        return 1.0, tuple(views), "row_major"
     product = 1.0
     for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
         if value is None:
@@ -390,7 +428,12 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
             raise TmaflowError(f"gemm: {name}={value!r} must be a finite float (a per-tensor "
                                "dequantisation factor) or a float32 device array of block scales")
         product *= float(value)
-    return product, None
+    return product, None, None
+
+
+def _m_major(arr) -> bool:
+    """An (M, KB) float32 array stored k-block by k-block: strides (4, P) bytes, P >= 4 M."""
+    return arr.ndim == 2 and arr.strides[0] == 4 and arr.strides[1] >= 4 * arr.shape[0]
 
 
 def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
@@ -420,7 +463,7 @@ def _split_k_buffers(st) -> tuple:
 
 
 def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
-                trace=False, block_scales=False) -> _GemmState:
+                trace=False, block_scales=None, scale_view=None) -> _GemmState:
     on_current_device("gemm", A)
     C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
@@ -446,7 +489,8 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     tail = (m, n, k, split, 0, 0, 0)  # after the split-K buffers; not grouped
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
-                      workspace_sizes=(tile_groups * cm, split * m * n))
+                      workspace_sizes=(tile_groups * cm, split * m * n),
+                      ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 
 def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace) -> _GemmState:
