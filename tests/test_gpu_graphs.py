@@ -224,6 +224,37 @@ def test_torch_compile_fullgraph_runs_the_custom_ops(device, rng):
         torch.compile(lambda x, y: kernels.softmax(x, y), fullgraph=True)(x, torch.empty_like(x))
 
 
+def test_torch_compile_fullgraph_runs_fp8_gemms(device, rng):
+    """fp8 GEMMs called as users call them inside a compiled function: per-tensor scales
+    (torch.ops.tmaflow.gemm) and block scales, scale_a row-major or M-major
+    (torch.ops.tmaflow.gemm_block_scaled); bf16 out, equal to the eager calls."""
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  registers torch.ops.tmaflow.*
+
+    m, n, k = 200, 384, 1024
+    a = (torch.randn(m, k, device="cuda") * 30).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") * 30).to(torch.float8_e4m3fn)
+    sa = torch.rand(m, k // 128, device="cuda") * 0.01 + 0.001
+    sb = torch.rand(-(-n // 128), k // 128, device="cuda") * 0.01 + 0.001
+
+    def f(a, b, sa, sb):
+        return kernels.gemm(a, b, scale_a=0.5, scale_b=0.25), kernels.gemm(a, b, scale_a=sa, scale_b=sb)
+
+    compiled = torch.compile(f, fullgraph=True)
+    cols = torch.arange(k, device="cuda") // 128
+    ref_blocks = ((a.double() * sa[:, cols].double()) @
+                  (b.double() * sb[torch.arange(n, device="cuda")[:, None] // 128, cols[None, :]].double()).T)
+    for scale_a in (sa, sa.t().contiguous().t()):  # row-major, then M-major
+        got, want = compiled(a, b, scale_a, sb), f(a, b, scale_a, sb)
+        assert all(t.dtype == torch.bfloat16 and t.shape == (m, n) for t in got)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        ref = 0.125 * (a.double() @ b.double().T)
+        assert (torch.linalg.norm(got[0].double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
+        assert (torch.linalg.norm(got[1].double() - ref_blocks) / torch.linalg.norm(ref_blocks)).item() < 1e-2
+    with pytest.raises(Exception, match=r"block scales need both scale_a and scale_b as tensors"):
+        torch.compile(lambda a, b, s: kernels.gemm(a, b, scale_a=s, scale_b=0.5), fullgraph=True)(a, b, sa)
+
+
 def test_torch_custom_op_fake_shapes_and_user_ops(device):
     torch = pytest.importorskip("torch")
     import tmaflow.torch as tft
@@ -233,6 +264,19 @@ def test_torch_custom_op_fake_shapes_and_user_ops(device):
     ab = torch.empty(16, 256, device="meta", dtype=torch.bfloat16)
     bb = torch.empty(256, 96, device="meta", dtype=torch.bfloat16)
     assert torch.ops.tmaflow.gemm(ab, bb, "nn").shape == (16, 96)
+    a8 = torch.empty(16, 256, device="meta", dtype=torch.float8_e4m3fn)
+    b8 = torch.empty(200, 256, device="meta", dtype=torch.float8_e4m3fn)
+    c8 = torch.ops.tmaflow.gemm(a8, b8, "nt", 0.5, 2.0)
+    assert c8.shape == (16, 200) and c8.dtype == torch.bfloat16
+    sa, sb = torch.empty(16, 2, device="meta"), torch.empty(2, 2, device="meta")
+    c8 = torch.ops.tmaflow.gemm_block_scaled(a8, b8, sa, sb)
+    assert c8.shape == (16, 200) and c8.dtype == torch.bfloat16
+    with pytest.raises(Exception, match=r"tmaflow.gemm_block_scaled: scale_a must be \(16, 2\) and scale_b \(2, 2\)"):
+        torch.ops.tmaflow.gemm_block_scaled(a8, b8, sb, sb)
+    with pytest.raises(Exception, match=r"tmaflow.gemm: fp8 operands take layout 'nt'"):
+        torch.ops.tmaflow.gemm(a8, torch.empty(256, 200, device="meta", dtype=torch.float8_e4m3fn), "nn")
+    with pytest.raises(Exception, match=r"tmaflow.gemm: scale_a / scale_b dequantise fp8 operands"):
+        torch.ops.tmaflow.gemm(ab, bb, "nn", 2.0)
     with pytest.raises(Exception, match=r"tmaflow.softmax: needs a 2-D float32"):
         torch.ops.tmaflow.softmax(torch.empty(4, device="meta"))
 

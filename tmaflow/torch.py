@@ -1,7 +1,7 @@
 """tmaflow kernels as torch custom ops, so they run inside ``torch.compile(fullgraph=True)``
 and CUDA graphs like any torch operator.
 
-    import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, attention}
+    import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, gemm_block_scaled, attention}
     y = torch.ops.tmaflow.softmax(x)
 
     @tmaflow.torch.op("mylib::scale", fake=lambda x, s: torch.empty_like(x))
@@ -24,7 +24,7 @@ import torch
 from .errors import TmaflowError
 from .kernels import attention_entry, entry, examples, matmul
 
-__all__ = ["op", "copy", "softmax", "gemm", "attention"]
+__all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention"]
 
 
 def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
@@ -67,20 +67,56 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     return examples.softmax(x)
 
 
-def _gemm_fake(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
-    _check("gemm", a.dim() == 2 and b.dim() == 2 and a.dtype == b.dtype == torch.bfloat16,
-           f"needs 2-D bfloat16 operands (got {tuple(a.shape)} {a.dtype}, {tuple(b.shape)} {b.dtype})")
-    _check("gemm", layout in matmul.LAYOUTS, f"layout={layout!r} must be one of {matmul.LAYOUTS}")
+_GEMM_DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
+
+
+def _gemm_shape(name: str, a: torch.Tensor, b: torch.Tensor, layout: str) -> tuple:
+    _check(name, a.dim() == 2 and b.dim() == 2 and a.dtype == b.dtype and a.dtype in _GEMM_DTYPES,
+           f"needs 2-D bfloat16 or float8_e4m3fn operands of one dtype (got {tuple(a.shape)} {a.dtype}, "
+           f"{tuple(b.shape)} {b.dtype})")
+    _check(name, layout in matmul.LAYOUTS, f"layout={layout!r} must be one of {matmul.LAYOUTS}")
+    _check(name, a.dtype == torch.bfloat16 or layout == "nt", f"fp8 operands take layout 'nt' (got {layout!r})")
     n = b.shape[0] if layout == "nt" else b.shape[1]
     k_b = b.shape[1] if layout == "nt" else b.shape[0]
-    _check("gemm", a.shape[1] == k_b, f"K of a ({a.shape[1]}) and b ({k_b}) differ")
-    return a.new_empty((a.shape[0], n))
+    _check(name, a.shape[1] == k_b, f"K of a ({a.shape[1]}) and b ({k_b}) differ")
+    return a.shape[0], n
 
 
-@op("tmaflow::gemm", fake=_gemm_fake)
-def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt") -> torch.Tensor:
-    """``kernels.gemm(a, b, layout=layout)``: bf16 GEMM, fp32 accumulation, bf16 out."""
-    return matmul.gemm(a, b, layout=layout)
+def _gemm_fake(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", scale_a: float | None = None,
+               scale_b: float | None = None) -> torch.Tensor:
+    m, n = _gemm_shape("gemm", a, b, layout)
+    _check("gemm", a.dtype == torch.float8_e4m3fn or (scale_a is None and scale_b is None),
+           "scale_a / scale_b dequantise fp8 operands; a and b are bfloat16")
+    return a.new_empty((m, n), dtype=torch.bfloat16)
+
+
+@op("tmaflow::gemm", fake=_gemm_fake,
+    schema="(Tensor a, Tensor b, str layout='nt', float? scale_a=None, float? scale_b=None) -> Tensor")
+def gemm(a: torch.Tensor, b: torch.Tensor, layout: str = "nt", scale_a: float | None = None,
+         scale_b: float | None = None) -> torch.Tensor:
+    """``kernels.gemm(a, b, layout=layout, scale_a=scale_a, scale_b=scale_b)``: bf16, or fp8
+    with per-tensor scales; fp32 accumulation, bf16 out."""
+    return matmul.gemm(a, b, layout=layout, scale_a=scale_a, scale_b=scale_b)
+
+
+def _gemm_block_scaled_fake(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                            scale_b: torch.Tensor) -> torch.Tensor:
+    m, n = _gemm_shape("gemm_block_scaled", a, b, "nt")
+    kb = -(-a.shape[1] // 128)
+    _check("gemm_block_scaled", a.dtype == torch.float8_e4m3fn, f"needs float8_e4m3fn operands (got {a.dtype})")
+    _check("gemm_block_scaled", scale_a.dtype == scale_b.dtype == torch.float32 and
+           tuple(scale_a.shape) == (m, kb) and tuple(scale_b.shape) == (-(-n // 128), kb),
+           f"scale_a must be ({m}, {kb}) and scale_b ({-(-n // 128)}, {kb}) float32 (got "
+           f"{tuple(scale_a.shape)} {scale_a.dtype}, {tuple(scale_b.shape)} {scale_b.dtype})")
+    return a.new_empty((m, n), dtype=torch.bfloat16)
+
+
+@op("tmaflow::gemm_block_scaled", fake=_gemm_block_scaled_fake)
+def gemm_block_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
+                      scale_b: torch.Tensor) -> torch.Tensor:
+    """``kernels.gemm(a, b, scale_a=scale_a, scale_b=scale_b)`` with fp8 operands and block
+    scales (1 x 128 for a, 128 x 128 for b): bf16 out."""
+    return matmul.gemm(a, b, scale_a=scale_a, scale_b=scale_b)
 
 
 def _attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -120,9 +156,17 @@ def _softmax_call(x, out=None, **options):
     return softmax(x)
 
 
-def _gemm_call(a, b, out=None, *, layout: str = "nt", **options):
+def _gemm_call(a, b, out=None, *, layout: str = "nt", scale_a=None, scale_b=None, **options):
     _only("gemm", {"out": out, **options})
-    return gemm(a, b, layout)
+    blocks = [isinstance(s, torch.Tensor) for s in (scale_a, scale_b)]
+    if all(blocks):
+        if layout != "nt":
+            raise TmaflowError(f"gemm: fp8 operands take layout 'nt' (got {layout!r})")
+        return gemm_block_scaled(a, b, scale_a, scale_b)
+    if any(blocks):
+        raise TmaflowError("kernels.gemm(...) inside torch.compile: block scales need both scale_a "
+                           "and scale_b as tensors (per-tensor scales: both floats)")
+    return gemm(a, b, layout, scale_a, scale_b)
 
 
 def _attention_call(q, k, v, out=None, *, causal: bool = False, scale: float | None = None, **options):
