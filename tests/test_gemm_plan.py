@@ -69,7 +69,12 @@ def test_gemm_plan_bytes(layout, bn, cm):
 
 def test_choose_config():
     assert choose_config(8192, 8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
-    assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=1)  # 128 wide tiles < 132 SMs
+    assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=256, cluster_m=1)  # one wave: unclustered
+    # whole waves: 288 wide tiles take 3 waves of 132, the last a fifth full; 576 narrow ones 5
+    assert choose_config(3072, 3072, 3072, 132) == GemmConfig(bn=128, cluster_m=1)
+    assert choose_config(4096, 7168, 16384, 132) == GemmConfig(bn=256, cluster_m=2)
+    assert choose_config(1024, 1024, 1024, 132) == GemmConfig(bn=128, cluster_m=1)  # 16 k-blocks: no split
+    assert choose_config(512, 512, 2048, 132).split_k == 2                          # 16 k-blocks a split
     narrow = dense_config(16, 4096, 4096, 132)
     assert narrow.cluster_m == 1 and narrow.bn == 128                              # one M tile: no partner
     assert narrow.split_k == 4                                                     # 32 tiles x 4 splits fill 128 SMs
@@ -112,7 +117,7 @@ def test_grouped_gemm_rejects_bad_arguments(a, b, offsets, kw, msg):
     (4096 * 8, 4096, 7168, 8, (256, 2, 1)),    # big groups: wide tiles, pairs share B
     (512, 7168, 2048, 8, (256, 1, 1)),         # 64-row groups: no pairs (half of each would idle)
     (512, 4096, 7168, 8, (128, 1, 1)),         # too few wide tiles to fill 132 SMs
-    (484, 512, 2048, 8, (128, 1, 4)),          # few tiles, long K: split along K
+    (484, 512, 2048, 8, (128, 1, 2)),          # few tiles, long K: split along K (16 k-blocks a split)
     (2048, 7168, 2048, 32, (256, 1, 1)),
 ])
 def test_grouped_tile_choice(t, n, k, g, want):

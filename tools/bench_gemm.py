@@ -23,7 +23,10 @@ from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, dens
 
 SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048, "nt"),
           (4096, 14336, 4096, "nt"), (8192, 4096, 14336, "nt"), (16, 4096, 4096, "nt"),
-          (8192, 8192, 8192, "nn"), (4096, 4096, 4096, "nn")]
+          (8192, 8192, 8192, "nn"), (4096, 4096, 4096, "nn"),
+          # shapes no config was tuned on: partial last waves, short K, ragged edges
+          (1024, 1024, 1024, "nt"), (3072, 3072, 3072, "nt"), (2304, 4608, 1024, "nt"), (1000, 3000, 520, "nt"),
+          (512, 512, 2048, "nt")]
 EXTRA = [(128, 4096, 4096, "nt"), (64, 4096, 4096, "nt"), (16, 4096, 16384, "nt")]  # --extra: skinny probes
 SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_m=8),
          GemmConfig(bn=256, cluster_m=2, group_m=32), GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),

@@ -364,12 +364,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         float a0, a1, ab, b0, b1, bb;  // each set's scales: A's rows r and r + 8, B's
         Cursor pa, pb;                 // each set's stage
         const int r = cw * 64 + wq * 16 + lane / 4;
+        // Stage 0's descriptors (a stage's differ only in the start address, in 16-byte units),
+        // from a warpgroup index the compiler knows is warp-uniform: the descriptors then live
+        // in uniform registers, without per-wgmma moves (H200: M-major scales 4% faster).
+        const int cwu = __shfl_sync(0xffffffffu, cw, 0);
+        const uint64_t da0 = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(0)) + cwu * 64 * 128);
+        const uint64_t db0 = wgmma::desc_k_major_sw128(S.ab_b(0));
         // Wait for the k-block's stage and issue its wgmmas, then read its scales (used once the
         // wgmmas are done).
         auto issue = [&](float (&d)[kAcc], int kb, float& s0, float& s1, float& sb, Cursor& at) {
           pipe.consumer_wait(c);
-          const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cw * 64 * 128);
-          const uint64_t db = wgmma::desc_k_major_sw128(S.ab_b(c.stage));
+          const uint64_t da = da0 + c.stage * (L::ab::a_stride >> 4);
+          const uint64_t db = db0 + c.stage * (L::ab::b_stride >> 4);
           wgmma::fence_operands(d);
           wgmma::fence();
 #pragma unroll
