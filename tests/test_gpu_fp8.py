@@ -101,6 +101,23 @@ def test_fp8_block_scales_short_and_odd_k(device, rng, k):
         _check_gemm(A, B, ref, None, scale_a=SA, scale_b=SB)
 
 
+def test_fp8_block_scales_one_row(device, rng):
+    """M = 1: scale_a M-major with a padded pitch takes the TMA (a 128-row box over 1 row);
+    torch's M-major view of one row is a packed row and is gathered."""
+    torch = pytest.importorskip("torch")
+    A, B, SA, SB, ref = _block_operands(rng, 1, 384, 1024, m_major=True)
+    _check_gemm(A, B, ref, None, scale_a=SA, scale_b=SB)
+    a = (torch.randn(1, 1024, device="cuda") * 30).to(torch.float8_e4m3fn)
+    b = (torch.randn(384, 1024, device="cuda") * 30).to(torch.float8_e4m3fn)
+    sa = (torch.rand(8, 1, device="cuda") * 0.01 + 0.001).t()  # (1, 8), strides (1, 1)
+    sb = torch.rand(3, 8, device="cuda") * 0.01 + 0.001
+    cols = torch.arange(1024, device="cuda") // 128
+    ref = (a.double() * sa[:, cols].double()) @ (b.double() * sb[torch.arange(384, device="cuda")[:, None] // 128,
+                                                                  cols[None, :]].double()).T
+    c = kernels.gemm(a, b, scale_a=sa, scale_b=sb)
+    assert (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
+
+
 @pytest.mark.parametrize("level", ["stage", "all"])
 @pytest.mark.parametrize("m_major", [False, True], ids=["gathered", "tma"])
 def test_fp8_block_scales_traced_debug_launch_passes_the_diagnosis(device, rng, level, m_major):

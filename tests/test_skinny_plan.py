@@ -180,6 +180,8 @@ def test_block_scale_plan_gives_each_stage_its_scales():
     (300, 1040, (4, 1200), "m_major"),      # k-block by k-block, 300 rows
     (301, 2048, (4, 1216), "m_major"),      # 301 rows padded to 304
     (1, 128, (4, 16), "m_major"),
+    (1, 2048, (4, 4), "row_major"),         # one row stored "k-block by k-block" is one packed row
+    (200, 128, (4, 4), "row_major"),        # one k-block: the column's stride is moot
 ])
 def test_block_scale_layout_picks_how_the_scales_travel(m, k, strides, mode):
     from tmaflow.kernels.matmul import _scales

@@ -416,7 +416,7 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
                                          ("scale_b", scale_b, (-(-n // 128), kb), "128 x 128 blocks of b")):
             arr = as_array(value) if value is not None else None
             if arr is None or arr.shape != shape or arr.dtype.name != "float32" or not (
-                    arr.is_contiguous or name == "scale_a" and _m_major(arr)):
+                    _row_major(arr) or name == "scale_a" and _m_major(arr)):
                 got = "None" if arr is None else f"{arr.shape} {arr.dtype.name} strides {arr.strides} B"
                 raise TmaflowError(f"gemm: block scales need both scale_a and scale_b as float32 device "
                                    f"arrays, scale_b contiguous and scale_a contiguous or stored "
@@ -425,7 +425,7 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
                 raise TmaflowError(f"gemm: {name} {arr!r} was freed")
             views.append(arr)
         sa = views[0]
-        if not sa.is_contiguous:  # M-major: one k-block's M scales, then the next one's
+        if not _row_major(sa):  # M-major: one k-block's M scales, then the next one's
             if sa.strides[1] % 16:
                 raise TmaflowError(
                     f"gemm: scale_a is stored k-block by k-block with a pitch of {sa.strides[1]} B "
@@ -442,6 +442,11 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
                                "dequantisation factor) or a float32 device array of block scales")
         product *= float(value)
     return product, None, None
+
+
+def _row_major(arr) -> bool:
+    """A 2-D float32 array whose rows are contiguous and packed (a single row's stride is moot)."""
+    return arr.strides[1] == 4 and (arr.shape[0] == 1 or arr.strides[0] == 4 * arr.shape[1])
 
 
 def _m_major(arr) -> bool:
