@@ -56,6 +56,21 @@ def ffma_runs(code: bytes, min_run: int) -> list[tuple[int, int]]:
     return runs
 
 
+def _edit_ffma_runs(cubin: bytes, symbol: str, fraction: float, min_run: int, edit) -> tuple[bytes, int]:
+    """The CUBIN with ``edit(high word)`` (None: unchanged) applied to the first ``fraction``
+    of each run of at least ``min_run`` FFMAs, and how many instructions changed."""
+    offset, size = text_section(cubin, symbol)
+    out, changed = bytearray(cubin), 0
+    for first, count in ffma_runs(cubin[offset:offset + size], min_run):
+        for i in range(first, first + int(count * fraction)):
+            at = offset + i * INSTRUCTION_BYTES + 8
+            high = edit(struct.unpack_from("<Q", out, at)[0])
+            if high is not None:
+                struct.pack_into("<Q", out, at, high)
+                changed += 1
+    return bytes(out), changed
+
+
 def yield_in_ffma_runs(cubin: bytes, symbol: str, *, fraction: float = 9 / 16,
                        min_run: int = 32) -> tuple[bytes, int]:
     """The CUBIN with every reuse-flagged FFMA in the first ``fraction`` of each run of at
@@ -63,30 +78,11 @@ def yield_in_ffma_runs(cubin: bytes, symbol: str, *, fraction: float = 9 / 16,
     interleave), and how many instructions changed."""
     if not 0 < fraction <= 1:
         raise TmaflowError(f"sass_yield: fraction={fraction!r} must be in (0, 1]")
-    offset, size = text_section(cubin, symbol)
-    out = bytearray(cubin)
-    code = bytes(cubin[offset:offset + size])
-    changed = 0
-    for first, count in ffma_runs(code, min_run):
-        for i in range(first, first + int(count * fraction)):
-            at = offset + i * INSTRUCTION_BYTES + 8
-            high, = struct.unpack_from("<Q", out, at)
-            if high & _REUSE and high & _YIELD:
-                struct.pack_into("<Q", out, at, high & ~(_REUSE | _YIELD))
-                changed += 1
-    return bytes(out), changed
+    return _edit_ffma_runs(cubin, symbol, fraction, min_run,
+                           lambda high: high & ~(_REUSE | _YIELD) if high & _REUSE and high & _YIELD else None)
 
 
 def hold_in_ffma_runs(cubin: bytes, symbol: str, min_run: int = 32) -> tuple[bytes, int]:
     """The CUBIN with every FFMA of each long run marked to keep issuing from its warp (yield
     bit set), and how many instructions changed."""
-    offset, size = text_section(cubin, symbol)
-    out, changed = bytearray(cubin), 0
-    for first, count in ffma_runs(cubin[offset:offset + size], min_run):
-        for i in range(first, first + count):
-            at = offset + i * INSTRUCTION_BYTES + 8
-            high, = struct.unpack_from("<Q", out, at)
-            if not high & _YIELD:
-                struct.pack_into("<Q", out, at, high | _YIELD)
-                changed += 1
-    return bytes(out), changed
+    return _edit_ffma_runs(cubin, symbol, 1.0, min_run, lambda high: None if high & _YIELD else high | _YIELD)

@@ -366,7 +366,7 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
     key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
            stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident(),
-           mode, blocks and blocks[0].strides)
+           blocks and blocks[0].strides)  # scale_a's strides decide its mode
     try:
         st = STATES[key]
     except (KeyError, TypeError):
