@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -37,6 +38,10 @@ def disassemble(cubin: bytes) -> str:
                            "(pip install 'tmaflow[tools]') or put cuobjdump on PATH")
 
 
+_SASS_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_BRANCH = re.compile(r"\bBRA\b.*?(0x[0-9a-f]+)")
+
+
 def sass_opcodes(sass: str) -> set[str]:
     """Opcodes (first token after the address comment) appearing in SASS text."""
     ops = set()
@@ -51,3 +56,26 @@ def sass_opcodes(sass: str) -> set[str]:
                     token = parts[1] if len(parts) > 1 else token
                 ops.add(token.split(".")[0])
     return ops
+
+
+def sass_instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text without the ';') of every instruction in SASS text."""
+    out = []
+    for line in sass.splitlines():
+        m = _SASS_LINE.match(line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2).strip()))
+    return out
+
+
+def sass_loops(sass: str) -> list[list[str]]:
+    """The body of every loop in SASS text (a backward branch to an instruction of the same
+    function), innermost first: how many instructions a kernel's main loop issues each trip."""
+    ins = sass_instructions(sass)
+    index = {address: i for i, (address, _) in enumerate(ins)}
+    loops = []
+    for i, (address, text) in enumerate(ins):
+        m = _BRANCH.search(text)
+        if m and int(m.group(1), 16) < address and int(m.group(1), 16) in index:
+            loops.append([t for _, t in ins[index[int(m.group(1), 16)]:i + 1]])
+    return sorted(loops, key=len)

@@ -396,7 +396,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         // After the wait for its wgmmas: release the stage, add the scaled k-block to total.
         auto retire = [&](float (&d)[kAcc], float s0, float s1, float sb, const Cursor& at) {
           wgmma::fence_operands(d);
-          if (lane == 0) pipe.consumer_release(at);  // one arrival per consumer warp and CTA
+          pipe.consumer_release_warp(at);  // one arrival per consumer warp and CTA
           s0 *= sb;
           s1 *= sb;
 #pragma unroll
@@ -445,7 +445,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         // Keep this k-block's group in flight; the previous one is done with its stage.
         wgmma::wait_group<1>();
         wgmma::fence_operands(acc);
-        if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp and CTA
+        if (kb > kb0) pipe.consumer_release_warp(prev);  // one arrival per consumer warp and CTA
         prev = c;
         c.advance();
 #if PROMOTE
@@ -462,7 +462,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       }
       wgmma::wait_group<0>();
       wgmma::fence_operands(acc);
-      if (lane == 0) pipe.consumer_release(prev);
+      pipe.consumer_release_warp(prev);
 #endif  // BLOCK_SCALES
 #if PROMOTE
       // After a promotion acc still holds the promoted k-blocks (nothing has overwritten them).

@@ -64,12 +64,27 @@ struct Pipeline {
                                     const char* file = TMAFLOW_CALLER_FILE) const {
     mbarrier::wait(full + c.stage, c.phase, debug::Site{full_name, int32_t(c.stage), tx_bytes}, line, file);
   }
+  // One release by a whole (converged) warp: lane r arrives on CTA r's empty barrier for each
+  // rank r of the release mask, all at once, so no lane loops over the mask (CUTLASS spreads a
+  // cluster release over threads the same way); without a cluster lane 0 arrives.
+  TMAFLOW_DEVICE void consumer_release_warp(const Cursor& c) const {
+    const uint32_t lane = threadIdx.x % 32u;
+    if (release_mask == 0) {
+      if (lane == 0) mbarrier::arrive(empty + c.stage);
+    } else if ((release_mask >> lane) & 1u) {
+      mbarrier::arrive_cluster(empty + c.stage, lane);
+    }
+  }
+  // One release by one thread: an arrival on the empty barrier of every CTA of the mask.
   TMAFLOW_DEVICE void consumer_release(const Cursor& c) const {
     if (release_mask == 0) {
       mbarrier::arrive(empty + c.stage);
     } else {
-      for (uint32_t r = 0; r < 16; ++r)
-        if (release_mask & (1u << r)) mbarrier::arrive_cluster(empty + c.stage, r);
+      // Over the mask's set bits only: a loop over all 16 ranks unrolls into 16 predicated
+      // arrivals, and in a wgmma loop that bloat cost the descriptors their uniform registers
+      // (fp8 block scales in clusters of two: 457 instructions a k-block pair against 233).
+      for (uint32_t m = release_mask; m != 0; m &= m - 1u)
+        mbarrier::arrive_cluster(empty + c.stage, uint32_t(__ffs(int(m)) - 1));
     }
   }
 };
