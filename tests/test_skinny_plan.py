@@ -142,14 +142,15 @@ def test_fp8_config_takes_192_column_tiles_for_large_products():
 
 
 def test_block_scale_plan_gives_each_stage_its_scales():
-    """Block scales: 128 x 128 tiles promoted every k-block, unclustered, with 64-column
-    epilogue rounds. Each stage carries A's 128 row scales: M-major ones as a TMA box beside
+    """Block scales: 128 x 128 tiles promoted every k-block, in clusters of two along M when
+    there are two M tiles, with 64-column epilogue rounds. Each stage carries A's 128 row scales: M-major ones as a TMA box beside
     A's (counted in the stage's bytes), row-major ones gathered by 32 lanes that arrive on the
     stage's full barrier beside the TMA thread."""
     from tmaflow.kernels.matmul import SCALE_STRIDE, block_scale_config, gemm_plan
 
     cfg = block_scale_config(4096, 7168, 16384, 132)
-    assert cfg == GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1)
+    assert cfg == GemmConfig(bn=128, cluster_m=2, epi_cols=64, promote=1)
+    assert block_scale_config(128, 7168, 16384, 132).cluster_m == 1  # one M tile: nobody to share B with
     assert block_scale_config(256, 512, 8192, 132).split_k == 4  # 8 tiles: K split to fill the GPU
     plain = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn")
     assert "BLOCK_SCALES" not in plain.defines and plain.spec_s is None
@@ -163,7 +164,7 @@ def test_block_scale_plan_gives_each_stage_its_scales():
     plan = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn", block_scales="row_major")
     assert plan.defines["SCALES_TMA"] == 0 and plan.spec_s is None and plan.config.stages == 6
     pipe = plan.layout.items[0]
-    assert pipe.full_arrivals == 33 and pipe.empty_arrivals == 8 and pipe.tx_bytes == stage
+    assert pipe.full_arrivals == 33 and pipe.empty_arrivals == 16 and pipe.tx_bytes == stage
     scales = next(p for p in plan.layout.placements if p.name == "scales")
     assert scales.nbytes == 6 * SCALE_STRIDE * 4 and scales.offset % 16 == 0
     with pytest.raises(tf.TmaflowError, match=r"block scales .* fp8 operands with bn=128 and promote=1 \(got bfloat16"):
