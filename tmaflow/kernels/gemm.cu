@@ -470,6 +470,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       for (int i = 0; i < kAcc; ++i) acc[i] = total[i] + (acc_live ? acc[i] : 0.f);
 #endif
 
+      trace::mark(1);  // the tile's k-blocks are summed (trace builds only)
       const int row = wq * 16 + lane / 4;   // and row + 8; the swizzle depends on row % 8
 #if SPLIT_K
       // Publish this split's fp32 partial; the last split of the tile to finish sums every
@@ -516,6 +517,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           tma::commit_group();
         }
       }
+      trace::mark(2);  // the tile's stores are issued
     }
     if (t == 0) tma::wait_group<0>();
   }
