@@ -72,11 +72,18 @@ TMAFLOW_DEVICE bool try_wait_cluster(uint64_t* bar, uint32_t parity) {
 template <bool Cluster>
 TMAFLOW_DEVICE void wait_on(uint64_t* bar, uint32_t parity, debug::Site site, uint32_t line, const char* file) {
   auto done = [&] { return Cluster ? try_wait_cluster(bar, parity) : try_wait(bar, parity); };
-#if TMAFLOW_TRACE_LEVEL == 1
-  if (done()) return;  // stage traces record only the waits that wait
-#endif
-  TMAFLOW_TRACE_BEGIN(kWait);
+  TMAFLOW_TRACE_BEGIN(kWait);  // before the first try: try_wait itself suspends the thread
 #define TMAFLOW_WAITED() TMAFLOW_TRACE_SPAN(kWait + Cluster, site.stage, TMAFLOW_TRACE_BAR(bar), parity, line)
+#if TMAFLOW_TRACE_LEVEL == 1
+  // Stage traces record the waits that waited. A blocked try_wait sleeps until the phase
+  // completes (up to a hardware time limit) and then succeeds, so whether the first try failed
+  // says nothing; its duration does (the SM clock: %globaltimer may tick only every µs).
+  const long long tmaflow_trace_clock_ = clock64();
+  if (done()) {
+    if (clock64() - tmaflow_trace_clock_ >= trace::kWaitedCycles) TMAFLOW_WAITED();
+    return;
+  }
+#endif
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
   // after a timeout elsewhere, a wait "completes" whenever its parity happens to match: such
   // events are marked as given up (0x200), not as completed

@@ -1,8 +1,8 @@
 // Flight recorder for trace builds: the library's own wrappers record events stamped with
 // %globaltimer into a ring per warp in device memory, which the host reads after the launch
 // (tmaflow/trace.py). TMAFLOW_TRACE=1 (Kernel(trace=True) / "stage"): the waits on pipeline
-// stages that had to wait (a wait whose phase had already completed costs nothing and is not
-// recorded), the bytes each stage announces (arrive + expect_tx), cluster syncs, PDL waits and
+// stages that had to wait (one shorter than kWaitedCycles is not recorded: a phase already
+// complete costs one try_wait and the clock reads), the bytes each stage announces (arrive + expect_tx), cluster syncs, PDL waits and
 // marks. TMAFLOW_TRACE=2 ("all"): every wait, arrival, TMA load / store / reduce, store wait,
 // wgmma commit / wait and named barrier. Other builds compile none of this.
 #pragma once
@@ -49,6 +49,9 @@ __host__ __device__ constexpr bool traced(uint32_t kind) {
          kind == kArriveExpectTx || kind == kClusterSync || kind == kGriddepWait || kind == kMark ||
          kind == kTensormapPublish || kind == kTensormapAcquire;
 }
+// A stage-level wait is recorded once it took this many SM cycles (an uncontended try_wait
+// takes a few dozen).
+constexpr long long kWaitedCycles = 200;
 TMAFLOW_DEVICE uint64_t now() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
