@@ -17,7 +17,8 @@ SHAPES = [(256, 256, 64), (128, 128, 1024), (1000, 760, 520), (300, 4096, 136), 
 CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
            GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1, epi_cols=64),
            GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
-           GemmConfig(bn=128, cluster_m=1, split_k=3), GemmConfig(bn=256, cluster_m=2, split_k=2)]
+           GemmConfig(bn=128, cluster_m=1, split_k=3), GemmConfig(bn=256, cluster_m=2, split_k=2),
+           GemmConfig(bn=192, cluster_m=1, epi_cols=64), GemmConfig(bn=192, cluster_m=2, epi_cols=64, split_k=2)]
 
 
 def _bf16(x):
