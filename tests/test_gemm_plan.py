@@ -30,7 +30,7 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(bn=160), r"bn=160 must be 128, 192 or 256"),
+    (dict(bn=160), r"bn=160 must be 64, 128, 192 or 256"),
     (dict(bn=192), r"epi_cols=128 must be a multiple of 64 dividing bn=192"),
     (dict(cluster_m=4), r"cluster_m=4 must be 1 or 2"),
     (dict(epi_cols=96), r"epi_cols=96 must be a multiple of 64 dividing bn=256"),
@@ -49,9 +49,9 @@ def test_gemm_stage_overflow_names_the_layout():
 
 
 @pytest.mark.parametrize("layout", ["nt", "nn"])
-@pytest.mark.parametrize("bn,cm", [(256, 2), (128, 2), (256, 1), (128, 1), (192, 1), (192, 2)])
+@pytest.mark.parametrize("bn,cm", [(256, 2), (128, 2), (256, 1), (128, 1), (192, 1), (192, 2), (64, 1), (64, 2)])
 def test_gemm_plan_bytes(layout, bn, cm):
-    plan = gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=cm, epi_cols=64 if bn == 192 else 128))
+    plan = gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=cm, epi_cols=128 if bn in (128, 256) else 64))
     pipe = plan.layout.items[0]
     assert pipe.tx_bytes == (128 + bn) * 64 * 2           # one A and one whole B tile per stage
     b_boxes = pipe.boxes[1]
@@ -76,7 +76,9 @@ def test_choose_config():
     assert choose_config(1000, 3000, 520, 132).bn == 192  # 128 tiles of 192 columns: one wave
     assert choose_config(2304, 4608, 1024, 132).bn == 128  # 5 waves of 128 columns beat 4 of 192
     assert choose_config(4096, 7168, 16384, 132) == GemmConfig(bn=256, cluster_m=2)
-    assert choose_config(1024, 1024, 1024, 132) == GemmConfig(bn=128, cluster_m=1)  # 16 k-blocks: no split
+    # 64 tiles of 128 columns or 128 of 64 columns: one wave either way, the narrow ones half the math
+    assert choose_config(1024, 1024, 1024, 132) == GemmConfig(bn=64, cluster_m=1, epi_cols=64)  # 16 k-blocks: no split
+    assert choose_config(768, 768, 768, 132).bn == 64
     assert choose_config(512, 512, 2048, 132).split_k == 2                          # 16 k-blocks a split
     narrow = dense_config(16, 4096, 4096, 132)
     assert narrow.cluster_m == 1 and narrow.bn == 128                              # one M tile: no partner

@@ -18,7 +18,8 @@ CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
            GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1, epi_cols=64),
            GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
            GemmConfig(bn=128, cluster_m=1, split_k=3), GemmConfig(bn=256, cluster_m=2, split_k=2),
-           GemmConfig(bn=192, cluster_m=1, epi_cols=64), GemmConfig(bn=192, cluster_m=2, epi_cols=64, split_k=2)]
+           GemmConfig(bn=192, cluster_m=1, epi_cols=64), GemmConfig(bn=192, cluster_m=2, epi_cols=64, split_k=2),
+           GemmConfig(bn=64, cluster_m=1, epi_cols=64), GemmConfig(bn=64, cluster_m=2, epi_cols=64, split_k=2)]
 
 
 def _bf16(x):

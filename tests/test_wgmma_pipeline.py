@@ -21,6 +21,7 @@ KERNELS = {
     "gemm bf16 256": lambda: _gemm("bfloat16", GemmConfig()),
     "gemm bf16 128 split-K": lambda: _gemm("bfloat16", GemmConfig(bn=128, cluster_m=1, split_k=2)),
     "gemm bf16 192": lambda: _gemm("bfloat16", GemmConfig(bn=192, cluster_m=1, epi_cols=64)),
+    "gemm bf16 64": lambda: _gemm("bfloat16", GemmConfig(bn=64, cluster_m=1, epi_cols=64)),
     "gemm bf16 grouped": lambda: _gemm("bfloat16", GemmConfig(), {"GROUPED": 1}),
     "gemm fp8 promoted": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128)),
     "gemm fp8 fast 256": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=256, promote=0)),

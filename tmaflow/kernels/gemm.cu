@@ -75,7 +75,8 @@ constexpr uint32_t kProducerRegs = BLOCK_SCALES ? 56 : 40, kConsumerRegs = BLOCK
 // A launch gives each of the 384 threads 168 registers (65536 / 384, rounded down to 8); the
 // consumers' setmaxnreg.inc waits forever unless the producer's decrease frees enough.
 static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setmaxnreg split would hang");
-static_assert(BN == 128 || BN == 192 || BN == 256, "BN is 128, 192 or 256");
+static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "BN is 64, 128, 192 or 256");
+static_assert(!FP8 || BN >= 128, "fp8 tiles are 128, 192 or 256 columns");
 static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
 static_assert(!FP8 || !B_N_MAJOR, "fp8 wgmma reads both operands K-major: layout nt");
@@ -169,6 +170,8 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t s
   wgmma::mma_m64n256k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
 #elif BN == 192
   wgmma::mma_m64n192k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
+#elif BN == 64
+  wgmma::mma_m64n64k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
 #else
   wgmma::mma_m64n128k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
 #endif

@@ -55,8 +55,8 @@ class GemmConfig:
     def __post_init__(self):
         if isinstance(self.promote, bool) or not isinstance(self.promote, int) or not 0 <= self.promote <= 64:
             raise TmaflowError(f"GemmConfig: promote={self.promote!r} must be an int in [0, 64]")
-        if self.bn not in (128, 192, 256):
-            raise TmaflowError(f"GemmConfig: bn={self.bn} must be 128, 192 or 256")
+        if self.bn not in (64, 128, 192, 256):
+            raise TmaflowError(f"GemmConfig: bn={self.bn} must be 64, 128, 192 or 256")
         if self.cluster_m not in (1, 2):
             raise TmaflowError(f"GemmConfig: cluster_m={self.cluster_m} must be 1 or 2")
         if self.epi_cols % 64 or self.bn % self.epi_cols:
@@ -148,25 +148,29 @@ def block_scale_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
 
 
 # Relative speed of a tile's math (H200, full waves): 128 x 256 tiles read 20% less shared
-# memory per MMA than 128 x 128 ones; 128 x 192 ones lie between.
-_TILE_SPEED = {256: 1.0, 192: 0.98, 128: 0.96}
+# memory per MMA than 128 x 128 ones; 128 x 192 ones lie between; 128 x 64 ones (cuBLAS's at
+# 1024^3) read A once per 64 columns.
+_TILE_SPEED = {256: 1.0, 192: 0.98, 128: 0.96, 64: 0.85}
 
 
 def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     """The dense kernel's tiles for this shape (``choose_config`` without the skinny path): the
-    width whose whole waves of tiles take least time (a last wave a fifth full costs a whole
-    wave: H200, 3072^3, 128 x 128 tiles in 5 waves 85 us against 128 x 256 ones in 3 waves
-    100 us). Wide tiles go in clusters of two sharing B when there are two waves or more (in
+    width (64, 128, 192 or 256 columns) whose whole waves of tiles take least time (a last wave
+    a fifth full costs a whole wave: H200, 3072^3, 128 x 256 tiles in 3 waves 0.75x cuBLAS,
+    128 x 128 ones in 5 waves 0.87x, 128 x 192 ones in 3 nearly full waves 0.97x). Wide tiles go in clusters of two sharing B when there are two waves or more (in
     one wave, unclustered ran faster: 2048^3, 24.0 against 25.0 us)."""
     tiles_m = math.ceil(m / BM)
 
     def cost(bn):  # whole waves x the math of one tile
         return math.ceil(tiles_m * math.ceil(n / bn) / sm_count) * bn / _TILE_SPEED[bn]
 
-    bn = min(_TILE_SPEED, key=lambda width: (cost(width), -width))
+    # 64-column tiles only with two M tiles or more (one M tile is the split-K path's, measured
+    # with 128 columns)
+    widths = [w for w in _TILE_SPEED if w != 64 or tiles_m > 1]
+    bn = min(widths, key=lambda width: (cost(width), -width))
     tiles = tiles_m * math.ceil(n / bn)
     cluster_m = 2 if bn == 256 and tiles_m > 1 and tiles > sm_count else 1
-    return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=64 if bn == 192 else 128,
+    return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=128 if bn in (128, 256) else 64,
                       split_k=_filling_splits(tiles, math.ceil(k / BK), sm_count))
 
 
@@ -214,6 +218,8 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if fp8 and config.promote and config.bn == 256:
         raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=128 or 192 (got bn={config.bn}): "
                            "promotion keeps a second set of accumulators; use promote=0 for bn=256")
+    if fp8 and config.bn == 64:
+        raise TmaflowError("gemm: fp8 tiles are 128, 192 or 256 columns (got bn=64)")
     if block_scales is not None and block_scales not in SCALE_MODES:
         raise TmaflowError(f"gemm: block_scales={block_scales!r} must be None or one of {tuple(SCALE_MODES)}")
     if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
