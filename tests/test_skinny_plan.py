@@ -132,13 +132,16 @@ def test_fp8_block_scales_are_checked_by_shape_type_and_config():
 
 
 def test_fp8_config_takes_192_column_tiles_for_large_products():
-    """Each promotion covers 1.5x the math with 128 x 192 tiles; small products keep 128 x 128
-    tiles (more of them to spread over the SMs)."""
+    """Each promotion covers 1.5x the math with 128 x 192 tiles; 128 x 128 ones only where
+    their whole waves take less time."""
     from tmaflow.kernels.matmul import fp8_config
 
     assert fp8_config(8192, 8192, 8192, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)
     assert fp8_config(4096, 7168, 16384, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)
-    assert fp8_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)
+    assert fp8_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)  # 2 waves either way
+    # 352 tiles of 192 columns in 3 waves against 544 of 128 columns in 5
+    assert fp8_config(4096, 2112, 7168, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)
+    assert fp8_config(64, 7168, 16384, 132).bn == 128  # one wave either way: the narrower tiles
     assert choose_config(8192, 8192, 8192, 132, "nt", "float8_e4m3fn").bn == 192
 
 
