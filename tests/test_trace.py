@@ -198,6 +198,15 @@ def test_diagnosis_multicast_rules():
     assert run_rules([good, [], peer, []], cluster=2)[0] == []
     names, _ = run_rules([good, [], peer[:-1], []], cluster=2)  # the peer left without the sync
     assert names == ["missing-cluster-sync"], names
+    # A producer tail instead of the final sync: after its last fill the CTA waits on both
+    # stages' empty barriers, which its peer's releases complete.
+    tail = [sync, ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx),
+            ev(21, "TMA load (multicast)", full, 0b11), ev(50, "wait", empty, 0, 0), ev(51, "wait", empty + 8, 1, 1)]
+    peer_tail = [sync, ev(20, "arrive + expect_tx", full, tx), ev(40, "arrive (remote)", empty, 0 | 1 << 16),
+                 ev(50, "wait", empty, 0, 0), ev(51, "wait", empty + 8, 1, 1)]
+    assert run_rules([tail, [], peer_tail, []], cluster=2)[0] == []
+    names, _ = run_rules([tail[:-1], [], peer_tail, []], cluster=2)  # stage 1 never waited for
+    assert names == ["missing-cluster-sync"], names
 
 
 def test_stage_traces_apply_only_the_rules_they_can_support():

@@ -20,8 +20,9 @@ Each broken rule is a :class:`Finding` with a name:
 - ``missing-commit``: consumers wait for a fill of a stage that no producer announced;
 - ``stage-reused``: a stage was refilled before its consumers released the previous round;
 - ``missing-cluster-sync``: a CTA reached into its peers' shared memory (remote arrivals,
-  multicast) and then left without a cluster sync, so a peer may still be using it, or it
-  may write into a peer that already left;
+  multicast) and then left without a cluster sync or a producer tail (its producer waiting
+  until every stage is released, peers' releases included), so a peer may still be using it,
+  or it may write into a peer that already left;
 - ``missing-acquire``: a TMA copy went through a tensor map published on the device in this
   launch (``tensormap::publish_warp``) without ``tensormap::acquire`` of that slot first in
   the copying CTA (it may see the old descriptor).
@@ -123,7 +124,7 @@ def diagnose(trace, layout, cluster_size: int = 1, book: dict | None = None) -> 
     book = ledger(trace, layout, cluster_size) if book is None else book
     if detail:
         found += _early_multicast(trace, layout, pipes, cluster_size)
-        found += _no_final_sync(trace, cluster_size)
+        found += _no_final_sync(trace, layout, pipes, cluster_size)
     for (block, name, s), st in sorted(book.items()):
         pipe = pipes[name]
         full, empty = f"{name}_full[{s}]", f"{name}_empty[{s}]"
@@ -268,25 +269,44 @@ def _unacquired_maps(trace) -> list[Finding]:
     return out
 
 
-def _no_final_sync(trace, cluster_size) -> list[Finding]:
-    """A CTA whose last remote operation (remote arrive, multicast) has no cluster sync after
-    it in the same CTA."""
+def _no_final_sync(trace, layout, pipes, cluster_size) -> list[Finding]:
+    """A CTA whose last remote operation (remote arrive, multicast) has neither a cluster sync
+    after it in the same CTA nor a producer tail: waits on every stage's empty barrier of each
+    clustered pipeline after the CTA's last fill there, which hold the CTA until its peers'
+    releases have all arrived (their multicasts into it were over once it consumed them)."""
     if cluster_size <= 1:
         return []
     ev = trace.events
     remote = ev[(ev["kind"] == K["arrive (remote)"]) | (ev["kind"] == K["TMA load (multicast)"])]
     syncs = ev[ev["kind"] == K["cluster sync"]]
+    waits = ev[(ev["kind"] == K["wait"]) & ((ev["value"] & tr.GAVE_UP) == 0)]
+    fills = ev[np.isin(ev["kind"], [K["arrive + expect_tx"], K["TMA load (multicast)"]])]
+    clustered = [p for p in pipes.values() if getattr(p, "uses_cluster", False)]
+
+    def producer_tail(block) -> bool:
+        for pipe in clustered:
+            full, empty = layout.offset(f"{pipe.name}_full"), layout.offset(f"{pipe.name}_empty")
+            mine = fills[(fills["block"] == block) & (fills["bar"] >= full) & (fills["bar"] < full + 8 * pipe.stages)]
+            since = int(mine["t0"].max()) if len(mine) else 0
+            waited = waits[(waits["block"] == block) & (waits["t0"] >= since) & (waits["bar"] >= empty)
+                           & (waits["bar"] < empty + 8 * pipe.stages)]
+            if len(np.unique(waited["bar"])) < pipe.stages:
+                return False
+        return bool(clustered)
+
     out = []
     for block in np.unique(remote["block"]):
         last = remote[remote["block"] == block][-1]
         after = syncs[(syncs["block"] == block) & (syncs["t0"] >= last["t0"])]
-        if not len(after):
+        if not len(after) and not producer_tail(block):
             out.append(Finding("missing-cluster-sync",
                                f"CTA {int(block)} warp {int(last['warp'])}: {trace.label(last)} was its "
-                               "last reach into a peer's shared memory, and no cluster sync followed "
-                               "before it left: a peer may still write into it (multicast, remote "
-                               "arrive) or it into a peer that left. End the kernel with "
-                               "cluster::sync()", int(block), trace.barrier(int(last["bar"]))))
+                               "last reach into a peer's shared memory, and neither a cluster sync nor a "
+                               "producer tail (a wait on every stage's empty barrier after the last fill) "
+                               "followed before it left: a peer may still write into it (multicast, "
+                               "remote arrive) or it into a peer that left. End the kernel with "
+                               "cluster::sync(), or with the producer waiting for every stage to be "
+                               "released", int(block), trace.barrier(int(last["bar"]))))
     return out
 
 
