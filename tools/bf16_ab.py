@@ -1,0 +1,81 @@
+"""A/B of bf16 GEMM kernel variants in one run, by device time (CUPTI), beside cuBLAS:
+    PYTHONPATH=. python3 tools/bf16_ab.py [--shape MxNxK ...] [--rounds N]
+A variant is a GemmConfig (None: the automatic choice) and extra compile-time defines, for
+trying a kernel change before it becomes a config. Rounds take every variant in turn; each
+round times 40 back-to-back calls per variant (inputs stay in L2: this measures the kernels,
+fixed costs included, not DRAM). Each variant's output is checked against float32 torch."""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+from tmaflow import kernels
+from tmaflow.kernels import matmul
+from tmaflow.kernels.entry import STATES
+from tmaflow.kernels.matmul import GemmConfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_names import device_times  # noqa: E402  (tools/ is not a package)
+
+EXTRA: dict = {}
+_get_kernel = matmul.get_kernel
+
+
+def _with_extra(*args, defines=None, **kw):
+    return _get_kernel(*args, defines=dict(defines or {}, **EXTRA), **kw)
+
+
+matmul.get_kernel = _with_extra
+
+# Measured with it (H200, session 9) and dropped: C stored straight from registers (16 bytes a
+# lane after a quad transpose) instead of through shared memory and the TMA, 0.8 us slower a
+# launch; no epilogue at all (a bound, not a kernel): 2048^3 22.06 against 23.62 us.
+VARIANTS = [  # (label, GemmConfig or None, extra defines)
+    ("auto", None, {}),
+    ("bn256 c2", GemmConfig(bn=256, cluster_m=2), {}),
+    ("bn128 c1", GemmConfig(bn=128, cluster_m=1), {}),
+]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", action="append", default=[])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--only", default="", help="substring of the variant labels to run")
+    args = p.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] or [(2048, 2048, 2048)]
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        peer = torch.empty_like(c)
+        ref = a.float() @ b.float().T
+        fns, errs = {"cuBLAS": lambda: torch.matmul(a, b.T, out=peer)}, {}
+        for label, cfg, extra in VARIANTS:
+            if args.only not in label:
+                continue
+            EXTRA.clear()
+            EXTRA.update(extra)
+            STATES.clear()
+            run = kernels.gemm.prepare(a, b, c, config=cfg)
+            c.fill_(float("nan"))
+            run()
+            torch.cuda.synchronize()
+            errs[label] = ((c.float() - ref).abs().max() / ref.abs().max()).item()
+            fns[label] = run
+        times = {label: [] for label in fns}
+        for _ in range(args.rounds):
+            for label, fn in fns.items():
+                times[label].append(sum(calls * us for calls, us in device_times(fn, 40).values()) / 40)
+        base = statistics.median(times["cuBLAS"])
+        print(f"== {m}x{n}x{k}")
+        for label, ts in times.items():
+            us = statistics.median(ts)
+            print(f"{label:<28s} {us:8.2f} us  {2.0 * m * n * k / us / 1e6:7.1f} TFLOP/s  cuBLAS/this "
+                  f"{base / us:.3f}  err {errs.get(label, 0.0):.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
