@@ -53,6 +53,8 @@ VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's 
     ("block scales, M-major, FFMA yields 9/16", "m_major", None, {}, dict(fraction=9 / 16)),
     ("block scales, M-major, unclustered", "m_major", dict(bn=128, cluster_m=1, epi_cols=64, promote=1), {}, None),
     ("block scales, row-major, unclustered", "row_major", dict(bn=128, cluster_m=1, epi_cols=64, promote=1), {}, None),
+    ("per-tensor, bn192 clusters of 2", None, dict(bn=192, cluster_m=2, epi_cols=64), {}, None),
+    ("per-tensor, bn192 unclustered", None, dict(bn=192, cluster_m=1, epi_cols=64), {}, None),
     ("per-tensor, bn128 e64 s6 promote 1", None, P1, {}, None),
     ("per-tensor, bn128 e64 s6 promote 0", None, dict(P1, promote=0), {}, None),
 ]
