@@ -286,10 +286,11 @@ def _no_final_sync(trace, layout, pipes, cluster_size) -> list[Finding]:
     def producer_tail(block) -> bool:
         for pipe in clustered:
             full, empty = layout.offset(f"{pipe.name}_full"), layout.offset(f"{pipe.name}_empty")
-            mine = fills[(fills["block"] == block) & (fills["bar"] >= full) & (fills["bar"] < full + 8 * pipe.stages)]
+            mine = fills[(fills["block"] == block) & (fills["bar"] >= full)
+                         & (fills["bar"] < full + 8 * pipe.stages)]
             since = int(mine["t0"].max()) if len(mine) else 0
-            waited = waits[(waits["block"] == block) & (waits["t0"] >= since) & (waits["bar"] >= empty)
-                           & (waits["bar"] < empty + 8 * pipe.stages)]
+            waited = waits[(waits["block"] == block) & (waits["t0"] >= since)
+                           & (waits["bar"] >= empty) & (waits["bar"] < empty + 8 * pipe.stages)]
             if len(np.unique(waited["bar"])) < pipe.stages:
                 return False
         return bool(clustered)

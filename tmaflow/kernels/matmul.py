@@ -167,8 +167,9 @@ def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     """The dense kernel's tiles for this shape (``choose_config`` without the skinny path): the
     width (64, 128, 192 or 256 columns) whose whole waves of tiles take least time (a last wave
     a fifth full costs a whole wave: H200, 3072^3, 128 x 256 tiles in 3 waves 0.75x cuBLAS,
-    128 x 128 ones in 5 waves 0.87x, 128 x 192 ones in 3 nearly full waves 0.97x). Wide tiles go in clusters of two sharing B when there are two waves or more (in
-    one wave, unclustered ran faster: 2048^3, 24.0 against 25.0 us)."""
+    128 x 128 ones in 5 waves 0.87x, 128 x 192 ones in 3 nearly full waves 0.97x). Wide tiles
+    go in clusters of two sharing B when there are two waves or more (in one wave, unclustered
+    ran faster: 2048^3, 24.0 against 25.0 us)."""
     tiles_m = math.ceil(m / BM)
 
     def cost(bn):  # whole waves x the math of one tile

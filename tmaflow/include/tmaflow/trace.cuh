@@ -2,9 +2,10 @@
 // %globaltimer into a ring per warp in device memory, which the host reads after the launch
 // (tmaflow/trace.py). TMAFLOW_TRACE=1 (Kernel(trace=True) / "stage"): the waits on pipeline
 // stages that had to wait (one shorter than kWaitedCycles is not recorded: a phase already
-// complete costs one try_wait and the clock reads), the bytes each stage announces (arrive + expect_tx), cluster syncs, PDL waits and
-// marks. TMAFLOW_TRACE=2 ("all"): every wait, arrival, TMA load / store / reduce, store wait,
-// wgmma commit / wait and named barrier. Other builds compile none of this.
+// complete costs one try_wait and two clock reads), the bytes each stage announces (arrive +
+// expect_tx), cluster syncs, PDL waits and marks. TMAFLOW_TRACE=2 ("all"): every wait,
+// arrival, TMA load / store / reduce, store wait, wgmma commit / wait and named barrier. Other
+// builds compile none of this.
 #pragma once
 namespace tmaflow { namespace trace {
 // Mirrors tmaflow/trace.py (KINDS, EVENT).
@@ -49,8 +50,8 @@ __host__ __device__ constexpr bool traced(uint32_t kind) {
          kind == kArriveExpectTx || kind == kClusterSync || kind == kGriddepWait || kind == kMark ||
          kind == kTensormapPublish || kind == kTensormapAcquire;
 }
-// A stage-level wait is recorded once it took this many SM cycles (an uncontended try_wait
-// takes a few dozen).
+// A stage-level wait is recorded once it took this many SM cycles (well above what a try_wait
+// on a completed phase takes).
 constexpr long long kWaitedCycles = 200;
 TMAFLOW_DEVICE uint64_t now() {
   uint64_t t;
