@@ -39,7 +39,8 @@ SWEEP = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=256, cluster_m=2, group_
 # issue 16's decode shapes: M in {1, 16, 64, 128} x (N x K) in {4096 x 4096, 8192 x 8192, 7168 x 16384}
 SKINNY = [(m, n, k, "nt") for n, k in ((4096, 4096), (8192, 8192), (7168, 16384)) for m in (1, 16, 64, 128)]
 SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(cluster=2), SkinnyConfig(rows=128, cluster=2), SkinnyConfig(stages=6),
-                SkinnyConfig(split_k=1), SkinnyConfig(cluster=2, stages=6), "dense"]
+                SkinnyConfig(split_k=1), SkinnyConfig(cluster=2, stages=6), "dense",
+                GemmConfig(bn=64, cluster_m=1, epi_cols=64), GemmConfig(bn=64, cluster_m=1, epi_cols=64, split_k=2)]
 
 
 # issue 16's fp8 shapes (M x N x K): per-tensor scales against torch._scaled_mm (cuBLAS fp8)
