@@ -135,6 +135,19 @@ def test_cache_info_while_another_process_clears(tmp_path, monkeypatch):
     assert not errors and cache.info()["entries"] == 0
 
 
+def test_bad_input_page_is_current():
+    """docs/bad-input-battery.md is generated from tests/battery.py (it once fell 41 cases
+    behind); a new case must regenerate it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "tools" / "battery_table.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_device_library_page_is_current():
     """docs/device-library.md is generated from the headers; a header edit must regenerate it."""
     import subprocess

@@ -1,4 +1,6 @@
-"""Render the bad-input battery (tests/battery.py) as docs/bad-input-battery.md."""
+"""Render the bad-input battery (tests/battery.py) as docs/bad-input-battery.md:
+    python tools/battery_table.py           # write the page
+    python tools/battery_table.py --check   # exit 1 if the page is out of date (CI test)"""
 from __future__ import annotations
 
 import sys
@@ -10,7 +12,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from battery import CASES  # noqa: E402
 
 
-def main() -> None:
+def render() -> str:
     lines = ["# The bad-input battery", "",
              f"{len(CASES)} cases (`tests/battery.py`, run by `tests/test_battery.py`). Each must raise "
              "the error below with a message matching the pattern, without crashing or hanging "
@@ -21,9 +23,21 @@ def main() -> None:
         pattern = c.match.replace("|", "\\|")
         lines.append(f"| {i} | {c.area} | {c.what} | `{c.error.__name__}` | `{pattern}` | "
                      f"{'yes' if c.gpu else ''} |")
-    (ROOT / "docs" / "bad-input-battery.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    page = ROOT / "docs" / "bad-input-battery.md"
+    text = render()
+    if "--check" in argv:
+        if not page.exists() or page.read_text() != text:
+            print("docs/bad-input-battery.md is out of date: run python tools/battery_table.py")
+            return 1
+        return 0
+    page.write_text(text)
     print(f"wrote {len(CASES)} cases")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))
