@@ -50,12 +50,17 @@ FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, clus
              GemmConfig(bn=192, cluster_m=1, epi_cols=64)]
 
 
+def parse_shapes(texts: list[str], default: list) -> list[tuple[int, int, int]]:
+    """--shape MxNxK arguments as (m, n, k) tuples, or ``default`` when none were given."""
+    return [tuple(int(x) for x in text.split("x")) for text in texts] or default
+
+
 def fp8_rows(args, flush, sms) -> list[dict]:
     """tmaflow's fp8 GEMM (per-tensor scales) against torch._scaled_mm with and without cuBLAS's
     fast accumulation, each paired with ours; errors against a float64 product of the
     dequantised operands on 256 rows."""
     rows = []
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.fp8_shape] or FP8_SHAPES
+    shapes = parse_shapes(args.fp8_shape, FP8_SHAPES)
     for m, n, k in shapes:
         a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
         b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)

@@ -12,22 +12,13 @@ import sys
 import torch
 
 from tmaflow import kernels
-from tmaflow.kernels import matmul
 from tmaflow.kernels.entry import STATES
 from tmaflow.kernels.matmul import GemmConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from kernel_names import device_times  # noqa: E402  (tools/ is not a package)
-
-EXTRA: dict = {}
-_get_kernel = matmul.get_kernel
-
-
-def _with_extra(*args, defines=None, **kw):
-    return _get_kernel(*args, defines=dict(defines or {}, **EXTRA), **kw)
-
-
-matmul.get_kernel = _with_extra
+from bench_gemm import parse_shapes  # noqa: E402  (tools/ is not a package)
+from fp8_ab import EXTRA  # noqa: E402  (importing it routes kernel builds through its EXTRA defines)
+from kernel_names import device_times  # noqa: E402
 
 # Measured with it (H200, session 9) and dropped: C stored straight from registers (16 bytes a
 # lane after a quad transpose) instead of through shared memory and the TMA, 0.8 us slower a
@@ -45,7 +36,7 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--only", default="", help="substring of the variant labels to run")
     args = p.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] or [(2048, 2048, 2048)]
+    shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

@@ -20,7 +20,7 @@ from tmaflow.kernels.matmul import GemmConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_yield  # noqa: E402  (tools/ is not a package)
-from bench_gemm import block_scales, cublas_block_scaled, rel, timed_rounds  # noqa: E402
+from bench_gemm import block_scales, cublas_block_scaled, parse_shapes, rel, timed_rounds  # noqa: E402
 
 EXTRA: dict = {}
 YIELD: dict = {}  # patch the FFMA runs' scheduling bits (tools/sass_yield.py): {"fraction": f} or {"hold": True}
@@ -66,7 +66,7 @@ def main():
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--only", default="", help="substring of the variant labels to run")
     args = p.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] or [(4096, 7168, 16384), (8192, 8192, 8192)]
+    shapes = parse_shapes(args.shape, [(4096, 7168, 16384), (8192, 8192, 8192)])
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for m, n, k in shapes:
         torch.manual_seed(0)

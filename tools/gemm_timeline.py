@@ -10,6 +10,7 @@ not with untraced times."""
 import argparse
 import os
 import statistics
+import sys
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import GemmConfig
 from tmaflow.trace import KIND
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_gemm import block_scales, parse_shapes  # noqa: E402  (tools/ is not a package)
 
 BF16_CONFIGS = [None, GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=1),
                 GemmConfig(bn=128, cluster_m=2)]
@@ -52,7 +56,8 @@ def per_cta(trace) -> dict:
             out["k-loops"].append(int((mine1 - begins).sum()))
             out["epilogues"].append(int((mine2 - mine1).sum()))
             out["tail"].append(end - int(mine2[-1]))
-        out["consumer waits"].append(int(e["dur"][consumer].sum()) / max(1, len(np.unique(e["warp"][consumer]))))
+        consumers = max(1, len(np.unique(e["warp"][consumer])))
+        out["consumer waits"].append(int(e["dur"][consumer].sum()) / consumers)
         out["producer waits"].append(int(e["dur"][producer].sum()))
     return {k: [x / 1e3 for x in v] for k, v in out.items()}
 
@@ -63,15 +68,13 @@ def main():
     p.add_argument("--block", action="store_true", help="fp8 with M-major block scales instead of bf16")
     p.add_argument("--save", default="", help="a folder to keep each trace in (.npz, Trace.load)")
     args = p.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] or [(2048, 2048, 2048)]
+    shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
         if args.block:
             a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
             b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)
-            kb = -(-k // 128)
-            sa = (torch.rand(m, kb, device="cuda") * 0.01 + 0.001).t().contiguous().t()
-            sb = torch.rand(-(-n // 128), kb, device="cuda") * 0.01 + 0.001
-            extra, configs = dict(scale_a=sa, scale_b=sb), BLOCK_CONFIGS
+            sa, sb, _ = block_scales(a, b, rows=1)
+            extra, configs = dict(scale_a=sa.t().contiguous().t(), scale_b=sb), BLOCK_CONFIGS
         else:
             a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

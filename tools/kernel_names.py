@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from tmaflow import kernels
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import SWEEP, block_scales, cublas_block_scaled, describe  # noqa: E402  (tools/ is not a package)
+from bench_gemm import SWEEP, block_scales, cublas_block_scaled, describe, parse_shapes  # noqa: E402  (tools/ is not a package)
 
 
 def device_times(fn, repeats: int) -> dict:
@@ -39,7 +39,7 @@ def main():
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--sweep", action="store_true", help="also every bf16 config of bench_gemm's SWEEP")
     args = p.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] or [(2048, 2048, 2048)]
+    shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

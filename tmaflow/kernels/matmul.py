@@ -139,11 +139,7 @@ def fp8_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     faster unclustered), 128-column ones when there are two M tiles; K split as the bf16 tiles
     are."""
     tiles_m = math.ceil(m / BM)
-
-    def cost(bn):  # whole waves x the math of one tile
-        return math.ceil(tiles_m * math.ceil(n / bn) / sm_count) * bn / _FP8_TILE_SPEED[bn]
-
-    if min(_FP8_TILE_SPEED, key=lambda width: (cost(width), -width)) == 192:
+    if _cheapest_width(tiles_m, n, sm_count, _FP8_TILE_SPEED) == 192:
         wide = tiles_m > 1 and tiles_m * math.ceil(n / 192) >= 4 * sm_count
         return GemmConfig(bn=192, cluster_m=2 if wide else 1, epi_cols=64)
     tiles, k_blocks = tiles_m * math.ceil(n / 128), math.ceil(k / FP8_BK)
@@ -174,14 +170,10 @@ def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     go in clusters of two sharing B when there are two waves or more (in one wave, unclustered
     ran faster: 2048^3, 24.0 against 25.0 us)."""
     tiles_m = math.ceil(m / BM)
-
-    def cost(bn):  # whole waves x the math of one tile
-        return math.ceil(tiles_m * math.ceil(n / bn) / sm_count) * bn / _TILE_SPEED[bn]
-
     # 64-column tiles only with two M tiles or more (one M tile is the split-K path's, measured
     # with 128 columns)
     widths = [w for w in _TILE_SPEED if w != 64 or tiles_m > 1]
-    bn = min(widths, key=lambda width: (cost(width), -width))
+    bn = _cheapest_width(tiles_m, n, sm_count, _TILE_SPEED, widths)
     tiles = tiles_m * math.ceil(n / bn)
     cluster_m = 2 if bn == 256 and tiles_m > 1 and tiles > sm_count else 1
     # 64-column epilogue rounds for 64, 192 and unclustered 256-column tiles (H200, 2048^3: 23.67
@@ -190,6 +182,15 @@ def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     epi_cols = 128 if bn == 128 or (bn == 256 and cluster_m == 2) else 64
     return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=epi_cols,
                       split_k=_filling_splits(tiles, math.ceil(k / BK), sm_count))
+
+
+def _cheapest_width(tiles_m: int, n: int, sm_count: int, speed: dict, widths=None) -> int:
+    """The tile width (of ``widths``, default every key of ``speed``) whose whole waves of
+    tiles cost least: waves x the math of one tile / its relative speed; ties go to the wider."""
+    def cost(bn):
+        return math.ceil(tiles_m * math.ceil(n / bn) / sm_count) * bn / speed[bn]
+
+    return min(widths or speed, key=lambda width: (cost(width), -width))
 
 
 def _filling_splits(tiles: int, k_blocks: int, sm_count: int) -> int:
