@@ -369,3 +369,19 @@ def test_wgmma_pipeline_notes_of_both_ptxas_generations():
     notes = tf.compiler.wgmma_pipeline_notes(log)
     assert [n[:7] for n in notes] == ["(C7517)", "(C7514)"] and "warpgroup.wait is injected" in notes[0]
     assert tf.compiler.wgmma_pipeline_notes("ptxas info    : Used 58 registers\n") == []
+
+
+@pytest.mark.parametrize("dtype,config", [
+    ("bfloat16", dict(bn=256, cluster_m=2)), ("bfloat16", dict(bn=128, cluster_m=1)),
+    ("float8_e4m3fn", dict(bn=192, cluster_m=2, epi_cols=64))])
+def test_gemm_tail_split_compiles_without_spills(dtype, config):
+    """The tail split's parts meet through per-tile counters (the atomic and the barrier
+    reduction, as split-K's) without pushing the k-loop's registers into local memory."""
+    from tmaflow.kernels.examples import get_kernel
+    from tmaflow.kernels.matmul import GemmConfig, gemm_plan
+
+    plan = gemm_plan(4096, 7168, 16384, "nt", GemmConfig(split_tail=True, **config), dtype)
+    k = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
+    sass = disassemble(k.cubin)
+    assert "ATOMG.E.ADD" in sass and "BAR.RED.OR" in sass
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0

@@ -37,6 +37,8 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
     (dict(group_m=3), r"group_m=3 must be a multiple of cluster_m=2"),
     (dict(stages=1), r"stages=1 must be in \[2, 16\]"),
     (dict(split_k=0), r"split_k=0 must be in \[1, 64\]"),
+    (dict(split_tail=1), r"split_tail=1 must be True or False"),
+    (dict(split_tail=True, split_k=2), r"split_tail=True splits only the last wave's tiles; it takes split_k=1 \(got split_k=2\)"),
 ])
 def test_gemm_config_rules(kw, msg):
     with pytest.raises(tf.TmaflowError, match=msg):
@@ -130,3 +132,50 @@ def test_grouped_tile_choice(t, n, k, g, want):
 
     c = _grouped_config(t, n, k, g, 132)
     assert (c.bn, c.cluster_m, c.split_k) == want
+
+
+@pytest.mark.parametrize("items,k_blocks,clusters", [
+    (1792 // 2, 128, 66), (150, 16, 132), (133, 8, 132), (263, 7, 132), (9, 12, 4), (200, 64, 66),
+    (132 * 3, 32, 132), (100, 9, 132), (5, 40, 4), (7, 3, 4), (144, 48, 66)])
+def test_tail_split_covers_every_k_block_once(items, k_blocks, clusters):
+    """gemm.cu's walk with a split tail, modelled: every k-block of every item is computed
+    exactly once, only tail items are split (into the same parts as split-K's), and the parts
+    are dealt part by part: the CTAs of one round work on as few k-ranges as the tail allows."""
+    from tmaflow.kernels.matmul import tail_split_work, tail_splits
+
+    split = tail_splits(items, clusters, k_blocks)
+    tail = items % clusters if split > 1 else 0
+    work = tail_split_work(items, clusters, k_blocks)
+    assert len(work) == clusters
+    done = set()
+    parts = {}
+    for pieces in work:
+        for item, kb0, kb1 in pieces:
+            assert 0 <= kb0 < kb1 <= k_blocks
+            for kb in range(kb0, kb1):
+                assert (item, kb) not in done
+                done.add((item, kb))
+            if (kb0, kb1) != (0, k_blocks):
+                assert item >= items - tail
+                parts.setdefault(item, []).append(kb0)
+    assert len(done) == items * k_blocks
+    assert all(len(p) == split for p in parts.values()) and len(parts) == tail
+    for r in range(max(len(p) for p in work)):  # round r: the r-th piece of every cluster
+        tail_ranges = {(kb0, kb1) for p in work if len(p) > r for _, kb0, kb1 in [p[r]]
+                       if (kb0, kb1) != (0, k_blocks)}
+        assert len(tail_ranges) <= -(-clusters // max(tail, 1)) + 1
+
+
+def test_tail_splits_only_where_they_pay():
+    from tmaflow.kernels.matmul import tail_splits
+
+    assert tail_splits(264, 132, 64) == 1       # whole waves
+    assert tail_splits(100, 132, 64) == 1       # less than one wave: split-K's case
+    assert tail_splits(132 + 120, 132, 64) == 1  # a nearly full tail: no split makes it cheaper
+    assert tail_splits(132 + 58, 132, 64) == 2   # 58 tail tiles in halves: one round
+    assert tail_splits(896, 66, 128) == 3        # 4096x7168 block-scaled tiles in clusters of two: 38 tail items
+    assert tail_splits(608, 66, 128) == 4        # in 192-column tiles: 14 tail items, one round of parts
+    assert tail_splits(896, 66, 8) == 1         # 2 k-blocks a part would be too short
+    plan = gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128, promote=1, epi_cols=64, split_tail=True),
+                     "float8_e4m3fn", "m_major")
+    assert plan.defines["SPLIT_TAIL"] == 1 and plan.defines["SPLIT_K"] == 0

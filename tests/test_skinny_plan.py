@@ -136,8 +136,10 @@ def test_fp8_config_takes_192_column_tiles_for_large_products():
     their whole waves take less time."""
     from tmaflow.kernels.matmul import fp8_config
 
-    assert fp8_config(8192, 8192, 8192, 132) == GemmConfig(bn=192, cluster_m=2, epi_cols=64)  # 21 waves
-    assert fp8_config(4096, 7168, 16384, 132) == GemmConfig(bn=192, cluster_m=2, epi_cols=64)
+    # 20 waves and 56 items: no split of those pays
+    assert fp8_config(8192, 8192, 8192, 132) == GemmConfig(bn=192, cluster_m=2, epi_cols=64)
+    # 608 cluster items: 9 waves and 14 items, split in 4 parts along K (one round of parts)
+    assert fp8_config(4096, 7168, 16384, 132) == GemmConfig(bn=192, cluster_m=2, epi_cols=64, split_tail=True)
     assert fp8_config(2048, 2048, 2048, 132) == GemmConfig(bn=128, cluster_m=2)  # 2 waves either way
     # 352 tiles of 192 columns in 3 waves against 544 of 128 columns in 5
     assert fp8_config(4096, 2112, 7168, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)

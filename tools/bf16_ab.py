@@ -27,6 +27,10 @@ VARIANTS = [  # (label, GemmConfig or None, extra defines)
     ("auto", None, {}),
     ("bn256 c2", GemmConfig(bn=256, cluster_m=2), {}),
     ("bn128 c1", GemmConfig(bn=128, cluster_m=1), {}),
+    ("bn256 c2 tail split", GemmConfig(bn=256, cluster_m=2, split_tail=True), {}),
+    ("bn192 c1 e64", GemmConfig(bn=192, cluster_m=1, epi_cols=64), {}),
+    ("bn192 c1 e64 tail split", GemmConfig(bn=192, cluster_m=1, epi_cols=64, split_tail=True), {}),
+    ("bn128 c1 tail split", GemmConfig(bn=128, cluster_m=1, split_tail=True), {}),
 ]
 
 

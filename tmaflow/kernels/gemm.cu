@@ -24,6 +24,10 @@
 // past the edges read zeros, so ragged M, N and K need no padding. With SPLIT_K, work items
 // also split K (for shapes with too few tiles to fill the GPU): each split stores its fp32
 // partial, and the last one to finish a tile (a per-tile counter) sums them and stores C.
+// With SPLIT_TAIL, the tiles of a last, partly idle wave are split along K instead, in `splits`
+// parts dealt part by part after the whole tiles, so that CTAs working at once read the same
+// k-range of A and B, as whole tiles' waves do (laying the tail's k-blocks end to end, stream-K
+// style, ran 11% slower on H200); a tile's parts meet in tile-sized fp32 slots, summed by the last.
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
@@ -60,6 +64,9 @@ namespace L = tmaflow_layout;
 #ifndef SCALES_TMA
 #define SCALES_TMA 0  // block scales of A: M-major, loaded by the TMA (above)
 #endif
+#ifndef SPLIT_TAIL
+#define SPLIT_TAIL 0  // 1: the last wave's tiles are split along K in `splits` parts (above)
+#endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
 #endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
@@ -81,6 +88,7 @@ static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
 static_assert(!FP8 || !B_N_MAJOR, "fp8 wgmma reads both operands K-major: layout nt");
 static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulators: BN 128 or 192");
+static_assert(!(SPLIT_TAIL && (SPLIT_K || GROUPED)), "tail splits are for ungrouped products not split-K");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
 
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
@@ -101,7 +109,8 @@ struct Item {
   int g, tm, tn, kb0, kb1, split;
   int a_row, b_row, c_row;  // first row of the tile in A, B and C (their 2-D maps)
   int b_k0;                 // first k-row of the group's B (B_N_MAJOR: B is (G x K) x N)
-  int tile;                 // this CTA's tile, numbered uniquely (split-K counters)
+  int tile;                 // this CTA's tile, numbered uniquely (split-K counters); a tail
+                            // tile's part: numbered among the tail's tiles (their partial slots)
   int row_end;              // rows of C from here on belong to someone else (M, or the group's end)
 };
 
@@ -109,12 +118,19 @@ struct Item {
 struct Schedule {
   int w, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K;
   uint32_t rank;
+#if SPLIT_TAIL
+  int tail;  // items from `work` on: the tail's tiles, split in `splits` parts
+#endif
 #if GROUPED
   const int* offsets;
   int groups, g, base;  // the group of item w and the first item of that group
 #endif
   TMAFLOW_DEVICE bool next(Item& it) {
+#if SPLIT_TAIL
+    if (w >= work) return tail_part(it);
+#else
     if (w >= work) return false;
+#endif
 #if GROUPED
     const int wt = w / splits;  // the tile's item; w % splits its K split
     for (;;) {  // items come group by group: CLUSTER_M-tile groups of M tiles x N tiles each
@@ -141,13 +157,14 @@ struct Schedule {
     it.b_k0 = g * K;
 #else
     int gm, tn;
-    tile_of(w / splits, groups_m, tiles_n, gm, tn);
+    const int whole = SPLIT_TAIL ? 1 : splits;  // with tail splits, items before the tail are whole
+    tile_of(w / whole, groups_m, tiles_n, gm, tn);
     it.g = 0;
     it.tm = CLUSTER_M * gm + int(rank);
     it.tn = tn;
-    it.split = w % splits;
+    it.split = w % whole;
     it.kb0 = it.split * kb_per_split;
-    it.kb1 = min(k_blocks, it.kb0 + kb_per_split);
+    it.kb1 = SPLIT_TAIL ? k_blocks : min(k_blocks, it.kb0 + kb_per_split);
     it.a_row = it.c_row = it.tm * BM;
     it.b_row = tn * BN;
     it.b_k0 = 0;
@@ -157,6 +174,31 @@ struct Schedule {
     w += step;
     return true;
   }
+
+#if SPLIT_TAIL
+  // Part p / tail of tail item p % tail, p = w - work: every tail tile's first part, then every
+  // second part, ...; k-blocks split as split-K's.
+  TMAFLOW_DEVICE bool tail_part(Item& it) {
+    const int p = w - work;
+    if (p >= tail * splits) return false;
+    const int i = p % tail;
+    int gm, tn;
+    tile_of(work + i, groups_m, tiles_n, gm, tn);
+    it.g = 0;
+    it.tm = CLUSTER_M * gm + int(rank);
+    it.tn = tn;
+    it.split = p / tail;
+    it.kb0 = it.split * kb_per_split;
+    it.kb1 = min(k_blocks, it.kb0 + kb_per_split);
+    it.a_row = it.c_row = it.tm * BM;
+    it.b_row = tn * BN;
+    it.b_k0 = 0;
+    it.tile = i * CLUSTER_M + int(rank);
+    it.row_end = M;
+    w += step;
+    return true;
+  }
+#endif
 };
 
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t scale_d = 1) {
@@ -177,52 +219,62 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t s
 #endif
 }
 
-#if SPLIT_K
-// Consumer warpgroups of one CTA (256 threads): store this split's in-bounds partial sums at
-// partial[split][row][col], count the split done, and if it was the tile's last, reload every
-// split's partial (in split order, so the sum does not depend on which finished last) into
-// acc. True in every consumer thread of the CTA that finishes the tile.
-TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc)[kAcc], int row, int lane,
-                                 const Item& it, int splits, int M, int N) {
-  const int cw = threadIdx.x / 128 - 1, split = it.split;
-  const int grow = it.c_row + cw * 64 + row;  // and grow + 8
-  const int col0 = it.tn * BN + 2 * (lane % 4);
-  const size_t plane = size_t(M) * N;
-  // Rows grow and grow + 8 from column col0, 8 columns apart; N is even (16-byte rows), so an
-  // in-bounds col has col + 1 in bounds too. Rows from row_end on are another tile's (the next
-  // group's, grouped): never written here.
-  const bool row_ok[2] = {grow < it.row_end, grow + 8 < it.row_end};
-  const size_t at = size_t(grow) * N + col0, next_rows = size_t(8) * N;
-  float* mine = partial + split * plane + at;
+#if SPLIT_K || SPLIT_TAIL
+// Where the fp32 partial sums of one tile's pieces meet: piece p's element (r, c) of the tile
+// at base[p * plane + r * pitch + c], for r < rows and c < cols (the rest is not stored).
+struct Partials {
+  float* base;
+  size_t plane;
+  int pitch, rows, cols;
+  uint32_t* counter;  // pieces done, back to zero once the last has counted
+  int piece, pieces;
+};
+
+// Consumer warpgroups of one CTA (256 threads): store this piece's in-bounds partial sums,
+// count the piece done, and if it was the tile's last, reload every piece's partial (in piece
+// order, so the sum does not depend on which finished last) into acc. True in every consumer
+// thread of the CTA that finishes the tile.
+TMAFLOW_DEVICE bool partials_last(const Partials& p, float (&acc)[kAcc], int row, int lane) {
+  const int cw = threadIdx.x / 128 - 1;
+  const int r0 = cw * 64 + row, col0 = 2 * (lane % 4);  // rows r0 and r0 + 8 from column col0
+  // Columns come in pairs 8 apart and cols is even (16-byte rows of C), so an in-bounds column
+  // has its neighbour in bounds too.
+  const bool row_ok[2] = {r0 < p.rows, r0 + 8 < p.rows};
+  const size_t at = size_t(r0) * p.pitch + col0, next_rows = size_t(8) * p.pitch;
+  float* mine = p.base + p.piece * p.plane + at;
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (row_ok[h] && col0 + 8 * j < N)
+      if (row_ok[h] && col0 + 8 * j < p.cols)
         *reinterpret_cast<float2*>(mine + h * next_rows + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
   }
   __threadfence();                        // this thread's partial is visible GPU-wide ...
   named_barrier::sync(3, 256);            // ... for every consumer thread, before the count
   bool last = false;
-  uint32_t* counter = counters + it.tile;
-  if (threadIdx.x == 128) last = atomicAdd(counter, 1u) == uint32_t(splits - 1);
+  if (threadIdx.x == 128) last = atomicAdd(p.counter, 1u) == uint32_t(p.pieces - 1);
   if (!named_barrier::sync_or(3, 256, last)) return false;  // every consumer thread learns it
   __threadfence();
-  if (threadIdx.x == 128) *counter = 0;   // every split has counted: ready for the next launch
+  if (threadIdx.x == 128) *p.counter = 0;  // every piece has counted: ready for the next launch
+  // Two pieces: a + b == b + a exactly, so adding the other's partial to ours is deterministic.
+  // More: every partial is reloaded in piece order.
+  const bool pair = p.pieces == 2;
+  if (!pair) {
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+  }
   // Chunks of 8 column blocks (16 loads in flight) keep the registers beside the accumulators
   // bounded; the empty asm with a memory clobber stops the compiler hoisting the next chunk.
   constexpr int kChunk = 8;
 #pragma unroll
   for (int j0 = 0; j0 < BN / 8; j0 += kChunk) {
-    for (int s = 0; s < splits; ++s) {
-      const float* src = partial + s * plane + at;
+    for (int s = pair ? 1 - p.piece : 0; s < (pair ? 2 - p.piece : p.pieces); ++s) {
+      const float* src = p.base + s * p.plane + at;
 #pragma unroll
       for (int j = j0; j < j0 + kChunk; ++j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          if (row_ok[h] && col0 + 8 * j < N) {
+          if (row_ok[h] && col0 + 8 * j < p.cols) {
             const float2 v = __ldcg(reinterpret_cast<const float2*>(src + h * next_rows + 8 * j));
             acc[4 * j + 2 * h] += v.x;
             acc[4 * j + 2 * h + 1] += v.y;
@@ -239,7 +291,7 @@ TMAFLOW_DEVICE bool split_k_last(float* partial, uint32_t* counters, float (&acc
 extern "C" __global__ void __launch_bounds__(384, 1)
 gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
           const __grid_constant__ CUtensorMap tc, float* partial, uint32_t* counters, int M, int N,
-          int K, int splits, const int* offsets, int groups, CUtensorMap* c_slots, float scale,
+          int K, int k_splits, const int* offsets, int groups, CUtensorMap* c_slots, float scale,
           const float* scales_a, const float* scales_b
 #if SCALES_TMA
           , const __grid_constant__ CUtensorMap tsa
@@ -253,6 +305,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   const uint32_t rank = cluster::rank();  // which M tile of the cluster's group
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_blocks = (K + BK - 1) / BK;
   const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
+  const int splits = SPLIT_K || SPLIT_TAIL ? k_splits : 1;  // else known to the compiler: no divisions
   const int kb_per_split = (k_blocks + splits - 1) / splits;
   const int first = blockIdx.x / CLUSTER_M, step = gridDim.x / CLUSTER_M;
 #if GROUPED
@@ -261,6 +314,12 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     work += cluster_rows(offsets[g + 1] - offsets[g]) * tiles_n * splits;
   const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K,
                       rank, offsets, groups, 0, 0};
+#elif SPLIT_TAIL
+  // The items past the last whole wave are split (matmul.tail_splits mirrors this); with one
+  // split (the host found no split that pays) there is no tail.
+  const int items = groups_m * tiles_n, tail = splits > 1 && items > step ? items % step : 0;
+  const Schedule plan{first, step, items - tail, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K,
+                      rank, tail};
 #else
   const int work = groups_m * tiles_n * splits;
   const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K, rank};
@@ -361,6 +420,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     for (Item it; items.next(it);) {
       const int tm = it.tm, tn = it.tn, kb0 = it.kb0, kb1 = it.kb1;
       if (kb0 >= kb1) continue;  // an empty split (the host never plans one)
+#if SPLIT_TAIL
+      const bool part = kb1 - kb0 < k_blocks;  // a tail tile's part
+#endif
       float acc[kAcc];
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
@@ -491,7 +553,16 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if SPLIT_K
       // Publish this split's fp32 partial; the last split of the tile to finish sums every
       // split's partial in split order (deterministic) and runs the bf16 epilogue below.
-      if (!split_k_last(partial, counters, acc, row, lane, it, splits, M, N)) continue;
+      const Partials parts{partial + size_t(it.c_row) * N + tn * BN, size_t(M) * N, N,
+                           it.row_end - it.c_row, N - tn * BN, counters + it.tile, it.split, splits};
+      if (!partials_last(parts, acc, row, lane)) continue;
+#elif SPLIT_TAIL
+      // A tail tile's part: the parts meet in the CTA's `splits` tile-sized slots.
+      if (part) {
+        const Partials parts{partial + size_t(it.tile) * splits * BM * BN, size_t(BM) * BN, BN, BM, BN,
+                             counters + it.tile, it.split, splits};
+        if (!partials_last(parts, acc, row, lane)) continue;
+      }
 #endif
 #if GROUPED
       if (it.g != patched) {  // once per group and warpgroup

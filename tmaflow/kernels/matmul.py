@@ -51,6 +51,7 @@ class GemmConfig:
     split_k: int = 1         # work items per tile along K; the last sums their fp32 partials
     l2_promotion: str = "256B"  # of the A and B loads: L2 fetches whole 256 B from DRAM
     promote: int = 4         # fp8: k-blocks (of 128) the tensor cores sum before fp32 registers do (0: never)
+    split_tail: bool = False  # split a last, partly idle wave's tiles along K (``tail_splits``)
 
     def __post_init__(self):
         if isinstance(self.promote, bool) or not isinstance(self.promote, int) or not 0 <= self.promote <= 64:
@@ -72,6 +73,11 @@ class GemmConfig:
                                "'64B', '128B' or '256B'")
         if not 1 <= self.split_k <= 64:
             raise TmaflowError(f"GemmConfig: split_k={self.split_k} must be in [1, 64]")
+        if not isinstance(self.split_tail, bool):
+            raise TmaflowError(f"GemmConfig: split_tail={self.split_tail!r} must be True or False")
+        if self.split_tail and self.split_k > 1:
+            raise TmaflowError(f"GemmConfig: split_tail=True splits only the last wave's tiles; it "
+                               f"takes split_k=1 (got split_k={self.split_k})")
 
 
 SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
@@ -137,11 +143,17 @@ def fp8_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     against 5 of 128 columns 0.86x). 192-column tiles run in clusters of two from four waves
     on (8192^3: 1.000-1.003x against 0.991-0.993x unclustered; 4096x2112x7168, 3 waves, 0.4%
     faster unclustered), 128-column ones when there are two M tiles; K split as the bf16 tiles
-    are."""
+    are. 192-column tiles split a last, partial wave along K where that pays (``tail_splits``;
+    4096x7168x16384, 9.2 waves: 1.031x against 0.997x _scaled_mm; 128-column tiles and the bf16
+    ones measured slower with their tails split)."""
     tiles_m = math.ceil(m / BM)
     if _cheapest_width(tiles_m, n, sm_count, _FP8_TILE_SPEED) == 192:
         wide = tiles_m > 1 and tiles_m * math.ceil(n / 192) >= 4 * sm_count
-        return GemmConfig(bn=192, cluster_m=2 if wide else 1, epi_cols=64)
+        cm = 2 if wide else 1
+        # the clusters a persistent grid holds, one CTA an SM (the launch uses the occupancy API)
+        items = math.ceil(tiles_m / cm) * math.ceil(n / 192)
+        split_tail = tail_splits(items, sm_count // cm, math.ceil(k / FP8_BK)) > 1
+        return GemmConfig(bn=192, cluster_m=cm, epi_cols=64, split_tail=split_tail)
     tiles, k_blocks = tiles_m * math.ceil(n / 128), math.ceil(k / FP8_BK)
     return GemmConfig(bn=128, cluster_m=2 if m > BM else 1, split_k=_filling_splits(tiles, k_blocks, sm_count))
 
@@ -211,6 +223,53 @@ def _nonempty_splits(k_blocks: int, split: int) -> int:
     return math.ceil(k_blocks / per)
 
 
+_TAIL_MIN_K_BLOCKS = 4  # k-blocks a tail part keeps at least
+# k-blocks' time a part's fp32 partial round trip costs: its store and fence, and the last
+# part's ordered reload (H200, 3072^3 bf16 in 128 x 128 tiles: a tail in 5 parts cost about
+# 16 us more than its k-blocks, about 9 k-blocks a part)
+_TAIL_PART_COST = 12
+_TAIL_WORTH = 0.9  # split the tail only if its parts take at most this much of a tile's time
+
+
+def tail_splits(items: int, clusters: int, k_blocks: int) -> int:
+    """K splits for the tail: the cluster items past the last whole wave of ``clusters``
+    (gemm.cu's SPLIT_TAIL). The split (2-8 parts, each of at least 4 k-blocks) whose rounds of
+    parts take least time, each part costing 12 k-blocks more for its partial's round trip, if
+    that is under 0.9 of the whole wave the tail would take; 1 (no tail) otherwise, and when the
+    items fill whole waves or do not fill one."""
+    tail = items % clusters if items > clusters else 0
+    best, best_cost = 1, _TAIL_WORTH
+    for split in range(2, 9):
+        if k_blocks < split * _TAIL_MIN_K_BLOCKS:
+            break
+        split = _nonempty_splits(k_blocks, split)
+        cost = math.ceil(tail * split / clusters) * (math.ceil(k_blocks / split) + _TAIL_PART_COST) / k_blocks
+        if tail and cost < best_cost:
+            best, best_cost = split, cost
+    return best
+
+
+def tail_split_work(items: int, clusters: int, k_blocks: int) -> list:
+    """The work of each cluster with a split tail, as gemm.cu walks it: lists of (item, kb0,
+    kb1), every ``clusters``-th item of the whole waves, then every ``clusters``-th part of the
+    tail (all tail tiles' first parts, then their second parts, ...)."""
+    split = tail_splits(items, clusters, k_blocks)
+    tail = items % clusters if split > 1 else 0
+    whole, per = items - tail, math.ceil(k_blocks / split)
+    work = whole + tail * split
+    out = []
+    for c in range(clusters):
+        pieces = []
+        for w in range(c, work, clusters):
+            if w < whole:
+                pieces.append((w, 0, k_blocks))
+            else:
+                i, part = (w - whole) % tail, (w - whole) // tail
+                pieces.append((whole + i, part * per, min(k_blocks, (part + 1) * per)))
+        out.append(pieces)
+    return out
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     spec_a: TensorMapSpec
@@ -272,7 +331,8 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     smem = SharedLayout([pipe, epilogue, *extra])
     split = _nonempty_splits(math.ceil(k / bk), config.split_k)
     defines = {"BN": bn, "EPI_COLS": config.epi_cols, "B_N_MAJOR": int(layout == "nn"),
-               "CLUSTER_M": cm, "GROUP_M": config.group_m, "SPLIT_K": int(split > 1)}
+               "CLUSTER_M": cm, "GROUP_M": config.group_m, "SPLIT_K": int(split > 1),
+               "SPLIT_TAIL": int(config.split_tail)}
     if fp8:
         defines.update(FP8=1, PROMOTE=config.promote)
     if block_scales:
@@ -487,9 +547,10 @@ def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
     return None, (), result
 
 
-def _with_split_k(launcher, split: int, device, stream) -> tuple:
-    """(launcher, workspace): with split-K, the launch guarded by the stream's workspace."""
-    if split == 1:
+def _with_split_k(launcher, partials: bool, device, stream) -> tuple:
+    """(launcher, workspace): where pieces of tiles meet in fp32 partials (split-K, stream-K),
+    the launch guarded by the stream's workspace."""
+    if not partials:
         return launcher, None
     ws = _workspace(device, stream)
     return _SplitK(launcher, ws), ws
@@ -527,11 +588,16 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     clusters = max(1, min(tile_groups * split, _resident_clusters(kern, cm, device.ordinal)))
     launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream,
                              pdl=pdl)
-    launcher, ws = _with_split_k(launcher, split, device, stream)
+    sizes = (tile_groups * cm, split * m * n)
+    if plan.config.split_tail:  # each tail tile's CTA owns a counter and a slot per part
+        split = tail_splits(tile_groups, clusters, math.ceil(k / (FP8_BK if dtype == "float8_e4m3fn" else BK)))
+        tail_items = tile_groups % clusters if split > 1 else 0
+        sizes = (tail_items * cm, tail_items * cm * split * BM * plan.config.bn)
+    launcher, ws = _with_split_k(launcher, split > 1, device, stream)
     tail = (m, n, k, split, 0, 0, 0)  # after the split-K buffers; not grouped
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
-                      workspace_sizes=(tile_groups * cm, split * m * n),
+                      workspace_sizes=sizes,
                       ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 
@@ -543,7 +609,7 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
     tiles = -(-math.ceil(n / rows) // cl) * cl  # whole clusters; a tile past N loads zeros, stores nothing
     launcher = kern.launcher(grid=(tiles, split), block=128 * (1 + rows // 64), cluster=(cl, 1, 1),
                              stream=stream, pdl=pdl)
-    launcher, ws = _with_split_k(launcher, split, device, stream)
+    launcher, ws = _with_split_k(launcher, split > 1, device, stream)
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B, plan.spec_w),
                       tc=None, ldc=c_strides[0] // 2, tail=(m, n, k, split), plan=plan, workspace=ws,
                       workspace_sizes=(tiles, split * n * plan.defines["MP"]))
@@ -719,6 +785,9 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     for name, arr in (("a", A), ("out", C)):
         _check_rows(name, arr)
     device = current_device()
+    if getattr(config, "split_tail", False):
+        raise TmaflowError("grouped_gemm: split_tail=True is for single products (a group's tiles "
+                           "change with its offsets); use split_k")
     config = config or _grouped_config(t, n, k, g, device.sm_count)
     plan = gemm_plan(max(t, 1), n, k, layout, config)
     kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
@@ -732,7 +801,7 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     if launcher.module.watch is not None:  # debug builds prove every patched C map
         launcher = _ProvedSlots(launcher, slots)
     split = plan.config.split_k
-    launcher, ws = _with_split_k(launcher, split, device, stream)
+    launcher, ws = _with_split_k(launcher, split > 1, device, stream)
     # counters for every tile any offsets can make: a group adds at most one
     tiles = (math.ceil(t / BM) + g + 1) * math.ceil(n / plan.config.bn) * cm
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
