@@ -226,7 +226,7 @@ def _nonempty_splits(k_blocks: int, split: int) -> int:
 _TAIL_MIN_K_BLOCKS = 4  # k-blocks a tail part keeps at least
 # k-blocks' time a part's fp32 partial round trip costs: its store and fence, and the last
 # part's ordered reload (H200, 3072^3 bf16 in 128 x 128 tiles: a tail in 5 parts cost about
-# 16 us more than its k-blocks, about 9 k-blocks a part)
+# 16 us more than its k-blocks, about 9 k-blocks a part; rounded up, as bf16 tails measured slower)
 _TAIL_PART_COST = 12
 _TAIL_WORTH = 0.9  # split the tail only if its parts take at most this much of a tile's time
 
@@ -548,7 +548,7 @@ def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
 
 
 def _with_split_k(launcher, partials: bool, device, stream) -> tuple:
-    """(launcher, workspace): where pieces of tiles meet in fp32 partials (split-K, stream-K),
+    """(launcher, workspace): where pieces of tiles meet in fp32 partials (split-K, split tails),
     the launch guarded by the stream's workspace."""
     if not partials:
         return launcher, None
