@@ -1,4 +1,6 @@
 """The GEMM's host side without a GPU: operand checks, plans, shared-memory budgets."""
+import math
+
 import pytest
 
 import tmaflow as tf
@@ -134,6 +136,29 @@ def test_grouped_tile_choice(t, n, k, g, want):
     assert (c.bn, c.cluster_m, c.split_k) == want
 
 
+def tail_split_work(items: int, clusters: int, k_blocks: int) -> list:
+    """The work of each cluster with a split tail, as gemm.cu walks it: lists of (item, kb0,
+    kb1), every ``clusters``-th item of the whole waves, then every ``clusters``-th part of the
+    tail (all tail tiles' first parts, then their second parts, ...)."""
+    from tmaflow.kernels.matmul import tail_splits
+
+    split = tail_splits(items, clusters, k_blocks)
+    tail = items % clusters if split > 1 else 0
+    whole, per = items - tail, math.ceil(k_blocks / split)
+    work = whole + tail * split
+    out = []
+    for c in range(clusters):
+        pieces = []
+        for w in range(c, work, clusters):
+            if w < whole:
+                pieces.append((w, 0, k_blocks))
+            else:
+                i, part = (w - whole) % tail, (w - whole) // tail
+                pieces.append((whole + i, part * per, min(k_blocks, (part + 1) * per)))
+        out.append(pieces)
+    return out
+
+
 @pytest.mark.parametrize("items,k_blocks,clusters", [
     (1792 // 2, 128, 66), (150, 16, 132), (133, 8, 132), (263, 7, 132), (9, 12, 4), (200, 64, 66),
     (132 * 3, 32, 132), (100, 9, 132), (5, 40, 4), (7, 3, 4), (144, 48, 66)])
@@ -141,7 +166,7 @@ def test_tail_split_covers_every_k_block_once(items, k_blocks, clusters):
     """gemm.cu's walk with a split tail, modelled: every k-block of every item is computed
     exactly once, only tail items are split (into the same parts as split-K's), and the parts
     are dealt part by part: the CTAs of one round work on as few k-ranges as the tail allows."""
-    from tmaflow.kernels.matmul import tail_split_work, tail_splits
+    from tmaflow.kernels.matmul import tail_splits
 
     split = tail_splits(items, clusters, k_blocks)
     tail = items % clusters if split > 1 else 0

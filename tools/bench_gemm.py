@@ -50,6 +50,14 @@ FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, clus
              GemmConfig(bn=192, cluster_m=1, epi_cols=64)]
 
 
+def nt_operands(m: int, n: int, k: int, dtype: str = "bfloat16"):
+    """Random "nt" operands on the GPU: A (m, k) and B (n, k), bf16 or fp8 e4m3 (normal x 40,
+    spread over e4m3's range)."""
+    if dtype == "float8_e4m3fn":
+        return tuple((torch.randn(r, k, device="cuda") * 40).to(torch.float8_e4m3fn) for r in (m, n))
+    return tuple(torch.randn(r, k, device="cuda", dtype=torch.bfloat16) for r in (m, n))
+
+
 def parse_shapes(texts: list[str], default: list) -> list[tuple[int, int, int]]:
     """--shape MxNxK arguments as (m, n, k) tuples, or ``default`` when none were given."""
     return [tuple(int(x) for x in text.split("x")) for text in texts] or default
@@ -62,8 +70,7 @@ def fp8_rows(args, flush, sms) -> list[dict]:
     rows = []
     shapes = parse_shapes(args.fp8_shape, FP8_SHAPES)
     for m, n, k in shapes:
-        a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
-        b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)
+        a, b = nt_operands(m, n, k, "float8_e4m3fn")
         sa, sb = 0.01, 0.02
         ta, tb = torch.tensor(sa, device="cuda"), torch.tensor(sb, device="cuda")
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -229,8 +236,7 @@ def main():
     if args.only_skinny:
         shapes = [s for s in shapes if s[0] <= 128]
     for m, n, k, layout in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        a, b = nt_operands(m, n, k)
         if layout == "nn":
             b = b.T.contiguous()  # K x N, N contiguous
         c_ref = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)

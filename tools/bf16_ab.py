@@ -16,7 +16,7 @@ from tmaflow.kernels.entry import STATES
 from tmaflow.kernels.matmul import GemmConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import parse_shapes  # noqa: E402  (tools/ is not a package)
+from bench_gemm import nt_operands, parse_shapes  # noqa: E402  (tools/ is not a package)
 from fp8_ab import EXTRA  # noqa: E402  (importing it routes kernel builds through its EXTRA defines)
 from kernel_names import device_times  # noqa: E402
 
@@ -42,8 +42,7 @@ def main():
     args = p.parse_args()
     shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        a, b = nt_operands(m, n, k)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         peer = torch.empty_like(c)
         ref = a.float() @ b.float().T

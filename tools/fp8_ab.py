@@ -20,7 +20,7 @@ from tmaflow.kernels.matmul import GemmConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_yield  # noqa: E402  (tools/ is not a package)
-from bench_gemm import block_scales, cublas_block_scaled, parse_shapes, rel, timed_rounds  # noqa: E402
+from bench_gemm import block_scales, cublas_block_scaled, nt_operands, parse_shapes, rel, timed_rounds  # noqa: E402
 
 EXTRA: dict = {}
 YIELD: dict = {}  # patch the FFMA runs' scheduling bits (tools/sass_yield.py): {"fraction": f} or {"hold": True}
@@ -74,8 +74,7 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for m, n, k in shapes:
         torch.manual_seed(0)
-        a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
-        b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)
+        a, b = nt_operands(m, n, k, "float8_e4m3fn")
         sa, sb, ref_block = block_scales(a, b)
         one = torch.tensor(0.01, device="cuda")
         ref_tensor = (a[:256].double() @ b.double().T) * 1e-4

@@ -21,7 +21,7 @@ from tmaflow.kernels.matmul import GemmConfig
 from tmaflow.trace import KIND
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import block_scales, parse_shapes  # noqa: E402  (tools/ is not a package)
+from bench_gemm import block_scales, nt_operands, parse_shapes  # noqa: E402  (tools/ is not a package)
 
 BF16_CONFIGS = [None, GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=1),
                 GemmConfig(bn=128, cluster_m=2)]
@@ -71,13 +71,11 @@ def main():
     shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
         if args.block:
-            a = (torch.randn(m, k, device="cuda") * 40).to(torch.float8_e4m3fn)
-            b = (torch.randn(n, k, device="cuda") * 40).to(torch.float8_e4m3fn)
+            a, b = nt_operands(m, n, k, "float8_e4m3fn")
             sa, sb, _ = block_scales(a, b, rows=1)
             extra, configs = dict(scale_a=sa.t().contiguous().t(), scale_b=sb), BLOCK_CONFIGS
         else:
-            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            a, b = nt_operands(m, n, k)
             extra, configs = {}, BF16_CONFIGS
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         print(f"== {m}x{n}x{k} {'fp8 block scales' if args.block else 'bf16'}")

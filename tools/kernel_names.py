@@ -15,7 +15,7 @@ from torch.profiler import ProfilerActivity, profile
 from tmaflow import kernels
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import SWEEP, block_scales, cublas_block_scaled, describe, parse_shapes  # noqa: E402  (tools/ is not a package)
+from bench_gemm import SWEEP, block_scales, cublas_block_scaled, describe, nt_operands, parse_shapes  # noqa: E402  (tools/ is not a package)
 
 
 def device_times(fn, repeats: int) -> dict:
@@ -41,8 +41,7 @@ def main():
     args = p.parse_args()
     shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        a, b = nt_operands(m, n, k)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         c2 = torch.empty_like(c)
         ours = kernels.gemm.prepare(a, b, c)

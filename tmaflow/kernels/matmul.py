@@ -249,27 +249,6 @@ def tail_splits(items: int, clusters: int, k_blocks: int) -> int:
     return best
 
 
-def tail_split_work(items: int, clusters: int, k_blocks: int) -> list:
-    """The work of each cluster with a split tail, as gemm.cu walks it: lists of (item, kb0,
-    kb1), every ``clusters``-th item of the whole waves, then every ``clusters``-th part of the
-    tail (all tail tiles' first parts, then their second parts, ...)."""
-    split = tail_splits(items, clusters, k_blocks)
-    tail = items % clusters if split > 1 else 0
-    whole, per = items - tail, math.ceil(k_blocks / split)
-    work = whole + tail * split
-    out = []
-    for c in range(clusters):
-        pieces = []
-        for w in range(c, work, clusters):
-            if w < whole:
-                pieces.append((w, 0, k_blocks))
-            else:
-                i, part = (w - whole) % tail, (w - whole) // tail
-                pieces.append((whole + i, part * per, min(k_blocks, (part + 1) * per)))
-        out.append(pieces)
-    return out
-
-
 @dataclass(frozen=True)
 class GemmPlan:
     spec_a: TensorMapSpec
@@ -590,7 +569,7 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
                              pdl=pdl)
     sizes = (tile_groups * cm, split * m * n)
     if plan.config.split_tail:  # each tail tile's CTA owns a counter and a slot per part
-        split = tail_splits(tile_groups, clusters, math.ceil(k / (FP8_BK if dtype == "float8_e4m3fn" else BK)))
+        split = tail_splits(tile_groups, clusters, math.ceil(k / plan.spec_a.box[1]))  # k-blocks
         tail_items = tile_groups % clusters if split > 1 else 0
         sizes = (tail_items * cm, tail_items * cm * split * BM * plan.config.bn)
     launcher, ws = _with_split_k(launcher, split > 1, device, stream)
