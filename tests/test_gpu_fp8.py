@@ -6,7 +6,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
-from tmaflow.kernels.matmul import GemmConfig
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
 from tmaflow.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
 
@@ -43,6 +43,17 @@ def _check_gemm(A, B, ref, config, **scales):
                          ids=["auto", "bn256-nopromote", "promote1", "split3", "bn192", "bn192-split2"])
 def test_fp8_against_float64(device, rng, m, n, k, config):
     A, B, sa, sb, ref = _operands(rng, m, n, k)
+    _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
+
+
+# The skinny path (operands swapped: the activations' M rows are the MMA's N) in fp8: every MMA
+# width (M 1 -> 8, 16, 40 -> 64, 64, 128), K split or not, 128-row CTAs in clusters of two sharing
+# A; N and K ragged (64.1 row tiles, 16.1 k-blocks), 4 promotions and a partial one.
+@pytest.mark.parametrize("m", [1, 16, 40, 64, 128])
+@pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
+                         ids=["auto-split", "split3", "rows128-c2"])
+def test_fp8_skinny_against_float64(device, rng, m, config):
+    A, B, sa, sb, ref = _operands(rng, m, 4104, 2064)
     _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
 
 

@@ -5,8 +5,8 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.matmul import (BK, SKINNY_M, GemmConfig, SkinnyConfig, choose_config,
-                                    skinny_plan, skinny_splits)
+from tmaflow.kernels.matmul import (BK, FP8_BK, SKINNY_FP8_PROMOTE, SKINNY_M, GemmConfig, SkinnyConfig,
+                                    choose_config, skinny_plan, skinny_splits)
 from tmaflow.layout import HOPPER_SMEM_LIMIT
 
 
@@ -28,9 +28,31 @@ def test_splits_fill_one_wave_and_keep_four_k_blocks(n, k):
 
 
 def test_choose_config_takes_the_skinny_path_for_few_rows_of_nt():
-    assert isinstance(choose_config(SKINNY_M, 4096, 4096, 132), SkinnyConfig)
-    assert isinstance(choose_config(SKINNY_M + 1, 4096, 4096, 132), GemmConfig)
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        assert isinstance(choose_config(SKINNY_M, 4096, 4096, 132, "nt", dtype), SkinnyConfig)
+        assert isinstance(choose_config(SKINNY_M + 1, 4096, 4096, 132, "nt", dtype), GemmConfig)
     assert isinstance(choose_config(16, 4096, 4096, 132, "nn"), GemmConfig)
+
+
+@pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (40, 64), (128, 128)])
+def test_fp8_skinny_plan_reads_128_element_k_blocks_and_promotes(m, mp):
+    """fp8 k-blocks are 128 elements (128-byte rows, as bf16's 64): the same boxes in bytes."""
+    plan = skinny_plan(m, 4096, 4096, SkinnyConfig(), 132, "float8_e4m3fn")
+    bf16 = skinny_plan(m, 4096, 4096, SkinnyConfig(), 132)
+    assert plan.spec_x.box == (mp, FP8_BK) and plan.spec_w.box == (64, FP8_BK)
+    assert plan.spec_x.smem_bytes == bf16.spec_x.smem_bytes and plan.config.stages == bf16.config.stages
+    assert plan.defines == {**bf16.defines, "FP8": 1, "PROMOTE": SKINNY_FP8_PROMOTE}
+    assert "FP8" not in bf16.defines
+
+
+@pytest.mark.parametrize("n,k,split", [(4096, 4096, 1), (4096, 8192, 2), (4096, 16384, 2), (7168, 16384, 1),
+                                       (1024, 16384, 4)])
+def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
+    """fp8 splits K only into splits of at least 32 k-blocks of 128 (16 measured slower on H200)."""
+    plan = skinny_plan(16, n, k, SkinnyConfig(), 132, "float8_e4m3fn")
+    assert plan.config.split_k == split
+    assert split == 1 or math.ceil(k / FP8_BK / split) >= 32
+    assert skinny_plan(16, n, k, SkinnyConfig(split_k=3), 132, "float8_e4m3fn").config.split_k == 3
 
 
 @pytest.mark.parametrize("kwargs,match", [({"rows": 96}, r"rows=96 must be 64 or 128"),
@@ -52,12 +74,13 @@ def test_skinny_config_is_refused_for_nn_and_more_rows():
         skinny_plan(129, 64, 64, SkinnyConfig(), 132)
 
 
-def test_every_skinny_variant_compiles_without_spills():
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_every_skinny_variant_compiles_without_spills(dtype):
     from tmaflow.kernels.registry import get_kernel
 
     for m in (1, 16, 32, 64, 128):
         for rows, cluster in ((64, 1), (128, 1), (64, 2), (128, 2)):
-            plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132)
+            plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132, dtype)
             k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (m, rows)
 

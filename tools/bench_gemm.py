@@ -19,7 +19,8 @@ import torch
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, dense_config
+from tmaflow.kernels.matmul import (SKINNY_FP8_PROMOTE, GemmConfig, SkinnyConfig, choose_config, dense_config,
+                                    fp8_config)
 
 SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048, "nt"),
           (4096, 14336, 4096, "nt"), (8192, 4096, 14336, "nt"), (16, 4096, 4096, "nt"),
@@ -45,6 +46,8 @@ SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(cluster=2), SkinnyConfig(rows=128, 
 
 # issue 16's fp8 shapes (M x N x K): per-tensor scales against torch._scaled_mm (cuBLAS fp8)
 FP8_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384), (4096, 2112, 7168), (64, 7168, 16384), (2048, 2048, 2048)]
+# --fp8 --skinny --sweep: the skinny path's choices and the dense kernel ("dense": fp8_config's)
+FP8_SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(split_k=1), SkinnyConfig(rows=128), SkinnyConfig(cluster=2), "dense"]
 FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, cluster_m=2, promote=8),
              GemmConfig(bn=128, cluster_m=2, promote=0), GemmConfig(bn=192, cluster_m=2, epi_cols=64),
              GemmConfig(bn=192, cluster_m=1, epi_cols=64)]
@@ -68,7 +71,7 @@ def fp8_rows(args, flush, sms) -> list[dict]:
     fast accumulation, each paired with ours; errors against a float64 product of the
     dequantised operands on 256 rows."""
     rows = []
-    shapes = parse_shapes(args.fp8_shape, FP8_SHAPES)
+    shapes = parse_shapes(args.fp8_shape, [s[:3] for s in SKINNY] if args.skinny else FP8_SHAPES)
     for m, n, k in shapes:
         a, b = nt_operands(m, n, k, "float8_e4m3fn")
         sa, sb = 0.01, 0.02
@@ -80,7 +83,9 @@ def fp8_rows(args, flush, sms) -> list[dict]:
                                                           out_dtype=torch.bfloat16, use_fast_accum=fast))
                  for fast in (False, True)}
         auto = choose_config(m, n, k, sms, "nt", "float8_e4m3fn")
-        configs = [auto] + ([cfg for cfg in FP8_SWEEP if cfg != auto] if args.sweep else [])
+        sweep = [fp8_config(m, n, k, sms) if cfg == "dense" else cfg
+                 for cfg in (FP8_SKINNY_SWEEP if m <= 128 else FP8_SWEEP)]
+        configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep else [])
         flop = 2.0 * m * n * k
         for cfg in configs:
             run = kernels.gemm.prepare(a, b, c, config=cfg, scale_a=sa, scale_b=sb)
@@ -92,7 +97,8 @@ def fp8_rows(args, flush, sms) -> list[dict]:
                 peer()
                 torch.cuda.synchronize()
                 t, t_peer, ratio = paired_ms(run, peer, flush, args.repeats)
-                row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3", "config": describe(cfg) + f" p{cfg.promote}",
+                promote = cfg.promote if isinstance(cfg, GemmConfig) else SKINNY_FP8_PROMOTE
+                row = {"shape": f"{m}x{n}x{k}", "dtype": "fp8 e4m3", "config": describe(cfg) + f" p{promote}",
                        "auto": cfg == auto, "peer": f"_scaled_mm fast_accum={fast}", "tmaflow_ms": t,
                        "peer_ms": t_peer, "tmaflow_tflops": flop / t / 1e9, "peer_tflops": flop / t_peer / 1e9,
                        "ratio": ratio, "rel_err_vs_float64": err, "peer_rel_err": rel(c_ref[:256], ref)}
@@ -102,6 +108,10 @@ def fp8_rows(args, flush, sms) -> list[dict]:
                       f"ratio {ratio:.3f}  err {err:.1e} (peer {row['peer_rel_err']:.1e})", flush=True)
         if (m, n, k) in BLOCK_SHAPES:
             rows += block_rows(a, b, c, m, n, k, peers[False], flush, args.repeats)
+    autos = [r["ratio"] for r in rows if r.get("auto") and r["peer"] == "_scaled_mm fast_accum=False"]
+    if autos:
+        print(f"median ratio to _scaled_mm (default accumulation), automatic configs: "
+              f"{statistics.median(autos):.3f} over {len(autos)} shapes", flush=True)
     return rows
 
 

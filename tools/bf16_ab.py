@@ -38,7 +38,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--only", default="", help="substring of the variant labels to run")
+    p.add_argument("--only", default="", help="substrings (| between) of the variant labels to run")
     args = p.parse_args()
     shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
@@ -48,7 +48,7 @@ def main():
         ref = a.float() @ b.float().T
         fns, errs = {"cuBLAS": lambda: torch.matmul(a, b.T, out=peer)}, {}
         for label, cfg, extra in VARIANTS:
-            if args.only not in label:
+            if not any(part in label for part in args.only.split("|")):
                 continue
             EXTRA.clear()
             EXTRA.update(extra)

@@ -68,7 +68,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--only", default="", help="substring of the variant labels to run")
+    p.add_argument("--only", default="", help="substrings (| between) of the variant labels to run")
     args = p.parse_args()
     shapes = parse_shapes(args.shape, [(4096, 7168, 16384), (8192, 8192, 8192)])
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -87,7 +87,7 @@ def main():
         if blockwise is not None:
             fns["_scaled_mm block scales"], errs["_scaled_mm block scales"] = blockwise, rel(block_out[:256], ref_block)
         for label, block, fields, extra, patch in VARIANTS:
-            if args.only not in label:
+            if not any(part in label for part in args.only.split("|")):
                 continue
             EXTRA.clear()
             EXTRA.update(extra)

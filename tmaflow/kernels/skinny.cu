@@ -12,6 +12,8 @@
 // counter) sums every split's partial in split order (the result does not depend on which
 // finished last) and writes C. C is small (M rows), so it is written with plain stores,
 // clipped at M and N.
+// FP8: A and B are e4m3 (k-blocks of 128, 128-byte rows as bf16's 64), C = scale * A * B^T; the
+// tensor cores' partial sums are added into fp32 registers every PROMOTE k-blocks (gemm.cu).
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
@@ -27,22 +29,41 @@ namespace L = tmaflow_layout;
 #ifndef CLUSTER
 #define CLUSTER 1
 #endif
-constexpr int BK = 64, kAcc = MP / 2;   // fp32 accumulators per thread: 64 x MP / 128
+#ifndef FP8
+#define FP8 0
+#endif
+#ifndef PROMOTE
+#define PROMOTE 0  // fp8: k-blocks the tensor cores sum before fp32 registers do (0: never)
+#endif
+constexpr int BK = FP8 ? 128 : 64, kAcc = MP / 2;  // BK elements: 128-byte rows either way; fp32 accumulators a thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
 constexpr int kConsumerThreads = 128 * CONSUMERS;
-static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * BK * 2, "plan does not match MP / CONSUMERS");
+static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * 128, "plan does not match MP / CONSUMERS");
+static_assert(!PROMOTE || FP8, "promotion is for fp8");
 
-TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx) {
-#if MP == 8
-  wgmma::mma_m64n8k16_bf16(acc, dw, dx, 1);
+TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t scale_d) {
+#if FP8 && MP == 8
+  wgmma::mma_m64n8k32_e4m3(acc, dw, dx, scale_d);
+#elif FP8 && MP == 16
+  wgmma::mma_m64n16k32_e4m3(acc, dw, dx, scale_d);
+#elif FP8 && MP == 32
+  wgmma::mma_m64n32k32_e4m3(acc, dw, dx, scale_d);
+#elif FP8 && MP == 64
+  wgmma::mma_m64n64k32_e4m3(acc, dw, dx, scale_d);
+#elif FP8 && MP == 128
+  wgmma::mma_m64n128k32_e4m3(acc, dw, dx, scale_d);
+#elif FP8
+#error "MP is 8, 16, 32, 64 or 128"
+#elif MP == 8
+  wgmma::mma_m64n8k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 16
-  wgmma::mma_m64n16k16_bf16(acc, dw, dx, 1);
+  wgmma::mma_m64n16k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 32
-  wgmma::mma_m64n32k16_bf16(acc, dw, dx, 1);
+  wgmma::mma_m64n32k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 64
-  wgmma::mma_m64n64k16_bf16(acc, dw, dx, 1);
+  wgmma::mma_m64n64k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 128
-  wgmma::mma_m64n128k16_bf16(acc, dw, dx, 1);
+  wgmma::mma_m64n128k16_bf16(acc, dw, dx, scale_d);
 #else
 #error "MP is 8, 16, 32, 64 or 128"
 #endif
@@ -53,13 +74,19 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx) {
 template <class Pipe>
 TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int ldc, float* partial,
                             uint32_t* counters, int M, int N, int tile, int split, int splits, int kb0,
-                            int kb1) {
+                            int kb1, float scale) {
   using Cursor = typename Pipe::Cursor;
   const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
   Cursor c, prev;
+#if PROMOTE
+  float total[kAcc];  // the fp32 sum of the promoted k-blocks
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
+#endif
+  uint32_t acc_live = 1;  // 0 after a promotion: the next wgmma overwrites acc
   for (int kb = kb0; kb < kb1; ++kb) {
     pipe.consumer_wait(c);
     const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
@@ -67,17 +94,31 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
-    for (int k = 0; k < BK / 16; ++k) mma(acc, dw + 2 * k, dx + 2 * k);  // 32 B a k-step
+    for (int k = 0; k < 4; ++k) mma(acc, dw + 2 * k, dx + 2 * k, k > 0 || acc_live);  // 32 B a k-step
+    acc_live = 1;
     wgmma::commit_group();
     wgmma::wait_group<1>();  // keep this k-block's group in flight; the previous one is done
     wgmma::fence_operands(acc);
     if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp
     prev = c;
     c.advance();
+#if PROMOTE
+    if ((kb - kb0) % PROMOTE == PROMOTE - 1) {  // promote; the next k-block restarts acc
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(acc);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) total[i] += acc[i];
+      acc_live = 0;
+    }
+#endif
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
   if (kb1 > kb0 && lane == 0) pipe.consumer_release(prev);
+#if PROMOTE
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = total[i] + (acc_live ? acc[i] : 0.f);
+#endif
 
   // The fragment (as mma.m16n8): rows n0 and n0 + 8 of C^T, columns m0 + 8 j and m0 + 8 j + 1.
   const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4);
@@ -112,6 +153,11 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
           }
     }
   }
+#if FP8
+  const float f = scale;  // the operands' scales, applied once to the fp32 sum
+#else
+  constexpr float f = 1.f;
+#endif
 #pragma unroll
   for (int j = 0; j < MP / 8; ++j)
 #pragma unroll
@@ -119,14 +165,14 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int m = 8 * j + m0 + e, n = n0 + 8 * h;
-        if (m < M && n < N) C[size_t(m) * ldc + n] = __float2bfloat16_rn(acc[4 * j + 2 * h + e]);
+        if (m < M && n < N) C[size_t(m) * ldc + n] = __float2bfloat16_rn(f * acc[4 * j + 2 * h + e]);
       }
 }
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                  __nv_bfloat16* C, int ldc, float* partial, uint32_t* counters, int M, int N, int K,
-                 int splits) {
+                 int splits, float scale) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.wx();
@@ -162,7 +208,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
       }
     }
   } else {
-    consume(S, pipe, C, ldc, partial, counters, M, N, tile, split, splits, kb0, kb1);
+    consume(S, pipe, C, ldc, partial, counters, M, N, tile, split, splits, kb0, kb1, scale);
   }
   cluster::sync();  // no CTA leaves while its partner may still multicast into it
 }
