@@ -91,9 +91,9 @@ _SKINNY_FP8_MIN_K_BLOCKS = 32
 @dataclass(frozen=True)
 class SkinnyConfig:
     """The skinny path (``layout="nt"``, M <= 128, bf16 or fp8 with per-tensor scales): operands
-    swapped so B's rows fill the MMA's 64 rows (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer
-    warpgroup); ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs
-    neighbouring tiles, which share A by multicast."""
+    swapped so B's rows fill the MMA's 64 rows (gemm_skinny_bf16 in skinny.cu). ``rows`` of B
+    per CTA (64 per consumer warpgroup); ``split_k=None`` picks enough K splits to fill the GPU;
+    ``cluster=2`` pairs neighbouring tiles, which share A by multicast."""
 
     rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
     split_k: int | None = None
@@ -355,7 +355,8 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     cl = config.cluster
     pipe = Pipeline("wx", stages=stages, tiles={"w": (spec_w, boxes), "x": spec_x}, consumers=4 * boxes,
                     cluster=(cl, 1, 1), multicast=[None, "x"] if cl > 1 else None)
-    split = config.split_k or skinny_splits(n, k, config.rows, sm_count, bk, _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4)
+    min_k_blocks = _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4
+    split = config.split_k or skinny_splits(n, k, config.rows, sm_count, bk, min_k_blocks)
     split = _nonempty_splits(math.ceil(k / bk), split)
     defines = {"MP": mp, "CONSUMERS": boxes, "CLUSTER": cl}
     if fp8:

@@ -35,7 +35,8 @@ namespace L = tmaflow_layout;
 #ifndef PROMOTE
 #define PROMOTE 0  // fp8: k-blocks the tensor cores sum before fp32 registers do (0: never)
 #endif
-constexpr int BK = FP8 ? 128 : 64, kAcc = MP / 2;  // BK elements: 128-byte rows either way; fp32 accumulators a thread: 64 x MP / 128
+constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows either way
+constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
 constexpr int kConsumerThreads = 128 * CONSUMERS;
 static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * 128, "plan does not match MP / CONSUMERS");
