@@ -57,12 +57,13 @@ def test_fp8_skinny_against_float64(device, rng, m, config):
     _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
 
 
-def test_fp8_torch_in_bf16_torch_out(device):
+@pytest.mark.parametrize("m", [512, 16], ids=["dense", "skinny"])
+def test_fp8_torch_in_bf16_torch_out(device, m):
     torch = pytest.importorskip("torch")
-    a = (torch.randn(512, 1024, device="cuda") * 30).to(torch.float8_e4m3fn)
+    a = (torch.randn(m, 1024, device="cuda") * 30).to(torch.float8_e4m3fn)
     b = (torch.randn(768, 1024, device="cuda") * 30).to(torch.float8_e4m3fn)
     c = kernels.gemm(a, b, scale_a=0.5, scale_b=0.25)
-    assert isinstance(c, torch.Tensor) and c.dtype == torch.bfloat16 and c.shape == (512, 768)
+    assert isinstance(c, torch.Tensor) and c.dtype == torch.bfloat16 and c.shape == (m, 768)
     ref = 0.125 * (a.double() @ b.double().T)
     assert (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
 
