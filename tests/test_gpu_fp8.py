@@ -6,7 +6,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
-from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
+from tmaflow.kernels.matmul import SKINNY_BLOCK_M, GemmConfig, SkinnyConfig
 from tmaflow.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
 
@@ -68,15 +68,18 @@ def test_fp8_torch_in_bf16_torch_out(device, m):
     assert (torch.linalg.norm(c.double() - ref) / torch.linalg.norm(ref)).item() < 1e-2
 
 
-def _block_operands(rng, m, n, k, m_major=False):
+def _block_operands(rng, m, n, k, m_major=False, b_apart=False):
     """fp8 operands, block scales and the float64 product of the dequantised operands. With
     ``m_major`` scale_a is stored k-block by k-block, its pitch padded past M to 4 rows more
-    than a multiple of 4 (a pitch longer than M must be honoured)."""
+    than a multiple of 4 (a pitch longer than M must be honoured). ``b_apart``: neighbouring
+    128-row blocks of B take scales 8x apart (a row given its neighbour's shows)."""
     a_bits = e4m3_bits(rng.standard_normal((m, k)) * 40)
     b_bits = e4m3_bits(rng.standard_normal((n, k)) * 40)
     kb = -(-k // 128)
     sa = rng.uniform(0.001, 0.01, (m, kb)).astype(np.float32)
     sb = rng.uniform(0.001, 0.01, (-(-n // 128), kb)).astype(np.float32)
+    if b_apart:
+        sb = (rng.uniform(0.001, 0.002, sb.shape) * np.where(np.arange(len(sb)) % 2, 8, 1)[:, None]).astype(np.float32)
     cols = np.arange(k) // 128
     a = e4m3_to_float32(a_bits).astype(np.float64) * sa[:, cols]
     b = e4m3_to_float32(b_bits).astype(np.float64) * sb[np.arange(n)[:, None] // 128, cols[None, :]]
@@ -102,6 +105,35 @@ def _block_operands(rng, m, n, k, m_major=False):
 def test_fp8_block_scales_against_float64(device, rng, m, n, k, config, m_major):
     A, B, SA, SB, ref = _block_operands(rng, m, n, k, m_major)
     _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
+
+
+# Block scales on the skinny path (scale_a M-major; the default up to M = 64, the dense kernel's
+# beyond): A's scales scale the columns of C^T, B's give each 64-row warpgroup one scale a
+# k-block; MMA widths 8-128, K split or not, 128-row CTAs in clusters of two; per-column errors
+# against float64.
+@pytest.mark.parametrize("m", [3, 16, 40, 128])
+@pytest.mark.parametrize("config", [None, SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
+                         ids=["auto", "split3", "rows128-c2"])
+def test_fp8_block_scales_on_the_skinny_path(device, rng, m, config):
+    n, k = 904, 1040
+    A, B, SA, SB, ref = _block_operands(rng, m, n, k, m_major=True, b_apart=True)
+    _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
+    out = poison(tf.empty((m, n), "bfloat16"))
+    run = kernels.gemm.prepare(A, B, out, config=config, scale_a=SA, scale_b=SB)
+    kernel = getattr(run.launcher, "launcher", run.launcher).kernel  # split-K wraps the launcher
+    assert kernel.name == ("gemm_skinny_bf16" if config or m <= SKINNY_BLOCK_M else "gemm_bf16")
+    run()
+    got = bf16_to_float32(out.numpy()).astype(np.float64)
+    per_column = np.linalg.norm(got - ref, axis=0) / np.linalg.norm(ref, axis=0)
+    assert per_column.max() < 2e-2, (np.argmax(per_column), per_column.max())
+
+
+def test_fp8_row_major_block_scales_take_the_dense_kernel(device, rng):
+    """Row-major scale_a is gathered by the dense kernel; a SkinnyConfig says so."""
+    A, B, SA, SB, ref = _block_operands(rng, 16, 512, 1024)
+    _check_gemm(A, B, ref, None, scale_a=SA, scale_b=SB)
+    with pytest.raises(tf.TmaflowError, match=r"skinny path takes fp8 block scales with scale_a M-major"):
+        kernels.gemm(A, B, scale_a=SA, scale_b=SB, config=SkinnyConfig())
 
 
 @pytest.mark.parametrize("k", [128, 256, 384, 640])

@@ -45,6 +45,19 @@ def test_fp8_skinny_plan_reads_128_element_k_blocks_and_promotes(m, mp):
     assert "FP8" not in bf16.defines
 
 
+@pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (40, 64), (128, 128)])
+def test_block_scaled_skinny_plan_loads_a_k_blocks_scales_with_its_stage(m, mp):
+    """M-major scale_a: one TMA box of the k-block's MP scales a stage; promoted every k-block."""
+    plan = skinny_plan(m, 4096, 16384, SkinnyConfig(), 132, "float8_e4m3fn", "m_major")
+    assert plan.spec_s.box == (1, mp) and plan.spec_s.smem_bytes == 4 * mp
+    assert plan.defines["BLOCK_SCALES"] == 1 and plan.defines["PROMOTE"] == 1
+    stage = plan.spec_x.smem_bytes + plan.spec_w.smem_bytes
+    assert plan.config.stages == min(16, (HOPPER_SMEM_LIMIT - 256) // (stage + plan.spec_s.smem_bytes))
+    for scales, dtype in (("row_major", "float8_e4m3fn"), ("m_major", "bfloat16")):
+        with pytest.raises(tf.TmaflowError, match=r"skinny path takes fp8 block scales with scale_a M-major"):
+            skinny_plan(m, 4096, 4096, SkinnyConfig(), 132, dtype, scales)
+
+
 @pytest.mark.parametrize("n,k,split", [(4096, 4096, 1), (4096, 8192, 2), (4096, 16384, 2), (7168, 16384, 1),
                                        (1024, 16384, 4)])
 def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
@@ -74,13 +87,13 @@ def test_skinny_config_is_refused_for_nn_and_more_rows():
         skinny_plan(129, 64, 64, SkinnyConfig(), 132)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
-def test_every_skinny_variant_compiles_without_spills(dtype):
+@pytest.mark.parametrize("dtype,scales", [("bfloat16", None), ("float8_e4m3fn", None), ("float8_e4m3fn", "m_major")])
+def test_every_skinny_variant_compiles_without_spills(dtype, scales):
     from tmaflow.kernels.registry import get_kernel
 
     for m in (1, 16, 32, 64, 128):
         for rows, cluster in ((64, 1), (128, 1), (64, 2), (128, 2)):
-            plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132, dtype)
+            plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132, dtype, scales)
             k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (m, rows)
 
@@ -150,7 +163,7 @@ def test_fp8_block_scales_are_checked_by_shape_type_and_config():
         kernels.gemm(a8, b8, scale_a=sa, scale_b=DeviceArray(0, (3, 9), "float16"))
     with pytest.raises(tf.TmaflowError, match=r"config must be a GemmConfig with bn=128 and promote=1"):
         kernels.gemm(a8, b8, scale_a=sa, scale_b=sb, config=GemmConfig(bn=128, promote=4))
-    with pytest.raises(tf.TmaflowError, match=r"bn=128 and promote=1 \(got GemmConfig\(bn=192"):
+    with pytest.raises(tf.TmaflowError, match=r"bn=128 and promote=1, or a SkinnyConfig \(got GemmConfig\(bn=192"):
         kernels.gemm(a8, b8, scale_a=sa, scale_b=sb, config=GemmConfig(bn=192, epi_cols=64, promote=1))
 
 

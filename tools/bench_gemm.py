@@ -19,8 +19,8 @@ import torch
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.matmul import (SKINNY_FP8_PROMOTE, GemmConfig, SkinnyConfig, choose_config, dense_config,
-                                    fp8_config)
+from tmaflow.kernels.matmul import (SKINNY_FP8_PROMOTE, GemmConfig, SkinnyConfig, block_scale_config,
+                                    choose_config, dense_config, fp8_config)
 
 SHAPES = [(8192, 8192, 8192, "nt"), (4096, 4096, 4096, "nt"), (2048, 2048, 2048, "nt"),
           (4096, 14336, 4096, "nt"), (8192, 4096, 14336, "nt"), (16, 4096, 4096, "nt"),
@@ -106,12 +106,17 @@ def fp8_rows(args, flush, sms) -> list[dict]:
                 print(f"{row['shape']:>18s} fp8 {row['config']:<40s}{'*' if row['auto'] else ' '} "
                       f"tmaflow {row['tmaflow_tflops']:7.1f}  {row['peer']:27s} {row['peer_tflops']:7.1f} TFLOP/s  "
                       f"ratio {ratio:.3f}  err {err:.1e} (peer {row['peer_rel_err']:.1e})", flush=True)
-        if (m, n, k) in BLOCK_SHAPES:
+        if (m, n, k) in BLOCK_SHAPES or args.skinny:
             rows += block_rows(a, b, c, m, n, k, peers[False], flush, args.repeats)
     autos = [r["ratio"] for r in rows if r.get("auto") and r["peer"] == "_scaled_mm fast_accum=False"]
     if autos:
         print(f"median ratio to _scaled_mm (default accumulation), automatic configs: "
               f"{statistics.median(autos):.3f} over {len(autos)} shapes", flush=True)
+    blocks = [r["ratio"] for r in rows if r["auto"] and r["dtype"].endswith("scale_a M-major")
+              and r["peer"] == "_scaled_mm block scales"]
+    if blocks:
+        print(f"block scales, M-major scale_a: median ratio to cuBLAS's block-scaled _scaled_mm "
+              f"{statistics.median(blocks):.3f} over {len(blocks)} shapes", flush=True)
     return rows
 
 
@@ -148,20 +153,24 @@ def block_rows(a, b, c, m, n, k, per_tensor, flush, repeats) -> list:
         peer_err = rel(c_peer[:256], ref)  # cublas_block_scaled ran it once and synchronised
     flop = 2.0 * m * n * k
     rows = []
-    for layout, scale_a in (("row-major", sa), ("M-major", sa.t().contiguous().t())):
-        run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb)
+    sa_m = sa.t().contiguous().t()
+    variants = [("row-major", sa, None), ("M-major", sa_m, None)]
+    if m <= 128:  # M-major scales take the skinny path there; the dense kernel for comparison
+        variants.append(("M-major, dense", sa_m, block_scale_config(m, n, k, tf.current_device().sm_count)))
+    for layout, scale_a, cfg in variants:
+        run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)
         c.fill_(float("nan"))
         run()
         torch.cuda.synchronize()
         err = rel(c[:256], ref)
         t, t_peer, ratio = paired_ms(run, peer, flush, repeats)
         row = {"shape": f"{m}x{n}x{k}", "dtype": f"fp8 e4m3, block scales, scale_a {layout}",
-               "config": "auto (bn128 c1, promoted every block)", "auto": True, "peer": peer_name,
+               "config": describe(cfg) if cfg else "auto", "auto": cfg is None, "peer": peer_name,
                "tmaflow_ms": t, "peer_ms": t_peer, "tmaflow_tflops": flop / t / 1e9,
                "peer_tflops": flop / t_peer / 1e9, "ratio": ratio, "rel_err_vs_float64": err,
                "peer_rel_err": peer_err}
         rows.append(row)
-        print(f"{row['shape']:>18s} fp8 block scales, {layout:<9s} {'':<14s} tmaflow {row['tmaflow_tflops']:7.1f}  "
+        print(f"{row['shape']:>18s} fp8 block scales, {layout:<14s} {'':<9s} tmaflow {row['tmaflow_tflops']:7.1f}  "
               f"{peer_name:27s} {row['peer_tflops']:7.1f} TFLOP/s  ratio {ratio:.3f}  err {err:.1e} "
               f"(peer {peer_err:.1e})", flush=True)
     return rows

@@ -83,6 +83,10 @@ class GemmConfig:
 SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
 SKINNY_M = 128  # products of at most this many rows ("nt") take the skinny path by default
 SKINNY_FP8_PROMOTE = 4  # fp8 on the skinny path: k-blocks of 128 the tensor cores sum before fp32 registers do
+# block-scaled products of at most this many rows (scale_a M-major) take the skinny path (H200,
+# against cuBLAS's block-scaled _scaled_mm: M = 16 and 64, 1.07-1.34x against 0.83-0.97x in dense
+# tiles; M = 128, 0.85-0.92x against 0.94-1.12x: one accumulator set promotes 128 columns a k-block)
+SKINNY_BLOCK_M = 64
 # fp8 on the skinny path splits K only into splits of at least 32 k-blocks (H200: 16x/64x4096x4096
 # in 2 splits of 16, 0.96x / 0.87x _scaled_mm; unsplit, 1.02x / 0.93x)
 _SKINNY_FP8_MIN_K_BLOCKS = 32
@@ -332,17 +336,24 @@ class SkinnyPlan:
     layout: SharedLayout
     defines: dict
     config: SkinnyConfig       # with split_k and stages filled in
+    spec_s: TensorMapSpec | None = None  # block scales: one k-block's MP scales of A (M-major)
 
 
 @functools.lru_cache(maxsize=64)
 def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
-                dtype: str = "bfloat16") -> SkinnyPlan:
+                dtype: str = "bfloat16", block_scales: str | None = None) -> SkinnyPlan:
     """The skinny kernel's specs, layout and defines for bfloat16 or float8_e4m3fn operands
-    (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``)."""
+    (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
+    fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
+    stage (row-major ones take the dense kernel)."""
     if m > SKINNY_MP[-1]:
         raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig")
     if dtype not in ("bfloat16", "float8_e4m3fn"):
         raise TmaflowError(f"gemm: the skinny path takes bfloat16 or float8_e4m3fn operands (got {dtype})")
+    if block_scales not in (None, "m_major") or block_scales and dtype != "float8_e4m3fn":
+        raise TmaflowError(f"gemm: the skinny path takes fp8 block scales with scale_a M-major (stored "
+                           f"k-block by k-block; got {block_scales!r} scales, {dtype} operands); row-major "
+                           "scale_a takes a GemmConfig (bn=128, promote=1)")
     fp8 = dtype == "float8_e4m3fn"
     mp = next(p for p in SKINNY_MP if p >= m)
     boxes = config.rows // 64
@@ -350,18 +361,25 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
     spec_x = TensorMapSpec.tiled(dtype, (m, k), (mp, bk), **l2)
     spec_w = TensorMapSpec.tiled(dtype, (n, k), (64, bk), **l2)
-    stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes
+    spec_s = None
+    if block_scales:  # (KB, M): one k-block's scales a row, pitch padded to 4 (binding takes the real one)
+        spec_s = TensorMapSpec.tiled("float32", (math.ceil(k / bk), m), (1, mp), strides=(16 * -(-m // 4), 4))
+    stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
     stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
     cl = config.cluster
-    pipe = Pipeline("wx", stages=stages, tiles={"w": (spec_w, boxes), "x": spec_x}, consumers=4 * boxes,
-                    cluster=(cl, 1, 1), multicast=[None, "x"] if cl > 1 else None)
+    tiles = {"w": (spec_w, boxes), "x": spec_x, **({"s": spec_s} if spec_s else {})}
+    pipe = Pipeline("wx", stages=stages, tiles=tiles, consumers=4 * boxes, cluster=(cl, 1, 1),
+                    multicast=[None, "x"] + [None] * bool(spec_s) if cl > 1 else None)
     min_k_blocks = _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4
     split = config.split_k or skinny_splits(n, k, config.rows, sm_count, bk, min_k_blocks)
     split = _nonempty_splits(math.ceil(k / bk), split)
     defines = {"MP": mp, "CONSUMERS": boxes, "CLUSTER": cl}
     if fp8:
-        defines.update(FP8=1, PROMOTE=SKINNY_FP8_PROMOTE)
-    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages))
+        defines.update(FP8=1, PROMOTE=1 if block_scales else SKINNY_FP8_PROMOTE)
+    if block_scales:
+        defines.update(BLOCK_SCALES=1)
+    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages),
+                      spec_s)
 
 
 def _check_operands(A, B, layout: str):
@@ -423,8 +441,8 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     array, applied as each k-block is promoted (DeepSeek's 1 x 128 / 128 x 128 scaling);
     scale_a row-major, or stored k-block by k-block (strides (1, P), P >= M a multiple of 4:
     the layout DeepGEMM and cuBLAS take), which the TMA loads fastest.
-    Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales) take the skinny path
-    unless a GemmConfig is given."""
+    Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales), and block-scaled ones
+    with M <= 64 and scale_a M-major, take the skinny path unless a GemmConfig is given."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
@@ -434,10 +452,9 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
     scale, blocks, mode = _scales(A, B, scale_a, scale_b)
-    if blocks is not None and config is not None and (not isinstance(config, GemmConfig) or
-                                                      config.bn != 128 or config.promote != 1):
+    if blocks is not None and isinstance(config, GemmConfig) and (config.bn != 128 or config.promote != 1):
         raise TmaflowError(f"gemm: block scales are applied at every k-block: config must be a "
-                           f"GemmConfig with bn=128 and promote=1 (got {config!r})")
+                           f"GemmConfig with bn=128 and promote=1, or a SkinnyConfig (got {config!r})")
     C = None
     if out is not None:
         C = given_output("gemm", out, (m, n), BF16)
@@ -455,8 +472,11 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
                                                    blocks and _scale_map_view(blocks[0], mode)))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
     if st.tc is None:  # the skinny kernel writes C through its pointer
-        return (st.launcher, (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail, scale),
-                result)
+        args = (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail, scale,
+                blocks[1] if blocks else 0)
+        if st.ts is not None:
+            args += (st.ts.bind(_scale_map_view(blocks[0], mode)),)
+        return st.launcher, args, result
     args = (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail, scale,
             *(blocks or (0, 0)))
     if st.ts is not None:
@@ -568,11 +588,13 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
         _check_rows(name, arr)
     device = current_device()
     dtype = A.dtype.name
-    if config is None and block_scales:
-        config = block_scale_config(m, n, k, device.sm_count)
+    if config is None and block_scales:  # M-major scale_a can take the skinny path (row-major: gathered)
+        skinny = block_scales == "m_major" and layout == "nt" and m <= SKINNY_BLOCK_M
+        config = SkinnyConfig() if skinny else block_scale_config(m, n, k, device.sm_count)
     config = config or choose_config(m, n, k, device.sm_count, layout, dtype)
     if isinstance(config, SkinnyConfig):
-        return _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace)
+        return _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace,
+                             block_scales, scale_view)
     plan = gemm_plan(m, n, k, layout, config, dtype, block_scales)
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug, trace=trace)
     cm, split = plan.config.cluster_m, plan.config.split_k
@@ -594,8 +616,9 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
                       ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 
-def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace) -> _GemmState:
-    plan = skinny_plan(m, n, k, config, device.sm_count, A.dtype.name)
+def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace,
+                  block_scales=None, scale_view=None) -> _GemmState:
+    plan = skinny_plan(m, n, k, config, device.sm_count, A.dtype.name, block_scales)
     kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny",
                       debug=debug, trace=trace)
     rows, split, cl = plan.config.rows, plan.config.split_k, plan.config.cluster
@@ -605,7 +628,8 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
     launcher, ws = _with_split_k(launcher, split > 1, device, stream)
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B, plan.spec_w),
                       tc=None, ldc=c_strides[0] // 2, tail=(m, n, k, split), plan=plan, workspace=ws,
-                      workspace_sizes=(tiles, split * n * plan.defines["MP"]))
+                      workspace_sizes=(tiles, split * n * plan.defines["MP"]),
+                      ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 
 class _Workspace:

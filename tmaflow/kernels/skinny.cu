@@ -14,6 +14,10 @@
 // clipped at M and N.
 // FP8: A and B are e4m3 (k-blocks of 128, 128-byte rows as bf16's 64), C = scale * A * B^T; the
 // tensor cores' partial sums are added into fp32 registers every PROMOTE k-blocks (gemm.cu).
+// BLOCK_SCALES (DeepSeek's, scale_a M-major): every k-block is promoted with its scales. The TMA
+// loads A's MP row scales of the k-block with its stage (map tsa over (KB, M)); they scale the
+// columns of C^T. B's 128 x 128 blocks give each consumer warpgroup's 64 rows one scale a k-block,
+// read from global memory (scales_b, (N / 128, KB) row-major).
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
@@ -35,12 +39,16 @@ namespace L = tmaflow_layout;
 #ifndef PROMOTE
 #define PROMOTE 0  // fp8: k-blocks the tensor cores sum before fp32 registers do (0: never)
 #endif
+#ifndef BLOCK_SCALES
+#define BLOCK_SCALES 0
+#endif
 constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows either way
 constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
 constexpr int kConsumerThreads = 128 * CONSUMERS;
 static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * 128, "plan does not match MP / CONSUMERS");
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
+static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
 
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t scale_d) {
 #if FP8 && MP == 8
@@ -75,7 +83,7 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t s
 template <class Pipe>
 TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int ldc, float* partial,
                             uint32_t* counters, int M, int N, int tile, int split, int splits, int kb0,
-                            int kb1, float scale) {
+                            int kb1, float scale, const float* scales_b, int k_blocks) {
   using Cursor = typename Pipe::Cursor;
   const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
   float acc[kAcc];
@@ -88,6 +96,39 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
 #endif
   uint32_t acc_live = 1;  // 0 after a promotion: the next wgmma overwrites acc
+#if BLOCK_SCALES
+  // This warpgroup's 64 rows of B lie in one 128-row scale block (tiles are 64 or 128 rows).
+  const float* const b_scales = scales_b + size_t(min(tile * kRows + cw * 64, N - 1) / 128) * k_blocks;
+  const int mc = 2 * (lane % 4);  // this thread's columns of C^T: mc + 8 j and mc + 8 j + 1
+  for (int kb = kb0; kb < kb1; ++kb) {
+    pipe.consumer_wait(c);
+    const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
+    const uint64_t dx = wgmma::desc_k_major_sw128(S.wx_x(c.stage));
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) mma(acc, dw + 2 * k, dx + 2 * k, k > 0);  // k-step 0 overwrites acc
+    wgmma::commit_group();
+    const float sb = __ldg(b_scales + kb);  // read while the wgmmas run
+    const float* sa = static_cast<const float*>(S.wx_s(c.stage));
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc);
+#pragma unroll
+    for (int j = 0; j < MP / 8; ++j) {  // A's scales of columns mc + 8 j, mc + 8 j + 1, times B's
+      const float2 a = *reinterpret_cast<const float2*>(sa + 8 * j + mc);
+      const float s0 = a.x * sb, s1 = a.y * sb;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // rows n0 and n0 + 8
+        total[4 * j + 2 * h] += acc[4 * j + 2 * h] * s0;
+        total[4 * j + 2 * h + 1] += acc[4 * j + 2 * h + 1] * s1;
+      }
+    }
+    __syncwarp();
+    if (lane == 0) pipe.consumer_release(c);  // one arrival per consumer warp
+    c.advance();
+  }
+  acc_live = 0;
+#else
   for (int kb = kb0; kb < kb1; ++kb) {
     pipe.consumer_wait(c);
     const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
@@ -116,6 +157,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
   if (kb1 > kb0 && lane == 0) pipe.consumer_release(prev);
+#endif  // BLOCK_SCALES
 #if PROMOTE
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = total[i] + (acc_live ? acc[i] : 0.f);
@@ -173,7 +215,11 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                  __nv_bfloat16* C, int ldc, float* partial, uint32_t* counters, int M, int N, int K,
-                 int splits, float scale) {
+                 int splits, float scale, const float* scales_b
+#if BLOCK_SCALES
+                 , const __grid_constant__ CUtensorMap tsa  // A's scales, (KB, M) k-block by k-block
+#endif
+                 ) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.wx();
@@ -184,6 +230,9 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tx);
     tma::prefetch_descriptor(&tw);
+#if BLOCK_SCALES
+    tma::prefetch_descriptor(&tsa);
+#endif
     pipe.init();
   }
   griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
@@ -199,6 +248,9 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
 #pragma unroll
         for (int box = 0; box < CONSUMERS; ++box)
           tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
+#if BLOCK_SCALES
+        tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), 0, kb);  // row kb of tsa: MP scales (zeros past M)
+#endif
 #if CLUSTER == 1
         tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, 0);
 #else
@@ -209,7 +261,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
       }
     }
   } else {
-    consume(S, pipe, C, ldc, partial, counters, M, N, tile, split, splits, kb0, kb1, scale);
+    consume(S, pipe, C, ldc, partial, counters, M, N, tile, split, splits, kb0, kb1, scale, scales_b, k_blocks);
   }
   cluster::sync();  // no CTA leaves while its partner may still multicast into it
 }
