@@ -78,6 +78,21 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t s
 #endif
 }
 
+// Wait for stage c and issue its k-block's wgmmas on acc (the first k-step overwrites acc unless
+// `keep`), committed as one group.
+template <class Pipe, class Cursor>
+TMAFLOW_DEVICE void issue_k_block(const L::Smem& S, Pipe& pipe, const Cursor& c, int cw, float (&acc)[kAcc],
+                                  uint32_t keep) {
+  pipe.consumer_wait(c);
+  const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
+  const uint64_t dx = wgmma::desc_k_major_sw128(S.wx_x(c.stage));
+  wgmma::fence_operands(acc);
+  wgmma::fence();
+#pragma unroll
+  for (int k = 0; k < 4; ++k) mma(acc, dw + 2 * k, dx + 2 * k, k > 0 || keep);  // 32 B a k-step
+  wgmma::commit_group();
+}
+
 // The consumer warpgroups: MMAs over k-blocks [kb0, kb1), then (with splits) the fp32 partial
 // and, in the tile's last split, the sum of all partials; C written clipped at M and N.
 template <class Pipe>
@@ -101,14 +116,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   const float* const b_scales = scales_b + size_t(min(tile * kRows + cw * 64, N - 1) / 128) * k_blocks;
   const int mc = 2 * (lane % 4);  // this thread's columns of C^T: mc + 8 j and mc + 8 j + 1
   for (int kb = kb0; kb < kb1; ++kb) {
-    pipe.consumer_wait(c);
-    const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
-    const uint64_t dx = wgmma::desc_k_major_sw128(S.wx_x(c.stage));
-    wgmma::fence_operands(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mma(acc, dw + 2 * k, dx + 2 * k, k > 0);  // k-step 0 overwrites acc
-    wgmma::commit_group();
+    issue_k_block(S, pipe, c, cw, acc, 0);  // each k-block starts from zero
     const float sb = __ldg(b_scales + kb);  // read while the wgmmas run
     const float* sa = static_cast<const float*>(S.wx_s(c.stage));
     wgmma::wait_group<0>();
@@ -130,15 +138,8 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   acc_live = 0;
 #else
   for (int kb = kb0; kb < kb1; ++kb) {
-    pipe.consumer_wait(c);
-    const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
-    const uint64_t dx = wgmma::desc_k_major_sw128(S.wx_x(c.stage));
-    wgmma::fence_operands(acc);
-    wgmma::fence();
-#pragma unroll
-    for (int k = 0; k < 4; ++k) mma(acc, dw + 2 * k, dx + 2 * k, k > 0 || acc_live);  // 32 B a k-step
+    issue_k_block(S, pipe, c, cw, acc, acc_live);
     acc_live = 1;
-    wgmma::commit_group();
     wgmma::wait_group<1>();  // keep this k-block's group in flight; the previous one is done
     wgmma::fence_operands(acc);
     if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp
