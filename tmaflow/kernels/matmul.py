@@ -94,8 +94,9 @@ _SKINNY_FP8_MIN_K_BLOCKS = 32
 
 @dataclass(frozen=True)
 class SkinnyConfig:
-    """The skinny path (``layout="nt"``, M <= 128, bf16 or fp8 with per-tensor scales): operands
-    swapped so B's rows fill the MMA's 64 rows (gemm_skinny_bf16 in skinny.cu). ``rows`` of B
+    """The skinny path (``layout="nt"``, M <= 128, bf16 or fp8 with per-tensor scales or block
+    scales whose scale_a is M-major): operands swapped so B's rows fill the MMA's 64 rows
+    (gemm_skinny_bf16 in skinny.cu). ``rows`` of B
     per CTA (64 per consumer warpgroup); ``split_k=None`` picks enough K splits to fill the GPU;
     ``cluster=2`` pairs neighbouring tiles, which share A by multicast."""
 

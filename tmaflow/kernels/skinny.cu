@@ -1,4 +1,4 @@
-// Skinny bf16 GEMM, M <= 128 ("nt": C = A * B^T, A is M x K activations, B is N x K weights,
+// Skinny GEMM (bf16 or fp8), M <= 128 ("nt": C = A * B^T, A is M x K activations, B is N x K weights,
 // both K-contiguous), with the operands swapped as cuBLAS does for decode shapes: a consumer
 // warpgroup computes D = B_tile * A^T, a 64 x MP tile of C^T, with wgmma m64nMPk16. The MMA's
 // 64 rows are filled by N and the activations' few rows are its N (MP: M rounded up to 8, 16,
