@@ -6,7 +6,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
-from tmaflow.kernels.matmul import SKINNY_BLOCK_M, GemmConfig, SkinnyConfig
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
 from tmaflow.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
 
@@ -107,21 +107,22 @@ def test_fp8_block_scales_against_float64(device, rng, m, n, k, config, m_major)
     _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
 
 
-# Block scales on the skinny path (scale_a M-major; the default up to M = 64, the dense kernel's
-# beyond): A's scales scale the columns of C^T, B's give each 64-row warpgroup one scale a
-# k-block; MMA widths 8-128, K split or not, 128-row CTAs in clusters of two; per-column errors
-# against float64.
+# Block scales on the skinny path (scale_a M-major, the default up to M = 128): A's scales scale
+# the columns of C^T, B's give each 64-row warpgroup one scale a k-block; MMA widths 8-128, two
+# accumulator sets or (128-row CTAs at M > 64) one, K split or not, odd and even k-block counts,
+# clusters of two; per-column errors against float64.
 @pytest.mark.parametrize("m", [3, 16, 40, 128])
 @pytest.mark.parametrize("config", [None, SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
                          ids=["auto", "split3", "rows128-c2"])
-def test_fp8_block_scales_on_the_skinny_path(device, rng, m, config):
-    n, k = 904, 1040
+@pytest.mark.parametrize("k", [1040, 1024], ids=["9kb", "8kb"])
+def test_fp8_block_scales_on_the_skinny_path(device, rng, m, config, k):
+    n = 904
     A, B, SA, SB, ref = _block_operands(rng, m, n, k, m_major=True, b_apart=True)
     _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
     out = poison(tf.empty((m, n), "bfloat16"))
     run = kernels.gemm.prepare(A, B, out, config=config, scale_a=SA, scale_b=SB)
     kernel = getattr(run.launcher, "launcher", run.launcher).kernel  # split-K wraps the launcher
-    assert kernel.name == ("gemm_skinny_bf16" if config or m <= SKINNY_BLOCK_M else "gemm_bf16")
+    assert kernel.name == "gemm_skinny_bf16"
     run()
     got = bf16_to_float32(out.numpy()).astype(np.float64)
     per_column = np.linalg.norm(got - ref, axis=0) / np.linalg.norm(ref, axis=0)

@@ -51,6 +51,9 @@ def test_block_scaled_skinny_plan_loads_a_k_blocks_scales_with_its_stage(m, mp):
     plan = skinny_plan(m, 4096, 16384, SkinnyConfig(), 132, "float8_e4m3fn", "m_major")
     assert plan.spec_s.box == (1, mp) and plan.spec_s.smem_bytes == 4 * mp
     assert plan.defines["BLOCK_SCALES"] == 1 and plan.defines["PROMOTE"] == 1
+    assert plan.defines["BLOCK_SCALE_SETS"] == 2  # one promoted while the other's wgmmas run
+    wide = skinny_plan(m, 4096, 16384, SkinnyConfig(rows=128), 132, "float8_e4m3fn", "m_major")
+    assert wide.defines["BLOCK_SCALE_SETS"] == (1 if mp == 128 else 2)  # 3 x 64 registers of 168 do not fit
     stage = plan.spec_x.smem_bytes + plan.spec_w.smem_bytes
     assert plan.config.stages == min(16, (HOPPER_SMEM_LIMIT - 256) // (stage + plan.spec_s.smem_bytes))
     for scales, dtype in (("row_major", "float8_e4m3fn"), ("m_major", "bfloat16")):

@@ -16,7 +16,7 @@ import torch
 from tmaflow import kernels
 from tmaflow.kernels import matmul
 from tmaflow.kernels.entry import STATES
-from tmaflow.kernels.matmul import GemmConfig
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_yield  # noqa: E402  (tools/ is not a package)
@@ -46,13 +46,16 @@ def _with_extra(*args, defines=None, **kw):
 matmul.get_kernel = _with_extra
 
 P1 = dict(bn=128, cluster_m=1, epi_cols=64, stages=6, promote=1)
-VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's layout), config
-    #          fields or None for the automatic choice, extra defines, SASS patch arguments or None)
+VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's layout), GemmConfig
+    #          fields, a SkinnyConfig, or None for the automatic choice, extra defines, SASS patch
+    #          arguments or None)
     ("block scales, row-major", "row_major", None, {}, None),
     ("block scales, M-major", "m_major", None, {}, None),
     ("block scales, M-major, FFMA yields 9/16", "m_major", None, {}, dict(fraction=9 / 16)),
     ("block scales, M-major, tail split", "m_major", dict(bn=128, cluster_m=2, epi_cols=64, promote=1, split_tail=True), {}, None),
     ("block scales, M-major, unclustered", "m_major", dict(bn=128, cluster_m=1, epi_cols=64, promote=1), {}, None),
+    ("block scales, M-major, skinny, one set", "m_major", SkinnyConfig(), {"BLOCK_SCALE_SETS": 1}, None),
+    ("block scales, M-major, skinny, two sets", "m_major", SkinnyConfig(), {"BLOCK_SCALE_SETS": 2}, None),
     ("block scales, row-major, unclustered", "row_major", dict(bn=128, cluster_m=1, epi_cols=64, promote=1), {}, None),
     ("per-tensor, bn192 clusters of 2", None, dict(bn=192, cluster_m=2, epi_cols=64), {}, None),
     ("per-tensor, bn192 clusters of 2, tail split", None, dict(bn=192, cluster_m=2, epi_cols=64, split_tail=True), {}, None),
@@ -95,7 +98,7 @@ def main():
             YIELD.update(patch or {})
             STATES.clear()
             c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            cfg = GemmConfig(**fields) if fields is not None else None
+            cfg = GemmConfig(**fields) if isinstance(fields, dict) else fields
             if block:
                 scale_a = sa.t().contiguous().t() if block == "m_major" else sa
                 run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)

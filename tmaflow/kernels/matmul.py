@@ -83,10 +83,6 @@ class GemmConfig:
 SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
 SKINNY_M = 128  # products of at most this many rows ("nt") take the skinny path by default
 SKINNY_FP8_PROMOTE = 4  # fp8 on the skinny path: k-blocks of 128 the tensor cores sum before fp32 registers do
-# block-scaled products of at most this many rows (scale_a M-major) take the skinny path (H200,
-# against cuBLAS's block-scaled _scaled_mm: M = 16 and 64, 1.07-1.34x against 0.83-0.97x in dense
-# tiles; M = 128, 0.85-0.92x against 0.94-1.12x: one accumulator set promotes 128 columns a k-block)
-SKINNY_BLOCK_M = 64
 # fp8 on the skinny path splits K only into splits of at least 32 k-blocks (H200: 16x/64x4096x4096
 # in 2 splits of 16, 0.96x / 0.87x _scaled_mm; unsplit, 1.02x / 0.93x)
 _SKINNY_FP8_MIN_K_BLOCKS = 32
@@ -378,7 +374,9 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     if fp8:
         defines.update(FP8=1, PROMOTE=1 if block_scales else SKINNY_FP8_PROMOTE)
     if block_scales:
-        defines.update(BLOCK_SCALES=1)
+        # two accumulator sets, one promoted while the next k-block's wgmmas run, where they fit
+        # (H200, against one set: 1.06x at M = 16, 1.09x at 64, 1.13-1.24x at 128)
+        defines.update(BLOCK_SCALES=1, BLOCK_SCALE_SETS=2 if boxes == 1 or mp <= 64 else 1)
     return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages),
                       spec_s)
 
@@ -442,8 +440,8 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     array, applied as each k-block is promoted (DeepSeek's 1 x 128 / 128 x 128 scaling);
     scale_a row-major, or stored k-block by k-block (strides (1, P), P >= M a multiple of 4:
     the layout DeepGEMM and cuBLAS take), which the TMA loads fastest.
-    Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales), and block-scaled ones
-    with M <= 64 and scale_a M-major, take the skinny path unless a GemmConfig is given."""
+    Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales or block scales whose
+    scale_a is M-major) take the skinny path unless a GemmConfig is given."""
     if layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
@@ -590,7 +588,7 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     device = current_device()
     dtype = A.dtype.name
     if config is None and block_scales:  # M-major scale_a can take the skinny path (row-major: gathered)
-        skinny = block_scales == "m_major" and layout == "nt" and m <= SKINNY_BLOCK_M
+        skinny = block_scales == "m_major" and layout == "nt" and m <= SKINNY_M
         config = SkinnyConfig() if skinny else block_scale_config(m, n, k, device.sm_count)
     config = config or choose_config(m, n, k, device.sm_count, layout, dtype)
     if isinstance(config, SkinnyConfig):

@@ -42,6 +42,9 @@ namespace L = tmaflow_layout;
 #ifndef BLOCK_SCALES
 #define BLOCK_SCALES 0
 #endif
+#ifndef BLOCK_SCALE_SETS
+#define BLOCK_SCALE_SETS 1  // block scales: accumulator sets a warpgroup alternates (2: see below)
+#endif
 constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows either way
 constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
@@ -49,6 +52,7 @@ constexpr int kConsumerThreads = 128 * CONSUMERS;
 static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * 128, "plan does not match MP / CONSUMERS");
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
+static_assert(BLOCK_SCALE_SETS == 1 || BLOCK_SCALE_SETS == 2, "one or two accumulator sets");
 
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t scale_d) {
 #if FP8 && MP == 8
@@ -115,26 +119,62 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   // This warpgroup's 64 rows of B lie in one 128-row scale block (tiles are 64 or 128 rows).
   const float* const b_scales = scales_b + size_t(min(tile * kRows + cw * 64, N - 1) / 128) * k_blocks;
   const int mc = 2 * (lane % 4);  // this thread's columns of C^T: mc + 8 j and mc + 8 j + 1
-  for (int kb = kb0; kb < kb1; ++kb) {
-    issue_k_block(S, pipe, c, cw, acc, 0);  // each k-block starts from zero
-    const float sb = __ldg(b_scales + kb);  // read while the wgmmas run
-    const float* sa = static_cast<const float*>(S.wx_s(c.stage));
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(acc);
+  // After the wait for its wgmmas: add the k-block in d, scaled, to total; release its stage.
+  auto retire = [&](float (&d)[kAcc], float sb, const Cursor& at) {
+    wgmma::fence_operands(d);
+    const float* sa = static_cast<const float*>(S.wx_s(at.stage));
 #pragma unroll
     for (int j = 0; j < MP / 8; ++j) {  // A's scales of columns mc + 8 j, mc + 8 j + 1, times B's
       const float2 a = *reinterpret_cast<const float2*>(sa + 8 * j + mc);
       const float s0 = a.x * sb, s1 = a.y * sb;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows n0 and n0 + 8
-        total[4 * j + 2 * h] += acc[4 * j + 2 * h] * s0;
-        total[4 * j + 2 * h + 1] += acc[4 * j + 2 * h + 1] * s1;
+        total[4 * j + 2 * h] += d[4 * j + 2 * h] * s0;
+        total[4 * j + 2 * h + 1] += d[4 * j + 2 * h + 1] * s1;
       }
     }
     __syncwarp();
-    if (lane == 0) pipe.consumer_release(c);  // one arrival per consumer warp
+    if (lane == 0) pipe.consumer_release(at);  // one arrival per consumer warp
+  };
+#if BLOCK_SCALE_SETS == 2
+  // k-block j of the split runs on acc (j even) or acc2 (j odd): while one set is promoted, the
+  // next k-block's wgmmas already run on the other (gemm.cu's block scales do the same).
+  float acc2[kAcc];
+  float sb_a, sb_b;  // B's scale of each set's k-block
+  Cursor at_a, at_b;  // each set's stage
+  const int n = kb1 - kb0;
+  issue_k_block(S, pipe, c, cw, acc, 0);
+  sb_a = __ldg(b_scales + kb0), at_a = c, c.advance();
+  for (int j = 1; j + 1 < n; j += 2) {
+    issue_k_block(S, pipe, c, cw, acc2, 0);
+    sb_b = __ldg(b_scales + kb0 + j), at_b = c, c.advance();
+    wgmma::wait_group<1>();
+    retire(acc, sb_a, at_a);
+    issue_k_block(S, pipe, c, cw, acc, 0);
+    sb_a = __ldg(b_scales + kb0 + j + 1), at_a = c, c.advance();
+    wgmma::wait_group<1>();
+    retire(acc2, sb_b, at_b);
+  }
+  if (n % 2 == 0) {
+    issue_k_block(S, pipe, c, cw, acc2, 0);
+    sb_b = __ldg(b_scales + kb1 - 1), at_b = c, c.advance();
+    wgmma::wait_group<1>();
+    retire(acc, sb_a, at_a);
+    wgmma::wait_group<0>();
+    retire(acc2, sb_b, at_b);
+  } else {
+    wgmma::wait_group<0>();
+    retire(acc, sb_a, at_a);
+  }
+#else
+  for (int kb = kb0; kb < kb1; ++kb) {
+    issue_k_block(S, pipe, c, cw, acc, 0);  // each k-block starts from zero
+    const float sb = __ldg(b_scales + kb);  // read while the wgmmas run
+    wgmma::wait_group<0>();
+    retire(acc, sb, c);
     c.advance();
   }
+#endif
   acc_live = 0;
 #else
   for (int kb = kb0; kb < kb1; ++kb) {
