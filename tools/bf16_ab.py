@@ -17,7 +17,7 @@ from tmaflow.kernels.matmul import GemmConfig
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_gemm import nt_operands, parse_shapes  # noqa: E402  (tools/ is not a package)
-from fp8_ab import EXTRA  # noqa: E402  (importing it routes kernel builds through its EXTRA defines)
+from fp8_ab import EXTRA, selected  # noqa: E402  (importing it routes kernel builds through its EXTRA defines)
 from kernel_names import device_times  # noqa: E402
 
 # Measured with it (H200, session 9) and dropped: C stored straight from registers (16 bytes a
@@ -48,7 +48,7 @@ def main():
         ref = a.float() @ b.float().T
         fns, errs = {"cuBLAS": lambda: torch.matmul(a, b.T, out=peer)}, {}
         for label, cfg, extra in VARIANTS:
-            if not any(part in label for part in args.only.split("|")):
+            if not selected(label, args.only):
                 continue
             EXTRA.clear()
             EXTRA.update(extra)

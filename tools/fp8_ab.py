@@ -45,6 +45,11 @@ def _with_extra(*args, defines=None, **kw):
 
 matmul.get_kernel = _with_extra
 
+
+def selected(label: str, only: str) -> bool:
+    """Whether ``--only`` (substrings with | between; empty: every label) picks this variant."""
+    return any(part in label for part in only.split("|"))
+
 P1 = dict(bn=128, cluster_m=1, epi_cols=64, stages=6, promote=1)
 VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's layout), GemmConfig
     #          fields, a SkinnyConfig, or None for the automatic choice, extra defines, SASS patch
@@ -90,7 +95,7 @@ def main():
         if blockwise is not None:
             fns["_scaled_mm block scales"], errs["_scaled_mm block scales"] = blockwise, rel(block_out[:256], ref_block)
         for label, block, fields, extra, patch in VARIANTS:
-            if not any(part in label for part in args.only.split("|")):
+            if not selected(label, args.only):
                 continue
             EXTRA.clear()
             EXTRA.update(extra)

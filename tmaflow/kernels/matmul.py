@@ -92,9 +92,9 @@ _SKINNY_FP8_MIN_K_BLOCKS = 32
 class SkinnyConfig:
     """The skinny path (``layout="nt"``, M <= 128, bf16 or fp8 with per-tensor scales or block
     scales whose scale_a is M-major): operands swapped so B's rows fill the MMA's 64 rows
-    (gemm_skinny_bf16 in skinny.cu). ``rows`` of B
-    per CTA (64 per consumer warpgroup); ``split_k=None`` picks enough K splits to fill the GPU;
-    ``cluster=2`` pairs neighbouring tiles, which share A by multicast."""
+    (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer warpgroup);
+    ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs neighbouring
+    tiles, which share A by multicast."""
 
     rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
     split_k: int | None = None
@@ -470,14 +470,12 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
                                                    stream, pdl, debug, trace, mode,
                                                    blocks and _scale_map_view(blocks[0], mode)))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
-    if st.tc is None:  # the skinny kernel writes C through its pointer
+    if st.tc is None:  # the skinny kernel writes C through its pointer; A's block scales come by map only
         args = (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail, scale,
                 blocks[1] if blocks else 0)
-        if st.ts is not None:
-            args += (st.ts.bind(_scale_map_view(blocks[0], mode)),)
-        return st.launcher, args, result
-    args = (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail, scale,
-            *(blocks or (0, 0)))
+    else:
+        args = (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail, scale,
+                *(blocks or (0, 0)))
     if st.ts is not None:
         args += (st.ts.bind(_scale_map_view(blocks[0], mode)),)
     return st.launcher, args, result
