@@ -95,10 +95,16 @@ static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales
 TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
   constexpr int band = GROUP_M / CLUSTER_M;
   const int per_band = band * tiles_n;
-  const int first = (w / per_band) * band;
+  const int q = w / per_band, r = w - q * per_band;
+  const int first = q * band;
   const int rows = min(groups_m - first, band);
-  gm = first + (w % per_band) % rows;
-  tn = (w % per_band) / rows;
+  if (rows == band) {  // every band but the last: a compile-time divisor, no division
+    gm = first + int(uint32_t(r) % band);
+    tn = int(uint32_t(r) / band);
+  } else {
+    gm = first + r % rows;
+    tn = r / rows;
+  }
 }
 
 // Work items of a group of `rows` rows (GROUPED): CLUSTER_M-tile groups of M tiles x N tiles.
@@ -302,7 +308,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   auto pipe = S.ab();
   using Cursor = decltype(pipe)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const uint32_t rank = cluster::rank();  // which M tile of the cluster's group
+  // Which M tile of the cluster's group. Unclustered, a constant: the compiler then drops the
+  // producer's slice arithmetic (H200, CUPTI: 1024^3 5% faster, 2048^3 0.4%).
+  const uint32_t rank = CLUSTER_M > 1 ? cluster::rank() : 0;
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_blocks = (K + BK - 1) / BK;
   const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
   const int splits = SPLIT_K || SPLIT_TAIL ? k_splits : 1;  // else known to the compiler: no divisions

@@ -278,7 +278,11 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   }
   griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
   griddep::launch_dependents();
+#if CLUSTER == 1
+  __syncthreads();  // the barriers exist for every thread
+#else
   cluster::sync();  // every CTA's barriers exist before any multicast signals them
+#endif
 
   if (threadIdx.x < 128) {
     if (threadIdx.x == 0) {
@@ -304,5 +308,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   } else {
     consume(S, pipe, C, ldc, partial, counters, M, N, tile, split, splits, kb0, kb1, scale, scales_b, k_blocks);
   }
+#if CLUSTER > 1
   cluster::sync();  // no CTA leaves while its partner may still multicast into it
+#endif
 }
