@@ -23,13 +23,14 @@ from kernel_names import device_times  # noqa: E402
 # Measured with it (H200, session 9) and dropped: C stored straight from registers (16 bytes a
 # lane after a quad transpose) instead of through shared memory and the TMA, 0.8 us slower a
 # launch; no epilogue at all (a bound, not a kernel): 2048^3 22.06 against 23.62 us.
-# Session 12 (H200, CUPTI; the first two on branch exp/epilogue-reuse): a CTA's last tile stored through
-# its idle stages in one round, 2048^3 0.976 against 0.988x cuBLAS, 2048x2048x64 0.884 against
-# 0.938; epilogue rounds rotated per warpgroup, 0.989 against 0.988 and 0.898 against 0.938; the
-# first work item found before the first barrier, no change; clusters of two launched for
-# unclustered code (dispatch only), no change; the second warpgroup held one or two k-blocks
-# behind the first on a CTA's first tile (its epilogue then overlaps the other's last k-blocks):
-# 2048x2048x64 4.37 against 4.55 us, but 2304x4608x1024 30.43 against 30.15 and 2048^3 unchanged.
+# Session 12 (H200, CUPTI; the first two on branch exp/epilogue-reuse): a CTA's last tile
+# stored through its idle stages in one round, 2048^3 0.976 against 0.988x cuBLAS,
+# 2048x2048x64 0.884 against 0.938; epilogue rounds rotated per warpgroup, 0.989 against 0.988
+# and 0.898 against 0.938; the first work item found before the first barrier, no change;
+# clusters of two launched for unclustered code (dispatch only), no change; the second
+# warpgroup held one or two k-blocks behind the first on a CTA's first tile (its epilogue then
+# overlaps the other's last k-blocks): 2048x2048x64 4.37 against 4.55 us, but 2304x4608x1024
+# 30.43 against 30.15 and 2048^3 unchanged.
 VARIANTS = [  # (label, GemmConfig or None, extra defines)
     ("auto", None, {}),
     ("bn256 c2", GemmConfig(bn=256, cluster_m=2), {}),
