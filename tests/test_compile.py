@@ -260,8 +260,8 @@ def test_missing_nvrtc_says_how_to_install(monkeypatch):
     ("nt", 256, 2, 1, False), ("nt", 128, 2, 1, False), ("nn", 256, 2, 1, False), ("nn", 128, 1, 1, False),
     ("nt", 128, 1, 4, False), ("nt", 256, 2, 4, False), ("nt", 256, 2, 1, True), ("nn", 128, 1, 4, True)])
 def test_gemm_compiles_to_hgmma_and_multicast_without_spills(layout, bn, cluster_m, split_k, debug):
-    from tmaflow.kernels.examples import get_kernel
     from tmaflow.kernels.matmul import GemmConfig, gemm_plan
+    from tmaflow.kernels.registry import get_kernel
 
     plan = gemm_plan(4096, 4096, 4096, layout, GemmConfig(bn=bn, cluster_m=cluster_m, split_k=split_k))
     k = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug)
@@ -377,8 +377,8 @@ def test_wgmma_pipeline_notes_of_both_ptxas_generations():
 def test_gemm_tail_split_compiles_without_spills(dtype, config):
     """The tail split's parts meet through per-tile counters (the atomic and the barrier
     reduction, as split-K's) without pushing the k-loop's registers into local memory."""
-    from tmaflow.kernels.examples import get_kernel
     from tmaflow.kernels.matmul import GemmConfig, gemm_plan
+    from tmaflow.kernels.registry import get_kernel
 
     plan = gemm_plan(4096, 7168, 16384, "nt", GemmConfig(split_tail=True, **config), dtype)
     k = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")

@@ -11,6 +11,10 @@ import os
 import subprocess
 import sys
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_gemm import parse_shapes  # noqa: E402  (tools/ is not a package)
+
 METRICS = {
     "gpu__time_duration.sum": "duration (ns)",
     "sm__cycles_elapsed.max": "cycles elapsed",
@@ -20,7 +24,6 @@ METRICS = {
     "lts__t_sector_hit_rate.pct": "L2 hit rate (%)",
     "dram__bytes.sum": "DRAM bytes",
 }
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def profile(shape, cublas: bool, cache: str) -> dict:
@@ -45,7 +48,7 @@ def main():
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--cache", default="both", choices=("all", "none", "both"))
     args = p.parse_args()
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shape] or [(2048, 2048, 2048)]
+    shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
     caches = ("all", "none") if args.cache == "both" else (args.cache,)
     columns = {}
     for shape in shapes:

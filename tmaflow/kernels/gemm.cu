@@ -162,23 +162,29 @@ struct Schedule {
     it.b_row = g * N + tn * BN;
     it.b_k0 = g * K;
 #else
-    int gm, tn;
     const int whole = SPLIT_TAIL ? 1 : splits;  // with tail splits, items before the tail are whole
-    tile_of(w / whole, groups_m, tiles_n, gm, tn);
-    it.g = 0;
-    it.tm = CLUSTER_M * gm + int(rank);
-    it.tn = tn;
-    it.split = w % whole;
-    it.kb0 = it.split * kb_per_split;
-    it.kb1 = SPLIT_TAIL ? k_blocks : min(k_blocks, it.kb0 + kb_per_split);
-    it.a_row = it.c_row = it.tm * BM;
-    it.b_row = tn * BN;
-    it.b_k0 = 0;
-    it.tile = it.tm * tiles_n + tn;
-    it.row_end = M;
+    place(it, w / whole, w % whole, SPLIT_TAIL);
+    it.tile = it.tm * tiles_n + it.tn;
 #endif
     w += step;
     return true;
+  }
+
+  // Item it: tile `wt` of the ungrouped product (tile_of's order), K split `split` of
+  // split-K's parts, or all of K when `whole`.
+  TMAFLOW_DEVICE void place(Item& it, int wt, int split, bool whole) const {
+    int gm, tn;
+    tile_of(wt, groups_m, tiles_n, gm, tn);
+    it.g = 0;
+    it.tm = CLUSTER_M * gm + int(rank);
+    it.tn = tn;
+    it.split = split;
+    it.kb0 = split * kb_per_split;
+    it.kb1 = whole ? k_blocks : min(k_blocks, it.kb0 + kb_per_split);
+    it.a_row = it.c_row = it.tm * BM;
+    it.b_row = tn * BN;
+    it.b_k0 = 0;
+    it.row_end = M;
   }
 
 #if SPLIT_TAIL
@@ -188,19 +194,8 @@ struct Schedule {
     const int p = w - work;
     if (p >= tail * splits) return false;
     const int i = p % tail;
-    int gm, tn;
-    tile_of(work + i, groups_m, tiles_n, gm, tn);
-    it.g = 0;
-    it.tm = CLUSTER_M * gm + int(rank);
-    it.tn = tn;
-    it.split = p / tail;
-    it.kb0 = it.split * kb_per_split;
-    it.kb1 = min(k_blocks, it.kb0 + kb_per_split);
-    it.a_row = it.c_row = it.tm * BM;
-    it.b_row = tn * BN;
-    it.b_k0 = 0;
+    place(it, work + i, p / tail, false);
     it.tile = i * CLUSTER_M + int(rank);
-    it.row_end = M;
     w += step;
     return true;
   }

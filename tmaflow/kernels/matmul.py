@@ -255,6 +255,12 @@ def tail_splits(items: int, clusters: int, k_blocks: int) -> int:
     return best
 
 
+def _m_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
+    """The map of an M-major scale_a seen as (KB, M): a row holds one k-block's scales, a box
+    ``rows`` of them; the pitch is padded to 4 rows here (the binding takes the real one)."""
+    return TensorMapSpec.tiled("float32", (math.ceil(k / bk), m), (1, rows), strides=(16 * -(-m // 4), 4))
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     spec_a: TensorMapSpec
@@ -299,9 +305,7 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         b_boxes = bn // 64
     spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (64, 64), swizzle="128B")
     epilogue = Buffer("c", 2 * 64 * config.epi_cols * 2, align=1024)
-    spec_s = None
-    if block_scales == "m_major":  # (KB, M) rows of one k-block, pitch padded to 4 rows (binding takes the real one)
-        spec_s = TensorMapSpec.tiled("float32", (math.ceil(k / bk), m), (1, BM), strides=(16 * -(-m // 4), 4))
+    spec_s = _m_major_scales_spec(m, k, bk, BM) if block_scales == "m_major" else None
     scale_bytes = SCALE_STRIDE * 4 if block_scales == "row_major" else 0
     stage_bytes = (spec_a.smem_bytes + b_boxes * spec_b.smem_bytes + scale_bytes +
                    (spec_s.smem_bytes if spec_s else 0))
@@ -358,9 +362,7 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
     spec_x = TensorMapSpec.tiled(dtype, (m, k), (mp, bk), **l2)
     spec_w = TensorMapSpec.tiled(dtype, (n, k), (64, bk), **l2)
-    spec_s = None
-    if block_scales:  # (KB, M): one k-block's scales a row, pitch padded to 4 (binding takes the real one)
-        spec_s = TensorMapSpec.tiled("float32", (math.ceil(k / bk), m), (1, mp), strides=(16 * -(-m // 4), 4))
+    spec_s = _m_major_scales_spec(m, k, bk, mp) if block_scales else None
     stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
     stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
     cl = config.cluster

@@ -142,22 +142,25 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   float acc2[kAcc];
   float sb_a, sb_b;  // B's scale of each set's k-block
   Cursor at_a, at_b;  // each set's stage
+  // Issue k-block kb on d from the next stage; read its B scale while the wgmmas run.
+  auto issue = [&](float (&d)[kAcc], int kb, float& sb, Cursor& at) {
+    issue_k_block(S, pipe, c, cw, d, 0);
+    sb = __ldg(b_scales + kb);
+    at = c;
+    c.advance();
+  };
   const int n = kb1 - kb0;
-  issue_k_block(S, pipe, c, cw, acc, 0);
-  sb_a = __ldg(b_scales + kb0), at_a = c, c.advance();
+  issue(acc, kb0, sb_a, at_a);
   for (int j = 1; j + 1 < n; j += 2) {
-    issue_k_block(S, pipe, c, cw, acc2, 0);
-    sb_b = __ldg(b_scales + kb0 + j), at_b = c, c.advance();
+    issue(acc2, kb0 + j, sb_b, at_b);
     wgmma::wait_group<1>();
     retire(acc, sb_a, at_a);
-    issue_k_block(S, pipe, c, cw, acc, 0);
-    sb_a = __ldg(b_scales + kb0 + j + 1), at_a = c, c.advance();
+    issue(acc, kb0 + j + 1, sb_a, at_a);
     wgmma::wait_group<1>();
     retire(acc2, sb_b, at_b);
   }
   if (n % 2 == 0) {
-    issue_k_block(S, pipe, c, cw, acc2, 0);
-    sb_b = __ldg(b_scales + kb1 - 1), at_b = c, c.advance();
+    issue(acc2, kb1 - 1, sb_b, at_b);
     wgmma::wait_group<1>();
     retire(acc, sb_a, at_a);
     wgmma::wait_group<0>();
