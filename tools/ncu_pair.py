@@ -56,7 +56,7 @@ def main():
             for cublas in (False, True):
                 name = f"{'x'.join(map(str, shape))} {'cuBLAS' if cublas else 'tmaflow'} {cache}"
                 columns[name] = profile(shape, cublas, cache)
-    width = max(len(name) for name in columns) + 2
+    width = max(len(text) for name, col in columns.items() for text in (name, *col.values())) + 2
     print(f"{'':22s}" + "".join(f"{name:>{width}s}" for name in columns))
     for label in ["kernel", *METRICS.values()]:
         print(f"{label:22s}" + "".join(f"{col[label]:>{width}s}" for col in columns.values()))
