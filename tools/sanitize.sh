@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every example kernel.
-#   bash tools/sanitize.sh            -> a summary line per tool, logs under $OUT (or ./.out)
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel: the examples,
+# the seeds, and the library (one small GPU test per kernel variant, tools/sanitize_library.txt).
+#   bash tools/sanitize.sh            -> a summary line per set and tool, logs under $OUT (or ./.out)
+# Env: SANITIZE_SETS (default "examples seeds library"), SANITIZE_TOOL_BUDGET (seconds per run).
+# The four tools run side by side on the one GPU (each in its own process).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache}
-for set in examples seeds; do
-  flag=""; [ "$set" = seeds ] && flag="--seeds"
-  python3 tools/sanitize_examples.py $flag > /dev/null 2>&1  # warm the compile cache outside the tools
-  for tool in memcheck racecheck synccheck initcheck; do
+TOOLS="memcheck racecheck synccheck initcheck"
+library_ids=$(grep -vE '^\s*(#|$)' tools/sanitize_library.txt)
+run_set() {  # set -> the command compute-sanitizer runs
+  case "$1" in
+    examples) echo "python3 tools/sanitize_examples.py" ;;
+    seeds) echo "python3 tools/sanitize_examples.py --seeds" ;;
+    library) echo "python3 -m pytest -q -p no:cacheprovider -m gpu $library_ids" ;;
+  esac
+}
+for set in ${SANITIZE_SETS:-examples seeds library}; do
+  cmd=$(run_set "$set")
+  $cmd > "$OUT/sanitize_${set}_plain.log" 2>&1  # warm the compile cache outside the tools
+  for tool in $TOOLS; do
+    timeout "${SANITIZE_TOOL_BUDGET:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 $cmd \
+      > "$OUT/sanitize_${set}_$tool.log" 2>&1 &
+  done
+  wait
+  for tool in $TOOLS; do
     log="$OUT/sanitize_${set}_$tool.log"
-    timeout "${SANITIZE_TOOL_BUDGET:-200}" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 tools/sanitize_examples.py $flag \
-      > "$log" 2>&1
-    rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1)
     where=$(grep -A1 -E "^========= [A-Z]" "$log" | grep -oE "at [A-Za-z_0-9]+" | sort | uniq -c | head -3 | tr '\n' ' ')
-    printf '%-8s %-10s exit %s  %s  %s %s\n' "$set" "$tool" "$rc" "${summary:-no summary}" \
-      "$(tail -n 1 "$log" | grep -E 'correct|wrong' || true)" "$where"
+    result=$(tail -n 3 "$log" | grep -E 'correct|wrong|passed|failed' | tail -n 1)
+    printf '%-8s %-10s %s  %s %s\n' "$set" "$tool" "${summary:-no summary}" "$result" "$where"
   done
 done
