@@ -116,7 +116,9 @@ def test_overlapping_rows_rejected():
         tiled("float32", (8, 64), (4, 16), strides=(240, 4))
     with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=0 B: rows would overlap"):
         tiled("float32", (8, 64), (4, 16), strides=(0, 4))
-    with pytest.raises(tf.TensorMapError, match=r"strides\[0\]=64 B is smaller than the 80 B reached by dim 1"):
+    # the second plane starts where the third row of the first does
+    with pytest.raises(tf.TensorMapError, match=r"dims 0 and 1 overlap \(strides\[0\]=64 B, strides\[1\]=32 B\): "
+                                                r"index \(1, 0, 0\) and index \(0, 2, 0\) start 0 B apart"):
         tiled("int32", (2, 3, 4), (1, 3, 4), strides=(64, 32, 4))
     tiled("float32", (8, 64), (4, 16), strides=(256, 4))  # exactly one row: fine
 
@@ -132,6 +134,91 @@ def test_strides_that_cannot_overlap_are_accepted(shape, box, strides):
     assert spec.shape == shape
 
 
+@pytest.mark.parametrize("stride", [0, 4, 7, 40, -16, 2**40, 2**41 + 3, 48])
+def test_extent_one_dims_take_any_stride_and_encode_a_legal_one(stride):
+    # torch gives size-1 dims arbitrary strides (0 after expand); they never step.
+    spec = tiled("float32", (8, 1, 64), (2, 1, 32), strides=(256, stride, 4))
+    assert spec.strides == (256, stride, 4)  # the user's layout, as given
+    legal = stride if 0 < stride < 2**40 and stride % 16 == 0 else 16
+    assert spec.driver_order()["global_strides"] == (legal, 256)
+    outer = tiled("bfloat16", (1, 4, 64), (1, 2, 64), strides=(stride, 128, 2))
+    assert outer.driver_order()["global_strides"] == (128, legal)
+    interleaved = tiled("float32", (4, 1, 8, 16), (1, 1, 8, 8), strides=(4096, stride, 512, 4),
+                        interleave="32B", swizzle="32B")
+    assert interleaved.driver_order()["global_strides"][1] == \
+        (stride if 0 < stride < 2**40 and stride % 32 == 0 else 32)
+
+
+def test_extent_one_inner_dim_takes_any_stride():
+    spec = tiled("float32", (8, 1), (2, 4), strides=(16, 0))  # x[:, None].expand-like
+    assert spec.driver_order()["global_strides"] == (16,)
+    with pytest.raises(tf.TensorMapError, match=r"strides\[1\]=0 B: the inner dim must be contiguous"):
+        tiled("float32", (8, 2), (2, 4), strides=(16, 0))
+
+
+def _rows_disjoint(shape, strides, itemsize):
+    """Brute force: every addressed element's bytes, as a set; disjoint iff none repeats."""
+    seen = set()
+    for index in np.ndindex(*shape):
+        first = sum(i * s for i, s in zip(index[:-1], strides)) + index[-1] * itemsize
+        for b in range(first, first + itemsize):
+            if b in seen:
+                return False
+            seen.add(b)
+    return True
+
+
+@pytest.mark.parametrize("shape,strides", [
+    ((3, 2, 4), (32, 48, 4)),       # rows at 0 32 64 and 48 80 112: between each other's
+    ((3, 3, 4), (32, 48, 4)),
+    ((3, 5, 4), (80, 48, 4)),
+    ((2, 2, 2, 4), (16, 48, 80, 4)),
+    ((4096, 3, 2, 4), (128, 32, 48, 4)),    # an interleaved pair under a large dim
+    ((100000, 3, 2, 4), (128, 32, 48, 4)),  # too many rows to enumerate them all
+])
+def test_interleaved_but_disjoint_layouts_are_accepted(shape, strides):
+    if np.prod(shape) < 1000:
+        assert _rows_disjoint(shape, strides, 4)
+    assert tiled("int32", shape, (1,) * (len(shape) - 1) + (4,), strides=strides).strides == strides
+
+
+def test_overlap_found_by_enumeration_names_every_dim_it_takes():
+    # 32 + 48 = 80: no two dims meet, all three do
+    assert not _rows_disjoint((2, 2, 2, 4), (32, 48, 80, 4), 4)
+    with pytest.raises(tf.TensorMapError, match=r"dims 0, 1 and 2 overlap \(strides\[0\]=32 B, strides\[1\]=48 B, "
+                                                r"strides\[2\]=80 B\): index \(1, 1, 0, 0\) and index \(0, 0, 1, 0\)"):
+        tiled("int32", (2, 2, 2, 4), (1, 1, 1, 4), strides=(32, 48, 80, 4))
+    # too many rows to enumerate them all: the collision is among the first indices
+    with pytest.raises(tf.TensorMapError, match=r"dims 1, 2 and 3 overlap"):
+        tiled("int32", (100000, 2, 2, 2, 4), (1, 1, 1, 1, 4), strides=(176, 32, 48, 80, 4))
+
+
+def test_two_dims_meeting_far_out_are_refused_by_name():
+    # dim 1 steps 16 B 5000 times; dim 0's one step lands on its 4096th row
+    with pytest.raises(tf.TensorMapError, match=r"dims 0 and 1 overlap \(strides\[0\]=65536 B, strides\[1\]=16 B\): "
+                                                r"index \(1, 0, 0\) and index \(0, 4096, 0\)"):
+        tiled("uint8", (2, 5000, 16), (1, 1, 16), strides=(65536, 16, 1))
+
+
+def test_overlap_rule_is_exact_on_small_layouts(rng):
+    # Random small layouts against brute force: refused exactly when elements repeat.
+    verdicts = {True: 0, False: 0}
+    for _ in range(300):
+        rank = int(rng.integers(2, 5))
+        shape = tuple(int(rng.integers(1, 4)) for _ in range(rank - 1)) + (int(rng.integers(1, 9)),)
+        strides = tuple(16 * int(rng.integers(1, 9)) for _ in range(rank - 1)) + (4,)
+        disjoint = _rows_disjoint(shape, strides, 4)
+        try:
+            tiled("float32", shape, (1,) * (rank - 1) + (4,), strides=strides)
+            accepted = True
+        except tf.TensorMapError as exc:
+            assert "rows would overlap" in str(exc)
+            accepted = False
+        assert accepted == disjoint, (shape, strides)
+        verdicts[disjoint] += 1
+    assert min(verdicts.values()) > 30
+
+
 def test_store_spill_is_modelled_and_flagged(rng):
     parent = rng.integers(-2**31, 2**31, size=(4, 8), dtype=np.int32)
     before = parent.copy()
@@ -144,8 +231,10 @@ def test_store_spill_is_modelled_and_flagged(rng):
     # the hardware writes up to the 16-byte boundary: columns 5..7 too
     assert np.array_equal(parent.view(np.uint8).reshape(4, 32), rows)
     assert not np.array_equal(parent[:, 5:], before[:, 5:])
-    with pytest.raises(tf.TmaflowError, match=r"spills 12 B past the end of rows of 20 B .* no memory"):
-        tf.reference.tma_store(np.zeros((4, 5), np.int32), spec, (0, 0), image)
+    alone = np.zeros((4, 5), np.int32)  # no memory around it: the spill is only reported
+    spills = tf.reference.tma_store(alone, spec, (0, 0), image)
+    assert [(s.offset, s.data) for s in spills] == [(32 * r + 20, rows[r, 20:].tobytes()) for r in range(4)]
+    assert np.array_equal(alone.view(np.uint8).reshape(4, 20), rows[:, :20])
     assert tiled("int32", (4, 8), (4, 8)).store_spill_bytes == 0
 
 

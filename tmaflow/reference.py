@@ -6,10 +6,12 @@ chunk's address bits [4:6] are XORed with bits [7:9] of the *absolute* shared ad
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .errors import TmaflowError
-from .tensormap import SWIZZLE_SPAN, TensorMapSpec
+from .tensormap import MAX_BOX_SMEM, SWIZZLE_SPAN, TensorMapSpec
 
 NAN_FILL_LANE = 0x7FF7  # measured: every 16-bit lane of a NaN-filled element
 _SWIZZLE_MASK = {"none": 0, "32B": 1, "64B": 3, "128B": 7}
@@ -28,7 +30,7 @@ def _global(np_global, store: bool = False) -> np.ndarray:
     if store:
         if not np_global.flags.writeable:
             raise TmaflowError("np_global is read-only; a store model writes into it")
-        if np_global.ndim and np_global.strides[-1] != np_global.itemsize:
+        if np_global.ndim and np_global.shape[-1] > 1 and np_global.strides[-1] != np_global.itemsize:
             raise TmaflowError(f"np_global has strides {np_global.strides}: a store model writes "
                                "through its memory, so its inner axis must be contiguous (as TMA's is)")
         return np_global
@@ -57,6 +59,9 @@ def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[
     coords = tuple(int(c) for c in coords)
     if len(coords) != spec.rank:
         raise TmaflowError(f"coords={coords} must have {spec.rank} entries (row-major)")
+    for i, c in enumerate(coords):
+        if not -2**31 <= c < 2**31:
+            raise TmaflowError(f"coords[{i}]={c} must fit a signed 32-bit int (TMA coordinates are s32)")
     if (coords[-1] * spec.dtype.itemsize) % 16:
         raise TmaflowError(f"coords[{spec.rank - 1}]={coords[-1]}: the inner coordinate's byte offset "
                            f"({coords[-1] * spec.dtype.itemsize} B) must be a multiple of 16; the "
@@ -64,6 +69,9 @@ def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[
     if smem_base % 128:
         raise TmaflowError(f"smem_base={smem_base} must be 128-byte aligned: the hardware faults "
                            "(misaligned address) on any other destination")
+    if smem_base + spec.smem_bytes > MAX_BOX_SMEM:
+        raise TmaflowError(f"smem_base={smem_base}: the box's {spec.smem_bytes} B from there end past "
+                           f"the {MAX_BOX_SMEM} B of shared memory an SM has")
     return coords
 
 
@@ -123,15 +131,28 @@ def _round_tf32(raw: np.ndarray) -> np.ndarray:
     return out.view(np.uint8).reshape(raw.shape)
 
 
+@dataclass(frozen=True)
+class Spill:
+    """Bytes a TMA store writes past the end of a row (``spec.store_spill_bytes`` of them):
+    ``data`` at ``offset`` bytes from the tensor's first element, in the map's layout
+    (``spec.strides``). The hardware clips the innermost dimension at 16-byte granularity,
+    so a box reaching a row's end writes the rest of its last 16-byte granule too."""
+
+    offset: int
+    data: bytes
+
+
 def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np.ndarray,
-              smem_base: int = 0) -> None:
+              smem_base: int = 0) -> tuple[Spill, ...]:
     """Write the box at ``coords`` from ``smem_image`` (read at ``smem_base``) into
-    ``np_global`` in place; elements outside the tensor are discarded, except that the
-    hardware clips the innermost dimension at 16-byte granularity: when a row is not a
-    multiple of 16 bytes, the box's elements up to the next 16-byte boundary are written past
-    the row's end too (``spec.store_spill_bytes``). Pass ``np_global`` as a view into the
-    array it lives in (``parent[:, :5]``) and the model writes those bytes into the parent;
-    with no memory there to model, it raises."""
+    ``np_global`` in place, as the hardware does: elements outside the tensor are discarded,
+    except the spill. Returns the spill, one :class:`Spill` per row whose end the box
+    reaches, in address order (empty when rows are a multiple of 16 bytes).
+
+    When ``np_global`` is a view into a larger writeable numpy array laid out as the map
+    says (``parent[:, :5]``, or ``np.ndarray(shape, dtype, buffer=alloc, offset=...,
+    strides=spec.strides)``), the spill bytes that fall inside that array's memory are
+    written there too, as they would be on the device."""
     g = _global(np_global, store=True)
     coords = _check(spec, g, coords, smem_base)
     if any(c < 0 for c in coords):
@@ -145,30 +166,48 @@ def tma_store(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_image: np
     image = smem_image.ravel()
     if image.size < spec.smem_bytes:
         raise TmaflowError(f"smem_image has {image.size} B; the box needs {spec.smem_bytes} B")
-    E = spec.dtype.itemsize
-    extent = spec.shape[-1] + spec.store_spill_bytes // E
-    gidx, inside, physical = _geometry(spec, coords, smem_base, extent)
-    if extent > spec.shape[-1] and np.any(inside & (gidx[-1] >= spec.shape[-1])):
-        g = _with_spill(g, extent)
-    dst = _bytes_of(g)
-    dst[tuple(gidx[:, inside])] = image[physical[inside]].reshape(-1, E)
+    E, width = spec.dtype.itemsize, spec.shape[-1]
+    gidx, written, physical = _geometry(spec, coords, smem_base, width + spec.store_spill_bytes // E)
+    values = image[physical]
+    in_rows = written & (gidx[-1] < width)
+    _bytes_of(g)[tuple(gidx[:, in_rows])] = values[in_rows]
+    spilled = written & ~in_rows
+    # bytes per index step: the element size for the inner dim, whose stride at extent 1 may
+    # be anything (and is multiplied by 0 everywhere else an extent is 1)
+    steps = np.array(spec.strides[:-1] + (E,))
+    offsets = (gidx[:, spilled] * steps[:, None]).sum(axis=0)
+    spills = _runs(offsets, values[spilled], E)
+    _write_spills(g, spec, spills)
+    return spills
 
 
-def _with_spill(g: np.ndarray, extent: int) -> np.ndarray:
-    """``g`` with its inner dim widened to ``extent`` over the same memory, which must exist:
-    ``g`` a view into a larger array whose rows continue past ``g``'s."""
-    base = g
-    while isinstance(base.base, np.ndarray):
-        base = base.base
-    wide = np.lib.stride_tricks.as_strided(g, shape=g.shape[:-1] + (extent,), strides=g.strides)
-    lo, hi = _byte_bounds(base)
-    wlo, whi = _byte_bounds(wide)
-    if base is g or wlo < lo or whi > hi:
-        raise TmaflowError(
-            f"the store spills {(extent - g.shape[-1]) * g.itemsize} B past the end of rows of "
-            f"{g.shape[-1] * g.itemsize} B (16-byte granularity) and np_global has no memory "
-            "there to model it; pass np_global as a view into the array it belongs to")
-    return wide
+def _runs(offsets: np.ndarray, values: np.ndarray, itemsize: int) -> tuple[Spill, ...]:
+    """Elements at byte ``offsets`` with ``values`` (n, itemsize), merged into contiguous runs."""
+    order = np.argsort(offsets, kind="stable")
+    offsets, values = offsets[order], values[order]
+    cuts = np.flatnonzero(np.diff(offsets) != itemsize) + 1
+    return tuple(Spill(int(offsets[lo]), values[lo:hi].tobytes())
+                 for lo, hi in zip([0, *cuts], [*cuts, offsets.size]) if hi > lo)
+
+
+def _write_spills(g: np.ndarray, spec: TensorMapSpec, spills: tuple[Spill, ...]) -> None:
+    """Write ``spills`` into the memory around ``g``: the numpy array it is a view into, when
+    that array is writeable and contiguous and ``g`` has the map's layout (otherwise the host
+    array does not model the device's memory around the tensor)."""
+    root = g
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    same_layout = all(n == 1 or a == b for n, a, b in zip(g.shape, g.strides, spec.strides))
+    if not spills or root is g or not same_layout or not root.flags.writeable or \
+            not (root.flags.c_contiguous or root.flags.f_contiguous):
+        return
+    lo, hi = _byte_bounds(root)
+    memory = root.ravel(order="K").view(np.uint8)
+    first = g.__array_interface__["data"][0]
+    for spill in spills:
+        at = first + spill.offset
+        if lo <= at and at + len(spill.data) <= hi:
+            memory[at - lo:at - lo + len(spill.data)] = np.frombuffer(spill.data, np.uint8)
 
 
 # numpy's (first, one past last) byte address of an array's memory; moved in numpy 2

@@ -12,6 +12,8 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import driver
 from .dtypes import BY_CODE, TMA_FLOAT_CODES, DType, as_dtype
 from .errors import TensorMapError, TmaflowWarning
@@ -209,7 +211,8 @@ class TensorMapSpec:
         args = {
             "dtype": self.dtype.tma_code, "rank": self.rank,
             "global_dim": tuple(reversed(self.shape)),
-            "global_strides": tuple(reversed(self.strides[:-1])),
+            "global_strides": tuple(reversed(_encoded_strides(self.shape, self.strides,
+                                                              self.interleave)[:-1])),
             "element_strides": tuple(reversed(self.element_strides)),
             "interleave": INTERLEAVE[self.interleave], "swizzle": SWIZZLE[self.swizzle],
             "l2_promotion": L2_PROMOTION[self.l2_promotion], "oob_fill": OOB_FILL[self.oob_fill],
@@ -274,32 +277,7 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
             acc *= n
         strides = tuple(strides)
     strides = _ints("strides", strides, rank)
-    if strides[-1] != dt.itemsize:
-        raise TensorMapError(f"strides[{rank - 1}]={strides[-1]} B: the inner dim must be contiguous "
-                             f"(stride = element size {dt.itemsize} B); pass a view whose last dim "
-                             "is contiguous")
-    align = 32 if interleave == "32B" else 16
-    for i, s in enumerate(strides[:-1]):
-        if s == 0:
-            raise TensorMapError(f"strides[{i}]=0 B: rows would overlap (every index of dim {i} "
-                                 "reads the same row); the driver accepts it, the copy is undefined")
-        if s < 0 or s % align:
-            raise TensorMapError(f"strides[{i}]={s} B must be a positive multiple of {align} B; "
-                                 "pad the rows (e.g. allocate a wider array and take a slice)")
-        if s >= MAX_STRIDE:
-            raise TensorMapError(f"strides[{i}]={s} B must be < 2^40")
-    # The driver does not check that dims do not overlap: sorted by stride, each must step
-    # past the bytes the dims below it reach (the last row's end, not its padding). A dim of
-    # extent 1 never steps, so its stride is free (torch's unsqueeze makes such strides).
-    order = sorted((d for d in range(rank) if shape[d] > 1 or d == rank - 1), key=lambda d: strides[d])
-    reach, below = dt.itemsize, None
-    for d in order:
-        if below is not None and strides[d] < reach:
-            raise TensorMapError(
-                f"strides[{d}]={strides[d]} B is smaller than the {reach} B reached by dim "
-                f"{below} (shape {shape[below]}, stride {strides[below]} B, and the dims below "
-                "it): rows would overlap")
-        reach, below = strides[d] * (shape[d] - 1) + reach, d
+    _check_strides(shape, strides, dt.itemsize, interleave)
     estrides = _ints("element_strides", element_strides if element_strides is not None
                      else (1,) * rank, rank)
     for i, e in enumerate(estrides):
@@ -309,6 +287,116 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
         _check_address(address, interleave)
     return dt, shape, strides, estrides, {"swizzle": swizzle, "interleave": interleave,
                                           "l2_promotion": l2, "oob_fill": oob, "address": address}
+
+
+def _check_strides(shape, strides, itemsize: int, interleave: str) -> None:
+    """The stride rules, in bytes. A dim of extent 1 never steps, so its stride addresses
+    nothing and may be anything (torch gives such dims arbitrary strides, 0 after expand or
+    unsqueeze); :func:`_encoded_strides` hands the driver a legal one."""
+    rank = len(shape)
+    if strides[-1] != itemsize and shape[-1] > 1:
+        raise TensorMapError(f"strides[{rank - 1}]={strides[-1]} B: the inner dim must be contiguous "
+                             f"(stride = element size {itemsize} B); pass a view whose last dim "
+                             "is contiguous")
+    align = _stride_align(interleave)
+    for i, s in enumerate(strides[:-1]):
+        if shape[i] == 1:
+            continue
+        if s == 0:
+            raise TensorMapError(f"strides[{i}]=0 B: rows would overlap (every index of dim {i} "
+                                 "reads the same row); the driver accepts it, the copy is undefined")
+        if s < 0 or s % align:
+            raise TensorMapError(f"strides[{i}]={s} B must be a positive multiple of {align} B; "
+                                 "pad the rows (e.g. allocate a wider array and take a slice)")
+        if s >= MAX_STRIDE:
+            raise TensorMapError(f"strides[{i}]={s} B must be < 2^40")
+    collision = _overlap(shape, strides, itemsize)
+    if collision is not None:
+        raise TensorMapError(_overlap_message(shape, strides, itemsize, *collision))
+
+
+def _stride_align(interleave: str) -> int:
+    return 32 if interleave == "32B" else 16
+
+
+def _encoded_strides(shape, strides, interleave: str) -> tuple[int, ...]:
+    """``strides`` with the stride of every outer dim of extent 1 that the driver would refuse
+    (not a positive multiple of 16 B, 32 B with 32B interleave, or >= 2^40) replaced by that
+    alignment: the dim never steps, so the value addresses nothing."""
+    align = _stride_align(interleave)
+    return tuple(align if n == 1 and not (0 < s < MAX_STRIDE and s % align == 0) else s
+                 for n, s in zip(shape[:-1], strides[:-1])) + tuple(strides[-1:])
+
+
+# Layouts that fail the nested test are enumerated up to this many rows (about 20 ms).
+_ENUMERATED_ROWS = 1 << 18
+
+
+def _overlap(shape, strides, itemsize: int):
+    """Two row-major indices whose rows share bytes, or None when none can be shown.
+
+    Rows (the contiguous inner dim, ``shape[-1] * itemsize`` bytes) start at sum(i_d *
+    strides[d]) over the outer dims; the driver does not check that they are disjoint. Cheap
+    and sufficient: sorted by stride, each dim steps past everything the dims below it reach
+    (the last row's end, not its padding). Interleaved layouts fail that test yet can be
+    disjoint (rows of dim a between those of dim b), so then a collision is searched for:
+    one dim stepping within a row, two dims meeting (k steps of one against one of the
+    other), and every row enumerated, exactly when there are at most ``_ENUMERATED_ROWS``,
+    else over the first indices of each dim. A layout with no collision found is accepted."""
+    row = shape[-1] * itemsize
+    dims = sorted((d for d in range(len(shape) - 1) if shape[d] > 1), key=lambda d: strides[d])
+    reach = row
+    for d in dims:
+        if strides[d] < reach:
+            break
+        reach += strides[d] * (shape[d] - 1)
+    else:
+        return None
+    unit = lambda steps: tuple(steps.get(d, 0) for d in range(len(shape)))  # noqa: E731
+    for i, a in enumerate(dims):
+        if strides[a] < row:
+            return unit({}), unit({a: 1})
+        for b in dims[i + 1:]:
+            k = strides[b] // strides[a]
+            for steps in (k, k + 1):
+                if steps < shape[a] and abs(strides[b] - steps * strides[a]) < row:
+                    return unit({b: 1}), unit({a: steps})
+    return _enumerated_overlap(shape, strides, dims, row)
+
+
+def _enumerated_overlap(shape, strides, dims, row: int):
+    extents = {d: shape[d] for d in dims}
+    while math.prod(extents.values()) > _ENUMERATED_ROWS:
+        widest = max(extents, key=extents.get)
+        extents[widest] = -(-extents[widest] // 2)
+    starts = np.zeros((), np.int64)
+    for d in dims:
+        starts = np.add.outer(starts, np.arange(extents[d], dtype=np.int64) * strides[d])
+    flat = starts.ravel()
+    order = np.argsort(flat, kind="stable")
+    close = np.flatnonzero(np.diff(flat[order]) < row)
+    if not close.size:
+        return None
+    index = [np.unravel_index(order[close[0] + j], starts.shape) for j in (0, 1)]
+    return tuple(tuple(dict(zip(dims, (int(v) for v in ix))).get(d, 0) for d in range(len(shape)))
+                 for ix in index)
+
+
+def _overlap_message(shape, strides, itemsize: int, u, v) -> str:
+    rank = len(shape)
+    row = shape[-1] * itemsize
+    u, v = sorted((u, v), reverse=True)
+    gap = abs(sum((a - b) * s for a, b, s in zip(u[:-1], v[:-1], strides)))
+    stepped = [d for d in range(rank) if u[d] != v[d]]
+    where = (f"index {u} and index {v} start {gap} B apart, inside one row of "
+             f"{shape[-1]} x {itemsize} B = {row} B: rows would overlap")
+    if len(stepped) == 1:
+        d = stepped[0]
+        return (f"strides[{d}]={strides[d]} B is smaller than the {row} B reached by dim "
+                f"{rank - 1}: dims {d} and {rank - 1} overlap ({where})")
+    named = ", ".join(map(str, stepped[:-1])) + f" and {stepped[-1]}"
+    given = ", ".join(f"strides[{d}]={strides[d]} B" for d in stepped)
+    return f"dims {named} overlap ({given}): {where}"
 
 
 MAX_ADDRESS = 1 << 57  # measured: the driver rejects global addresses from 2^57 up
