@@ -66,9 +66,13 @@ struct Pipeline {
   }
   // One release by a whole (converged) warp: lane r arrives on CTA r's empty barrier for each
   // rank r of the release mask, all at once, so no lane loops over the mask (CUTLASS spreads a
-  // cluster release over threads the same way); without a cluster lane 0 arrives.
+  // cluster release over threads the same way); without a cluster lane 0 arrives. The warp
+  // syncs first: one lane's arrival (a release) then orders every lane's reads of the stage
+  // before the producer's next writes (compute-sanitizer's racecheck flagged the cp.async
+  // scale gather overwriting scales other lanes had read).
   TMAFLOW_DEVICE void consumer_release_warp(const Cursor& c) const {
     const uint32_t lane = threadIdx.x % 32u;
+    __syncwarp();
     if (release_mask == 0) {
       if (lane == 0) mbarrier::arrive(empty + c.stage);
     } else if ((release_mask >> lane) & 1u) {
