@@ -199,6 +199,16 @@ def test_a_stream_synchronize_clears_that_streams_launches_only(door):
     assert fault_on_sync(door).kernels == ("on_b",) * 3
 
 
+def test_a_copy_to_the_host_clears_the_legacy_streams_launches(door):
+    arr = owned_array()
+    legacy, other = launcher("legacy", stream=0), launcher("other", stream=0xB0)
+    legacy(owned_map(arr), arr, 1, 2.0)
+    other(owned_map(arr), arr, 1, 2.0)
+    door.fake("cuMemcpyDtoH", R.CUDA_SUCCESS)
+    driver.call("cuMemcpyDtoH", 0, arr.ptr, 16)  # what DeviceArray.numpy() does
+    assert fault_on_sync(door).kernels == ("other",)
+
+
 def test_the_record_is_a_bounded_ring(door):
     arr = owned_array()
     run = launcher("hot_loop")

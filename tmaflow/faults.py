@@ -48,7 +48,8 @@ STICKY = {
 # queries, primary context reset/retain, making a context current) or touch no context.
 _UNGUARDED = frozenset({"cuInit", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString",
                         "cuGetProcAddress", "cuCtxGetCurrent", "cuCtxSetCurrent"})
-SYNCHRONIZE = frozenset({"cuCtxSynchronize", "cuStreamSynchronize"})
+# A synchronous copy to pageable host memory returns once the legacy stream's work before it is done.
+SYNCHRONIZE = frozenset({"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpyDtoH"})
 
 _rings: dict[int, deque] = defaultdict(lambda: deque(maxlen=RING))
 _native: dict[int, weakref.WeakSet] = defaultdict(weakref.WeakSet)  # launchers with a C plan
@@ -111,8 +112,8 @@ def synchronized(call: str, args: tuple) -> None:
             launches.clear()
         for launcher in list(_native.get(ordinal, ())):
             _at_sync[launcher] = _plan_counts(launcher)
-    elif launches:  # cuStreamSynchronize: only that stream's launches are known to be done
-        stream = int(args[0])
+    elif launches:  # only that stream's launches are known to be done
+        stream = int(args[0]) if call == "cuStreamSynchronize" else 0
         kept = [entry for entry in list(launches) if _stream_of(entry[1]) != stream]
         launches.clear()
         launches.extend(kept)
