@@ -1,6 +1,7 @@
 """Sticky faults reported once (no GPU): the driver's bindings answer with fake results, launches
 go through fake launchers, and the report must name the kernels launched since the last
 successful synchronize, say the context is unusable, and come back up front on later calls."""
+import gc
 import pickle
 import re
 import types
@@ -270,3 +271,21 @@ def test_the_fault_pickles_with_its_report(door):
         back = pickle.loads(pickle.dumps(e))
         assert type(back) is tf.KernelFaultError and str(back) == str(e) and back.kernels == e.kernels
 
+
+
+def test_the_record_keeps_no_launcher_alive(door):
+    run = launcher("short_lived")
+    plan = _Plan()
+    plan.on_error = run._raise  # as a C plan does: it holds its launcher
+    run._plans["types"] = plan
+    faults.track_native(run)
+    door.fake("cuCtxSynchronize", R.CUDA_SUCCESS)
+    driver.call("cuCtxSynchronize")  # the plan's count is taken
+    arr = owned_array()
+    run(owned_map(arr), arr, 1, 2.0)
+    run(owned_map(arr), arr, 1, 2.0)
+    assert len(faults.ring(0)) == 2 and run in faults._native[0] and run in faults._at_sync
+    gone = weakref.ref(run)
+    del run, plan
+    gc.collect()
+    assert gone() is None

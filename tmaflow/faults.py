@@ -53,7 +53,9 @@ SYNCHRONIZE = frozenset({"cuCtxSynchronize", "cuStreamSynchronize", "cuMemcpyDto
 
 _rings: dict[int, deque] = defaultdict(lambda: deque(maxlen=RING))
 _native: dict[int, weakref.WeakSet] = defaultdict(weakref.WeakSet)  # launchers with a C plan
-_at_sync: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # launcher -> {id(plan): (plan, launches)}
+# launcher -> {id(plan): its launches at the last synchronize}; no plan is held (a plan holds
+# its launcher, which would then never leave this weak dictionary)
+_at_sync: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 faulted: dict[int, KernelFaultError] = {}  # device ordinal -> the first report of its fault
 _lock = threading.Lock()
 
@@ -99,12 +101,14 @@ def _plan_counts(launcher) -> dict:
     for plan in list(launcher._plans.values()):
         launches = getattr(plan, "launches", None)  # exposed by _launch.c's plans
         if launches is not None:
-            counts[id(plan)] = (plan, int(launches))
+            counts[id(plan)] = int(launches)
     return counts
 
 
 def synchronized(call: str, args: tuple) -> None:
     """A synchronize succeeded: the launches it waited for did not fault."""
+    if not any(_rings.values()) and not any(_native.values()):
+        return  # nothing recorded: no need to ask the driver which context this was
     ordinal = _context_ordinal()
     launches = _rings.get(ordinal)
     if call == "cuCtxSynchronize":
@@ -217,9 +221,9 @@ def _native_launches(ordinal: int) -> list:
     for launcher in list(_native.get(ordinal, ())):
         before = _at_sync.get(launcher, {})
         moved = 0
-        for key, (plan, now) in _plan_counts(launcher).items():
-            then = before.get(key)
-            moved += now - (then[1] if then is not None and then[0] is plan else 0)
+        for key, now in _plan_counts(launcher).items():
+            then = before.get(key, 0)
+            moved += now - then if now >= then else now  # below: a new plan at a freed one's id
         if moved > 0:
             out.append((launcher, moved))
     return out
