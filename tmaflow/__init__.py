@@ -8,8 +8,9 @@ from .compiler import Resources
 from .device import Device, Stream, current_device, set_device
 from .driver import driver_available
 from .dtypes import DType, as_dtype
-from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, LaunchError,
-                     LayoutError, PipelineError, TensorMapError, TmaflowError, TmaflowWarning)
+from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, KernelFaultError,
+                     LaunchError, LayoutError, PipelineError, TensorMapError, TmaflowError,
+                     TmaflowWarning)
 from .graph import Graph
 from .kernel import Kernel
 from .launch import LaunchConfig, Launcher
@@ -20,7 +21,8 @@ from .workspace import DescriptorWorkspace
 
 __all__ = [
     "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "DescriptorWorkspace", "Device",
-    "DeviceArray", "DriverNotFoundError", "Graph", "Kernel", "LaunchConfig", "Launcher", "LaunchError", "LayoutError",
+    "DeviceArray", "DriverNotFoundError", "Graph", "Kernel", "KernelFaultError", "LaunchConfig", "Launcher",
+    "LaunchError", "LayoutError",
     "Pipeline", "PipelineError", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
     "TensorMapSpec", "TmaflowError", "TmaflowWarning", "as_array", "as_dtype", "current_device",
     "driver_available", "empty", "from_numpy", "reference", "set_device", "trace", "zeros",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 import weakref
 
-from . import driver
+from . import driver, faults
 from .errors import LaunchError, TmaflowError
 
 _devices: dict[int, "Device"] = {}
@@ -73,7 +73,8 @@ class Device:
             self._pool.trim()
 
     def reset(self) -> None:
-        """Recover from a sticky error (a faulted kernel): reset the primary context.
+        """Recover from a sticky error (a faulted kernel, ``KernelFaultError``): reset the
+        primary context, and forget the fault and the record of launches before it.
 
         Every allocation and loaded module of this device is invalid afterwards; tmaflow
         reloads its modules on the next launch and reports old arrays as freed. torch and
@@ -101,6 +102,7 @@ class Device:
         # The reset destroyed the context our handle named: retain the fresh one.
         self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
         self.activate()
+        faults.forget(self.ordinal)  # calls refused since the fault may run again
 
     @property
     def arch(self) -> str:

@@ -1,13 +1,16 @@
 """The one door to the CUDA driver and NVRTC: lazy import, lazy ``cuInit``, checked calls.
 
 cuda-python returns ``(err, *values)`` tuples; :func:`check` unpacks them and raises
-:class:`CudaError` naming the call. Nothing here touches the driver at import time.
+:class:`CudaError` naming the call, or for a code that leaves the context unusable (a faulted
+kernel) the one :class:`KernelFaultError` of ``faults.py``, which :func:`call` then raises up
+front for every later call on that context. Nothing here touches the driver at import time.
 """
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+from . import faults
 from .errors import CudaError, DriverNotFoundError
 
 _lock = threading.RLock()
@@ -53,6 +56,8 @@ def check(call: str, result, detail: str = ""):
     else:
         err, values = result, ()
     if int(err) != 0:
+        if int(err) in faults.STICKY:
+            raise faults.fault(call, int(err), _error_name(err))
         if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*
             detail = (detail + "; " if detail else "") + CAPTURE_HINT
         raise CudaError(call, int(err), _error_name(err), detail)
@@ -62,9 +67,15 @@ def check(call: str, result, detail: str = ""):
 
 
 def call(name: str, *args, detail: str = ""):
-    """``check(name, cuda.bindings.driver.<name>(*args))`` after making sure the driver is up."""
+    """``check(name, cuda.bindings.driver.<name>(*args))`` after making sure the driver is up
+    and the current context has not faulted (else its KernelFaultError, before the call)."""
     init()
-    return check(name, getattr(cu(), name)(*args), detail)
+    if faults.faulted:
+        faults.refuse(name)
+    result = check(name, getattr(cu(), name)(*args), detail)
+    if name in faults.SYNCHRONIZE:
+        faults.synchronized(name, args)
+    return result
 
 
 def module_global(module, name: bytes) -> int | None:

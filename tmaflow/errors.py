@@ -55,6 +55,25 @@ class CudaError(TmaflowError):
         return type(self), (self.call, self.code, self.name, self.detail)
 
 
+class KernelFaultError(CudaError):
+    """A kernel faulted (an illegal or misaligned address, a trap, an assert): the CUDA context
+    is unusable and every later call on it fails. Raised once by the call that saw the fault,
+    then up front by every later tmaflow call on that context until ``Device.reset()``.
+    ``kernels`` names the kernels launched on the context since its last successful
+    synchronize (oldest first): the fault is in one of them. See docs/faults.md."""
+
+    def __init__(self, call: str, code: int, name: str, detail: str = "", kernels=(),
+                 message: str | None = None):
+        super().__init__(call, code, name, detail)
+        self.kernels = tuple(kernels)
+        self.message = message
+        if message is not None:
+            self.args = (message,)
+
+    def __reduce__(self):
+        return type(self), (self.call, self.code, self.name, self.detail, self.kernels, self.message)
+
+
 class DeadlockError(TmaflowError):
     """A debug-build barrier wait timed out. ``records`` holds one dict per timed-out wait."""
 

@@ -15,7 +15,7 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
-from . import driver
+from . import driver, faults
 from .device import stream_handle
 from .errors import CudaError, DeadlockError, LaunchError
 from .graph import ACTIVE as CAPTURING
@@ -284,6 +284,7 @@ class Launcher(functools.partial):
         (err,) = self._launch(cfg, self._function, kp, 0)
         if err:
             self._raise(err)
+        faults.note(self, cfg)
         if watch is not None:
             keep = None if recorder is None else (lambda: recorder.collect(stream, self.kernel, self.config))
             try:
@@ -347,6 +348,8 @@ class Launcher(functools.partial):
             lines += ["s = current_stream(ORD)", "cfg = configs.get(s)",
                       "if cfg is None: cfg = make_config(s)"]
         lines += ["(err,) = launch(cfg, function, kp, 0)", "if err is not SUCCESS and err: on_error(err)"]
+        lines.append("note((SITE, cfg, buf.raw))")  # the fault record (faults.py)
+        scope.update(note=faults.ring(self.ordinal).append, SITE=faults.site(self))
         src = f"def launch_{'_'.join(type(a).__name__ for a in args)}({signature}):\n" + \
             "".join(f"    {ln}\n" for ln in lines)
         exec(src, scope)  # noqa: S102 - generated from the parameter table, no user text
@@ -373,9 +376,12 @@ class Launcher(functools.partial):
             kernel_params=self.packer.kernel_params, buffer=ctypes.addressof(self.packer.buffer),
             config=cfg.getPtr(), current_stream=current, ordinal=self.ordinal,
             capturing=CAPTURING, on_error=self._raise, keep=(cfg, self.packer, self.module))
+        faults.track_native(self)  # its launches bypass Python: the plan counts them
         return fn
 
     def _raise(self, err) -> None:
+        if int(err) in faults.STICKY:  # an earlier kernel faulted: the one report of it
+            raise faults.fault("cuLaunchKernelEx", int(err), driver._error_name(err), self.ordinal)
         c = self.config
         detail = f"{self.kernel.name} grid={c.grid} block={c.block} cluster={c.cluster} smem={c.smem}"
         if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*

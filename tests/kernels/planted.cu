@@ -107,3 +107,10 @@ planted(const __grid_constant__ CUtensorMap in, float* out, int k_tiles) {
   cluster::sync();  // no CTA leaves while a multicast may still target it
 #endif
 }
+
+// A store through a wild address for the fault tests: out + offset lies far outside any
+// allocation, so the kernel faults with CUDA_ERROR_ILLEGAL_ADDRESS and the context dies (the
+// tests run it in a subprocess). offset 0 stores 1.0 into out[0..blockDim.x).
+extern "C" __global__ void wild_store(float* out, unsigned long long offset) {
+  out[offset + threadIdx.x] = 1.f;
+}
