@@ -217,6 +217,18 @@ def test_releasing_the_capsule_orders_the_producer_after_the_consumer(waits):
     assert waits == [(0x7000, PRODUCER), (PRODUCER, 0x7000)]
 
 
+def test_a_release_after_the_producer_stream_closed_orders_the_legacy_stream(waits):
+    class Owner:
+        _handle = object()
+
+    arr = pool_array()
+    arr._alloc._stream_owner = Owner()
+    capsule = arr.__dlpack__(stream=0x7000)
+    Owner._handle = None  # tf.Stream.close(): later frees are ordered on the legacy stream
+    del capsule
+    assert waits == [(0x7000, PRODUCER), (0, 0x7000)]
+
+
 def test_a_consumer_releases_through_the_deleter(waits):
     for max_version, kind in (((1, 0), dlpack.DLManagedTensorVersioned), (None, dlpack.DLManagedTensor)):
         waits.clear()

@@ -249,30 +249,33 @@ def make_capsule(array, device: tuple[int, int], dtype: DLDataType, version, fla
     return _new_capsule(addr, name, ctypes.cast(_capsule_destructor, ctypes.c_void_p))
 
 
-def export(array, producer: int, copy_on, *, stream, max_version, dl_device, copy):
-    """``array.__dlpack__(...)`` per the standard. ``producer`` is the raw stream the array's
-    pending work is on; ``copy_on(stream)`` returns a copy made in order on ``stream``."""
+def export(array, *, stream, max_version, dl_device, copy):
+    """``array.__dlpack__(...)`` per the standard, for a DeviceArray (whose
+    ``_producer_stream()`` is the raw stream of its pending work, and ``_copy_on(stream)`` a
+    copy made in order on a stream)."""
     version = asked_version(max_version)
     own = (DLDeviceType.kDLCUDA, array.device.ordinal if array.device is not None else current_ordinal())
     check_device(dl_device, own)
     copied = asked_copy(copy)
     consumer = consumer_stream(stream)
     dtype = dl_dtype(array.dtype, version)
+    producer = array._producer_stream()
     if copied:
-        array = copy_on(producer)
+        array = array._copy_on(producer)
     release = None
     if needs_wait(producer, consumer):
         device = array.device or current_device()
         stream_wait(device, consumer, producer)
-        release = functools.partial(_producer_waits, device, producer, consumer)
+        release = functools.partial(_producer_waits, device, array, consumer)
     return make_capsule(array, own, dtype, version, IS_COPIED if copied else 0, release)
 
 
-def _producer_waits(device, producer: int, consumer: int) -> None:
-    """Run when the consumer lets go: the array's memory is freed (and reused) in order on
-    ``producer``, so that stream first waits for the work the consumer queued on its own."""
+def _producer_waits(device, array, consumer: int) -> None:
+    """Run when the consumer lets go: the array's memory is freed (and reused) in order on its
+    producer stream (asked again: a closed tf.Stream hands over to the legacy stream), so that
+    stream first waits for the work the consumer queued on its own."""
     try:
-        stream_wait(device, producer, consumer)
+        stream_wait(device, array._producer_stream(), consumer)
     except TmaflowError:
         pass  # the context is gone (reset, interpreter exit), and the memory with it
 

@@ -272,8 +272,8 @@ class DeviceArray:
         ``copy=True`` exports a copy (flagged as one), ``copy=False`` and None never copy;
         ``dl_device`` other than this array's device raises a ``BufferError``."""
         self._require_alive("__dlpack__")
-        return dlpack.export(self, self._producer_stream(), self._copy_on, stream=stream,
-                             max_version=max_version, dl_device=dl_device, copy=copy)
+        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device,
+                             copy=copy)
 
     def __dlpack_device__(self) -> tuple:
         return (dlpack.DLDeviceType.kDLCUDA, self.device.ordinal if self.device is not None
