@@ -123,8 +123,8 @@ def consumer_stream(stream) -> int | None:
     value = as_optional_int("__dlpack__ stream", stream, lo=NO_SYNC, hi=2**64 - 1)
     if value == 0:
         raise TmaflowError("__dlpack__ stream=0 is disallowed for CUDA by the array API standard "
-                          "(it could mean None, 1 or 2): pass 1 for the legacy default stream, 2 for "
-                          "the per-thread default stream, a stream handle, or -1 for no synchronisation")
+                           "(it could mean None, 1 or 2): pass 1 for the legacy default stream, 2 for "
+                           "the per-thread default stream, a stream handle, or -1 for no synchronisation")
     return None if value == NO_SYNC else value
 
 
@@ -156,7 +156,7 @@ def asked_version(max_version) -> tuple[int, int] | None:
         return None
     if isinstance(max_version, (str, bytes)) or not hasattr(max_version, "__len__") or len(max_version) != 2:
         raise TmaflowError(f"__dlpack__ max_version={max_version!r} must be None or a "
-                          "(major, minor) pair of ints")
+                           "(major, minor) pair of ints")
     major = as_int("__dlpack__ max_version[0]", max_version[0], lo=0)
     minor = as_int("__dlpack__ max_version[1]", max_version[1], lo=0)
     if major < 1:
@@ -170,7 +170,7 @@ def check_device(dl_device, own: tuple[int, int]) -> None:
         return
     if isinstance(dl_device, (str, bytes)) or not hasattr(dl_device, "__len__") or len(dl_device) != 2:
         raise TmaflowError(f"__dlpack__ dl_device={dl_device!r} must be None or a "
-                          "(device type, device id) pair like __dlpack_device__() returns")
+                           "(device type, device id) pair like __dlpack_device__() returns")
     asked = (as_int("__dlpack__ dl_device[0]", dl_device[0]), as_int("__dlpack__ dl_device[1]", dl_device[1]))
     own = (int(own[0]), own[1])
     if asked != own:
@@ -286,13 +286,13 @@ def capsule_of(obj, stream: int):
     """``obj.__dlpack__`` asked for a versioned capsule ordered on ``stream`` (a raw handle),
     falling back to the pre-2023 signature for producers without ``max_version``."""
     what = type(obj).__name__
-    device = _dlpack_device(obj) if hasattr(obj, "__dlpack_device__") else None
-    kwargs = {"stream": as_spec_stream(stream)} if device is None or device[0] in CUDA_DEVICES else {}
+    if hasattr(obj, "__dlpack_device__"):
+        _check_dlpack_device(obj)  # before asking for a capsule, as the standard's consumers do
     try:
         try:
-            capsule = obj.__dlpack__(max_version=NEWEST, **kwargs)
+            capsule = obj.__dlpack__(stream=as_spec_stream(stream), max_version=NEWEST)
         except TypeError:
-            capsule = obj.__dlpack__(**kwargs)
+            capsule = obj.__dlpack__(stream=as_spec_stream(stream))
     except TmaflowError:
         raise
     except Exception as exc:
@@ -300,7 +300,7 @@ def capsule_of(obj, stream: int):
     return capsule
 
 
-def _dlpack_device(obj) -> tuple[int, int]:
+def _check_dlpack_device(obj) -> None:
     what = type(obj).__name__
     try:
         device = obj.__dlpack_device__()
@@ -310,9 +310,8 @@ def _dlpack_device(obj) -> tuple[int, int]:
     if not isinstance(device, tuple) or len(device) != 2 or \
             not all(isinstance(v, int) and not isinstance(v, bool) for v in device):
         raise TmaflowError(f"as_array: {what}.__dlpack_device__() returned {device!r}; the "
-                           "standard asks for a (device type, device id) pair of ints")
+                            "standard asks for a (device type, device id) pair of ints")
     _check_cuda(what, device[0])
-    return device
 
 
 def _check_cuda(what: str, device_type: int) -> None:
