@@ -9,7 +9,7 @@ import weakref
 import numpy as np
 
 from . import dlpack, driver
-from .device import Device, current_device, device_of, stream_handle
+from .device import Device, current_device, current_ordinal, device_of, stream_handle
 from .dtypes import DType, as_dtype
 from .errors import TmaflowError
 from .graph import ACTIVE as CAPTURING
@@ -24,6 +24,36 @@ def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
         strides.insert(0, acc)
         acc *= max(n, 1)
     return tuple(strides)
+
+
+def gather_copies(shape: tuple, strides: tuple, itemsize: int) -> list[tuple]:
+    """The 2-D copies (source offset, destination offset, row bytes, rows, source pitch), all in
+    bytes, that gather a strided layout into a compact row-major one. Dimensions contiguous in
+    each other merge first, so a compact array is one copy."""
+    if 0 in shape:
+        return []
+    dims: list[list[int]] = []  # [extent, stride], outermost first
+    for n, stride in zip(shape, strides):
+        if n == 1:
+            continue
+        if stride <= 0:
+            raise TmaflowError(f"copy of shape={shape} strides={strides}: every dimension of extent "
+                               "> 1 needs a positive stride (broadcast and reversed views are not copied)")
+        if dims and dims[-1][1] == n * stride:
+            dims[-1] = [dims[-1][0] * n, stride]
+        else:
+            dims.append([n, stride])
+    width = dims.pop()[0] * itemsize if dims and dims[-1][1] == itemsize else itemsize
+    rows, pitch = dims.pop() if dims else (1, width)
+    if pitch < width:
+        raise TmaflowError(f"copy of shape={shape} strides={strides}: rows of {width} B overlap at a "
+                           f"pitch of {pitch} B; overlapping views are not copied")
+    copies, dst = [], 0
+    for index in np.ndindex(*(n for n, _ in dims)):
+        src = sum(i * stride for i, (_, stride) in zip(index, dims))
+        copies.append((src, dst, width, rows, pitch))
+        dst += width * rows
+    return copies
 
 
 class _Unowned:
@@ -195,21 +225,59 @@ class DeviceArray:
         return self
 
     # --- interop ------------------------------------------------------------
+    def _producer_stream(self) -> int:
+        """The raw stream this array's pending work is ordered on: its allocation's stream for
+        tmaflow memory; for a torch or cupy view, that library's current stream (where its own
+        work and tmaflow's ``stream=None`` launches on the view go); else the legacy default."""
+        alloc = self._alloc
+        if isinstance(alloc, _Allocation):
+            closed = getattr(alloc._stream_owner, "_handle", 0) is None  # synchronised by close()
+            return 0 if closed else alloc.stream
+        if self._origin == "torch":
+            ordinal = self.device.ordinal if self.device is not None else current_ordinal()
+            return stream_handle(sys.modules["torch"].cuda.current_stream(ordinal))
+        if self._origin == "cupy":
+            return stream_handle(sys.modules["cupy"].cuda.get_current_stream())
+        return 0
+
+    def _copy_on(self, stream: int) -> "DeviceArray":
+        """A compact copy, allocated and copied in order on ``stream`` (a raw handle)."""
+        out = empty(self.shape, self.dtype, self.device, stream=stream)
+        cu = driver.cu()
+        for src, dst, width, rows, pitch in gather_copies(self.shape, self.strides, self.dtype.itemsize):
+            copy = cu.CUDA_MEMCPY2D()
+            copy.srcMemoryType = copy.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+            copy.srcDevice, copy.srcPitch = self.ptr + src, pitch
+            copy.dstDevice, copy.dstPitch = out.ptr + dst, width
+            copy.WidthInBytes, copy.Height = width, rows
+            driver.call("cuMemcpy2DAsync", copy, stream)
+        return out
+
     @property
     def __cuda_array_interface__(self) -> dict:
+        """CUDA array interface v3; ``stream`` names the stream this array's pending work is
+        on, so a consumer on another stream orders itself after it."""
         if self.dtype.name == "bfloat16":
             typestr = "<V2"  # CAI has no bfloat16: consumers see raw 2-byte elements
         else:
             typestr = self.dtype.numpy.str
         return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False),
                 "version": 3, "strides": None if self.is_contiguous else self.strides,
-                "stream": None}
+                "stream": dlpack.as_spec_stream(self._producer_stream())}
 
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
-        return dlpack.export(self, self.device.ordinal if self.device else 0)
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of this array, per the array API standard: versioned (DLPack 1.x)
+        when ``max_version`` allows, else legacy; the consumer's ``stream`` (None: the legacy
+        default stream, -1: no ordering) waits for this array's pending work by an event;
+        ``copy=True`` exports a copy (flagged as one), ``copy=False`` and None never copy;
+        ``dl_device`` other than this array's device raises a ``BufferError``."""
+        self._require_alive("__dlpack__")
+        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device,
+                             copy=copy)
 
-    def __dlpack_device__(self):
-        return (dlpack.K_DL_CUDA, self.device.ordinal if self.device else 0)
+    def __dlpack_device__(self) -> tuple:
+        return (dlpack.DLDeviceType.kDLCUDA, self.device.ordinal if self.device is not None
+                else current_ordinal())
 
     def __repr__(self) -> str:
         return (f"DeviceArray(shape={self.shape}, dtype={self.dtype}, ptr=0x{self.ptr:x}, "
@@ -311,9 +379,14 @@ def _cupy_view(a) -> DeviceArray:
                              device_of(a.data.device_id), "cupy")
 
 
-def as_array(obj, dtype=None) -> DeviceArray:
+def as_array(obj, dtype=None, stream=None) -> DeviceArray:
     """A zero-copy DeviceArray view of a tmaflow, torch, cupy or jax array (or any object with
-    ``__cuda_array_interface__`` or ``__dlpack__``). The view keeps ``obj`` alive."""
+    ``__cuda_array_interface__`` or ``__dlpack__``). The view keeps ``obj`` alive.
+
+    ``stream`` is where the view will be used (None: the legacy default stream, where tmaflow
+    launches on arrays of no known framework go). An array reached through a protocol is
+    ordered before it: DLPack producers are passed it as ``__dlpack__(stream=...)``, and a CAI
+    v3 ``stream`` is waited for by an event. torch and cupy arrays follow their current stream."""
     t = type(obj)
     if t is DeviceArray:
         return obj
@@ -328,29 +401,37 @@ def as_array(obj, dtype=None) -> DeviceArray:
         raise TmaflowError(
             f"as_array: got a host numpy array of shape {obj.shape}; kernels need device memory. "
             "Copy it with tf.from_numpy(array)")
-    cai = None
+    target = stream_handle(stream)
+    asked = as_dtype(dtype) if dtype is not None else None
+    cai, cai_failure = None, None
     try:
         cai = obj.__cuda_array_interface__
-    except Exception:  # torch raises for bfloat16; fall through to DLPack
-        cai = None
+    except AttributeError:
+        pass
+    except Exception as exc:  # torch raises for bfloat16; fall through to DLPack
+        cai_failure = exc
     if cai is not None:
-        return _from_cai(obj, cai, dtype)
+        return _from_cai(obj, cai, asked, target)
     if hasattr(obj, "__dlpack__"):
-        try:
-            ptr, shape, strides, dt, _, release = dlpack.consume(obj.__dlpack__())
-        except TmaflowError:
-            raise
-        except Exception as exc:
-            raise TmaflowError(f"as_array: __dlpack__ of {type(obj).__name__} failed: {exc}") from None
-        return DeviceArray(ptr, shape, as_dtype(dtype) if dtype else dt, strides,
-                           owner=_DLPackOwner(obj, release))
+        capsule = dlpack.capsule_of(obj, target)
+        ptr, shape, strides, dt, _, release = dlpack.consume(
+            capsule, f"the __dlpack__() result of {type(obj).__name__}")
+        return DeviceArray(ptr, shape, asked or dt, strides, owner=_DLPackOwner(obj, release))
+    if cai_failure is not None:
+        raise TmaflowError(f"as_array: {type(obj).__name__}.__cuda_array_interface__ failed: "
+                           f"{type(cai_failure).__name__}: {cai_failure}")
     raise TmaflowError(
         f"as_array: {type(obj).__name__} is not a device array (no __cuda_array_interface__ "
         "or __dlpack__); pass a tf.DeviceArray, torch/cupy/jax array, or use tf.from_numpy")
 
 
-def _from_cai(obj, cai, dtype) -> DeviceArray:
-    """A view described by ``__cuda_array_interface__`` (v2/v3), every field checked."""
+def _is_index(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _from_cai(obj, cai, dtype: DType | None, stream: int) -> DeviceArray:
+    """A view described by ``__cuda_array_interface__`` (v2/v3), every field checked; a v3
+    ``stream`` with pending work is waited for on ``stream`` (a raw handle)."""
     def bad(why):
         return TmaflowError(f"as_array: {type(obj).__name__}.__cuda_array_interface__ {why}")
 
@@ -367,20 +448,31 @@ def _from_cai(obj, cai, dtype) -> DeviceArray:
     name = _CAI_TYPES.get(typestr.replace("=", "<").replace(">", "<") if typestr[0] != "|" else typestr)
     if name is None:
         raise bad(f"typestr={typestr!r} unsupported (tmaflow types: {', '.join(sorted(_CAI_TYPES))})")
-    if not isinstance(shape, (tuple, list)) or any(
-            isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shape):
+    if not isinstance(shape, (tuple, list)) or any(not _is_index(n) or n < 0 for n in shape):
         raise bad(f"shape={shape!r} must be a tuple of non-negative ints")
-    if not isinstance(data, (tuple, list)) or len(data) != 2 or isinstance(data[0], bool) or \
-            not isinstance(data[0], (int, type(None))):
-        raise bad(f"data={data!r} must be a (pointer, read_only) pair")
-    dt = as_dtype(dtype or _torch_dtype_name(obj) or name)
-    shape = tuple(shape)
+    if not isinstance(data, (tuple, list)) or len(data) != 2 or \
+            not (data[0] is None or _is_index(data[0]) and 0 <= data[0] < 2**64) or \
+            not isinstance(data[1], (bool, np.bool_)):
+        raise bad(f"data={data!r} must be a (pointer, read_only) pair: an int in [0, 2**64) "
+                  "and a bool")
+    shape = tuple(int(n) for n in shape)
+    ptr = int(data[0] or 0)
+    if ptr == 0 and 0 not in shape:
+        raise bad(f"data={data!r} is a NULL pointer for shape={shape}; only an empty array may "
+                  "have no memory")
+    dt = dtype or as_dtype(_torch_dtype_name(obj) or name)
     strides = cai.get("strides")
     if strides is not None and (not isinstance(strides, (tuple, list)) or len(strides) != len(shape)
-                                or any(isinstance(s, bool) or not isinstance(s, int) for s in strides)):
+                                or not all(_is_index(s) for s in strides)):
         raise bad(f"strides={strides!r} must be {len(shape)} ints (or None)")
-    strides = tuple(strides) if strides else _contiguous_strides(shape, dt.itemsize)
-    return DeviceArray(data[0] or 0, shape, dt, strides, owner=obj)
+    strides = tuple(int(s) for s in strides) if strides else _contiguous_strides(shape, dt.itemsize)
+    producer = cai.get("stream")
+    if producer is not None and (not _is_index(producer) or not 0 < producer < 2**64):
+        raise bad(f"stream={producer!r} must be None or a stream handle > 0 (1: the legacy "
+                  "default stream, 2: per-thread; 0 is disallowed as ambiguous)")
+    if producer is not None and dlpack.needs_wait(int(producer), stream):
+        dlpack.stream_wait(current_device(), stream, int(producer))
+    return DeviceArray(ptr, shape, dt, strides, owner=obj)
 
 
 def _torch_dtype_name(obj) -> str | None:
