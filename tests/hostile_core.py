@@ -1,0 +1,76 @@
+"""The core public surface as rows of the hostile-input table (run by tests/test_hostile.py):
+tensor map specs and maps, tf.reference, the shared layout, Kernel, launch configs, arrays,
+the watchdog, traces, diagnose and the CLI.
+
+Each row calls one function with every argument valid except the one under test. Left out
+(owned by other rows): duck arrays / DLPack (tests/test_dlpack.py), the compile cache and its
+env vars (tests/test_native.py, tests/test_cache*.py), ``stream=``/``device=``
+(tests/test_streams.py), the store model's overlap and stride rules (tests/test_reference.py).
+"""
+from __future__ import annotations
+
+import re
+
+import tmaflow as tf
+from hostile_kinds import Param
+
+INTS = frozenset({"np_int"})              # a numpy integer scalar is an int
+SEQUENCES = frozenset({"tuple", "generator"})  # any flat iterable of ints is a sequence
+
+
+def named(name: str) -> str:
+    """The message names the field with its value: ``name=...`` or ``name[i]=...``."""
+    return rf"\b{re.escape(name)}(\[\d+\])?="
+
+
+def row(function, name, call, error=tf.TmaflowError, valid=(), skip=(), valid_error="",
+        gpu=False, field=None) -> Param:
+    return Param(function, name, call, frozenset(valid), error, field or named(name), gpu,
+                 frozenset(skip), valid_error)
+
+
+def _calls(fn, base: dict):
+    """``call(name)``: a one-argument function calling ``fn(**base)`` with ``name`` replaced."""
+    return lambda name: (lambda value: fn(**{**base, name: value}))
+
+
+PARAMS: list[Param] = []
+
+# --- TensorMapSpec.tiled / .im2col ----------------------------------------------------------
+E = tf.TensorMapError
+_tiled = _calls(tf.TensorMapSpec.tiled, dict(dtype="float32", shape=(64, 64), box=(8, 32)))
+_NONE_CHOICE = {"none", "zero"}  # None spells "none"; 0 is the driver's code of "none"
+PARAMS += [
+    row("TensorMapSpec.tiled", "dtype", _tiled("dtype"), E),
+    row("TensorMapSpec.tiled", "shape", _tiled("shape"), E, SEQUENCES | INTS,
+        valid_error=r"box=.* has 2 entries; the tensor has rank 1"),
+    row("TensorMapSpec.tiled", "box", _tiled("box"), E, SEQUENCES),
+    # (8, 8) B strides break the contiguity rule of float32: a refusal naming strides
+    row("TensorMapSpec.tiled", "strides", _tiled("strides"), E, {"none"}),
+    row("TensorMapSpec.tiled", "element_strides", _tiled("element_strides"), E,
+        SEQUENCES | {"none"}),
+    row("TensorMapSpec.tiled", "swizzle", _tiled("swizzle"), E, _NONE_CHOICE),
+    row("TensorMapSpec.tiled", "interleave", _tiled("interleave"), E, _NONE_CHOICE),
+    row("TensorMapSpec.tiled", "l2_promotion", _tiled("l2_promotion"), E, _NONE_CHOICE),
+    row("TensorMapSpec.tiled", "oob_fill", _tiled("oob_fill"), E, {"zero"}),
+    row("TensorMapSpec.tiled", "address", _tiled("address"), E, {"none", "zero"}),
+    row("TensorMapSpec.tiled", "arch", _tiled("arch"), E),
+]
+_im2col = _calls(tf.TensorMapSpec.im2col, dict(
+    dtype="float16", shape=(2, 16, 16, 16), lower_corner=(0, 0), upper_corner=(0, 0),
+    channels_per_pixel=16, pixels_per_column=32))
+PARAMS += [
+    row("TensorMapSpec.im2col", "dtype", _im2col("dtype"), E),
+    row("TensorMapSpec.im2col", "shape", _im2col("shape"), E),
+    row("TensorMapSpec.im2col", "lower_corner", _im2col("lower_corner"), E, SEQUENCES),
+    row("TensorMapSpec.im2col", "upper_corner", _im2col("upper_corner"), E, SEQUENCES),
+    row("TensorMapSpec.im2col", "channels_per_pixel", _im2col("channels_per_pixel"), E,
+        INTS),
+    row("TensorMapSpec.im2col", "pixels_per_column", _im2col("pixels_per_column"), E, INTS),
+    row("TensorMapSpec.im2col", "element_strides", _im2col("element_strides"), E, {"none"}),
+    row("TensorMapSpec.im2col", "swizzle", _im2col("swizzle"), E, _NONE_CHOICE),
+    row("TensorMapSpec.im2col", "interleave", _im2col("interleave"), E, _NONE_CHOICE),
+    row("TensorMapSpec.im2col", "l2_promotion", _im2col("l2_promotion"), E, _NONE_CHOICE),
+    row("TensorMapSpec.im2col", "oob_fill", _im2col("oob_fill"), E, {"zero"}),
+    row("TensorMapSpec.im2col", "address", _im2col("address"), E, {"none", "zero"}),
+]
