@@ -74,3 +74,41 @@ PARAMS += [
     row("TensorMapSpec.im2col", "oob_fill", _im2col("oob_fill"), E, {"zero"}),
     row("TensorMapSpec.im2col", "address", _im2col("address"), E, {"none", "zero"}),
 ]
+
+# --- the shared layout ----------------------------------------------------------------------
+L = tf.LayoutError
+SPEC = tf.TensorMapSpec.tiled("bfloat16", (1024, 1024), (128, 64), swizzle="128B")
+_barrier = _calls(tf.Barrier, dict(name="b"))
+_buffer = _calls(tf.Buffer, dict(name="b", nbytes=64))
+_pipeline = _calls(tf.Pipeline, dict(name="p", stages=2, tiles=[SPEC]))
+_layout = _calls(tf.SharedLayout, dict(items=[tf.Barrier("b")]))
+PARAMS += [
+    row("Barrier", "name", _barrier("name"), L),
+    row("Barrier", "arrivals", _barrier("arrivals"), L, INTS),
+    row("Barrier", "tx_bytes", _barrier("tx_bytes"), L, INTS | {"zero"}),
+    row("Buffer", "name", _buffer("name"), L),
+    row("Buffer", "nbytes", _buffer("nbytes"), L, INTS),
+    row("Buffer", "align", _buffer("align"), L, INTS | {"none"}),
+    row("Pipeline", "name", _pipeline("name"), L),
+    row("Pipeline", "stages", _pipeline("stages"), L, INTS),
+    row("Pipeline", "tiles", _pipeline("tiles"), L, field=r"\btiles(\[[^]]+\])?="),
+    row("Pipeline", "consumers", _pipeline("consumers"), L, INTS),
+    row("Pipeline", "producers", _pipeline("producers"), L, INTS),
+    # (8, 8) is 64 CTAs: over the 16-CTA cluster limit, refused by name
+    row("Pipeline", "cluster", _pipeline("cluster"), L, INTS),
+    row("Pipeline", "multicast", _pipeline("multicast"), L, {"none"}),
+    row("SharedLayout", "items", _layout("items"), L),
+    row("SharedLayout", "limit", _layout("limit"), L, INTS),
+]
+
+# --- launch configurations (the stream belongs to tests/test_streams.py) --------------------
+LE = tf.LaunchError
+_launch = _calls(tf.LaunchConfig, dict(grid=(16, 8), block=128))
+PARAMS += [
+    row("LaunchConfig", "grid", _launch("grid"), LE, SEQUENCES | INTS),
+    row("LaunchConfig", "block", _launch("block"), LE, SEQUENCES | INTS),
+    # a cluster of (8, 8) is 64 CTAs, over the limit of 16
+    row("LaunchConfig", "cluster", _launch("cluster"), LE, INTS),
+    row("LaunchConfig", "smem", _launch("smem"), LE, INTS | {"none", "zero"}),
+    row("LaunchConfig", "pdl", _launch("pdl"), LE, {"bool", "np_bool"}),
+]
