@@ -342,17 +342,6 @@ cpu("layout names", "a tile name that is a keyword", L, r"tile name='int'",
 # tf.reference: every argument
 RSPEC = T("float32", (16, 64), (8, 32))
 RG = np.zeros((16, 64), np.float32)
-for _label, _value in HOSTILE.items():
-    cpu("hostile types: tf.reference", f"coords = {_label}", TE, r"coords=",
-        lambda v=_value: tf.reference.tma_load(RG, RSPEC, v))
-    cpu("hostile types: tf.reference", f"a coordinate = {_label}", TE, r"coords=",
-        lambda v=_value: tf.reference.tma_load(RG, RSPEC, (0, v)))
-    cpu("hostile types: tf.reference", f"smem_base = {_label}", TE, r"smem_base=",
-        lambda v=_value: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=v))
-    cpu("hostile types: tf.reference", f"spec = {_label}", TE, r"spec=",
-        lambda v=_value: tf.reference.tma_load(RG, v, (0, 0)))
-    cpu("hostile types: tf.reference", f"store image = {_label}", TE, r"smem_image",
-        lambda v=_value: tf.reference.tma_store(RG.copy(), RSPEC, (0, 0), v))
 for _what, _g in (("a list", RG.tolist()), ("an object array", RG.astype(object)),
                   ("a float64 array", RG.astype(np.float64)),
                   ("a 1-D array", RG.ravel()), ("None", None)):
@@ -366,6 +355,20 @@ cpu("tf.reference: global arrays", "smem_base not 128-aligned", TE, r"smem_base=
     lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=100))
 cpu("tf.reference: global arrays", "background out of a byte's range", TE, r"background=300",
     lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), background=300))
+cpu("tf.reference: global arrays", "a coordinate outside s32", TE, r"coords\[0\]=2147483648 must be in",
+    lambda: tf.reference.tma_load(RG, RSPEC, (2**31, 0)))
+cpu("tf.reference: global arrays", "a coordinate below s32", TE, r"coords\[1\]=-2147483664 must be in",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, -2**31 - 16)))
+cpu("tf.reference: global arrays", "smem_base past the shared window", TE, r"smem_base=233472 must be in \[0, 232448\]",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=228 * 1024))
+cpu("tf.reference: global arrays", "smem_base of 2^64", TE, r"smem_base=18446744073709551616 must be in",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=2**64))
+cpu("tf.reference: global arrays", "store into a broadcast array", TE, r"np_global is read-only",
+    lambda: tf.reference.tma_store(np.broadcast_to(np.zeros(64, np.float32), (16, 64)), RSPEC, (0, 0), np.zeros(RSPEC.smem_bytes, np.uint8)))
+cpu("tf.reference: global arrays", "store into a Fortran-order array", TE, r"np_global has strides \(4, 64\)",
+    lambda: tf.reference.tma_store(np.zeros((16, 64), np.float32, order="F"), RSPEC, (0, 0), np.zeros(RSPEC.smem_bytes, np.uint8)))
+cpu("tf.reference: global arrays", "np_global of another element size", TE, r"np_global dtype float16 \(2 B\) does not match float32",
+    lambda: tf.reference.tma_load(RG.astype(np.float16), RSPEC, (0, 0)))
 
 
 # foreign arrays that lie about themselves

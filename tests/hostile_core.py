@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 import tmaflow as tf
 from hostile_kinds import Param
 
@@ -111,4 +113,26 @@ PARAMS += [
     row("LaunchConfig", "cluster", _launch("cluster"), LE, INTS),
     row("LaunchConfig", "smem", _launch("smem"), LE, INTS | {"none", "zero"}),
     row("LaunchConfig", "pdl", _launch("pdl"), LE, {"bool", "np_bool"}),
+]
+
+# --- tf.reference (argument checks; the store model's rules are tests/test_reference.py's) ---
+RSPEC = tf.TensorMapSpec.tiled("float32", (16, 64), (8, 32))
+_load = _calls(lambda **kw: tf.reference.tma_load(**kw),
+               dict(np_global=np.zeros((16, 64), np.float32), spec=RSPEC, coords=(0, 0)))
+_store = _calls(lambda **kw: tf.reference.tma_store(**kw),
+                dict(np_global=np.zeros((16, 64), np.float32), spec=RSPEC, coords=(0, 0),
+                     smem_image=np.zeros(RSPEC.smem_bytes, np.uint8)))
+MENTIONED = r"\b{}\b".format  # the message names the argument (its value is an array)
+PARAMS += [
+    row("reference.tma_load", "np_global", _load("np_global"), field=MENTIONED("np_global")),
+    row("reference.tma_load", "spec", _load("spec")),
+    # (8, 8) is a legal corner: the inner offset 8 x 4 B is 16-byte aligned
+    row("reference.tma_load", "coords", _load("coords"), valid=SEQUENCES),
+    row("reference.tma_load", "smem_base", _load("smem_base"), valid={"zero"}),
+    row("reference.tma_load", "background", _load("background"), valid=INTS | {"zero"}),
+    row("reference.tma_store", "np_global", _store("np_global"), field=MENTIONED("np_global")),
+    row("reference.tma_store", "spec", _store("spec")),
+    row("reference.tma_store", "coords", _store("coords"), valid=SEQUENCES),
+    row("reference.tma_store", "smem_image", _store("smem_image"), field=MENTIONED("smem_image")),
+    row("reference.tma_store", "smem_base", _store("smem_base"), valid={"zero"}),
 ]
