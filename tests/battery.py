@@ -441,11 +441,31 @@ for _what, _kw, _pattern in (
         ("defines as a list", dict(defines=[("X", 1)]), r"defines=\[\('X', 1\)\] must be a dict"),
         ("debug as a string", dict(debug="yes"), r"debug='yes' must be True, False or None"),
         ("a negative watchdog", dict(watchdog_seconds=-1), r"watchdog_seconds=-1 must be a positive"),
-        ("a NaN watchdog", dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a positive"),
-        ("a watchdog given as text", dict(watchdog_seconds="1"), r"watchdog_seconds='1' must be a positive")):
+        ("a NaN watchdog", dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a finite number"),
+        ("a watchdog given as text", dict(watchdog_seconds="1"), r"watchdog_seconds='1' must be a finite number"),
+        ("a watchdog under 1 ns", dict(watchdog_seconds=1e-10), r"watchdog_seconds=1e-10 must be a positive number of seconds in \[1e-9"),
+        ("a watchdog of 2^64 ns", dict(watchdog_seconds=2.0**64 / 1e9), r"watchdog_seconds=18446744073.709553 must be .* \(1 ns to 2\^64 ns\)"),
+        ("a NaN define", dict(defines={"X": float("nan")}), r"defines\['X'\]=nan must be finite"),
+        ("a define value with a lone surrogate", dict(defines={"X": "a\ud800"}), r"defines\['X'\]='a\\ud800' is not valid UTF-8"),
+        ("an option with a lone surrogate", dict(options=["-DX=\ud800"]), r"option='-DX=\\ud800' is not valid UTF-8"),
+        ("arch as an int", dict(arch=90), r"arch=90 must look like 'sm_90a'"),
+        ("filename None", dict(filename=None), r"filename=None must be a non-empty one-line name")):
     cpu("Kernel inputs", _what, TE, _pattern, lambda kw=_kw: tf.Kernel(_K, "k", **kw))
 cpu("Kernel inputs", "a NUL in the source", TE, r"source has a NUL character", lambda: tf.Kernel("int x\0;" + _K, "k"))
 cpu("Kernel inputs", "a NUL in the name", TE, r"must name a __global__ function", lambda: tf.Kernel(_K, "k\0"))
+cpu("Kernel inputs", "a lone surrogate in the source", TE, r"source='.*' is not valid UTF-8", lambda: tf.Kernel(_K + "// \ud800", "k"))
+cpu("Kernel inputs", "a lone surrogate in the name", TE, r"name='k\\ud800' is not valid UTF-8", lambda: tf.Kernel(_K, "k\ud800"))
+cpu("Kernel inputs", "from_file of a binary file", TE, r"is not UTF-8 text \(byte 128\); is it a binary file", lambda: tf.Kernel.from_file(_binary_file(), "k"))
+cpu("Kernel inputs", "from_file of a path with a lone surrogate", TE, r"cannot read path='/tmp/\\ud800.cu'", lambda: tf.Kernel.from_file("/tmp/\ud800.cu", "k"))
+cpu("Kernel inputs", "from_file of None", TE, r"path=None must be a str or a path", lambda: tf.Kernel.from_file(None, "k"))
+
+
+def _binary_file():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cu", delete=False) as f:
+        f.write(bytes(range(256)) * 4)
+    return f.name
 
 
 def _with_env(name, value, action):
@@ -471,3 +491,6 @@ for _name, _value, _action in (
         ("TMAFLOW_CACHE", "maybe", lambda: tf.Kernel(_K + " ", "k").cubin)):
     cpu("environment", f"{_name}={_value}", TE, rf"{_name}='{_value}' must be",
         lambda n=_name, v=_value, a=_action: _with_env(n, v, a))
+for _value in ("1e-12", "1e30"):
+    cpu("environment", f"TMAFLOW_WATCHDOG_S={_value}", TE, r"TMAFLOW_WATCHDOG_S=1e[-+]\d+ must be a positive number of seconds in \[1e-9",
+        lambda v=_value: _with_env("TMAFLOW_WATCHDOG_S", v, lambda: tf.Kernel(_K, "k", debug=True)))

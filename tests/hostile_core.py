@@ -136,3 +136,23 @@ PARAMS += [
     row("reference.tma_store", "smem_image", _store("smem_image"), field=MENTIONED("smem_image")),
     row("reference.tma_store", "smem_base", _store("smem_base"), valid={"zero"}),
 ]
+
+# --- Kernel (construction checks every argument; compiling is lazy) ------------------------
+K_SOURCE = 'extern "C" __global__ void k() {}'
+_kernel = _calls(tf.Kernel, dict(source=K_SOURCE, name="k"))
+_TEXT = {"str", "newline_str"}  # any text is a source: NVRTC judges it (tests/battery.py)
+PARAMS += [
+    row("Kernel", "source", _kernel("source"), skip=_TEXT, field=MENTIONED("source")),
+    row("Kernel", "name", _kernel("name")),
+    row("Kernel", "arch", _kernel("arch"), valid={"none"}),
+    row("Kernel", "defines", _kernel("defines"), valid={"none", "dict"}),
+    row("Kernel", "layout", _kernel("layout"), valid={"none"}),
+    row("Kernel", "options", _kernel("options"), valid={"none"}, field=r"\boptions?\b"),
+    row("Kernel", "debug", _kernel("debug"), valid={"none", "bool", "np_bool"}),
+    row("Kernel", "watchdog_seconds", _kernel("watchdog_seconds"),
+        valid={"none", "float", "integral_float", "np_float", "np_int"}),
+    row("Kernel", "filename", _kernel("filename"), valid={"str"}),
+    row("Kernel", "trace", _kernel("trace"), valid={"bool", "np_bool"}),
+    # a path that names no file is refused by name, like any other unreadable path
+    row("Kernel.from_file", "path", lambda v: tf.Kernel.from_file(v, "k")),
+]
