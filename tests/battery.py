@@ -494,3 +494,91 @@ for _name, _value, _action in (
 for _value in ("1e-12", "1e30"):
     cpu("environment", f"TMAFLOW_WATCHDOG_S={_value}", TE, r"TMAFLOW_WATCHDOG_S=1e[-+]\d+ must be a positive number of seconds in \[1e-9",
         lambda v=_value: _with_env("TMAFLOW_WATCHDOG_S", v, lambda: tf.Kernel(_K, "k", debug=True)))
+
+
+# --- saved traces and the CLI (files are made in a fresh temporary directory) ---------------
+def _file(name: str, content: bytes | None = None) -> str:
+    import tempfile
+
+    path = f"{tempfile.mkdtemp(prefix='tmaflow-battery-')}/{name}"
+    if content is not None:
+        with open(path, "wb") as f:
+            f.write(content)
+    return path
+
+
+def _npz(**arrays) -> str:
+    path = _file("t.npz")
+    np.savez(path, **arrays)
+    return path
+
+
+def _truncated_trace() -> str:
+    from hostile_core import SAVED_TRACE
+
+    with open(SAVED_TRACE, "rb") as f:
+        return _file("t.npz", f.read()[:-20])
+
+
+_TRACE_FILES = (
+    ("an empty file", lambda: _file("t.npz", b""), r"is not a readable trace"),
+    ("a truncated file", _truncated_trace, r"is not a readable trace"),
+    ("a text file", lambda: _file("t.npz", b"hello\n"), r"is not a readable trace"),
+    ("a single .npy array", lambda: _file("t.npz", _npy_bytes()), r"is not a trace saved by Trace.save"),
+    ("an archive without meta", lambda: _npz(events=np.zeros(3)), r"is not a trace saved by Trace.save"),
+    ("events of another dtype", lambda: _npz(events=np.zeros(3), meta=np.array('{}')), r"events of dtype float64"),
+    ("meta that is not JSON", lambda: _npz(events=_saved_events(), meta=np.array("{")), r"is not a readable trace \(JSONDecodeError"),
+    ("meta without fields", lambda: _npz(events=_saved_events(), meta=np.array("{}")), r"meta=\{\} must hold kernel"),
+    ("a pickled object array", lambda: _npz(events=np.array([object()]), meta=np.array("{}")), r"is not a readable trace"),
+    ("a directory", lambda: _file(""), r"is not a readable trace"),
+    ("a missing file", lambda: _file("missing.npz"), r"is not a readable trace"),
+)
+
+
+def _npy_bytes() -> bytes:
+    buf = __import__("io").BytesIO()
+    np.save(buf, np.zeros(3))
+    return buf.getvalue()
+
+
+def _saved_events():
+    from tmaflow import trace
+
+    return np.zeros(2, trace._SAVED)
+
+
+for _what, _make, _pattern in _TRACE_FILES:
+    cpu("saved traces", f"Trace.load of {_what}", TE, rf"Trace.load: path='.*'.*{_pattern}|{_pattern}",
+        lambda m=_make: tf.trace.Trace.load(m()))
+    cpu("saved traces", f"python -m tmaflow trace --load of {_what}", TE, rf"^tmaflow: Trace.load: .*{_pattern}",
+        lambda m=_make: _cli("trace", "--load", m()))
+
+
+def _cli(*argv):
+    from hostile_core import run_cli
+
+    return run_cli(*argv)
+
+
+def _cache_is_a_file():
+    path = _file("cache", b"")
+    return _with_env("TMAFLOW_CACHE_DIR", path, lambda: _cli("cache", "info"))
+
+
+cpu("CLI", "swizzle --png into a missing directory", TE, r"--png='/.*/no/such/dir/x.png' must be a file in an existing directory",
+    lambda: _cli("swizzle", "--png", _file("no/such/dir/x.png")))
+cpu("CLI", "swizzle --png of a directory", TE, r"--png='.*' must be a file in an existing directory",
+    lambda: _cli("swizzle", "--png", _file("")))
+cpu("CLI", "trace --json into a missing directory", TE, r"--json='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--json", _file("no/dir/t.json")))
+cpu("CLI", "trace --save into a missing directory", TE, r"--save='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--save", _file("no/dir/t.npz")))
+cpu("CLI", "trace --png into a missing directory", TE, r"--png='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--png", _file("no/dir/t.png")))
+cpu("CLI", "cache info with a cache directory that is a file", TE, r"TMAFLOW_CACHE_DIR='.*' is a file, not a directory",
+    _cache_is_a_file)
+cpu("CLI", "swizzle --box of 6 extents", TE, r"--box='1x1x1x1x1x8' must be 1-5 extents", lambda: _cli("swizzle", "--box", "1x1x1x1x1x8"))
+cpu("CLI", "swizzle --box of 257 columns", TE, r"--box='8x257' must be 1-5 extents in \[1, 256\]", lambda: _cli("swizzle", "--box", "8x257"))
+cpu("CLI", "an unknown command", TE, r"invalid choice: 'frobnicate'", lambda: _cli("frobnicate"))
+cpu("diagnose", "cluster_size=0", TE, r"diagnose: cluster_size=0 must be in \[1, 16\]",
+    lambda: __import__("tmaflow.diagnose").diagnose.diagnose(tf.trace.Trace(_saved_events(), "k", 1), None, 0))

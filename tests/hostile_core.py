@@ -22,7 +22,7 @@ SEQUENCES = frozenset({"tuple", "generator"})  # any flat iterable of ints is a 
 
 def named(name: str) -> str:
     """The message names the field with its value: ``name=...`` or ``name[i]=...``."""
-    return rf"\b{re.escape(name)}(\[\d+\])?="
+    return rf"(?<![\w-]){re.escape(name)}(\[\d+\])?="
 
 
 def row(function, name, call, error=tf.TmaflowError, valid=(), skip=(), valid_error="",
@@ -155,4 +155,60 @@ PARAMS += [
     row("Kernel", "trace", _kernel("trace"), valid={"bool", "np_bool"}),
     # a path that names no file is refused by name, like any other unreadable path
     row("Kernel.from_file", "path", lambda v: tf.Kernel.from_file(v, "k")),
+]
+
+# --- traces and diagnose (no GPU: a trace built from events) --------------------------------
+from tmaflow import diagnose, trace  # noqa: E402
+
+EMPTY_TRACE = trace.Trace(np.empty(0, trace._SAVED), "k", 4)
+PARAMS += [
+    # n counts events: any count, however large, is "all of them"
+    row("Trace.tail", "n", lambda v: EMPTY_TRACE.tail(v), valid=INTS | {"zero", "huge", "np_uint_huge"}),
+    row("Trace.load", "path", lambda v: trace.Trace.load(v)),
+    row("diagnose.diagnose", "cluster_size", lambda v: diagnose.diagnose(EMPTY_TRACE, None, v),
+        valid=INTS),
+    row("diagnose.ledger", "cluster_size",
+        lambda v: diagnose.ledger(EMPTY_TRACE, tf.SharedLayout([]), v), valid=INTS),
+]
+
+# --- the CLI: each option given each kind as text (what a shell passes) ---------------------
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import tempfile  # noqa: E402
+
+from tmaflow import cli  # noqa: E402
+
+
+class CliRefusal(tf.TmaflowError):
+    """The CLI exited non-zero with a message (its stderr), not a traceback."""
+
+
+def run_cli(*argv) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = cli.main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse refuses with exit code 2
+            rc = exc.code
+    if rc:
+        raise CliRefusal(err.getvalue().strip())
+
+
+SAVED_TRACE = f"{tempfile.mkdtemp(prefix='tmaflow-hostile-')}/empty.npz"
+EMPTY_TRACE.save(SAVED_TRACE)
+_NUMBER_TEXT = {"str", "np_int", "zero", "huge", "np_uint_huge"}  # "8", "0", "2**64" as digits
+PARAMS += [
+    row("cli swizzle", "--dtype", lambda v: run_cli("swizzle", "--dtype", v), CliRefusal,
+        field=r"dtype="),
+    row("cli swizzle", "--box", lambda v: run_cli("swizzle", "--box", v), CliRefusal,
+        {"str", "np_int"}),
+    row("cli swizzle", "--swizzle", lambda v: run_cli("swizzle", "--swizzle", v), CliRefusal,
+        field=r"--swizzle"),
+    # --ctas counts CTAs to draw: any count from 1 up
+    row("cli trace", "--ctas", lambda v: run_cli("trace", "--load", SAVED_TRACE, "--ctas", v),
+        CliRefusal, _NUMBER_TEXT - {"zero"}, field=r"--ctas"),
+    row("cli trace", "--window", lambda v: run_cli("trace", "--load", SAVED_TRACE, "--window", v),
+        CliRefusal, _NUMBER_TEXT | {"float", "integral_float", "np_float"}, field=r"--window"),
+    row("cli trace", "--load", lambda v: run_cli("trace", "--load", v), CliRefusal,
+        field=r"path="),
 ]
