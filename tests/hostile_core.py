@@ -212,3 +212,22 @@ PARAMS += [
     row("cli trace", "--load", lambda v: run_cli("trace", "--load", v), CliRefusal,
         field=r"path="),
 ]
+
+# --- arrays (a valid call allocates: without a GPU it stops at the driver) ------------------
+NO_DRIVER = r"no usable CUDA driver|DriverNotFound"
+PARAMS += [
+    row("empty", "shape", lambda v: tf.empty(v, "float32"), valid=SEQUENCES | INTS | {"zero"},
+        valid_error=NO_DRIVER),
+    row("empty", "dtype", lambda v: tf.empty((8,), v), field=r"dtype="),
+    row("zeros", "shape", lambda v: tf.zeros(v, "float32"), valid=SEQUENCES | INTS | {"zero"},
+        valid_error=NO_DRIVER),
+    # numbers and sequences of numbers are host data (numpy converts them); strings and
+    # objects are not
+    row("from_numpy", "host", lambda v: tf.from_numpy(v),
+        valid={"bool", "np_bool", "float", "integral_float", "nan", "inf", "np_float", "zero",
+               "negative", "np_int", "np_uint_huge", "tuple", "nested", "ndarray_2d"},
+        valid_error=NO_DRIVER,
+        field=r"from_numpy: host|dtype="),
+    row("from_numpy", "dtype", lambda v: tf.from_numpy(np.zeros(4, np.float32), v),
+        valid={"none"}, valid_error=NO_DRIVER, field=r"dtype=|cannot hold"),
+]
