@@ -231,3 +231,28 @@ PARAMS += [
     row("from_numpy", "dtype", lambda v: tf.from_numpy(np.zeros(4, np.float32), v),
         valid={"none"}, valid_error=NO_DRIVER, field=r"dtype=|cannot hold"),
 ]
+
+# --- tensor maps of device arrays (GPU) -----------------------------------------------------
+def _map(kw):
+    return tf.TensorMap.tiled(tf.zeros((64, 64), "float32"), **{"box": (8, 32), **kw})
+
+
+def _im2col_map(kw):
+    return tf.TensorMap.im2col(tf.zeros((2, 16, 16, 16), "float16"), **{
+        "lower_corner": (0, 0), "upper_corner": (0, 0), "channels_per_pixel": 16,
+        "pixels_per_column": 32, **kw})
+
+
+PARAMS += [
+    row("TensorMap.tiled", "box", lambda v: _map({"box": v}), E, SEQUENCES, gpu=True),
+    row("TensorMap.tiled", "dtype", lambda v: _map({"dtype": v}), E, {"none"}, gpu=True),
+    row("TensorMap.tiled", "access", lambda v: _map({"access": v}), E, gpu=True),
+    row("TensorMap.tiled", "swizzle", lambda v: _map({"swizzle": v}), E, _NONE_CHOICE, gpu=True),
+    row("TensorMap.tiled", "element_strides", lambda v: _map({"element_strides": v}), E,
+        SEQUENCES | {"none"}, gpu=True),
+    row("TensorMap.im2col", "lower_corner", lambda v: _im2col_map({"lower_corner": v}), E,
+        SEQUENCES, gpu=True),
+    row("TensorMap.im2col", "channels_per_pixel", lambda v: _im2col_map({"channels_per_pixel": v}),
+        E, INTS, gpu=True),
+    row("TensorMap.im2col", "dtype", lambda v: _im2col_map({"dtype": v}), E, {"none"}, gpu=True),
+]
