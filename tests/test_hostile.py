@@ -12,6 +12,7 @@ import importlib
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tmaflow as tf
@@ -88,3 +89,10 @@ def test_cpu(param, kind, table_cache):
                          ids=[i for c, i in zip(CASES, IDS) if c[0].gpu])
 def test_gpu(param, kind, device):
     check(param, kind)
+
+
+@pytest.mark.parametrize("dtype", ["float32", np.dtype("float32"), np.float32, "FP32",
+                                   tf.as_dtype("float32")], ids=repr)
+def test_dtype_spellings(dtype):
+    spec = tf.TensorMapSpec.tiled(dtype, (64, 64), (8, 32), swizzle=None)
+    assert spec.dtype.name == "float32" and spec.swizzle == "none"
