@@ -65,7 +65,7 @@ cpu(A, "rank 6", E, r"rank=6", lambda: T("float32", (2,) * 5 + (4,), (1,) * 5 + 
 cpu(A, "zero extent", E, r"shape\[0\]=0 must be in \[1, 2\^32\]", lambda: T("float32", (0, 8), (1, 8)))
 cpu(A, "negative extent", E, r"shape\[0\]=-4", lambda: T("float32", (-4, 8), (1, 8)))
 cpu(A, "extent over 2^32", E, r"shape\[0\]=4294967297", lambda: T("uint8", (2**32 + 1, 16), (1, 16), strides=(16, 1)))
-cpu(A, "float in the shape", E, r"must contain ints", lambda: T("float32", (2.5, 8), (1, 8)))
+cpu(A, "float in the shape", E, r"shape\[0\]=2.5 must be an int", lambda: T("float32", (2.5, 8), (1, 8)))
 cpu(A, "box of the wrong rank", E, r"box=\(4,\) has 1 entries; the tensor has rank 2", lambda: T("float32", (8, 8), (4,)))
 cpu(A, "box extent 0", E, r"box\[0\]=0 must be in \[1, 256\]", lambda: T("float32", (8, 8), (0, 4)))
 cpu(A, "box extent 257", E, r"box\[0\]=257", lambda: T("float32", (300, 8), (257, 4)))
@@ -110,7 +110,7 @@ cpu(B, "pipeline with 0 consumers", L, r"consumers=0", lambda: tf.Pipeline("p", 
 cpu(B, "pipeline without tiles", L, r"tiles is empty", lambda: tf.Pipeline("p", stages=2, tiles=[]))
 cpu(B, "multicast along z", L, r"multicast\[0\]='z'", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=(2, 1, 1), multicast=["z"]))
 cpu(B, "multicast without a cluster", L, r"has one CTA along x", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], multicast=["x"]))
-cpu(B, "multicast list of the wrong length", L, r"multicast has 2 entries for 1 tiles", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=(2, 1, 1), multicast=["x", None]))
+cpu(B, "multicast list of the wrong length", L, r"multicast=\('x', None\) has 2 entries for 1 tiles", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=(2, 1, 1), multicast=["x", None]))
 cpu(B, "cluster of 32 CTAs", L, r"at most 16 CTAs", lambda: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=(8, 4, 1)))
 cpu(B, "name that is not an identifier", L, r"name='my pipe' must be a C identifier", lambda: tf.Pipeline("my pipe", stages=2, tiles=[SPEC]))
 cpu(B, "barrier with 0 arrivals", L, r"arrivals=0", lambda: tf.Barrier("b", arrivals=0))
@@ -325,69 +325,23 @@ def _gen():
 HOSTILE = {"None": None, "a string": "abc", "a float": 2.5, "True": True, "NaN": float("nan"),
            "inf": float("inf"), "a generator": _gen(), "a nested list": [[1, 2]],
            "a numpy NaN": np.float64("nan"), "a dict": {"a": 1}}
-# TensorMapSpec.tiled: the value replaces one field of a valid call
-TILED = dict(dtype="float32", shape=(64, 64), box=(8, 32), strides=None, element_strides=None,
-             swizzle="none", interleave="none", l2_promotion="none", oob_fill="zero", address=None)
-_TILED_FIELDS = {"shape": r"shape=", "box": r"box=", "strides": r"strides=",
-                 "element_strides": r"element_strides=", "swizzle": r"swizzle=",
-                 "interleave": r"interleave=", "l2_promotion": r"l2_promotion=",
-                 "oob_fill": r"oob_fill=", "address": r"address=", "dtype": r"dtype="}
-_SKIP = {("strides", "None"), ("element_strides", "None"), ("address", "None")}  # legal values
-
-
-def _tiled_with(field, value):
-    kw = dict(TILED, **{field: value})
-    return T(kw.pop("dtype"), kw.pop("shape"), kw.pop("box"), **kw)
-
-
-for _field, _pattern in _TILED_FIELDS.items():
-    for _label, _value in HOSTILE.items():
-        if (_field, _label) in _SKIP:
-            continue
-        cpu("hostile types: TensorMapSpec.tiled", f"{_field} = {_label}", E, _pattern,
-            lambda f=_field, v=_value: _tiled_with(f, v))
-
-# LaunchConfig: every field
-_LAUNCH = dict(grid=4, block=128, cluster=1, smem=0, stream=None, pdl=False)
-for _field in ("grid", "block", "cluster", "smem", "stream", "pdl"):
-    for _label, _value in HOSTILE.items():
-        if (_field in ("smem", "stream") and _label == "None") or (_field == "pdl" and _label == "True"):
-            continue  # legal: the layout's smem, the arrays' stream, PDL on
-        cpu("hostile types: LaunchConfig", f"{_field} = {_label}", LE, rf"{_field}=",
-            lambda f=_field, v=_value: tf.LaunchConfig(**dict(_LAUNCH, **{f: v})))
-
-# Barrier / Buffer / Pipeline counts and names
-for _label, _value in HOSTILE.items():
-    cpu("hostile types: Barrier", f"arrivals = {_label}", L, r"arrivals=", lambda v=_value: tf.Barrier("b", arrivals=v))
-    cpu("hostile types: Barrier", f"tx_bytes = {_label}", L, r"tx_bytes=", lambda v=_value: tf.Barrier("b", tx_bytes=v))
-    cpu("hostile types: Buffer", f"nbytes = {_label}", L, r"nbytes=", lambda v=_value: tf.Buffer("b", v))
-    cpu("hostile types: Pipeline", f"stages = {_label}", L, r"stages=", lambda v=_value: tf.Pipeline("p", stages=v, tiles=[SPEC]))
-    cpu("hostile types: Pipeline", f"consumers = {_label}", L, r"consumers=", lambda v=_value: tf.Pipeline("p", stages=2, tiles=[SPEC], consumers=v))
-    if _label not in ("a string",):
-        cpu("hostile types: names", f"Barrier name = {_label}", L, r"name=", lambda v=_value: tf.Barrier(v))
-for _name in ("int", "class", "template", "Smem", "tmaflow_layout", "__x", "a-b", "9lives", ""):
+for _name in ("int", "class", "template", "Smem", "tmaflow_layout", "__x", "a-b", "9lives", "",
+              "uint32_t", "align", "total_bytes", "TMAFLOW_DEVICE", "name\n", "a\ud800"):
     cpu("layout names", f"{_name!r} as a name", L, r"name=", lambda n=_name: tf.SharedLayout([tf.Barrier(n)]))
-cpu("layout names", "a pipeline whose generated names collide with a barrier", L, r"collide|used twice",
+cpu("layout names", "a pipeline whose generated names collide with a barrier", L, r"'ab_full' is used twice",
     lambda: tf.SharedLayout([tf.Pipeline("ab", stages=2, tiles=[SPEC]), tf.Barrier("ab_full")]))
-for _label, _value in HOSTILE.items():
-    if _label != "None":
-        cpu("hostile types: Pipeline", f"cluster = {_label}", L, r"cluster=",
-            lambda v=_value: tf.Pipeline("p", stages=2, tiles=[SPEC], cluster=v))
+cpu("layout names", "a pipeline and a buffer of one name", L, r"'ab' is used twice",
+    lambda: tf.SharedLayout([tf.Pipeline("ab", stages=2, tiles=[SPEC]), tf.Buffer("ab", 64)]))
+cpu("layout names", "a tile named after a pipeline constant", L, r"tile name 'tx' generates 'tx_bytes'",
+    lambda: tf.Pipeline("ab", stages=2, tiles={"tx": SPEC}))
+cpu("layout names", "two tiles generating one symbol", L, r"tile name 'a_box' generates 'a_box_stride'",
+    lambda: tf.Pipeline("ab", stages=2, tiles={"a": SPEC, "a_box": SPEC}))
+cpu("layout names", "a tile name that is a keyword", L, r"tile name='int'",
+    lambda: tf.Pipeline("ab", stages=2, tiles={"int": SPEC}))
 
 # tf.reference: every argument
 RSPEC = T("float32", (16, 64), (8, 32))
 RG = np.zeros((16, 64), np.float32)
-for _label, _value in HOSTILE.items():
-    cpu("hostile types: tf.reference", f"coords = {_label}", TE, r"coords=",
-        lambda v=_value: tf.reference.tma_load(RG, RSPEC, v))
-    cpu("hostile types: tf.reference", f"a coordinate = {_label}", TE, r"coords=",
-        lambda v=_value: tf.reference.tma_load(RG, RSPEC, (0, v)))
-    cpu("hostile types: tf.reference", f"smem_base = {_label}", TE, r"smem_base=",
-        lambda v=_value: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=v))
-    cpu("hostile types: tf.reference", f"spec = {_label}", TE, r"spec=",
-        lambda v=_value: tf.reference.tma_load(RG, v, (0, 0)))
-    cpu("hostile types: tf.reference", f"store image = {_label}", TE, r"smem_image",
-        lambda v=_value: tf.reference.tma_store(RG.copy(), RSPEC, (0, 0), v))
 for _what, _g in (("a list", RG.tolist()), ("an object array", RG.astype(object)),
                   ("a float64 array", RG.astype(np.float64)),
                   ("a 1-D array", RG.ravel()), ("None", None)):
@@ -401,6 +355,20 @@ cpu("tf.reference: global arrays", "smem_base not 128-aligned", TE, r"smem_base=
     lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=100))
 cpu("tf.reference: global arrays", "background out of a byte's range", TE, r"background=300",
     lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), background=300))
+cpu("tf.reference: global arrays", "a coordinate outside s32", TE, r"coords\[0\]=2147483648 must be in",
+    lambda: tf.reference.tma_load(RG, RSPEC, (2**31, 0)))
+cpu("tf.reference: global arrays", "a coordinate below s32", TE, r"coords\[1\]=-2147483664 must be in",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, -2**31 - 16)))
+cpu("tf.reference: global arrays", "smem_base past the shared window", TE, r"smem_base=233472 must be in \[0, 232448\]",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=228 * 1024))
+cpu("tf.reference: global arrays", "smem_base of 2^64", TE, r"smem_base=18446744073709551616 must be in",
+    lambda: tf.reference.tma_load(RG, RSPEC, (0, 0), smem_base=2**64))
+cpu("tf.reference: global arrays", "store into a broadcast array", TE, r"np_global is read-only",
+    lambda: tf.reference.tma_store(np.broadcast_to(np.zeros(64, np.float32), (16, 64)), RSPEC, (0, 0), np.zeros(RSPEC.smem_bytes, np.uint8)))
+cpu("tf.reference: global arrays", "store into a Fortran-order array", TE, r"np_global has strides \(4, 64\)",
+    lambda: tf.reference.tma_store(np.zeros((16, 64), np.float32, order="F"), RSPEC, (0, 0), np.zeros(RSPEC.smem_bytes, np.uint8)))
+cpu("tf.reference: global arrays", "np_global of another element size", TE, r"np_global dtype float16 \(2 B\) does not match float32",
+    lambda: tf.reference.tma_load(RG.astype(np.float16), RSPEC, (0, 0)))
 
 
 # foreign arrays that lie about themselves
@@ -436,13 +404,9 @@ class _BadDLPack:
 cpu("foreign arrays", "__dlpack__ that raises", TE, r"__dlpack__ .*the exporter failed", lambda: tf.as_array(_BadDLPack()))
 cpu("foreign arrays", "__dlpack__ returning garbage", TE, r"__dlpack__", lambda: tf.as_array(type("D", (), {"__dlpack__": lambda self, *a, **k: 42})()))
 
-# tf.empty / tf.zeros and the entry points: hostile shapes, dtypes, arrays (checked before any
-# device work, so these run without a GPU)
+# The entry points: hostile arrays (checked before any device work, so these run without a GPU;
+# tf.empty / tf.zeros are rows of the generated table)
 for _label, _value in HOSTILE.items():
-    if _label not in ("a nested list",):
-        cpu("hostile types: arrays", f"tf.empty shape = {_label}", TE, r"shape=|must be",
-            lambda v=_value: tf.empty(v if not isinstance(v, list) else v, "float32"))
-    cpu("hostile types: arrays", f"tf.empty dtype = {_label}", E, r"dtype=", lambda v=_value: tf.empty((4,), v))
     for _entry in ("copy", "softmax", "transpose"):
         cpu("hostile types: entry points", f"kernels.{_entry}(x = {_label})", TE, r"as_array|not a device array",
             lambda v=_value, e=_entry: getattr(ex, e)(v))
@@ -473,11 +437,31 @@ for _what, _kw, _pattern in (
         ("defines as a list", dict(defines=[("X", 1)]), r"defines=\[\('X', 1\)\] must be a dict"),
         ("debug as a string", dict(debug="yes"), r"debug='yes' must be True, False or None"),
         ("a negative watchdog", dict(watchdog_seconds=-1), r"watchdog_seconds=-1 must be a positive"),
-        ("a NaN watchdog", dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a positive"),
-        ("a watchdog given as text", dict(watchdog_seconds="1"), r"watchdog_seconds='1' must be a positive")):
+        ("a NaN watchdog", dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a finite number"),
+        ("a watchdog given as text", dict(watchdog_seconds="1"), r"watchdog_seconds='1' must be a finite number"),
+        ("a watchdog under 1 ns", dict(watchdog_seconds=1e-10), r"watchdog_seconds=1e-10 must be a positive number of seconds in \[1e-9"),
+        ("a watchdog of 2^64 ns", dict(watchdog_seconds=2.0**64 / 1e9), r"watchdog_seconds=18446744073.709553 must be .* \(1 ns to 2\^64 ns\)"),
+        ("a NaN define", dict(defines={"X": float("nan")}), r"defines\['X'\]=nan must be finite"),
+        ("a define value with a lone surrogate", dict(defines={"X": "a\ud800"}), r"defines\['X'\]='a\\ud800' is not valid UTF-8"),
+        ("an option with a lone surrogate", dict(options=["-DX=\ud800"]), r"option='-DX=\\ud800' is not valid UTF-8"),
+        ("arch as an int", dict(arch=90), r"arch=90 must look like 'sm_90a'"),
+        ("filename None", dict(filename=None), r"filename=None must be a non-empty one-line name")):
     cpu("Kernel inputs", _what, TE, _pattern, lambda kw=_kw: tf.Kernel(_K, "k", **kw))
 cpu("Kernel inputs", "a NUL in the source", TE, r"source has a NUL character", lambda: tf.Kernel("int x\0;" + _K, "k"))
 cpu("Kernel inputs", "a NUL in the name", TE, r"must name a __global__ function", lambda: tf.Kernel(_K, "k\0"))
+cpu("Kernel inputs", "a lone surrogate in the source", TE, r"source='.*' is not valid UTF-8", lambda: tf.Kernel(_K + "// \ud800", "k"))
+cpu("Kernel inputs", "a lone surrogate in the name", TE, r"name='k\\ud800' is not valid UTF-8", lambda: tf.Kernel(_K, "k\ud800"))
+cpu("Kernel inputs", "from_file of a binary file", TE, r"is not UTF-8 text \(byte 128\); is it a binary file", lambda: tf.Kernel.from_file(_binary_file(), "k"))
+cpu("Kernel inputs", "from_file of a path with a lone surrogate", TE, r"cannot read path='/tmp/\\ud800.cu'", lambda: tf.Kernel.from_file("/tmp/\ud800.cu", "k"))
+cpu("Kernel inputs", "from_file of None", TE, r"path=None must be a str or a path", lambda: tf.Kernel.from_file(None, "k"))
+
+
+def _binary_file():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cu", delete=False) as f:
+        f.write(bytes(range(256)) * 4)
+    return f.name
 
 
 def _with_env(name, value, action):
@@ -503,3 +487,94 @@ for _name, _value, _action in (
         ("TMAFLOW_CACHE", "maybe", lambda: tf.Kernel(_K + " ", "k").cubin)):
     cpu("environment", f"{_name}={_value}", TE, rf"{_name}='{_value}' must be",
         lambda n=_name, v=_value, a=_action: _with_env(n, v, a))
+for _value in ("1e-12", "1e30"):
+    cpu("environment", f"TMAFLOW_WATCHDOG_S={_value}", TE, r"TMAFLOW_WATCHDOG_S=1e[-+]\d+ must be a positive number of seconds in \[1e-9",
+        lambda v=_value: _with_env("TMAFLOW_WATCHDOG_S", v, lambda: tf.Kernel(_K, "k", debug=True)))
+
+
+# --- saved traces and the CLI (files are made in a fresh temporary directory) ---------------
+def _file(name: str, content: bytes | None = None) -> str:
+    import tempfile
+
+    path = f"{tempfile.mkdtemp(prefix='tmaflow-battery-')}/{name}"
+    if content is not None:
+        with open(path, "wb") as f:
+            f.write(content)
+    return path
+
+
+def _npz(**arrays) -> str:
+    path = _file("t.npz")
+    np.savez(path, **arrays)
+    return path
+
+
+def _truncated_trace() -> str:
+    from hostile_core import SAVED_TRACE
+
+    with open(SAVED_TRACE, "rb") as f:
+        return _file("t.npz", f.read()[:-20])
+
+
+_TRACE_FILES = (
+    ("an empty file", lambda: _file("t.npz", b""), r"is not a readable trace"),
+    ("a truncated file", _truncated_trace, r"is not a readable trace"),
+    ("a text file", lambda: _file("t.npz", b"hello\n"), r"is not a readable trace"),
+    ("a single .npy array", lambda: _file("t.npz", _npy_bytes()), r"is not a trace saved by Trace.save"),
+    ("an archive without meta", lambda: _npz(events=np.zeros(3)), r"is not a trace saved by Trace.save"),
+    ("events of another dtype", lambda: _npz(events=np.zeros(3), meta=np.array('{}')), r"events of dtype float64"),
+    ("meta that is not JSON", lambda: _npz(events=_saved_events(), meta=np.array("{")), r"is not a readable trace \(JSONDecodeError"),
+    ("meta without fields", lambda: _npz(events=_saved_events(), meta=np.array("{}")), r"meta=\{\} must hold kernel"),
+    ("a pickled object array", lambda: _npz(events=np.array([object()]), meta=np.array("{}")), r"is not a readable trace"),
+    ("a directory", lambda: _file(""), r"is not a readable trace"),
+    ("a missing file", lambda: _file("missing.npz"), r"is not a readable trace"),
+)
+
+
+def _npy_bytes() -> bytes:
+    buf = __import__("io").BytesIO()
+    np.save(buf, np.zeros(3))
+    return buf.getvalue()
+
+
+def _saved_events():
+    from tmaflow import trace
+
+    return np.zeros(2, trace._SAVED)
+
+
+for _what, _make, _pattern in _TRACE_FILES:
+    cpu("saved traces", f"Trace.load of {_what}", TE, rf"Trace.load: path='.*'.*{_pattern}|{_pattern}",
+        lambda m=_make: tf.trace.Trace.load(m()))
+    cpu("saved traces", f"python -m tmaflow trace --load of {_what}", TE, rf"^tmaflow: Trace.load: .*{_pattern}",
+        lambda m=_make: _cli("trace", "--load", m()))
+
+
+def _cli(*argv):
+    from hostile_core import run_cli
+
+    return run_cli(*argv)
+
+
+def _cache_is_a_file():
+    path = _file("cache", b"")
+    return _with_env("TMAFLOW_CACHE_DIR", path, lambda: _cli("cache", "info"))
+
+
+cpu("CLI", "swizzle --png into a missing directory", TE, r"--png='/.*/no/such/dir/x.png' must be a file in an existing directory",
+    lambda: _cli("swizzle", "--png", _file("no/such/dir/x.png")))
+cpu("CLI", "swizzle --png of a directory", TE, r"--png='.*' must be a file in an existing directory",
+    lambda: _cli("swizzle", "--png", _file("")))
+cpu("CLI", "trace --json into a missing directory", TE, r"--json='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--json", _file("no/dir/t.json")))
+cpu("CLI", "trace --save into a missing directory", TE, r"--save='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--save", _file("no/dir/t.npz")))
+cpu("CLI", "trace --png into a missing directory", TE, r"--png='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--png", _file("no/dir/t.png")))
+cpu("CLI", "cache info with a cache directory that is a file", TE, r"TMAFLOW_CACHE_DIR='.*' is a file, not a directory",
+    _cache_is_a_file)
+cpu("CLI", "swizzle --box of 6 extents", TE, r"--box='1x1x1x1x1x8' must be 1-5 extents", lambda: _cli("swizzle", "--box", "1x1x1x1x1x8"))
+cpu("CLI", "swizzle --box of 257 columns", TE, r"--box='8x257' must be 1-5 extents in \[1, 256\]", lambda: _cli("swizzle", "--box", "8x257"))
+cpu("CLI", "an unknown command", TE, r"invalid choice: 'frobnicate'", lambda: _cli("frobnicate"))
+cpu("diagnose", "cluster_size=0", TE, r"diagnose: cluster_size=0 must be in \[1, 16\]",
+    lambda: __import__("tmaflow.diagnose").diagnose.diagnose(tf.trace.Trace(_saved_events(), "k", 1), None, 0))
