@@ -4,6 +4,8 @@ leak behind (no GPU)."""
 import ctypes
 import gc
 import struct
+import sys
+import types
 import weakref
 
 import numpy as np
@@ -32,6 +34,13 @@ def dry(monkeypatch):
 
 
 def packed(run):
+    """What the dry plan of ``run`` packed in its last call."""
+    return run.func.last_params
+
+
+def checked_pack(run, args):
+    """What the checked path packs for ``args``."""
+    run.packer.pack(args)
     return bytes(run.packer.buffer.raw[:run.packer.total])
 
 
@@ -46,8 +55,7 @@ def test_a_plan_packs_what_the_checked_path_packs(dry, rng):
         x, y = int(rng.integers(-2**31, 2**31)), float(rng.standard_normal() * 1e30)
         run(tm, other, x, y)
         got = packed(run)
-        run.packer.pack((tm, other, x, y))
-        assert got == packed(run)  # the checked path wrote the same bytes over them
+        assert got == checked_pack(run, (tm, other, x, y))
         assert got[:128] == bytes(tm) and struct.unpack_from("<Qif", got, 128) == (other.ptr, x, np.float32(y))
     assert len(run.calls) == 1  # only the first call went through the recorded driver call
 
@@ -125,26 +133,46 @@ def test_a_capturing_graph_sends_calls_to_the_checked_path(dry, monkeypatch):
     assert seen == [(tm, arr, 5, 6.0)]
 
 
+def raw_plan(fields, *, dry=True, launch=0, size=8, current_stream=None, on_error=print):
+    """A Plan built directly (``launch``: the address of a stand-in for cuLaunchKernelEx)."""
+    cfg = tf.driver.cu().CUlaunchConfig()
+    cfg.gridDimX = 3
+    return native.module().Plan(dry, launch, 0, cfg.getPtr(), size, fields, current_stream, 0, [],
+                                on_error, cfg)
+
+
+NONE = (native.KINDS["none"], 0, 8, None, None)
+
+
 def test_a_plan_asks_for_the_current_stream_each_call(dry):
     run = dry([Param(0, 0, 8, "pointer")])
     streams = iter([11, 22, 33])
-    buf = run.packer.buffer
-    cfg = run.cu_config(0)
-    plan = native.plan(((native.KINDS["none"], 0, 8, None, None),), launch=0, function=0,
-                       kernel_params=run.packer.kernel_params, buffer=ctypes.addressof(buf),
-                       config=cfg.getPtr(), current_stream=lambda ordinal: next(streams), ordinal=0,
-                       capturing=[], on_error=print, keep=(cfg, buf))
+    plan = raw_plan((NONE,), current_stream=lambda ordinal: next(streams))
     for want in (11, 22, 33):
         plan(run, None)
         assert plan.last_stream == want
+    assert plan.launches == 3
 
 
-def test_a_field_a_plan_cannot_write_is_refused():
-    cfg = tf.driver.cu().CUlaunchConfig()
-    with pytest.raises(ValueError, match="field 0: kind 1 size 8"):
-        native.plan(((native.KINDS["map"], 0, 8, int, None),), launch=0, function=0, kernel_params=0,
-                    buffer=0, config=cfg.getPtr(), current_stream=None, ordinal=0, capturing=[],
-                    on_error=print, keep=cfg)
+@pytest.mark.parametrize("field,size,msg", [
+    ((native.KINDS["map"], 0, 8, int, None), 8, "field 0: kind 1 size 8 is not a parameter"),
+    ((native.KINDS["float"], 0, 2, float, None), 8, "field 0: kind 6 size 2 is not a parameter"),
+    ((99, 0, 8, int, None), 8, "field 0: kind 99 size 8 is not a parameter"),
+    ((native.KINDS["signed"], 6, 4, int, None), 8, r"field 0: offset 6 \+ size 4 lies outside the 8 bytes"),
+    ((native.KINDS["map"], 8, 128, int, None), 128, r"offset 8 \+ size 128 lies outside the 128 bytes"),
+    ((native.KINDS["array"], -8, 8, int, None), 64, r"offset -8 \+ size 8 lies outside"),
+    ((native.KINDS["array"], 2**31 - 1, 8, int, None), 64, r"offset 2147483647 \+ size 8 lies outside"),
+])
+def test_a_field_a_plan_cannot_write_is_refused(field, size, msg):
+    with pytest.raises(ValueError, match=msg):
+        raw_plan((field,), size=size)
+
+
+@pytest.mark.parametrize("size,msg", [(-1, "size=-1: parameter storage is 0 to 32764 bytes"),
+                                      (32765, "size=32765")])
+def test_parameter_storage_past_the_driver_limit_is_refused(size, msg):
+    with pytest.raises(ValueError, match=msg):
+        raw_plan((), size=size)
 
 
 def test_launchers_with_plans_are_collected(dry):
