@@ -225,8 +225,12 @@ def test_an_array_on_another_device_is_refused_as_the_checked_path_refuses_it(dr
                        r"lives on device 1 but the launch is on device 0; call tf.set_device\(1\)"):
         run(*args)
     assert len(run.calls) == (1 if path == "C" else 2)  # dry plans record no launch
+    neighbour = owned_array(0xA000)
+    neighbour.device = other_device(0)  # another object, the launch device's ordinal
+    run(tm, neighbour, 1, 2.0)
+    assert len(run.calls) == (1 if path == "C" else 3)
     if path == "C":
-        assert run.func.launches == 1
+        assert run.func.launches == 2 and packed(run) == checked_pack(run, (tm, neighbour, 1, 2.0))
 
 
 class HookedAlloc:

@@ -65,6 +65,7 @@ typedef struct {
     long ordinal_value;
     PyObject *capturing;      /* truthy while any graph captures */
     PyObject *on_error;       /* err -> raises */
+    PyObject *device_seen;    /* a device object whose ordinal is the plan's */
     PyObject *keep;           /* what the pointers above point into */
     PyObject *last_stream;    /* dry plans: the stream and the parameter bytes of the last */
     PyObject *last_params;    /* call that reached the launch */
@@ -97,19 +98,28 @@ static int on_device(const Plan *plan, PyObject *ordinal) {
 }
 
 /* Whether a tmaflow DeviceArray (a new reference, released) lives on the plan's device, as the
- * checked path decides: its ``device`` is None (unknown) or has the plan's ordinal. */
-static int array_on_device(const Plan *plan, PyObject *array) {
+ * checked path decides: its ``device`` is None (unknown) or has the plan's ordinal. tmaflow
+ * has one Device object per ordinal: the one seen to match is remembered, and then a pointer
+ * compare decides. */
+static int array_on_device(Plan *plan, PyObject *array) {
     if (array == NULL) return -1;
     PyObject *device = PyObject_GetAttr(array, s_device);
     Py_DECREF(array);
     if (device == NULL) return -1;
-    int ok = device == Py_None ? 1 : on_device(plan, PyObject_GetAttr(device, s_ordinal));
-    Py_DECREF(device);
+    if (device == Py_None || device == plan->device_seen) {
+        Py_DECREF(device);
+        return 1;
+    }
+    int ok = on_device(plan, PyObject_GetAttr(device, s_ordinal));
+    if (ok == 1)
+        Py_XSETREF(plan->device_seen, device);
+    else
+        Py_DECREF(device);
     return ok;
 }
 
 /* 1: written at `buffer`; 0: a check failed (no exception); -1: an exception is set */
-static int write_field(const Plan *plan, const Field *f, PyObject *arg, char *buffer) {
+static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) {
     char *at = buffer + f->offset;
     if (f->kind == NONE) {
         if (arg != Py_None) return 0;
@@ -313,6 +323,7 @@ static int plan_traverse(PyObject *self, visitproc visit, void *arg) {
     Py_VISIT(plan->ordinal);
     Py_VISIT(plan->capturing);
     Py_VISIT(plan->on_error);
+    Py_VISIT(plan->device_seen);
     Py_VISIT(plan->keep);
     Py_VISIT(plan->last_stream);
     Py_VISIT(plan->last_params);
@@ -329,6 +340,7 @@ static int plan_clear(PyObject *self) {
     Py_CLEAR(plan->ordinal);
     Py_CLEAR(plan->capturing); /* a cleared plan hands every call back */
     Py_CLEAR(plan->on_error);
+    Py_CLEAR(plan->device_seen);
     Py_CLEAR(plan->keep);
     Py_CLEAR(plan->last_stream);
     Py_CLEAR(plan->last_params);
@@ -421,6 +433,7 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     if (plan == NULL) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) plan->fields[i].type = plan->fields[i].live = NULL;
     plan->current_stream = plan->ordinal = plan->capturing = plan->on_error = plan->keep = NULL;
+    plan->device_seen = NULL;
     plan->last_stream = plan->last_params = NULL;
     plan->vectorcall = plan_call;
     plan->dry = dry;
