@@ -10,9 +10,11 @@ where no compiler or Python headers exist, the driver gives no ``cuLaunchKernelE
 ``TMAFLOW_NATIVE=0``, launches take the generated Python path (same checks, same results)
 and ``status()`` says why.
 
-``plan.launches`` counts the calls of one plan that launched (a uint64; a dry plan counts the
-calls that reached the launch): with ``plan.dry`` and a launcher's plans, it tells which
-kernels launched since a point in time.
+Interface for other modules: ``plan.launches`` (read-only, a uint64) counts the calls of one
+plan whose ``cuLaunchKernelEx`` succeeded (a dry plan, ``plan.dry``, counts the calls that
+reached the launch). A launcher's current plan is ``launcher.func`` when its type name is
+``Plan``; comparing the counts of a launcher's plans before and after tells which kernels the
+C path launched in between (launches on the Python paths are not counted here).
 """
 from __future__ import annotations
 
