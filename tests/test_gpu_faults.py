@@ -112,7 +112,9 @@ def test_a_fault_is_reported_once_and_then_up_front(device, native):
     else:
         assert report["fast_path"].startswith("launch_"), report  # the generated Python path
     assert report["kernels"] == ["wild_store"], first
-    assert f"unsigned long long offset={WILD}" in first and "grid=(1, 1, 1) block=(32, 1, 1)" in first
+    assert "grid=(1, 1, 1) block=(32, 1, 1)" in first
+    if not native:  # the C path packs each call on its own stack and records no arguments
+        assert f"unsigned long long offset={WILD}" in first
     assert "this context faulted earlier in wild_store (" in report["launch"]
     if native:
-        assert "[C launch path: 1 launch, the arguments of the last]" in first
+        assert "[C launch path: 1 launch]" in first

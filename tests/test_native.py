@@ -3,17 +3,25 @@ path, refuses what the checked path refuses (by handing the call back to it), an
 leak behind (no GPU)."""
 import ctypes
 import gc
+import os
 import struct
+import subprocess
+import sys
+import sysconfig
+import types
 import weakref
 
 import numpy as np
 import pytest
 
 import tmaflow as tf
+from tmaflow import kernel as kernel_module
 from tmaflow import native
 from tmaflow.graph import ACTIVE
 from tmaflow.launch import LaunchConfig, Launcher
+from tmaflow.memory import DeviceArray
 from tmaflow.params import Param
+from tmaflow.tensormap import TensorMap, TensorMapSpec
 
 from test_launch import TABLE, fake_launcher, owned_array, owned_map, refuses_wrong_values
 
@@ -32,6 +40,13 @@ def dry(monkeypatch):
 
 
 def packed(run):
+    """What the dry plan of ``run`` packed in its last call."""
+    return run.func.last_params
+
+
+def checked_pack(run, args):
+    """What the checked path packs for ``args``."""
+    run.packer.pack(args)
     return bytes(run.packer.buffer.raw[:run.packer.total])
 
 
@@ -46,8 +61,7 @@ def test_a_plan_packs_what_the_checked_path_packs(dry, rng):
         x, y = int(rng.integers(-2**31, 2**31)), float(rng.standard_normal() * 1e30)
         run(tm, other, x, y)
         got = packed(run)
-        run.packer.pack((tm, other, x, y))
-        assert got == packed(run)  # the checked path wrote the same bytes over them
+        assert got == checked_pack(run, (tm, other, x, y))
         assert got[:128] == bytes(tm) and struct.unpack_from("<Qif", got, 128) == (other.ptr, x, np.float32(y))
     assert len(run.calls) == 1  # only the first call went through the recorded driver call
 
@@ -125,26 +139,46 @@ def test_a_capturing_graph_sends_calls_to_the_checked_path(dry, monkeypatch):
     assert seen == [(tm, arr, 5, 6.0)]
 
 
+def raw_plan(fields, *, dry=True, launch=0, size=8, current_stream=None, on_error=print):
+    """A Plan built directly (``launch``: the address of a stand-in for cuLaunchKernelEx)."""
+    cfg = tf.driver.cu().CUlaunchConfig()
+    cfg.gridDimX = 3
+    return native.module().Plan(dry, launch, 0, cfg.getPtr(), size, fields, current_stream, 0, [],
+                                on_error, cfg)
+
+
+NONE = (native.KINDS["none"], 0, 8, None, None)
+
+
 def test_a_plan_asks_for_the_current_stream_each_call(dry):
     run = dry([Param(0, 0, 8, "pointer")])
     streams = iter([11, 22, 33])
-    buf = run.packer.buffer
-    cfg = run.cu_config(0)
-    plan = native.plan(((native.KINDS["none"], 0, 8, None, None),), launch=0, function=0,
-                       kernel_params=run.packer.kernel_params, buffer=ctypes.addressof(buf),
-                       config=cfg.getPtr(), current_stream=lambda ordinal: next(streams), ordinal=0,
-                       capturing=[], on_error=print, keep=(cfg, buf))
+    plan = raw_plan((NONE,), current_stream=lambda ordinal: next(streams))
     for want in (11, 22, 33):
         plan(run, None)
         assert plan.last_stream == want
+    assert plan.launches == 3
 
 
-def test_a_field_a_plan_cannot_write_is_refused():
-    cfg = tf.driver.cu().CUlaunchConfig()
-    with pytest.raises(ValueError, match="field 0: kind 1 size 8"):
-        native.plan(((native.KINDS["map"], 0, 8, int, None),), launch=0, function=0, kernel_params=0,
-                    buffer=0, config=cfg.getPtr(), current_stream=None, ordinal=0, capturing=[],
-                    on_error=print, keep=cfg)
+@pytest.mark.parametrize("field,size,msg", [
+    ((native.KINDS["map"], 0, 8, int, None), 8, "field 0: kind 1 size 8 is not a parameter"),
+    ((native.KINDS["float"], 0, 2, float, None), 8, "field 0: kind 6 size 2 is not a parameter"),
+    ((99, 0, 8, int, None), 8, "field 0: kind 99 size 8 is not a parameter"),
+    ((native.KINDS["signed"], 6, 4, int, None), 8, r"field 0: offset 6 \+ size 4 lies outside the 8 bytes"),
+    ((native.KINDS["map"], 8, 128, int, None), 128, r"offset 8 \+ size 128 lies outside the 128 bytes"),
+    ((native.KINDS["array"], -8, 8, int, None), 64, r"offset -8 \+ size 8 lies outside"),
+    ((native.KINDS["array"], 2**31 - 1, 8, int, None), 64, r"offset 2147483647 \+ size 8 lies outside"),
+])
+def test_a_field_a_plan_cannot_write_is_refused(field, size, msg):
+    with pytest.raises(ValueError, match=msg):
+        raw_plan((field,), size=size)
+
+
+@pytest.mark.parametrize("size,msg", [(-1, "size=-1: parameter storage is 0 to 32764 bytes"),
+                                      (32765, "size=32765")])
+def test_parameter_storage_past_the_driver_limit_is_refused(size, msg):
+    with pytest.raises(ValueError, match=msg):
+        raw_plan((), size=size)
 
 
 def test_launchers_with_plans_are_collected(dry):
@@ -156,3 +190,291 @@ def test_launchers_with_plans_are_collected(dry):
     del run
     gc.collect()
     assert gone() is None
+
+
+# --- the review's findings, each through a dry plan --------------------------------------------
+
+def launcher_on(path, dry):
+    """A recorded launcher whose fast path is a dry C plan or the generated Python function."""
+    if path == "C":
+        return dry()
+    run = fake_launcher(TABLE)
+    run._dry_plans = False
+    return run
+
+
+def other_device(ordinal):
+    """A device object the plan has never seen (the checked path reads only its ordinal)."""
+    return types.SimpleNamespace(ordinal=ordinal)
+
+
+@pytest.mark.parametrize("path", ["C", "Python"])
+@pytest.mark.parametrize("which", ["array", "map"])
+def test_an_array_on_another_device_is_refused_as_the_checked_path_refuses_it(dry, which, path):
+    run = launcher_on(path, dry)
+    arr = owned_array()
+    arr.device = other_device(0)
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    run(tm, arr, 1, 2.0)  # the launch device's arrays take the fast path
+    assert (type(run.func).__name__ == "Plan") == (path == "C")
+    stranger = owned_array(0x9000)
+    stranger.device = other_device(1)
+    args = (owned_map(stranger), arr, 1, 2.0) if which == "map" else (tm, stranger, 1, 2.0)
+    with pytest.raises(tf.LaunchError, match=rf"argument {0 if which == 'map' else 1}.*the array "
+                       r"lives on device 1 but the launch is on device 0; call tf.set_device\(1\)"):
+        run(*args)
+    assert len(run.calls) == (1 if path == "C" else 2)  # dry plans record no launch
+    neighbour = owned_array(0xA000)
+    neighbour.device = other_device(0)  # another object, the launch device's ordinal
+    run(tm, neighbour, 1, 2.0)
+    assert len(run.calls) == (1 if path == "C" else 3)
+    if path == "C":
+        assert run.func.launches == 2 and packed(run) == checked_pack(run, (tm, neighbour, 1, 2.0))
+
+
+class HookedAlloc:
+    """An allocation whose ``live`` runs ``hook`` the first time a path reads it."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    @property
+    def live(self):
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return True
+
+
+def test_a_launch_from_python_run_while_packing_keeps_each_calls_values(dry):
+    run = dry()
+    arr = owned_array(0x1000)
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    plan = run.func
+    inner_arr = owned_array(0x2000)
+    inner = (TensorMap(TensorMapSpec.tiled("float32", (64, 64), (8, 8), address=0x2000), inner_arr,
+                       bytes(range(128, 256))), inner_arr, -5, -6.0)
+    seen = []
+
+    def launch_again():
+        run(*inner)
+        seen.append(packed(run))
+
+    outer_arr = owned_array(0x3000)
+    outer_arr._alloc = HookedAlloc(launch_again)  # read after the outer map was written
+    outer = (tm, outer_arr, 7, 8.0)
+    run(*outer)
+    assert seen == [checked_pack(run, inner)]
+    assert packed(run) == checked_pack(run, outer)  # not the inner call's map or values
+    assert plan.launches == 2 and run.func is plan and len(run.calls) == 1  # the first: checked
+
+
+def test_a_plan_dropped_while_packing_finishes_its_call(dry):
+    run = dry()
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    plan = id(run.func)
+
+    def drop_the_plan():  # the launcher's last references to it
+        run._plans.clear()
+        run._use(Launcher._checked_call)
+        gc.collect()
+        [bytearray(256) for _ in range(1000)]  # reuse what was freed
+
+    victim = owned_array(0x7000)
+    victim._alloc = HookedAlloc(drop_the_plan)
+    run(tm, victim, 3, 4.0)
+    assert plan not in {id(o) for o in gc.get_objects()}  # freed once its call returned
+    assert run.func is Launcher._checked_call and len(run.calls) == 1
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, MemoryError, RuntimeError])
+def test_an_interrupt_or_failure_while_packing_propagates(dry, error):
+    run = dry()
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+
+    def fail():
+        raise error("raised while the plan reads an argument")
+
+    victim = owned_array(0x7000)
+    victim._alloc = HookedAlloc(fail)
+    run(tm, arr, 1, 2.0)
+    with pytest.raises(error, match="raised while the plan reads"):
+        run(tm, victim, 1, 2.0)
+    assert len(run.calls) == 1 and run.func.launches == 1
+
+
+@pytest.mark.parametrize("error", [AttributeError, TypeError, ValueError, OverflowError])
+def test_an_argument_not_of_the_fast_kind_goes_to_the_checked_path(dry, error):
+    run = dry()
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+
+    def fail():
+        raise error("not the fast kind")
+
+    victim = owned_array(0x7000)
+    victim._alloc = HookedAlloc(fail)
+    run(tm, victim, 5, 6.0)  # the checked path reads it again (no error now) and launches
+    assert len(run.calls) == 2 and run.calls[-1][1] == checked_pack(run, (tm, victim, 5, 6.0))
+
+
+def test_a_plan_reports_its_size():
+    plan_type = native.module().Plan
+    one = raw_plan((NONE,))
+    five = raw_plan(tuple((native.KINDS["none"], 8 * i, 8, None, None) for i in range(5)), size=40)
+    assert sys.getsizeof(five) - sys.getsizeof(one) == 4 * plan_type.__itemsize__
+    assert plan_type.__itemsize__ >= 24 and sys.getsizeof(one) < 512
+
+
+def c_function(name):
+    return ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value
+
+
+def test_the_driver_call_runs_without_the_gil():
+    # PyGILState_Check answers 0 (success, to the plan) only where the caller released the GIL
+    errors = []
+    plan = raw_plan((NONE,), dry=False, launch=c_function("PyGILState_Check"), on_error=errors.append)
+    plan(None, None)
+    plan(None, None)
+    assert errors == [] and plan.launches == 2 and not plan.dry
+
+
+def test_a_failed_driver_call_is_reported_and_not_counted():
+    errors = []
+    plan = raw_plan((NONE,), dry=False, launch=c_function("Py_IsInitialized"), on_error=errors.append)
+    plan(None, None)  # Py_IsInitialized answers 1: an error code, to the plan
+    assert errors == [1] and plan.launches == 0
+
+
+FakeDriver = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+
+
+def test_the_driver_gets_the_config_and_one_pointer_per_parameter_of_the_call(dry):
+    run = dry([Param(0, 0, 8, "pointer"), Param(1, 8, 4, "int", True), Param(2, 16, 8, "float")])
+    seen = []
+
+    @FakeDriver
+    def driver(config, function, params, extra):
+        seen.append((ctypes.c_uint.from_address(config).value,
+                     ctypes.c_uint64.from_address(params[0]).value,
+                     ctypes.c_int32.from_address(params[1]).value,
+                     ctypes.c_double.from_address(params[2]).value, params[2] - params[0], extra))
+        return 0
+
+    fields = ((native.KINDS["array"], 0, 8, DeviceArray, True), (native.KINDS["signed"], 8, 4, int, None),
+              (native.KINDS["float"], 16, 8, float, None))
+    plan = raw_plan(fields, dry=False, launch=ctypes.cast(driver, ctypes.c_void_p).value, size=24)
+    arr = owned_array(0x4000)
+    plan(run, arr, -9, 0.25)
+    plan(run, arr, 2**31 - 1, -1e300)
+    assert seen == [(3, 0x4000, -9, 0.25, 16, None), (3, 0x4000, 2**31 - 1, -1e300, 16, None)]
+    assert plan.launches == 2
+
+
+def test_a_plan_is_dry_or_has_the_drivers_address():
+    with pytest.raises(ValueError, match="launch=0: no address of cuLaunchKernelEx"):
+        raw_plan((NONE,), dry=False, launch=0)
+
+
+def test_a_null_launch_address_falls_back_to_the_python_path(monkeypatch):
+    monkeypatch.setattr(native, "_state", {"module": native.module()})
+    found = tf.driver.cu().CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS
+    real = tf.driver.call
+    monkeypatch.setattr(tf.driver, "call", lambda name, *a, **k: (0, found) if name == "cuGetProcAddress"
+                        else real(name, *a, **k))
+    cfg = tf.driver.cu().CUlaunchConfig()
+    made = native.plan((NONE,), dry=False, function=0, size=8, config=cfg.getPtr(), current_stream=None,
+                       ordinal=0, capturing=[], on_error=print, keep=cfg)
+    assert made is None and native.launch_address() is None
+    assert native.status().startswith("generated Python launch path (cuGetProcAddress gave no "
+                                      "cuLaunchKernelEx (address 0x0")
+
+
+@pytest.mark.parametrize("path", ["C", "Python"])
+def test_a_retired_launcher_refuses_every_call(dry, path):
+    run = launcher_on(path, dry)
+    arr = owned_array()
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    run(tm, arr, 1, 2.0)
+    run.retire("kernel 'k' was closed; build a new launcher")
+    for call in (lambda: run(tm, arr, 1, 2.0), lambda: run._checked((tm, arr, 1, 2.0)),
+                 lambda: run._dispatch((tm, arr, 1, 2.0))):
+        with pytest.raises(tf.LaunchError, match="kernel 'k' was closed; build a new launcher"):
+            call()
+    assert len(run.calls) == (1 if path == "C" else 2)
+
+
+def fake_module(device):
+    mod = object.__new__(kernel_module._Module)
+    mod.name, mod.device, mod.generation, mod.module, mod.watch, mod.recorder = \
+        "k", device, device.generation, None, None, None
+    mod.launchers = weakref.WeakSet()
+    kernel_module._loaded.add(mod)
+    return mod
+
+
+def test_close_and_reset_retire_every_launcher_of_a_module(dry):
+    assert kernel_module._retire_reset_modules in tf.device._reset_listeners
+    closed_device, reset_device = types.SimpleNamespace(generation=0), types.SimpleNamespace(generation=3)
+    closed, reset = fake_module(closed_device), fake_module(reset_device)
+    arr = owned_array()
+    tm = owned_map(arr)
+    for mod in (closed, reset):
+        for _ in range(2):
+            run = dry()
+            run(tm, arr, 1, 2.0)
+            mod.launchers.add(run)
+    closed.unload()  # Kernel.close
+    reset_device.generation += 1  # Device.reset, then its listeners
+    kernel_module._retire_reset_modules()
+    for mod, why in ((closed, "kernel 'k' was closed; build a new launcher"),
+                     (reset, "kernel 'k': the context was reset; build a new launcher")):
+        assert len(mod.launchers) == 2 and mod not in kernel_module._loaded
+        for run in mod.launchers:
+            with pytest.raises(tf.LaunchError, match=why):
+                run(tm, arr, 1, 2.0)
+
+
+def test_the_module_reports_the_abi_native_expects():
+    assert native.module().ABI == native.ABI
+
+
+ASAN_CHILD = r"""
+import sys
+from pathlib import Path
+
+import pytest
+from tmaflow import native
+
+native._state["module"] = native._import(Path(sys.argv[1]))
+sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "not sanitizer", sys.argv[2]]))
+"""
+
+
+def test_the_dry_plan_tests_pass_under_address_sanitizer(tmp_path):
+    """This file's tests again, with _launch.c built with ASan and every Python allocation
+    through malloc (so a plan used after its free is reported)."""
+    cc = native._compiler()
+    libasan = subprocess.run([*cc, "-print-file-name=libasan.so"], capture_output=True,
+                             text=True).stdout.strip()
+    if not os.path.isabs(libasan):
+        pytest.skip(f"{cc} has no libasan")
+    built = tmp_path / "launch-asan.so"
+    include = sysconfig.get_paths()["include"]
+    subprocess.run([*cc, "-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer", "-shared",
+                    "-fPIC", f"-I{include}", str(native.SOURCE), "-o", str(built)], check=True)
+    env = dict(os.environ, LD_PRELOAD=libasan, PYTHONMALLOC="malloc",
+               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0", PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", ASAN_CHILD, str(built), __file__], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert " passed" in done.stdout and "AddressSanitizer" not in done.stderr

@@ -1,8 +1,12 @@
 """Compiled-kernel cache: in-process dict plus an on-disk store of checksummed entries.
 
-An entry is written to a temporary name in its directory and renamed into place, so
-concurrent writers leave exactly one complete file. A truncated or corrupted entry fails
-its checksum and is rebuilt. ``TMAFLOW_CACHE=0`` turns both levels off.
+An entry is written to a temporary name in its directory, flushed to disk and renamed into
+place, so concurrent writers leave exactly one complete file. Reading opens regular files
+only (a FIFO in an entry's place would block). An entry that is truncated, corrupted, of
+another format or malformed is a miss: it is rebuilt and overwritten. A cache directory that
+cannot be used (a regular file, a path too long) is named with the fix: compilation goes on
+without the disk with a warning; ``info`` and ``clear`` raise. ``TMAFLOW_CACHE=0`` turns both
+levels off.
 """
 from __future__ import annotations
 
@@ -10,18 +14,24 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 from . import env
+from .errors import TmaflowError, TmaflowWarning
 
 log = logging.getLogger("tmaflow.cache")
 
-_MAGIC = b"TMAFLOW1"
+_FORMAT = b"TMAFLOW"
+_MAGIC = _FORMAT + b"1"  # the format's version is its last byte
+_BELOW_ROOT = 96  # the longest relative path tmaflow writes in the cache (entries, native/)
 _memory: dict[str, dict] = {}
 _lock = threading.Lock()
+_warned: set[str] = set()
 
 
 def enabled() -> bool:
@@ -29,15 +39,87 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TMAFLOW_CACHE_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tmaflow"
+    """``TMAFLOW_CACHE_DIR`` (``~`` expanded), else ``$XDG_CACHE_HOME/tmaflow``, else
+    ``~/.cache/tmaflow``."""
+    chosen = env.directory("TMAFLOW_CACHE_DIR")
+    if chosen is not None:
+        return chosen
+    return (env.directory("XDG_CACHE_HOME") or Path(os.path.expanduser("~")) / ".cache") / "tmaflow"
 
 
-def _path(key: str) -> Path:
-    return cache_dir() / key[:2] / f"{key}.tfbin"
+def _path_limits() -> tuple[int, int]:
+    """(longest path, longest file name) in bytes."""
+    try:
+        return os.pathconf("/", "PC_PATH_MAX"), os.pathconf("/", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # no pathconf: the common Linux limits
+        return 4096, 255
+
+
+def usable_dir() -> Path:
+    """``cache_dir()`` once it can hold entries (it need not exist yet), else a TmaflowError
+    naming ``TMAFLOW_CACHE_DIR`` and the fix."""
+    root = cache_dir()
+    where = f"the compile cache directory {str(root)!r} (TMAFLOW_CACHE_DIR)"
+    path_max, name_max = _path_limits()
+    longest = max(len(os.fsencode(part)) for part in root.parts) if root.parts else 0
+    if longest > name_max or len(os.fsencode(root)) + _BELOW_ROOT >= path_max:
+        raise TmaflowError(f"{where} is too long: names must be at most {name_max} bytes and the "
+                           f"whole path under {path_max - _BELOW_ROOT} bytes; set "
+                           "TMAFLOW_CACHE_DIR to a shorter directory")
+    try:
+        mode = os.stat(root).st_mode
+    except FileNotFoundError:
+        return root  # made when the first entry is written
+    except OSError as exc:
+        raise TmaflowError(f"{where} cannot be used ({exc.strerror}); set TMAFLOW_CACHE_DIR to a "
+                           "writable directory") from None
+    if not stat.S_ISDIR(mode):
+        raise TmaflowError(f"{where} is not a directory; remove it or set TMAFLOW_CACHE_DIR to a "
+                           "directory")
+    return root
+
+
+def _disk_root() -> Path | None:
+    """The usable cache directory, or None after a warning (once per problem): compilation
+    goes on without the disk."""
+    try:
+        return usable_dir()
+    except TmaflowError as exc:
+        text = str(exc)
+        if text not in _warned:
+            _warned.add(text)
+            warnings.warn(f"{text}; compiling without the on-disk cache", TmaflowWarning,
+                          stacklevel=4)
+        return None
+
+
+class NotRegularFile(OSError):
+    """A FIFO, device, socket or directory where a cached file belongs."""
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file: opened without blocking and checked
+    before reading (a FIFO would block forever, a device never end). OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def write_durably(f, data: bytes) -> None:
+    """Write ``data`` to the open file ``f`` and flush it to the disk (before a rename
+    publishes it: a crash must not leave a published name on missing bytes)."""
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _path(root: Path, key: str) -> Path:
+    return root / key[:2] / f"{key}.tfbin"
 
 
 def encode_entry(meta: dict, blobs: dict[str, bytes]) -> bytes:
@@ -59,11 +141,14 @@ def decode_entry(data: bytes) -> tuple[dict, dict[str, bytes]] | None:
         return None
     try:
         meta = json.loads(payload[:hlen])
-    except ValueError:
+    except (ValueError, RecursionError):
+        return None
+    sizes = meta.get("blobs") if isinstance(meta, dict) else None
+    if not isinstance(sizes, dict) or any(type(n) is not int or n < 0 for n in sizes.values()):
         return None
     blobs, pos = {}, hlen
-    for name in sorted(meta["blobs"]):
-        n = meta["blobs"][name]
+    for name in sorted(sizes):
+        n = sizes[name]
         blobs[name] = payload[pos:pos + n]
         pos += n
     if pos != len(payload):
@@ -79,10 +164,19 @@ def load(key: str):
         hit = _memory.get(key)
     if hit is not None:
         return hit["meta"], hit["blobs"], "memory"
-    path = _path(key)
+    root = _disk_root()
+    if root is None:
+        return None
+    path = _path(root, key)
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
+    except NotRegularFile:
+        log.warning("cache entry %s is not a regular file: rebuilding over it", path)
+        return None
     except OSError:
+        return None
+    if data.startswith(_FORMAT) and not data.startswith(_MAGIC):
+        log.info("cache entry %s is of another format version: rebuilding", path)
         return None
     entry = decode_entry(data)
     if entry is None:
@@ -103,13 +197,16 @@ def store(key: str, meta: dict, blobs: dict[str, bytes]) -> None:
         return
     with _lock:
         _memory[key] = {"meta": meta, "blobs": blobs}
-    path = _path(key)
+    root = _disk_root()
+    if root is None:
+        return
+    path = _path(root, key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(encode_entry(meta, blobs))
+                write_durably(f, encode_entry(meta, blobs))
             os.replace(tmp, path)
         except BaseException:
             try:
@@ -128,10 +225,10 @@ def clear_memory() -> None:
 
 def info() -> dict:
     """Entries and bytes on disk; files removed meanwhile (another process's ``clear``) are
-    simply not counted."""
-    root = cache_dir()
+    simply not counted. A TmaflowError when the cache directory cannot be used."""
+    root = usable_dir()
     entries = size = 0
-    for f in (root.glob("*/*.tfbin") if root.exists() else ()):
+    for f in (root.glob("*/*.tfbin") if root.is_dir() else ()):
         try:
             size += f.stat().st_size
             entries += 1
@@ -142,11 +239,12 @@ def info() -> dict:
 
 
 def clear() -> int:
-    """Delete every on-disk entry and the in-process cache; return how many files went."""
+    """Delete every on-disk entry and the in-process cache; return how many files went. A
+    TmaflowError when the cache directory cannot be used."""
     clear_memory()
-    root = cache_dir()
+    root = usable_dir()
     n = 0
-    if root.exists():
+    if root.is_dir():
         for f in list(root.glob("*/*.tfbin")) + list(root.glob("*/.*.tmp")):
             try:
                 f.unlink()

@@ -259,11 +259,9 @@ def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
                  *(f"-I{d}" for d in include_dirs()), *options)
     key = cache_key(source, name, full_opts, arch, headers)
     hit = cache.load(key)
-    if hit is not None:
-        meta, blobs, where = hit
-        res = meta.get("resources")
-        return Program(blobs["cubin"], blobs["ptx"].decode(), meta["log"], meta["lowered_name"],
-                       Resources(**res) if res else None, cache_hit=where, key=key)
+    program = _cached_program(hit, key) if hit is not None else None
+    if program is not None:
+        return program
 
     nv = driver.nvrtc()
     t0 = time.perf_counter()
@@ -305,6 +303,31 @@ def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
     cache.store(key, meta, {"cubin": cubin, "ptx": ptx})
     log.info("compiled %s for %s in %.2f s", name, arch, seconds)
     return Program(cubin, ptx.decode(), log_text, lowered, resources, compile_seconds=seconds, key=key)
+
+
+def _cached_resources(res) -> Resources | None:
+    """The Resources of a cache entry's meta (TypeError when they are not what ptxas gave)."""
+    if res is None:
+        return None
+    if not isinstance(res, dict) or any(type(v) is not int or v < 0 for v in res.values()):
+        raise TypeError(f"resources {res!r}")
+    return Resources(**res)
+
+
+def _cached_program(hit: tuple, key: str) -> Program | None:
+    """The Program of a cache entry, or None (a miss: it is rebuilt and overwritten) when the
+    entry, intact by its checksum, does not hold what this version stores."""
+    meta, blobs, where = hit
+    try:
+        program = Program(blobs["cubin"], blobs["ptx"].decode(), meta["log"], meta["lowered_name"],
+                          _cached_resources(meta["resources"]), cache_hit=where, key=key)
+    except (KeyError, TypeError, UnicodeDecodeError):
+        program = None
+    if program is None or not program.cubin or not isinstance(program.log, str) or \
+            not isinstance(program.lowered_name, str) or not program.lowered_name:
+        log.warning("cache entry %s does not hold a compiled kernel: rebuilding", key)
+        return None
+    return program
 
 
 def _compile_error(source: str, name: str, log_text: str, filename: str) -> CompileError:

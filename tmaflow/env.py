@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 from .errors import TmaflowError
 
@@ -36,3 +37,11 @@ def seconds(name: str, default: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise TmaflowError(f"{name}={raw!r} must be a positive number of seconds (e.g. 1.5)")
     return value
+
+
+def directory(name: str) -> Path | None:
+    """A directory named by a variable, ``~`` expanded; None when unset or empty."""
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    return Path(os.path.expanduser(raw))

@@ -210,9 +210,8 @@ def _launches(ordinal: int) -> tuple[tuple, list]:
         where = site(launcher)
         names.append(where.name)
         stream = "current" if where.stream is None else _stream_text(where.stream)
-        text = _describe(where, stream, launcher.packer.buffer.raw, maps)
-        lines.append(f"{text} [C launch path: {count} launch{'es' if count != 1 else ''}, "
-                     "the arguments of the last]")
+        text = _describe(where, stream, None, maps)
+        lines.append(f"{text} [C launch path: {count} launch{'es' if count != 1 else ''}]")
     return tuple(names), lines
 
 
@@ -229,8 +228,13 @@ def _native_launches(ordinal: int) -> list:
     return out
 
 
-def _describe(where: Site, stream: str, raw: bytes, maps: dict) -> str:
-    args = ", ".join(_argument(p, raw[p.offset:p.offset + p.size], maps) for p in where.params)
+def _describe(where: Site, stream: str, raw: bytes | None, maps: dict) -> str:
+    """One launch; ``raw=None`` for the C path, which packs each call's arguments on its own
+    stack and records none of them."""
+    if raw is None:
+        args = "arguments not recorded on the C launch path"
+    else:
+        args = ", ".join(_argument(p, raw[p.offset:p.offset + p.size], maps) for p in where.params)
     return (f"{where.name} grid={where.grid} block={where.block} cluster={where.cluster} "
             f"smem={where.smem} stream={stream} ({args})")
 

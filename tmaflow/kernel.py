@@ -6,13 +6,14 @@ import os
 import re
 import threading
 import warnings
+import weakref
 from threading import get_ident
 from pathlib import Path
 
 import numpy as np
 
 from . import checks, compiler, driver, watchdog
-from .device import Device, _switched, current_device, current_ordinal
+from .device import Device, _switched, current_device, current_ordinal, on_reset
 from .errors import LaunchError, TmaflowError, TmaflowWarning
 from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
 from .params import ArgPacker, Param, param_table
@@ -21,6 +22,7 @@ from .trace import Recorder
 log = logging.getLogger("tmaflow.kernel")
 
 STATIC_SMEM_LIMIT = 48 * 1024
+_loaded: weakref.WeakSet = weakref.WeakSet()  # the _Modules whose launchers a reset retires
 
 
 class _Module:
@@ -30,6 +32,9 @@ class _Module:
         device.activate()
         self.device = device
         self.generation = device.generation
+        self.name = kernel.name
+        self.launchers = weakref.WeakSet()  # every Launcher bound to this module
+        _loaded.add(self)
         prog = kernel.program
         self.module = driver.call("cuModuleLoadData", prog.cubin)
         self.function = driver.call("cuModuleGetFunction", self.module, prog.lowered_name.encode())
@@ -78,7 +83,15 @@ class _Module:
                 params.append(Param(i, int(offset), int(size)))
         return params
 
+    def retire(self, reason: str) -> None:
+        """Make every launcher of this module refuse its calls with ``reason``."""
+        for launcher in list(self.launchers):
+            launcher.retire(reason)
+        _loaded.discard(self)
+
     def unload(self) -> None:
+        self.retire(f"kernel {self.name!r} was closed; build a new launcher (kernel.launcher() "
+                    "or kernel.bind())")
         if self.generation == self.device.generation and self.module is not None:
             self.device.activate()
             driver.call("cuModuleUnload", self.module)
@@ -105,6 +118,16 @@ class _Module:
             attr = driver.cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
             driver.call("cuFuncSetAttribute", self.function, attr, 1)
             self.non_portable = True
+
+
+def _retire_reset_modules() -> None:
+    for mod in list(_loaded):
+        if mod.generation != mod.device.generation:
+            mod.retire(f"kernel {mod.name!r}: the context was reset; build a new launcher "
+                       "(kernel.launcher() or kernel.bind())")
+
+
+on_reset(_retire_reset_modules)
 
 
 class Kernel:
@@ -291,7 +314,9 @@ class Kernel:
                               + ("tmaflow kernels need a Hopper GPU (cc 9.0)" if self.arch.startswith("sm_90")
                                  else f"build it with arch='{device.arch}'"))
         mod = self.module(device)
-        return Launcher(self, mod, self._fit(config, mod))
+        launcher = Launcher(self, mod, self._fit(config, mod))
+        mod.launchers.add(launcher)
+        return launcher
 
     def _fit(self, config: LaunchConfig, mod: _Module) -> LaunchConfig:
         """The device- and kernel-specific rules: compiled cluster dims, threads, smem."""

@@ -9,7 +9,6 @@ when any is a cupy array, else the legacy default stream.
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import operator
 import struct
@@ -145,6 +144,7 @@ class Launcher(functools.partial):
     """
 
     _dry_plans = False  # tests: C plans that pack but launch nothing
+    _retired = None  # why every call is refused (``retire``)
 
     def __new__(cls, kernel, module, config: LaunchConfig):
         return super().__new__(cls, Launcher._checked_call)
@@ -234,9 +234,19 @@ class Launcher(functools.partial):
                 f"scheduled on {self.module.device.name} (cuOccupancyMaxActiveClusters = 0); "
                 "use a smaller cluster, fewer threads or less shared memory")
 
+    def retire(self, reason: str) -> None:
+        """Refuse every later call with a LaunchError saying ``reason``: the function handle
+        died with its module (``Kernel.close``) or its context (``Device.reset``)."""
+        self._retired = reason
+        self._plans.clear()
+        self._use(Launcher._retired_call)
+
     # --- calls ------------------------------------------------------------------------------
     def _checked_call(self, *args) -> None:
         self._dispatch(args)
+
+    def _retired_call(self, *args) -> None:
+        raise LaunchError(self._retired)
 
     def _dispatch(self, args: tuple) -> None:
         """The generated path for these argument types if there is one, else the checked path."""
@@ -250,6 +260,8 @@ class Launcher(functools.partial):
         """Every argument checked against the parameter table, then the launch."""
         from .memory import _origin_of
 
+        if self._retired is not None:  # reached from a plan that was running at the retirement
+            raise LaunchError(self._retired)
         kp = self.packer.pack(args, self.ordinal)
         frameworks = {_origin_of(a) for a in args}
         stream = self.stream_for(frameworks)
@@ -357,17 +369,16 @@ class Launcher(functools.partial):
         from . import native
 
         fields = self.packer.native_fields(args)
-        if fields is None or native.module() is None:
+        if fields is None:
             return None
         current = _current_stream(frameworks) if self.config.stream is None else None
         cfg = self.cu_config(0 if current is not None else self.stream_for(frameworks))
         fn = native.plan(
-            fields, launch=0 if self._dry_plans else native.launch_address(),
-            function=0 if self._function is None else int(self._function),
-            kernel_params=self.packer.kernel_params, buffer=ctypes.addressof(self.packer.buffer),
-            config=cfg.getPtr(), current_stream=current, ordinal=self.ordinal,
-            capturing=CAPTURING, on_error=self._raise, keep=(cfg, self.packer, self.module))
-        faults.track_native(self)  # its launches bypass Python: the plan counts them
+            fields, dry=self._dry_plans, function=0 if self._function is None else int(self._function),
+            size=self.packer.total, config=cfg.getPtr(), current_stream=current,
+            ordinal=self.ordinal, capturing=CAPTURING, on_error=self._raise, keep=(cfg, self.module))
+        if fn is not None:
+            faults.track_native(self)  # its launches bypass Python: the plan counts them
         return fn
 
     def _raise(self, err) -> None:

@@ -534,7 +534,9 @@ def arg_fast_form(arg, name: str):
     if t is TensorMap or t is DeviceArray:
         live = "True" if arg._origin is None else arg._origin.upper()  # "torch" is TORCH
         value = f"{name}._bytes" if t is TensorMap else f"{name}.ptr"
-        return (f"{name}._alloc.live is not {live}", value, "128s" if t is TensorMap else "ptr",
+        device = f"{name}.array.device" if t is TensorMap else f"{name}.device"
+        return (f"{name}._alloc.live is not {live} or {device} is not None and {device}.ordinal != ORD",
+                value, "128s" if t is TensorMap else "ptr",
                 arg._origin, "map" if t is TensorMap else "array", FOREIGN[arg._origin].live)
     if t in (int, float, bool) or (isinstance(arg, np.generic) and arg.dtype.kind in "iufb"):
         return f"type({name}) is not T_{name}", name, "num", None, "num", None
