@@ -9,7 +9,7 @@ the parameter (``field`` pattern), never crash, hang or pass silently.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -65,4 +65,6 @@ class Param:
     error: type = Exception  # narrowed to the TmaflowError subclass expected
     field: str = ""          # regex; defaults to re.escape(name)
     gpu: bool = False        # the call needs a device
-    skip: frozenset = field(default=frozenset())  # kinds not meaningful here (say why in a comment)
+    skip: frozenset = frozenset()  # kinds not meaningful here (say why in a comment)
+    valid_error: str = ""    # regex: the unrelated error a valid kind may still meet (e.g. a rank
+                             # mismatch with another argument); empty: valid kinds must succeed

@@ -11,7 +11,8 @@ IDS = [f"{c.area}: {c.what}" for c in CASES]
 
 
 def test_battery_is_large():
-    assert len(CASES) >= 400
+    # the rule cases; the type-kind cases are the generated table (tests/test_hostile.py)
+    assert len(CASES) >= 300
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if not c.gpu],

@@ -94,7 +94,7 @@ def test_multicast_4x1():
     (dict(tiles=[]), r"tiles is empty"),
     (dict(multicast=["z"], cluster=(2, 1, 1)), r"multicast\[0\]='z' must be None, 'x' or 'y'"),
     (dict(multicast=["x"]), r"multicast\[0\]='x' but cluster=\(1, 1, 1\) has one CTA along x"),
-    (dict(multicast=["x", "x"], cluster=(2, 1, 1)), r"multicast has 2 entries for 1 tiles"),
+    (dict(multicast=["x", "x"], cluster=(2, 1, 1)), r"multicast=\('x', 'x'\) has 2 entries for 1 tiles"),
     (dict(cluster=(4, 4, 2)), r"cluster=\(4, 4, 2\) must have at most 16 CTAs"),
     (dict(name="a-b"), r"Pipeline name='a-b' must be a C identifier"),
 ])

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 
 import numpy as np
 
 from .errors import TmaflowError
 
 
-def _is_int_like(value) -> bool:
+def is_int(value) -> bool:
     if isinstance(value, (bool, np.bool_)):
         return False
     try:
@@ -41,7 +42,7 @@ def _bounds(lo, hi) -> str:
 def as_int(field: str, value, lo: int | None = None, hi: int | None = None,
            error: type[TmaflowError] = TmaflowError) -> int:
     """``value`` as an int (Python or numpy integer), checked against ``[lo, hi]``."""
-    if not _is_int_like(value):
+    if not is_int(value):
         raise error(f"{field}={value!r} must be an int{_bounds(lo, hi)} "
                     f"(got {type(value).__name__})")
     out = operator.index(value)
@@ -90,7 +91,7 @@ def as_ints(field: str, value, rank: int | None = None, lo: int | None = None,
     1-D numpy arrays, ``torch.Size``); strings, mappings and nested sequences are refused."""
     if value is None or isinstance(value, (str, bytes, bytearray, dict, set, frozenset)):
         raise error(f"{field}={value!r} must be a sequence of ints")
-    if _is_int_like(value) and getattr(value, "ndim", 0) == 0:
+    if is_int(value) and getattr(value, "ndim", 0) == 0:
         items = [value]
     else:
         if getattr(value, "ndim", 1) != 1:
@@ -111,4 +112,11 @@ def as_choice(field: str, value, choices, error: type[TmaflowError] = TmaflowErr
     """One of the names ``choices`` (compared exactly), refused with the list otherwise."""
     if not isinstance(value, str) or value not in choices:
         raise error(f"{field}={value!r} must be one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def as_arch(field: str, value, error: type[TmaflowError] = TmaflowError) -> str:
+    """A GPU architecture name such as ``'sm_90a'``."""
+    if not isinstance(value, str) or not re.fullmatch(r"sm_\d{2,3}[af]?", value):
+        raise error(f"{field}={value!r} must look like 'sm_90a'")
     return value

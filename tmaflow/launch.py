@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import struct
 import sys
 from dataclasses import dataclass, field
 
-from . import driver
+from . import checks, driver
 from .device import stream_handle
 from .errors import CudaError, DeadlockError, LaunchError
 from .graph import ACTIVE as CAPTURING
@@ -31,22 +32,12 @@ MAX_CLUSTER = 16
 
 def dims(name: str, value) -> tuple[int, int, int]:
     """An int or a sequence of 1-3 ints, as an (x, y, z) triple of extents >= 1."""
-    given = value
-    if isinstance(value, bool):
-        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
-    if isinstance(value, int) or hasattr(value, "__index__") and not hasattr(value, "__len__"):
-        value = (value,)
-    if not isinstance(value, (tuple, list)) and type(value).__name__ not in ("ndarray", "Size"):
-        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
     try:
-        items = list(value)
-    except TypeError:
-        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints") from None
-    if any(isinstance(v, bool) or not hasattr(v, "__index__") for v in items):
-        raise LaunchError(f"{name}={given!r} must be an int or a tuple of 1-3 ints")
-    out = tuple(int(v.__index__()) for v in items)
+        out = checks.as_ints(name, value, error=LaunchError)
+    except LaunchError:
+        raise LaunchError(f"{name}={value!r} must be an int or a tuple of 1-3 ints") from None
     if not 1 <= len(out) <= 3 or any(d < 1 for d in out):
-        raise LaunchError(f"{name}={given!r} must have 1-3 extents, each >= 1")
+        raise LaunchError(f"{name}={value!r} must have 1-3 extents, each >= 1")
     return out + (1,) * (3 - len(out))
 
 
@@ -91,10 +82,10 @@ class LaunchConfig:
             raise LaunchError(f"cluster={cluster} has {size} blocks; Hopper allows at most "
                               f"{PORTABLE_CLUSTER} (portable) or {MAX_CLUSTER} (non-portable)")
         smem = self.smem
-        if smem is not None and (isinstance(smem, bool) or not hasattr(smem, "__index__") or smem < 0):
-            raise LaunchError(f"smem={smem!r} must be a non-negative int (bytes of dynamic smem)")
-        if not isinstance(self.pdl, bool):
-            raise LaunchError(f"pdl={self.pdl!r} must be True or False")
+        if smem is not None and (not checks.is_int(smem) or not 0 <= operator.index(smem) < 1 << 32):
+            raise LaunchError(f"smem={smem!r} must be a non-negative int below 2^32 (bytes of "
+                              "dynamic smem)")
+        set_(self, "pdl", checks.as_bool("pdl", self.pdl, LaunchError))
         stream, owner = self.stream, self.stream_object
         if stream is not None and not (type(stream) is int and owner is not None):
             owner = stream
@@ -102,7 +93,7 @@ class LaunchConfig:
         set_(self, "grid", grid)
         set_(self, "block", block)
         set_(self, "cluster", cluster)
-        set_(self, "smem", None if smem is None else int(smem))
+        set_(self, "smem", None if smem is None else operator.index(smem))
         set_(self, "stream", stream)
         set_(self, "stream_object", owner)
 

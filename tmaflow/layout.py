@@ -8,13 +8,16 @@ cluster shape.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass, field
 
+from . import checks
 from .errors import LayoutError
+from .tensormap import TensorMapSpec
 
 HOPPER_SMEM_LIMIT = 227 * 1024
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 # Names become C++ identifiers in the generated header (and members of its Smem struct):
@@ -26,13 +29,20 @@ float for friend goto if inline int long mutable namespace new noexcept not null
 private protected public register reinterpret_cast requires return short signed sizeof static
 static_assert static_cast struct switch template this thread_local throw true try typedef typeid
 typename union unsigned using virtual void volatile wchar_t while xor""".split())
-_GENERATED = frozenset({"Smem", "tmaflow_layout", "tmaflow", "total_bytes", "base"})
+# The header's own names in each scope it generates (a pipeline's namespace gets PIPELINE_NAMES,
+# plus tile-derived ones), and the types and macros it uses unqualified.
+_GENERATED = frozenset({"Smem", "tmaflow_layout", "tmaflow", "total_bytes", "align", "base",
+                        "uint8_t", "uint16_t", "uint32_t", "uint64_t"})
+PIPELINE_NAMES = ("stages", "tx_bytes", "full_arrivals", "empty_arrivals", "consumers",
+                  "cluster_x", "cluster_y", "release_mask")
+TILE_SUFFIXES = ("_bytes", "_stride", "_boxes", "_box_stride", "_index", "_mask", "_leader",
+                 "_group_size", "_slice")
 
 
 def _check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise LayoutError(f"{kind} name={name!r} must be a C identifier")
-    if name in _CXX_KEYWORDS or name in _GENERATED or name.startswith("__") or \
+    if name in _CXX_KEYWORDS or name in _GENERATED or name.startswith(("__", "TMAFLOW")) or \
             (name[0] == "_" and name[1:2].isupper()):
         raise LayoutError(f"{kind} name={name!r} is a C++ keyword, a reserved identifier or a "
                           "name the generated header uses; choose another")
@@ -41,14 +51,46 @@ def _check_name(kind: str, name: str) -> str:
 
 def _count(kind: str, name: str, field_name: str, value, lo: int, hi: int, note: str = "") -> int:
     """An int in [lo, hi] (a bool, float or anything else is a LayoutError naming the field)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+    if not checks.is_int(value) or not lo <= operator.index(value) <= hi:
         raise LayoutError(f"{kind} {name!r}: {field_name}={value!r} must be an int in "
                           f"[{lo}, {hi}]{note}")
-    return value
+    return operator.index(value)
 
 
-def _spec_of(tile):
-    return getattr(tile, "spec", tile)  # a TensorMap or a TensorMapSpec
+def _tile_entries(name: str, tiles) -> tuple[tuple, tuple]:
+    """(names, entries) of ``tiles``: a dict name -> entry or an iterable of entries."""
+    if isinstance(tiles, dict):
+        return tuple(tiles), tuple(tiles.values())
+    if isinstance(tiles, (str, bytes, TensorMapSpec)) or not hasattr(tiles, "__iter__"):
+        raise LayoutError(f"Pipeline {name!r}: tiles={tiles!r} must be a list of tensor map specs "
+                          "or maps (or (spec, n) pairs), or a dict name -> spec")
+    entries = tuple(tiles)
+    return tuple(f"tile{i}" for i in range(len(entries))), entries
+
+
+def _tile(name: str, tname: str, label: str, entry) -> tuple[TensorMapSpec, int]:
+    """The spec and box count of one ``tiles`` entry: a spec, a map or a (spec, n) pair."""
+    spec, n = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, 1)
+    spec = getattr(spec, "spec", spec)  # a TensorMap's spec
+    if not isinstance(spec, TensorMapSpec):
+        raise LayoutError(f"Pipeline {name!r}: {label}={entry!r} must be a TensorMapSpec, a "
+                          "TensorMap or a (spec, n) pair")
+    if not checks.is_int(n) or not 1 <= operator.index(n) <= 16:
+        raise LayoutError(f"Pipeline {name!r}: tile {tname!r} has boxes={n!r}; give "
+                          "(spec, n) with n an int in [1, 16]")
+    return spec, operator.index(n)
+
+
+def _check_tile_symbols(name: str, tile_names: tuple) -> None:
+    """Each tile name generates constants and functions in the pipeline's namespace; two
+    tiles, or a tile and the pipeline's own constants, must not generate the same one."""
+    owner = {sym: "the pipeline" for sym in PIPELINE_NAMES}
+    for tname in tile_names:
+        for sym in (tname + suffix for suffix in TILE_SUFFIXES):
+            if sym in owner:
+                raise LayoutError(f"Pipeline {name!r}: tile name {tname!r} generates {sym!r}, which "
+                                  f"{owner[sym]} also defines; rename the tile")
+            owner[sym] = f"tile {tname!r}"
 
 
 @dataclass(frozen=True)
@@ -61,9 +103,11 @@ class Barrier:
 
     def __post_init__(self):
         _check_name("Barrier", self.name)
-        _count("Barrier", self.name, "arrivals", self.arrivals, 1, (1 << 20) - 1)
-        _count("Barrier", self.name, "tx_bytes", self.tx_bytes, 0, (1 << 20) - 1,
-               " (the mbarrier tx-count range)")
+        object.__setattr__(self, "arrivals",
+                           _count("Barrier", self.name, "arrivals", self.arrivals, 1, (1 << 20) - 1))
+        object.__setattr__(self, "tx_bytes",
+                           _count("Barrier", self.name, "tx_bytes", self.tx_bytes, 0, (1 << 20) - 1,
+                                  " (the mbarrier tx-count range)"))
 
 
 @dataclass(frozen=True)
@@ -84,6 +128,8 @@ class Buffer:
     def __post_init__(self):
         _check_name("Buffer", self.name)
         spec = getattr(self.nbytes, "spec", self.nbytes)
+        if self.align is not None:
+            object.__setattr__(self, "align", _int_field(self.name, "align", self.align))
         if hasattr(spec, "smem_bytes") and hasattr(spec, "smem_align"):
             if self.align is not None and self.align < spec.smem_align:
                 raise LayoutError(f"Buffer {self.name!r}: align={self.align} is below the "
@@ -92,14 +138,19 @@ class Buffer:
             object.__setattr__(self, "align", max(self.align or 0, spec.smem_align))
         elif self.align is None:
             object.__setattr__(self, "align", 128)
-        for field_name in ("nbytes", "align"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise LayoutError(f"Buffer {self.name!r}: {field_name}={value!r} must be an int "
-                                  "(or nbytes a TensorMapSpec)")
-        if self.nbytes <= 0 or self.align <= 0 or self.align & (self.align - 1):
-            raise LayoutError(f"Buffer {self.name!r}: nbytes={self.nbytes} must be > 0 and "
-                              f"align={self.align} a power of two")
+        object.__setattr__(self, "nbytes", _int_field(self.name, "nbytes", self.nbytes))
+        if not 0 < self.nbytes < 1 << 32:
+            raise LayoutError(f"Buffer {self.name!r}: nbytes={self.nbytes} must be in [1, 2^32)")
+        if not 0 < self.align <= 1 << 31 or self.align & (self.align - 1):
+            raise LayoutError(f"Buffer {self.name!r}: align={self.align} must be a power of two "
+                              "<= 2^31")
+
+
+def _int_field(name: str, field_name: str, value) -> int:
+    if not checks.is_int(value):
+        raise LayoutError(f"Buffer {name!r}: {field_name}={value!r} must be an int "
+                          "(or nbytes a TensorMapSpec)")
+    return operator.index(value)
 
 
 _AXES = {"x": 0, "y": 1, "z": 2}
@@ -145,27 +196,18 @@ class Pipeline:
 
     def __init__(self, name, stages, tiles, consumers=1, multicast=None, cluster=(1, 1, 1), producers=1):
         _check_name("Pipeline", name)
-        if isinstance(tiles, dict):
-            names, entries = tuple(tiles), tuple(tiles.values())
-        else:
-            entries = tuple(tiles)
-            names = tuple(f"tile{i}" for i in range(len(entries)))
-        specs, boxes = [], []
-        for tname, entry in zip(names, entries):
-            spec, n = entry if isinstance(entry, tuple) else (entry, 1)
-            if not isinstance(n, int) or not 1 <= n <= 16:
-                raise LayoutError(f"Pipeline {name!r}: tile {tname!r} has boxes={n!r}; give "
-                                  "(spec, n) with n an int in [1, 16]")
-            specs.append(_spec_of(spec))
-            boxes.append(n)
-        specs = tuple(specs)
+        names, entries = _tile_entries(name, tiles)
         for n in names:
             _check_name("tile", n)
-        if not specs:
+        _check_tile_symbols(name, names)
+        if not entries:
             raise LayoutError(f"Pipeline {name!r}: tiles is empty; give at least one spec or map")
-        _count("Pipeline", name, "stages", stages, 1, 32)
-        _count("Pipeline", name, "consumers", consumers, 1, 1024)
-        _count("Pipeline", name, "producers", producers, 1, 1024)
+        keys = names if isinstance(tiles, dict) else range(len(entries))
+        pairs = [_tile(name, t, f"tiles[{k!r}]", e) for t, k, e in zip(names, keys, entries)]
+        specs, boxes = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+        stages = _count("Pipeline", name, "stages", stages, 1, 32)
+        consumers = _count("Pipeline", name, "consumers", consumers, 1, 1024)
+        producers = _count("Pipeline", name, "producers", producers, 1, 1024)
         cluster = _cluster(name, cluster)
         if math.prod(cluster) > 16 or cluster[2] != 1 and multicast:
             raise LayoutError(f"Pipeline {name!r}: cluster={cluster} must have at most 16 CTAs "
@@ -173,10 +215,10 @@ class Pipeline:
         if multicast is not None:
             multicast = tuple(multicast) if isinstance(multicast, (list, tuple)) else (multicast,) * len(specs)
             if len(multicast) != len(specs):
-                raise LayoutError(f"Pipeline {name!r}: multicast has {len(multicast)} entries for "
+                raise LayoutError(f"Pipeline {name!r}: multicast={multicast!r} has {len(multicast)} entries for "
                                   f"{len(specs)} tiles")
             for i, axis in enumerate(multicast):
-                if axis is not None and axis not in ("x", "y"):
+                if axis is not None and not (isinstance(axis, str) and axis in ("x", "y")):
                     raise LayoutError(f"Pipeline {name!r}: multicast[{i}]={axis!r} must be None, "
                                       "'x' or 'y'")
                 if axis is not None and cluster[_AXES[axis]] == 1:
@@ -186,7 +228,7 @@ class Pipeline:
         object.__setattr__(self, "stages", stages)
         object.__setattr__(self, "tiles", specs)
         object.__setattr__(self, "tile_names", names)
-        object.__setattr__(self, "boxes", tuple(boxes))
+        object.__setattr__(self, "boxes", boxes)
         object.__setattr__(self, "consumers", consumers)
         object.__setattr__(self, "producers", producers)
         object.__setattr__(self, "cluster", cluster)
@@ -263,18 +305,29 @@ class SharedLayout:
     ``total_bytes`` is what a launch passes as dynamic smem by default."""
 
     def __init__(self, items, limit: int = HOPPER_SMEM_LIMIT):
+        if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+            raise LayoutError(f"SharedLayout: items={items!r} must be a list of Pipeline, Barrier "
+                              "and Buffer items")
         self.items = list(items)
-        self.limit = limit
+        self.limit = checks.as_int("SharedLayout: limit", limit, 1, (1 << 31) - 1, LayoutError)
         self._header = None
         self.placements: list[Placement] = []
         offset = 0
-        seen = set()
+        seen: dict[str, str] = {}
+
+        def claim(name, what):
+            # one namespace for items and what they generate: Smem gets a member of each
+            if name in seen:
+                raise LayoutError(f"SharedLayout: name {name!r} is used twice ({seen[name]}; {what})")
+            seen[name] = what
+
+        for item in self.items:
+            if isinstance(item, Pipeline):
+                claim(item.name, f"Pipeline {item.name!r}")
 
         def place(name, nbytes, align, what):
             nonlocal offset
-            if name in seen:
-                raise LayoutError(f"SharedLayout: name {name!r} is used twice")
-            seen.add(name)
+            claim(name, what)
             offset = -(-offset // align) * align
             self.placements.append(Placement(name, offset, nbytes, align, what))
             offset += nbytes
@@ -287,11 +340,11 @@ class SharedLayout:
                     place(f"{item.name}_{tname}", item.stage_stride(t) * item.stages, spec.smem_align,
                           f"{item.stages} x {boxes}{spec.smem_bytes} B {spec.dtype.name} box {spec.box}"
                           f" swizzle {spec.swizzle}")
-        for item in self.items:
+        for i, item in enumerate(self.items):
             if isinstance(item, Buffer):
                 place(item.name, item.nbytes, item.align, f"buffer {item.nbytes} B")
             elif not isinstance(item, (Pipeline, Barrier)):
-                raise LayoutError(f"SharedLayout: {item!r} is not a Pipeline, Barrier or Buffer")
+                raise LayoutError(f"SharedLayout: items[{i}]={item!r} is not a Pipeline, Barrier or Buffer")
         for item in self.items:
             if isinstance(item, Pipeline):
                 place(f"{item.name}_full", 8 * item.stages, 8, f"{item.stages} full mbarriers")

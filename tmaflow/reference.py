@@ -6,10 +6,13 @@ chunk's address bits [4:6] are XORed with bits [7:9] of the *absolute* shared ad
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
+from . import checks
 from .errors import TmaflowError
-from .tensormap import SWIZZLE_SPAN, TensorMapSpec
+from .tensormap import MAX_BOX_SMEM, SWIZZLE_SPAN, TensorMapSpec
 
 NAN_FILL_LANE = 0x7FF7  # measured: every 16-bit lane of a NaN-filled element
 _SWIZZLE_MASK = {"none": 0, "32B": 1, "64B": 3, "128B": 7}
@@ -39,12 +42,14 @@ def _global(np_global, store: bool = False) -> np.ndarray:
 def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[int, ...]:
     if not isinstance(spec, TensorMapSpec):
         raise TmaflowError(f"spec={spec!r} must be a tf.TensorMapSpec (a TensorMap's .spec)")
-    if isinstance(smem_base, bool) or not isinstance(smem_base, (int, np.integer)) or smem_base < 0:
-        raise TmaflowError(f"smem_base={smem_base!r} must be a non-negative int (a shared address)")
-    if isinstance(coords, (str, bytes, dict)) or not isinstance(coords, (tuple, list, np.ndarray)):
-        raise TmaflowError(f"coords={coords!r} must be a tuple of ints (row-major)")
-    if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) for c in coords):
-        raise TmaflowError(f"coords={tuple(coords)!r} must contain ints")
+    if not checks.is_int(smem_base):
+        raise TmaflowError(f"smem_base={smem_base!r} must be an int (a shared address)")
+    smem_base = operator.index(smem_base)
+    if not 0 <= smem_base <= MAX_BOX_SMEM - spec.smem_bytes:
+        raise TmaflowError(f"smem_base={smem_base} must be in [0, {MAX_BOX_SMEM - spec.smem_bytes}]: "
+                           f"the box's {spec.smem_bytes} B must fit the {MAX_BOX_SMEM} B shared window")
+    # TMA coordinates are signed 32-bit registers
+    coords = checks.as_ints("coords", coords, lo=-(1 << 31), hi=(1 << 31) - 1)
     if spec.kind != "tiled":
         raise TmaflowError("tf.reference models tiled maps only (im2col is not modelled)")
     if spec.interleave != "none":
@@ -54,7 +59,6 @@ def _check(spec: TensorMapSpec, g: np.ndarray, coords, smem_base: int) -> tuple[
     if g.dtype.itemsize != spec.dtype.itemsize:
         raise TmaflowError(f"np_global dtype {g.dtype} ({g.dtype.itemsize} B) does not match "
                            f"{spec.dtype.name} ({spec.dtype.itemsize} B)")
-    coords = tuple(int(c) for c in coords)
     if len(coords) != spec.rank:
         raise TmaflowError(f"coords={coords} must have {spec.rank} entries (row-major)")
     if (coords[-1] * spec.dtype.itemsize) % 16:
@@ -92,9 +96,7 @@ def tma_load(np_global: np.ndarray, spec: TensorMapSpec, coords, smem_base: int 
     """The uint8 image of ``spec.smem_bytes`` bytes that a load at ``coords`` writes at
     ``smem_base``. Padding bytes (rows narrower than the swizzle span) keep ``background``."""
     g = _global(np_global)
-    if isinstance(background, bool) or not isinstance(background, (int, np.integer)) or \
-            not 0 <= background <= 255:
-        raise TmaflowError(f"background={background!r} must be a byte value in [0, 255]")
+    background = checks.as_int("background", background, 0, 255)
     coords = _check(spec, g, coords, smem_base)
     gidx, inside, physical = _geometry(spec, coords, smem_base)
     E = spec.dtype.itemsize

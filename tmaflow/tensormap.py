@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import warnings
 from dataclasses import dataclass
 
-from . import driver
+from . import checks, driver
 from .dtypes import BY_CODE, TMA_FLOAT_CODES, DType, as_dtype
 from .errors import TensorMapError, TmaflowWarning
 from .memory import DeviceArray
@@ -33,31 +34,26 @@ IM2COL_CORNER = {3: (-32768, 32767), 4: (-128, 127), 5: (-16, 15)}
 
 
 def _choice(field_name: str, value, table: dict) -> str:
-    """One of ``table``'s names (any case) or its driver code as an int."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        for k, v in table.items():
-            if v == value:
-                return k
-    elif isinstance(value, str):
+    """One of ``table``'s names (any case), its driver code as an int, or ``None`` for
+    "none" where the table has it."""
+    if value is None and "none" in table:
+        return "none"
+    if isinstance(value, str):
         for k in table:
-            if k.lower() == value.strip().lower():
+            if k.lower() == value.lower():
+                return k
+    elif checks.is_int(value):
+        for k, v in table.items():
+            if v == operator.index(value):
                 return k
     raise TensorMapError(f"{field_name}={value!r} is not one of {', '.join(map(repr, table))}")
 
 
 def _ints(field_name: str, value, rank: int | None = None) -> tuple[int, ...]:
-    """A tuple of ints from an int or a flat sequence of ints (numpy ints too); bools, floats
-    (NaN, inf), strings, nested sequences and generators are refused by name."""
-    if isinstance(value, (bool, str, bytes, dict)) or value is None or (
-            not hasattr(value, "__index__") and not isinstance(value, (tuple, list)) and
-            type(value).__name__ not in ("Size", "ndarray")):
-        raise TensorMapError(f"{field_name}={value!r} must be a sequence of ints")
-    items = [value] if hasattr(value, "__index__") and not hasattr(value, "__len__") else list(value)
-    if any(isinstance(v, bool) or not hasattr(v, "__index__") for v in items):
-        raise TensorMapError(f"{field_name}={value!r} must contain ints")
-    out = tuple(int(v.__index__()) for v in items)
+    """A tuple of ints (see ``checks.as_ints``), of the tensor's rank when one is given."""
+    out = checks.as_ints(field_name, value, error=TensorMapError)
     if rank is not None and len(out) != rank:
-        raise TensorMapError(f"{field_name}={value!r} has {len(out)} entries; the tensor has rank {rank}")
+        raise TensorMapError(f"{field_name}={out!r} has {len(out)} entries; the tensor has rank {rank}")
     return out
 
 
@@ -139,18 +135,18 @@ class TensorMapSpec:
             if extent < 1:
                 raise TensorMapError(
                     f"im2col pixel box along spatial dim {i} is empty: shape {shape[1 + i]} + "
-                    f"upper_corner {hi} - lower_corner {lo} = {extent}; it must be >= 1")
-        if not 1 <= channels_per_pixel <= 256:
-            raise TensorMapError(f"channels_per_pixel={channels_per_pixel} must be in [1, 256]")
-        if not 1 <= pixels_per_column <= 1024:
-            raise TensorMapError(f"pixels_per_column={pixels_per_column} must be in [1, 1024]")
+                    f"upper_corner[{i}]={hi} - lower_corner[{i}]={lo} = {extent}; it must be >= 1")
+        channels_per_pixel = checks.as_int("channels_per_pixel", channels_per_pixel, 1, 256,
+                                           TensorMapError)
+        pixels_per_column = checks.as_int("pixels_per_column", pixels_per_column, 1, 1024,
+                                          TensorMapError)
         _inner_rules("channels_per_pixel", channels_per_pixel, channels_per_pixel * dt.itemsize,
                      dt, opts["swizzle"], opts["interleave"])
         return cls("im2col", dt, shape, strides, (pixels_per_column, channels_per_pixel),
                    estrides, lower_corner=lower, upper_corner=upper, **opts)
 
     def with_address(self, address: int) -> "TensorMapSpec":
-        _check_address(address, self.interleave)
+        address = _check_address(address, self.interleave)
         return TensorMapSpec(self.kind, self.dtype, self.shape, self.strides, self.box,
                              self.element_strides, self.swizzle, self.interleave,
                              self.l2_promotion, self.oob_fill, address, self.lower_corner,
@@ -244,6 +240,7 @@ class TensorMapSpec:
 def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob, address,
             arch, ranks):
     dt = as_dtype(dtype)
+    arch = checks.as_arch("arch", arch, TensorMapError)
     if not dt.sm90 and arch.startswith("sm_90"):
         raise TensorMapError(f"dtype={dt.name} is a packed Blackwell type; {arch} rejects it. "
                              "Use uint8 for raw bytes")
@@ -306,7 +303,7 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
         if not 1 <= e <= 8:
             raise TensorMapError(f"element_strides[{i}]={e} must be in [1, 8]")
     if address is not None:
-        _check_address(address, interleave)
+        address = _check_address(address, interleave)
     return dt, shape, strides, estrides, {"swizzle": swizzle, "interleave": interleave,
                                           "l2_promotion": l2, "oob_fill": oob, "address": address}
 
@@ -314,17 +311,18 @@ def _common(dtype, shape, strides, element_strides, swizzle, interleave, l2, oob
 MAX_ADDRESS = 1 << 57  # measured: the driver rejects global addresses from 2^57 up
 
 
-def _check_address(address, interleave: str) -> None:
+def _check_address(address, interleave: str) -> int:
     align = 32 if interleave == "32B" else 16
-    if isinstance(address, bool) or not hasattr(address, "__index__"):
+    if not checks.is_int(address):
         raise TensorMapError(f"address={address!r} must be an int (a device pointer)")
-    address = address.__index__()
+    address = operator.index(address)
     if not 0 <= address < MAX_ADDRESS:
         raise TensorMapError(f"address=0x{address:x} is outside [0, 2^57), the addresses the "
                              "driver encodes" if address >= 0 else f"address={address} is negative")
     if address % align:
         raise TensorMapError(f"address={address!r} must be {align}-byte aligned (a misaligned "
                              "view such as an offset slice cannot be a TMA source)")
+    return address
 
 
 def _inner_rules(field_name: str, count: int, inner_bytes: int, dt: DType, swizzle: str,
