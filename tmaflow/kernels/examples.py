@@ -180,15 +180,18 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
 SOFTMAX_SMEM = 200 * 1024
 
 
-@functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def softmax_plan(shape, rows: int = 4, stages: int = 3):
     """A stage holds ``rows`` rows as n_box boxes of (rows, 256) placed back to back, which
     is planned as one (rows * n_box, 256) tile: same bytes, same transaction count. The
     kernel's loop needs at least two stages (it refills a stage after the store of the one
     before has read it), so long rows take fewer rows per stage; rows too long for two
     stages of one row are refused."""
-    rows = as_int("softmax: rows", rows, 1, 8)  # 128 threads a row, 1024 a block
-    stages = as_int("softmax: stages", stages, 2, 32)  # at most: as many as shared memory holds
+    return _softmax_plan(tuple(shape), as_int("softmax: rows", rows, 1, 8),  # 128 threads a row, 1024 a block
+                         as_int("softmax: stages", stages, 2, 32))  # at most: as many as shared memory holds
+
+
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
+def _softmax_plan(shape: tuple, rows: int, stages: int):
     n_box = math.ceil(shape[1] / 256)
     stage_bytes = lambda r: r * n_box * 256 * 4  # noqa: E731
     while rows > 1 and 2 * stage_bytes(rows) > SOFTMAX_SMEM:
@@ -257,6 +260,8 @@ def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = No
         raise TmaflowError(f"reduce_add: parts {p.shape} {p.dtype} must be (P, M, N) over out "
                            f"{o.shape} {o.dtype}")
     checks.no_aliasing("reduce_add", o, (("parts", p),))
+    for arr in (p, o):
+        on_current_device("reduce_add", arr)
     tp = TensorMap.tiled(p, (1, *box))
     to = TensorMap.tiled(o, box)
     layout = SharedLayout([Buffer("tile", tp.spec.smem_bytes, align=128),
@@ -318,6 +323,9 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
     o = None if out is None else given_output("broadcast_scale", out, xa.shape, xa.dtype)
     if o is not None:
         checks.no_aliasing("broadcast_scale", o, (("x", xa), ("w", wa)))
+    for arr in (xa, wa, o):
+        if arr is not None:
+            on_current_device("broadcast_scale", arr)
     result, o = (out, o) if o is not None else new_output(x, xa, xa.shape, None, stream)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
     k = get_kernel("broadcast_scale", layout, {"WROWS": wrows, "SPARSE": sparse}, debug=debug)
@@ -366,6 +374,9 @@ def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
     o = None if out is None else given_output("axpb", out, xa.shape, xa.dtype)
     if o is not None:
         checks.no_aliasing("axpb", o, (("x", xa),))
+    for arr in (xa, o):
+        if arr is not None:
+            on_current_device("axpb", arr)
     result, o = (out, o) if o is not None else new_output(x, xa, xa.shape, None, stream)
     k = get_kernel(f"axpb_{method}", None, debug=debug)
     launcher = k.launcher(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)

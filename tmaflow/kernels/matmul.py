@@ -271,7 +271,7 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     """Specs, shared-memory layout and compile-time defines for an (m x k) @ B product of
     bfloat16 or float8_e4m3fn operands. ``block_scales`` (one of ``SCALE_MODES``): each stage
     also holds its k-block's scales of A's BM rows, loaded by the TMA or gathered by a warp."""
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     fp8 = dtype == "float8_e4m3fn"
     if fp8 and layout != "nt":
@@ -437,7 +437,7 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     the layout DeepGEMM and cuBLAS take), which the TMA loads fastest.
     Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales or block scales whose
     scale_a is M-major) take the skinny path unless a GemmConfig is given."""
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
         raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig or kernels.SkinnyConfig")
@@ -719,7 +719,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     if A.ndim != 2 or B.ndim != 3 or A.dtype.name != "bfloat16" or B.dtype.name != "bfloat16":
         raise TmaflowError(f"grouped_gemm: a must be (T, K) and b (G, N, K), both bfloat16 (got "
                            f"{A.shape} {A.dtype.name}, {B.shape} {B.dtype.name})")
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise TmaflowError(f"grouped_gemm: layout={layout!r} must be one of {LAYOUTS}")
     t, k = A.shape
     if layout == "nt":
