@@ -408,13 +408,9 @@ class _BadDLPack:
 cpu("foreign arrays", "__dlpack__ that raises", TE, r"__dlpack__ .*the exporter failed", lambda: tf.as_array(_BadDLPack()))
 cpu("foreign arrays", "__dlpack__ returning garbage", TE, r"__dlpack__", lambda: tf.as_array(type("D", (), {"__dlpack__": lambda self, *a, **k: 42})()))
 
-# tf.empty / tf.zeros and the entry points: hostile shapes, dtypes, arrays (checked before any
-# device work, so these run without a GPU)
+# The entry points: hostile arrays (checked before any device work, so these run without a GPU;
+# tf.empty / tf.zeros are rows of the generated table)
 for _label, _value in HOSTILE.items():
-    if _label not in ("a nested list",):
-        cpu("hostile types: arrays", f"tf.empty shape = {_label}", TE, r"shape=|must be",
-            lambda v=_value: tf.empty(v if not isinstance(v, list) else v, "float32"))
-    cpu("hostile types: arrays", f"tf.empty dtype = {_label}", E, r"dtype=", lambda v=_value: tf.empty((4,), v))
     for _entry in ("copy", "softmax", "transpose"):
         cpu("hostile types: entry points", f"kernels.{_entry}(x = {_label})", TE, r"as_array|not a device array",
             lambda v=_value, e=_entry: getattr(ex, e)(v))
@@ -445,11 +441,31 @@ for _what, _kw, _pattern in (
         ("defines as a list", dict(defines=[("X", 1)]), r"defines=\[\('X', 1\)\] must be a dict"),
         ("debug as a string", dict(debug="yes"), r"debug='yes' must be True, False or None"),
         ("a negative watchdog", dict(watchdog_seconds=-1), r"watchdog_seconds=-1 must be a positive"),
-        ("a NaN watchdog", dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a positive"),
-        ("a watchdog given as text", dict(watchdog_seconds="1"), r"watchdog_seconds='1' must be a positive")):
+        ("a NaN watchdog", dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a finite number"),
+        ("a watchdog given as text", dict(watchdog_seconds="1"), r"watchdog_seconds='1' must be a finite number"),
+        ("a watchdog under 1 ns", dict(watchdog_seconds=1e-10), r"watchdog_seconds=1e-10 must be a positive number of seconds in \[1e-9"),
+        ("a watchdog of 2^64 ns", dict(watchdog_seconds=2.0**64 / 1e9), r"watchdog_seconds=18446744073.709553 must be .* \(1 ns to 2\^64 ns\)"),
+        ("a NaN define", dict(defines={"X": float("nan")}), r"defines\['X'\]=nan must be finite"),
+        ("a define value with a lone surrogate", dict(defines={"X": "a\ud800"}), r"defines\['X'\]='a\\ud800' is not valid UTF-8"),
+        ("an option with a lone surrogate", dict(options=["-DX=\ud800"]), r"option='-DX=\\ud800' is not valid UTF-8"),
+        ("arch as an int", dict(arch=90), r"arch=90 must look like 'sm_90a'"),
+        ("filename None", dict(filename=None), r"filename=None must be a non-empty one-line name")):
     cpu("Kernel inputs", _what, TE, _pattern, lambda kw=_kw: tf.Kernel(_K, "k", **kw))
 cpu("Kernel inputs", "a NUL in the source", TE, r"source has a NUL character", lambda: tf.Kernel("int x\0;" + _K, "k"))
 cpu("Kernel inputs", "a NUL in the name", TE, r"must name a __global__ function", lambda: tf.Kernel(_K, "k\0"))
+cpu("Kernel inputs", "a lone surrogate in the source", TE, r"source='.*' is not valid UTF-8", lambda: tf.Kernel(_K + "// \ud800", "k"))
+cpu("Kernel inputs", "a lone surrogate in the name", TE, r"name='k\\ud800' is not valid UTF-8", lambda: tf.Kernel(_K, "k\ud800"))
+cpu("Kernel inputs", "from_file of a binary file", TE, r"is not UTF-8 text \(byte 128\); is it a binary file", lambda: tf.Kernel.from_file(_binary_file(), "k"))
+cpu("Kernel inputs", "from_file of a path with a lone surrogate", TE, r"cannot read path='/tmp/\\ud800.cu'", lambda: tf.Kernel.from_file("/tmp/\ud800.cu", "k"))
+cpu("Kernel inputs", "from_file of None", TE, r"path=None must be a str or a path", lambda: tf.Kernel.from_file(None, "k"))
+
+
+def _binary_file():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cu", delete=False) as f:
+        f.write(bytes(range(256)) * 4)
+    return f.name
 
 
 def _with_env(name, value, action):
@@ -475,3 +491,94 @@ for _name, _value, _action in (
         ("TMAFLOW_CACHE", "maybe", lambda: tf.Kernel(_K + " ", "k").cubin)):
     cpu("environment", f"{_name}={_value}", TE, rf"{_name}='{_value}' must be",
         lambda n=_name, v=_value, a=_action: _with_env(n, v, a))
+for _value in ("1e-12", "1e30"):
+    cpu("environment", f"TMAFLOW_WATCHDOG_S={_value}", TE, r"TMAFLOW_WATCHDOG_S=1e[-+]\d+ must be a positive number of seconds in \[1e-9",
+        lambda v=_value: _with_env("TMAFLOW_WATCHDOG_S", v, lambda: tf.Kernel(_K, "k", debug=True)))
+
+
+# --- saved traces and the CLI (files are made in a fresh temporary directory) ---------------
+def _file(name: str, content: bytes | None = None) -> str:
+    import tempfile
+
+    path = f"{tempfile.mkdtemp(prefix='tmaflow-battery-')}/{name}"
+    if content is not None:
+        with open(path, "wb") as f:
+            f.write(content)
+    return path
+
+
+def _npz(**arrays) -> str:
+    path = _file("t.npz")
+    np.savez(path, **arrays)
+    return path
+
+
+def _truncated_trace() -> str:
+    from hostile_core import SAVED_TRACE
+
+    with open(SAVED_TRACE, "rb") as f:
+        return _file("t.npz", f.read()[:-20])
+
+
+_TRACE_FILES = (
+    ("an empty file", lambda: _file("t.npz", b""), r"is not a readable trace"),
+    ("a truncated file", _truncated_trace, r"is not a readable trace"),
+    ("a text file", lambda: _file("t.npz", b"hello\n"), r"is not a readable trace"),
+    ("a single .npy array", lambda: _file("t.npz", _npy_bytes()), r"is not a trace saved by Trace.save"),
+    ("an archive without meta", lambda: _npz(events=np.zeros(3)), r"is not a trace saved by Trace.save"),
+    ("events of another dtype", lambda: _npz(events=np.zeros(3), meta=np.array('{}')), r"events of dtype float64"),
+    ("meta that is not JSON", lambda: _npz(events=_saved_events(), meta=np.array("{")), r"is not a readable trace \(JSONDecodeError"),
+    ("meta without fields", lambda: _npz(events=_saved_events(), meta=np.array("{}")), r"meta=\{\} must hold kernel"),
+    ("a pickled object array", lambda: _npz(events=np.array([object()]), meta=np.array("{}")), r"is not a readable trace"),
+    ("a directory", lambda: _file(""), r"is not a readable trace"),
+    ("a missing file", lambda: _file("missing.npz"), r"is not a readable trace"),
+)
+
+
+def _npy_bytes() -> bytes:
+    buf = __import__("io").BytesIO()
+    np.save(buf, np.zeros(3))
+    return buf.getvalue()
+
+
+def _saved_events():
+    from tmaflow import trace
+
+    return np.zeros(2, trace._SAVED)
+
+
+for _what, _make, _pattern in _TRACE_FILES:
+    cpu("saved traces", f"Trace.load of {_what}", TE, rf"Trace.load: path='.*'.*{_pattern}|{_pattern}",
+        lambda m=_make: tf.trace.Trace.load(m()))
+    cpu("saved traces", f"python -m tmaflow trace --load of {_what}", TE, rf"^tmaflow: Trace.load: .*{_pattern}",
+        lambda m=_make: _cli("trace", "--load", m()))
+
+
+def _cli(*argv):
+    from hostile_core import run_cli
+
+    return run_cli(*argv)
+
+
+def _cache_is_a_file():
+    path = _file("cache", b"")
+    return _with_env("TMAFLOW_CACHE_DIR", path, lambda: _cli("cache", "info"))
+
+
+cpu("CLI", "swizzle --png into a missing directory", TE, r"--png='/.*/no/such/dir/x.png' must be a file in an existing directory",
+    lambda: _cli("swizzle", "--png", _file("no/such/dir/x.png")))
+cpu("CLI", "swizzle --png of a directory", TE, r"--png='.*' must be a file in an existing directory",
+    lambda: _cli("swizzle", "--png", _file("")))
+cpu("CLI", "trace --json into a missing directory", TE, r"--json='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--json", _file("no/dir/t.json")))
+cpu("CLI", "trace --save into a missing directory", TE, r"--save='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--save", _file("no/dir/t.npz")))
+cpu("CLI", "trace --png into a missing directory", TE, r"--png='.*' must be a file in an existing directory",
+    lambda: _cli("trace", "--load", _npz(), "--png", _file("no/dir/t.png")))
+cpu("CLI", "cache info with a cache directory that is a file", TE, r"TMAFLOW_CACHE_DIR='.*' is a file, not a directory",
+    _cache_is_a_file)
+cpu("CLI", "swizzle --box of 6 extents", TE, r"--box='1x1x1x1x1x8' must be 1-5 extents", lambda: _cli("swizzle", "--box", "1x1x1x1x1x8"))
+cpu("CLI", "swizzle --box of 257 columns", TE, r"--box='8x257' must be 1-5 extents in \[1, 256\]", lambda: _cli("swizzle", "--box", "8x257"))
+cpu("CLI", "an unknown command", TE, r"invalid choice: 'frobnicate'", lambda: _cli("frobnicate"))
+cpu("diagnose", "cluster_size=0", TE, r"diagnose: cluster_size=0 must be in \[1, 16\]",
+    lambda: __import__("tmaflow.diagnose").diagnose.diagnose(tf.trace.Trace(_saved_events(), "k", 1), None, 0))

@@ -22,7 +22,7 @@ SEQUENCES = frozenset({"tuple", "generator"})  # any flat iterable of ints is a 
 
 def named(name: str) -> str:
     """The message names the field with its value: ``name=...`` or ``name[i]=...``."""
-    return rf"\b{re.escape(name)}(\[\d+\])?="
+    return rf"(?<![\w-]){re.escape(name)}(\[\d+\])?="
 
 
 def row(function, name, call, error=tf.TmaflowError, valid=(), skip=(), valid_error="",
@@ -135,4 +135,124 @@ PARAMS += [
     row("reference.tma_store", "coords", _store("coords"), valid=SEQUENCES),
     row("reference.tma_store", "smem_image", _store("smem_image"), field=MENTIONED("smem_image")),
     row("reference.tma_store", "smem_base", _store("smem_base"), valid={"zero"}),
+]
+
+# --- Kernel (construction checks every argument; compiling is lazy) ------------------------
+K_SOURCE = 'extern "C" __global__ void k() {}'
+_kernel = _calls(tf.Kernel, dict(source=K_SOURCE, name="k"))
+_TEXT = {"str", "newline_str"}  # any text is a source: NVRTC judges it (tests/battery.py)
+PARAMS += [
+    row("Kernel", "source", _kernel("source"), skip=_TEXT, field=MENTIONED("source")),
+    row("Kernel", "name", _kernel("name")),
+    row("Kernel", "arch", _kernel("arch"), valid={"none"}),
+    row("Kernel", "defines", _kernel("defines"), valid={"none", "dict"}),
+    row("Kernel", "layout", _kernel("layout"), valid={"none"}),
+    row("Kernel", "options", _kernel("options"), valid={"none"}, field=r"\boptions?\b"),
+    row("Kernel", "debug", _kernel("debug"), valid={"none", "bool", "np_bool"}),
+    row("Kernel", "watchdog_seconds", _kernel("watchdog_seconds"),
+        valid={"none", "float", "integral_float", "np_float", "np_int"}),
+    row("Kernel", "filename", _kernel("filename"), valid={"str"}),
+    row("Kernel", "trace", _kernel("trace"), valid={"bool", "np_bool"}),
+    # a path that names no file is refused by name, like any other unreadable path
+    row("Kernel.from_file", "path", lambda v: tf.Kernel.from_file(v, "k")),
+]
+
+# --- traces and diagnose (no GPU: a trace built from events) --------------------------------
+from tmaflow import diagnose, trace  # noqa: E402
+
+EMPTY_TRACE = trace.Trace(np.empty(0, trace._SAVED), "k", 4)
+PARAMS += [
+    # n counts events: any count, however large, is "all of them"
+    row("Trace.tail", "n", lambda v: EMPTY_TRACE.tail(v), valid=INTS | {"zero", "huge", "np_uint_huge"}),
+    row("Trace.load", "path", lambda v: trace.Trace.load(v)),
+    row("diagnose.diagnose", "cluster_size", lambda v: diagnose.diagnose(EMPTY_TRACE, None, v),
+        valid=INTS),
+    row("diagnose.ledger", "cluster_size",
+        lambda v: diagnose.ledger(EMPTY_TRACE, tf.SharedLayout([]), v), valid=INTS),
+]
+
+# --- the CLI: each option given each kind as text (what a shell passes) ---------------------
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import tempfile  # noqa: E402
+
+from tmaflow import cli  # noqa: E402
+
+
+class CliRefusal(tf.TmaflowError):
+    """The CLI exited non-zero with a message (its stderr), not a traceback."""
+
+
+def run_cli(*argv) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = cli.main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse refuses with exit code 2
+            rc = exc.code
+    if rc:
+        raise CliRefusal(err.getvalue().strip())
+
+
+SAVED_TRACE = f"{tempfile.mkdtemp(prefix='tmaflow-hostile-')}/empty.npz"
+EMPTY_TRACE.save(SAVED_TRACE)
+_NUMBER_TEXT = {"str", "np_int", "zero", "huge", "np_uint_huge"}  # "8", "0", "2**64" as digits
+PARAMS += [
+    row("cli swizzle", "--dtype", lambda v: run_cli("swizzle", "--dtype", v), CliRefusal,
+        field=r"dtype="),
+    row("cli swizzle", "--box", lambda v: run_cli("swizzle", "--box", v), CliRefusal,
+        {"str", "np_int"}),
+    row("cli swizzle", "--swizzle", lambda v: run_cli("swizzle", "--swizzle", v), CliRefusal,
+        field=r"--swizzle"),
+    # --ctas counts CTAs to draw: any count from 1 up
+    row("cli trace", "--ctas", lambda v: run_cli("trace", "--load", SAVED_TRACE, "--ctas", v),
+        CliRefusal, _NUMBER_TEXT - {"zero"}, field=r"--ctas"),
+    row("cli trace", "--window", lambda v: run_cli("trace", "--load", SAVED_TRACE, "--window", v),
+        CliRefusal, _NUMBER_TEXT | {"float", "integral_float", "np_float"}, field=r"--window"),
+    row("cli trace", "--load", lambda v: run_cli("trace", "--load", v), CliRefusal,
+        field=r"path="),
+]
+
+# --- arrays (a valid call allocates: without a GPU it stops at the driver) ------------------
+NO_DRIVER = r"no usable CUDA driver|DriverNotFound"
+PARAMS += [
+    row("empty", "shape", lambda v: tf.empty(v, "float32"), valid=SEQUENCES | INTS | {"zero"},
+        valid_error=NO_DRIVER),
+    row("empty", "dtype", lambda v: tf.empty((8,), v), field=r"dtype="),
+    row("zeros", "shape", lambda v: tf.zeros(v, "float32"), valid=SEQUENCES | INTS | {"zero"},
+        valid_error=NO_DRIVER),
+    # numbers and sequences of numbers are host data (numpy converts them); strings and
+    # objects are not
+    row("from_numpy", "host", lambda v: tf.from_numpy(v),
+        valid={"bool", "np_bool", "float", "integral_float", "nan", "inf", "np_float", "zero",
+               "negative", "np_int", "np_uint_huge", "tuple", "nested", "ndarray_2d"},
+        valid_error=NO_DRIVER,
+        field=r"from_numpy: host|dtype="),
+    row("from_numpy", "dtype", lambda v: tf.from_numpy(np.zeros(4, np.float32), v),
+        valid={"none"}, valid_error=NO_DRIVER, field=r"dtype=|cannot hold"),
+]
+
+# --- tensor maps of device arrays (GPU) -----------------------------------------------------
+def _map(kw):
+    return tf.TensorMap.tiled(tf.zeros((64, 64), "float32"), **{"box": (8, 32), **kw})
+
+
+def _im2col_map(kw):
+    return tf.TensorMap.im2col(tf.zeros((2, 16, 16, 16), "float16"), **{
+        "lower_corner": (0, 0), "upper_corner": (0, 0), "channels_per_pixel": 16,
+        "pixels_per_column": 32, **kw})
+
+
+PARAMS += [
+    row("TensorMap.tiled", "box", lambda v: _map({"box": v}), E, SEQUENCES, gpu=True),
+    row("TensorMap.tiled", "dtype", lambda v: _map({"dtype": v}), E, {"none"}, gpu=True),
+    row("TensorMap.tiled", "access", lambda v: _map({"access": v}), E, gpu=True),
+    row("TensorMap.tiled", "swizzle", lambda v: _map({"swizzle": v}), E, _NONE_CHOICE, gpu=True),
+    row("TensorMap.tiled", "element_strides", lambda v: _map({"element_strides": v}), E,
+        SEQUENCES | {"none"}, gpu=True),
+    row("TensorMap.im2col", "lower_corner", lambda v: _im2col_map({"lower_corner": v}), E,
+        SEQUENCES, gpu=True),
+    row("TensorMap.im2col", "channels_per_pixel", lambda v: _im2col_map({"channels_per_pixel": v}),
+        E, INTS, gpu=True),
+    row("TensorMap.im2col", "dtype", lambda v: _im2col_map({"dtype": v}), E, {"none"}, gpu=True),
 ]

@@ -288,7 +288,7 @@ def test_gemm_compiles_to_hgmma_and_multicast_without_spills(layout, bn, cluster
     (dict(defines=[("X", 1)]), r"defines=\[\('X', 1\)\] must be a dict"),
     (dict(debug="yes"), r"debug='yes' must be True, False or None"),
     (dict(watchdog_seconds=-1), r"watchdog_seconds=-1 must be a positive number"),
-    (dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a positive number"),
+    (dict(watchdog_seconds=float("nan")), r"watchdog_seconds=nan must be a finite number"),
 ])
 def test_kernel_inputs_are_checked(kwargs, msg):
     with pytest.raises(tf.TmaflowError, match=msg):

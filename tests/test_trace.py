@@ -255,3 +255,13 @@ def test_diagnosis_missing_acquire_of_a_device_patched_map():
     assert [f.name for f in found] == ["missing-acquire"] and "CTA 1" in found[0].message
     out[1, 0]["t0"], out[1, 1] = 300, (250, 0, tr.KINDS.index("tensormap acquire") + 1, -1, 0, slot, 0, 2)
     assert diagnose(tr.Trace.from_rings(out, "k", LaunchConfig(2, 32)), None) == []
+
+
+def test_an_empty_trace_says_so_and_round_trips(tmp_path):
+    from tmaflow.trace import Trace, _SAVED
+
+    t = Trace(np.empty(0, _SAVED), "k", 4)
+    assert t.tail() == t.summary() == "k: no events recorded"
+    t.save(tmp_path / "t.npz")
+    back = Trace.load(tmp_path / "t.npz")
+    assert len(back) == 0 and back.warps_per_block == 4 and back.tail(0) == "k: no events recorded"

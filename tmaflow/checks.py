@@ -120,3 +120,15 @@ def as_arch(field: str, value, error: type[TmaflowError] = TmaflowError) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"sm_\d{2,3}[af]?", value):
         raise error(f"{field}={value!r} must look like 'sm_90a'")
     return value
+
+
+def as_text(field: str, value, error: type[TmaflowError] = TmaflowError) -> str:
+    """A str that encodes as UTF-8 (C tools read bytes; a lone surrogate has none)."""
+    if not isinstance(value, str):
+        raise error(f"{field}={value!r} must be a str (got {type(value).__name__})")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise error(f"{field}={value!r} is not valid UTF-8 text ({exc.reason} at "
+                    f"{exc.start})") from None
+    return value

@@ -8,7 +8,18 @@ import time
 
 import numpy as np
 
+from . import checks
 from .errors import TmaflowError
+
+
+def _output(option: str, path):
+    """An output path whose directory exists (checked before any work, so a typo does not
+    cost the run)."""
+    if path is None:
+        return None
+    if not path or os.path.isdir(path) or not os.path.isdir(os.path.dirname(path) or "."):
+        raise TmaflowError(f"{option}={path!r} must be a file in an existing directory")
+    return path
 
 
 def _demo_compile_only() -> int:
@@ -96,10 +107,13 @@ def swizzle(args) -> int:
     from . import reference
     from .tensormap import TensorMapSpec
 
+    _output("--png", args.png)
     try:
         box = tuple(int(v) for v in args.box.lower().split("x"))
     except ValueError:
         raise TmaflowError(f"--box={args.box!r} must be extents joined by 'x', e.g. 8x64") from None
+    if not 1 <= len(box) <= 5 or not all(1 <= b <= 256 for b in box):
+        raise TmaflowError(f"--box={args.box!r} must be 1-5 extents in [1, 256], e.g. 8x64")
     spec = TensorMapSpec.tiled(args.dtype, box, box, swizzle=args.swizzle)
     pos = reference.element_positions(spec)  # byte offset of each element
     E = spec.dtype.itemsize
@@ -143,6 +157,10 @@ def swizzle(args) -> int:
 def cache_cmd(args) -> int:
     from . import cache
 
+    where = cache.cache_dir()
+    if os.path.exists(where) and not os.path.isdir(where):
+        raise TmaflowError(f"the compile cache TMAFLOW_CACHE_DIR={str(where)!r} is a file, not a "
+                           "directory; point it at a directory or remove the file")
     if args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.cache_dir()}")
     else:
@@ -156,7 +174,11 @@ def trace_cmd(args) -> int:
     from . import trace as tr
     from .driver import driver_available
 
-    if args.load:
+    checks.as_int("--ctas", args.ctas, 1)
+    checks.as_float("--window", args.window, lo=0)
+    for option in ("json", "png", "save"):
+        _output(f"--{option}", getattr(args, option))
+    if args.load is not None:
         t = tr.Trace.load(args.load)
     else:
         if not driver_available():

@@ -4,12 +4,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import math
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, driver
+from . import cache, checks, driver
 from .errors import CompileError, CudaError, TmaflowError
 
 log = logging.getLogger("tmaflow.compiler")
@@ -219,13 +220,20 @@ def check_defines(defines) -> dict:
             if any(c in str(value) for c in "\n\r\0"):
                 raise TmaflowError(f"Kernel: defines[{key!r}]={value!r} must be one line (no "
                                    "newline or NUL)")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise TmaflowError(f"Kernel: defines[{key!r}]={value!r} must be finite (C has no "
+                                   "literal for it)")
+            checks.as_text(f"Kernel: defines[{key!r}]", str(value))
         out[key] = value
     return out
 
 
 def check_options(options) -> tuple[str, ...]:
-    """NVRTC options as a tuple of strings (a single string is a mistake worth naming)."""
-    if isinstance(options, (str, bytes)):
+    """NVRTC options as a tuple of strings (a single string is a mistake worth naming; None
+    is none)."""
+    if options is None:
+        return ()
+    if isinstance(options, (str, bytes, dict)):
         raise TmaflowError(f"Kernel: options={options!r} must be a list or tuple of strings, "
                            f"e.g. ({options!r},)")
     try:
@@ -233,8 +241,9 @@ def check_options(options) -> tuple[str, ...]:
     except TypeError:
         raise TmaflowError(f"Kernel: options={options!r} must be a list or tuple of strings") from None
     for opt in options:
-        if not isinstance(opt, str) or not opt or any(c in opt for c in "\n\0"):
+        if not isinstance(opt, str) or not opt or any(c in opt for c in "\n\r\0"):
             raise TmaflowError(f"Kernel: option {opt!r} must be a non-empty one-line string")
+        checks.as_text("Kernel: option", opt)
         if opt in ("-dlto", "--dlto") or opt.startswith(("-ptx", "--ptx", "-dc")):
             raise TmaflowError(f"Kernel: option {opt!r} makes NVRTC emit no CUBIN (LTO IR or "
                                "relocatable code); tmaflow loads CUBIN")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import checks
 from . import trace as tr
 
 K = tr.KIND
@@ -72,6 +73,7 @@ def _pipelines(layout):
 
 def ledger(trace, layout, cluster_size: int = 1) -> dict:
     """(block, pipeline name, stage) -> _Stage, from the trace's events."""
+    cluster_size = checks.as_int("ledger: cluster_size", cluster_size, 1, 16)
     bars = {}  # smem offset -> (pipeline, "full" | "empty", stage)
     for pipe in _pipelines(layout):
         for side in ("full", "empty"):
@@ -114,6 +116,7 @@ def diagnose(trace, layout, cluster_size: int = 1, book: dict | None = None) -> 
     """Every broken rule in the trace, most specific first (see the module doc). Rules that
     count every wait, arrival or copy apply to ``trace="all"`` traces only. ``book``: the
     trace's ``ledger``, when the caller has it already."""
+    cluster_size = checks.as_int("diagnose: cluster_size", cluster_size, 1, 16)
     if trace is None or not len(trace):
         return []
     detail = getattr(trace, "level", "all") == "all"

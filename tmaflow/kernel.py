@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import warnings
 from threading import get_ident
 from pathlib import Path
 
-from . import compiler, driver, watchdog
+import numpy as np
+
+from . import checks, compiler, driver, watchdog
 from .device import Device, _switched, current_device, current_ordinal
 from .errors import LaunchError, TmaflowError, TmaflowWarning
 from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
@@ -125,28 +128,33 @@ class Kernel:
         if "\0" in source:
             raise TmaflowError(f"Kernel: source has a NUL character at offset {source.index(chr(0))}; "
                                "NVRTC would stop reading there")
-        if not isinstance(name, str) or not name.strip() or "\0" in name or "\n" in name:
+        checks.as_text("Kernel: source", source)
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_:][^\n\r\0]*", name):
             raise TmaflowError(f"Kernel: name={name!r} must name a __global__ function")
-        if arch is not None and not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
-            raise TmaflowError(f"Kernel: arch={arch!r} must look like 'sm_90a'")
+        checks.as_text("Kernel: name", name)
+        if arch is not None:
+            checks.as_arch("Kernel: arch", arch)
         if layout is not None and not hasattr(layout, "header"):
             raise TmaflowError(f"Kernel: layout={layout!r} must be a tf.SharedLayout")
-        self.source, self.name, self.filename = source, name, filename
+        self.source, self.name = source, name
+        if not isinstance(filename, str) or not re.fullmatch(r"[^\n\r\0]+", filename):
+            raise TmaflowError(f"Kernel: filename={filename!r} must be a non-empty one-line name")
+        self.filename = checks.as_text("Kernel: filename", filename)
         self.defines = compiler.check_defines(defines)
         self.options = compiler.check_options(options)
         self.layout = layout
-        if debug is not None and not isinstance(debug, bool):
+        if debug is not None and not isinstance(debug, (bool, np.bool_)):
             raise TmaflowError(f"Kernel: debug={debug!r} must be True, False or None (TMAFLOW_DEBUG)")
-        self.debug = debug if debug is not None else watchdog.env_debug()
-        if not (trace is False or trace is True or isinstance(trace, str) and trace in ("stage", "all")):
+        self.debug = bool(debug) if debug is not None else watchdog.env_debug()
+        if isinstance(trace, str) and trace in ("stage", "all"):
+            self.trace = trace
+        elif isinstance(trace, (bool, np.bool_)):
+            self.trace = "stage" if trace else False  # False, "stage" or "all"
+        else:
             raise TmaflowError(f"Kernel: trace={trace!r} must be False, True (= 'stage') or 'all'")
-        self.trace = "stage" if trace is True else trace  # False, "stage" or "all"
         self.last_trace = None  # the Trace of the latest traced launch (trace builds)
-        if watchdog_seconds is not None and (isinstance(watchdog_seconds, bool) or
-                                             not isinstance(watchdog_seconds, (int, float)) or
-                                             not 0 < watchdog_seconds < float("inf")):
-            raise TmaflowError(f"Kernel: watchdog_seconds={watchdog_seconds!r} must be a positive "
-                               "number of seconds")
+        if watchdog_seconds is not None:
+            watchdog_seconds = watchdog.check_seconds("Kernel: watchdog_seconds", watchdog_seconds)
         # read only for debug builds: a bad TMAFLOW_WATCHDOG_S must not break release kernels
         self.watchdog_seconds = (watchdog_seconds or watchdog.default_seconds()) if self.debug \
             else watchdog_seconds
@@ -159,11 +167,19 @@ class Kernel:
 
     @classmethod
     def from_file(cls, path, name: str, **kwargs) -> "Kernel":
+        if not isinstance(path, (str, os.PathLike)):
+            raise TmaflowError(f"Kernel.from_file: path={path!r} must be a str or a path")
         path = Path(path)
         try:
-            text = path.read_text()
-        except OSError as exc:
-            raise TmaflowError(f"Kernel.from_file: cannot read path={str(path)!r} ({exc.strerror})") from None
+            data = path.read_bytes()
+        except (OSError, ValueError) as exc:  # ValueError: a NUL or a lone surrogate in the path
+            raise TmaflowError(f"Kernel.from_file: cannot read path={str(path)!r} "
+                               f"({getattr(exc, 'strerror', None) or exc})") from None
+        try:
+            text = data.decode()
+        except UnicodeDecodeError as exc:
+            raise TmaflowError(f"Kernel.from_file: path={str(path)!r} is not UTF-8 text (byte "
+                               f"{exc.start}); is it a binary file?") from None
         return cls(text, name, filename=path.name, **kwargs)
 
     # --- compilation (no GPU needed) -------------------------------------------
@@ -177,7 +193,7 @@ class Kernel:
         opts = [f"-D{k}={v}" if v is not None else f"-D{k}" for k, v in sorted(self.defines.items())]
         if self.debug:
             opts += ["-lineinfo", "-DTMAFLOW_DEBUG=1",
-                     f"-DTMAFLOW_WATCHDOG_NS={int(self.watchdog_seconds * 1e9)}ull"]
+                     f"-DTMAFLOW_WATCHDOG_NS={watchdog.nanoseconds(self.watchdog_seconds)}ull"]
         if self.trace:
             opts += ["-lineinfo", f"-DTMAFLOW_TRACE={2 if self.trace == 'all' else 1}"]
         return tuple(opts) + self.options

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from . import dlpack, driver
+from . import checks, dlpack, driver
 from .device import Device, current_device, device_of, stream_handle
 from .dtypes import DType, as_dtype
 from .errors import TmaflowError
@@ -221,15 +221,11 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     freed) in order on ``stream`` (default: the legacy default stream). Using it on another
     stream is fine once that stream is ordered after the allocation; free it only after the
     work on other streams finished (as with torch's caching allocator)."""
-    given = shape
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (shape,)
-    if not isinstance(shape, (tuple, list)) and type(shape).__name__ != "Size":
-        raise TmaflowError(f"shape={given!r} must be an int or a tuple of non-negative ints")
-    if any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
-        raise TmaflowError(f"shape={tuple(shape)!r}: every extent must be a non-negative int")
+    shape = checks.as_ints("shape", shape, lo=0)
     dt = as_dtype(dtype)
-    shape = tuple(int(n) for n in shape)
+    if math.prod(shape) * dt.itemsize >= 1 << 63:
+        raise TmaflowError(f"shape={shape} of {dt.name} needs {math.prod(shape) * dt.itemsize} B, "
+                           "beyond any device's memory")
     dev = device.activate() if device is not None else current_device()  # current either way
     graph = capturing() if CAPTURING else None
     if graph is not None:
@@ -246,7 +242,10 @@ def zeros(shape, dtype="float32", device: Device | None = None) -> DeviceArray:
 
 
 def from_numpy(host: np.ndarray, dtype=None, device: Device | None = None) -> DeviceArray:
-    host = np.asarray(host)
+    given, host = host, np.asarray(host)
+    if host.dtype == object:
+        raise TmaflowError(f"from_numpy: host of type {type(given).__name__} holds Python objects; "
+                           "give a numpy array (or nested lists) of numbers")
     dt = as_dtype(dtype if dtype is not None else host.dtype)
     if host.dtype.itemsize != dt.itemsize:
         raise TmaflowError(f"from_numpy: host dtype {host.dtype} ({host.dtype.itemsize} B) "

@@ -370,13 +370,14 @@ class TensorMap:
         "store" or "any" (default). A store map whose rows are not a multiple of 16 bytes
         spills past each row (``spec.store_spill_bytes``): "store" refuses it, "any" warns
         (``tf.TmaflowWarning``), "load" is silent."""
-        if access not in ("any", "load", "store"):
+        if not isinstance(access, str) or access not in ("any", "load", "store"):
             raise TensorMapError(f"access={access!r} must be 'any', 'load' or 'store'")
         arr = array if type(array) is DeviceArray else _device_view(array)
         if not arr._alloc.live:
             raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
-        key = ("tiled", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype,
-               box if type(box) is tuple else tuple(box) if not isinstance(box, int) else (box,),
+        if type(box) is not tuple:
+            box = _ints("box", box)  # once: a generator is spent by the first read
+        key = ("tiled", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype, box,
                *options.items())
         try:
             hit = _encode_cache.get(key)

@@ -18,12 +18,14 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import os
 import struct
 import threading
+import zipfile
 
 import numpy as np
 
-from . import driver
+from . import checks, driver
 from .errors import TmaflowError
 
 # Mirrors enum tmaflow::trace::Kind (include/tmaflow/trace.cuh), from 1.
@@ -166,12 +168,27 @@ class Trace:
 
     @classmethod
     def load(cls, path) -> "Trace":
-        with np.load(path) as f:
-            meta = json.loads(str(f["meta"]))
-            trace = cls(f["events"], meta["kernel"], meta["warps_per_block"], meta["placements"],
-                        meta["wrapped"])
-            trace.level = meta.get("level", "all")
-            return trace
+        """A trace kept by ``save``; any other file is a TmaflowError naming what is wrong."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise TmaflowError(f"Trace.load: path={path!r} must be a str or a path")
+        where = f"Trace.load: path={os.fspath(path)!r}"
+        try:
+            f = np.load(path, allow_pickle=False)
+            if not isinstance(f, np.lib.npyio.NpzFile):  # a single .npy array
+                raise TmaflowError(f"{where} is not a trace saved by Trace.save (one array, not "
+                                   "an archive of events and meta)")
+            with f:
+                if {"events", "meta"} - set(f.files):
+                    raise TmaflowError(f"{where} is not a trace saved by Trace.save (no events "
+                                       "and meta arrays)")
+                events, meta = f["events"], json.loads(str(f["meta"]))
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # JSON errors are ValueErrors
+            raise TmaflowError(f"{where} is not a readable trace ({type(exc).__name__}: {exc})") from None
+        _check_saved(where, events, meta)
+        trace = cls(events, meta["kernel"], meta["warps_per_block"], meta["placements"],
+                    meta["wrapped"])
+        trace.level = meta.get("level", "all")
+        return trace
 
     # --- naming ----------------------------------------------------------------------------
     def kind(self, code: int) -> str:
@@ -343,6 +360,9 @@ class Trace:
         """The last ``n`` events of every warp, as text (what led up to a hang): up to and
         including the warp's own timed-out wait; what it did after another wait timed out
         (waits that gave up at once) is left out."""
+        n = checks.as_int("Trace.tail: n", n, 0)
+        if not len(self.events):
+            return f"{self.kernel_name}: no events recorded"
         roles = self.roles()
         ev = self.events
         t_min = int(ev["t0"].min()) if len(ev) else 0
@@ -376,3 +396,23 @@ class Trace:
 
     def __repr__(self) -> str:
         return f"Trace({self.kernel_name}, {len(self.events)} events)"
+
+
+_SAVED = np.dtype(EVENT.descr + [("block", "<u4"), ("warp", "<u4")])
+_META = {"kernel": str, "warps_per_block": int, "placements": list, "wrapped": int}
+
+
+def _check_saved(where: str, events, meta) -> None:
+    """The schema ``Trace.save`` writes: events of the saved dtype, meta of these fields."""
+    if not isinstance(events, np.ndarray) or events.ndim != 1 or events.dtype != _SAVED:
+        raise TmaflowError(f"{where}: events of dtype {getattr(events, 'dtype', None)} are not "
+                           "a saved trace's (a file of another tmaflow version?)")
+    if not isinstance(meta, dict) or any(not isinstance(meta.get(k), t) or isinstance(meta.get(k), bool)
+                                         for k, t in _META.items()):
+        raise TmaflowError(f"{where}: meta={meta!r} must hold "
+                           + ", ".join(f"{k} ({t.__name__})" for k, t in _META.items()))
+    if meta["warps_per_block"] < 1 or any(
+            not (isinstance(p, list) and len(p) == 3 and isinstance(p[0], str)
+                 and all(checks.is_int(v) for v in p[1:])) for p in meta["placements"]):
+        raise TmaflowError(f"{where}: meta={meta!r} has a warps_per_block below 1 or placements "
+                           "that are not [name, offset, bytes] triples")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ctypes
 
-from . import driver, env
-from .errors import CudaError, DeadlockError
+from . import checks, driver, env
+from .errors import CudaError, DeadlockError, TmaflowError
 
 SLOTS = 64
 NAME_LEN = 32
@@ -38,7 +38,22 @@ def env_debug() -> bool:
 
 
 def default_seconds() -> float:
-    return env.seconds("TMAFLOW_WATCHDOG_S", 1.0)
+    return check_seconds("TMAFLOW_WATCHDOG_S", env.seconds("TMAFLOW_WATCHDOG_S", 1.0))
+
+
+def check_seconds(field: str, value) -> float:
+    """A wait bound in seconds; the debug build compiles it in as a 64-bit count of
+    nanoseconds (``nanoseconds``), which must be in [1, 2^64)."""
+    seconds = checks.as_float(field, value)
+    if not 1 <= seconds * 1e9 < 2.0 ** 64:
+        raise TmaflowError(f"{field}={value!r} must be a positive number of seconds in "
+                           f"[1e-9, {2 ** 64 / 1e9:.4g}] (1 ns to 2^64 ns)")
+    return seconds
+
+
+def nanoseconds(seconds: float) -> int:
+    """The compiled-in bound of a wait of ``seconds`` (checked by ``check_seconds``)."""
+    return max(1, int(seconds * 1e9))
 
 
 class Watch:
