@@ -40,6 +40,8 @@ def int_in(field: str, value, allowed: tuple) -> int:
 
 def positive_float(field: str, value, rule: str = "a positive finite float") -> float:
     """A finite float > 0 (numpy floats and ints too; bools, strings and NaN refused)."""
+    if type(value) is float and 0.0 < value < math.inf:  # the common spelling, per call
+        return value
     if not isinstance(value, (bool, np.bool_, str, bytes)):
         try:
             out = float(value)
