@@ -6,6 +6,7 @@ docs/bad-input-battery.md.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -230,7 +231,7 @@ gpu(H, "softmax of bfloat16", TE, r"needs a 2-D float32 array", lambda: ex.softm
 gpu(H, "softmax rows too long for one stage", TE, r"softmax: rows of 70000 float32 need \d+ B .* at most 25600 columns fit", lambda: ex.softmax(tf.zeros((8, 70000))))
 gpu(H, "reduce_add with mismatched shapes", TE, r"must be \(P, M, N\) over out", lambda: ex.reduce_add(tf.zeros((2, 8, 8)), tf.zeros((8, 16))))
 gpu(H, "axpb of a ragged length", TE, r"multiple of 4096 elements", lambda: ex.axpb(tf.zeros(5000), 1.0, 0.0))
-gpu(H, "axpb with an unknown method", TE, r"method='fast' must be 'tma' or 'ldgsts'", lambda: ex.axpb(tf.zeros(4096), 1.0, 0.0, method="fast"))
+gpu(H, "axpb with an unknown method", TE, r"method='fast' must be one of 'tma', 'ldgsts'", lambda: ex.axpb(tf.zeros(4096), 1.0, 0.0, method="fast"))
 gpu(H, "broadcast with a cluster not dividing the CTAs", TE, r"must divide the 3 CTAs|cluster=2", lambda: ex.broadcast_scale(tf.zeros((96, 256)), tf.zeros((64, 256)), cluster=2))
 gpu(H, "broadcast with 16-row tiles", TE, r"wrows=16 must be 32 or 64", lambda: ex.broadcast_scale(tf.zeros((64, 256)), tf.zeros((64, 256)), wrows=16))
 gpu(H, "replace_address with another shape", E, r"replace_address: array shape=\(8, 16\)", lambda: tf.TensorMap.tiled(tf.zeros((16, 16)), (4, 16)).replace_address(tf.zeros((8, 16))))
@@ -238,8 +239,11 @@ gpu(H, "replace_address with another shape", E, r"replace_address: array shape=\
 G = "gemm"
 
 
+_FAKE = itertools.count(1 << 32, 1 << 24)
+
+
 def _bf(shape, dtype="bfloat16", strides=None):
-    return DeviceArray(1 << 32, shape, dtype, strides=strides)  # never dereferenced: checks fail first
+    return DeviceArray(next(_FAKE), shape, dtype, strides=strides)  # never dereferenced: checks fail first; one range each
 
 
 cpu(G, "unknown layout", TE, r"layout='tn' must be one of \('nt', 'nn'\)", lambda: gemm(_bf((64, 32)), _bf((48, 32)), _bf((64, 48)), layout="tn"))
@@ -259,7 +263,7 @@ cpu(A, "fp16 q with bf16 k and v", TE, r"k is bfloat16 but q is float16; q, k an
 cpu(A, "fp16 out for bf16 operands", TE, r"out must be a \(1, 2, 64, 128\) bfloat16 array", lambda: attention(_bf(_q), _bf(_q), _bf(_q), _bf(_q, "float16")))
 cpu(A, "scale NaN", TE, r"scale=nan must be a positive finite float", lambda: attention(_bf(_q), _bf(_q), _bf(_q), scale=float("nan")))
 cpu(A, "scale 0", TE, r"scale=0 must be a positive finite float", lambda: attention(_bf(_q), _bf(_q), _bf(_q), scale=0))
-cpu(A, "causal as a string", TE, r"causal='yes' must be a bool", lambda: attention(_bf(_q), _bf(_q), _bf(_q), causal="yes"))
+cpu(A, "causal as a string", TE, r"causal='yes' must be True or False", lambda: attention(_bf(_q), _bf(_q), _bf(_q), causal="yes"))
 cpu(A, "head dim 96", TE, r"head_dim=96 is not supported; use one of \(64, 128, 256\)", lambda: attention(*(_bf((1, 2, 64, 96)),) * 3))
 cpu(A, "k transposed (not contiguous)", TE, r"attention: k must be contiguous", lambda: attention(_bf(_q), _bf(_q, strides=(32768, 16384, 2, 128)), _bf(_q)))
 cpu(A, "cp.async kernel given fp16", TE, r"attention_cp_async: q must be bfloat16 \(got float16\)", lambda: attention_cp_async(*(_bf(_q, "float16"),) * 3))

@@ -1,4 +1,5 @@
 """The GEMM's host side without a GPU: operand checks, plans, shared-memory budgets."""
+import itertools
 import math
 
 import pytest
@@ -8,11 +9,11 @@ from tmaflow import kernels
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, dense_config, gemm_plan
 from tmaflow.memory import DeviceArray
 
-FAKE = 1 << 32  # never dereferenced: every check below fails before a launch
+FAKE = itertools.count(1 << 32, 1 << 24)  # never dereferenced: every check below fails before a launch
 
 
 def arr(shape, dtype="bfloat16", strides=None):
-    return DeviceArray(FAKE, shape, dtype, strides=strides)
+    return DeviceArray(next(FAKE), shape, dtype, strides=strides)  # one range each: no aliasing
 
 
 @pytest.mark.parametrize("a,b,out,kw,msg", [

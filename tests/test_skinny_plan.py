@@ -72,7 +72,7 @@ def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
 
 
 @pytest.mark.parametrize("kwargs,match", [({"rows": 96}, r"rows=96 must be 64 or 128"),
-                                          ({"split_k": 0}, r"split_k=0 must be None or in \[1, 64\]"),
+                                          ({"split_k": 0}, r"SkinnyConfig: split_k=0 must be in \[1, 64\]"),
                                           ({"split_k": True}, r"split_k=True"),
                                           ({"stages": 1}, r"stages=1 must be in \[2, 16\]"),
                                           ({"cluster": 4}, r"cluster=4 must be 1 or 2"),
@@ -149,7 +149,7 @@ def test_fp8_scales_are_checked_before_any_launch():
         kernels.gemm(bf, bf, scale_a=2.0)
     with pytest.raises(tf.TmaflowError, match=r"a is float8_e4m3fn but b is bfloat16"):
         kernels.gemm(a8, bf)
-    with pytest.raises(tf.TmaflowError, match=r"promote=-1 must be an int in \[0, 64\]"):
+    with pytest.raises(tf.TmaflowError, match=r"promote=-1 must be in \[0, 64\]"):
         GemmConfig(promote=-1)
 
 

@@ -17,6 +17,7 @@ from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
                     on_current_device, stream_key)
+from . import checks
 from .registry import get_kernel
 
 BM = 128                  # query rows a work tile
@@ -56,9 +57,7 @@ def attention_plan(head_dim: int, causal: bool = False) -> tuple:
     return spec_q, spec_kv, layout
 
 
-def _check(q, k, v, causal, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
-    if not isinstance(causal, bool):
-        raise TmaflowError(f"{who}: causal={causal!r} must be a bool")
+def _check(q, k, v, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim != 4:
             raise TmaflowError(f"{who}: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
@@ -89,18 +88,17 @@ def _check(q, k, v, causal, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES)
 def _scale(scale, d: int, who: str = "attention") -> float:
     if scale is None:
         return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-        raise TmaflowError(f"{who}: scale={scale!r} must be a positive finite float (the kernel "
-                           "takes row maxima of the unscaled scores)")
-    return float(scale)
+    return checks.positive_float(f"{who}: scale", scale, "a positive finite float (the kernel takes "
+                                 "row maxima of the unscaled scores)")
 
 
-def _given_out(out, Q, who: str = "attention"):
+def _given_out(out, Q, inputs: tuple, who: str = "attention"):
     if out is None:
         return None
     O = given_output(who, out, Q.shape, Q.dtype)
     if O.strides != contiguous_strides(Q.shape, 2):
         raise TmaflowError(f"{who}: out must be contiguous (strides {O.strides} B)")
+    checks.no_aliasing(who, O, tuple(zip("qkv", inputs)))
     return O
 
 
@@ -113,10 +111,12 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     reads key/value head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as
     torch's ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind),
     and with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
+    causal, pdl, debug, trace = _OPTIONS(causal, pdl, debug, trace)
+    (return_lse,) = _RETURN_LSE(return_lse)  # a flag: any bool is valid, not part of the key
     Q, K, V = as_array(q), as_array(k), as_array(v)
-    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal)
+    b, hq, sq, d, hkv, skv = _check(Q, K, V)
     scale = _scale(scale, d)
-    O = _given_out(out, Q)
+    O = _given_out(out, Q, (Q, K, V))
     key = ("attention", Q.dtype.name, Q.shape, K.shape, causal, stream_key(stream), pdl, Q.device, current_ordinal(),
            debug, trace, get_ident())
     try:
@@ -139,7 +139,13 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     return st.launcher, args, ret
 
 
+_OPTIONS = checks.Options("attention", causal=checks.flag(), pdl=checks.flag(), debug=checks.DEBUG,
+                          trace=checks.TRACE)
+_RETURN_LSE = checks.Options("attention", return_lse=checks.flag())
+
+
 def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
+    _OPTIONS.check(causal, pdl, debug, trace)
     on_current_device("attention", Q)
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
@@ -167,11 +173,12 @@ _CP_ASYNC_ROWS = 64  # query rows (and keys) a CTA block
 def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float | None = None, stream=None):
     """The same attention the pre-Hopper way (``attention_cp_async.cu``: seed 002's cp.async
     double buffering and mma.sync), kept beside ``attention`` to compare; head dim 64 or 128."""
+    (causal,) = _CP_ASYNC_OPTIONS(causal)
     Q, K, V = as_array(q), as_array(k), as_array(v)
     who = "attention_cp_async"
-    b, hq, sq, d, hkv, skv = _check(Q, K, V, causal, CP_ASYNC_HEAD_DIMS, who, ("bfloat16",))
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, CP_ASYNC_HEAD_DIMS, who, ("bfloat16",))
     scale = _scale(scale, d, who)
-    O = _given_out(out, Q, who)
+    O = _given_out(out, Q, (Q, K, V), who)
     key = ("attention_cp_async", Q.shape, K.shape, causal, stream_key(stream), Q.device, current_ordinal(),
            get_ident())
     try:
@@ -184,7 +191,11 @@ def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float 
     return launcher, (Q, K, V, O, sq, skv, hq, hq // hkv, scale * math.log2(math.e)), result
 
 
+_CP_ASYNC_OPTIONS = checks.Options("attention_cp_async", causal=checks.flag())
+
+
 def _cp_async_launcher(Q, causal, stream):
+    _CP_ASYNC_OPTIONS.check(causal)
     on_current_device("attention_cp_async", Q)
     b, hq, sq, d = Q.shape
     kern = get_kernel("attention_cp_async", None, defines={"HEAD_DIM": d, "CAUSAL": int(causal)},

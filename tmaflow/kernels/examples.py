@@ -7,10 +7,12 @@ import math
 from threading import get_ident
 
 from ..device import current_device, current_ordinal
+from ..checks import as_float, as_int
 from ..errors import TmaflowError
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
+from . import checks
 from .registry import get_kernel
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
                     new_output, on_current_device, output_strides, stream_key)
@@ -65,9 +67,12 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     cuMemcpyDtoD against 0.933 flattened). The other defaults (64 KB boxes, 3 stages, 2 stores
     in flight, evict-first loads) are the fastest configuration the bandwidth sweep found.
     """
+    box_t, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores, pdl, debug, trace = \
+        _COPY_OPTIONS(box, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores, pdl, debug, trace)
     a = as_array(src)
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype, bits_only=True)
-    box_t = tuple(box) if box is not None else None
+    if o is not None:
+        checks.no_aliasing("copy", o, (("src", a),))
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
            l2_promotion, flatten, evict_first, stores, stream_key(stream), pdl, a.device,
            current_ordinal(), debug, trace, get_ident())
@@ -84,8 +89,16 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), dst
 
 
+_COPY_OPTIONS = checks.Options(
+    "copy", box=checks.box(optional=True), stages=checks.integer(2, 32, optional=True),
+    ctas_per_sm=checks.integer(1, 32), l2_promotion=checks.choice(*checks.L2_PROMOTIONS),
+    flatten=checks.flag(optional=True), evict_first=checks.flag(), stores=checks.integer(1, 31),
+    pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
+
+
 def _copy_state(a, o, box, stages, ctas_per_sm, l2_promotion, flatten, evict_first,
                 stores, stream, pdl, debug, trace=False):
+    _COPY_OPTIONS.check(box, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores, pdl, debug, trace)
     if a.ndim != 2:
         raise TmaflowError(f"copy: src must be 2-D (got shape {a.shape}); reshape it")
     on_current_device("copy", a)
@@ -128,19 +141,26 @@ def transpose_plan(shape, stages: int = 4):
     return spec_in, spec_out, layout
 
 
+_TRANSPOSE_OPTIONS = checks.Options("transpose", debug=checks.DEBUG)
+
+
 @entry_point
 def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     """out = a.T for a 2-D float32 array, through 128B-swizzled shared memory."""
+    (debug,) = _TRANSPOSE_OPTIONS(debug)
     x = as_array(a)
     if x.ndim != 2 or x.dtype.itemsize != 4:
         raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
     shape_t = (x.shape[1], x.shape[0])
     o = None if out is None else given_output("transpose", out, shape_t, x.dtype, bits_only=True)
+    if o is not None:
+        checks.no_aliasing("transpose", o, (("a", x),))
     o_strides = output_strides(o, shape_t, 4)
     key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream_key(stream), x.device,
            current_ordinal(), debug, get_ident())
 
     def build():
+        _TRANSPOSE_OPTIONS.check(debug)
         on_current_device("transpose", x)
         spec_in, spec_out, layout = transpose_plan(x.shape)
         k = get_kernel("transpose", layout, debug=debug)
@@ -160,13 +180,18 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
 SOFTMAX_SMEM = 200 * 1024
 
 
-@functools.lru_cache(maxsize=64)  # plans are pure: build each once
 def softmax_plan(shape, rows: int = 4, stages: int = 3):
     """A stage holds ``rows`` rows as n_box boxes of (rows, 256) placed back to back, which
     is planned as one (rows * n_box, 256) tile: same bytes, same transaction count. The
     kernel's loop needs at least two stages (it refills a stage after the store of the one
     before has read it), so long rows take fewer rows per stage; rows too long for two
     stages of one row are refused."""
+    return _softmax_plan(tuple(shape), as_int("softmax: rows", rows, 1, 8),  # 128 threads a row, 1024 a block
+                         as_int("softmax: stages", stages, 2, 32))  # at most: as many as shared memory holds
+
+
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
+def _softmax_plan(shape: tuple, rows: int, stages: int):
     n_box = math.ceil(shape[1] / 256)
     stage_bytes = lambda r: r * n_box * 256 * 4  # noqa: E731
     while rows > 1 and 2 * stage_bytes(rows) > SOFTMAX_SMEM:
@@ -185,9 +210,13 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
 @entry_point
 def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None = None,
             trace: bool = False):
-    """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
+    """Row softmax of a 2-D float32 array (rows loaded and stored by TMA). ``out`` may be ``x``
+    itself (each row is read whole before it is written), but no other view overlapping it."""
+    pdl, debug, trace = _SOFTMAX_OPTIONS(pdl, debug, trace)
     a = as_array(x)
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
+    if o is not None:
+        checks.no_aliasing("softmax", o, (("x", a),), in_place="x")
     key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), pdl,
            a.device, current_ordinal(), debug, trace, get_ident())
     try:
@@ -199,7 +228,11 @@ def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None =
     return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), out
 
 
+_SOFTMAX_OPTIONS = checks.Options("softmax", pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
+
+
 def _softmax_state(a, o, stream, pdl, debug, trace=False) -> _State:
+    _SOFTMAX_OPTIONS.check(pdl, debug, trace)
     if a.ndim != 2 or a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a 2-D float32 array (got {a.shape} {a.dtype})")
     on_current_device("softmax", a)
@@ -215,13 +248,20 @@ def _softmax_state(a, o, stream, pdl, debug, trace=False) -> _State:
 
 
 # --- TMA reduce-add --------------------------------------------------------------------------
+_REDUCE_OPTIONS = checks.Options("reduce_add", box=checks.box(), debug=checks.DEBUG)
+
+
 @entry_point
 def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = None):
     """out += sum(parts, axis=0) with cp.reduce.async.bulk.tensor (float32 or int32)."""
+    box, debug = _REDUCE_OPTIONS.check(box, debug)
     p, o = as_array(parts), as_array(out)
     if p.ndim != 3 or o.shape != p.shape[1:] or p.dtype != o.dtype:
         raise TmaflowError(f"reduce_add: parts {p.shape} {p.dtype} must be (P, M, N) over out "
                            f"{o.shape} {o.dtype}")
+    checks.no_aliasing("reduce_add", o, (("parts", p),))
+    for arr in (p, o):
+        on_current_device("reduce_add", arr)
     tp = TensorMap.tiled(p, (1, *box))
     to = TensorMap.tiled(o, box)
     layout = SharedLayout([Buffer("tile", tp.spec.smem_bytes, align=128),
@@ -244,6 +284,13 @@ def broadcast_plan(k_tiles: int, cluster: int, stages: int = 4, wrows: int = 32)
     return pipe, layout
 
 
+_BROADCAST_OPTIONS = checks.Options(
+    "broadcast_scale", cluster=checks.integer(1, 16), stages=checks.integer(1, 32),
+    wrows=checks.one_of_ints(32, 64), group_size=checks.integer(1, optional=True),
+    iters=checks.integer(1, 2**31 - 1, optional=True), sparse=checks.one_of_ints(1, 2, 4, 8, 16, 32, 64),
+    debug=checks.DEBUG)
+
+
 @entry_point
 def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows: int = 32,
                     group_size: int | None = None, iters: int | None = None, sparse: int = 1,
@@ -257,11 +304,14 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
     ``sparse`` s, a consumer adds only every s-th 4 KB block of a tile (block j of tile k when
     j % s == k % s), so loads rather than shared-memory reads dominate.
     """
+    cluster, stages, wrows, group_size, iters, sparse, debug = _BROADCAST_OPTIONS.check(
+        cluster, stages, wrows, group_size, iters, sparse, debug)
     xa, wa = as_array(x), as_array(w)
-    if wrows not in (32, 64):
-        raise TmaflowError(f"broadcast_scale: wrows={wrows} must be 32 or 64")
-    if xa.shape[1] != 256 or wa.shape[1] != 256 or xa.shape[0] % 32 or wa.shape[0] % wrows:
-        raise TmaflowError(f"broadcast_scale: x must be (n*32, 256) and w (k*{wrows}, 256) float32")
+    if xa.ndim != 2 or wa.ndim != 2 or xa.dtype.name != "float32" or wa.dtype != xa.dtype or \
+            xa.shape[1] != 256 or wa.shape[1] != 256 or xa.shape[0] % 32 or wa.shape[0] % wrows \
+            or not xa.shape[0] or not wa.shape[0]:
+        raise TmaflowError(f"broadcast_scale: x must be (n*32, 256) and w (k*{wrows}, 256) float32, "
+                           f"n and k >= 1 (got {xa.shape} {xa.dtype}, {wa.shape} {wa.dtype})")
     blocks, w_tiles = xa.shape[0] // 32, wa.shape[0] // wrows
     group_size = group_size or blocks
     if blocks % group_size or group_size % cluster or w_tiles % (blocks // group_size):
@@ -270,11 +320,14 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
                            f"the {w_tiles} w tiles evenly")
     group_tiles = w_tiles // (blocks // group_size)
     iters = iters or group_tiles
-    result, o = (out, given_output("broadcast_scale", out, xa.shape, xa.dtype)) if out is not None \
-        else new_output(x, xa, xa.shape, None, stream)
+    o = None if out is None else given_output("broadcast_scale", out, xa.shape, xa.dtype)
+    if o is not None:
+        checks.no_aliasing("broadcast_scale", o, (("x", xa), ("w", wa)))
+    for arr in (xa, wa, o):
+        if arr is not None:
+            on_current_device("broadcast_scale", arr)
+    result, o = (out, o) if o is not None else new_output(x, xa, xa.shape, None, stream)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
-    if sparse not in (1, 2, 4, 8, 16, 32, 64):
-        raise TmaflowError(f"broadcast_scale: sparse={sparse} must be a power of two <= 64")
     k = get_kernel("broadcast_scale", layout, {"WROWS": wrows, "SPARSE": sparse}, debug=debug)
     tx, tw = TensorMap.tiled(xa, (32, 256)), TensorMap.tiled(wa, (wrows, 256))
     launcher = k.launcher(grid=blocks, block=160, cluster=(cluster, 1, 1), stream=stream)
@@ -304,19 +357,27 @@ def broadcast_reference(x, w, *, group_size=None, iters=None, wrows=32, only=Non
 
 
 # --- LDGSTS vs TMA ------------------------------------------------------------------------------
+_AXPB_OPTIONS = checks.Options("axpb", method=checks.choice("tma", "ldgsts"), debug=checks.DEBUG)
+
+
 @entry_point
 def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
          debug: bool | None = None):
     """out = a * x + b over a 1-D float32 array whose length is a multiple of 4096, double
     buffered through smem with LDGSTS (``method="ldgsts"``) or 1-D TMA bulk copies."""
+    a, b = as_float("axpb: a", a), as_float("axpb: b", b)
+    method, debug = _AXPB_OPTIONS.check(method, debug)
     xa = as_array(x)
     if xa.ndim != 1 or xa.size % 4096 or xa.dtype.name != "float32":
         raise TmaflowError(f"axpb: needs a 1-D float32 array with a multiple of 4096 elements "
                            f"(got {xa.shape} {xa.dtype})")
-    if method not in ("tma", "ldgsts"):
-        raise TmaflowError(f"axpb: method={method!r} must be 'tma' or 'ldgsts'")
-    result, o = (out, given_output("axpb", out, xa.shape, xa.dtype)) if out is not None \
-        else new_output(x, xa, xa.shape, None, stream)
+    o = None if out is None else given_output("axpb", out, xa.shape, xa.dtype)
+    if o is not None:
+        checks.no_aliasing("axpb", o, (("x", xa),))
+    for arr in (xa, o):
+        if arr is not None:
+            on_current_device("axpb", arr)
+    result, o = (out, o) if o is not None else new_output(x, xa, xa.shape, None, stream)
     k = get_kernel(f"axpb_{method}", None, debug=debug)
     launcher = k.launcher(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)
-    return launcher, (xa, o, float(a), float(b), xa.size), result
+    return launcher, (xa, o, a, b, xa.size), result

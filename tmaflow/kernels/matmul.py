@@ -17,6 +17,7 @@ from threading import get_ident
 from .. import driver
 from ..device import current_device, current_ordinal, stream_handle
 from ..dtypes import as_dtype
+from ..checks import as_bool, as_choice, as_int, as_optional_int
 from ..errors import TmaflowError
 from ..graph import capturing
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
@@ -24,6 +25,8 @@ from ..memory import DeviceArray, arg_kind, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,
                     on_current_device, output_strides, stream_key)
+from . import checks
+from .checks import L2_PROMOTIONS, int_in, settle
 from .registry import get_kernel
 
 BM, BK = 128, 64
@@ -54,27 +57,22 @@ class GemmConfig:
     split_tail: bool = False  # split a last, partly idle wave's tiles along K (``tail_splits``)
 
     def __post_init__(self):
-        if isinstance(self.promote, bool) or not isinstance(self.promote, int) or not 0 <= self.promote <= 64:
-            raise TmaflowError(f"GemmConfig: promote={self.promote!r} must be an int in [0, 64]")
-        if self.bn not in (64, 128, 192, 256):
-            raise TmaflowError(f"GemmConfig: bn={self.bn} must be 64, 128, 192 or 256")
-        if self.cluster_m not in (1, 2):
-            raise TmaflowError(f"GemmConfig: cluster_m={self.cluster_m} must be 1 or 2")
+        who = "GemmConfig"
+        settle(self, bn=int_in(f"{who}: bn", self.bn, (64, 128, 192, 256)),
+               cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2)),
+               epi_cols=as_int(f"{who}: epi_cols", self.epi_cols, 64, 256),
+               group_m=as_int(f"{who}: group_m", self.group_m, 1, 1 << 16),
+               stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),
+               split_k=as_int(f"{who}: split_k", self.split_k, 1, 64),
+               l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
+               promote=as_int(f"{who}: promote", self.promote, 0, 64),
+               split_tail=as_bool(f"{who}: split_tail", self.split_tail))
         if self.epi_cols % 64 or self.bn % self.epi_cols:
             raise TmaflowError(f"GemmConfig: epi_cols={self.epi_cols} must be a multiple of 64 "
                                f"dividing bn={self.bn}")
-        if self.group_m < self.cluster_m or self.group_m % self.cluster_m:
+        if self.group_m % self.cluster_m:
             raise TmaflowError(f"GemmConfig: group_m={self.group_m} must be a multiple of "
                                f"cluster_m={self.cluster_m}")
-        if self.stages is not None and not 2 <= self.stages <= 16:
-            raise TmaflowError(f"GemmConfig: stages={self.stages} must be in [2, 16]")
-        if self.l2_promotion not in ("none", "64B", "128B", "256B"):
-            raise TmaflowError(f"GemmConfig: l2_promotion={self.l2_promotion!r} must be 'none', "
-                               "'64B', '128B' or '256B'")
-        if not 1 <= self.split_k <= 64:
-            raise TmaflowError(f"GemmConfig: split_k={self.split_k} must be in [1, 64]")
-        if not isinstance(self.split_tail, bool):
-            raise TmaflowError(f"GemmConfig: split_tail={self.split_tail!r} must be True or False")
         if self.split_tail and self.split_k > 1:
             raise TmaflowError(f"GemmConfig: split_tail=True splits only the last wave's tiles; it "
                                f"takes split_k=1 (got split_k={self.split_k})")
@@ -103,17 +101,12 @@ class SkinnyConfig:
     cluster: int = 1
 
     def __post_init__(self):
-        if self.rows not in (64, 128):
-            raise TmaflowError(f"SkinnyConfig: rows={self.rows} must be 64 or 128")
-        if self.cluster not in (1, 2) or isinstance(self.cluster, bool):
-            raise TmaflowError(f"SkinnyConfig: cluster={self.cluster} must be 1 or 2")
-        if self.split_k is not None and (isinstance(self.split_k, bool) or not 1 <= self.split_k <= 64):
-            raise TmaflowError(f"SkinnyConfig: split_k={self.split_k} must be None or in [1, 64]")
-        if self.stages is not None and not 2 <= self.stages <= 16:
-            raise TmaflowError(f"SkinnyConfig: stages={self.stages} must be in [2, 16]")
-        if self.l2_promotion not in ("none", "64B", "128B", "256B"):
-            raise TmaflowError(f"SkinnyConfig: l2_promotion={self.l2_promotion!r} must be 'none', "
-                               "'64B', '128B' or '256B'")
+        who = "SkinnyConfig"
+        settle(self, rows=int_in(f"{who}: rows", self.rows, (64, 128)),
+               split_k=as_optional_int(f"{who}: split_k", self.split_k, 1, 64),
+               stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),
+               l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
+               cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)))
 
 
 def skinny_splits(n: int, k: int, rows: int, sm_count: int, bk: int = BK, min_k_blocks: int = 4) -> int:
@@ -278,7 +271,7 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     """Specs, shared-memory layout and compile-time defines for an (m x k) @ B product of
     bfloat16 or float8_e4m3fn operands. ``block_scales`` (one of ``SCALE_MODES``): each stage
     also holds its k-block's scales of A's BM rows, loaded by the TMA or gathered by a warp."""
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     fp8 = dtype == "float8_e4m3fn"
     if fp8 and layout != "nt":
@@ -444,12 +437,13 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     the layout DeepGEMM and cuBLAS take), which the TMA loads fastest.
     Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales or block scales whose
     scale_a is M-major) take the skinny path unless a GemmConfig is given."""
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
         raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig or kernels.SkinnyConfig")
     if isinstance(config, SkinnyConfig) and layout != "nt":
         raise TmaflowError(f"gemm: a SkinnyConfig takes layout='nt' (got {layout!r})")
+    pdl, debug, trace = _LAUNCH_OPTIONS(pdl, debug, trace)
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
     scale, blocks, mode = _scales(A, B, scale_a, scale_b)
@@ -459,6 +453,7 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     C = None
     if out is not None:
         C = given_output("gemm", out, (m, n), BF16)
+        checks.no_aliasing("gemm", C, (("a", A), ("b", B), *zip(("scale_a", "scale_b"), blocks or ())))
     if m == 0 or n == 0 or k == 0:
         return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
     key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
@@ -483,6 +478,10 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     return st.launcher, args, result
 
 
+_LAUNCH_OPTIONS = checks.Options("gemm", pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
+_GROUPED_OPTIONS = checks.Options("grouped_gemm", pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
+
+
 def _scale_map_view(scale_a, mode: str):
     """scale_a as the 2-D array its TMA map covers: (M, KB) row-major, or (KB, M) rows of one
     k-block for the M-major layout."""
@@ -504,7 +503,7 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
     for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
         if value is not None and (isinstance(value, bool) or
                                   not (isinstance(value, numbers.Real) or arg_kind(value) == "array")):
-            raise TmaflowError(f"gemm: {name}={value!r} must be a finite float (a per-tensor "
+            raise TmaflowError(f"gemm: {name}={value!r} must be a finite float > 0 (a per-tensor "
                                "dequantisation factor) or a float32 device array of block scales")
     if "array" in (arg_kind(scale_a), arg_kind(scale_b)):
         m, k = A.shape
@@ -521,6 +520,7 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
                                    f"k-block by k-block; {name} must be {shape} ({what}), got {got}")
             if not arr.alive:
                 raise TmaflowError(f"gemm: {name} {arr!r} was freed")
+            checks.same_device("gemm", name, arr, A)
             views.append(arr)
         sa = views[0]
         if not _row_major(sa):  # M-major: one k-block's M scales, then the next one's
@@ -531,15 +531,7 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
                     "(strides (1, P) with P % 4 == 0) or pass scale_a row-major")
             return 1.0, tuple(views), "m_major"
         return 1.0, tuple(views), "row_major"
-    product = 1.0
-    for name, value in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if value is None:
-            continue
-        if not math.isfinite(value):
-            raise TmaflowError(f"gemm: {name}={value!r} must be a finite float (a per-tensor "
-                               "dequantisation factor) or a float32 device array of block scales")
-        product *= float(value)
-    return product, None, None
+    return checks.tensor_scale("gemm", scale_a, scale_b), None, None
 
 
 def _row_major(arr) -> bool:
@@ -581,6 +573,7 @@ def _split_k_buffers(st) -> tuple:
 
 def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
                 trace=False, block_scales=None, scale_view=None) -> _GemmState:
+    _LAUNCH_OPTIONS.check(pdl, debug, trace)
     on_current_device("gemm", A)
     C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
@@ -719,11 +712,14 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     A host sequence is checked and uploaded. Each CTA clips a group's last tile with a C map
     patched on the device (``tmaflow::tensormap``) in a workspace the state keeps.
     """
+    pdl, debug, trace = _GROUPED_OPTIONS(pdl, debug, trace)
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TmaflowError(f"grouped_gemm: config={config!r} must be None or a kernels.GemmConfig")
     A, B = as_array(a), as_array(b)
     if A.ndim != 2 or B.ndim != 3 or A.dtype.name != "bfloat16" or B.dtype.name != "bfloat16":
         raise TmaflowError(f"grouped_gemm: a must be (T, K) and b (G, N, K), both bfloat16 (got "
                            f"{A.shape} {A.dtype.name}, {B.shape} {B.dtype.name})")
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise TmaflowError(f"grouped_gemm: layout={layout!r} must be one of {LAYOUTS}")
     t, k = A.shape
     if layout == "nt":
@@ -742,6 +738,8 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     C = None
     if out is not None:
         C = given_output("grouped_gemm", out, (t, n), A.dtype)
+        checks.no_aliasing("grouped_gemm", C, (("a", A), ("b", B),
+                                                ("offsets", as_array(offs) if offs is offsets else None)))
     if t == 0 or n == 0 or k == 0:
         return _empty_product(a, A, out, C, (t, n), k, stream)
     key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream_key(stream),
@@ -761,8 +759,6 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
 def _offsets(name: str, offsets, groups: int, rows: int, device):
     """The offsets as a device int32 array: device arrays as given (their values are the
     caller's to keep right), host sequences checked and uploaded."""
-    import numpy as np
-
     if hasattr(offsets, "__cuda_array_interface__") or hasattr(offsets, "data_ptr") or \
             isinstance(offsets, DeviceArray):
         arr = as_array(offsets)
@@ -770,15 +766,9 @@ def _offsets(name: str, offsets, groups: int, rows: int, device):
             raise TmaflowError(f"{name}: offsets must be {groups + 1} int32 values (got "
                                f"{arr.shape} {arr.dtype.name})")
         return offsets
-    host = np.asarray(offsets)
-    if host.shape != (groups + 1,) or host.dtype.kind not in "iu":
-        raise TmaflowError(f"{name}: offsets must be {groups + 1} ints (got {host.shape} {host.dtype})")
-    if host[0] != 0 or host[-1] != rows or (np.diff(host) < 0).any():
-        raise TmaflowError(f"{name}: offsets {host.tolist()} must start at 0, never decrease and "
-                           f"end at the {rows} rows of a")
     from ..memory import from_numpy
 
-    return from_numpy(host.astype(np.int32), device=device)
+    return from_numpy(checks.host_offsets(name, offsets, groups, rows), device=device)
 
 
 def _grouped_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig:
@@ -796,6 +786,7 @@ def _grouped_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig
 def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug, trace) -> _GemmState:
     from ..workspace import DescriptorWorkspace
 
+    _GROUPED_OPTIONS.check(pdl, debug, trace)
     on_current_device("grouped_gemm", A)
     C = DeviceArray(0, (t, n), "bfloat16", c_strides)
     for name, arr in (("a", A), ("out", C)):
