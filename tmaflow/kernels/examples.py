@@ -8,12 +8,13 @@ from threading import get_ident
 
 from ..device import current_device, current_ordinal
 from ..errors import TmaflowError
+from ..launch import resolve_stream
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
 from .registry import get_kernel
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
-                    new_output, on_current_device, output_strides, stream_key)
+                    new_output, on_current_device, output_strides)
 
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))
@@ -68,9 +69,11 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     a = as_array(src)
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype, bits_only=True)
     box_t = tuple(box) if box is not None else None
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (a, o), ordinal)
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
-           l2_promotion, flatten, evict_first, stores, stream_key(stream), pdl, a.device,
-           current_ordinal(), debug, trace, get_ident())
+           l2_promotion, flatten, evict_first, stores, stream, pdl, a.device, ordinal, debug,
+           trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
@@ -137,8 +140,10 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     shape_t = (x.shape[1], x.shape[0])
     o = None if out is None else given_output("transpose", out, shape_t, x.dtype, bits_only=True)
     o_strides = output_strides(o, shape_t, 4)
-    key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream_key(stream), x.device,
-           current_ordinal(), debug, get_ident())
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (x, o), ordinal)
+    key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream, x.device, ordinal, debug,
+           get_ident())
 
     def build():
         on_current_device("transpose", x)
@@ -188,8 +193,10 @@ def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None =
     """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
     a = as_array(x)
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
-    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), pdl,
-           a.device, current_ordinal(), debug, trace, get_ident())
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (a, o), ordinal)
+    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream, pdl, a.device, ordinal,
+           debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
@@ -222,6 +229,7 @@ def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = No
     if p.ndim != 3 or o.shape != p.shape[1:] or p.dtype != o.dtype:
         raise TmaflowError(f"reduce_add: parts {p.shape} {p.dtype} must be (P, M, N) over out "
                            f"{o.shape} {o.dtype}")
+    stream = resolve_stream(stream, (p, o), current_ordinal())
     tp = TensorMap.tiled(p, (1, *box))
     to = TensorMap.tiled(o, box)
     layout = SharedLayout([Buffer("tile", tp.spec.smem_bytes, align=128),
@@ -270,6 +278,7 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
                            f"the {w_tiles} w tiles evenly")
     group_tiles = w_tiles // (blocks // group_size)
     iters = iters or group_tiles
+    stream = resolve_stream(stream, (xa, wa), current_ordinal())
     result, o = (out, given_output("broadcast_scale", out, xa.shape, xa.dtype)) if out is not None \
         else new_output(x, xa, xa.shape, None, stream)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
@@ -315,6 +324,7 @@ def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
                            f"(got {xa.shape} {xa.dtype})")
     if method not in ("tma", "ldgsts"):
         raise TmaflowError(f"axpb: method={method!r} must be 'tma' or 'ldgsts'")
+    stream = resolve_stream(stream, (xa,), current_ordinal())
     result, o = (out, given_output("axpb", out, xa.shape, xa.dtype)) if out is not None \
         else new_output(x, xa, xa.shape, None, stream)
     k = get_kernel(f"axpb_{method}", None, debug=debug)
