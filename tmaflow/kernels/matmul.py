@@ -674,14 +674,19 @@ def _zeroed_now(buf: DeviceArray, stream: int) -> DeviceArray:
     return buf
 
 
-def _refuse_foreign_capture(stream: int, what: str) -> None:
-    """Memory made for ``stream`` while another library's graph (torch.cuda.graph) captures it
-    would become a node of that graph; tmaflow makes it only outside captures."""
+def _foreign_capture(stream: int) -> bool:
+    """Is ``stream`` being captured into another library's graph (torch.cuda.graph)? Memory
+    allocated on it there would become a node of that graph."""
     if capturing() is not None:
-        return  # a tf.Graph: allocations go to its own stream, eagerly
+        return False  # a tf.Graph: allocations go to its own stream, eagerly
     cu = driver.cu()
     err, status = cu.cuStreamIsCapturing(stream)
-    if int(err) or status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+    return bool(int(err)) or status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _refuse_foreign_capture(stream: int, what: str) -> None:
+    """Per-stream memory is made once per stream, outside captures."""
+    if _foreign_capture(stream):
         raise TmaflowError(
             f"a call on stream 0x{int(stream):x} needs {what}, made once per stream, but the stream "
             "is being captured into a CUDA graph; make the same call once on that stream before the "
@@ -810,6 +815,10 @@ def _upload(host, device, stream: int) -> DeviceArray:
 
     if capturing() is not None:
         return from_numpy(host, device=device)
+    if _foreign_capture(stream):
+        raise TmaflowError("grouped_gemm: offsets given as host values are uploaded at each call, "
+                           "which a CUDA graph capture cannot hold; pass them as a device int32 "
+                           "tensor (a replay then reads their new values)")
     arr = empty(host.shape, host.dtype, device, stream=stream)
     driver.call("cuMemcpyHtoDAsync", arr.ptr, host.ctypes.data, arr.nbytes, stream)
     return arr
