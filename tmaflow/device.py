@@ -264,14 +264,15 @@ class StreamHandle(int):
 
 def _checked_handle(stream, value, source: str | None = None) -> int:
     """``value``, which ``source`` of ``stream`` gave (None: ``stream`` itself), as a handle."""
+    int_like = is_int(value)
+    handle = operator.index(value) if int_like else None
+    if int_like and 0 <= handle <= MAX_HANDLE:
+        return handle
     given = f"stream={stream!r}" if source is None else f"stream={stream!r}: {source} is {value!r}"
-    if not is_int(value):
+    if not int_like:
         raise LaunchError(f"{given} ({type(value).__name__}); a stream handle is an int in "
                           "[0, 2^64 - 1]")
-    handle = operator.index(value)
-    if not 0 <= handle <= MAX_HANDLE:
-        raise LaunchError(f"{given}: a stream handle is an int in [0, 2^64 - 1]")
-    return handle
+    raise LaunchError(f"{given}: a stream handle is an int in [0, 2^64 - 1]")
 
 
 def _not_a_stream(stream) -> LaunchError:
@@ -306,7 +307,7 @@ def stream_handle(stream) -> int:
     """
     if stream is None:
         return 0
-    if type(stream) is StreamHandle:
+    if type(stream) is int and 0 <= stream <= MAX_HANDLE or type(stream) is StreamHandle:
         return stream
     if isinstance(stream, Stream):
         if stream._handle is None:

@@ -152,7 +152,14 @@ def resolve_stream(stream, arrays, ordinal: int) -> int:
         graph = capturing()
         if graph is not None:
             return graph.stream.handle
-    return current_stream({getattr(a, "_origin", None) for a in arrays}, ordinal)
+    framework = None
+    for a in arrays:
+        origin = getattr(a, "_origin", None)
+        if origin is not None:
+            framework = origin
+            if origin == "torch":
+                break
+    return 0 if framework is None else current_stream((framework,), ordinal)
 
 
 class Launcher(functools.partial):
