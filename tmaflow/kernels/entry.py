@@ -97,7 +97,7 @@ def on_current_device(name: str, arr: DeviceArray) -> int:
     return ordinal
 
 
-def new_output(like, like_arr: DeviceArray, shape: tuple, dtype, stream: int):
+def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: int = 0):
     """(object returned to the caller, its DeviceArray view): a new contiguous array of
     ``like``'s kind; tmaflow's allocated in order on ``stream``, the call's resolved stream
     (torch's and cupy's by their allocators, on their current stream). The view is built
