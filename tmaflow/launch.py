@@ -278,7 +278,15 @@ class Launcher(functools.partial):
         return fn(self, *args)
 
     def _checked(self, args: tuple) -> None:
-        """Every argument checked against the parameter table, then the launch."""
+        """Every argument checked against the parameter table, then the launch. A module has one
+        watchdog state and one trace ring buffer, armed for a launch and read after it: launches
+        of a debug or trace build, from any thread on any stream, go one at a time."""
+        if self._watch is None and self._recorder is None:
+            return self._checked_launch(args)
+        with self.module.instrumented:
+            return self._checked_launch(args)
+
+    def _checked_launch(self, args: tuple) -> None:
         from .memory import _origin_of
 
         kp = self.packer.pack(args, self.ordinal)
@@ -296,19 +304,9 @@ class Launcher(functools.partial):
                                       f"release build ({build}=False)")
                 graph.record(self.kernel.name, args)
         cfg = self.cu_config(stream)
-        if self._watch is None and self._recorder is None:
-            self._install_plan(args)
-            (err,) = self._launch(cfg, self._function, kp, 0)
-            if err:
-                self._raise(err)
-            return
-        # A module has one watchdog state and one trace ring buffer, armed for a launch and
-        # read after it: launches of a debug or trace build, on any stream, go one at a time.
-        with self.module.instrumented:
-            self._instrumented_launch(cfg, kp, stream)
-
-    def _instrumented_launch(self, cfg, kp, stream: int) -> None:
         watch, recorder = self._watch, self._recorder
+        if watch is None and recorder is None:
+            self._install_plan(args)
         if watch is not None:
             watch.arm()
         if recorder is not None:
