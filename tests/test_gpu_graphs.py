@@ -136,7 +136,8 @@ def test_graph_capture_errors_are_named(device, rng):
 
 
 def test_graph_split_k_gemm_first_used_in_the_capture(device, rng):
-    """The split-K workspace made during a capture is zeroed at once: eager launches share it."""
+    """The split-K workspace made during a capture is zeroed at once (the graph's stream has its
+    own; eager launches on the legacy stream use theirs)."""
     from tmaflow.kernels import matmul
 
     matmul._workspaces.__dict__.clear()

@@ -1,10 +1,12 @@
 """Devices, their primary contexts, and streams from any library."""
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 
 from . import driver, faults
+from .checks import is_int
 from .errors import LaunchError, TmaflowError
 
 _devices: dict[int, "Device"] = {}
@@ -15,9 +17,13 @@ class Device:
     """A GPU and its retained primary context. ``tf.Device(i)`` returns one shared object per i."""
 
     def __new__(cls, ordinal: int = 0):
+        if not is_int(ordinal):  # refused before the driver is asked how many there are
+            raise TmaflowError(f"Device(ordinal={ordinal!r}): must be an int (a device ordinal; "
+                               f"got {type(ordinal).__name__})")
+        ordinal = operator.index(ordinal)
         driver.init()
         count = driver.call("cuDeviceGetCount")
-        if not isinstance(ordinal, int) or not 0 <= ordinal < count:
+        if not 0 <= ordinal < count:
             raise TmaflowError(f"Device(ordinal={ordinal!r}): must be an int in [0, {count - 1}]")
         with _lock:
             dev = _devices.get(ordinal)
@@ -156,6 +162,23 @@ def on_reset(forget) -> None:
     _reset_listeners.append(forget)
 
 
+def as_device(device, who: str | None = None) -> Device:
+    """The device a public function's ``device=`` names, made current: None (the current
+    device), a :class:`Device` or its ordinal. ``who`` prefixes the refusal."""
+    if device is None:
+        return current_device()
+    if isinstance(device, Device):
+        return device.activate()
+    prefix = f"{who}: " if who else ""
+    if not is_int(device):
+        raise TmaflowError(f"{prefix}device={device!r} must be None, a tf.Device or a device "
+                           f"ordinal (int; got {type(device).__name__})")
+    try:
+        return Device(device).activate()
+    except TmaflowError as exc:
+        raise TmaflowError(f"{prefix}device={device!r}: {exc}") from None
+
+
 def device_of(ordinal: int) -> Device:
     """``Device(ordinal)`` without the driver round trip once it exists (hot interop path)."""
     dev = _devices.get(ordinal)
@@ -195,7 +218,7 @@ class Stream:
     """A non-blocking CUDA stream owned by tmaflow. ``close()`` destroys it."""
 
     def __init__(self, device: Device | None = None):
-        self.device = (device or current_device()).activate()
+        self.device = as_device(device, "Stream")
         cu = driver.cu()
         self._handle = driver.call("cuStreamCreate", cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
         self.handle = int(self._handle)
@@ -226,32 +249,84 @@ class Stream:
         return f"Stream(handle=0x{self.handle:x}, device={self.device.ordinal})"
 
 
-def stream_handle(stream) -> int:
-    """The raw ``CUstream`` value of anything tmaflow accepts as a stream.
+MAX_HANDLE = 2**64 - 1  # a CUstream is a pointer
 
-    Accepted: ``None`` (the legacy default stream), a :class:`Stream`, an int handle, a
-    cuda-python ``CUstream``, an object with ``__cuda_stream__`` (cuda.core), torch streams
-    (``.cuda_stream``) and cupy streams (``.ptr``).
+
+class StreamHandle(int):
+    """A stream resolved from a stream object: its raw ``CUstream`` value (an int, as cache
+    keys and the driver take it) keeping the object alive while the handle is in use."""
+
+    def __new__(cls, handle: int, owner):
+        self = super().__new__(cls, handle)
+        self.owner = owner
+        return self
+
+
+def _checked_handle(stream, value, source: str | None = None) -> int:
+    """``value``, which ``source`` of ``stream`` gave (None: ``stream`` itself), as a handle."""
+    int_like = is_int(value)
+    handle = operator.index(value) if int_like else None
+    if int_like and 0 <= handle <= MAX_HANDLE:
+        return handle
+    given = f"stream={stream!r}" if source is None else f"stream={stream!r}: {source} is {value!r}"
+    if not int_like:
+        raise LaunchError(f"{given} ({type(value).__name__}); a stream handle is an int in "
+                          "[0, 2^64 - 1]")
+    raise LaunchError(f"{given}: a stream handle is an int in [0, 2^64 - 1]")
+
+
+def _not_a_stream(stream) -> LaunchError:
+    return LaunchError(
+        f"stream={stream!r} ({type(stream).__name__}) is not a stream: pass None, tf.Stream, "
+        "an int handle in [0, 2^64 - 1], a cuda.core Stream, a torch.cuda.Stream or a cupy Stream")
+
+
+def _protocol_handle(stream, proto) -> int:
+    """The handle of a ``__cuda_stream__`` object (cuda.core's protocol: ``(0, handle)``)."""
+    try:
+        value = proto() if callable(proto) else proto
+    except Exception as exc:  # a broken object: refused, never a crash
+        raise LaunchError(f"stream={stream!r}: its __cuda_stream__ raised {exc!r}; it must return "
+                          "(0, handle)") from None
+    if type(value) is not tuple or len(value) != 2 or not is_int(value[0]) or value[0] != 0:
+        raise LaunchError(f"stream={stream!r}: its __cuda_stream__ returned {value!r}; the protocol "
+                          "(version 0) is a tuple (0, handle)")
+    return _checked_handle(stream, value[1], "its __cuda_stream__ handle")
+
+
+_MISSING = object()
+
+
+def stream_handle(stream) -> int:
+    """The raw ``CUstream`` value of anything tmaflow accepts as a stream, checked: a stream
+    object gives a :class:`StreamHandle` that keeps it alive.
+
+    Accepted: ``None`` (the legacy default stream), a :class:`Stream`, an int handle in
+    [0, 2^64 - 1], a cuda-python ``CUstream``, an object with ``__cuda_stream__`` (cuda.core),
+    torch streams (``.cuda_stream``) and cupy streams (``.ptr``).
     """
     if stream is None:
         return 0
+    if type(stream) is int and 0 <= stream <= MAX_HANDLE or type(stream) is StreamHandle:
+        return stream
     if isinstance(stream, Stream):
         if stream._handle is None:
             raise LaunchError(f"stream={stream!r} was closed; create a new tf.Stream()")
-        return stream.handle
-    if isinstance(stream, bool):
-        raise LaunchError(f"stream={stream!r} is not a stream")
-    if isinstance(stream, int):
-        return stream
-    if hasattr(stream, "__cuda_stream__"):
-        proto = stream.__cuda_stream__
-        value = proto() if callable(proto) else proto
-        return int(value[1])
-    for attr in ("cuda_stream", "ptr"):
-        if hasattr(stream, attr):
-            return int(getattr(stream, attr))
-    if type(stream).__name__ == "CUstream":
-        return int(stream)
-    raise LaunchError(
-        f"stream={stream!r} ({type(stream).__name__}) is not a stream: pass None, tf.Stream, "
-        "an int handle, a cuda.core Stream, a torch.cuda.Stream or a cupy Stream")
+        return StreamHandle(stream.handle, stream)
+    if is_int(stream):
+        return _checked_handle(stream, stream)
+    if isinstance(stream, (bool, float, str, bytes)) or type(stream).__module__ == "numpy":
+        raise _not_a_stream(stream)
+    if type(stream).__name__ == "CUstream":  # cuda-python's handle type
+        return StreamHandle(_checked_handle(stream, int(stream), "int(stream)"), stream)
+    for attr in ("__cuda_stream__", "cuda_stream", "ptr"):  # cuda.core, torch, cupy
+        try:
+            value = getattr(stream, attr, _MISSING)
+        except Exception as exc:
+            raise LaunchError(f"stream={stream!r}: reading .{attr} raised {exc!r}") from None
+        if value is _MISSING:
+            continue
+        if attr == "__cuda_stream__":
+            return StreamHandle(_protocol_handle(stream, value), stream)
+        return StreamHandle(_checked_handle(stream, value, f".{attr}"), stream)
+    raise _not_a_stream(stream)

@@ -27,7 +27,7 @@ import contextlib
 from threading import get_ident
 
 from . import driver
-from .device import Device, Stream, current_device
+from .device import Device, Stream, as_device, stream_handle
 from .errors import CudaError, LaunchError, TmaflowError
 
 # Graphs capturing now (any thread). Launchers test this list's truth on every call; a
@@ -48,7 +48,7 @@ class Graph:
     """A CUDA graph of tmaflow launches on one device."""
 
     def __init__(self, device: Device | None = None):
-        self.device = (device or current_device()).activate()
+        self.device = as_device(device, "Graph")
         self.stream = Stream(self.device)  # non-blocking: the legacy stream never joins a capture
         # Allocations during a capture are made eagerly, ordered on a stream of their own (one
         # on the legacy stream was refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
@@ -148,8 +148,6 @@ class Graph:
             if alloc.live is False:
                 raise LaunchError(f"Graph.replay(): {what} was freed after the capture; "
                                   "capture again with live arrays")
-        from .device import stream_handle
-
         driver.call("cuGraphLaunch", self._exec, stream_handle(stream))
 
     __call__ = replay

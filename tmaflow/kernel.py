@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checks, compiler, driver, watchdog
-from .device import Device, _switched, current_device, current_ordinal, on_reset
+from .device import Device, _switched, as_device, current_device, current_ordinal, on_reset, stream_handle
 from .errors import LaunchError, TmaflowError, TmaflowWarning
 from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
 from .params import ArgPacker, Param, param_table
@@ -53,6 +53,7 @@ class _Module:
         self.non_portable = False
         self.watch = watchdog.Watch(self.module, device) if kernel.debug else None
         self.recorder = Recorder(self.module, device, mapped=kernel.debug) if kernel.trace else None
+        self.instrumented = threading.Lock()  # held from arming watch / recorder to reading them
 
     def _param_table(self, typed: list[Param] | None) -> list[Param]:
         """Offsets and sizes as the driver reports them (``cuFuncGetParamInfo``), kinds from
@@ -305,7 +306,7 @@ class Kernel:
             config = LaunchConfig(grid, block, cluster, smem, stream, pdl)
         elif not isinstance(config, LaunchConfig):
             raise LaunchError(f"config={config!r} must be a tf.LaunchConfig")
-        device = device or current_device()
+        device = as_device(device, f"{self.name}: bind")
         major, minor = device.compute_capability
         built = self.arch.removeprefix("sm_").rstrip("af")
         if built != f"{major}{minor}":
@@ -346,6 +347,8 @@ class Kernel:
                  stream=None, pdl: bool = False) -> Launcher:
         """The bound launcher for this configuration on the current device, built (and
         checked) once per thread: what ``launch`` uses, for callers that launch again later."""
+        if stream is not None and type(stream) is not int:
+            stream = stream_handle(stream)
         key = (grid, block, cluster, smem, stream, pdl, current_ordinal(), get_ident())
         cache = self._launchers
         try:
@@ -366,6 +369,8 @@ class Kernel:
     def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
                stream=None, pdl: bool = False) -> None:
         """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
+        if stream is not None and type(stream) is not int:  # one key per handle (1.0 == 1 == True)
+            stream = stream_handle(stream)
         try:  # the launcher() lookup, inlined: this is the hot path of k.launch
             launcher = self._launchers[grid, block, cluster, smem, stream, pdl,
                                        current_ordinal() if _switched[0] else 0, get_ident()]

@@ -5,7 +5,10 @@ per tuple of argument types.
 Streams: an explicit ``stream`` is used as given. ``stream=None`` follows the convention of
 the arrays passed, as Triton does for torch: the current torch stream of the launch device
 when any argument is a torch tensor (or a TensorMap of one), else the current cupy stream
-when any is a cupy array, else the legacy default stream.
+when any is a cupy array, else the legacy default stream; while this thread captures a
+``tf.Graph``, the graph's stream. Entry points resolve it once per call (``resolve_stream``)
+and key everything per stream by the handle; a launcher bound with ``stream=None`` applies
+the rule at each call.
 """
 from __future__ import annotations
 
@@ -129,6 +132,35 @@ def _current_stream(frameworks):
     return None
 
 
+def current_stream(frameworks, ordinal: int) -> int:
+    """The handle ``stream=None`` means for arrays of these frameworks on device ``ordinal``."""
+    current = _current_stream(frameworks)
+    return 0 if current is None else current(ordinal)
+
+
+def resolve_stream(stream, arrays, ordinal: int) -> int:
+    """The stream a call launches on, resolved once where the call enters tmaflow: a given
+    stream's checked handle (``stream_handle``); for None, the graph this thread captures
+    into, else the rule of the module doc for ``arrays`` (DeviceArray views or TensorMaps of
+    the call's arguments). Cache keys and per-stream resources (split-K workspaces, descriptor
+    slots, outputs) take what this returns, never None. ``arrays`` may hold None (an output
+    not given)."""
+    if stream is not None:
+        return stream_handle(stream)
+    if CAPTURING:
+        graph = capturing()
+        if graph is not None:
+            return graph.stream.handle
+    framework = None
+    for a in arrays:
+        origin = getattr(a, "_origin", None)
+        if origin is not None:
+            framework = origin
+            if origin == "torch":
+                break
+    return 0 if framework is None else current_stream((framework,), ordinal)
+
+
 class Launcher(functools.partial):
     """A kernel with its launch configuration fixed: ``launcher(*args)`` packs and launches.
 
@@ -210,8 +242,7 @@ class Launcher(functools.partial):
         """The stream a call with arrays of these frameworks launches on."""
         if self.config.stream is not None:
             return self.config.stream
-        current = _current_stream(frameworks)
-        return int(current(self.ordinal)) if current is not None else 0
+        return current_stream(frameworks, self.ordinal)
 
     def max_active_clusters(self) -> int:
         """How many clusters of this configuration the device runs at once (its GPCs may not
@@ -257,7 +288,15 @@ class Launcher(functools.partial):
         return fn(self, *args)
 
     def _checked(self, args: tuple) -> None:
-        """Every argument checked against the parameter table, then the launch."""
+        """Every argument checked against the parameter table, then the launch. A module has one
+        watchdog state and one trace ring buffer, armed for a launch and read after it: launches
+        of a debug or trace build, from any thread on any stream, go one at a time."""
+        if self._watch is None and self._recorder is None:
+            return self._checked_launch(args)
+        with self.module.instrumented:
+            return self._checked_launch(args)
+
+    def _checked_launch(self, args: tuple) -> None:
         from .memory import _origin_of
 
         if self._retired is not None:  # reached from a plan that was running at the retirement

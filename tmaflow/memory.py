@@ -9,7 +9,7 @@ import weakref
 import numpy as np
 
 from . import checks, dlpack, driver
-from .device import Device, current_device, current_ordinal, device_of, stream_handle
+from .device import Device, as_device, current_device, current_ordinal, device_of, stream_handle
 from .dtypes import DType, as_dtype
 from .errors import TmaflowError
 from .graph import ACTIVE as CAPTURING
@@ -83,8 +83,9 @@ class _Allocation:
         """``device`` must be current (``empty`` made it so)."""
         self.live = False  # until the pointer exists (a failed allocation frees nothing)
         self.device = device
-        self._stream_owner = stream  # a tf.Stream stays referenced until the free
-        self.stream = stream_handle(stream) if stream is not None else 0
+        # the stream object (a tf.Stream: closed or not at the free) stays referenced until the free
+        self._stream_owner = getattr(stream, "owner", stream)
+        self.stream = int(stream_handle(stream))
         self.generation = device.generation
         self.size = rounded(nbytes)
         self.ptr = device.allocate(self.size, self.stream)
@@ -294,7 +295,7 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     if math.prod(shape) * dt.itemsize >= 1 << 63:
         raise TmaflowError(f"shape={shape} of {dt.name} needs {math.prod(shape) * dt.itemsize} B, "
                            "beyond any device's memory")
-    dev = device.activate() if device is not None else current_device()  # current either way
+    dev = as_device(device)  # current either way
     graph = capturing() if CAPTURING else None
     if graph is not None:
         stream = graph.alloc_stream  # eager: an allocation is no node of the graph

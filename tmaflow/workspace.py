@@ -15,13 +15,14 @@ SLOT_BYTES = 128
 class DescriptorWorkspace:
     """``slots`` tensor-map slots in device memory. ``ws.slot(i)`` is slot i's address (pass
     ``ws`` itself for a ``CUtensorMap*`` parameter); ``ws.read(i)`` its 128 bytes;
-    ``ws.check(i, spec)`` raises unless they equal the host encode of ``spec``."""
+    ``ws.check(i, spec)`` raises unless they equal the host encode of ``spec``. The slots are
+    allocated (and freed) in order on ``stream``, the stream of the launches that patch them."""
 
-    def __init__(self, slots: int, device=None):
+    def __init__(self, slots: int, device=None, stream=None):
         if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or not 1 <= slots <= 1 << 20:
             raise TmaflowError(f"DescriptorWorkspace: slots={slots!r} must be an int in [1, 2^20]")
         self.slots = int(slots)
-        self.array = empty((self.slots * SLOT_BYTES,), "uint8", device)
+        self.array = empty((self.slots * SLOT_BYTES,), "uint8", device, stream=stream)
         if self.array.ptr % SLOT_BYTES:  # the pool hands out 512-B aligned blocks; say so if not
             raise TmaflowError(f"DescriptorWorkspace: memory at 0x{self.array.ptr:x} is not "
                                f"{SLOT_BYTES}-B aligned")

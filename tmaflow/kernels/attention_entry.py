@@ -12,11 +12,12 @@ from types import SimpleNamespace
 from ..device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
+from ..launch import resolve_stream
 from ..layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
-                    on_current_device, stream_key)
+                    on_current_device)
 from . import checks
 from .registry import get_kernel
 
@@ -117,8 +118,10 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     b, hq, sq, d, hkv, skv = _check(Q, K, V)
     scale = _scale(scale, d)
     O = _given_out(out, Q, (Q, K, V))
-    key = ("attention", Q.dtype.name, Q.shape, K.shape, causal, stream_key(stream), pdl, Q.device, current_ordinal(),
-           debug, trace, get_ident())
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (Q, K, V, O), ordinal)
+    key = ("attention", Q.dtype.name, Q.shape, K.shape, causal, stream, pdl, Q.device, ordinal, debug,
+           trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
@@ -179,8 +182,9 @@ def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float 
     b, hq, sq, d, hkv, skv = _check(Q, K, V, CP_ASYNC_HEAD_DIMS, who, ("bfloat16",))
     scale = _scale(scale, d, who)
     O = _given_out(out, Q, (Q, K, V), who)
-    key = ("attention_cp_async", Q.shape, K.shape, causal, stream_key(stream), Q.device, current_ordinal(),
-           get_ident())
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (Q, K, V, O), ordinal)
+    key = ("attention_cp_async", Q.shape, K.shape, causal, stream, Q.device, ordinal, get_ident())
     try:
         launcher = STATES[key]
     except (KeyError, TypeError):

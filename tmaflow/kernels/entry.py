@@ -6,6 +6,10 @@
   device); cupy in, cupy out; otherwise a tmaflow array from the stream-ordered pool.
 - a per-thread cache of prepared states, keyed by shape, strides, dtype, configuration and
   stream: a repeated call does no planning, validation or encoding, only lookups.
+- the stream resolved once, first (``resolve_stream``: ``stream=None`` is torch's or cupy's
+  current stream for their arrays, a capturing tf.Graph's stream, else the legacy stream):
+  a state, its launcher and what it owns per stream (split-K workspaces, descriptor slots)
+  belong to that handle, and outputs are allocated in order on it.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from ..memory import _contiguous_strides as contiguous_strides
 
 
 class Prepared:
-    """A launch ready to go: ``prepared()`` launches and returns ``out``."""
+    """A launch ready to go: ``prepared()`` launches and returns ``out``, on the stream the
+    ``prepare`` call resolved (its resources belong to that stream)."""
 
     __slots__ = ("launcher", "args", "out")
 
@@ -83,19 +88,6 @@ def cached_state(key: tuple, build):
     return state
 
 
-def stream_key(stream):
-    """A hashable stand-in for ``stream`` in cache keys."""
-    if stream is None or type(stream) is int:
-        return stream
-    try:
-        hash(stream)
-        return stream
-    except TypeError:
-        from ..device import stream_handle
-
-        return stream_handle(stream)
-
-
 def on_current_device(name: str, arr: DeviceArray) -> int:
     """The current device's ordinal, after checking that ``arr`` lives there."""
     ordinal = current_ordinal()
@@ -105,9 +97,11 @@ def on_current_device(name: str, arr: DeviceArray) -> int:
     return ordinal
 
 
-def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream=None):
+def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: int = 0):
     """(object returned to the caller, its DeviceArray view): a new contiguous array of
-    ``like``'s kind. The view is built directly: its layout is known."""
+    ``like``'s kind; tmaflow's allocated in order on ``stream``, the call's resolved stream
+    (torch's and cupy's by their allocators, on their current stream). The view is built
+    directly: its layout is known."""
     dt = dtype or like_arr.dtype
     shape = tuple(shape)
     origin = like_arr._origin

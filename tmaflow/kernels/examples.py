@@ -9,13 +9,14 @@ from threading import get_ident
 from ..device import current_device, current_ordinal
 from ..checks import as_float, as_int
 from ..errors import TmaflowError
+from ..launch import resolve_stream
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
 from . import checks
 from .registry import get_kernel
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
-                    new_output, on_current_device, output_strides, stream_key)
+                    new_output, on_current_device, output_strides)
 
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))
@@ -73,9 +74,11 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype, bits_only=True)
     if o is not None:
         checks.no_aliasing("copy", o, (("src", a),))
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (a, o), ordinal)
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
-           l2_promotion, flatten, evict_first, stores, stream_key(stream), pdl, a.device,
-           current_ordinal(), debug, trace, get_ident())
+           l2_promotion, flatten, evict_first, stores, stream, pdl, a.device, ordinal, debug,
+           trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
@@ -156,8 +159,10 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     if o is not None:
         checks.no_aliasing("transpose", o, (("a", x),))
     o_strides = output_strides(o, shape_t, 4)
-    key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream_key(stream), x.device,
-           current_ordinal(), debug, get_ident())
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (x, o), ordinal)
+    key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream, x.device, ordinal, debug,
+           get_ident())
 
     def build():
         _TRANSPOSE_OPTIONS.check(debug)
@@ -217,8 +222,10 @@ def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None =
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
     if o is not None:
         checks.no_aliasing("softmax", o, (("x", a),), in_place="x")
-    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), pdl,
-           a.device, current_ordinal(), debug, trace, get_ident())
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (a, o), ordinal)
+    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream, pdl, a.device, ordinal,
+           debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
@@ -262,6 +269,7 @@ def reduce_add(parts, out, *, box=(32, 64), stream=None, debug: bool | None = No
     checks.no_aliasing("reduce_add", o, (("parts", p),))
     for arr in (p, o):
         on_current_device("reduce_add", arr)
+    stream = resolve_stream(stream, (p, o), current_ordinal())
     tp = TensorMap.tiled(p, (1, *box))
     to = TensorMap.tiled(o, box)
     layout = SharedLayout([Buffer("tile", tp.spec.smem_bytes, align=128),
@@ -326,6 +334,7 @@ def broadcast_scale(x, w, out=None, *, cluster: int = 1, stages: int = 4, wrows:
     for arr in (xa, wa, o):
         if arr is not None:
             on_current_device("broadcast_scale", arr)
+    stream = resolve_stream(stream, (xa, wa, o), current_ordinal())
     result, o = (out, o) if o is not None else new_output(x, xa, xa.shape, None, stream)
     _, layout = broadcast_plan(w_tiles, cluster, stages, wrows)
     k = get_kernel("broadcast_scale", layout, {"WROWS": wrows, "SPARSE": sparse}, debug=debug)
@@ -377,6 +386,7 @@ def axpb(x, a: float, b: float, out=None, *, method: str = "tma", stream=None,
     for arr in (xa, o):
         if arr is not None:
             on_current_device("axpb", arr)
+    stream = resolve_stream(stream, (xa, o), current_ordinal())
     result, o = (out, o) if o is not None else new_output(x, xa, xa.shape, None, stream)
     k = get_kernel(f"axpb_{method}", None, debug=debug)
     launcher = k.launcher(grid=_persistent_grid(xa.size // 4096, 4), block=256, stream=stream)

@@ -15,16 +15,17 @@ from dataclasses import dataclass, replace
 from threading import get_ident
 
 from .. import driver
-from ..device import current_device, current_ordinal, stream_handle
+from ..device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..checks import as_bool, as_choice, as_int, as_optional_int
 from ..errors import TmaflowError
 from ..graph import capturing
+from ..launch import resolve_stream
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..memory import DeviceArray, arg_kind, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,
-                    on_current_device, output_strides, stream_key)
+                    on_current_device, output_strides)
 from . import checks
 from .checks import L2_PROMOTIONS, int_in, settle
 from .registry import get_kernel
@@ -454,10 +455,12 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     if out is not None:
         C = given_output("gemm", out, (m, n), BF16)
         checks.no_aliasing("gemm", C, (("a", A), ("b", B), *zip(("scale_a", "scale_b"), blocks or ())))
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (A, B, C), ordinal)
     if m == 0 or n == 0 or k == 0:
         return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
     key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
-           stream_key(stream), pdl, A.device, current_ordinal(), debug, trace, get_ident(),
+           stream, pdl, A.device, ordinal, debug, trace, get_ident(),
            blocks and blocks[0].strides)  # scale_a's strides decide its mode
     try:
         st = STATES[key]
@@ -553,9 +556,9 @@ def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
     return None, (), result
 
 
-def _with_split_k(launcher, partials: bool, device, stream) -> tuple:
+def _with_split_k(launcher, partials: bool, device, stream: int) -> tuple:
     """(launcher, workspace): where pieces of tiles meet in fp32 partials (split-K, split tails),
-    the launch guarded by the stream's workspace."""
+    the launch guarded by the workspace of the stream it launches on (resolved)."""
     if not partials:
         return launcher, None
     ws = _workspace(device, stream)
@@ -626,10 +629,12 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
 
 class _Workspace:
     """Split-K scratch for one (thread, device, stream): per-tile counters, zero between
-    launches (each tile's last split resets its own), then the fp32 partial sums."""
+    launches (each tile's last split resets its own), then the fp32 partial sums. Allocated,
+    zeroed and freed in order on its stream, so a replaced buffer goes back to the pool only
+    after the launches that used it."""
 
-    def __init__(self, device):
-        self.device, self.buf, self._views = device, None, None
+    def __init__(self, device, stream: int):
+        self.device, self.stream, self.buf, self._views = device, stream, None, None
         self.counters = self.floats = 0
 
     def views(self, counters: int, floats: int):
@@ -637,7 +642,9 @@ class _Workspace:
         if self.buf is None or not self.buf.alive or counters > self.counters or floats > self.floats:
             self.counters = max(self.counters, -(-counters // 64) * 64, 4096)
             self.floats = max(self.floats, floats, 1 << 20)
-            self.buf = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device))
+            _refuse_foreign_capture(self.stream, "its split-K workspace")
+            self.buf = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device,
+                                         stream=self.stream), self.stream)
             base = self.buf.ptr
             self._views = (
                 DeviceArray(base, (self.counters,), "uint32", owner=self.buf, device=self.device),
@@ -650,14 +657,33 @@ class _Workspace:
         self.buf = None
 
 
-def _zeroed_now(buf: DeviceArray) -> DeviceArray:
-    """``buf`` zeroed eagerly, also while a tf.Graph captures (a captured memset would leave the
-    workspace dirty for the eager launches that share it until the first replay)."""
+def _zeroed_now(buf: DeviceArray, stream: int) -> DeviceArray:
+    """``buf`` zeroed before the first launch on ``stream`` reads it: in order on ``stream``, or
+    while a tf.Graph captures, eagerly on the graph's allocation stream (a captured memset would
+    leave the workspace dirty until the first replay; the capture waits for that stream)."""
     graph = capturing()
-    if graph is None:
-        return buf.fill_bytes(0)
-    driver.call("cuMemsetD8Async", buf.ptr, 0, buf.nbytes, graph.alloc_stream.handle)
+    driver.call("cuMemsetD8Async", buf.ptr, 0, buf.nbytes,
+                stream if graph is None else graph.alloc_stream.handle)
     return buf
+
+
+def _foreign_capture(stream: int) -> bool:
+    """Is ``stream`` being captured into another library's graph (torch.cuda.graph)? Memory
+    allocated on it there would become a node of that graph."""
+    if capturing() is not None:
+        return False  # a tf.Graph: allocations go to its own stream, eagerly
+    cu = driver.cu()
+    err, status = cu.cuStreamIsCapturing(stream)
+    return bool(int(err)) or status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _refuse_foreign_capture(stream: int, what: str) -> None:
+    """Per-stream memory is made once per stream, outside captures."""
+    if _foreign_capture(stream):
+        raise TmaflowError(
+            f"a call on stream 0x{int(stream):x} needs {what}, made once per stream, but the stream "
+            "is being captured into a CUDA graph; make the same call once on that stream before the "
+            "capture (with torch: warm up on a stream s, then torch.cuda.graph(g, stream=s))")
 
 
 class _SplitK:
@@ -677,14 +703,14 @@ class _SplitK:
 _workspaces = threading.local()
 
 
-def _workspace(device, stream) -> _Workspace:
-    """Launches on one stream run in order, so they may share one; other streams and threads
-    get their own."""
-    key = (device.ordinal, stream_handle(stream))
+def _workspace(device, stream: int) -> _Workspace:
+    """The workspace of this thread's launches on ``stream`` (resolved): launches on one stream
+    run in order, so they may share one; other streams and threads get their own."""
+    key = (device.ordinal, stream)
     cache = _workspaces.__dict__
     ws = cache.get(key)
     if ws is None:
-        ws = cache[key] = _Workspace(device)
+        ws = cache[key] = _Workspace(device, stream)
     return ws
 
 
@@ -734,16 +760,19 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     if layout == "nn" and k % BK:
         raise TmaflowError(f"grouped_gemm: layout 'nn' needs K a multiple of {BK} (got {k}): a "
                            "group's last k-block would read the next group's rows of b")
-    offs = _offsets("grouped_gemm", offsets, g, t, A.device)
     C = None
     if out is not None:
         C = given_output("grouped_gemm", out, (t, n), A.dtype)
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (A, B, C), ordinal)
+    offs = _offsets("grouped_gemm", offsets, g, t, A.device, stream)
+    if C is not None:
         checks.no_aliasing("grouped_gemm", C, (("a", A), ("b", B),
                                                 ("offsets", as_array(offs) if offs is offsets else None)))
     if t == 0 or n == 0 or k == 0:
         return _empty_product(a, A, out, C, (t, n), k, stream)
-    key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream_key(stream),
-           pdl, A.device, current_ordinal(), debug, trace, get_ident())
+    key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream,
+           pdl, A.device, ordinal, debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
@@ -756,9 +785,9 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
                          st.split, offs, g, st.slots, 1.0, 0, 0), result
 
 
-def _offsets(name: str, offsets, groups: int, rows: int, device):
+def _offsets(name: str, offsets, groups: int, rows: int, device, stream: int):
     """The offsets as a device int32 array: device arrays as given (their values are the
-    caller's to keep right), host sequences checked and uploaded."""
+    caller's to keep right), host sequences checked and uploaded in order on ``stream``."""
     if hasattr(offsets, "__cuda_array_interface__") or hasattr(offsets, "data_ptr") or \
             isinstance(offsets, DeviceArray):
         arr = as_array(offsets)
@@ -766,9 +795,24 @@ def _offsets(name: str, offsets, groups: int, rows: int, device):
             raise TmaflowError(f"{name}: offsets must be {groups + 1} int32 values (got "
                                f"{arr.shape} {arr.dtype.name})")
         return offsets
+    return _upload(checks.host_offsets(name, offsets, groups, rows), device, stream)
+
+
+def _upload(host, device, stream: int) -> DeviceArray:
+    """``host`` copied into memory allocated on ``stream`` and copied there (pageable memory is
+    staged at once), so its free, also on ``stream``, waits for the launch reading it. While a
+    tf.Graph captures: eagerly, as the graph's own array."""
     from ..memory import from_numpy
 
-    return from_numpy(checks.host_offsets(name, offsets, groups, rows), device=device)
+    if capturing() is not None:
+        return from_numpy(host, device=device)
+    if _foreign_capture(stream):
+        raise TmaflowError("grouped_gemm: offsets given as host values are uploaded at each call, "
+                           "which a CUDA graph capture cannot hold; pass them as a device int32 "
+                           "tensor (a replay then reads their new values)")
+    arr = empty(host.shape, host.dtype, device, stream=stream)
+    driver.call("cuMemcpyHtoDAsync", arr.ptr, host.ctypes.data, arr.nbytes, stream)
+    return arr
 
 
 def _grouped_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig:
@@ -804,7 +848,8 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream, pdl=pdl)
     B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2)) if layout == "nt" else \
         DeviceArray(0, (g * k, n), "bfloat16", (n * 2, 2))
-    slots = DescriptorWorkspace(2 * cm * clusters, device)
+    _refuse_foreign_capture(stream, "its device-side C-map slots")
+    slots = DescriptorWorkspace(2 * cm * clusters, device, stream)
     if launcher.module.watch is not None:  # debug builds prove every patched C map
         launcher = _ProvedSlots(launcher, slots)
     split = plan.config.split_k

@@ -1,0 +1,370 @@
+"""GPU tier: every entry point launched from many streams at once gives, bit for bit, what the
+same call gives alone. Per case (gemm bf16 dense / skinny / split-K / split tail, fp8 per-tensor
+and block-scaled, grouped with device and host offsets, attention, softmax, copy, transpose)
+and per combination (two torch streams made current with ``stream=None``, the streams passed
+explicitly, threads each on its own stream, a tf.Graph captured while a thread launches, a
+torch CUDA graph replayed beside eager launches), at least 100 launches a stream, each
+compared with ``torch.equal`` against a reference computed first on the default stream. A
+subset runs again on the generated Python launch path. Small shapes: seconds in all."""
+import threading
+
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels, native
+from tmaflow.kernels import entry, matmul, registry
+from tmaflow.kernels.matmul import GemmConfig
+
+try:
+    import torch
+except ImportError:  # collected without torch; every test skips
+    torch = None
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch is None, reason="the concurrency suite launches on torch streams")]
+
+LAUNCHES = 100  # per stream, per combination
+
+
+# --- the cases: make(gen) -> call(stream=None) -> a new output tensor ----------------------------
+
+def _bf16(gen, *shape):
+    return torch.randn(*shape, device="cuda", generator=gen).to(torch.bfloat16)
+
+
+def _fp8(gen, *shape):
+    return (torch.randn(*shape, device="cuda", generator=gen) * 30).to(torch.float8_e4m3fn)
+
+
+def _gemm(m, n, k, config=None):
+    def make(gen):
+        a, b = _bf16(gen, m, k), _bf16(gen, n, k)
+        return lambda stream=None: kernels.gemm(a, b, config=config, stream=stream)
+    return make
+
+
+def _split_tail(gen):
+    from test_gpu_tail_split import _shape_with_partial_wave
+
+    config = GemmConfig(bn=128, cluster_m=1, split_tail=True)
+    m, n, k = _shape_with_partial_wave(tf.current_device(), config, 512, 2048, 16)
+    return _gemm(m, n, k, config)(gen)
+
+
+def _fp8_gemm(gen):
+    a, b = _fp8(gen, 256, 2048), _fp8(gen, 512, 2048)
+    return lambda stream=None: kernels.gemm(a, b, scale_a=0.5, scale_b=0.25, stream=stream)
+
+
+def _fp8_block_scaled(gen):
+    m, n, k = 256, 512, 2048
+    a, b = _fp8(gen, m, k), _fp8(gen, n, k)
+    sa = torch.rand(m, k // 128, device="cuda", generator=gen) * 0.01 + 0.001
+    sb = torch.rand(n // 128, k // 128, device="cuda", generator=gen) * 0.01 + 0.001
+    return lambda stream=None: kernels.gemm(a, b, scale_a=sa, scale_b=sb, stream=stream)
+
+
+def _grouped(host_offsets):
+    def make(gen):
+        a, b = _bf16(gen, 370, 1024), _bf16(gen, 3, 256, 1024)
+        offsets = [0, 70, 70, 370]  # an empty group in the middle
+        offs = offsets if host_offsets else torch.tensor(offsets, dtype=torch.int32, device="cuda")
+        config = GemmConfig(bn=128, cluster_m=1, split_k=4)  # partials and counters per stream
+        return lambda stream=None: kernels.grouped_gemm(a, b, offs, config=config, stream=stream)
+    return make
+
+
+def _attention(gen):
+    q, k, v = (_bf16(gen, 1, 4, 256, 128) for _ in range(3))
+    return lambda stream=None: kernels.attention(q, k, v, causal=True, stream=stream)
+
+
+def _softmax(gen):
+    x = torch.randn(64, 1024, device="cuda", generator=gen)
+    return lambda stream=None: kernels.softmax(x, stream=stream)
+
+
+def _copy(gen):
+    x = torch.randn(256, 1024, device="cuda", generator=gen)
+    return lambda stream=None: kernels.copy(x, stream=stream)
+
+
+def _transpose(gen):
+    x = torch.randn(256, 512, device="cuda", generator=gen)
+    return lambda stream=None: kernels.transpose(x, stream=stream)
+
+
+CASES = {
+    "gemm dense": _gemm(256, 512, 1024),
+    "gemm skinny": _gemm(64, 512, 4096),               # M <= 128: the skinny kernel, K split 16 ways
+    "gemm split_k=8": _gemm(256, 512, 4096, GemmConfig(split_k=8)),
+    "gemm split_tail": _split_tail,
+    "fp8 gemm": _fp8_gemm,
+    "fp8 block-scaled": _fp8_block_scaled,
+    "grouped device offsets": _grouped(False),
+    "grouped host offsets": _grouped(True),
+    "attention": _attention,
+    "softmax": _softmax,
+    "copy": _copy,
+    "transpose": _transpose,
+}
+
+
+@pytest.fixture
+def gen(rng):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(rng.integers(2**62)))
+    return g
+
+
+def _alone(call):
+    """The reference: the call alone on the default stream, finished."""
+    torch.cuda.synchronize()
+    ref = call()
+    torch.cuda.synchronize()
+    return ref
+
+
+def _differing(results, ref) -> list:
+    torch.cuda.synchronize()
+    return [i for i, got in enumerate(results) if not torch.equal(got, ref)]
+
+
+def _assert_all_equal(name, results, ref, least):
+    bad = _differing(results, ref)
+    assert len(results) >= least, f"{name}: only {len(results)} launches"
+    assert not bad, f"{name}: {len(bad)} of {len(results)} results differ from the call alone (first: {bad[:8]})"
+
+
+def _in_threads(work, n):
+    errors, threads = [], []
+
+    def run(i):
+        try:
+            work(i)
+        except BaseException as exc:  # re-raised in the main thread
+            errors.append(exc)
+
+    for i in range(n):
+        threads.append(threading.Thread(target=run, args=(i,)))
+        threads[-1].start()
+    for t in threads:
+        t.join(timeout=300)
+    if errors:
+        raise errors[0]
+
+
+# --- the combinations --------------------------------------------------------------------------------
+
+def current_streams(call):
+    """Two torch streams made current in turn; ``stream=None`` follows them."""
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    results = []
+    for _ in range(LAUNCHES):
+        for s in streams:
+            with torch.cuda.stream(s):
+                results.append(call())
+    return results, len(streams) * LAUNCHES
+
+
+def explicit_streams(call):
+    """The same streams passed as ``stream=``; the current stream stays the default one."""
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    results = []
+    for _ in range(LAUNCHES):
+        for s in streams:
+            results.append(call(stream=s))
+    return results, len(streams) * LAUNCHES
+
+
+def threads_own_streams(call):
+    """Three threads, each launching on its own stream: two make it current, one passes it."""
+    per_thread = [[] for _ in range(3)]
+
+    def work(i):
+        s = torch.cuda.Stream()
+        for _ in range(LAUNCHES):
+            if i % 2:
+                per_thread[i].append(call(stream=s))
+            else:
+                with torch.cuda.stream(s):
+                    per_thread[i].append(call())
+        s.synchronize()
+
+    _in_threads(work, 3)
+    return [r for rs in per_thread for r in rs], 3 * LAUNCHES
+
+
+def tf_graph_beside_streams(call):
+    """A tf.Graph captured while another thread launches on its stream, then replayed on a
+    third stream interleaved with eager launches on two more; every replay's output is copied
+    out in order on the replay stream."""
+    results, stop = [], threading.Event()
+    background, errors = [], []
+
+    def keep_launching():
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                while not stop.is_set() or len(background) < LAUNCHES:
+                    background.append(call())
+            s.synchronize()
+        except BaseException as exc:  # re-raised in the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=keep_launching)
+    thread.start()
+    try:
+        with tf.Graph() as g:
+            with g.capture():
+                y = call()
+            stop.set()
+            thread.join(timeout=300)
+            replay_stream, eager = torch.cuda.Stream(), [torch.cuda.Stream() for _ in range(2)]
+            replay_stream.wait_stream(torch.cuda.current_stream())
+            snapshots = []
+            for _ in range(LAUNCHES):
+                with torch.cuda.stream(replay_stream):
+                    g.replay(stream=replay_stream)
+                    snapshots.append(y.clone())
+                for s in eager:
+                    with torch.cuda.stream(s):
+                        results.append(call())
+            replay_stream.synchronize()
+    finally:
+        stop.set()
+        thread.join(timeout=300)
+    if errors:
+        raise errors[0]
+    return snapshots + results + background, 4 * LAUNCHES
+
+
+def torch_graph_beside_streams(call):
+    """A torch CUDA graph (captured on a stream warmed up first: per-stream state exists before
+    the capture) replayed on one stream while eager launches run on two others."""
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        call()  # warm-up on the capture stream: its state and workspace exist before the capture
+    capture.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=capture):
+        y = call()
+    replay_stream, eager = torch.cuda.Stream(), [torch.cuda.Stream() for _ in range(2)]
+    snapshots, results = [], []
+    for _ in range(LAUNCHES):
+        with torch.cuda.stream(replay_stream):
+            g.replay()
+            snapshots.append(y.clone())
+        for s in eager:
+            with torch.cuda.stream(s):
+                results.append(call())
+    return snapshots + results, 3 * LAUNCHES
+
+
+COMBINATIONS = {f.__name__: f for f in (current_streams, explicit_streams, threads_own_streams,
+                                         tf_graph_beside_streams, torch_graph_beside_streams)}
+
+
+@pytest.mark.parametrize("combination", list(COMBINATIONS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_launch_equals_the_call_alone(device, gen, case, combination):
+    if case == "grouped host offsets" and combination == "torch_graph_beside_streams":
+        pytest.skip("host offsets are refused inside a torch capture (test_host_offsets_refused_in_a_torch_capture)")
+    call = CASES[case](gen)
+    ref = _alone(call)
+    results, least = COMBINATIONS[combination](call)
+    _assert_all_equal(f"{case}, {combination}", results, ref, least)
+
+
+def test_references_are_right(device, gen):
+    """The references the suite compares with are the products they claim (loosely: the
+    other GPU suites check accuracy; this one checks that a difference could be seen)."""
+    a, b = _bf16(gen, 256, 4096), _bf16(gen, 512, 4096)
+    got = _alone(lambda: kernels.gemm(a, b, config=GemmConfig(split_k=8)))
+    want = a.float() @ b.float().T
+    assert (torch.linalg.norm(got.float() - want) / torch.linalg.norm(want)).item() < 1e-2
+    x = torch.randn(64, 1024, device="cuda", generator=gen)
+    torch.testing.assert_close(_alone(lambda: kernels.softmax(x)), torch.softmax(x, -1), rtol=1e-5, atol=1e-7)
+
+
+def test_split_k_workspaces_are_per_stream(device, gen):
+    """Two current streams: two split-K workspaces (the bug: one, shared, built for whichever
+    stream was current first)."""
+    entry.STATES.clear()  # torch's pooled streams recur: states of earlier tests hold workspaces
+    matmul._workspaces.__dict__.clear()
+    call = CASES["gemm split_k=8"](gen)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for s in streams:
+        with torch.cuda.stream(s):
+            call()
+    torch.cuda.synchronize()
+    handles = {key[1] for key in matmul._workspaces.__dict__}
+    assert handles == {s.cuda_stream for s in streams}
+
+
+def test_host_offsets_refused_in_a_torch_capture(device, gen):
+    call = CASES["grouped host offsets"](gen)
+    capture = torch.cuda.Stream()
+    with torch.cuda.stream(capture):
+        call()
+    capture.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(tf.TmaflowError, match=r"offsets given as host values.*device int32 tensor"):
+        with torch.cuda.graph(g, stream=capture):
+            call()
+
+
+def test_a_cold_split_k_state_is_refused_in_a_torch_capture(device, gen):
+    """Its workspace would become an allocation node of torch's graph: refused by name."""
+    entry.STATES.clear()  # torch's pooled streams recur: no state of an earlier test may be warm
+    matmul._workspaces.__dict__.clear()
+    call = CASES["gemm split_k=8"](gen)
+    call()  # warm on the default stream only
+    capture = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(tf.TmaflowError, match=r"split-K workspace.*being captured.*warm up on a stream s"):
+        with torch.cuda.graph(g, stream=capture):
+            call()
+
+
+# --- the generated Python launch path ------------------------------------------------------------------
+
+def _forget_launchers():
+    """Prepared states and launchers go, so the next calls generate their launch paths again."""
+    entry.STATES.clear()
+    for kern in registry._kernels.values():
+        kern._launchers.clear()
+
+
+def _paths() -> set:
+    """Which paths the entry points' launchers took: "C" (a native Plan) or "Python"."""
+    found = set()
+    for kern in registry._kernels.values():
+        for launcher in list(kern._launchers.values()):
+            func = launcher.func
+            if func is not tf.Launcher._checked_call:
+                found.add("C" if type(func).__name__ == "Plan" else "Python")
+    return found
+
+
+@pytest.fixture(params=["C", "Python"])
+def launch_path(request, monkeypatch):
+    if request.param == "C" and native.module() is None:
+        pytest.skip(native.status())
+    if request.param == "Python":  # as TMAFLOW_NATIVE=0 decides it, for this test only
+        monkeypatch.setattr(native, "_state", {"reason": "TMAFLOW_NATIVE=0 (test)"})
+    _forget_launchers()
+    yield request.param
+    _forget_launchers()
+
+
+@pytest.mark.parametrize("combination", ["current_streams", "threads_own_streams"])
+@pytest.mark.parametrize("case", ["gemm split_k=8", "gemm skinny", "grouped host offsets", "softmax"])
+def test_both_launch_paths(device, gen, launch_path, case, combination):
+    call = CASES[case](gen)
+    ref = _alone(call)
+    results, least = COMBINATIONS[combination](call)
+    _assert_all_equal(f"{case}, {combination}, {launch_path} path", results, ref, least)
+    paths = _paths()  # C: some argument kinds may still take the generated Python path
+    assert launch_path in paths and (launch_path == "C" or paths == {"Python"}), paths

@@ -1,0 +1,351 @@
+"""Streams resolved once per call (no GPU): ``stream=None`` becomes torch's or cupy's current
+stream (fake framework modules: the rule, not the libraries, is under test), a capturing
+tf.Graph's stream, or the legacy stream; prepared states and split-K workspaces belong to the
+resolved handle; hostile stream and device values are refused by name."""
+import itertools
+import inspect
+import re
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.device import StreamHandle, stream_handle
+from tmaflow.dtypes import as_dtype
+from tmaflow.graph import ACTIVE
+from tmaflow.kernels import attention_entry, entry, examples, matmul
+from tmaflow.launch import LaunchConfig, resolve_stream
+from tmaflow.memory import DeviceArray, _contiguous_strides
+from tmaflow.params import Param
+
+from test_launch import TABLE, fake_launcher
+
+
+_next_address = itertools.count(1)
+
+
+def view(shape, dtype="bfloat16", origin="torch", ptr=None):
+    """A fake device array; each gets its own 1 GiB-aligned range (entry points refuse aliasing)."""
+    dt = as_dtype(dtype)
+    shape = tuple(shape)
+    ptr = next(_next_address) << 30 if ptr is None else ptr
+    return DeviceArray._view(ptr, shape, dt, _contiguous_strides(shape, dt.itemsize), None, None, origin)
+
+
+@pytest.fixture
+def current(monkeypatch):
+    """Fake torch and cupy modules whose current streams the test sets: ``current["torch"]``
+    is torch's handle on device 0 (device d adds d), ``current["cupy"]`` cupy's."""
+    now = {"torch": 0x7000, "cupy": 0x9000}
+    fake_torch = types.SimpleNamespace(_C=types.SimpleNamespace(
+        _cuda_getCurrentRawStream=lambda ordinal: now["torch"] + ordinal))
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(ptr=now["cupy"])))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    return now
+
+
+# --- the resolution ------------------------------------------------------------------------------
+
+def test_none_follows_the_arrays_framework(current):
+    t, c, f = view((8, 8)), view((8, 8), origin="cupy"), view((8, 8), origin=None)
+    assert resolve_stream(None, (t,), 0) == 0x7000 and resolve_stream(None, (f, t), 3) == 0x7003
+    assert resolve_stream(None, (c, f), 0) == 0x9000
+    assert resolve_stream(None, (c, t), 0) == 0x7000  # torch first, as the launch path does
+    assert resolve_stream(None, (f, None), 0) == 0  # tmaflow arrays (and an out not given)
+    current["torch"] = 0x8000
+    assert resolve_stream(None, (t,), 0) == 0x8000  # asked at every call, never cached
+
+
+def test_explicit_streams_win_and_keep_their_object(current):
+    class CoreStream:
+        def __cuda_stream__(self):
+            return (0, 0x1234)
+
+    s = CoreStream()
+    got = resolve_stream(s, (view((8, 8)),), 0)
+    assert got == 0x1234 and type(got) is StreamHandle and got.owner is s
+    assert {got: 1}[0x1234] == 1  # a cache key equal to the plain handle
+    assert resolve_stream(5, (view((8, 8)),), 0) == 5 and resolve_stream(np.uint64(2**64 - 1), (), 0) == 2**64 - 1
+    assert stream_handle(got) is got  # resolved once: passed on as it is
+
+
+def test_a_capturing_graph_takes_none_launches_of_its_thread(current):
+    graph = types.SimpleNamespace(_thread=threading.get_ident(), stream=types.SimpleNamespace(handle=0xABC))
+    other = types.SimpleNamespace(_thread=-1, stream=types.SimpleNamespace(handle=0xDEF))
+    ACTIVE.extend([other, graph])
+    try:
+        assert resolve_stream(None, (view((8, 8)),), 0) == 0xABC
+        assert resolve_stream(7, (view((8, 8)),), 0) == 7  # an explicit stream runs eagerly
+    finally:
+        ACTIVE.remove(other), ACTIVE.remove(graph)
+    assert resolve_stream(None, (view((8, 8)),), 0) == 0x7000
+
+
+def test_a_launcher_bound_with_none_follows_the_current_stream(current):
+    run = fake_launcher(TABLE, stream=None)
+    assert run.stream_for({"torch"}) == 0x7000
+    current["torch"] = 0x7100
+    assert run.stream_for({"torch", "cupy"}) == 0x7100 and run.stream_for({None}) == 0
+
+
+# --- states and workspaces per resolved stream ---------------------------------------------------
+
+class Recorder:
+    """Stands for a launcher: records each launch with the stream its state was built for."""
+
+    def __init__(self, stream, calls):
+        self.stream, self.calls = stream, calls
+
+    def __call__(self, *args):
+        self.calls.append(self.stream)
+
+
+class Template:
+    def bind(self, arr):
+        return arr
+
+
+@pytest.fixture
+def fake_states(monkeypatch):
+    """Every entry point's state builder replaced by one that records the stream it was given
+    (the real builders compile and need a GPU); ``built`` lists them, ``calls`` the launches."""
+    built, calls = [], []
+    entry.STATES.clear()
+    matmul._workspaces.__dict__.clear()
+
+    def fake(real):
+        signature = inspect.signature(real)
+
+        def build(*args, **kwargs):
+            stream = signature.bind(*args, **kwargs).arguments["stream"]
+            launcher, ws = matmul._with_split_k(Recorder(stream, calls), True,
+                                                types.SimpleNamespace(ordinal=0), stream)
+            built.append((stream, ws))
+            t = Template()
+            return types.SimpleNamespace(launcher=launcher, ta=t, tb=t, tc=t, tq=t, tk=t, tv=t,
+                                         src=t, dst=t, extra=(), flat=False, tail=(), ts=None,
+                                         workspace=None, split=1, slots=0)
+        return build
+
+    for module, name in ((matmul, "_gemm_state"), (matmul, "_grouped_state"), (examples, "_softmax_state"),
+                         (examples, "_copy_state"), (attention_entry, "_state")):
+        monkeypatch.setattr(module, name, fake(getattr(module, name)))
+    yield built, calls
+    entry.STATES.clear()
+    matmul._workspaces.__dict__.clear()
+
+
+CALLS = {
+    "gemm": lambda: kernels.gemm(view((256, 4096)), view((512, 4096)), view((256, 512)),
+                                 config=kernels.GemmConfig(split_k=8)),
+    "grouped_gemm": lambda: kernels.grouped_gemm(view((256, 512)), view((2, 128, 512)), view((3,), "int32"),
+                                                 view((256, 128))),
+    "softmax": lambda: kernels.softmax(view((64, 512), "float32"), view((64, 512), "float32")),
+    "copy": lambda: kernels.copy(view((64, 512), "float32"), view((64, 512), "float32")),
+    "attention": lambda: kernels.attention(*(view((1, 2, 128, 64)),) * 3, view((1, 2, 128, 64))),
+}
+
+
+@pytest.mark.parametrize("name", list(CALLS))
+def test_two_current_streams_get_two_states(fake_states, current, name):
+    built, calls = fake_states
+    call = CALLS[name]
+    call()
+    current["torch"] = 0x8000
+    call()
+    call()
+    current["torch"] = 0x7000
+    call()
+    assert [s for s, _ in built] == [0x7000, 0x8000]  # one state per stream, each built once
+    assert calls == [0x7000, 0x8000, 0x8000, 0x7000]  # every launch used its own stream's state
+    (_, ws_a), (_, ws_b) = built
+    assert ws_a is not ws_b and (ws_a.stream, ws_b.stream) == (0x7000, 0x8000)
+
+
+def test_an_explicit_stream_shares_the_state_of_the_same_handle(fake_states, current):
+    built, calls = fake_states
+    CALLS["gemm"]()
+    kernels.gemm(view((256, 4096)), view((512, 4096)), view((256, 512)),
+                 config=kernels.GemmConfig(split_k=8), stream=0x7000)
+    assert len(built) == 1 and calls == [0x7000, 0x7000]
+
+
+def test_a_prepared_launch_stays_on_the_stream_it_was_prepared_for(fake_states, current):
+    _, calls = fake_states
+    prepared = kernels.softmax.prepare(view((64, 512), "float32"), view((64, 512), "float32"))
+    current["torch"] = 0x8000
+    prepared()
+    assert calls == [0x7000]
+
+
+def test_workspaces_are_per_thread_and_per_stream():
+    matmul._workspaces.__dict__.clear()
+    dev = types.SimpleNamespace(ordinal=0)
+    a = matmul._workspace(dev, 0x10)
+    assert matmul._workspace(dev, 0x10) is a and matmul._workspace(dev, 0x20) is not a
+    other = []
+    thread = threading.Thread(target=lambda: other.append(matmul._workspace(dev, 0x10)))
+    thread.start(), thread.join()
+    assert other[0] is not a and other[0].stream == 0x10
+    matmul._workspaces.__dict__.clear()
+
+
+def test_debug_and_trace_launches_of_a_module_go_one_at_a_time():
+    run = fake_launcher([Param(0, 0, 4, "int", True)])
+    run.module.instrumented = threading.Lock()
+    held = []
+    run._watch = types.SimpleNamespace(arm=lambda: held.append(run.module.instrumented.locked()),
+                                       check=lambda *a, **k: held.append(run.module.instrumented.locked()))
+    run(7)
+    assert held == [True, True] and not run.module.instrumented.locked()
+
+
+# --- hostile streams -------------------------------------------------------------------------------
+
+class Proto:
+    def __init__(self, result):
+        self.result = result
+
+    def __cuda_stream__(self):
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+class Attr:
+    @property
+    def cuda_stream(self):
+        raise RuntimeError("no device")
+
+
+HOSTILE = [
+    (-1, r"stream=-1: a stream handle is an int in \[0, 2\^64 - 1\]"),
+    (2**64, r"stream=18446744073709551616: a stream handle is an int in \[0, 2\^64 - 1\]"),
+    (-2**70, r"stream=-1180591620717411303424: a stream handle is an int"),
+    (np.int64(-5), re.escape(f"stream={np.int64(-5)!r}: a stream handle is an int in [0, 2^64 - 1]")),
+    (1.0, r"stream=1.0 \(float\) is not a stream"),
+    (float("nan"), r"stream=nan \(float\) is not a stream"),
+    (np.float32(3), re.escape(f"stream={np.float32(3)!r} (float32) is not a stream")),
+    (True, r"stream=True \(bool\) is not a stream"),
+    (False, r"stream=False \(bool\) is not a stream"),
+    (np.bool_(True), re.escape(f"stream={np.bool_(True)!r} ({type(np.bool_(True)).__name__}) is not a stream")),
+    ("0", r"stream='0' \(str\) is not a stream"),
+    (b"0", r"stream=b'0' \(bytes\) is not a stream"),
+    (object(), r"stream=<object.*\(object\) is not a stream"),
+    ([0], r"stream=\[0\] \(list\) is not a stream"),
+    (Proto(RuntimeError("boom")), r"__cuda_stream__ raised RuntimeError\('boom'\); it must return \(0, handle\)"),
+    (Proto([0, 5]), r"__cuda_stream__ returned \[0, 5\]; the protocol \(version 0\) is a tuple \(0, handle\)"),
+    (Proto((0,)), r"__cuda_stream__ returned \(0,\); the protocol"),
+    (Proto((0, 5, 6)), r"__cuda_stream__ returned \(0, 5, 6\); the protocol"),
+    (Proto((1, 5)), r"__cuda_stream__ returned \(1, 5\); the protocol \(version 0\)"),
+    (Proto(("0", 5)), r"__cuda_stream__ returned \('0', 5\); the protocol"),
+    (Proto((0, "5")), r"its __cuda_stream__ handle is '5' \(str\); a stream handle is an int"),
+    (Proto((0, 5.0)), r"its __cuda_stream__ handle is 5.0 \(float\); a stream handle is an int"),
+    (Proto((0, True)), r"its __cuda_stream__ handle is True \(bool\); a stream handle is an int"),
+    (Proto((0, -1)), r"its __cuda_stream__ handle is -1: a stream handle is an int in \[0, 2\^64 - 1\]"),
+    (Proto((0, 2**64)), r"its __cuda_stream__ handle is 18446744073709551616: a stream handle"),
+    (Proto(None), r"__cuda_stream__ returned None; the protocol"),
+    (Attr(), r"reading .cuda_stream raised RuntimeError\('no device'\)"),
+    (types.SimpleNamespace(ptr=1.5), r"\.ptr is 1.5 \(float\); a stream handle is an int"),
+    (types.SimpleNamespace(cuda_stream=-3), r"\.cuda_stream is -3: a stream handle is an int"),
+]
+
+
+@pytest.mark.parametrize("value,msg", HOSTILE, ids=[f"h{i}" for i in range(len(HOSTILE))])
+def test_hostile_streams_are_refused_everywhere(current, value, msg):
+    for refuse in (lambda: stream_handle(value),
+                   lambda: LaunchConfig(1, 32, stream=value),
+                   lambda: resolve_stream(value, (view((8, 8)),), 0),
+                   lambda: kernels.softmax(view((64, 512), "float32"), stream=value),
+                   lambda: kernels.gemm(view((256, 512)), view((256, 512)), stream=value),
+                   lambda: tf.Kernel('extern "C" __global__ void k() {}', "k").launch(grid=1, block=32,
+                                                                                   stream=value)):
+        with pytest.raises(tf.LaunchError, match=msg):
+            refuse()
+
+
+def test_a_float_or_bool_never_reaches_the_launcher_of_an_equal_int():
+    """1.0 == 1 == True as dict keys: the launcher cached for stream=1 must not take them."""
+    k = tf.Kernel('extern "C" __global__ void k() {}', "k")
+    calls = []
+
+    class Cached:
+        generation, module = 0, types.SimpleNamespace(device=types.SimpleNamespace(generation=0))
+
+        def __call__(self, *args):
+            calls.append(args)
+
+    cached = Cached()
+    k._launchers[(1, 32, (1, 1, 1), None, 1, False, 0, threading.get_ident())] = cached
+    k.launch(grid=1, block=32, stream=1)
+    assert calls == [()]
+    for value in (True, 1.0, np.float64(1)):
+        with pytest.raises(tf.LaunchError, match="is not a stream"):
+            k.launch(grid=1, block=32, stream=value)
+    assert calls == [()]
+
+
+def test_valid_stream_spellings_are_accepted():
+    assert stream_handle(None) == 0 and stream_handle(0) == 0 and stream_handle(2**64 - 1) == 2**64 - 1
+    assert stream_handle(np.uint64(7)) == 7 and type(stream_handle(np.int32(7))) is int
+    assert stream_handle(Proto((0, 0x55))) == 0x55 and stream_handle(Proto((np.int64(0), np.uint64(9)))) == 9
+    torch_like = types.SimpleNamespace(cuda_stream=0x66)
+    got = stream_handle(torch_like)
+    assert got == 0x66 and got.owner is torch_like and stream_handle(types.SimpleNamespace(ptr=0x77)) == 0x77
+
+
+def test_a_closed_tf_stream_is_refused():
+    s = tf.Stream.__new__(tf.Stream)
+    s._handle, s.handle, s.device = None, 0x99, types.SimpleNamespace(ordinal=0)
+    with pytest.raises(tf.LaunchError, match=r"was closed; create a new tf.Stream\(\)"):
+        stream_handle(s)
+
+
+# --- hostile devices ---------------------------------------------------------------------------------
+
+HOSTILE_DEVICES = [("cuda:0", "str"), (1.0, "float"), (True, "bool"), (np.float32(0), "float32"),
+                   ([0], "list"), (None.__class__, "type")]
+
+
+@pytest.mark.parametrize("value,kind", HOSTILE_DEVICES)
+def test_hostile_devices_are_refused_before_the_driver(value, kind):
+    for refuse in (lambda: tf.empty((4,), "float32", device=value),
+                   lambda: tf.zeros((4,), device=value),
+                   lambda: tf.from_numpy(np.zeros(4, np.float32), device=value)):
+        with pytest.raises(tf.TmaflowError, match=re.escape(
+                f"device={value!r} must be None, a tf.Device or a device ordinal (int; got {kind})")):
+            refuse()
+    if kind != "type":
+        for refuse in (lambda: tf.Device(value), lambda: tf.set_device(value)):
+            with pytest.raises(tf.TmaflowError, match=rf"Device\(ordinal=.*\): must be an int \(a device ordinal; got {kind}\)"):
+                refuse()
+
+
+@pytest.fixture
+def two_devices(monkeypatch):
+    """A driver that reports two devices (and is never asked anything else)."""
+    def call(name, *args, **kwargs):
+        if name == "cuDeviceGetCount":
+            return 2
+        raise AssertionError(f"unexpected driver call {name}")
+
+    monkeypatch.setattr(tf.driver, "init", lambda: None)
+    monkeypatch.setattr(tf.driver, "call", call)
+
+
+@pytest.mark.parametrize("ordinal", [2, 7, -1, 2**70, np.int64(5)])
+def test_out_of_range_ordinals_are_refused(two_devices, ordinal):
+    want = rf"Device\(ordinal={int(ordinal)}\): must be an int in \[0, 1\]"
+    for refuse in (lambda: tf.Device(ordinal), lambda: tf.set_device(ordinal)):
+        with pytest.raises(tf.TmaflowError, match=want):
+            refuse()
+    for refuse in (lambda: tf.empty((4,), device=ordinal), lambda: tf.zeros(4, device=ordinal),
+                   lambda: tf.from_numpy(np.zeros(4, np.float32), device=ordinal)):
+        with pytest.raises(tf.TmaflowError, match=re.escape(f"device={ordinal!r}: ") + want):
+            refuse()
