@@ -11,6 +11,7 @@ from ..errors import TmaflowError
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
+from . import edge
 from .registry import get_kernel
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
                     new_output, on_current_device, output_strides, stream_key)
@@ -57,6 +58,7 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
          stores: int = 2, stream=None, pdl: bool = False, debug: bool | None = None,
          trace: bool = False):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
+    Other ranks, empty arrays and layouts the TMA cannot address take ``edge.copy``.
 
     With ``flatten``, two contiguous arrays are tiled as (size / 256, 256) views, so every box
     is one contiguous range of memory. By default (``None``) that is done only when rows are
@@ -67,6 +69,11 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     """
     a = as_array(src)
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype, bits_only=True)
+    if not edge.takes_tma(a, o):
+        return edge.copy(copy.__wrapped__, src, a, dst, o, dict(
+            box=box, stages=stages, ctas_per_sm=ctas_per_sm, l2_promotion=l2_promotion,
+            flatten=flatten, evict_first=evict_first, stores=stores, stream=stream, pdl=pdl,
+            debug=debug, trace=trace))
     box_t = tuple(box) if box is not None else None
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
            l2_promotion, flatten, evict_first, stores, stream_key(stream), pdl, a.device,
@@ -130,12 +137,15 @@ def transpose_plan(shape, stages: int = 4):
 
 @entry_point
 def transpose(a, out=None, *, stream=None, debug: bool | None = None):
-    """out = a.T for a 2-D float32 array, through 128B-swizzled shared memory."""
+    """out = a.T for a 2-D 4-byte array, through 128B-swizzled shared memory (layouts the TMA
+    cannot address, and empty arrays, through ``edge.transpose``)."""
     x = as_array(a)
     if x.ndim != 2 or x.dtype.itemsize != 4:
         raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
     shape_t = (x.shape[1], x.shape[0])
     o = None if out is None else given_output("transpose", out, shape_t, x.dtype, bits_only=True)
+    if not edge.takes_tma(x, o, transposed=True):
+        return edge.transpose(a, x, out, o, stream, debug)
     o_strides = output_strides(o, shape_t, 4)
     key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream_key(stream), x.device,
            current_ordinal(), debug, get_ident())
@@ -158,6 +168,7 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
 
 # --- softmax --------------------------------------------------------------------------------
 SOFTMAX_SMEM = 200 * 1024
+SOFTMAX_MAX_COLS = SOFTMAX_SMEM // 2 // 1024 * 256  # two stages of one row of 256-column boxes
 
 
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
@@ -174,7 +185,7 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
     if 2 * stage_bytes(rows) > SOFTMAX_SMEM:
         raise TmaflowError(f"softmax: rows of {shape[1]} float32 need {stage_bytes(1)} B of shared "
                            f"memory per stage and the kernel needs two stages in "
-                           f"{SOFTMAX_SMEM} B; at most {SOFTMAX_SMEM // 2 // 1024 * 256} columns fit")
+                           f"{SOFTMAX_SMEM} B; at most {SOFTMAX_MAX_COLS} columns fit")
     spec = TensorMapSpec.tiled("float32", shape, (rows, 256), strides=_padded(shape, 4))
     stage = TensorMapSpec.tiled("float32", (rows * n_box, 256), (rows * n_box, 256))
     stages = max(2, min(stages, SOFTMAX_SMEM // stage.smem_bytes))
@@ -185,9 +196,13 @@ def softmax_plan(shape, rows: int = 4, stages: int = 3):
 @entry_point
 def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None = None,
             trace: bool = False):
-    """Row softmax of a 2-D float32 array (rows loaded and stored by TMA)."""
+    """Softmax over the last dim of a float32 array: 2-D rows loaded and stored by TMA;
+    other ranks, widths and strides through ``edge.softmax``."""
     a = as_array(x)
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
+    if not edge.takes_tma(a, o) or a.shape[1] > SOFTMAX_MAX_COLS:
+        return edge.softmax(softmax.__wrapped__, x, a, out, o, SOFTMAX_MAX_COLS,
+                            dict(stream=stream, pdl=pdl, debug=debug, trace=trace))
     key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream_key(stream), pdl,
            a.device, current_ordinal(), debug, trace, get_ident())
     try:
