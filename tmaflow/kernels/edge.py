@@ -219,16 +219,17 @@ def _host_loop(lead: tuple, *strides: tuple, itemsize: int):
         yield [itemsize * sum(i * s for i, s in zip(index, st)) for st in strides]
 
 
-def copy_steps(dst: DeviceArray, src: DeviceArray, stream=None, debug=None) -> list:
-    """Launches of ``strided_copy`` writing ``dst`` from ``src`` at any element strides: the
-    same shape, or (staging) ``src`` as large in every dim but the last two, whose extra rows
-    and columns in ``dst`` get zeros."""
+def copy_launches(dst: DeviceArray, src: DeviceArray) -> tuple:
+    """(blocks, [args of each ``strided_copy`` launch]) writing ``dst`` from ``src`` at any
+    element strides: the same shape (dims collapsed, those past the kernel's three looped on
+    the host), or (staging) ``src`` as large in every dim but the last two, whose extra rows and
+    columns in ``dst`` get zeros. Pure: the CPU tier checks it against a model of the kernel."""
     item = dst.dtype.itemsize
     if item not in (1, 2, 4, 8) or src.dtype.itemsize != item:
         raise TmaflowError(f"copy: elements of {src.dtype.itemsize} B into {item} B: the edge "
                            "copy moves elements of 1, 2, 4 or 8 bytes, the same size on both sides")
     if not dst.size:
-        return []
+        return 0, []
     ds, ss = _elements("dst", dst), _elements("src", src)
     if src.shape == dst.shape:
         shape, (ds, ss) = collapse(dst.shape, ds, ss)
@@ -242,10 +243,18 @@ def copy_steps(dst: DeviceArray, src: DeviceArray, stream=None, debug=None) -> l
     if src_rows is None:
         src_rows, src_cols = rows, cols
     tiles = batch * -(-rows // TILE) * -(-cols // TILE)
-    k = get_kernel("strided_copy", None, {"ELEM_BYTES": item}, debug=debug)
+    return tiles, [(_at(dst, d), _at(src, s), batch, rows, cols, src_rows, src_cols, *dst3, *src3)
+                   for d, s in _host_loop(shape[:lead], ds[:lead], ss[:lead], itemsize=item)]
+
+
+def copy_steps(dst: DeviceArray, src: DeviceArray, stream=None, debug=None) -> list:
+    """(launcher, args) of every ``strided_copy`` launch of ``copy_launches``."""
+    tiles, launches = copy_launches(dst, src)
+    if not launches:
+        return []
+    k = get_kernel("strided_copy", None, {"ELEM_BYTES": dst.dtype.itemsize}, debug=debug)
     launcher = k.launcher(grid=_grid(tiles), block=THREADS, stream=stream)
-    return [(launcher, (_at(dst, d), _at(src, s), batch, rows, cols, src_rows, src_cols, *dst3, *src3))
-            for d, s in _host_loop(shape[:lead], ds[:lead], ss[:lead], itemsize=item)]
+    return [(launcher, args) for args in launches]
 
 
 def zero_steps(dst: DeviceArray, stream=None, debug=None) -> list:
@@ -253,22 +262,31 @@ def zero_steps(dst: DeviceArray, stream=None, debug=None) -> list:
     return copy_steps(dst, dst._as((dst.shape[0], 0), dst.strides), stream, debug)
 
 
-def softmax_steps(out: DeviceArray, x: DeviceArray, stream=None, debug=None) -> list:
-    """Launches of ``softmax_rows`` over the last dim of ``x`` (any rank, width and strides)."""
+def softmax_launches(out: DeviceArray, x: DeviceArray) -> tuple:
+    """(rows, [args of each ``softmax_rows`` launch]) over the last dim of ``x``, any rank,
+    width and strides: the leading dims collapsed into (outer, inner), those past two looped
+    on the host. Pure, as ``copy_launches``."""
     if not x.size:
-        return []
-    xs, os_ = _elements("softmax", x), _elements("softmax: out", out)
+        return 0, []
+    xs, os_ = _elements("softmax", x) or (1,), _elements("softmax: out", out) or (1,)
     shape = x.shape or (1,)
-    xs, os_ = xs or (1,), os_ or (1,)
     lead_shape, (xl, ol) = collapse(shape[:-1], xs[:-1], os_[:-1])
     lead = max(0, len(lead_shape) - ROW_RANK)
     pad = ROW_RANK - len(lead_shape) + lead
     outer, inner = (1,) * pad + lead_shape[lead:]
     x2, o2 = (0,) * pad + xl[lead:], (0,) * pad + ol[lead:]
-    k = get_kernel("softmax_rows", None, debug=debug)
-    launcher = k.launcher(grid=_grid(-(-outer * inner // (THREADS // 32))), block=THREADS, stream=stream)
-    return [(launcher, (_at(out, o), _at(x, i), outer, inner, shape[-1], *x2, xs[-1], *o2, os_[-1]))
-            for i, o in _host_loop(lead_shape[:lead], xl[:lead], ol[:lead], itemsize=4)]
+    return outer * inner, [(_at(out, o), _at(x, i), outer, inner, shape[-1], *x2, xs[-1], *o2, os_[-1])
+                           for i, o in _host_loop(lead_shape[:lead], xl[:lead], ol[:lead], itemsize=4)]
+
+
+def softmax_steps(out: DeviceArray, x: DeviceArray, stream=None, debug=None) -> list:
+    """(launcher, args) of every ``softmax_rows`` launch of ``softmax_launches``: a warp a row."""
+    rows, launches = softmax_launches(out, x)
+    if not launches:
+        return []
+    launcher = get_kernel("softmax_rows", None, debug=debug).launcher(
+        grid=_grid(-(-rows // (THREADS // 32))), block=THREADS, stream=stream)
+    return [(launcher, args) for args in launches]
 
 
 # --- the entry points' edge paths ---------------------------------------------------------------
