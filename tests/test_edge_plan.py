@@ -148,8 +148,9 @@ def test_grouped_staging_pads_k_to_64_for_nn_and_packs_the_experts():
     A, C = arr((300, 72)), arr((300, 384))
     plan = product_staging(A, arr((4, 72, 384)), C, "nn", edge.GROUPED_NN_K, b_packed=True)
     assert (plan.a, plan.b, plan.c, plan.k) == ((300, 128), (4, 128, 384), None, 128)
+    A = arr((300, 256), strides=(1024, 2))  # a wider pitch: legal, used as given
     B = arr((4, 384, 256), strides=(256 * 512, 512, 2))  # every expert 256 elements apart from the next
-    plan = product_staging(arr((300, 256)), B, C, "nt", b_packed=True)
+    plan = product_staging(A, B, C, "nt", b_packed=True)
     assert (plan.a, plan.b, plan.c) == (None, (4, 384, 256), None)
     assert plan.reasons == ("b: strides (131072, 512, 2) B (the grouped kernel reads every expert as one array)",)
 

@@ -22,10 +22,9 @@ import itertools
 from dataclasses import dataclass
 
 from ..device import current_device, stream_handle
-from ..dtypes import as_dtype
 from ..errors import TmaflowError
 from ..memory import DeviceArray
-from .entry import new_output, on_current_device
+from .entry import contiguous_strides, new_output, on_current_device
 from .registry import get_kernel
 
 ALIGN = 16                 # bytes: TMA base addresses, row pitches and store chunks
@@ -34,8 +33,8 @@ THREADS = 256              # threads per block of both edge kernels (edge.cu)
 BLOCKS_PER_SM = 8          # grid of the grid-stride edge kernels
 KERNEL_RANK = 3            # dims a strided_copy launch covers; more are looped on the host
 ROW_RANK = 2               # leading dims a softmax_rows launch covers
+GROUPED_NN_K = 64          # matmul.BK: the grouped kernel's K granule in layout "nn"
 STAGED = "staged"          # the scale mode of block scales the kernels cannot read as given
-BF16 = as_dtype("bfloat16")
 
 
 # --- which calls take the TMA kernels ---------------------------------------------------------
@@ -95,9 +94,6 @@ def grouped_takes_tma(A: DeviceArray, B: DeviceArray, C: DeviceArray | None, n: 
             and (layout == "nt" or not A.shape[1] % GROUPED_NN_K))
 
 
-GROUPED_NN_K = 64  # matmul.BK: the grouped "nn" kernel's K granule
-
-
 # --- staging plans ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -131,7 +127,7 @@ def product_staging(A: DeviceArray, B: DeviceArray, C: DeviceArray, layout: str,
 
     def plan(name, arr, shape):
         why = why_not_rows(name, arr)
-        if why is None and b_packed and arr.strides != _packed(arr.shape, arr.dtype.itemsize):
+        if why is None and b_packed and name == "b" and arr.strides != _packed(arr.shape, arr.dtype.itemsize):
             why = f"{name}: strides {arr.strides} B (the grouped kernel reads every expert as one array)"
         if why is None and arr.shape != shape:
             why = f"{name}: {arr.shape} zero-padded to {shape}"
@@ -152,8 +148,6 @@ def _round_up(x: int, granule: int) -> int:
 
 
 def _packed(shape: tuple, itemsize: int) -> tuple:
-    from .entry import contiguous_strides
-
     return contiguous_strides(tuple(shape), itemsize)
 
 
