@@ -18,6 +18,7 @@ cupy) or tmaflow's stream-ordered pool and lives as long as the launches that us
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -224,21 +225,26 @@ def copy_launches(dst: DeviceArray, src: DeviceArray) -> tuple:
                            "copy moves elements of 1, 2, 4 or 8 bytes, the same size on both sides")
     if not dst.size:
         return 0, []
-    ds, ss = _elements("dst", dst), _elements("src", src)
-    if src.shape == dst.shape:
-        shape, (ds, ss) = collapse(dst.shape, ds, ss)
+    tiles, parts = _copy_geometry(dst.shape, _elements("dst", dst), src.shape, _elements("src", src), item)
+    return tiles, [(_at(dst, d), _at(src, s), *scalars) for d, s, scalars in parts]
+
+
+@functools.lru_cache(maxsize=256)  # a repeated call plans nothing
+def _copy_geometry(dst_shape: tuple, ds: tuple, src_shape: tuple, ss: tuple, item: int) -> tuple:
+    """(blocks, ((dst offset, src offset, scalar arguments), ...)) of ``copy_launches``."""
+    if src_shape == dst_shape:
+        shape, (ds, ss) = collapse(dst_shape, ds, ss)
         src_rows = src_cols = None
     else:
-        shape, (src_rows, src_cols) = dst.shape, src.shape[-2:]
+        shape, (src_rows, src_cols) = dst_shape, src_shape[-2:]
     lead = max(0, len(shape) - KERNEL_RANK)
     pad = KERNEL_RANK - len(shape) + lead
     batch, rows, cols = (1,) * pad + shape[lead:]
-    dst3, src3 = (0,) * pad + ds[lead:], (0,) * pad + ss[lead:]
     if src_rows is None:
         src_rows, src_cols = rows, cols
+    scalars = (batch, rows, cols, src_rows, src_cols, *(0,) * pad, *ds[lead:], *(0,) * pad, *ss[lead:])
     tiles = batch * -(-rows // TILE) * -(-cols // TILE)
-    return tiles, [(_at(dst, d), _at(src, s), batch, rows, cols, src_rows, src_cols, *dst3, *src3)
-                   for d, s in _host_loop(shape[:lead], ds[:lead], ss[:lead], itemsize=item)]
+    return tiles, tuple((d, s, scalars) for d, s in _host_loop(shape[:lead], ds[:lead], ss[:lead], itemsize=item))
 
 
 def copy_steps(dst: DeviceArray, src: DeviceArray, stream=None, debug=None) -> list:
