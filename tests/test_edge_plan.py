@@ -343,8 +343,9 @@ def test_edge_strides_must_be_whole_elements():
 @pytest.mark.parametrize("name,defines", [("strided_copy", {"ELEM_BYTES": 1}), ("strided_copy", {"ELEM_BYTES": 2}),
                                           ("strided_copy", {"ELEM_BYTES": 4}), ("strided_copy", {"ELEM_BYTES": 8}),
                                           ("softmax_rows", None)])
-def test_edge_kernels_compile_to_cubin(tmp_cache, name, defines):
-    k = get_kernel(name, None, defines)
+@pytest.mark.parametrize("debug", [None, True], ids=["release", "debug"])
+def test_edge_kernels_compile_to_cubin(tmp_cache, name, defines, debug):
+    k = get_kernel(name, None, defines, debug=debug)
     assert k.cubin[:4] == b"\x7fELF"
     assert k.resources.spills == 0 and k.resources.registers <= 64  # 256 threads, 8 blocks an SM
     kinds = [p.kind for p in k.params]
