@@ -22,10 +22,8 @@ def arr(shape, dtype="bfloat16", strides=None):
     (arr((64, 32)), arr((48, 32, 1)), arr((64, 48)), {}, r"b must be 2-D \(got shape \(48, 32, 1\)\)"),
     (arr((64, 32)), arr((48, 40)), arr((64, 48)), {}, r"b must be \(N, K\) for layout 'nt'"),
     (arr((64, 32)), arr((48, 32)), arr((64, 48)), dict(layout="nn"), r"b must be \(K, N\) for layout 'nn'"),
-    (arr((64, 36)), arr((48, 36)), arr((64, 48)), {}, r"a has strides \(72, 2\) B; .*multiple of 16 B"),
     (arr((64, 32)), arr((48, 32)), arr((64, 40)), {}, r"out must be a \(64, 48\) bfloat16 array \(got \(64, 40\)"),
     (arr((64, 32)), arr((48, 32)), arr((64, 48), "float32"), {}, r"out must be a \(64, 48\) bfloat16 array"),
-    (arr((64, 32)), arr((32, 48), strides=(2, 64)), arr((64, 48)), dict(layout="nn"), r"b has strides \(2, 64\) B; rows must be contiguous"),
 ])
 def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
     with pytest.raises(tf.TmaflowError, match=msg):
@@ -111,10 +109,8 @@ def test_split_k_never_plans_an_empty_split(k_blocks, asked, used):
     (arr((10, 64)), arr((3, 32, 64)), [0.0, 1.5, 2.0, 10.0], {}, r"offsets must be 4 ints"),
     (arr((10, 64)), arr((3, 32, 48)), [0, 5, 6, 10], {}, r"b must be \(G, N, K\)"),
     (arr((10, 64)), arr((3, 48, 32)), [0, 5, 6, 10], dict(layout="nn"), r"b must be \(G, K, N\)"),
-    (arr((10, 72)), arr((3, 72, 32)), [0, 5, 6, 10], dict(layout="nn"), r"layout 'nn' needs K a multiple of 64"),
     (arr((10, 64)), arr((32, 64)), [0, 10], {}, r"a must be \(T, K\) and b \(G, N, K\)"),
     (arr((10, 64), "float16"), arr((3, 32, 64)), [0, 5, 6, 10], {}, r"both bfloat16"),
-    (arr((10, 64)), arr((3, 32, 64), strides=(8192, 128, 2)), [0, 5, 6, 10], {}, r"b must be contiguous"),
     (arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10], dict(layout="tn"), r"layout='tn' must be one of"),
     (arr((10, 64)), arr((3, 32, 64)), arr((4,), "float32"), {}, r"offsets must be 4 int32 values"),
 ])

@@ -278,8 +278,9 @@ def test_torch_custom_op_fake_shapes_and_user_ops(device):
         torch.ops.tmaflow.gemm(a8, torch.empty(256, 200, device="meta", dtype=torch.float8_e4m3fn), "nn")
     with pytest.raises(Exception, match=r"tmaflow.gemm: scale_a / scale_b dequantise fp8 operands"):
         torch.ops.tmaflow.gemm(ab, bb, "nn", 2.0)
-    with pytest.raises(Exception, match=r"tmaflow.softmax: needs a 2-D float32"):
-        torch.ops.tmaflow.softmax(torch.empty(4, device="meta"))
+    with pytest.raises(Exception, match=r"tmaflow.softmax: needs a float32 tensor"):
+        torch.ops.tmaflow.softmax(torch.empty(4, device="meta", dtype=torch.float16))
+    assert torch.ops.tmaflow.softmax(torch.empty(2, 3, 5, device="meta")).shape == (2, 3, 5)  # any rank
 
     k = tf.Kernel('extern "C" __global__ void twice(const float* x, float* y, int n) {'
                   ' int i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) y[i] = 2.f * x[i]; }', "twice")

@@ -241,16 +241,21 @@ def test_block_scale_layout_picks_how_the_scales_travel(m, k, strides, mode):
     assert (scale, got) == (1.0, mode) and blocks[0] is sa and blocks[1] is sb
 
 
-def test_block_scales_stored_k_block_by_k_block_need_a_16_byte_pitch():
+@pytest.mark.parametrize("sa_strides,sb_strides", [
+    ((4, 1204), None),    # k-block by k-block with a pitch of 1204 B: not a 16-byte multiple
+    ((8, 2408), None),    # every other float
+    (None, (4, 8)),       # scale_b's rows overlapping
+])
+def test_block_scales_the_kernels_cannot_read_are_staged(sa_strides, sb_strides):
+    """Layouts of block scales the kernels cannot read as given are accepted and staged
+    (edge.py copies them into M-major / row-major scratch); shape and type are still checked."""
+    from tmaflow.kernels.edge import STAGED
+    from tmaflow.kernels.matmul import _scales
     from tmaflow.memory import DeviceArray
 
     a8, b8 = DeviceArray(0, (301, 2048), "float8_e4m3fn"), DeviceArray(0, (256, 2048), "float8_e4m3fn")
-    sb = DeviceArray(0, (2, 16), "float32")
-    with pytest.raises(tf.TmaflowError, match=r"pitch of 1204 B between k-blocks; the TMA needs a multiple of 16 B: "
-                                              r"pad M to a multiple of 4"):
-        kernels.gemm(a8, b8, scale_a=DeviceArray(0, (301, 16), "float32", (4, 1204)), scale_b=sb)
-    with pytest.raises(tf.TmaflowError, match=r"scale_a must be \(301, 16\) .* got \(301, 16\) float32 strides \(8, 2408\) B"):
-        kernels.gemm(a8, b8, scale_a=DeviceArray(0, (301, 16), "float32", (8, 2408)), scale_b=sb)
-    with pytest.raises(tf.TmaflowError, match=r"scale_b must be \(2, 16\) .* strides \(4, 8\) B"):
-        kernels.gemm(a8, b8, scale_a=DeviceArray(0, (301, 16), "float32"),
-                     scale_b=DeviceArray(0, (2, 16), "float32", (4, 8)))
+    sa = DeviceArray(0, (301, 16), "float32", sa_strides)
+    sb = DeviceArray(0, (2, 16), "float32", sb_strides)
+    assert _scales(a8, b8, sa, sb)[2] == STAGED
+    with pytest.raises(tf.TmaflowError, match=r"scale_a must be \(301, 16\) \(1 x 128 blocks of a\), got \(301, 8\)"):
+        _scales(a8, b8, DeviceArray(0, (301, 8), "float32", (4, 1204)), sb)

@@ -13,7 +13,7 @@ from ..launch import resolve_stream
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
-from . import checks
+from . import checks, edge
 from .registry import get_kernel
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
                     new_output, on_current_device, output_strides)
@@ -60,6 +60,7 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
          stores: int = 2, stream=None, pdl: bool = False, debug: bool | None = None,
          trace: bool = False):
     """dst = src for a 2-D array through a persistent, multi-stage TMA load -> store loop.
+    Other ranks, empty arrays and layouts the TMA cannot address take ``edge.copy``.
 
     With ``flatten``, two contiguous arrays are tiled as (size / 256, 256) views, so every box
     is one contiguous range of memory. By default (``None``) that is done only when rows are
@@ -76,6 +77,11 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
         checks.no_aliasing("copy", o, (("src", a),))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (a, o), ordinal)
+    if not edge.takes_tma(a, o):
+        return edge.copy(copy.__wrapped__, src, a, dst, o, dict(
+            box=box_t, stages=stages, ctas_per_sm=ctas_per_sm, l2_promotion=l2_promotion,
+            flatten=flatten, evict_first=evict_first, stores=stores, stream=stream, pdl=pdl,
+            debug=debug, trace=trace))
     key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
            l2_promotion, flatten, evict_first, stores, stream, pdl, a.device, ordinal, debug,
            trace, get_ident())
@@ -149,7 +155,8 @@ _TRANSPOSE_OPTIONS = checks.Options("transpose", debug=checks.DEBUG)
 
 @entry_point
 def transpose(a, out=None, *, stream=None, debug: bool | None = None):
-    """out = a.T for a 2-D float32 array, through 128B-swizzled shared memory."""
+    """out = a.T for a 2-D 4-byte array, through 128B-swizzled shared memory (layouts the TMA
+    cannot address, and empty arrays, through ``edge.transpose``)."""
     (debug,) = _TRANSPOSE_OPTIONS(debug)
     x = as_array(a)
     if x.ndim != 2 or x.dtype.itemsize != 4:
@@ -158,6 +165,8 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     o = None if out is None else given_output("transpose", out, shape_t, x.dtype, bits_only=True)
     if o is not None:
         checks.no_aliasing("transpose", o, (("a", x),))
+    if not edge.takes_tma(x, o, transposed=True):
+        return edge.transpose(a, x, out, o, resolve_stream(stream, (x, o), current_ordinal()), debug)
     o_strides = output_strides(o, shape_t, 4)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (x, o), ordinal)
@@ -183,6 +192,7 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
 
 # --- softmax --------------------------------------------------------------------------------
 SOFTMAX_SMEM = 200 * 1024
+SOFTMAX_MAX_COLS = SOFTMAX_SMEM // 2 // 1024 * 256  # two stages of one row of 256-column boxes
 
 
 def softmax_plan(shape, rows: int = 4, stages: int = 3):
@@ -204,7 +214,7 @@ def _softmax_plan(shape: tuple, rows: int, stages: int):
     if 2 * stage_bytes(rows) > SOFTMAX_SMEM:
         raise TmaflowError(f"softmax: rows of {shape[1]} float32 need {stage_bytes(1)} B of shared "
                            f"memory per stage and the kernel needs two stages in "
-                           f"{SOFTMAX_SMEM} B; at most {SOFTMAX_SMEM // 2 // 1024 * 256} columns fit")
+                           f"{SOFTMAX_SMEM} B; at most {SOFTMAX_MAX_COLS} columns fit")
     spec = TensorMapSpec.tiled("float32", shape, (rows, 256), strides=_padded(shape, 4))
     stage = TensorMapSpec.tiled("float32", (rows * n_box, 256), (rows * n_box, 256))
     stages = max(2, min(stages, SOFTMAX_SMEM // stage.smem_bytes))
@@ -215,8 +225,9 @@ def _softmax_plan(shape: tuple, rows: int, stages: int):
 @entry_point
 def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None = None,
             trace: bool = False):
-    """Row softmax of a 2-D float32 array (rows loaded and stored by TMA). ``out`` may be ``x``
-    itself (each row is read whole before it is written), but no other view overlapping it."""
+    """Softmax over the last dim of a float32 array: 2-D rows loaded and stored by TMA;
+    other ranks, widths and strides through ``edge.softmax``. ``out`` may be ``x`` itself (each
+    row is read whole before it is written), but no other view overlapping it."""
     pdl, debug, trace = _SOFTMAX_OPTIONS(pdl, debug, trace)
     a = as_array(x)
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
@@ -224,6 +235,9 @@ def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None =
         checks.no_aliasing("softmax", o, (("x", a),), in_place="x")
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (a, o), ordinal)
+    if not edge.takes_tma(a, o) or a.shape[1] > SOFTMAX_MAX_COLS:
+        return edge.softmax(softmax.__wrapped__, x, a, out, o, SOFTMAX_MAX_COLS,
+                            dict(stream=stream, pdl=pdl, debug=debug, trace=trace))
     key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream, pdl, a.device, ordinal,
            debug, trace, get_ident())
     try:

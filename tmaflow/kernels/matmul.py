@@ -26,7 +26,7 @@ from ..memory import DeviceArray, arg_kind, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,
                     on_current_device, output_strides)
-from . import checks
+from . import checks, edge
 from .checks import L2_PROMOTIONS, int_in, settle
 from .registry import get_kernel
 
@@ -435,7 +435,11 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     scale_a an (M, ceil(K/128)) and scale_b an (ceil(N/128), ceil(K/128)) float32 device
     array, applied as each k-block is promoted (DeepSeek's 1 x 128 / 128 x 128 scaling);
     scale_a row-major, or stored k-block by k-block (strides (1, P), P >= M a multiple of 4:
-    the layout DeepGEMM and cuBLAS take), which the TMA loads fastest.
+    the layout DeepGEMM and cuBLAS take), which the TMA loads fastest; other layouts are
+    copied into that one first.
+    Any M, N, K and element strides: operands the TMA cannot address as given (rows that are
+    not 16-byte multiples, misaligned or element-strided views) are staged into aligned
+    scratch, K zero-padded, and a staged output's valid columns copied out (``edge.py``).
     Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales or block scales whose
     scale_a is M-major) take the skinny path unless a GemmConfig is given."""
     if not isinstance(layout, str) or layout not in LAYOUTS:
@@ -459,6 +463,10 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     stream = resolve_stream(stream, (A, B, C), ordinal)
     if m == 0 or n == 0 or k == 0:
         return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
+    if not edge.gemm_takes_tma(A, B, C, n, mode):
+        return edge.gemm(gemm.__wrapped__, a, A, B, out, C, layout=layout, scale_a=scale_a,
+                         scale_b=scale_b, scale_mode=mode, options=dict(
+                             config=config, stream=stream, pdl=pdl, debug=debug, trace=trace))
     key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
            stream, pdl, A.device, ordinal, debug, trace, get_ident(),
            blocks and blocks[0].strides)  # scale_a's strides decide its mode
@@ -515,25 +523,18 @@ def _scales(A, B, scale_a, scale_b) -> tuple:
         for name, value, shape, what in (("scale_a", scale_a, (m, kb), "1 x 128 blocks of a"),
                                          ("scale_b", scale_b, (-(-n // 128), kb), "128 x 128 blocks of b")):
             arr = as_array(value) if value is not None else None
-            if arr is None or arr.shape != shape or arr.dtype.name != "float32" or not (
-                    _row_major(arr) or name == "scale_a" and _m_major(arr)):
+            if arr is None or arr.shape != shape or arr.dtype.name != "float32":
                 got = "None" if arr is None else f"{arr.shape} {arr.dtype.name} strides {arr.strides} B"
                 raise TmaflowError(f"gemm: block scales need both scale_a and scale_b as float32 device "
-                                   f"arrays, scale_b contiguous and scale_a contiguous or stored "
-                                   f"k-block by k-block; {name} must be {shape} ({what}), got {got}")
+                                   f"arrays; {name} must be {shape} ({what}), got {got}")
             if not arr.alive:
                 raise TmaflowError(f"gemm: {name} {arr!r} was freed")
             checks.same_device("gemm", name, arr, A)
             views.append(arr)
-        sa = views[0]
-        if not _row_major(sa):  # M-major: one k-block's M scales, then the next one's
-            if sa.strides[1] % 16:
-                raise TmaflowError(
-                    f"gemm: scale_a is stored k-block by k-block with a pitch of {sa.strides[1]} B "
-                    "between k-blocks; the TMA needs a multiple of 16 B: pad M to a multiple of 4 "
-                    "(strides (1, P) with P % 4 == 0) or pass scale_a row-major")
-            return 1.0, tuple(views), "m_major"
-        return 1.0, tuple(views), "row_major"
+        sa, sb = views
+        if not (_readable_scale_a(sa) and _row_major(sb)):  # other layouts are staged (edge.py)
+            return 1.0, tuple(views), edge.STAGED
+        return 1.0, tuple(views), "row_major" if _row_major(sa) else "m_major"
     return checks.tensor_scale("gemm", scale_a, scale_b), None, None
 
 
@@ -547,13 +548,17 @@ def _m_major(arr) -> bool:
     return arr.ndim == 2 and arr.strides[0] == 4 and arr.strides[1] >= 4 * arr.shape[0]
 
 
+def _readable_scale_a(arr) -> bool:
+    """scale_a as the kernels read it: row-major (gathered), or M-major (one k-block's M scales,
+    then the next one's) with the 16-byte pitch and base its TMA map needs."""
+    return _row_major(arr) or _m_major(arr) and not (arr.ptr | arr.strides[1]) % 16
+
+
 def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
-    """The launch-free result of a product with no rows, columns or terms: zeros where a sum
-    has no terms."""
+    """A product with no rows, columns or terms: nothing to launch, or zeros where a sum has
+    no terms (written in order on the stream, at any strides of out)."""
     result, C = (out, C) if C is not None else new_output(a, A, shape, dtype, stream)
-    if k == 0 and C.size:
-        C.fill_bytes(0)  # an empty sum: C is all zeros
-    return None, (), result
+    return (*edge.empty_product(C, k, stream), result)
 
 
 def _with_split_k(launcher, partials: bool, device, stream: int) -> tuple:
@@ -729,8 +734,8 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
                  stream=None, pdl: bool = False, debug: bool | None = None, trace: bool | str = False):
     """M-grouped GEMM (mixture of experts): for every group g, rows offsets[g] .. offsets[g+1]
     of C = those rows of A @ B[g]^T (``layout="nt"``: B is G x N x K) or of A @ B[g] (``"nn"``:
-    B is G x K x N, K a multiple of 64). A is T x K, bfloat16; C is T x N bfloat16, fp32
-    accumulation. ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes,
+    B is G x K x N). A is T x K, bfloat16; C is T x N bfloat16, fp32 accumulation; operands
+    the TMA cannot address as given are staged (``edge.py``). ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes,
     T last (groups may be empty).
 
     Given as a device array (int32: tmaflow, torch or cupy), the group sizes stay on the GPU:
@@ -755,11 +760,6 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     want = "(G, N, K)" if layout == "nt" else "(G, K, N)"
     if kb != k:
         raise TmaflowError(f"grouped_gemm: a is {A.shape} (T, K) but b is {B.shape}; b must be {want}")
-    if B.strides != (B.shape[1] * B.shape[2] * 2, B.shape[2] * 2, 2):
-        raise TmaflowError(f"grouped_gemm: b must be contiguous {want} (strides {B.strides} B)")
-    if layout == "nn" and k % BK:
-        raise TmaflowError(f"grouped_gemm: layout 'nn' needs K a multiple of {BK} (got {k}): a "
-                           "group's last k-block would read the next group's rows of b")
     C = None
     if out is not None:
         C = given_output("grouped_gemm", out, (t, n), A.dtype)
@@ -771,6 +771,10 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
                                                 ("offsets", as_array(offs) if offs is offsets else None)))
     if t == 0 or n == 0 or k == 0:
         return _empty_product(a, A, out, C, (t, n), k, stream)
+    if not edge.grouped_takes_tma(A, B, C, n, layout):
+        return edge.grouped_gemm(grouped_gemm.__wrapped__, a, A, B, offs, out, C, layout=layout,
+                                 options=dict(config=config, stream=stream, pdl=pdl, debug=debug,
+                                              trace=trace))
     key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream,
            pdl, A.device, ordinal, debug, trace, get_ident())
     try:

@@ -11,7 +11,7 @@ _kernels: dict[tuple, Kernel] = {}
 
 _FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
           "reduce_add": "reduce", "broadcast_scale": "broadcast", "axpb_ldgsts": "axpb",
-          "axpb_tma": "axpb", "gemm_bf16": "gemm"}
+          "axpb_tma": "axpb", "gemm_bf16": "gemm", "strided_copy": "edge", "softmax_rows": "edge"}
 
 
 def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = None,
