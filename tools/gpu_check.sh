@@ -3,7 +3,8 @@
 #   bash tools/gpu_check.sh [pytest -k expression]
 # Env: SKIP_TESTS=1 / SKIP_DEMO=1 / SKIP_BENCH=1 / SKIP_GEMM=1, TEST_BUDGET / BENCH_BUDGET (seconds),
 #      BENCH_ARGS, GEMM_BUDGET, GEMM_ARGS (tools/bench_gemm.py, e.g. --sweep), SANITIZE=1 (compute-sanitizer over the examples and seeds),
-#      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR).
+#      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR),
+#      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ export TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache} TMAFLOW_REPORT
 K=${1:-}
 if [ -z "${SKIP_TESTS:-}" ]; then
   timeout "${TEST_BUDGET:-330}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
-    --maxfail=15 ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
+    --maxfail=${MAXFAIL:-15} ${PYTEST_JOBS:+-n "$PYTEST_JOBS" --dist loadfile} ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
 fi
 if [ -z "${SKIP_DEMO:-}" ]; then
