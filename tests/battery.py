@@ -268,8 +268,18 @@ cpu(A, "cp.async kernel at head dim 256", TE, r"attention_cp_async: head_dim=256
 cpu(A, "cp.async kernel, 3 query heads over 2 kv heads", TE, r"attention_cp_async: 3 query heads must be a multiple of the 2", lambda: attention_cp_async(_bf((1, 3, 64, 64)), _bf((1, 2, 64, 64)), _bf((1, 2, 64, 64))))
 
 
-class _FakeAmpere:
+class _FakeAmpere(tf.Device):
+    """A device of another architecture (a Device without a driver behind it)."""
     ordinal, name, compute_capability, is_hopper, arch = 0, "NVIDIA A100 (simulated)", (8, 0), False, "sm_80"
+
+    def __new__(cls):  # the real constructor asks the driver
+        return object.__new__(cls)
+
+    def __init__(self):
+        pass
+
+    def activate(self):
+        return self
 
 
 def _freed(shape=(4,)):

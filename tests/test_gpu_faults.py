@@ -62,10 +62,13 @@ def attempt(call):
 report["numpy"] = attempt(out.numpy)
 report["copy_in"] = attempt(lambda: tf.from_numpy(np.ones(16, np.float32)))
 report["launch"] = attempt(lambda: run(out, 0))
-dev.reset()
-out = tf.empty(32, "float32").fill_bytes(0xFF)
-k.launch(out, 0, grid=1, block=32)
-report["after_reset"] = out.numpy().tolist()
+try:
+    dev.reset()
+    out = tf.empty(32, "float32").fill_bytes(0xFF)
+    k.launch(out, 0, grid=1, block=32)
+    report["after_reset"] = out.numpy().tolist()
+except tf.KernelFaultError as e:  # the driver keeps some faults (700) until the process exits
+    report["after_reset"] = str(e)
 print("REPORT " + json.dumps(report))
 """
 
@@ -102,7 +105,11 @@ def test_a_fault_is_reported_once_and_then_up_front(device, native):
         assert "this context faulted earlier in" in later and "first reported by cuCtxSynchronize" in later
         assert first.split(": ", 1)[1] in later, (call, later)  # the same report
     assert "cuLaunchKernelEx failed: this context faulted earlier" in report["launch"]
-    assert report["after_reset"] == [1.0] * 32  # reset cleared the fault: the kernel runs again
+    after = report["after_reset"]
+    if isinstance(after, str):  # the driver kept the fault: reset() says so, naming the kernel
+        assert after.startswith("Device(0).reset() could not recover") and "wild_store" in after, after
+    else:
+        assert after == [1.0] * 32  # reset cleared the fault: the kernel runs again
     if native:
         if report["fast_path"] != "Plan":
             pytest.skip(f"no C launch path on this machine: {report['launch_path']}")

@@ -46,7 +46,7 @@ def _dims(rng, count: int, most: int) -> list:
 def _values(torch, shape, dtype, scale=1.0):
     if dtype in (torch.int8, torch.int32):
         return torch.randint(-100, 100, tuple(shape), device="cuda", dtype=dtype)
-    return (torch.randn(*shape, device="cuda") * scale).to(dtype)
+    return (torch.randn(tuple(shape), device="cuda") * scale).to(dtype)
 
 
 def _matrix(torch, rng, shape, dtype, how=None, scale=1.0):

@@ -113,7 +113,7 @@ def capsule_name(capsule) -> bytes | None:
 def as_spec_stream(handle: int) -> int:
     """A raw ``CUstream`` as the standard spells it: the legacy default stream is 1, not 0
     (the driver's ``CU_STREAM_LEGACY`` and ``CU_STREAM_PER_THREAD`` are 1 and 2 too)."""
-    return LEGACY_STREAM if handle == 0 else handle
+    return LEGACY_STREAM if handle == 0 else int(handle)  # a plain int: torch refuses subclasses
 
 
 def consumer_stream(stream) -> int | None:
@@ -283,16 +283,18 @@ def _producer_waits(device, array, consumer: int) -> None:
 # --- import -----------------------------------------------------------------------------------
 
 def capsule_of(obj, stream: int):
-    """``obj.__dlpack__`` asked for a versioned capsule ordered on ``stream`` (a raw handle),
-    falling back to the pre-2023 signature for producers without ``max_version``."""
+    """``obj.__dlpack__`` asked for a versioned capsule ordered on ``stream`` (a raw handle;
+    None: no stream is named and the producer keeps its own order), falling back to the
+    pre-2023 signature for producers without ``max_version``."""
     what = type(obj).__name__
     if hasattr(obj, "__dlpack_device__"):
         _check_dlpack_device(obj)  # before asking for a capsule, as the standard's consumers do
+    order = {} if stream is None else {"stream": as_spec_stream(stream)}
     try:
         try:
-            capsule = obj.__dlpack__(stream=as_spec_stream(stream), max_version=NEWEST)
+            capsule = obj.__dlpack__(**order, max_version=NEWEST)
         except TypeError:
-            capsule = obj.__dlpack__(stream=as_spec_stream(stream))
+            capsule = obj.__dlpack__(**order)
     except TmaflowError:
         raise
     except Exception as exc:

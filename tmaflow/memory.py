@@ -383,10 +383,11 @@ def as_array(obj, dtype=None, stream=None) -> DeviceArray:
     """A zero-copy DeviceArray view of a tmaflow, torch, cupy or jax array (or any object with
     ``__cuda_array_interface__`` or ``__dlpack__``). The view keeps ``obj`` alive.
 
-    ``stream`` is where the view will be used (None: the legacy default stream, where tmaflow
-    launches on arrays of no known framework go). An array reached through a protocol is
+    ``stream`` is where the view will be used. Given, an array reached through a protocol is
     ordered before it: DLPack producers are passed it as ``__dlpack__(stream=...)``, and a CAI
-    v3 ``stream`` is waited for by an event. torch and cupy arrays follow their current stream."""
+    v3 ``stream`` is waited for by an event. None (what launches use: they run on the stream
+    the caller's framework has current, as Triton does) orders nothing. torch and cupy arrays
+    follow their current stream."""
     t = type(obj)
     if t is DeviceArray:
         return obj
@@ -401,7 +402,7 @@ def as_array(obj, dtype=None, stream=None) -> DeviceArray:
         raise TmaflowError(
             f"as_array: got a host numpy array of shape {obj.shape}; kernels need device memory. "
             "Copy it with tf.from_numpy(array)")
-    target = stream_handle(stream)
+    target = None if stream is None else stream_handle(stream)
     asked = as_dtype(dtype) if dtype is not None else None
     cai, cai_failure = None, None
     try:
@@ -429,7 +430,7 @@ def _is_index(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _from_cai(obj, cai, dtype: DType | None, stream: int) -> DeviceArray:
+def _from_cai(obj, cai, dtype: DType | None, stream: int | None) -> DeviceArray:
     """A view described by ``__cuda_array_interface__`` (v2/v3), every field checked; a v3
     ``stream`` with pending work is waited for on ``stream`` (a raw handle)."""
     def bad(why):
@@ -470,7 +471,7 @@ def _from_cai(obj, cai, dtype: DType | None, stream: int) -> DeviceArray:
     if producer is not None and (not _is_index(producer) or not 0 < producer < 2**64):
         raise bad(f"stream={producer!r} must be None or a stream handle > 0 (1: the legacy "
                   "default stream, 2: per-thread; 0 is disallowed as ambiguous)")
-    if producer is not None and dlpack.needs_wait(int(producer), stream):
+    if producer is not None and stream is not None and dlpack.needs_wait(int(producer), stream):
         dlpack.stream_wait(current_device(), stream, int(producer))
     return DeviceArray(ptr, shape, dt, strides, owner=obj)
 

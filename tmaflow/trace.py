@@ -21,6 +21,7 @@ import math
 import os
 import struct
 import threading
+import tokenize
 import zipfile
 
 import numpy as np
@@ -173,6 +174,11 @@ class Trace:
             raise TmaflowError(f"Trace.load: path={path!r} must be a str or a path")
         where = f"Trace.load: path={os.fspath(path)!r}"
         try:
+            with open(path, "rb") as head:
+                single = head.read(6) == b"\x93NUMPY"
+            if single:
+                raise TmaflowError(f"{where} is not a trace saved by Trace.save (one array, not "
+                                   "an archive of events and meta)")
             f = np.load(path, allow_pickle=False)
             if not isinstance(f, np.lib.npyio.NpzFile):  # a single .npy array
                 raise TmaflowError(f"{where} is not a trace saved by Trace.save (one array, not "
@@ -182,7 +188,8 @@ class Trace:
                     raise TmaflowError(f"{where} is not a trace saved by Trace.save (no events "
                                        "and meta arrays)")
                 events, meta = f["events"], json.loads(str(f["meta"]))
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # JSON errors are ValueErrors
+        # JSON errors are ValueErrors; numpy's header parser can also raise the tokenizer's
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, SyntaxError, tokenize.TokenError) as exc:
             raise TmaflowError(f"{where} is not a readable trace ({type(exc).__name__}: {exc})") from None
         _check_saved(where, events, meta)
         trace = cls(events, meta["kernel"], meta["warps_per_block"], meta["placements"],

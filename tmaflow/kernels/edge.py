@@ -440,6 +440,8 @@ def softmax(prepare, src, a: DeviceArray, out, o: DeviceArray | None, max_cols: 
     if not a.size:
         return None, (), out
     on_current_device("softmax", a)
+    if not a.ndim:  # a 0-D array is one row of one column (torch's softmax of a scalar is 1)
+        a, o = a._as((1,), (4,)), o._as((1,), (4,))
     cols = a.shape[-1]
     lead, (sa, so) = collapse(a.shape[:-1], a.strides[:-1], o.strides[:-1]) if a.ndim else ((), [(), ()])
     if len(lead) == 1 and cols <= max_cols:
