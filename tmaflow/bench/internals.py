@@ -10,4 +10,5 @@ from ..driver import call
 from ..driver import cu as cuda_driver
 from ..tensormap import encode
 
+# cuda_call: the checked driver call; cuda_driver: cuda.bindings.driver, for raw launches
 __all__ = ["broadcast_reference", "call", "cuda_driver", "encode", "native", "stream_handle"]

@@ -2,7 +2,7 @@
 ``cuLaunchKernelEx`` against tmaflow's generated path for two kernels, and each step an
 entry point takes for torch tensors. Prints the generated launch code it measured.
 
-    PYTHONPATH=. python3 tools/host_costs.py
+    PYTHONPATH=. python3 tools/experiments/host_costs.py
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import time
 import torch  # before the driver is touched (see bench.main)
 
 import tmaflow as tf
-from tmaflow import driver, native
+from tmaflow import bench
+from tmaflow.bench.internals import native
 from tmaflow.kernels import examples as ex
 from tmaflow.kernels import source
 
@@ -20,17 +21,17 @@ from tmaflow.kernels import source
 def per_call(fn, n=20000, rounds=5):
     out = []
     for _ in range(rounds):
-        driver.call("cuCtxSynchronize")
+        bench.cuda_call("cuCtxSynchronize")
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        driver.call("cuCtxSynchronize")
+        bench.cuda_call("cuCtxSynchronize")
         out.append((time.perf_counter() - t0) / n * 1e6)
     return statistics.median(out)
 
 
 def main():
-    cu = driver.cu()
+    cu = bench.cuda_driver()
     rows = {}
     k = tf.Kernel(source("bench"), "empty_kernel", filename="bench.cu")
     a = tf.empty((256, 256), "float32")
@@ -79,8 +80,7 @@ def main():
     srct = getattr(bx.func, "source", native.status())
     x = torch.randn(64, 1024, device="cuda")
     y = torch.empty_like(x)
-    from tmaflow.memory import as_array
-    rows["as_array(torch)"] = per_call(lambda: as_array(x))
+    rows["as_array(torch)"] = per_call(lambda: tf.as_array(x))
     rows["x.new_empty"] = per_call(lambda: x.new_empty((64, 1024)))
     rows["torch.empty_like"] = per_call(lambda: torch.empty_like(x))
     rows["softmax.prepare(x, y)"] = per_call(lambda: ex.softmax.prepare(x, y), n=5000)

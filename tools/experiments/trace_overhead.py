@@ -4,7 +4,7 @@ rings are armed once and the launches go straight to cuLaunchKernelEx, so the co
 events back to the host is not counted), for trace="stage" and trace="all". Also leaves saved
 traces (.npz; `python -m tmaflow trace --load F --json J --png P` draws them) in --out.
 
-    PYTHONPATH=. python3 tools/trace_overhead.py [--out DIR]
+    PYTHONPATH=. python3 tools/experiments/trace_overhead.py [--out DIR]
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ import statistics
 import numpy as np
 
 import tmaflow as tf
-from tmaflow import driver
-from tmaflow.bench import Timer
+from tmaflow import bench
 from tmaflow.kernels import examples as ex
 from tmaflow.kernels import gemm
 
@@ -25,7 +24,7 @@ def raw(prepared):
     """A function launching ``prepared``'s kernel with its packed arguments, and its launcher."""
     launcher = getattr(prepared.launcher, "launcher", prepared.launcher)  # a split-K wrapper
     kp = launcher.packer.pack(prepared.args)
-    cfg, fn, launch = launcher.cu_config(0), launcher._function, driver.cu().cuLaunchKernelEx
+    cfg, fn, launch = launcher.cu_config(0), launcher.module.function, bench.cuda_driver().cuLaunchKernelEx
     return (lambda: launch(cfg, fn, kp, 0)), launcher
 
 
@@ -45,24 +44,23 @@ def main():
     y = tf.empty((65536, 4096), "float32")
     cases["softmax 65536x4096"] = (lambda **kw: ex.softmax.prepare(x, y, **kw), None)
     rows = []
-    with Timer() as timer:
-        for name, (prepare, flops) in cases.items():
-            fns = {"release": raw(prepare())[0]}
-            for level in ("stage", "all"):
-                fns[level], launcher = raw(prepare(trace=level))
-                launcher._recorder.arm(launcher.config, 0)
-            got = timer.paired(fns, repeats=args.repeats, batch=5)
-            rel = statistics.median(got["release"])
-            for level in ("stage", "all"):
-                ratio = statistics.median(t / r for r, t in zip(got["release"], got[level]))
-                tra = statistics.median(got[level])
-                rows.append((f"{name} ({level})", rel * 1e6, tra * 1e6, ratio,
-                             f"{flops / rel / 1e12:.0f} vs {flops / tra / 1e12:.0f} TFLOP/s" if flops else ""))
-                prepare(trace=level)()  # one traced launch through the launcher: events collected
-                t = tf.trace.last()
-                print(t.summary())
-                if "4096" not in name:
-                    t.save(os.path.join(args.out, f"trace_{name.split()[0]}_{level}.npz"))
+    for name, (prepare, flops) in cases.items():
+        fns = {"release": raw(prepare())[0]}
+        for level in ("stage", "all"):
+            fns[level], launcher = raw(prepare(trace=level))
+            launcher.module.recorder.arm(launcher.config, 0)
+        got = bench.rounds(fns, repeats=args.repeats, batch=5, warmup=0, settle=3, rotate=True).samples
+        rel = statistics.median(got["release"])
+        for level in ("stage", "all"):
+            ratio = statistics.median(t / r for r, t in zip(got["release"], got[level]))
+            tra = statistics.median(got[level])
+            rows.append((f"{name} ({level})", rel * 1e6, tra * 1e6, ratio,
+                         f"{flops / rel / 1e12:.0f} vs {flops / tra / 1e12:.0f} TFLOP/s" if flops else ""))
+            prepare(trace=level)()  # one traced launch through the launcher: events collected
+            t = tf.trace.last()
+            print(t.summary())
+            if "4096" not in name:
+                t.save(os.path.join(args.out, f"trace_{name.split()[0]}_{level}.npz"))
     print(f"{'kernel (trace level)':30s} {'release us':>11s} {'trace us':>9s} {'trace/release':>14s}")
     for name, rel, tra, ratio, note in rows:
         print(f"{name:30s} {rel:11.1f} {tra:9.1f} {ratio:14.3f}  {note}")

@@ -4,7 +4,7 @@ Times (CUDA events, batches of 16, paired rounds) the same tile copy with its ou
 several ways, against cuMemcpyDtoD, so the allocation path, the output's address and the
 working set can be told apart. Also times torch's allocating peer (``x.clone()``).
 
-    PYTHONPATH=. python3 tools/copy_alloc_probe.py
+    PYTHONPATH=. python3 tools/experiments/copy_alloc_probe.py
 """
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ except ImportError:
     torch = None
 
 import tmaflow as tf
-from tmaflow import driver
-from tmaflow.bench import Timer, _random_device
+from tmaflow import bench
 from tmaflow.kernels import examples as ex
 
 
 def main(n: int = 16384, repeats: int = 12):
-    src = _random_device((n, n), "float32")
+    src = bench.random_array((n, n), "float32")
     dst, other = tf.empty((n, n), "float32"), tf.empty((n, n), "float32")
     nbytes = n * n * 4
     kept = []
@@ -33,8 +32,8 @@ def main(n: int = 16384, repeats: int = 12):
             kept.pop(0)
 
     prepared = ex.copy.prepare(src, dst)
-    fns = {"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
-           "memcpy into other": lambda: driver.call("cuMemcpyDtoDAsync", other.ptr, src.ptr, nbytes, 0),
+    fns = {"memcpy": lambda: bench.cuda_call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
+           "memcpy into other": lambda: bench.cuda_call("cuMemcpyDtoDAsync", other.ptr, src.ptr, nbytes, 0),
            "copy(x, dst)": lambda: ex.copy(src, dst),
            "copy(x, other)": lambda: ex.copy(src, other),
            "prepared(x, dst)": prepared,
@@ -53,16 +52,15 @@ def main(n: int = 16384, repeats: int = 12):
     names = list(fns)
     orders = {"as listed, warmup 3": (names, 3), "reversed, warmup 3": (names[:1] + names[:0:-1], 3),
               "as listed, warmup 12": (names, 12)}
-    with Timer() as timer:
-        for title, (order, warmup) in orders.items():
-            got = timer.paired({k: fns[k] for k in order}, repeats=repeats, batch=16, warmup=warmup)
-            base = got["memcpy"]
-            print(f"-- {title}")
-            print(f"{'case':24s} {'us/call':>9s} {'GB/s':>8s} {'vs memcpy':>9s}")
-            for name, samples in got.items():
-                secs = statistics.median(samples)
-                ratio = statistics.median(m / t for m, t in zip(base, samples))
-                print(f"{name:24s} {secs * 1e6:9.1f} {2 * nbytes / secs / 1e9:8.1f} {ratio:9.3f}")
+    for title, (order, warmup) in orders.items():
+        got = bench.rounds({k: fns[k] for k in order}, repeats=repeats, batch=16, warmup=0, settle=warmup, rotate=True).samples
+        base = got["memcpy"]
+        print(f"-- {title}")
+        print(f"{'case':24s} {'us/call':>9s} {'GB/s':>8s} {'vs memcpy':>9s}")
+        for name, samples in got.items():
+            secs = statistics.median(samples)
+            ratio = statistics.median(m / t for m, t in zip(base, samples))
+            print(f"{name:24s} {secs * 1e6:9.1f} {2 * nbytes / secs / 1e9:8.1f} {ratio:9.3f}")
     print("addresses: dst", hex(dst.ptr), "other", hex(other.ptr), "copy(x) out", hex(ex.copy(src).ptr))
 
 

@@ -1,8 +1,8 @@
 """tmaflow's bf16 GEMM against cuBLAS under ncu, one launch each, in isolation:
-    PYTHONPATH=. python3 tools/ncu_pair.py [--shape MxNxK ...] [--cache all|none|both]
+    PYTHONPATH=. python3 tools/peers/ncu_pair.py [--shape MxNxK ...] [--cache all|none|both]
 ncu serialises launches, so a kernel here runs alone: after an L2 flush (--cache-control all) or
 with its inputs left in L2 by the warm-ups (none). Clocks are not locked (--clock-control none).
-Back-to-back timings (tools/bf16_ab.py, CUPTI) and event timings (tools/bench_gemm.py) measure
+Back-to-back timings (tools/experiments/bf16_ab.py, CUPTI) and event timings (tools/peers/bench_gemm.py) measure
 kernels in a stream instead; where the two disagree, the difference lies between launches, not
 in a launch's own work. Prints one column per (shape, kernel, cache mode)."""
 import argparse
@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 
+from tmaflow import bench
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_gemm import parse_shapes  # noqa: E402  (tools/ is not a package)
 
 METRICS = {
     "gpu__time_duration.sum": "duration (ns)",
@@ -30,7 +30,7 @@ def profile(shape, cublas: bool, cache: str) -> dict:
     m, n, k = shape
     cmd = ["ncu", "--cache-control", cache, "--clock-control", "none", "--metrics", ",".join(METRICS),
            "--launch-skip", "2", "--launch-count", "1", "--csv", "--page", "raw",
-           sys.executable, os.path.join(HERE, "profile_gemm.py"), str(m), str(n), str(k)]
+           sys.executable, os.path.join(HERE, "..", "experiments", "profile_gemm.py"), str(m), str(n), str(k)]
     if cublas:
         cmd.append("--cublas")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
@@ -48,7 +48,7 @@ def main():
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--cache", default="both", choices=("all", "none", "both"))
     args = p.parse_args()
-    shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
+    shapes = bench.parse_shapes(args.shape, [(2048, 2048, 2048)])
     caches = ("all", "none") if args.cache == "both" else (args.cache,)
     columns = {}
     for shape in shapes:

@@ -1,23 +1,19 @@
 """SM clock and board power while fp8 GEMMs run back to back, to tell a kernel that does less per
 clock from one that runs at lower clocks (H200 fp8 GEMMs run at the power limit):
-    PYTHONPATH=. python3 tools/gemm_clocks.py [--shape MxNxK] [--seconds S]
+    PYTHONPATH=. python3 tools/experiments/gemm_clocks.py [--shape MxNxK] [--seconds S]
 Each function runs for S seconds while `nvidia-smi` samples every 50 ms; reported: TFLOP/s over
 the run, the median SM clock and power of the samples, and TFLOP/s per GHz of SM clock. L2 is
 not flushed (the operands are far larger than L2)."""
 import argparse
-import os
 import statistics
 import subprocess
-import sys
 import time
 
 import torch
 
-from tmaflow import kernels
+from tmaflow import bench, kernels
 from tmaflow.kernels.matmul import GemmConfig
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import block_scales, cublas_block_scaled, nt_operands, parse_shapes  # noqa: E402
 
 
 def sampled(fn, seconds: float) -> tuple:
@@ -51,17 +47,17 @@ def main():
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--seconds", type=float, default=2.0)
     args = p.parse_args()
-    for m, n, k in parse_shapes(args.shape, [(4096, 7168, 16384)]):
+    for m, n, k in bench.parse_shapes(args.shape, [(4096, 7168, 16384)]):
         torch.manual_seed(0)
-        a, b = nt_operands(m, n, k, "float8_e4m3fn")
-        sa, sb, _ = block_scales(a, b)
+        a, b = bench.nt_operands(m, n, k, "float8_e4m3fn")
+        sa, sb, _ = bench.block_scales(a, b)
         sa_m = sa.t().contiguous().t()
         one = torch.tensor(1.0, device="cuda")
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         fns = {
             "_scaled_mm per-tensor": lambda: torch._scaled_mm(a, b.T, scale_a=one, scale_b=one,
                                                                out_dtype=torch.bfloat16, out=c),
-            "_scaled_mm block scales": cublas_block_scaled(a, b, sa, sb, c),
+            "_scaled_mm block scales": bench.cublas.block_scaled_mm(a, b, sa, sb, c),
             "tmaflow block scales, M-major": kernels.gemm.prepare(a, b, c, scale_a=sa_m, scale_b=sb),
             "tmaflow per-tensor, auto": kernels.gemm.prepare(a, b, c, scale_a=1.0, scale_b=1.0),
         }

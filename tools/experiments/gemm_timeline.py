@@ -1,5 +1,5 @@
 """Where a GEMM launch's time goes, CTA by CTA, from the flight recorder (``trace=True``):
-    PYTHONPATH=. python3 tools/gemm_timeline.py [--shape MxNxK ...] [--block]
+    PYTHONPATH=. python3 tools/experiments/gemm_timeline.py [--shape MxNxK ...] [--block]
 For each config: the traced launch's span, and the median over CTAs of when the CTA started
 (after the kernel's first CTA), how long its first stage took to arrive, its k-loops and
 epilogues (trace marks 1 and 2 in gemm.cu), its tail (last stores to exit), and the time its
@@ -10,18 +10,14 @@ not with untraced times."""
 import argparse
 import os
 import statistics
-import sys
 
 import numpy as np
 import torch
 
 import tmaflow as tf
-from tmaflow import kernels
+from tmaflow import bench, kernels
 from tmaflow.kernels.matmul import GemmConfig
-from tmaflow.trace import KIND
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import block_scales, nt_operands, parse_shapes  # noqa: E402  (tools/ is not a package)
 
 BF16_CONFIGS = [None, GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=1),
                 GemmConfig(bn=128, cluster_m=2)]
@@ -38,10 +34,10 @@ def per_cta(trace) -> dict:
         e = ev[ev["block"] == block]
         ends = e["t0"].astype(np.int64) + e["dur"]
         start, end = int(e["t0"].min()), int(ends.max())
-        waits = e["kind"] == KIND["wait"]
+        waits = e["kind"] == tf.trace.KIND["wait"]
         consumer = waits & (e["warp"] >= 4)
         producer = waits & (e["warp"] == 0)
-        marks = e[e["kind"] == KIND["mark"]]
+        marks = e[e["kind"] == tf.trace.KIND["mark"]]
         first_data = int(ends[consumer].min()) if consumer.any() else start
         out["start"].append(start - t_kernel)
         out["first data"].append(first_data - start)
@@ -68,14 +64,14 @@ def main():
     p.add_argument("--block", action="store_true", help="fp8 with M-major block scales instead of bf16")
     p.add_argument("--save", default="", help="a folder to keep each trace in (.npz, Trace.load)")
     args = p.parse_args()
-    shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
+    shapes = bench.parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
         if args.block:
-            a, b = nt_operands(m, n, k, "float8_e4m3fn")
-            sa, sb, _ = block_scales(a, b, rows=1)
+            a, b = bench.nt_operands(m, n, k, "float8_e4m3fn")
+            sa, sb, _ = bench.block_scales(a, b, rows=1)
             extra, configs = dict(scale_a=sa.t().contiguous().t(), scale_b=sb), BLOCK_CONFIGS
         else:
-            a, b = nt_operands(m, n, k)
+            a, b = bench.nt_operands(m, n, k)
             extra, configs = {}, BF16_CONFIGS
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         print(f"== {m}x{n}x{k} {'fp8 block scales' if args.block else 'bf16'}")

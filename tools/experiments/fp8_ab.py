@@ -1,54 +1,34 @@
 """A/B of fp8 GEMM kernel variants in one run, each paired with torch._scaled_mm:
-    PYTHONPATH=. python3 tools/fp8_ab.py [--shape MxNxK ...] [--repeats N]
+    PYTHONPATH=. python3 tools/experiments/fp8_ab.py [--shape MxNxK ...] [--repeats N] [--only A|B]
 A variant is a GemmConfig, per-tensor or block scales (scale_a row-major or M-major), extra
 compile-time defines (for trying a kernel change before it becomes a config) and optionally
-an edit of the FFMA runs' yield bits in the SASS (tools/sass_yield.py). cuBLAS's block-scaled
+an edit of the FFMA runs' yield bits in the SASS (tools/experiments/sass_yield.py). cuBLAS's block-scaled
 _scaled_mm runs beside them where torch has it. Errors are against float64 of the dequantised
 operands on 256 rows."""
 import argparse
-import dataclasses
-import os
-import statistics
-import sys
+import functools
 
-import torch
+import sass_yield  # this script's directory: python puts it first on the path
 
-from tmaflow import kernels
-from tmaflow.kernels import matmul
-from tmaflow.kernels.entry import STATES
+from tmaflow import bench, kernels
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sass_yield  # noqa: E402  (tools/ is not a package)
-from bench_gemm import block_scales, cublas_block_scaled, nt_operands, parse_shapes, rel, timed_rounds  # noqa: E402
-
-EXTRA: dict = {}
-YIELD: dict = {}  # patch the FFMA runs' scheduling bits (tools/sass_yield.py): {"fraction": f} or {"hold": True}
-_get_kernel = matmul.get_kernel
+from tmaflow.kernels.registry import extra_defines
 
 
-def _with_extra(*args, defines=None, **kw):
-    extra = dict(EXTRA, **({"SASS_PATCH": "_".join(f"{k}{v}" for k, v in YIELD.items()).replace(".", "")}
-                           if YIELD else {}))  # a kernel of its own
-    k = _get_kernel(*args, defines=dict(defines or {}, **extra), **kw)
-    if YIELD and not getattr(k, "_yield_patched", False):
-        prog = k.program
-        if YIELD.get("hold"):
-            cubin, changed = sass_yield.hold_in_ffma_runs(prog.cubin, prog.lowered_name)
-        else:
-            cubin, changed = sass_yield.yield_in_ffma_runs(prog.cubin, prog.lowered_name, **YIELD)
-        print(f"  yield patch {YIELD}: {changed} instructions", flush=True)
-        k._program = dataclasses.replace(prog, cubin=cubin)
-        k._yield_patched = True
-    return k
-
-
-matmul.get_kernel = _with_extra
+def yield_patch(cubin: bytes, symbol: str, hold: bool = False, **fields) -> bytes:
+    """The CUBIN with its FFMA runs' scheduling bits edited (tools/experiments/sass_yield.py)."""
+    if hold:
+        cubin, changed = sass_yield.hold_in_ffma_runs(cubin, symbol)
+    else:
+        cubin, changed = sass_yield.yield_in_ffma_runs(cubin, symbol, **fields)
+    print(f"  yield patch {fields or 'hold'}: {changed} instructions", flush=True)
+    return cubin
 
 
 def selected(label: str, only: str) -> bool:
     """Whether ``--only`` (substrings with | between; empty: every label) picks this variant."""
     return any(part in label for part in only.split("|"))
+
 
 P1 = dict(bn=128, cluster_m=1, epi_cols=64, stages=6, promote=1)
 VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's layout), GemmConfig
@@ -73,17 +53,18 @@ VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's 
 
 
 def main():
-    p = argparse.ArgumentParser()
+    import torch  # optional dependency: --help works without it
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--only", default="", help="substrings (| between) of the variant labels to run")
     args = p.parse_args()
-    shapes = parse_shapes(args.shape, [(4096, 7168, 16384), (8192, 8192, 8192)])
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    shapes = bench.parse_shapes(args.shape, [(4096, 7168, 16384), (8192, 8192, 8192)])
     for m, n, k in shapes:
         torch.manual_seed(0)
-        a, b = nt_operands(m, n, k, "float8_e4m3fn")
-        sa, sb, ref_block = block_scales(a, b)
+        a, b = bench.nt_operands(m, n, k, "float8_e4m3fn")
+        sa, sb, ref_block = bench.block_scales(a, b)
         one = torch.tensor(0.01, device="cuda")
         ref_tensor = (a[:256].double() @ b.double().T) * 1e-4
         fns, errs = {}, {}
@@ -91,38 +72,32 @@ def main():
         fns["_scaled_mm"] = lambda: torch._scaled_mm(a, b.T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
                                                      out=peer_out)
         block_out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        blockwise = cublas_block_scaled(a, b, sa, sb, block_out)
+        blockwise = bench.cublas.block_scaled_mm(a, b, sa, sb, block_out)
         if blockwise is not None:
-            fns["_scaled_mm block scales"], errs["_scaled_mm block scales"] = blockwise, rel(block_out[:256], ref_block)
+            fns["_scaled_mm block scales"], errs["_scaled_mm block scales"] = blockwise, bench.rel_error(block_out[:256], ref_block)
         for label, block, fields, extra, patch in VARIANTS:
             if not selected(label, args.only):
                 continue
-            EXTRA.clear()
-            EXTRA.update(extra)
-            YIELD.clear()
-            YIELD.update(patch or {})
-            STATES.clear()
             c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             cfg = GemmConfig(**fields) if isinstance(fields, dict) else fields
-            if block:
-                scale_a = sa.t().contiguous().t() if block == "m_major" else sa
-                run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)
-            else:
-                run = kernels.gemm.prepare(a, b, c, scale_a=0.01, scale_b=0.01, config=cfg)
+            scales = ({"scale_a": sa.t().contiguous().t() if block == "m_major" else sa, "scale_b": sb} if block
+                      else {"scale_a": 0.01, "scale_b": 0.01})
+            with extra_defines(extra, patch=functools.partial(yield_patch, **patch) if patch else None):
+                run = kernels.gemm.prepare(a, b, c, config=cfg, **scales)
             c.fill_(float("nan"))
             run()
             torch.cuda.synchronize()
             ref = ref_block if block else ref_tensor
-            errs[label] = rel(c[:256], ref)
+            errs[label] = bench.rel_error(c[:256], ref)
             fns[label] = run
-        times = timed_rounds(fns, flush, args.repeats)
         flop = 2.0 * m * n * k
-        print(f"== {m}x{n}x{k}")
-        for name, ts in times.items():
-            ms = statistics.median(ts)
-            ratio = statistics.median(p / o for p, o in zip(times["_scaled_mm"], ts))
-            print(f"{name:<28s} {flop / ms / 1e9:8.1f} TFLOP/s  {ms:7.3f} ms  vs _scaled_mm {ratio:.3f}"
-                  f"  err {errs.get(name, float('nan')):.1e}", flush=True)
+        for how, got in (("cold", bench.rounds(fns, repeats=args.repeats, flush_l2=True)),
+                         ("back to back", bench.rounds(fns, repeats=args.repeats, batch=10))):
+            print(f"== {m}x{n}x{k} {how}")
+            for name in fns:
+                ms = got[name].median * 1e3
+                print(f"{name:<28s} {flop / ms / 1e9:8.1f} TFLOP/s  {ms:7.3f} ms  vs _scaled_mm "
+                      f"{got.ratio(name, '_scaled_mm').median:.3f}  err {errs.get(name, float('nan')):.1e}", flush=True)
 
 
 if __name__ == "__main__":

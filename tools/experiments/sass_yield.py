@@ -1,4 +1,4 @@
-"""Experiment (used by tools/fp8_ab.py): edit the scheduling bits ptxas set on a kernel's FFMA
+"""Experiment (used by tools/experiments/fp8_ab.py; a module, no command line of its own): edit the scheduling bits ptxas set on a kernel's FFMA
 runs in its CUBIN, as DeepGEMM does to its fp8 promotion.
 
 A Hopper instruction is 16 bytes; the high 64-bit word carries its control bits (stall cycles,
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 
-from tmaflow.errors import TmaflowError
+from tmaflow import TmaflowError
 
 INSTRUCTION_BYTES = 16
 _OPCODE_MASK = 0xFFF       # low word: the opcode of the register form

@@ -4,7 +4,7 @@ or 0.96 of cuMemcpyDtoD depending on which buffers it was given, not on warm-up.
 Carves the source and the destination out of one 3 GiB block at offsets that step by 2 MB and
 by powers of two, and times ``kernels.copy`` and cuMemcpyDtoD on each pair in turns.
 
-    PYTHONPATH=. python3 tools/copy_offset_probe.py
+    PYTHONPATH=. python3 tools/experiments/copy_offset_probe.py [--host-walls | --bench-like | --allocating | --destinations] [--torch]
 """
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ import sys
 import numpy as np
 
 import tmaflow as tf
-from tmaflow import driver
-from tmaflow.bench import Timer
+from tmaflow import bench
 from tmaflow.kernels import examples as ex
-from tmaflow.memory import DeviceArray
 
 MB = 1 << 20
 
@@ -28,7 +26,7 @@ def main(n: int = 16384, repeats: int = 5, random_data: bool = False):
     base = (block.ptr + 2 * MB - 1) // (2 * MB) * (2 * MB)
 
     def view(off):
-        return DeviceArray(base + off, (n, n), "float32", owner=block)
+        return tf.DeviceArray(base + off, (n, n), "float32", owner=block)
 
     src = view(0)
     if random_data:  # the bench's input: random floats, not one repeated byte
@@ -36,15 +34,14 @@ def main(n: int = 16384, repeats: int = 5, random_data: bool = False):
     gaps = [1024 * MB + k * 2 * MB for k in range(0, 9)] + [1024 * MB + (1 << s) for s in range(21, 30)]
     print(f"src {hex(src.ptr)}; dst = src + gap")
     print(f"{'gap (MB)':>10s} {'copy us':>9s} {'memcpy us':>10s} {'ratio':>7s}")
-    with Timer() as timer:
-        for gap in sorted(set(gaps)):
-            dst = view(gap)
-            fns = {"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
-                   "copy": lambda: ex.copy(src, dst)}
-            got = timer.paired(fns, repeats=repeats, batch=8, warmup=2)
-            ratio = statistics.median(m / t for m, t in zip(got["memcpy"], got["copy"]))
-            print(f"{gap / MB:10.1f} {statistics.median(got['copy']) * 1e6:9.1f} "
-                  f"{statistics.median(got['memcpy']) * 1e6:10.1f} {ratio:7.3f}", flush=True)
+    for gap in sorted(set(gaps)):
+        dst = view(gap)
+        fns = {"memcpy": lambda: bench.cuda_call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
+               "copy": lambda: ex.copy(src, dst)}
+        got = bench.rounds(fns, repeats=repeats, batch=8, warmup=0, settle=2, rotate=True).samples
+        ratio = statistics.median(m / t for m, t in zip(got["memcpy"], got["copy"]))
+        print(f"{gap / MB:10.1f} {statistics.median(got['copy']) * 1e6:9.1f} "
+              f"{statistics.median(got['memcpy']) * 1e6:10.1f} {ratio:7.3f}", flush=True)
 
 
 
@@ -56,22 +53,21 @@ def pairs(n: int = 16384, count: int = 5, repeats: int = 5):
     arrays = [tf.from_numpy(rng.standard_normal((n, n), dtype=np.float32)) for _ in range(count)]
     print("arrays:", " ".join(hex(a.ptr) for a in arrays))
     print("ratio to cuMemcpyDtoD, row = source, column = destination")
-    with Timer() as timer:
-        for i, src in enumerate(arrays):
-            row = []
-            for j, dst in enumerate(arrays):
-                if i == j:
-                    row.append("   -  ")
-                    continue
-                fns = {"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
-                       "copy": lambda: ex.copy(src, dst)}
-                got = timer.paired(fns, repeats=repeats, batch=8, warmup=2)
-                row.append(f"{statistics.median(m / t for m, t in zip(got['memcpy'], got['copy'])):6.3f}")
-            fns = {"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", arrays[i - 1].ptr, src.ptr, nbytes, 0),
-                   "copy(x)": lambda: ex.copy(src)}
-            got = timer.paired(fns, repeats=repeats, batch=8, warmup=2)
-            row.append(f" alloc {statistics.median(m / t for m, t in zip(got['memcpy'], got['copy(x)'])):6.3f}")
-            print(f"{i}: " + " ".join(row), flush=True)
+    for i, src in enumerate(arrays):
+        row = []
+        for j, dst in enumerate(arrays):
+            if i == j:
+                row.append("   -  ")
+                continue
+            fns = {"memcpy": lambda: bench.cuda_call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
+                   "copy": lambda: ex.copy(src, dst)}
+            got = bench.rounds(fns, repeats=repeats, batch=8, warmup=0, settle=2, rotate=True).samples
+            row.append(f"{statistics.median(m / t for m, t in zip(got['memcpy'], got['copy'])):6.3f}")
+        fns = {"memcpy": lambda: bench.cuda_call("cuMemcpyDtoDAsync", arrays[i - 1].ptr, src.ptr, nbytes, 0),
+               "copy(x)": lambda: ex.copy(src)}
+        got = bench.rounds(fns, repeats=repeats, batch=8, warmup=0, settle=2, rotate=True).samples
+        row.append(f" alloc {statistics.median(m / t for m, t in zip(got['memcpy'], got['copy(x)'])):6.3f}")
+        print(f"{i}: " + " ".join(row), flush=True)
 
 
 def destinations(n: int = 16384, count: int = 10, repeats: int = 5):
@@ -80,14 +76,13 @@ def destinations(n: int = 16384, count: int = 10, repeats: int = 5):
     nbytes = n * n * 4
     src = tf.from_numpy(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
     dsts = [tf.empty((n, n), "float32") for _ in range(count)]
-    with Timer() as timer:
-        for j, dst in enumerate(dsts):
-            fns = {"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
-                   "copy": lambda: ex.copy(src, dst)}
-            got = timer.paired(fns, repeats=repeats, batch=8, warmup=2)
-            print(f"dst {j} {hex(dst.ptr)} memcpy {statistics.median(got['memcpy']) * 1e6:7.1f} us  copy "
-                  f"{statistics.median(got['copy']) * 1e6:7.1f} us  ratio "
-                  f"{statistics.median(m / t for m, t in zip(got['memcpy'], got['copy'])):6.3f}", flush=True)
+    for j, dst in enumerate(dsts):
+        fns = {"memcpy": lambda: bench.cuda_call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
+               "copy": lambda: ex.copy(src, dst)}
+        got = bench.rounds(fns, repeats=repeats, batch=8, warmup=0, settle=2, rotate=True).samples
+        print(f"dst {j} {hex(dst.ptr)} memcpy {statistics.median(got['memcpy']) * 1e6:7.1f} us  copy "
+              f"{statistics.median(got['copy']) * 1e6:7.1f} us  ratio "
+              f"{statistics.median(m / t for m, t in zip(got['memcpy'], got['copy'])):6.3f}", flush=True)
 
 
 def allocating(n: int = 16384, repeats: int = 7):
@@ -105,17 +100,16 @@ def allocating(n: int = 16384, repeats: int = 7):
 
     pool.allocate = counting
     prepared = ex.copy.prepare(src)
-    fns = {"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
+    fns = {"memcpy": lambda: bench.cuda_call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
            "copy(x, dst)": lambda: ex.copy(src, dst),
            "copy(x)": lambda: ex.copy(src),
            "copy(x, tf.empty())": lambda: ex.copy(src, tf.empty((n, n), "float32")),
            "prepared copy(x)": prepared}
-    with Timer() as timer:
-        for batch in (1, 8):
-            got = timer.paired(fns, repeats=repeats, batch=batch, warmup=2)
-            for name, samples in got.items():
-                print(f"batch {batch} {name:22s} {statistics.median(samples) * 1e6:7.1f} us  ratio "
-                      f"{statistics.median(m / t for m, t in zip(got['memcpy'], samples)):6.3f}", flush=True)
+    for batch in (1, 8):
+        got = bench.rounds(fns, repeats=repeats, batch=batch, warmup=0, settle=2, rotate=True).samples
+        for name, samples in got.items():
+            print(f"batch {batch} {name:22s} {statistics.median(samples) * 1e6:7.1f} us  ratio "
+                  f"{statistics.median(m / t for m, t in zip(got['memcpy'], samples)):6.3f}", flush=True)
     print("allocations:", calls, "cached bytes", pool.cached_bytes, "dst", hex(dst.ptr),
           "allocated", hex(ex.copy(src).ptr), "prepared", hex(prepared.out.ptr))
 
@@ -123,32 +117,30 @@ def allocating(n: int = 16384, repeats: int = 7):
 def bench_like(n: int = 16384, repeats: int = 10):
     """The bench's order: a memcpy measured on two 1 GiB blocks that are then freed, the source
     and destination drawn from the block cache, the allocating call's output from the pool."""
-    from tmaflow.bench import memcpy_bandwidth
 
     nbytes = n * n * 4
-    with Timer() as timer:
-        memcpy_bandwidth(nbytes, timer, 3)
-        src = tf.from_numpy(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
-        dst = tf.empty((n, n), "float32")
-        prepared = ex.copy.prepare(src)
-        turn, state = (dst, prepared.out), [0]
+    bench.memcpy_bandwidth(nbytes, 3)
+    src = tf.from_numpy(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
+    dst = tf.empty((n, n), "float32")
+    prepared = ex.copy.prepare(src)
+    turn, state = (dst, prepared.out), [0]
 
-        def flip():
-            state[0] ^= 1
-            return state[0]
-        cases = {"memcpy": lambda: driver.call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
-                 "into": lambda: ex.copy(src, dst), "alloc": lambda: ex.copy(src),
-                 "into prepared.out": lambda: ex.copy(src, prepared.out),
-                 "into dst, other alternating": lambda: ex.copy(src, turn[0] if flip() else turn[1])}
-        # The same cases in rotated orders: is a case slow because of its place in the round
-        # (right after the memcpys, while the SMs were idle)?
-        names = list(cases)[1:]
-        for shift in range(len(names)):
-            order = ["memcpy"] + names[shift:] + names[:shift]
-            got = timer.paired({k: cases[k] for k in order}, repeats=repeats, batch=16)
-            print("order:", " | ".join(
-                f"{k} {statistics.median(m / t for m, t in zip(got['memcpy'], got[k])):.3f}"
-                for k in order[1:]), flush=True)
+    def flip():
+        state[0] ^= 1
+        return state[0]
+    cases = {"memcpy": lambda: bench.cuda_call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
+             "into": lambda: ex.copy(src, dst), "alloc": lambda: ex.copy(src),
+             "into prepared.out": lambda: ex.copy(src, prepared.out),
+             "into dst, other alternating": lambda: ex.copy(src, turn[0] if flip() else turn[1])}
+    # The same cases in rotated orders: is a case slow because of its place in the round
+    # (right after the memcpys, while the SMs were idle)?
+    names = list(cases)[1:]
+    for shift in range(len(names)):
+        order = ["memcpy"] + names[shift:] + names[:shift]
+        got = bench.rounds({k: cases[k] for k in order}, repeats=repeats, batch=16, warmup=0, settle=3, rotate=True).samples
+        print("order:", " | ".join(
+            f"{k} {statistics.median(m / t for m, t in zip(got['memcpy'], got[k])):.3f}"
+            for k in order[1:]), flush=True)
     print("allocating outputs in turn:", [hex(ex.copy(src).ptr) for _ in range(4)])
     print("src", hex(src.ptr), "dst", hex(dst.ptr), "allocated", hex(ex.copy(src).ptr),
           "prepared", hex(prepared.out.ptr))
@@ -158,13 +150,11 @@ def host_walls(n: int = 16384):
     """Host wall time of each call in a loop without synchronising: a call that waits for the
     GPU shows the kernel's time instead of microseconds."""
     import time
-    from tmaflow.bench import memcpy_bandwidth
 
-    with Timer() as timer:
-        memcpy_bandwidth(n * n * 4, timer, 3)
+    bench.memcpy_bandwidth(n * n * 4, 3)
     src = tf.from_numpy(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
     dst = tf.empty((n, n), "float32")
-    cu = driver.cu()
+    cu = bench.cuda_driver()
     counts: dict = {}
     for fname in [f for f in dir(cu) if f.startswith("cu") and not isinstance(getattr(cu, f), type) and callable(getattr(cu, f))]:
         real = getattr(cu, fname)
@@ -175,7 +165,7 @@ def host_walls(n: int = 16384):
         setattr(cu, fname, counted)
     for name, fn in (("into", lambda: ex.copy(src, dst)), ("alloc", lambda: ex.copy(src))):
         fn()
-        driver.call("cuCtxSynchronize")
+        bench.cuda_call("cuCtxSynchronize")
         walls = []
         counts.clear()
         for _ in range(12):
@@ -183,7 +173,7 @@ def host_walls(n: int = 16384):
             fn()
             walls.append((time.perf_counter() - t0) * 1e6)
         print(name, "driver calls in 12 calls:", counts)
-        driver.call("cuCtxSynchronize")
+        bench.cuda_call("cuCtxSynchronize")
         print(name, "host us per call:", " ".join(f"{w:.0f}" for w in walls), flush=True)
 
 

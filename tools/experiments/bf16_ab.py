@@ -1,24 +1,17 @@
 """A/B of bf16 GEMM kernel variants in one run, by device time (CUPTI), beside cuBLAS:
-    PYTHONPATH=. python3 tools/bf16_ab.py [--shape MxNxK ...] [--rounds N]
+    PYTHONPATH=. python3 tools/experiments/bf16_ab.py [--shape MxNxK ...] [--rounds N]
 A variant is a GemmConfig (None: the automatic choice) and extra compile-time defines, for
 trying a kernel change before it becomes a config. Rounds take every variant in turn; each
 round times 40 back-to-back calls per variant (inputs stay in L2: this measures the kernels,
 fixed costs included, not DRAM). Each variant's output is checked against float32 torch."""
 import argparse
-import os
 import statistics
-import sys
 
-import torch
+from fp8_ab import selected  # this script's directory: python puts it first on the path
 
-from tmaflow import kernels
-from tmaflow.kernels.entry import STATES
+from tmaflow import bench, kernels
 from tmaflow.kernels.matmul import GemmConfig
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_gemm import nt_operands, parse_shapes  # noqa: E402  (tools/ is not a package)
-from fp8_ab import EXTRA, selected  # noqa: E402  (importing it routes kernel builds through its EXTRA defines)
-from kernel_names import device_times  # noqa: E402
+from tmaflow.kernels.registry import extra_defines
 
 # Measured with it (H200, session 9) and dropped: C stored straight from registers (16 bytes a
 # lane after a quad transpose) instead of through shared memory and the TMA, 0.8 us slower a
@@ -43,14 +36,16 @@ VARIANTS = [  # (label, GemmConfig or None, extra defines)
 
 
 def main():
-    p = argparse.ArgumentParser()
+    import torch  # optional dependency: --help works without it
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", action="append", default=[])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--only", default="", help="substrings (| between) of the variant labels to run")
     args = p.parse_args()
-    shapes = parse_shapes(args.shape, [(2048, 2048, 2048)])
+    shapes = bench.parse_shapes(args.shape, [(2048, 2048, 2048)])
     for m, n, k in shapes:
-        a, b = nt_operands(m, n, k)
+        a, b = bench.nt_operands(m, n, k)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         peer = torch.empty_like(c)
         ref = a.float() @ b.float().T
@@ -58,10 +53,8 @@ def main():
         for label, cfg, extra in VARIANTS:
             if not selected(label, args.only):
                 continue
-            EXTRA.clear()
-            EXTRA.update(extra)
-            STATES.clear()
-            run = kernels.gemm.prepare(a, b, c, config=cfg)
+            with extra_defines(extra):
+                run = kernels.gemm.prepare(a, b, c, config=cfg)
             c.fill_(float("nan"))
             run()
             torch.cuda.synchronize()
@@ -70,7 +63,7 @@ def main():
         times = {label: [] for label in fns}
         for _ in range(args.rounds):
             for label, fn in fns.items():
-                times[label].append(sum(calls * us for calls, us in device_times(fn, 40).values()) / 40)
+                times[label].append(sum(t.calls * t.mean_us for t in bench.kernel_times(fn, 40).values()) / 40)
         base = statistics.median(times["cuBLAS"])
         print(f"== {m}x{n}x{k}")
         for label, ts in times.items():
