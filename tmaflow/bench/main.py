@@ -12,6 +12,7 @@ from .chains import dependent_chains, format_chains
 from .costs import compile_times, encode_cost
 from .internals import call
 from .launch import format_launch, launch_paths
+from . import records
 
 SUITES = ("bandwidth", "launch", "chains", "encode", "compile")
 
@@ -20,6 +21,8 @@ def main(argv=None) -> int:
     """``python -m tmaflow bench``: run the suites, print their tables, optionally write JSON."""
     p = argparse.ArgumentParser(prog="tmaflow bench")
     p.add_argument("--json", help="write all results to this file")
+    p.add_argument("--records", metavar="DIR", help="also write one bench record per suite into DIR "
+                   "(bench/results: tools/docs/benchmarks_page.py renders them into BENCHMARKS.md)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="128 MiB problems instead of 1 GiB")
     p.add_argument("--only", choices=SUITES, nargs="*")
@@ -54,4 +57,25 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if args.records:
+        write_records(args.records, report)
     return 0
+
+
+RECORDS = {"launch": ("launch", "Launch paths: host cost per launch against its reference", ["path", "us", "ratio", "ref"]),
+           "bandwidth": ("bandwidth", "Bandwidth: ratio to cuMemcpyDtoD in the same run",
+                         ["kernel", "shape", "GB/s", "ratio", "ok", "config", "note"]),
+           "chains": ("chains", "Dependent chains, PDL against plain",
+                      ["chain", "how", "plain_us", "pdl_us", "speedup", "identical"])}
+
+
+def write_records(directory: str, report: dict) -> None:
+    """One bench record per table suite of ``report`` in ``directory``."""
+    for suite, (area, title, columns) in RECORDS.items():
+        if suite in report:
+            records.write(f"{directory}/{area}.json", area, title, columns, report[suite])
+    costs = {k: report[k] for k in ("encode", "compile") if k in report}
+    if costs:
+        rows = [{"measure": f"{suite}: {name}", "value": value} for suite, got in costs.items() for name, value in got.items()]
+        records.write(f"{directory}/compile_encode.json", "compile_encode", "Compile and encode costs",
+                      ["measure", "value"], rows)

@@ -1,19 +1,18 @@
 """Render the bad-input battery as docs/bad-input-battery.md: the generated table (every
 public parameter x every hostile kind, tests/hostile_*.py run by tests/test_hostile.py) and
 the rule cases (tests/battery.py, run by tests/test_battery.py):
-    python tools/battery_table.py           # write the page
-    python tools/battery_table.py --check   # exit 1 if the page is out of date (CI test)"""
+    PYTHONPATH=tests python tools/docs/battery_table.py           # write the page
+    PYTHONPATH=tests python tools/docs/battery_table.py --check   # exit 1 if the page is out of date (CI test)"""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+from battery import CASES  # tests/ on PYTHONPATH, as pytest has it
+from hostile_kinds import KINDS
+from test_hostile import PARAMS, expected
 
-from battery import CASES  # noqa: E402
-from hostile_kinds import KINDS  # noqa: E402
-from test_hostile import PARAMS, expected  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 MARK = {"valid": "ok", "skip": "·"}  # anything else: the error's initial letters
 
@@ -77,7 +76,7 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if not page.exists() or page.read_text() != text:
-            print("docs/bad-input-battery.md is out of date: run python tools/battery_table.py")
+            print("docs/bad-input-battery.md is out of date: run PYTHONPATH=tests python tools/docs/battery_table.py")
             return 1
         return 0
     page.write_text(text)

@@ -2,7 +2,7 @@
 benchmark's head-dim-128 shape at 4k (one batch): bf16 P and outputs put every implementation
 near 1e-3 relative, so the benchmark's error against cuDNN shows tiling differences, not faults.
 
-    PYTHONPATH=. python3 tools/attention_accuracy.py
+    PYTHONPATH=. python3 tools/experiments/attention_accuracy.py
 """
 import torch  # before the driver is touched
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1,6 +1,6 @@
 """Map cuTensorMapEncodeTiled's acceptance region one field at a time (GPU machine).
 
-    python tools/explore_encode.py OUT.json
+    python tools/experiments/explore_encode.py OUT.json
 
 Replays the cases where TensorMapSpec and the driver disagreed (tests/data), mutating one
 field at a time, and sweeps the interleave and box-volume rules. Results feed the rules in

@@ -1,4 +1,4 @@
-"""Two fp8 GEMM launches (8192^3, promote 0 and 4) for ncu to compare: PYTHONPATH=. ncu ... python3 tools/fp8_probe.py"""
+"""Two fp8 GEMM launches (8192^3, promote 0 and 4) for ncu to compare: PYTHONPATH=. ncu ... python3 tools/experiments/fp8_probe.py"""
 import torch
 from tmaflow import kernels
 from tmaflow.kernels.matmul import GemmConfig

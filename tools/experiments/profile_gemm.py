@@ -1,7 +1,7 @@
 """One shape of the bf16 GEMM, for a profiler (ncu / nsys): warm-up, then three calls.
 
-    ncu --kernel-name gemm_bf16 --launch-skip 2 --launch-count 1 python tools/profile_gemm.py M N K
-    python tools/profile_gemm.py M N K --cublas        # torch.matmul instead (its kernel names)
+    ncu --kernel-name gemm_bf16 --launch-skip 2 --launch-count 1 python tools/experiments/profile_gemm.py M N K
+    python tools/experiments/profile_gemm.py M N K --cublas        # torch.matmul instead (its kernel names)
 Options: --layout nt|nn, --bn, --cluster-m, --split-k (a GemmConfig; default: the automatic one).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """cProfile of the host path of an entry point called with torch tensors (what a user's loop
-pays per call), sorted by own time.   PYTHONPATH=. python3 tools/profile_host.py [n]"""
+pays per call), sorted by own time.   PYTHONPATH=. python3 tools/experiments/profile_host.py [n]"""
 import cProfile
 import pstats
 import sys

@@ -2,7 +2,7 @@
 each launched a few times, for ncu to compare (duration, DRAM throughput, grid, stalls):
 
     ncu --section SpeedOfLight --section LaunchStats --section WarpStateStats \\
-        python3 tools/skinny_probe.py 16 4096 4096
+        python3 tools/experiments/skinny_probe.py 16 4096 4096
 """
 from __future__ import annotations
 

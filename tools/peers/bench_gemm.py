@@ -24,8 +24,8 @@ from tmaflow.bench.gemm_shapes import SKINNY, SKINNY_SWEEP, SUITES, SWEEP, descr
 from tmaflow.kernels.matmul import (SKINNY_FP8_PROMOTE, GemmConfig, SkinnyConfig, block_scale_config,
                                     choose_config, dense_config, fp8_config)
 
-COLUMNS = ["shape", "layout", "dtype", "config", "peer", "cold ours ms", "cold peer ms", "cold ratio",
-           "warm ours ms", "warm peer ms", "warm ratio", "rel err"]
+COLUMNS = ["shape", "layout", "dtype", "config", "peer", "cold_ours_tflops", "cold_peer_tflops", "cold_ratio",
+           "warm_ours_tflops", "warm_peer_tflops", "warm_ratio", "rel_err"]
 
 
 # issue 16's fp8 shapes (M x N x K): per-tensor scales against torch._scaled_mm (cuBLAS fp8)

@@ -13,8 +13,8 @@ import numpy as np
 
 from tmaflow import bench, kernels
 
-COLUMNS = ["G", "N", "K", "tokens/expert", "skew", "cold ours us", "cold peer us", "cold ratio",
-           "warm ours us", "warm peer us", "warm ratio", "max rel diff"]
+COLUMNS = ["G", "N", "K", "tokens/expert", "skew", "cold ours_ms", "cold peer_ms", "cold ratio",
+           "warm ours_ms", "warm peer_ms", "warm ratio", "max rel diff"]
 
 
 def sizes_for(g: int, per: int, skew: bool, rng) -> list[int]:
