@@ -20,12 +20,12 @@ SUITES = ("bandwidth", "launch", "chains", "encode", "compile")
 def main(argv=None) -> int:
     """``python -m tmaflow bench``: run the suites, print their tables, optionally write JSON."""
     p = argparse.ArgumentParser(prog="tmaflow bench")
-    p.add_argument("--json", help="write all results to this file")
+    p.add_argument("--json", metavar="FILE", help="write all results to this file")
     p.add_argument("--records", metavar="DIR", help="also write one bench record per suite into DIR "
                    "(bench/results: tools/docs/benchmarks_page.py renders them into BENCHMARKS.md)")
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=10, metavar="N")
     p.add_argument("--quick", action="store_true", help="128 MiB problems instead of 1 GiB")
-    p.add_argument("--only", choices=SUITES, nargs="*")
+    p.add_argument("--only", choices=SUITES, nargs="*", metavar="SUITE", help=f"only these suites: {', '.join(SUITES)}")
     args = p.parse_args(argv)
     try:  # torch (the peer of several rows) imports cleanly only before the driver is touched
         import torch  # noqa: F401
