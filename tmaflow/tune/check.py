@@ -8,15 +8,18 @@ import tmaflow as tf
 
 
 def to_host(value) -> np.ndarray:
-    """A numpy copy of a tmaflow array, a torch tensor (bf16 widened to float32: exact) or an
-    array-like (a copy: the next variant may overwrite the original)."""
+    """A numpy copy of a tmaflow array, a torch tensor (bf16 of either widened to float32:
+    exact) or an array-like (a copy: the next variant may overwrite the original)."""
     if hasattr(value, "detach"):  # torch
         value = value.detach()
         if value.dtype.is_floating_point and value.element_size() < 4:
             value = value.float()
         value = value.cpu().numpy()
     elif hasattr(value, "numpy"):
+        bf16 = getattr(getattr(value, "dtype", None), "name", None) == "bfloat16"
         value = value.numpy()
+        if bf16:  # 16-bit patterns (or ml_dtypes values) widened to float32, exactly
+            return (np.asarray(value).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     return np.array(value, copy=True)
 
 

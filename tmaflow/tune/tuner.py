@@ -155,6 +155,11 @@ class Tuner:
         self.progress(f"{self.name}: chose {self.variants[choice]!r} in {time.perf_counter() - started:.1f} s")
         return choice
 
+    def chosen(self, key: str | None = None):
+        """The variant chosen for ``key`` (default: the last call's), or None if not tuned."""
+        index = self._chosen.get(key if key is not None else self.last_key)
+        return None if index is None else self.variants[index]
+
     def results(self, key: str | None = None) -> list[dict]:
         """Every variant's row for ``key`` (default: the last call's): index, variant, median
         seconds, whether it matched the default, and why not."""
