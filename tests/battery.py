@@ -17,7 +17,7 @@ from tmaflow.kernels import examples as ex
 from kernel_sources import source
 from tmaflow.kernels.attention_entry import attention, attention_cp_async
 from tmaflow.kernels.matmul import GemmConfig, gemm, gemm_plan
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
 
 T = tf.TensorMapSpec.tiled
@@ -314,7 +314,7 @@ def _cupy():
 
 
 def _without_driver():
-    from tmaflow import driver
+    from tmaflow.runtime import driver
 
     saved = dict(driver._init_state)
     driver._init_state["reason"] = "simulated"

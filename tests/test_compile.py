@@ -241,7 +241,8 @@ def test_all_example_and_seed_kernels_compile():
 
 
 def test_missing_nvrtc_says_how_to_install(monkeypatch):
-    from tmaflow import compiler, driver
+    from tmaflow import compiler
+    from tmaflow.runtime import driver
 
     class NoNVRTC:
         def nvrtcVersion(self):

@@ -11,7 +11,7 @@ from hostile_entry import REACHED, fake
 from tmaflow import kernels
 from tmaflow.kernels import checks
 from tmaflow.kernels import examples, matmul
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 
 
 def reaches_the_device(call):

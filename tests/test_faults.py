@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import driver, faults, native, tensormap
-from tmaflow.device import Device
+from tmaflow.runtime import driver, faults
+from tmaflow import native, tensormap
+from tmaflow.runtime.device import Device
 from tmaflow.launch import LaunchConfig, Launcher
 from tmaflow.params import Param
 

@@ -7,7 +7,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, dense_config, gemm_plan
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 
 FAKE = itertools.count(1 << 32, 1 << 24)  # never dereferenced: every check below fails before a launch
 

@@ -13,7 +13,7 @@ import pytest
 
 import tmaflow as tf
 from kernel_sources import source
-from tmaflow import faults
+from tmaflow.runtime import faults
 
 TESTS = Path(__file__).resolve().parent
 WILD = 1 << 40  # floats past the array: 4 TiB away, far outside any allocation

@@ -348,7 +348,7 @@ def test_entry_points_after_a_context_reset(device):
 def test_reset_warns_when_torch_shares_the_context(device, monkeypatch):
     torch = pytest.importorskip("torch")
     torch.zeros(1, device="cuda")
-    monkeypatch.setattr(tf.driver, "call", _no_reset(tf.driver.call))
+    monkeypatch.setattr(tf.runtime.driver, "call", _no_reset(tf.runtime.driver.call))
     with pytest.warns(tf.TmaflowWarning, match=r"reset\(\): torch.*initialised CUDA.*invalid"):
         tf.current_device().reset()
 

@@ -122,7 +122,7 @@ def test_a_kept_launcher_is_refused_after_a_context_reset(device, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("which", ["array", "map"])
 def test_an_array_of_another_device_is_refused_on_the_fast_path(device, path, which, monkeypatch):
-    if tf.driver.call("cuDeviceGetCount") < 2:
+    if tf.runtime.driver.call("cuDeviceGetCount") < 2:
         pytest.skip("needs two GPUs")
     take_path(path, monkeypatch)
     k = probe("echo_args")

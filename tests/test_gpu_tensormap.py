@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import driver
+from tmaflow.runtime import driver
 from tmaflow.dtypes import BY_NAME
 from kernel_sources import source
 from tmaflow.tensormap import TensorMapSpec, _encoded_strides

@@ -7,11 +7,11 @@ import pytest
 
 import tmaflow as tf
 from tmaflow.launch import LaunchConfig, Launcher, dims
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
 from tmaflow.tensormap import TensorMap, TensorMapSpec
 
-SUCCESS = tf.driver.cu().CUresult.CUDA_SUCCESS
+SUCCESS = tf.runtime.driver.cu().CUresult.CUDA_SUCCESS
 
 
 # --- LaunchConfig ----------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def test_unsigned_values_past_the_signed_range_fall_back_to_the_checked_path():
 
 def test_driver_launch_config_carries_cluster_and_pdl():
     """The CUlaunchConfig a launcher builds (no GPU needed to build one)."""
-    cu = tf.driver.cu()
+    cu = tf.runtime.driver.cu()
     run = fake_launcher(TABLE)
     run.config = LaunchConfig(grid=8, block=128, cluster=2, smem=1024, pdl=True)
     run._configs = {}

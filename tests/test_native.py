@@ -17,9 +17,9 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernel as kernel_module
 from tmaflow import native
-from tmaflow.graph import ACTIVE
+from tmaflow.runtime.graph import ACTIVE
 from tmaflow.launch import LaunchConfig, Launcher
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 from tmaflow.params import Param
 from tmaflow.tensormap import TensorMap, TensorMapSpec
 
@@ -141,7 +141,7 @@ def test_a_capturing_graph_sends_calls_to_the_checked_path(dry, monkeypatch):
 
 def raw_plan(fields, *, dry=True, launch=0, size=8, current_stream=None, on_error=print):
     """A Plan built directly (``launch``: the address of a stand-in for cuLaunchKernelEx)."""
-    cfg = tf.driver.cu().CUlaunchConfig()
+    cfg = tf.runtime.driver.cu().CUlaunchConfig()
     cfg.gridDimX = 3
     return native.module().Plan(dry, launch, 0, cfg.getPtr(), size, fields, current_stream, 0, [],
                                 on_error, cfg)
@@ -386,11 +386,11 @@ def test_a_plan_is_dry_or_has_the_drivers_address():
 
 def test_a_null_launch_address_falls_back_to_the_python_path(monkeypatch):
     monkeypatch.setattr(native, "_state", {"module": native.module()})
-    found = tf.driver.cu().CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS
-    real = tf.driver.call
-    monkeypatch.setattr(tf.driver, "call", lambda name, *a, **k: (0, found) if name == "cuGetProcAddress"
+    found = tf.runtime.driver.cu().CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS
+    real = tf.runtime.driver.call
+    monkeypatch.setattr(tf.runtime.driver, "call", lambda name, *a, **k: (0, found) if name == "cuGetProcAddress"
                         else real(name, *a, **k))
-    cfg = tf.driver.cu().CUlaunchConfig()
+    cfg = tf.runtime.driver.cu().CUlaunchConfig()
     made = native.plan((NONE,), dry=False, function=0, size=8, config=cfg.getPtr(), current_stream=None,
                        ordinal=0, capturing=[], on_error=print, keep=cfg)
     assert made is None and native.launch_address() is None
@@ -423,7 +423,7 @@ def fake_module(device):
 
 
 def test_close_and_reset_retire_every_launcher_of_a_module(dry):
-    assert kernel_module._retire_reset_modules in tf.device._reset_listeners
+    assert kernel_module._retire_reset_modules in tf.runtime.device._reset_listeners
     closed_device, reset_device = types.SimpleNamespace(generation=0), types.SimpleNamespace(generation=3)
     closed, reset = fake_module(closed_device), fake_module(reset_device)
     arr = owned_array()

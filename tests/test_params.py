@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
 from tmaflow.tensormap import TensorMap, TensorMapSpec
 

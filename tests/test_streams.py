@@ -14,12 +14,12 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.device import StreamHandle, stream_handle
+from tmaflow.runtime.device import StreamHandle, stream_handle
 from tmaflow.dtypes import as_dtype
-from tmaflow.graph import ACTIVE
+from tmaflow.runtime.graph import ACTIVE
 from tmaflow.kernels import attention_entry, entry, examples, matmul
 from tmaflow.launch import LaunchConfig, resolve_stream
-from tmaflow.memory import DeviceArray, _contiguous_strides
+from tmaflow.runtime.memory import DeviceArray, _contiguous_strides
 from tmaflow.params import Param
 
 from test_launch import TABLE, fake_launcher
@@ -335,8 +335,8 @@ def two_devices(monkeypatch):
             return 2
         raise AssertionError(f"unexpected driver call {name}")
 
-    monkeypatch.setattr(tf.driver, "init", lambda: None)
-    monkeypatch.setattr(tf.driver, "call", call)
+    monkeypatch.setattr(tf.runtime.driver, "init", lambda: None)
+    monkeypatch.setattr(tf.runtime.driver, "call", call)
 
 
 @pytest.mark.parametrize("ordinal", [2, 7, -1, 2**70, np.int64(5)])

@@ -5,17 +5,17 @@ __version__ = "0.1.0"
 
 from . import reference, trace
 from .compiler import Resources
-from .device import Device, Stream, current_device, set_device
-from .driver import driver_available
+from .runtime.device import Device, Stream, current_device, set_device
+from .runtime.driver import driver_available
 from .dtypes import DType, as_dtype
 from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, KernelFaultError,
                      LaunchError, LayoutError, PipelineError, TensorMapError, TmaflowError,
                      TmaflowWarning)
-from .graph import Graph
+from .runtime.graph import Graph
 from .kernel import Kernel
 from .launch import LaunchConfig, Launcher
 from .layout import Barrier, Buffer, Pipeline, SharedLayout
-from .memory import DeviceArray, as_array, empty, from_numpy, zeros
+from .runtime.memory import DeviceArray, as_array, empty, from_numpy, zeros
 from .tensormap import TensorMap, TensorMapSpec
 from .workspace import DescriptorWorkspace
 

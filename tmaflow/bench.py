@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from . import driver
-from .device import current_device
-from .memory import empty, from_numpy
+from .runtime import driver
+from .runtime.device import current_device
+from .runtime.memory import empty, from_numpy
 
 GiB = 1 << 30
 
@@ -412,7 +412,7 @@ def dependent_chains(repeats: int = 30) -> list[dict]:
     in the same rounds: eight 1 MB copies (x0 -> x1 -> ... -> x8) and four decode-sized
     softmax -> gemm pairs. Each chain is timed on the GPU alone: queued behind a spin kernel
     (the host enqueues it meanwhile), launched eagerly and as a replayed tf.Graph."""
-    from .graph import Graph
+    from .runtime.graph import Graph
     from .kernel import Kernel
     from .kernels import examples as ex
     from .kernels import gemm

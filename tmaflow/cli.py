@@ -59,12 +59,12 @@ def _demo_compile_only() -> int:
 
 
 def demo(args) -> int:
-    from . import driver
+    from .runtime import driver
 
     if not driver.driver_available() or args.no_gpu:
         return _demo_compile_only()
     from .bench import bandwidth_suite, format_table
-    from .device import current_device
+    from .runtime.device import current_device
 
     dev = current_device()
     if not dev.is_hopper:
@@ -83,7 +83,7 @@ def _demo_gemm(n: int = 4096) -> bool:
     from .bench import Timer
     from .dtypes import bf16_bits, bf16_to_float32
     from .kernels import gemm
-    from .memory import empty, from_numpy
+    from .runtime.memory import empty, from_numpy
 
     rng = np.random.default_rng()
     bits = [bf16_bits(rng.standard_normal((n, n))) for _ in range(2)]
@@ -172,7 +172,7 @@ def cache_cmd(args) -> int:
 def trace_cmd(args) -> int:
     """Trace one launch of an entry point (GPU), or redraw a saved trace (no GPU)."""
     from . import trace as tr
-    from .driver import driver_available
+    from .runtime.driver import driver_available
 
     checks.as_int("--ctas", args.ctas, 1)
     checks.as_float("--window", args.window, lo=0)
@@ -188,7 +188,7 @@ def trace_cmd(args) -> int:
         import numpy as np
 
         from .kernels import examples, gemm
-        from .memory import from_numpy
+        from .runtime.memory import from_numpy
 
         dims = [int(v) for v in args.shape.lower().split("x")]
         rng = np.random.default_rng(0)

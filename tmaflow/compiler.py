@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, checks, driver
+from . import cache, checks
+from .runtime import driver
 from .errors import CompileError, CudaError, TmaflowError
 
 log = logging.getLogger("tmaflow.compiler")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checks, compiler, driver, watchdog
-from .device import Device, _switched, as_device, current_device, current_ordinal, on_reset, stream_handle
+from . import checks, compiler, watchdog
+from .runtime import driver
+from .runtime.device import (Device, _switched, as_device, current_device, current_ordinal, on_reset, stream_handle)
 from .errors import LaunchError, TmaflowError, TmaflowWarning
 from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
 from .params import ArgPacker, Param, param_table

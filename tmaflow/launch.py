@@ -18,11 +18,12 @@ import struct
 import sys
 from dataclasses import dataclass, field
 
-from . import checks, driver, faults
-from .device import stream_handle
+from . import checks
+from .runtime import driver, faults
+from .runtime.device import stream_handle
 from .errors import CudaError, DeadlockError, LaunchError
-from .graph import ACTIVE as CAPTURING
-from .graph import capturing
+from .runtime.graph import ACTIVE as CAPTURING
+from .runtime.graph import capturing
 from .params import ArgPacker
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -112,7 +113,7 @@ _MISSING = object()
 
 
 def _type_key(args: tuple) -> tuple:
-    from .memory import DeviceArray
+    from .runtime.memory import DeviceArray
     from .tensormap import TensorMap
 
     return tuple((type(a), a._origin) if type(a) is TensorMap or type(a) is DeviceArray else type(a)
@@ -297,7 +298,7 @@ class Launcher(functools.partial):
             return self._checked_launch(args)
 
     def _checked_launch(self, args: tuple) -> None:
-        from .memory import _origin_of
+        from .runtime.memory import _origin_of
 
         if self._retired is not None:  # reached from a plan that was running at the retirement
             raise LaunchError(self._retired)

@@ -218,7 +218,7 @@ def status() -> str:
 
 def _resolve_launch() -> tuple[int, str | None]:
     """(address of cuLaunchKernelEx, None) or (0, why there is none)."""
-    from . import driver
+    from .runtime import driver
     from .errors import CudaError
 
     cu = driver.cu()

@@ -176,7 +176,7 @@ def _int_range(param: Param) -> tuple[int, int]:
 
 def convert(param: Param, arg) -> bytes:
     """Bytes of one argument for ``param``, or a LaunchError naming index, type and value."""
-    from .memory import arg_kind, as_array
+    from .runtime.memory import arg_kind, as_array
 
     kind, pk, size = arg_kind(arg), param.kind, param.size
     where = param.describe()
@@ -257,7 +257,7 @@ def _bad(where, arg, param):
 
 
 def _check_devices(params: list[Param], args: tuple, ordinal: int) -> None:
-    from .memory import arg_kind, as_array
+    from .runtime.memory import arg_kind, as_array
 
     for p, a in zip(params, args):
         kind = arg_kind(a)
@@ -318,7 +318,7 @@ class ArgPacker:
         """(condition, values, format, frameworks) for a fast path specialised to the types of
         ``args`` (already checked by ``pack``), or None when some argument always takes the
         checked path. ``frameworks`` names the array libraries among the arguments."""
-        from .memory import arg_fast_form
+        from .runtime.memory import arg_fast_form
 
         fmt, pos, checks, values, frameworks = ["<"], 0, [], [], set()
         for i, (p, a) in enumerate(zip(self.params, args)):
@@ -352,7 +352,7 @@ class ArgPacker:
         these argument types, mirroring ``plan_source``; None where some argument is outside
         what a plan writes (numpy scalars, 2-byte floats, a float for an integer parameter):
         those take the generated Python path."""
-        from .memory import arg_fast_form
+        from .runtime.memory import arg_fast_form
         from .native import KINDS
 
         fields = []

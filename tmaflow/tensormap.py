@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checks, driver
+from . import checks
+from .runtime import driver
 from .dtypes import BY_CODE, TMA_FLOAT_CODES, DType, as_dtype
 from .errors import TensorMapError, TmaflowWarning
-from .memory import DeviceArray
+from .runtime.memory import DeviceArray
 
 SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}
 SWIZZLE_SPAN = {"none": 0, "32B": 32, "64B": 64, "128B": 128}
@@ -593,7 +594,7 @@ def _aligned_storage(raw: bytes):
 
 
 def _device_view(array):
-    from .memory import as_array
+    from .runtime.memory import as_array
 
     arr = as_array(array)
     if not arr._alloc.live:

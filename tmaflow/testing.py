@@ -14,11 +14,11 @@ POISON_BYTE = 0xFF  # float32 0xFFFFFFFF and bf16 0xFFFF are NaNs: an unwritten 
 
 def hopper_reason() -> str | None:
     """None when a Hopper GPU is usable, else why not."""
-    from . import driver
+    from .runtime import driver
 
     if not driver.driver_available():
         return f"no CUDA driver ({driver._init_state.get('reason')})"
-    from .device import Device
+    from .runtime.device import Device
 
     dev = Device(0)
     if not dev.is_hopper:
@@ -28,7 +28,7 @@ def hopper_reason() -> str | None:
 
 def poison(array, byte: int = POISON_BYTE):
     """Fill a device array's bytes with ``byte`` (NaN for floats) so unwritten output shows."""
-    from .memory import as_array
+    from .runtime.memory import as_array
 
     as_array(array).fill_bytes(byte)
     return array
@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def device():
-    from .device import current_device
+    from .runtime.device import current_device
 
     reason = hopper_reason()
     if reason:

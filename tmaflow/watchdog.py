@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ctypes
 
-from . import checks, driver, env
+from . import checks, env
+from .runtime import driver
 from .errors import CudaError, DeadlockError, TmaflowError
 
 SLOTS = 64

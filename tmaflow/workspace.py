@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import TensorMapError, TmaflowError
-from .memory import DeviceArray, empty
+from .runtime.memory import DeviceArray, empty
 
 SLOT_BYTES = 128
 

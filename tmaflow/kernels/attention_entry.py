@@ -9,12 +9,12 @@ import math
 from threading import get_ident
 from types import SimpleNamespace
 
-from ..device import current_device, current_ordinal
+from ..runtime.device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
 from ..launch import resolve_stream
 from ..layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
-from ..memory import as_array
+from ..runtime.memory import as_array
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
                     on_current_device)

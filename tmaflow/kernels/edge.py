@@ -22,9 +22,9 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from ..device import current_device, stream_handle
+from ..runtime.device import current_device, stream_handle
 from ..errors import TmaflowError
-from ..memory import DeviceArray
+from ..runtime.memory import DeviceArray
 from .entry import contiguous_strides, new_output, on_current_device
 from .registry import get_kernel
 
@@ -337,7 +337,7 @@ def gemm(prepare, a, A: DeviceArray, B: DeviceArray, out, C: DeviceArray | None,
     st = _Staging(a, A, stream, debug)
     A2, B2 = st.copy(A, plan.a), st.copy(B, plan.b)
     if scale_mode == STAGED:
-        from ..memory import as_array
+        from ..runtime.memory import as_array
 
         sa, sb = as_array(scale_a), as_array(scale_b)
         if not _readable_scale_a(sa):  # M-major with a 16-byte pitch: what the TMA loads with A

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import functools
 
-from ..device import current_ordinal, on_reset
+from ..runtime.device import current_ordinal, on_reset
 from ..errors import TmaflowError
-from ..memory import DeviceArray, as_array, empty
-from ..memory import _contiguous_strides as contiguous_strides
+from ..runtime.memory import DeviceArray, as_array, empty
+from ..runtime.memory import _contiguous_strides as contiguous_strides
 
 
 class Prepared:

@@ -6,12 +6,12 @@ import functools
 import math
 from threading import get_ident
 
-from ..device import current_device, current_ordinal
+from ..runtime.device import current_device, current_ordinal
 from ..checks import as_float, as_int
 from ..errors import TmaflowError
 from ..launch import resolve_stream
 from ..layout import Barrier, Buffer, Pipeline, SharedLayout
-from ..memory import as_array
+from ..runtime.memory import as_array
 from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
 from . import checks, edge
 from .registry import get_kernel

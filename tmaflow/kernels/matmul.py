@@ -14,15 +14,15 @@ from types import SimpleNamespace as _GemmState  # a prepared state's fields
 from dataclasses import dataclass, replace
 from threading import get_ident
 
-from .. import driver
-from ..device import current_device, current_ordinal
+from ..runtime import driver
+from ..runtime.device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..checks import as_bool, as_choice, as_int, as_optional_int
 from ..errors import TmaflowError
-from ..graph import capturing
+from ..runtime.graph import capturing
 from ..launch import resolve_stream
 from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
-from ..memory import DeviceArray, arg_kind, as_array, empty
+from ..runtime.memory import DeviceArray, arg_kind, as_array, empty
 from ..tensormap import MapTemplate, TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,
                     on_current_device, output_strides)
@@ -806,7 +806,7 @@ def _upload(host, device, stream: int) -> DeviceArray:
     """``host`` copied into memory allocated on ``stream`` and copied there (pageable memory is
     staged at once), so its free, also on ``stream``, waits for the launch reading it. While a
     tf.Graph captures: eagerly, as the graph's own array."""
-    from ..memory import from_numpy
+    from ..runtime.memory import from_numpy
 
     if capturing() is not None:
         return from_numpy(host, device=device)

@@ -22,7 +22,7 @@ import weakref
 from collections import defaultdict, deque
 from typing import NamedTuple
 
-from .errors import KernelFaultError
+from ..errors import KernelFaultError
 
 RING = 64
 
@@ -262,7 +262,7 @@ def _argument(param, data: bytes, maps: dict) -> str:
 
 
 def _encoded_maps() -> dict:
-    from .tensormap import _encode_cache
+    from ..tensormap import _encode_cache
 
     return {raw: spec for spec, raw in list(_encode_cache.values())}
 

@@ -8,10 +8,11 @@ import weakref
 
 import numpy as np
 
-from . import checks, dlpack, driver
+from .. import checks
+from . import dlpack, driver
 from .device import Device, as_device, current_device, current_ordinal, device_of, stream_handle
-from .dtypes import DType, as_dtype
-from .errors import TmaflowError
+from ..dtypes import DType, as_dtype
+from ..errors import TmaflowError
 from .graph import ACTIVE as CAPTURING
 from .graph import capturing
 from .pool import rounded
@@ -494,7 +495,7 @@ class _DLPackOwner:
 def arg_kind(arg) -> str:
     """How a kernel argument is passed: "tensormap", "array", "int", "float", "bool", "numpy",
     "bytes", "host", "none" or "unknown"."""
-    from .tensormap import TensorMap
+    from ..tensormap import TensorMap
 
     t = type(arg)
     if t is TensorMap:
@@ -530,7 +531,7 @@ def arg_fast_form(arg, name: str):
     array of the wrong kind fails by lacking ``_bytes`` / ``ptr`` (AttributeError). Expressions
     may use ``T_<name>`` (the argument's exact type), ``ORD`` (the launch device's ordinal),
     ``TORCH`` and ``CUPY``."""
-    from .tensormap import TensorMap
+    from ..tensormap import TensorMap
 
     t = type(arg)
     if t is TensorMap or t is DeviceArray:

@@ -13,10 +13,10 @@ import enum
 import functools
 
 from . import driver
-from .checks import as_bool, as_int, as_optional_int
+from ..checks import as_bool, as_int, as_optional_int
 from .device import current_device, current_ordinal
-from .dtypes import BY_NAME, DType
-from .errors import TmaflowError
+from ..dtypes import BY_NAME, DType
+from ..errors import TmaflowError
 
 
 class DLPackError(TmaflowError, BufferError):

@@ -6,8 +6,8 @@ import threading
 import weakref
 
 from . import driver, faults
-from .checks import is_int
-from .errors import KernelFaultError, LaunchError, TmaflowError
+from ..checks import is_int
+from ..errors import KernelFaultError, LaunchError, TmaflowError
 
 _devices: dict[int, "Device"] = {}
 _lock = threading.Lock()
@@ -91,7 +91,7 @@ class Device:
         if users:
             import warnings
 
-            from .errors import TmaflowWarning
+            from ..errors import TmaflowWarning
 
             warnings.warn(f"Device({self.ordinal}).reset(): {' and '.join(users)} initialised CUDA in "
                           "this process and share the primary context being reset; their tensors, "

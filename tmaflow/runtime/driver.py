@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from . import faults
-from .errors import CudaError, DriverNotFoundError
+from ..errors import CudaError, DriverNotFoundError
 
 _lock = threading.RLock()
 _init_state: dict[str, Any] = {}
