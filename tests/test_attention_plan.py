@@ -6,7 +6,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_entry import attention_plan
-from tmaflow.layout import HOPPER_SMEM_LIMIT
+from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 from tmaflow.runtime.memory import DeviceArray
 
 

@@ -11,7 +11,7 @@ import tmaflow as tf
 from tmaflow.runtime import driver
 from tmaflow.dtypes import BY_NAME
 from kernel_sources import source
-from tmaflow.tensormap import TensorMapSpec, _encoded_strides
+from tmaflow.tma.spec import TensorMapSpec, _encoded_strides
 
 pytestmark = pytest.mark.gpu
 

@@ -9,7 +9,8 @@ import tmaflow as tf
 from tmaflow.launch import LaunchConfig, Launcher, dims
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
-from tmaflow.tensormap import TensorMap, TensorMapSpec
+from tmaflow.tma.tensormap import TensorMap
+from tmaflow.tma.spec import TensorMapSpec
 
 SUCCESS = tf.runtime.driver.cu().CUresult.CUDA_SUCCESS
 

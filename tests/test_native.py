@@ -21,7 +21,8 @@ from tmaflow.runtime.graph import ACTIVE
 from tmaflow.launch import LaunchConfig, Launcher
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.params import Param
-from tmaflow.tensormap import TensorMap, TensorMapSpec
+from tmaflow.tma.tensormap import TensorMap
+from tmaflow.tma.spec import TensorMapSpec
 
 from test_launch import TABLE, fake_launcher, owned_array, owned_map, refuses_wrong_values
 

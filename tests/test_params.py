@@ -7,7 +7,8 @@ import pytest
 import tmaflow as tf
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.params import ArgPacker, Param
-from tmaflow.tensormap import TensorMap, TensorMapSpec
+from tmaflow.tma.tensormap import TensorMap
+from tmaflow.tma.spec import TensorMapSpec
 
 
 def table(*sizes, align=True):

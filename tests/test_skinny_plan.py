@@ -7,7 +7,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import (BK, FP8_BK, SKINNY_FP8_PROMOTE, SKINNY_M, GemmConfig, SkinnyConfig,
                                     choose_config, skinny_plan, skinny_splits)
-from tmaflow.layout import HOPPER_SMEM_LIMIT
+from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 
 
 @pytest.mark.parametrize("m,mp", [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (64, 64), (65, 128), (128, 128)])

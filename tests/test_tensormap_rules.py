@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.tensormap import MAX_BOX_SMEM, TensorMapSpec
+from tmaflow.tma.spec import MAX_BOX_SMEM, TensorMapSpec
 
 tiled = TensorMapSpec.tiled
 
@@ -240,7 +240,7 @@ def test_store_spill_is_modelled_and_flagged(rng):
 
 def test_store_map_that_spills_is_refused_or_flagged():
     from tmaflow.runtime.memory import DeviceArray
-    from tmaflow.tensormap import MapTemplate
+    from tmaflow.tma.tensormap import MapTemplate
 
     view = DeviceArray(0x10000, (4, 5), "int32", strides=(32, 4))
     spec = tiled("int32", (4, 5), (4, 8), strides=(32, 4))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import reference, trace
+from .tma import reference
+from . import trace
 from .compiler import Resources
 from .runtime.device import Device, Stream, current_device, set_device
 from .runtime.driver import driver_available
@@ -14,10 +15,11 @@ from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError
 from .runtime.graph import Graph
 from .kernel import Kernel
 from .launch import LaunchConfig, Launcher
-from .layout import Barrier, Buffer, Pipeline, SharedLayout
+from .tma.layout import Barrier, Buffer, Pipeline, SharedLayout
 from .runtime.memory import DeviceArray, as_array, empty, from_numpy, zeros
-from .tensormap import TensorMap, TensorMapSpec
-from .workspace import DescriptorWorkspace
+from .tma.tensormap import TensorMap
+from .tma.spec import TensorMapSpec
+from .tma.workspace import DescriptorWorkspace
 
 __all__ = [
     "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "DescriptorWorkspace", "Device",

@@ -294,7 +294,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     from .kernels import examples as ex
     from .kernels import gemm
     from .kernels import source
-    from .tensormap import TensorMap
+    from .tma.tensormap import TensorMap
 
     rows = []
     cu = driver.cu()
@@ -491,7 +491,7 @@ def format_chains(rows: list[dict]) -> str:
 
 
 def encode_cost(n: int = 50000) -> dict:
-    from .tensormap import TensorMap, encode
+    from .tma.tensormap import TensorMap, encode
 
     a = empty((4096, 4096), "bfloat16")
     first = TensorMap.tiled(a, (64, 64), swizzle="128B")

@@ -23,9 +23,9 @@ def _output(option: str, path):
 
 
 def _demo_compile_only() -> int:
-    from . import reference
+    from .tma import reference
     from .kernels import examples as ex
-    from .tensormap import TensorMapSpec
+    from .tma.spec import TensorMapSpec
 
     print("tmaflow demo: no CUDA driver / GPU here, so NO KERNEL RAN.")
     print("Compiling every example to sm_90a CUBIN, validating its tensor maps, and running the")
@@ -104,8 +104,8 @@ def _demo_gemm(n: int = 4096) -> bool:
 
 
 def swizzle(args) -> int:
-    from . import reference
-    from .tensormap import TensorMapSpec
+    from .tma import reference
+    from .tma.spec import TensorMapSpec
 
     _output("--png", args.png)
     try:

@@ -114,7 +114,7 @@ _MISSING = object()
 
 def _type_key(args: tuple) -> tuple:
     from .runtime.memory import DeviceArray
-    from .tensormap import TensorMap
+    from .tma.tensormap import TensorMap
 
     return tuple((type(a), a._origin) if type(a) is TensorMap or type(a) is DeviceArray else type(a)
                  for a in args)

@@ -13,9 +13,10 @@ from ..runtime.device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
 from ..launch import resolve_stream
-from ..layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
+from ..tma.layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
 from ..runtime.memory import as_array
-from ..tensormap import MapTemplate, TensorMapSpec
+from ..tma.tensormap import MapTemplate
+from ..tma.spec import TensorMapSpec
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
                     on_current_device)
 from . import checks

@@ -10,9 +10,10 @@ from ..runtime.device import current_device, current_ordinal
 from ..checks import as_float, as_int
 from ..errors import TmaflowError
 from ..launch import resolve_stream
-from ..layout import Barrier, Buffer, Pipeline, SharedLayout
+from ..tma.layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..runtime.memory import as_array
-from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
+from ..tma.tensormap import MapTemplate, TensorMap
+from ..tma.spec import TensorMapSpec
 from . import checks, edge
 from .registry import get_kernel
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,

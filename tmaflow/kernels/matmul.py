@@ -21,9 +21,10 @@ from ..checks import as_bool, as_choice, as_int, as_optional_int
 from ..errors import TmaflowError
 from ..runtime.graph import capturing
 from ..launch import resolve_stream
-from ..layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
+from ..tma.layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..runtime.memory import DeviceArray, arg_kind, as_array, empty
-from ..tensormap import MapTemplate, TensorMapSpec
+from ..tma.tensormap import MapTemplate
+from ..tma.spec import TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,
                     on_current_device, output_strides)
 from . import checks, edge
@@ -832,7 +833,7 @@ def _grouped_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig
 
 
 def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug, trace) -> _GemmState:
-    from ..workspace import DescriptorWorkspace
+    from ..tma.workspace import DescriptorWorkspace
 
     _GROUPED_OPTIONS.check(pdl, debug, trace)
     on_current_device("grouped_gemm", A)
@@ -877,7 +878,7 @@ class _ProvedSlots:
         import numpy as np
 
         from ..errors import TensorMapError
-        from ..tensormap import encode
+        from ..tma.tensormap import encode
 
         ws = self.slots
         ws.array.fill_bytes(0)

@@ -3,7 +3,7 @@ what the entry points share, so a plan seen twice compiles and loads once."""
 from __future__ import annotations
 
 from ..kernel import Kernel
-from ..layout import SharedLayout
+from ..tma.layout import SharedLayout
 from . import source
 
 _kernels: dict[tuple, Kernel] = {}

@@ -7,6 +7,7 @@ front for every later call on that context. Nothing here touches the driver at i
 """
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
@@ -87,12 +88,32 @@ def module_global(module, name: bytes) -> int | None:
 def mapped_host(nbytes: int) -> tuple[int, int]:
     """Zeroed pinned host memory the device reads and writes directly: (host address, device
     address). It outlives a fault until the context is reset; free it with cuMemFreeHost."""
-    import ctypes
-
     flags = getattr(cu(), "CU_MEMHOSTALLOC_DEVICEMAP", 2)
     host = int(call("cuMemHostAlloc", nbytes, flags))
     ctypes.memset(host, 0, nbytes)
     return host, int(call("cuMemHostGetDevicePointer", host, 0))
+
+
+_encode_tiled: list = []  # [the ctypes function, or None where libcuda has none]
+
+
+def encode_tiled_function():
+    """The driver's ``cuTensorMapEncodeTiled`` as a ctypes function (the tensor-map encoder's
+    fast path: no cuda.bindings list conversions), or None where libcuda cannot be loaded.
+    Arguments: (out, dtype, rank, address, dims, strides, box, element strides, interleave,
+    swizzle, L2 promotion, OOB fill); returns the CUresult."""
+    if not _encode_tiled:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+        except (OSError, AttributeError):
+            fn = None
+        else:
+            p64, p32 = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, p64, p64,
+                           p32, p32, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        _encode_tiled.append(fn)
+    return _encode_tiled[0]
 
 
 def _try_init() -> str | None:

@@ -262,7 +262,7 @@ def _argument(param, data: bytes, maps: dict) -> str:
 
 
 def _encoded_maps() -> dict:
-    from ..tensormap import _encode_cache
+    from ..tma.tensormap import _encode_cache
 
     return {raw: spec for spec, raw in list(_encode_cache.values())}
 

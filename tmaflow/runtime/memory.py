@@ -495,7 +495,7 @@ class _DLPackOwner:
 def arg_kind(arg) -> str:
     """How a kernel argument is passed: "tensormap", "array", "int", "float", "bool", "numpy",
     "bytes", "host", "none" or "unknown"."""
-    from ..tensormap import TensorMap
+    from ..tma.tensormap import TensorMap
 
     t = type(arg)
     if t is TensorMap:
@@ -531,7 +531,7 @@ def arg_fast_form(arg, name: str):
     array of the wrong kind fails by lacking ``_bytes`` / ``ptr`` (AttributeError). Expressions
     may use ``T_<name>`` (the argument's exact type), ``ORD`` (the launch device's ordinal),
     ``TORCH`` and ``CUPY``."""
-    from ..tensormap import TensorMap
+    from ..tma.tensormap import TensorMap
 
     t = type(arg)
     if t is TensorMap or t is DeviceArray:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import TensorMapError, TmaflowError
-from .runtime.memory import DeviceArray, empty
+from ..errors import TensorMapError, TmaflowError
+from ..runtime.memory import DeviceArray, empty
 
 SLOT_BYTES = 128
 

@@ -12,9 +12,9 @@ import operator
 import re
 from dataclasses import dataclass, field
 
-from . import checks
-from .errors import LayoutError
-from .tensormap import TensorMapSpec
+from .. import checks
+from ..errors import LayoutError
+from .spec import TensorMapSpec
 
 HOPPER_SMEM_LIMIT = 227 * 1024
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -157,8 +157,8 @@ _AXES = {"x": 0, "y": 1, "z": 2}
 
 
 def _cluster(name: str, cluster) -> tuple[int, int, int]:
-    from .errors import LaunchError
-    from .launch import dims
+    from ..errors import LaunchError
+    from ..launch import dims
 
     try:
         return dims("cluster", cluster)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checks
-from .errors import TmaflowError
-from .tensormap import MAX_BOX_SMEM, SWIZZLE_SPAN, TensorMapSpec
+from .. import checks
+from ..errors import TmaflowError
+from .spec import MAX_BOX_SMEM, SWIZZLE_SPAN, TensorMapSpec
 
 NAN_FILL_LANE = 0x7FF7  # measured: every 16-bit lane of a NaN-filled element
 _SWIZZLE_MASK = {"none": 0, "32B": 1, "64B": 3, "128B": 7}
