@@ -18,7 +18,7 @@ from kernel_sources import source
 from tmaflow.kernels.attention_entry import attention, attention_cp_async
 from tmaflow.kernels.matmul import GemmConfig, gemm, gemm_plan
 from tmaflow.runtime.memory import DeviceArray
-from tmaflow.params import ArgPacker, Param
+from tmaflow.launch.params import ArgPacker, Param
 
 T = tf.TensorMapSpec.tiled
 I2C = tf.TensorMapSpec.im2col

@@ -12,10 +12,12 @@ import pytest
 
 import tmaflow as tf
 from tmaflow.runtime import driver, faults
-from tmaflow import native, tensormap
+from tmaflow.launch import native
+from tmaflow.tma import tensormap
 from tmaflow.runtime.device import Device
-from tmaflow.launch import LaunchConfig, Launcher
-from tmaflow.params import Param
+from tmaflow.launch.config import LaunchConfig
+from tmaflow.launch.launcher import Launcher
+from tmaflow.launch.params import Param
 
 from test_launch import TABLE, fake_launcher, owned_array, owned_map
 

@@ -11,7 +11,8 @@ import threading
 import pytest
 
 import tmaflow as tf
-from tmaflow import kernels, native
+from tmaflow import kernels
+from tmaflow.launch import native
 from tmaflow.kernels import entry, matmul, registry
 from tmaflow.kernels.matmul import GemmConfig
 

@@ -30,7 +30,7 @@ SCRIPT = """
 import json
 import numpy as np
 import tmaflow as tf
-from tmaflow import native
+from tmaflow.launch import native
 from test_gpu_faults import WILD, wild_store_kernel
 
 report = {"launch_path": native.status()}

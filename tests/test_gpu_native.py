@@ -1,4 +1,4 @@
-"""GPU tier: the C launch path (tmaflow/_launch.c) against the hardware. Every argument kind
+"""GPU tier: the C launch path (tmaflow/launch/_launch.c) against the hardware. Every argument kind
 packed per call and echoed back by a kernel, the plan's launch counter, kept launchers
 refused after Kernel.close() and Device.reset() on the C and the Python path, arrays of
 another device refused on both paths (two GPUs)."""
@@ -12,7 +12,7 @@ import pytest
 
 import tmaflow as tf
 from kernel_sources import source
-from tmaflow import native
+from tmaflow.launch import native
 from tmaflow.testing import poison
 
 pytestmark = pytest.mark.gpu
@@ -83,7 +83,7 @@ RESET_SCRIPT = """
 import sys
 import numpy as np, tmaflow as tf
 from kernel_sources import source
-from tmaflow import native
+from tmaflow.launch import native
 if sys.argv[1] == "Python":
     native.plan = lambda *args, **kwargs: None
 k = tf.Kernel(source("probe"), "big_smem", filename="probe.cu")

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.launch import LaunchConfig, Launcher, dims
+from tmaflow.launch.config import LaunchConfig, dims
+from tmaflow.launch.launcher import Launcher
 from tmaflow.runtime.memory import DeviceArray
-from tmaflow.params import ArgPacker, Param
+from tmaflow.launch.params import ArgPacker, Param
 from tmaflow.tma.tensormap import TensorMap
 from tmaflow.tma.spec import TensorMapSpec
 
@@ -224,7 +225,7 @@ def test_stream_none_follows_the_arrays_framework(monkeypatch):
     import sys
     import types
 
-    from tmaflow.launch import _current_stream
+    from tmaflow.launch.config import _current_stream
 
     fake_torch = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda o: 0x7000 + o))
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(

@@ -1,4 +1,4 @@
-"""The C launch path (tmaflow/_launch.c) with dry plans: it packs the same bytes as the checked
+"""The C launch path (tmaflow/launch/_launch.c) with dry plans: it packs the same bytes as the checked
 path, refuses what the checked path refuses (by handing the call back to it), and leaves no
 leak behind (no GPU)."""
 import ctypes
@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import kernel as kernel_module
-from tmaflow import native
+from tmaflow.launch import kernel as kernel_module
+from tmaflow.launch import native
+from tmaflow.launch.args import PLAN_KINDS
 from tmaflow.runtime.graph import ACTIVE
-from tmaflow.launch import LaunchConfig, Launcher
+from tmaflow.launch.config import LaunchConfig
+from tmaflow.launch.launcher import Launcher
 from tmaflow.runtime.memory import DeviceArray
-from tmaflow.params import Param
+from tmaflow.launch.params import Param
 from tmaflow.tma.tensormap import TensorMap
 from tmaflow.tma.spec import TensorMapSpec
 
@@ -148,7 +150,7 @@ def raw_plan(fields, *, dry=True, launch=0, size=8, current_stream=None, on_erro
                                 on_error, cfg)
 
 
-NONE = (native.KINDS["none"], 0, 8, None, None)
+NONE = (PLAN_KINDS["none"], 0, 8, None, None)
 
 
 def test_a_plan_asks_for_the_current_stream_each_call(dry):
@@ -162,13 +164,13 @@ def test_a_plan_asks_for_the_current_stream_each_call(dry):
 
 
 @pytest.mark.parametrize("field,size,msg", [
-    ((native.KINDS["map"], 0, 8, int, None), 8, "field 0: kind 1 size 8 is not a parameter"),
-    ((native.KINDS["float"], 0, 2, float, None), 8, "field 0: kind 6 size 2 is not a parameter"),
+    ((PLAN_KINDS["tensormap"], 0, 8, int, None), 8, "field 0: kind 1 size 8 is not a parameter"),
+    ((PLAN_KINDS["float"], 0, 2, float, None), 8, "field 0: kind 6 size 2 is not a parameter"),
     ((99, 0, 8, int, None), 8, "field 0: kind 99 size 8 is not a parameter"),
-    ((native.KINDS["signed"], 6, 4, int, None), 8, r"field 0: offset 6 \+ size 4 lies outside the 8 bytes"),
-    ((native.KINDS["map"], 8, 128, int, None), 128, r"offset 8 \+ size 128 lies outside the 128 bytes"),
-    ((native.KINDS["array"], -8, 8, int, None), 64, r"offset -8 \+ size 8 lies outside"),
-    ((native.KINDS["array"], 2**31 - 1, 8, int, None), 64, r"offset 2147483647 \+ size 8 lies outside"),
+    ((PLAN_KINDS["signed"], 6, 4, int, None), 8, r"field 0: offset 6 \+ size 4 lies outside the 8 bytes"),
+    ((PLAN_KINDS["tensormap"], 8, 128, int, None), 128, r"offset 8 \+ size 128 lies outside the 128 bytes"),
+    ((PLAN_KINDS["array"], -8, 8, int, None), 64, r"offset -8 \+ size 8 lies outside"),
+    ((PLAN_KINDS["array"], 2**31 - 1, 8, int, None), 64, r"offset 2147483647 \+ size 8 lies outside"),
 ])
 def test_a_field_a_plan_cannot_write_is_refused(field, size, msg):
     with pytest.raises(ValueError, match=msg):
@@ -329,7 +331,7 @@ def test_an_argument_not_of_the_fast_kind_goes_to_the_checked_path(dry, error):
 def test_a_plan_reports_its_size():
     plan_type = native.module().Plan
     one = raw_plan((NONE,))
-    five = raw_plan(tuple((native.KINDS["none"], 8 * i, 8, None, None) for i in range(5)), size=40)
+    five = raw_plan(tuple((PLAN_KINDS["none"], 8 * i, 8, None, None) for i in range(5)), size=40)
     assert sys.getsizeof(five) - sys.getsizeof(one) == 4 * plan_type.__itemsize__
     assert plan_type.__itemsize__ >= 24 and sys.getsizeof(one) < 512
 
@@ -370,8 +372,8 @@ def test_the_driver_gets_the_config_and_one_pointer_per_parameter_of_the_call(dr
                      ctypes.c_double.from_address(params[2]).value, params[2] - params[0], extra))
         return 0
 
-    fields = ((native.KINDS["array"], 0, 8, DeviceArray, True), (native.KINDS["signed"], 8, 4, int, None),
-              (native.KINDS["float"], 16, 8, float, None))
+    fields = ((PLAN_KINDS["array"], 0, 8, DeviceArray, True), (PLAN_KINDS["signed"], 8, 4, int, None),
+              (PLAN_KINDS["float"], 16, 8, float, None))
     plan = raw_plan(fields, dry=False, launch=ctypes.cast(driver, ctypes.c_void_p).value, size=24)
     arr = owned_array(0x4000)
     plan(run, arr, -9, 0.25)
@@ -454,7 +456,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tmaflow import native
+from tmaflow.launch import native
+from tmaflow.launch.args import PLAN_KINDS
 
 native._state["module"] = native._import(Path(sys.argv[1]))
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "not sanitizer", sys.argv[2]]))

@@ -6,7 +6,7 @@ import pytest
 
 import tmaflow as tf
 from tmaflow.runtime.memory import DeviceArray
-from tmaflow.params import ArgPacker, Param
+from tmaflow.launch.params import ArgPacker, Param
 from tmaflow.tma.tensormap import TensorMap
 from tmaflow.tma.spec import TensorMapSpec
 

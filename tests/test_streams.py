@@ -18,9 +18,9 @@ from tmaflow.runtime.device import StreamHandle, stream_handle
 from tmaflow.dtypes import as_dtype
 from tmaflow.runtime.graph import ACTIVE
 from tmaflow.kernels import attention_entry, entry, examples, matmul
-from tmaflow.launch import LaunchConfig, resolve_stream
+from tmaflow.launch.config import LaunchConfig, resolve_stream
 from tmaflow.runtime.memory import DeviceArray, _contiguous_strides
-from tmaflow.params import Param
+from tmaflow.launch.params import Param
 
 from test_launch import TABLE, fake_launcher
 

@@ -11,7 +11,7 @@ from tmaflow import trace as tr
 from tmaflow.kernels import examples as ex
 from tmaflow.kernels.matmul import choose_config, gemm_plan
 from tmaflow.kernels.registry import get_kernel
-from tmaflow.launch import LaunchConfig
+from tmaflow.launch.config import LaunchConfig
 
 
 def example_kernels(**flags):

@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 from .tma import reference
 from . import trace
-from .compiler import Resources
+from .launch.compiler import Resources
 from .runtime.device import Device, Stream, current_device, set_device
 from .runtime.driver import driver_available
 from .dtypes import DType, as_dtype
@@ -13,8 +13,9 @@ from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError
                      LaunchError, LayoutError, PipelineError, TensorMapError, TmaflowError,
                      TmaflowWarning)
 from .runtime.graph import Graph
-from .kernel import Kernel
-from .launch import LaunchConfig, Launcher
+from .launch.kernel import Kernel
+from .launch.config import LaunchConfig
+from .launch.launcher import Launcher
 from .tma.layout import Barrier, Buffer, Pipeline, SharedLayout
 from .runtime.memory import DeviceArray, as_array, empty, from_numpy, zeros
 from .tma.tensormap import TensorMap

@@ -290,7 +290,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     interleaved rounds: raw ``cuLaunchKernelEx`` with pre-packed arguments for the launch
     paths (same kernel: two tensor maps and three scalars, or three pointers and two scalars),
     the torch operation for the entry points."""
-    from .kernel import Kernel
+    from .launch.kernel import Kernel
     from .kernels import examples as ex
     from .kernels import gemm
     from .kernels import source
@@ -398,7 +398,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
 
 
 def format_launch(rows: list[dict]) -> str:
-    from . import native
+    from .launch import native
 
     lines = [f"launches take the {native.status()}",
              f"{'launch path (ratio: median of per-round ratios)':40s} {'us/call':>8s} {'ratio':>7s}  reference"]
@@ -413,7 +413,7 @@ def dependent_chains(repeats: int = 30) -> list[dict]:
     softmax -> gemm pairs. Each chain is timed on the GPU alone: queued behind a spin kernel
     (the host enqueues it meanwhile), launched eagerly and as a replayed tf.Graph."""
     from .runtime.graph import Graph
-    from .kernel import Kernel
+    from .launch.kernel import Kernel
     from .kernels import examples as ex
     from .kernels import gemm
     from .kernels import source
@@ -529,7 +529,7 @@ def compile_times(tmpdir: str) -> dict:
 
     cold, how_cold = run()
     disk, how_disk = run()
-    from .kernel import Kernel
+    from .launch.kernel import Kernel
     from .kernels import source
 
     os.environ["TMAFLOW_CACHE_DIR"] = tmpdir

@@ -155,7 +155,7 @@ def swizzle(args) -> int:
 
 
 def cache_cmd(args) -> int:
-    from . import cache
+    from .launch import cache
 
     where = cache.cache_dir()
     if os.path.exists(where) and not os.path.isdir(where):

@@ -81,7 +81,7 @@ def device():
 @pytest.fixture
 def tmp_cache(tmp_path, monkeypatch):
     """A private, empty compile cache directory (in-process cache cleared too)."""
-    from . import cache
+    from .launch import cache
 
     monkeypatch.setenv("TMAFLOW_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TMAFLOW_CACHE", "1")

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from ..runtime.device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
-from ..launch import resolve_stream
+from ..launch.config import resolve_stream
 from ..tma.layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
 from ..runtime.memory import as_array
 from ..tma.tensormap import MapTemplate

@@ -9,7 +9,7 @@ from threading import get_ident
 from ..runtime.device import current_device, current_ordinal
 from ..checks import as_float, as_int
 from ..errors import TmaflowError
-from ..launch import resolve_stream
+from ..launch.config import resolve_stream
 from ..tma.layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..runtime.memory import as_array
 from ..tma.tensormap import MapTemplate, TensorMap

@@ -20,9 +20,10 @@ from ..dtypes import as_dtype
 from ..checks import as_bool, as_choice, as_int, as_optional_int
 from ..errors import TmaflowError
 from ..runtime.graph import capturing
-from ..launch import resolve_stream
+from ..launch.config import resolve_stream
 from ..tma.layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
-from ..runtime.memory import DeviceArray, arg_kind, as_array, empty
+from ..runtime.memory import DeviceArray, as_array, empty
+from ..launch.args import arg_kind
 from ..tma.tensormap import MapTemplate
 from ..tma.spec import TensorMapSpec
 from .entry import (STATES, cached_state, entry_point, given_output, new_output,

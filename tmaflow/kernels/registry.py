@@ -2,7 +2,7 @@
 what the entry points share, so a plan seen twice compiles and loads once."""
 from __future__ import annotations
 
-from ..kernel import Kernel
+from ..launch.kernel import Kernel
 from ..tma.layout import SharedLayout
 from . import source
 

@@ -158,7 +158,7 @@ _AXES = {"x": 0, "y": 1, "z": 2}
 
 def _cluster(name: str, cluster) -> tuple[int, int, int]:
     from ..errors import LaunchError
-    from ..launch import dims
+    from ..launch.config import dims
 
     try:
         return dims("cluster", cluster)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import LaunchError
+from ..errors import LaunchError
+from ..runtime.memory import as_array
+from .args import PLAN_KINDS, arg_fast_form, arg_kind
 
 MAX_PARAM_BYTES = 32764  # CUDA 12.1+ parameter space
 
@@ -176,8 +178,6 @@ def _int_range(param: Param) -> tuple[int, int]:
 
 def convert(param: Param, arg) -> bytes:
     """Bytes of one argument for ``param``, or a LaunchError naming index, type and value."""
-    from .runtime.memory import arg_kind, as_array
-
     kind, pk, size = arg_kind(arg), param.kind, param.size
     where = param.describe()
     if kind == "tensormap":
@@ -257,8 +257,6 @@ def _bad(where, arg, param):
 
 
 def _check_devices(params: list[Param], args: tuple, ordinal: int) -> None:
-    from .runtime.memory import arg_kind, as_array
-
     for p, a in zip(params, args):
         kind = arg_kind(a)
         if kind == "tensormap":
@@ -318,8 +316,6 @@ class ArgPacker:
         """(condition, values, format, frameworks) for a fast path specialised to the types of
         ``args`` (already checked by ``pack``), or None when some argument always takes the
         checked path. ``frameworks`` names the array libraries among the arguments."""
-        from .runtime.memory import arg_fast_form
-
         fmt, pos, checks, values, frameworks = ["<"], 0, [], [], set()
         for i, (p, a) in enumerate(zip(self.params, args)):
             if p.offset > pos:
@@ -352,9 +348,6 @@ class ArgPacker:
         these argument types, mirroring ``plan_source``; None where some argument is outside
         what a plan writes (numpy scalars, 2-byte floats, a float for an integer parameter):
         those take the generated Python path."""
-        from .runtime.memory import arg_fast_form
-        from .native import KINDS
-
         fields = []
         for p, a in zip(self.params, args):
             form = arg_fast_form(a, "a")
@@ -373,10 +366,10 @@ class ArgPacker:
                     kind = "unsigned"
                 else:
                     kind = "signed"
-            size_ok = {"map": p.size == 128, "float": p.size in (4, 8),
+            size_ok = {"tensormap": p.size == 128, "float": p.size in (4, 8),
                        "signed": p.size in (1, 2, 4, 8), "unsigned": p.size in (1, 2, 4, 8)}
             if not size_ok.get(kind, p.size == 8):
                 return None
-            fields.append((KINDS[kind], p.offset, p.size, None if kind == "none" else t, live))
+            fields.append((PLAN_KINDS[kind], p.offset, p.size, None if kind == "none" else t, live))
         return tuple(fields) if len(fields) == len(self.params) == len(args) else None
 

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .errors import TmaflowError
+from ..errors import TmaflowError
 
 
 def find_tool(name: str) -> str | None:

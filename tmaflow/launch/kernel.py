@@ -12,13 +12,15 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checks, compiler, watchdog
-from .runtime import driver
-from .runtime.device import (Device, _switched, as_device, current_device, current_ordinal, on_reset, stream_handle)
-from .errors import LaunchError, TmaflowError, TmaflowWarning
-from .launch import PORTABLE_CLUSTER, LaunchConfig, Launcher
+from .. import checks, watchdog
+from . import compiler
+from ..runtime import driver
+from ..runtime.device import (Device, _switched, as_device, current_device, current_ordinal, on_reset, stream_handle)
+from ..errors import LaunchError, TmaflowError, TmaflowWarning
+from .config import PORTABLE_CLUSTER, LaunchConfig
+from .launcher import Launcher
 from .params import ArgPacker, Param, param_table
-from .trace import Recorder
+from ..trace import Recorder
 
 log = logging.getLogger("tmaflow.kernel")
 
@@ -259,7 +261,7 @@ class Kernel:
 
     def sass(self) -> str:
         """Disassembly of the CUBIN (needs the ``tools`` extra: nvidia-cuda-cuobjdump)."""
-        from .tools import disassemble
+        from .sass import disassemble
 
         return disassemble(self.cubin)
 

@@ -33,14 +33,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import cache, env
+from .. import env
+from . import cache
+from .args import PLAN_ATTRIBUTES
 
 log = logging.getLogger("tmaflow.native")
 
 SOURCE = Path(__file__).with_name("_launch.c")
-ABI = 2  # _launch.c's ABI: a build that reports another number is rebuilt
-KINDS = {"array": 0, "map": 1, "torch": 2, "cupy": 3, "signed": 4, "unsigned": 5, "float": 6,
-         "none": 7}
+ABI = 3  # _launch.c's ABI: a build that reports another number is rebuilt
 
 _lock = threading.Lock()
 # "module" or "reason"; "rebuilt" (why a cached build was replaced); "launch" (the driver's
@@ -161,6 +161,9 @@ def _import(path: Path):
         raise _BadBuild(f"it does not load ({exc})") from None
     if getattr(module, "ABI", None) != ABI:
         raise _BadBuild(f"its ABI is {getattr(module, 'ABI', None)}, not {ABI}")
+    if getattr(module, "ATTRIBUTES", None) != PLAN_ATTRIBUTES:
+        raise _BadBuild(f"it reads the attributes {getattr(module, 'ATTRIBUTES', None)}, not "
+                        f"args.PLAN_ATTRIBUTES {PLAN_ATTRIBUTES}")
     return module
 
 
@@ -209,7 +212,7 @@ def status() -> str:
         reason = _state.get("reason", f"TMAFLOW_NATIVE={os.environ.get('TMAFLOW_NATIVE')}")
     else:
         reason = _state.get("launch_reason")
-    line = "C launch path (tmaflow/_launch.c)" if reason is None else \
+    line = "C launch path (tmaflow/launch/_launch.c)" if reason is None else \
         f"generated Python launch path ({reason})"
     if _state.get("rebuilt"):
         line += f"; rebuilt an unsound cached build ({'; '.join(_state['rebuilt'])})"
@@ -218,8 +221,8 @@ def status() -> str:
 
 def _resolve_launch() -> tuple[int, str | None]:
     """(address of cuLaunchKernelEx, None) or (0, why there is none)."""
-    from .runtime import driver
-    from .errors import CudaError
+    from ..runtime import driver
+    from ..errors import CudaError
 
     cu = driver.cu()
     flags = cu.CUdriverProcAddress_flags

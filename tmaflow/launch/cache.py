@@ -21,8 +21,8 @@ import threading
 import warnings
 from pathlib import Path
 
-from . import env
-from .errors import TmaflowError, TmaflowWarning
+from .. import env
+from ..errors import TmaflowError, TmaflowWarning
 
 log = logging.getLogger("tmaflow.cache")
 

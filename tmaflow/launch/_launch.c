@@ -23,7 +23,7 @@
 
 /* Bumped whenever the Plan constructor or the module's interface changes: native.py refuses
  * (and rebuilds) a cached build that reports another number. */
-#define ABI 2
+#define ABI 3
 
 /* The CUDA 12.1+ parameter space (params.MAX_PARAM_BYTES) */
 #define MAX_PARAM_BYTES 32764
@@ -43,12 +43,13 @@ _Static_assert(sizeof(LaunchConfig) == 56, "CUlaunchConfig is 56 bytes");
 
 typedef int (*LaunchFn)(const LaunchConfig *, void *, void **, void **);
 
-enum Kind { ARRAY, MAP, TORCH, CUPY, SIGNED, UNSIGNED, FLOAT, NONE };
+/* args.PLAN_KINDS, in this order */
+enum Kind { ARRAY, TENSORMAP, TORCH, CUPY, SIGNED, UNSIGNED, FLOAT, NONE };
 
 typedef struct {
     int kind, offset, size;
     PyObject *type; /* the argument's exact type (NULL for NONE) */
-    PyObject *live; /* ARRAY / MAP: what ``arg._alloc.live`` must be */
+    PyObject *live; /* ARRAY / TENSORMAP: what ``arg._alloc.live`` must be */
 } Field;
 
 typedef struct {
@@ -73,7 +74,7 @@ typedef struct {
 } Plan;
 
 static PyObject *s_alloc, *s_live, *s_ptr, *s_bytes, *s_array, *s_device, *s_ordinal, *s_data,
-    *s_device_id, *s_get_device, *s_data_ptr, *s_dispatch, *s_checked;
+    *s_device_id, *s_get_device, *s_data_ptr, *s_dispatch, *s_checked, *attributes;
 static PyObject *not_fast; /* the exceptions that hand a call to the checked path */
 
 /* Write a new reference's value as 8 bytes at `at` (the reference is released): 1, or -1
@@ -129,7 +130,7 @@ static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) 
     if ((PyObject *)Py_TYPE(arg) != f->type) return 0;
     switch (f->kind) {
     case ARRAY:
-    case MAP: {
+    case TENSORMAP: {
         PyObject *alloc = PyObject_GetAttr(arg, s_alloc);
         if (alloc == NULL) return -1;
         PyObject *live = PyObject_GetAttr(alloc, s_live);
@@ -137,10 +138,10 @@ static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) 
         if (live == NULL) return -1;
         Py_DECREF(live);
         if (live != f->live) return 0;
-        int ok = array_on_device(plan, f->kind == MAP ? PyObject_GetAttr(arg, s_array)
+        int ok = array_on_device(plan, f->kind == TENSORMAP ? PyObject_GetAttr(arg, s_array)
                                                       : Py_NewRef(arg));
         if (ok < 1) return ok;
-        if (f->kind == MAP) {
+        if (f->kind == TENSORMAP) {
             PyObject *raw = PyObject_GetAttr(arg, s_bytes);
             if (raw == NULL) return -1;
             if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != f->size) {
@@ -385,7 +386,7 @@ static PyTypeObject PlanType;
 /* Whether a field's kind and size are a parameter a plan writes */
 static int field_ok(const Field *f) {
     switch (f->kind) {
-    case MAP: return f->size == 128;
+    case TENSORMAP: return f->size == 128;
     case SIGNED:
     case UNSIGNED: return f->size == 1 || f->size == 2 || f->size == 4 || f->size == 8;
     case FLOAT: return f->size == 4 || f->size == 8;
@@ -509,11 +510,20 @@ static int module_exec(PyObject *m) {
         INTERN(s_dispatch, "_dispatch");
         INTERN(s_checked, "_checked");
 #undef INTERN
+        /* what native.py checks against args.PLAN_ATTRIBUTES before using this build */
+        attributes = PyTuple_Pack(13, s_alloc, s_live, s_ptr, s_bytes, s_array, s_device, s_ordinal,
+                                  s_data, s_device_id, s_get_device, s_data_ptr, s_dispatch, s_checked);
+        if (attributes == NULL) return -1;
         not_fast = PyTuple_Pack(4, PyExc_AttributeError, PyExc_TypeError, PyExc_ValueError,
                                 PyExc_OverflowError);
         if (not_fast == NULL) return -1;
     }
     if (PyModule_AddIntConstant(m, "ABI", ABI) < 0) return -1;
+    Py_INCREF(attributes);
+    if (PyModule_AddObject(m, "ATTRIBUTES", attributes) < 0) {
+        Py_DECREF(attributes);
+        return -1;
+    }
     if (PyModule_AddIntConstant(m, "MAX_PARAM_BYTES", MAX_PARAM_BYTES) < 0) return -1;
     Py_INCREF(&PlanType);
     if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {

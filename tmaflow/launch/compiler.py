@@ -10,13 +10,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache, checks
-from .runtime import driver
-from .errors import CompileError, CudaError, TmaflowError
+from . import cache
+from .. import checks
+from ..runtime import driver
+from ..errors import CompileError, CudaError, TmaflowError
 
 log = logging.getLogger("tmaflow.compiler")
 
-INCLUDE_DIR = Path(__file__).resolve().parent / "include"  # the device library: <tmaflow.cuh>
+INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"  # the device library: <tmaflow.cuh>
 SHIM_DIR = INCLUDE_DIR / "shim"                               # <cuda.h> under NVRTC
 DEFAULT_ARCH = "sm_90a"
 
@@ -129,7 +130,7 @@ def _headers_digest() -> str:
 
 def cache_key(source: str, name: str, options: tuple[str, ...], arch: str,
               headers: dict[str, str]) -> str:
-    from . import __version__
+    from .. import __version__
 
     h = hashlib.sha256()
     for part in (__version__, repr(nvrtc_version()), arch, name, _headers_digest(),
