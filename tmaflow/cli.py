@@ -171,7 +171,7 @@ def cache_cmd(args) -> int:
 
 def trace_cmd(args) -> int:
     """Trace one launch of an entry point (GPU), or redraw a saved trace (no GPU)."""
-    from . import trace as tr
+    from .debug import trace as tr
     from .runtime.driver import driver_available
 
     checks.as_int("--ctas", args.ctas, 1)
@@ -216,7 +216,7 @@ def trace_cmd(args) -> int:
 
 
 def main(argv=None) -> int:
-    from . import __version__
+    from .version import __version__
 
     p = argparse.ArgumentParser(prog="python -m tmaflow")
     p.add_argument("--version", action="version", version=f"tmaflow {__version__}")

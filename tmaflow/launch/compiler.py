@@ -14,6 +14,7 @@ from . import cache
 from .. import checks
 from ..runtime import driver
 from ..errors import CompileError, CudaError, TmaflowError
+from ..version import __version__
 
 log = logging.getLogger("tmaflow.compiler")
 
@@ -130,8 +131,6 @@ def _headers_digest() -> str:
 
 def cache_key(source: str, name: str, options: tuple[str, ...], arch: str,
               headers: dict[str, str]) -> str:
-    from .. import __version__
-
     h = hashlib.sha256()
     for part in (__version__, repr(nvrtc_version()), arch, name, _headers_digest(),
                  repr(options), repr(sorted(headers.items())), source):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import checks, watchdog
+from .. import checks
+from ..debug import watchdog
 from . import compiler
 from ..runtime import driver
 from ..runtime.device import (Device, _switched, as_device, current_device, current_ordinal, on_reset, stream_handle)
@@ -20,7 +21,7 @@ from ..errors import LaunchError, TmaflowError, TmaflowWarning
 from .config import PORTABLE_CLUSTER, LaunchConfig
 from .launcher import Launcher
 from .params import ArgPacker, Param, param_table
-from ..trace import Recorder
+from ..debug.trace import Recorder
 
 log = logging.getLogger("tmaflow.kernel")
 

@@ -303,7 +303,7 @@ class Launcher(functools.partial):
 def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
     """Add the diagnosis and what every warp did last to the DeadlockError (or the fault) of
     a traced debug build."""
-    from ..diagnose import diagnose, explain
+    from ..debug.diagnose import diagnose, explain
 
     trace = recorder.last  # copied out before a fault reset the context
     if trace is None:
@@ -313,7 +313,7 @@ def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
             return
     if trace is None or not len(trace):
         return
-    from ..diagnose import ledger, ledger_text
+    from ..debug.diagnose import ledger, ledger_text
 
     layout = kernel.layout
     book = ledger(trace, layout, config.cluster_size) if layout is not None else None
@@ -335,7 +335,7 @@ def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
 def _check_plan(trace, kernel, config) -> None:
     """A traced debug launch that finished may still have broken its plan (stale reads, a
     reused stage): raise PipelineError naming the rule."""
-    from ..diagnose import diagnose, explain
+    from ..debug.diagnose import diagnose, explain
     from ..errors import PipelineError
 
     findings = diagnose(trace, kernel.layout, config.cluster_size)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checks
+from .. import checks
 from . import trace as tr
 
 K = tr.KIND

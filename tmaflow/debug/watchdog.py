@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import ctypes
 
-from . import checks, env
-from .runtime import driver
-from .errors import CudaError, DeadlockError, TmaflowError
+from .. import checks, env
+from ..runtime import driver
+from ..errors import CudaError, DeadlockError, TmaflowError
 
 SLOTS = 64
 NAME_LEN = 32
