@@ -230,7 +230,7 @@ def test_block_scale_plan_gives_each_stage_its_scales():
     (200, 128, (4, 4), "row_major"),        # one k-block: the column's stride is moot
 ])
 def test_block_scale_layout_picks_how_the_scales_travel(m, k, strides, mode):
-    from tmaflow.kernels.matmul import _scales
+    from tmaflow.kernels.matmul.operands import _scales
     from tmaflow.runtime.memory import DeviceArray
 
     kb = -(-k // 128)
@@ -250,7 +250,7 @@ def test_block_scales_the_kernels_cannot_read_are_staged(sa_strides, sb_strides)
     """Layouts of block scales the kernels cannot read as given are accepted and staged
     (edge.py copies them into M-major / row-major scratch); shape and type are still checked."""
     from tmaflow.kernels.edge import STAGED
-    from tmaflow.kernels.matmul import _scales
+    from tmaflow.kernels.matmul.operands import _scales
     from tmaflow.runtime.memory import DeviceArray
 
     a8, b8 = DeviceArray(0, (301, 2048), "float8_e4m3fn"), DeviceArray(0, (256, 2048), "float8_e4m3fn")

@@ -12,7 +12,7 @@ def source(name: str) -> str:
 
 
 _EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb")
-_MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in matmul.py: a module named gemm would shadow the function
+_MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in the matmul package: a module named gemm would shadow the function
 
 
 _ATTENTION = ("attention", "attention_cp_async")
