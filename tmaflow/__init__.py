@@ -23,7 +23,7 @@ from .tma.layout import Barrier, Buffer, Pipeline, SharedLayout
 from .tma.spec import TensorMapSpec
 from .tma.tensormap import TensorMap
 from .tma.workspace import DescriptorWorkspace
-from .version import __version__
+from .version import __version__  # noqa: F401 (the package's version)
 
 # Module paths from before the regroup that the README, docs and tools name (``tmaflow.trace``,
 # ``from tmaflow import driver``, ``from tmaflow.memory import DeviceArray``): the same modules.

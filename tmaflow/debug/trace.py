@@ -27,8 +27,9 @@ import zipfile
 import numpy as np
 
 from .. import checks
-from ..runtime import driver
 from ..errors import TmaflowError
+from ..runtime import driver
+from ..runtime.memory import empty
 
 # Mirrors enum tmaflow::trace::Kind (include/tmaflow/trace.cuh), from 1.
 KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", "arrive (remote)",
@@ -76,7 +77,6 @@ class Recorder:
         """Size, zero and publish the rings for a launch of ``config`` on ``stream``."""
         if self.state is None:
             return
-        from ..runtime.memory import empty
 
         self.last = None
         warps = -(-config.threads // 32)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import ctypes
 
 from .. import checks, env
-from ..runtime import driver
 from ..errors import CudaError, DeadlockError, TmaflowError
+from ..runtime import driver
 
 SLOTS = 64
 NAME_LEN = 32

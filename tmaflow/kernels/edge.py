@@ -22,8 +22,8 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from ..runtime.device import current_device, stream_handle
 from ..errors import TmaflowError
+from ..runtime.device import current_device, stream_handle
 from ..runtime.memory import DeviceArray, as_array
 from .entry import contiguous_strides, new_output, on_current_device
 from .matmul.config import BF16, _readable_scale_a, _row_major

@@ -6,18 +6,18 @@ import functools
 import math
 from threading import get_ident
 
-from ..runtime.device import current_device, current_ordinal
 from ..checks import as_float, as_int
 from ..errors import TmaflowError
 from ..launch.config import resolve_stream
-from ..tma.layout import Barrier, Buffer, Pipeline, SharedLayout
+from ..runtime.device import current_device, current_ordinal
 from ..runtime.memory import as_array
-from ..tma.tensormap import MapTemplate, TensorMap
+from ..tma.layout import Barrier, Buffer, Pipeline, SharedLayout
 from ..tma.spec import TensorMapSpec
+from ..tma.tensormap import MapTemplate, TensorMap
 from . import checks, edge
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
+                    on_current_device, output_strides)
 from .registry import get_kernel
-from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
-                    new_output, on_current_device, output_strides)
 
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))

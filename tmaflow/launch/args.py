@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.memory import FOREIGN, DeviceArray, _origin_of, _torch_types
+from ..runtime.memory import DeviceArray, FOREIGN, _origin_of, _torch_types
 from ..tma.tensormap import TensorMap
 
 # Argument kinds, as ``arg_kind`` names them

@@ -10,11 +10,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cache
 from .. import checks
-from ..runtime import driver
 from ..errors import CompileError, CudaError, TmaflowError
+from ..runtime import driver
 from ..version import __version__
+from . import cache
 
 log = logging.getLogger("tmaflow.compiler")
 

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from .. import checks
 from ..errors import LaunchError
 from ..runtime.device import stream_handle
-from ..runtime.graph import ACTIVE as CAPTURING
-from ..runtime.graph import capturing
+from ..runtime.graph import ACTIVE as CAPTURING, capturing
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
 BLOCK_LIMITS = (1024, 1024, 64)

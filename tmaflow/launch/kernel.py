@@ -14,14 +14,16 @@ import numpy as np
 
 from .. import checks
 from ..debug import watchdog
-from . import compiler
-from ..runtime import driver
-from ..runtime.device import (Device, _switched, as_device, current_device, current_ordinal, on_reset, stream_handle)
+from ..debug.trace import Recorder
 from ..errors import LaunchError, TmaflowError, TmaflowWarning
-from .config import PORTABLE_CLUSTER, LaunchConfig
+from ..runtime import driver
+from ..runtime.device import (Device, _switched, as_device, current_device, current_ordinal,
+                              on_reset, stream_handle)
+from . import compiler
+from .config import LaunchConfig, PORTABLE_CLUSTER
 from .launcher import Launcher
 from .params import ArgPacker, Param, param_table
-from ..debug.trace import Recorder
+from .sass import disassemble
 
 log = logging.getLogger("tmaflow.kernel")
 
@@ -262,8 +264,6 @@ class Kernel:
 
     def sass(self) -> str:
         """Disassembly of the CUBIN (needs the ``tools`` extra: nvidia-cuda-cuobjdump)."""
-        from .sass import disassemble
-
         return disassemble(self.cubin)
 
     # --- launching ------------------------------------------------------------------

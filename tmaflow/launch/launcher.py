@@ -7,12 +7,13 @@ from __future__ import annotations
 import functools
 import struct
 
-from ..errors import CudaError, DeadlockError, LaunchError
+from ..debug.diagnose import diagnose, explain, ledger, ledger_text
+from ..errors import CudaError, DeadlockError, LaunchError, PipelineError
 from ..runtime import driver, faults
-from ..runtime.graph import ACTIVE as CAPTURING
-from ..runtime.graph import capturing
-from ..runtime.memory import DeviceArray
+from ..runtime.graph import ACTIVE as CAPTURING, capturing
+from ..runtime.memory import DeviceArray, _origin_of
 from ..tma.tensormap import TensorMap
+from . import native
 from .config import LaunchConfig, _current_stream, current_stream
 from .params import ArgPacker
 
@@ -161,8 +162,6 @@ class Launcher(functools.partial):
             return self._checked_launch(args)
 
     def _checked_launch(self, args: tuple) -> None:
-        from ..runtime.memory import _origin_of
-
         if self._retired is not None:  # reached from a plan that was running at the retirement
             raise LaunchError(self._retired)
         kp = self.packer.pack(args, self.ordinal)
@@ -269,7 +268,6 @@ class Launcher(functools.partial):
         not the driver's (the CPU tests' fakes) gets none, or with ``_dry_plans`` a dry one."""
         if not self._dry_plans and self._launch is not driver.cu().cuLaunchKernelEx:
             return None
-        from . import native
 
         fields = self.packer.native_fields(args)
         if fields is None:
@@ -303,8 +301,6 @@ class Launcher(functools.partial):
 def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
     """Add the diagnosis and what every warp did last to the DeadlockError (or the fault) of
     a traced debug build."""
-    from ..debug.diagnose import diagnose, explain
-
     trace = recorder.last  # copied out before a fault reset the context
     if trace is None:
         try:
@@ -313,7 +309,6 @@ def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
             return
     if trace is None or not len(trace):
         return
-    from ..debug.diagnose import ledger, ledger_text
 
     layout = kernel.layout
     book = ledger(trace, layout, config.cluster_size) if layout is not None else None
@@ -335,9 +330,6 @@ def _attach_trace(hang, recorder, stream: int, kernel, config) -> None:
 def _check_plan(trace, kernel, config) -> None:
     """A traced debug launch that finished may still have broken its plan (stale reads, a
     reused stage): raise PipelineError naming the rule."""
-    from ..debug.diagnose import diagnose, explain
-    from ..errors import PipelineError
-
     findings = diagnose(trace, kernel.layout, config.cluster_size)
     if findings:
         err = PipelineError(f"{kernel.name}: the launch finished, but its trace breaks the "

@@ -34,6 +34,8 @@ import threading
 from pathlib import Path
 
 from .. import env
+from ..errors import CudaError
+from ..runtime import driver
 from . import cache
 from .args import PLAN_ATTRIBUTES
 
@@ -221,9 +223,6 @@ def status() -> str:
 
 def _resolve_launch() -> tuple[int, str | None]:
     """(address of cuLaunchKernelEx, None) or (0, why there is none)."""
-    from ..runtime import driver
-    from ..errors import CudaError
-
     cu = driver.cu()
     flags = cu.CUdriverProcAddress_flags
     per_thread = os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")

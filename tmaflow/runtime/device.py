@@ -5,9 +5,10 @@ import operator
 import threading
 import weakref
 
-from . import driver, faults
 from ..checks import is_int
-from ..errors import KernelFaultError, LaunchError, TmaflowError
+from ..errors import KernelFaultError, LaunchError, TmaflowError, TmaflowWarning
+from . import driver, faults
+from .pool import MemoryPool
 
 _devices: dict[int, "Device"] = {}
 _lock = threading.Lock()
@@ -57,8 +58,6 @@ class Device:
     def memory_pool(self):
         """tmaflow's :class:`~tmaflow.pool.MemoryPool` on this device (made on first use)."""
         if self._pool is None:
-            from .pool import MemoryPool
-
             self._pool = MemoryPool(self)
         return self._pool
 
@@ -90,8 +89,6 @@ class Device:
         users = _framework_cuda_users()
         if users:
             import warnings
-
-            from ..errors import TmaflowWarning
 
             warnings.warn(f"Device({self.ordinal}).reset(): {' and '.join(users)} initialised CUDA in "
                           "this process and share the primary context being reset; their tensors, "

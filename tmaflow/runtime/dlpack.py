@@ -12,11 +12,11 @@ import ctypes
 import enum
 import functools
 
-from . import driver
 from ..checks import as_bool, as_int, as_optional_int
-from .device import current_device, current_ordinal
 from ..dtypes import BY_NAME, DType
 from ..errors import TmaflowError
+from . import driver
+from .device import current_device, current_ordinal
 
 
 class DLPackError(TmaflowError, BufferError):

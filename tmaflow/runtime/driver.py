@@ -11,8 +11,8 @@ import ctypes
 import threading
 from typing import Any
 
-from . import faults
 from ..errors import CudaError, DriverNotFoundError
+from . import faults
 
 _lock = threading.RLock()
 _init_state: dict[str, Any] = {}

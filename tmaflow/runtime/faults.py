@@ -262,7 +262,7 @@ def _argument(param, data: bytes, maps: dict) -> str:
 
 
 def _encoded_maps() -> dict:
-    from ..tma.tensormap import _encode_cache
+    from ..tma.tensormap import _encode_cache  # a circle: tensormap -> driver -> faults
 
     return {raw: spec for spec, raw in list(_encode_cache.values())}
 
@@ -279,8 +279,8 @@ def _stream_text(stream: int | None) -> str:
 def _context_ordinal() -> int:
     """The tmaflow device whose primary context is current on this thread (asked of the
     driver: torch may have made another current), else the thread's tmaflow device."""
-    from .device import _devices, current_ordinal
-    from .driver import cu
+    from .device import _devices, current_ordinal  # a circle: device -> faults
+    from .driver import cu  # a circle: driver -> faults
 
     try:
         err, context = cu().cuCtxGetCurrent()

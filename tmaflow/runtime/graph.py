@@ -26,9 +26,9 @@ from __future__ import annotations
 import contextlib
 from threading import get_ident
 
+from ..errors import CudaError, LaunchError, TmaflowError
 from . import driver
 from .device import Device, Stream, as_device, stream_handle
-from ..errors import CudaError, LaunchError, TmaflowError
 
 # Graphs capturing now (any thread). Launchers test this list's truth on every call; a
 # non-empty list sends launches to the checked path, which asks ``capturing()``.

@@ -9,12 +9,11 @@ import weakref
 import numpy as np
 
 from .. import checks
-from . import dlpack, driver
-from .device import Device, as_device, current_device, current_ordinal, device_of, stream_handle
 from ..dtypes import DType, as_dtype
 from ..errors import TmaflowError
-from .graph import ACTIVE as CAPTURING
-from .graph import capturing
+from . import dlpack, driver
+from .device import Device, as_device, current_device, current_ordinal, device_of, stream_handle
+from .graph import ACTIVE as CAPTURING, capturing
 from .pool import rounded
 
 

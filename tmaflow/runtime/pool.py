@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from . import driver
 from ..errors import TmaflowError
+from . import driver
 
 GRANULE = 512          # sizes are rounded up to this, so near sizes share cached blocks
 CACHE_FRACTION = 0.25  # of the device's memory the cache may hold before returning blocks

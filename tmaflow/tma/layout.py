@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass, field
 
 from .. import checks
-from ..errors import LayoutError
+from ..errors import LaunchError, LayoutError
+from ..launch.config import dims
 from .spec import TensorMapSpec
 
 HOPPER_SMEM_LIMIT = 227 * 1024
@@ -157,9 +158,6 @@ _AXES = {"x": 0, "y": 1, "z": 2}
 
 
 def _cluster(name: str, cluster) -> tuple[int, int, int]:
-    from ..errors import LaunchError
-    from ..launch.config import dims
-
     try:
         return dims("cluster", cluster)
     except LaunchError as exc:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import checks
-from ..dtypes import BY_CODE, TMA_FLOAT_CODES, DType, as_dtype
+from ..dtypes import BY_CODE, DType, TMA_FLOAT_CODES, as_dtype
 from ..errors import TensorMapError
 
 SWIZZLE = {"none": 0, "32B": 1, "64B": 2, "128B": 3}

@@ -7,9 +7,9 @@ import math
 import warnings
 
 from ..dtypes import DType, as_dtype
-from ..errors import TensorMapError, TmaflowWarning
+from ..errors import LaunchError, TensorMapError, TmaflowWarning
 from ..runtime import driver
-from ..runtime.memory import DeviceArray
+from ..runtime.memory import DeviceArray, as_array
 from .spec import TensorMapSpec, _ints
 
 # The descriptor bytes are a pure function of the key (address included), so entries never go
@@ -108,8 +108,6 @@ class TensorMap:
 
     def to_bytes(self) -> bytes:
         if not self._alloc.live:
-            from ..errors import LaunchError
-
             raise LaunchError(f"{self!r}: its array was freed; encode a map for a live array")
         return self._bytes
 
@@ -177,8 +175,6 @@ def _aligned_storage(raw: bytes):
 
 
 def _device_view(array):
-    from ..runtime.memory import as_array
-
     arr = as_array(array)
     if not arr._alloc.live:
         raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import TensorMapError, TmaflowError
 from ..runtime.memory import DeviceArray, empty
+from .tensormap import encode
 
 SLOT_BYTES = 128
 
@@ -53,8 +54,6 @@ class DescriptorWorkspace:
     def check(self, i: int, spec) -> None:
         """Raise TensorMapError unless slot i holds exactly what the host encodes for ``spec``
         (a TensorMapSpec with its address), naming the bytes that differ."""
-        from .tensormap import encode
-
         got, want = self.read(i), encode(spec)
         if got != want:
             diff = [k for k in range(SLOT_BYTES) if got[k] != want[k]]
@@ -83,8 +82,6 @@ def _fields_at(spec, differing: list[int]) -> list[str]:
     """The fields of ``spec`` whose encoding covers the differing bytes, found by encoding
     ``spec`` again with one field changed at a time (the descriptor's layout is not public)."""
     from dataclasses import replace
-
-    from .tensormap import encode
 
     base = encode(spec)
     trials = [("global address", replace(spec, address=(spec.address or 0) + 256))]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...dtypes import as_dtype
 from ...checks import as_bool, as_choice, as_int, as_optional_int
+from ...dtypes import as_dtype
 from ...errors import TmaflowError
 from ..checks import L2_PROMOTIONS, int_in, settle
 

@@ -6,13 +6,13 @@ import math
 from types import SimpleNamespace as _GemmState  # a prepared state's fields
 from threading import get_ident
 
-from ...runtime.device import current_device, current_ordinal
 from ...errors import TmaflowError
 from ...launch.config import resolve_stream
+from ...runtime.device import current_device, current_ordinal
 from ...runtime.memory import DeviceArray, as_array
-from ..entry import (STATES, cached_state, entry_point, given_output, new_output,
-                    on_current_device, output_strides)
 from .. import checks, edge
+from ..entry import (STATES, cached_state, entry_point, given_output, new_output, on_current_device,
+                     output_strides)
 from ..registry import get_kernel
 from .config import BF16, BM, GemmConfig, LAYOUTS, SKINNY_M, SkinnyConfig
 from .heuristics import block_scale_config, choose_config, tail_splits

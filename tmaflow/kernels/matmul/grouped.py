@@ -9,15 +9,15 @@ from types import SimpleNamespace as _GemmState  # a prepared state's fields
 from dataclasses import replace
 from threading import get_ident
 
-from ...runtime.device import current_device, current_ordinal
 from ...errors import TensorMapError, TmaflowError
 from ...launch.config import resolve_stream
+from ...runtime.device import current_device, current_ordinal
 from ...runtime.memory import DeviceArray, as_array
 from ...tma.tensormap import encode
 from ...tma.workspace import DescriptorWorkspace
-from ..entry import (STATES, cached_state, entry_point, given_output, new_output,
-                    on_current_device, output_strides)
 from .. import checks, edge
+from ..entry import (STATES, cached_state, entry_point, given_output, new_output, on_current_device,
+                     output_strides)
 from ..registry import get_kernel
 from .config import BM, GemmConfig, LAYOUTS
 from .dense import _resident_clusters

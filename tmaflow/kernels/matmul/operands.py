@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import numbers
 
-from ...runtime import driver
 from ...errors import TmaflowError
+from ...launch.args import arg_kind
+from ...runtime import driver
 from ...runtime.graph import capturing
 from ...runtime.memory import DeviceArray, as_array, empty, from_numpy
-from ...launch.args import arg_kind
-from ...tma.tensormap import MapTemplate
 from ...tma.spec import TensorMapSpec
-from ..entry import new_output
+from ...tma.tensormap import MapTemplate
 from .. import checks, edge
+from ..entry import new_output
 from .config import FP8_BK, _readable_scale_a, _row_major
 from .splitk import _foreign_capture
 

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ...errors import TmaflowError
-from ...tma.layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
+from ...tma.layout import Buffer, HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
 from ...tma.spec import TensorMapSpec
 from .config import (BK, BM, FP8_BK, GemmConfig, LAYOUTS, SCALE_MODES, SCALE_STRIDE,
                      SKINNY_FP8_PROMOTE, SKINNY_MP, SkinnyConfig, _BARRIER_RESERVE,

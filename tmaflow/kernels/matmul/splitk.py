@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from ...runtime import driver
 from ...errors import TmaflowError
+from ...runtime import driver
 from ...runtime.graph import capturing
 from ...runtime.memory import DeviceArray, empty
 
