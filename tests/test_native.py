@@ -1,5 +1,5 @@
-"""The C launch path (tmaflow/launch/_launch.c) with dry plans: it packs the same bytes as the checked
-path, refuses what the checked path refuses (by handing the call back to it), and leaves no
+"""The C launch path (tmaflow/launch/_launch.c) with dry plans: it packs the same bytes as the
+checked path, refuses what the checked path refuses (by handing the call back to it), and leaves no
 leak behind (no GPU)."""
 import ctypes
 import gc
@@ -10,6 +10,7 @@ import sys
 import sysconfig
 import types
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +18,11 @@ import pytest
 import tmaflow as tf
 from tmaflow.launch import kernel as kernel_module
 from tmaflow.launch import native
-from tmaflow.launch.args import PLAN_KINDS
+from tmaflow.launch.args import PLAN_ATTRIBUTES, PLAN_KINDS
 from tmaflow.runtime.graph import ACTIVE
 from tmaflow.launch.config import LaunchConfig
 from tmaflow.launch.launcher import Launcher
+from tmaflow.runtime import memory
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.launch.params import Param
 from tmaflow.tma.tensormap import TensorMap
@@ -67,6 +69,101 @@ def test_a_plan_packs_what_the_checked_path_packs(dry, rng):
         assert got == checked_pack(run, (tm, other, x, y))
         assert got[:128] == bytes(tm) and struct.unpack_from("<Qif", got, 128) == (other.ptr, x, np.float32(y))
     assert len(run.calls) == 1  # only the first call went through the recorded driver call
+
+
+class _FakeTensor:
+    """A CUDA torch tensor as a plan reads it: ``get_device()`` and ``data_ptr()``."""
+    __module__ = "torch"
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def get_device(self):
+        return 0
+
+    def data_ptr(self):
+        return self.ptr
+
+
+class ndarray:  # noqa: N801 - the name a cupy array's type has, which the fast form asks for
+    """A cupy array as a plan reads it: ``data.ptr`` and ``data.device_id``."""
+    __module__ = "cupy"
+
+    def __init__(self, ptr):
+        self.data = types.SimpleNamespace(ptr=ptr, device_id=0)
+
+
+@pytest.fixture
+def frameworks(monkeypatch):
+    """torch and cupy stand-ins whose current streams are 0x70 and 0x71 (a plan asks them)."""
+    torch = types.ModuleType("torch")
+    torch.Tensor = _FakeTensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda ordinal: 0x70)
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0x71))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(memory, "_TORCH_TYPES", [])
+
+
+# One argument of each kind a C plan writes: (parameter, the argument from a random int, the
+# bytes the plan must pack, the stream it must choose)
+KIND_CASES = {
+    "array": (Param(0, 0, 8, "pointer"), lambda r: owned_array(r * 16), lambda a: struct.pack("<Q", a.ptr), 0),
+    "tensormap": (Param(0, 0, 128, "tensormap"), lambda r: owned_map(owned_array(r * 16)), bytes, 0),
+    "torch": (Param(0, 0, 8, "pointer"), _FakeTensor, lambda a: struct.pack("<Q", a.ptr), 0x70),
+    "cupy": (Param(0, 0, 8, "pointer"), ndarray, lambda a: struct.pack("<Q", a.data.ptr), 0x71),
+    "signed": (Param(0, 0, 4, "int", True), lambda r: -(r % 2**31), lambda a: struct.pack("<i", a), 0),
+    "unsigned": (Param(0, 0, 4, "int", False), lambda r: 2**31 + r % 2**31, lambda a: struct.pack("<I", a), 0),
+    "float": (Param(0, 0, 8, "float"), lambda r: r / 7, lambda a: struct.pack("<d", a), 0),
+    "none": (Param(0, 0, 8, "pointer"), lambda r: None, lambda a: bytes(8), 0),
+}
+
+
+def test_every_plan_kind_has_a_case():
+    assert set(KIND_CASES) == set(PLAN_KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(PLAN_KINDS))
+def test_each_argument_kind_takes_the_c_plan(dry, frameworks, rng, kind):
+    """Renaming what a plan reads (args.PLAN_ATTRIBUTES) or a kind would drop these launches
+    to the generated Python path without a failure anywhere else: here it fails."""
+    param, make, want, stream = KIND_CASES[kind]
+    run = dry([param, Param(1, 8 if param.size <= 8 else 128, 4, "int", True)])
+    arg = make(int(rng.integers(1, 2**40)))
+    fields = run.packer.native_fields((arg, 5))
+    assert fields is not None and fields[0][0] == PLAN_KINDS[kind]
+    run._install_plan((arg, 5))
+    assert type(run.func).__name__ == "Plan", native.status()
+    launched = run.func.launches
+    run(arg, 5)
+    assert run.func.launches == launched + 1 and not run.calls  # the plan packed it, not Python
+    assert packed(run)[:param.size] == want(arg)
+    assert run.func.last_stream == stream
+
+
+def test_a_build_reads_the_attributes_args_names():
+    """_launch.c reports the attribute names it reads; they are args.PLAN_ATTRIBUTES, and the
+    objects it reads them from have them."""
+    assert native.module().ATTRIBUTES == PLAN_ATTRIBUTES
+    arr = owned_array()
+    tm = owned_map(arr)
+    have = {"_alloc": (tm, arr), "live": (arr._alloc,), "ptr": (arr,), "_bytes": (tm,), "array": (tm,),
+            "device": (arr,), "ordinal": (), "data": (ndarray(0),), "device_id": (ndarray(0).data,),
+            "get_device": (_FakeTensor(0),), "data_ptr": (_FakeTensor(0),), "_dispatch": (Launcher,),
+            "_checked": (Launcher,)}
+    assert set(have) == set(PLAN_ATTRIBUTES)
+    assert "ordinal" in tf.Device._setup.__code__.co_names  # set there: a Device needs a GPU
+    for name, objects in have.items():
+        for obj in objects:
+            assert hasattr(obj, name) or name in getattr(obj, "__slots__", ()), (obj, name)
+
+
+def test_a_build_reading_other_attributes_is_refused(monkeypatch):
+    path = native.module().__file__
+    monkeypatch.setattr(native, "PLAN_ATTRIBUTES", PLAN_ATTRIBUTES[:-1] + ("_checked_renamed",))
+    with pytest.raises(native._BadBuild, match=r"reads the attributes .*'_checked'.*not args.PLAN_ATTRIBUTES"):
+        native._import(Path(path))
 
 
 @pytest.mark.parametrize("which", ["array", "map"])
@@ -457,7 +554,7 @@ from pathlib import Path
 
 import pytest
 from tmaflow.launch import native
-from tmaflow.launch.args import PLAN_KINDS
+from tmaflow.launch.args import PLAN_ATTRIBUTES, PLAN_KINDS
 
 native._state["module"] = native._import(Path(sys.argv[1]))
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "not sanitizer", sys.argv[2]]))
