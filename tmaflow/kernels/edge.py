@@ -23,7 +23,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..errors import TmaflowError
-from ..runtime.device import current_device, stream_handle
+from ..runtime.device import current_device
 from ..runtime.memory import DeviceArray, as_array
 from .entry import contiguous_strides, new_output, on_current_device
 from .matmul.config import BF16, _readable_scale_a, _row_major
@@ -302,10 +302,10 @@ class _Staging:
 
     def empty(self, shape: tuple, dtype) -> DeviceArray:
         obj, arr = new_output(self.like, self.like_arr, shape, dtype, self.stream)
-        if self.stream is not None and arr._origin == "torch":
+        if arr._origin == "torch":  # self.stream: the call's handle, resolved by its entry point
             import torch  # torch frees it after this call: its stream must wait for ours
 
-            obj.record_stream(torch.cuda.ExternalStream(stream_handle(self.stream)))
+            obj.record_stream(torch.cuda.ExternalStream(self.stream))
         self.keep.append(obj)
         return arr
 
