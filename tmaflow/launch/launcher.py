@@ -263,7 +263,7 @@ class Launcher(functools.partial):
         return fn
 
     def _native_plan(self, args: tuple, frameworks):
-        """The C plan (``tmaflow.native``) for these argument types, or None where it is not
+        """The C plan (``native.py``) for these argument types, or None where it is not
         built or these arguments are outside what it writes. A launcher whose ``_launch`` is
         not the driver's (the CPU tests' fakes) gets none, or with ``_dry_plans`` a dry one."""
         if not self._dry_plans and self._launch is not driver.cu().cuLaunchKernelEx:

@@ -344,7 +344,7 @@ class ArgPacker:
         return checks, values, "".join(fmt), frameworks
 
     def native_fields(self, args: tuple):
-        """``((kind, offset, size, type, live), ...)`` for a C plan (``tmaflow.native``) of
+        """``((kind, offset, size, type, live), ...)`` for a C plan (``native.py``) of
         these argument types, mirroring ``plan_source``; None where some argument is outside
         what a plan writes (numpy scalars, 2-byte floats, a float for an integer parameter):
         those take the generated Python path."""

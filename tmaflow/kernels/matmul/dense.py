@@ -29,21 +29,7 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     """C = A @ B^T (``layout="nt"``: A is M x K, B is N x K) or C = A @ B (``"nn"``: B is K x N)
     for bfloat16 tmaflow, torch or cupy arrays; fp32 accumulation, bfloat16 ``out`` (M x N,
     allocated of the caller's kind when None). ``gemm.prepare(...)`` returns the launch ready
-    to repeat.
-
-    fp8: a and b float8_e4m3fn ("nt" only), C = scale_a * scale_b * A @ B^T with per-tensor
-    scales (the dequantisation factors, floats), accumulated in fp32 with the tensor cores'
-    partial sums promoted every ``config.promote`` k-blocks of 128. Block scales instead:
-    scale_a an (M, ceil(K/128)) and scale_b an (ceil(N/128), ceil(K/128)) float32 device
-    array, applied as each k-block is promoted (DeepSeek's 1 x 128 / 128 x 128 scaling);
-    scale_a row-major, or stored k-block by k-block (strides (1, P), P >= M a multiple of 4:
-    the layout DeepGEMM and cuBLAS take), which the TMA loads fastest; other layouts are
-    copied into that one first.
-    Any M, N, K and element strides: operands the TMA cannot address as given (rows that are
-    not 16-byte multiples, misaligned or element-strided views) are staged into aligned
-    scratch, K zero-padded, and a staged output's valid columns copied out (``edge.py``).
-    Products on "nt" with M <= 128 (bf16, or fp8 with per-tensor scales or block scales whose
-    scale_a is M-major) take the skinny path unless a GemmConfig is given."""
+    to repeat. fp8 operands, block scales, any shape and stride, the skinny path: docs/gemm.md."""
     if not isinstance(layout, str) or layout not in LAYOUTS:
         raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):

@@ -34,15 +34,9 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
                  stream=None, pdl: bool = False, debug: bool | None = None, trace: bool | str = False):
     """M-grouped GEMM (mixture of experts): for every group g, rows offsets[g] .. offsets[g+1]
     of C = those rows of A @ B[g]^T (``layout="nt"``: B is G x N x K) or of A @ B[g] (``"nn"``:
-    B is G x K x N). A is T x K, bfloat16; C is T x N bfloat16, fp32 accumulation; operands
-    the TMA cannot address as given are staged (``edge.py``). ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes,
-    T last (groups may be empty).
-
-    Given as a device array (int32: tmaflow, torch or cupy), the group sizes stay on the GPU:
-    a call does no host work that depends on them, so a captured graph replays with new sizes.
-    A host sequence is checked and uploaded. Each CTA clips a group's last tile with a C map
-    patched on the device (``tmaflow::tensormap``) in a workspace the state keeps.
-    """
+    B is G x K x N). A is T x K, bfloat16; C is T x N bfloat16, fp32 accumulation.
+    ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes, T last (groups
+    may be empty); device or host offsets and the device-patched maps: docs/gemm.md."""
     pdl, debug, trace = _GROUPED_OPTIONS(pdl, debug, trace)
     if config is not None and not isinstance(config, GemmConfig):
         raise TmaflowError(f"grouped_gemm: config={config!r} must be None or a kernels.GemmConfig")
