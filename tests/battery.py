@@ -17,8 +17,8 @@ from tmaflow.kernels import examples as ex
 from kernel_sources import source
 from tmaflow.kernels.attention_entry import attention, attention_cp_async
 from tmaflow.kernels.matmul import GemmConfig, gemm, gemm_plan
-from tmaflow.memory import DeviceArray
-from tmaflow.params import ArgPacker, Param
+from tmaflow.runtime.memory import DeviceArray
+from tmaflow.launch.params import ArgPacker, Param
 
 T = tf.TensorMapSpec.tiled
 I2C = tf.TensorMapSpec.im2col
@@ -314,7 +314,7 @@ def _cupy():
 
 
 def _without_driver():
-    from tmaflow import driver
+    from tmaflow.runtime import driver
 
     saved = dict(driver._init_state)
     driver._init_state["reason"] = "simulated"
@@ -549,7 +549,7 @@ def _npy_bytes() -> bytes:
 
 
 def _saved_events():
-    from tmaflow import trace
+    from tmaflow.debug import trace
 
     return np.zeros(2, trace._SAVED)
 
@@ -588,4 +588,4 @@ cpu("CLI", "swizzle --box of 6 extents", TE, r"--box='1x1x1x1x1x8' must be 1-5 e
 cpu("CLI", "swizzle --box of 257 columns", TE, r"--box='8x257' must be 1-5 extents in \[1, 256\]", lambda: _cli("swizzle", "--box", "8x257"))
 cpu("CLI", "an unknown command", TE, r"invalid choice: 'frobnicate'", lambda: _cli("frobnicate"))
 cpu("diagnose", "cluster_size=0", TE, r"diagnose: cluster_size=0 must be in \[1, 16\]",
-    lambda: __import__("tmaflow.diagnose").diagnose.diagnose(tf.trace.Trace(_saved_events(), "k", 1), None, 0))
+    lambda: __import__("tmaflow.debug.diagnose").debug.diagnose.diagnose(tf.trace.Trace(_saved_events(), "k", 1), None, 0))

@@ -158,7 +158,7 @@ PARAMS += [
 ]
 
 # --- traces and diagnose (no GPU: a trace built from events) --------------------------------
-from tmaflow import diagnose, trace  # noqa: E402
+from tmaflow.debug import diagnose, trace  # noqa: E402
 
 EMPTY_TRACE = trace.Trace(np.empty(0, trace._SAVED), "k", 4)
 PARAMS += [

@@ -18,7 +18,7 @@ from hostile_core import INTS, SEQUENCES, row
 
 from tmaflow import kernels
 from tmaflow.kernels.examples import softmax_plan
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 
 
 class _Elsewhere:

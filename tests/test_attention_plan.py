@@ -6,8 +6,8 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_entry import attention_plan
-from tmaflow.layout import HOPPER_SMEM_LIMIT
-from tmaflow.memory import DeviceArray
+from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
+from tmaflow.runtime.memory import DeviceArray
 
 
 _FAKE = itertools.count(1 << 32, 1 << 24)

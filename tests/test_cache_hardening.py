@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 import tmaflow as tf
-from tmaflow import cache, native
+from tmaflow.launch import cache, native
 
 SOURCE = "__global__ void k(int* p) { p[0] = %d; }"
 
@@ -234,7 +234,7 @@ def test_a_build_is_flushed_then_published_under_its_checksum_and_not_executable
     assert not [p for p in fresh.iterdir() if p != built]  # the private build directory is gone
     flushed = events.index(("fsync", next(p for e, p in events if e == "replace")))
     assert flushed < next(i for i, (e, _) in enumerate(events) if e == "replace")
-    assert native.status() == "C launch path (tmaflow/_launch.c)"
+    assert native.status() == "C launch path (tmaflow/launch/_launch.c)"
 
 
 @pytest.mark.parametrize("damage,problem", [
@@ -263,7 +263,7 @@ def test_an_unsound_cached_build_is_replaced_by_one_rebuild(fresh, monkeypatch, 
     assert native.module() is not None
     assert len(builds) == 1
     assert {p.name: p.read_bytes() for p in fresh.glob("*.so")} == {builds[0].name: good_build}
-    assert re.search(rf"^C launch path \(tmaflow/_launch.c\); rebuilt an unsound cached build \("
+    assert re.search(rf"^C launch path \(tmaflow/launch/_launch.c\); rebuilt an unsound cached build \("
                      rf"{re.escape(bad.name)}: .*{problem}", native.status())
 
 

@@ -111,7 +111,7 @@ def test_version():
 def test_cache_info_while_another_process_clears(tmp_path, monkeypatch):
     import threading
 
-    from tmaflow import cache
+    from tmaflow.launch import cache
 
     monkeypatch.setenv("TMAFLOW_CACHE_DIR", str(tmp_path))
     for i in range(200):

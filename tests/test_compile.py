@@ -8,10 +8,10 @@ import warnings
 import pytest
 
 import tmaflow as tf
-from tmaflow import cache
+from tmaflow.launch import cache
 from kernel_sources import source
 from tmaflow.kernels import examples
-from tmaflow.tools import disassemble, sass_opcodes
+from tmaflow.launch.sass import disassemble, sass_opcodes
 
 LIBCUXX = r'''
 #include <cuda.h>
@@ -241,7 +241,8 @@ def test_all_example_and_seed_kernels_compile():
 
 
 def test_missing_nvrtc_says_how_to_install(monkeypatch):
-    from tmaflow import compiler, driver
+    from tmaflow.launch import compiler
+    from tmaflow.runtime import driver
 
     class NoNVRTC:
         def nvrtcVersion(self):
@@ -313,7 +314,7 @@ def test_environment_variables_are_parsed_with_named_errors(monkeypatch):
         tf.Kernel(src, "k")
     monkeypatch.setenv("TMAFLOW_DEBUG", "off")
     monkeypatch.setenv("TMAFLOW_CACHE", "maybe")
-    from tmaflow import cache
+    from tmaflow.launch import cache
 
     with pytest.raises(tf.TmaflowError, match=r"TMAFLOW_CACHE='maybe' must be one of"):
         cache.enabled()
@@ -366,9 +367,9 @@ def test_wgmma_pipeline_notes_of_both_ptxas_generations():
            "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
            "serialized due to non wgmma instructions reading accumulator registers\n"
            "ptxas info    : Used 58 registers, used 0 barriers\n")
-    notes = tf.compiler.wgmma_pipeline_notes(log)
+    notes = tf.launch.compiler.wgmma_pipeline_notes(log)
     assert [n[:7] for n in notes] == ["(C7517)", "(C7514)"] and "warpgroup.wait is injected" in notes[0]
-    assert tf.compiler.wgmma_pipeline_notes("ptxas info    : Used 58 registers\n") == []
+    assert tf.launch.compiler.wgmma_pipeline_notes("ptxas info    : Used 58 registers\n") == []
 
 
 @pytest.mark.parametrize("dtype,config", [

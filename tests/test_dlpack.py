@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import dlpack, memory
+from tmaflow.runtime import dlpack, memory
 from tmaflow.dtypes import as_dtype
 
 PRODUCER = 0x5000  # a stream handle the fake allocation is ordered on

@@ -13,7 +13,7 @@ from tmaflow import kernels
 from tmaflow.kernels import edge
 from tmaflow.kernels.edge import collapse, copy_launches, product_staging, softmax_launches
 from tmaflow.kernels.registry import get_kernel
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 
 FAKE = 1 << 32  # device addresses of the fake memory below; never dereferenced by a GPU
 

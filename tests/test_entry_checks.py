@@ -10,8 +10,9 @@ import tmaflow as tf
 from hostile_entry import REACHED, fake
 from tmaflow import kernels
 from tmaflow.kernels import checks
-from tmaflow.kernels import examples, matmul
-from tmaflow.memory import DeviceArray
+from tmaflow.kernels import examples
+from tmaflow.kernels.matmul import dense
+from tmaflow.runtime.memory import DeviceArray
 
 
 def reaches_the_device(call):
@@ -210,8 +211,8 @@ class _EveryStateCached(dict):
     (examples, lambda x: kernels.copy(x, evict_first=1)),
     (examples, lambda x: kernels.softmax(x, pdl=1)),
     (examples, lambda x: kernels.transpose(x, debug=0)),
-    (matmul, lambda x: kernels.gemm(fake((64, 64)), fake((64, 64)), pdl=0)),
-    (matmul, lambda x: kernels.gemm(fake((64, 64)), fake((64, 64)), trace=1.0)),
+    (dense, lambda x: kernels.gemm(fake((64, 64)), fake((64, 64)), pdl=0)),
+    (dense, lambda x: kernels.gemm(fake((64, 64)), fake((64, 64)), trace=1.0)),
 ])
 def test_lookalike_options_are_refused_before_the_state_lookup(monkeypatch, module, call):
     monkeypatch.setattr(module, "STATES", _EveryStateCached())

@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import driver, faults, native, tensormap
-from tmaflow.device import Device
-from tmaflow.launch import LaunchConfig, Launcher
-from tmaflow.params import Param
+from tmaflow.runtime import driver, faults
+from tmaflow.launch import native
+from tmaflow.tma import tensormap
+from tmaflow.runtime.device import Device
+from tmaflow.launch.config import LaunchConfig
+from tmaflow.launch.launcher import Launcher
+from tmaflow.launch.params import Param
 
 from test_launch import TABLE, fake_launcher, owned_array, owned_map
 

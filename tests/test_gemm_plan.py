@@ -7,7 +7,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, dense_config, gemm_plan
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 
 FAKE = itertools.count(1 << 32, 1 << 24)  # never dereferenced: every check below fails before a launch
 
@@ -127,7 +127,7 @@ def test_grouped_gemm_rejects_bad_arguments(a, b, offsets, kw, msg):
     (2048, 7168, 2048, 32, (256, 1, 1)),
 ])
 def test_grouped_tile_choice(t, n, k, g, want):
-    from tmaflow.kernels.matmul import _grouped_config
+    from tmaflow.kernels.matmul.heuristics import _grouped_config
 
     c = _grouped_config(t, n, k, g, 132)
     assert (c.bn, c.cluster_m, c.split_k) == want

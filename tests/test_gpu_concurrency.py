@@ -11,8 +11,10 @@ import threading
 import pytest
 
 import tmaflow as tf
-from tmaflow import kernels, native
-from tmaflow.kernels import entry, matmul, registry
+from tmaflow import kernels
+from tmaflow.launch import native
+from tmaflow.kernels import entry, registry
+from tmaflow.kernels.matmul import splitk
 from tmaflow.kernels.matmul import GemmConfig
 
 try:
@@ -292,14 +294,14 @@ def test_split_k_workspaces_are_per_stream(device, gen):
     """Two current streams: two split-K workspaces (the bug: one, shared, built for whichever
     stream was current first)."""
     entry.STATES.clear()  # torch's pooled streams recur: states of earlier tests hold workspaces
-    matmul._workspaces.__dict__.clear()
+    splitk._workspaces.__dict__.clear()
     call = CASES["gemm split_k=8"](gen)
     streams = [torch.cuda.Stream() for _ in range(2)]
     for s in streams:
         with torch.cuda.stream(s):
             call()
     torch.cuda.synchronize()
-    handles = {key[1] for key in matmul._workspaces.__dict__}
+    handles = {key[1] for key in splitk._workspaces.__dict__}
     assert handles == {s.cuda_stream for s in streams}
 
 
@@ -318,7 +320,7 @@ def test_host_offsets_refused_in_a_torch_capture(device, gen):
 def test_a_cold_split_k_state_is_refused_in_a_torch_capture(device, gen):
     """Its workspace would become an allocation node of torch's graph: refused by name."""
     entry.STATES.clear()  # torch's pooled streams recur: no state of an earlier test may be warm
-    matmul._workspaces.__dict__.clear()
+    splitk._workspaces.__dict__.clear()
     call = CASES["gemm split_k=8"](gen)
     call()  # warm on the default stream only
     capture = torch.cuda.Stream()

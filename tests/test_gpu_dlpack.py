@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import dlpack
+from tmaflow.runtime import dlpack
 
 pytestmark = pytest.mark.gpu
 

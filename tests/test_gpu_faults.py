@@ -13,7 +13,7 @@ import pytest
 
 import tmaflow as tf
 from kernel_sources import source
-from tmaflow import faults
+from tmaflow.runtime import faults
 
 TESTS = Path(__file__).resolve().parent
 WILD = 1 << 40  # floats past the array: 4 TiB away, far outside any allocation
@@ -30,7 +30,7 @@ SCRIPT = """
 import json
 import numpy as np
 import tmaflow as tf
-from tmaflow import native
+from tmaflow.launch import native
 from test_gpu_faults import WILD, wild_store_kernel
 
 report = {"launch_path": native.status()}

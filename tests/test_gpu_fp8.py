@@ -7,7 +7,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
 
 pytestmark = pytest.mark.gpu

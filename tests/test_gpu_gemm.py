@@ -122,7 +122,7 @@ def test_gemm_strided_rows(device, rng):
     a_bits, a = _bf16(rng.standard_normal((256, 200)))
     b_bits, b = _bf16(rng.standard_normal((96, 136)))
     A = tf.from_numpy(a_bits, dtype="bfloat16")
-    from tmaflow.memory import DeviceArray
+    from tmaflow.runtime.memory import DeviceArray
     A_view = DeviceArray(A.ptr, (256, 136), "bfloat16", strides=(400, 2), owner=A)
     out = poison(tf.empty((256, 96), "bfloat16"))
     kernels.gemm(A_view, tf.from_numpy(b_bits, dtype="bfloat16"), out)

@@ -138,9 +138,9 @@ def test_graph_capture_errors_are_named(device, rng):
 def test_graph_split_k_gemm_first_used_in_the_capture(device, rng):
     """The split-K workspace made during a capture is zeroed at once (the graph's stream has its
     own; eager launches on the legacy stream use theirs)."""
-    from tmaflow.kernels import matmul
+    from tmaflow.kernels.matmul import splitk
 
-    matmul._workspaces.__dict__.clear()
+    splitk._workspaces.__dict__.clear()
     a, a64 = bf16_random(rng, (64, 8192))
     b, b64 = bf16_random(rng, (256, 8192))
     with tf.Graph() as g:

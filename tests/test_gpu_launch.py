@@ -276,7 +276,8 @@ def test_softmax_rows_too_long_for_two_stages_take_the_edge_kernel(device, rng):
 # --- the encoders and the parameter table ------------------------------------------------------
 
 def test_template_encoder_matches_the_driver_bindings(device, rng):
-    from tmaflow.tensormap import MapTemplate, TensorMapSpec, encode
+    from tmaflow.tma.tensormap import MapTemplate, encode
+    from tmaflow.tma.spec import TensorMapSpec
 
     base = tf.empty((1 << 22,), "uint8")
     cases = [("float32", (300, 200), (32, 32), "none"), ("bfloat16", (64, 4096), (64, 64), "128B"),
@@ -348,7 +349,7 @@ def test_entry_points_after_a_context_reset(device):
 def test_reset_warns_when_torch_shares_the_context(device, monkeypatch):
     torch = pytest.importorskip("torch")
     torch.zeros(1, device="cuda")
-    monkeypatch.setattr(tf.driver, "call", _no_reset(tf.driver.call))
+    monkeypatch.setattr(tf.runtime.driver, "call", _no_reset(tf.runtime.driver.call))
     with pytest.warns(tf.TmaflowWarning, match=r"reset\(\): torch.*initialised CUDA.*invalid"):
         tf.current_device().reset()
 

@@ -1,4 +1,4 @@
-"""GPU tier: the C launch path (tmaflow/_launch.c) against the hardware. Every argument kind
+"""GPU tier: the C launch path (tmaflow/launch/_launch.c) against the hardware. Every argument kind
 packed per call and echoed back by a kernel, the plan's launch counter, kept launchers
 refused after Kernel.close() and Device.reset() on the C and the Python path, arrays of
 another device refused on both paths (two GPUs)."""
@@ -12,7 +12,7 @@ import pytest
 
 import tmaflow as tf
 from kernel_sources import source
-from tmaflow import native
+from tmaflow.launch import native
 from tmaflow.testing import poison
 
 pytestmark = pytest.mark.gpu
@@ -83,7 +83,7 @@ RESET_SCRIPT = """
 import sys
 import numpy as np, tmaflow as tf
 from kernel_sources import source
-from tmaflow import native
+from tmaflow.launch import native
 if sys.argv[1] == "Python":
     native.plan = lambda *args, **kwargs: None
 k = tf.Kernel(source("probe"), "big_smem", filename="probe.cu")
@@ -122,7 +122,7 @@ def test_a_kept_launcher_is_refused_after_a_context_reset(device, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("which", ["array", "map"])
 def test_an_array_of_another_device_is_refused_on_the_fast_path(device, path, which, monkeypatch):
-    if tf.driver.call("cuDeviceGetCount") < 2:
+    if tf.runtime.driver.call("cuDeviceGetCount") < 2:
         pytest.skip("needs two GPUs")
     take_path(path, monkeypatch)
     k = probe("echo_args")

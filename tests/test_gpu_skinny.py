@@ -9,7 +9,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
 from tmaflow.kernels.matmul import SkinnyConfig
-from tmaflow.memory import DeviceArray
+from tmaflow.runtime.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
 
 pytestmark = pytest.mark.gpu

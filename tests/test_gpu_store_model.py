@@ -14,8 +14,8 @@ import pytest
 
 import tmaflow as tf
 from kernel_sources import source
-from tmaflow.reference import tma_store
-from tmaflow.tensormap import TensorMapSpec
+from tmaflow.tma.reference import tma_store
+from tmaflow.tma.spec import TensorMapSpec
 
 pytestmark = pytest.mark.gpu
 

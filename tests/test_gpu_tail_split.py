@@ -10,7 +10,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32
-from tmaflow.kernels import matmul
+from tmaflow.kernels.matmul import dense
 from tmaflow.kernels.matmul import BM, GemmConfig, tail_splits
 from tmaflow.testing import poison, rel_error
 
@@ -25,9 +25,9 @@ def _shape_with_partial_wave(device, config, n, k, extra_tiles, dtype="bfloat16"
     """(m, n, k) whose cluster items are whole waves of the clusters this GPU runs at once plus
     a tail of at most ``extra_tiles`` that is split, M ragged by a few rows."""
     cm = config.cluster_m
-    plan = matmul.gemm_plan(4096, n, k, "nt", config, dtype, block_scales)
-    kern = matmul.get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
-    clusters = matmul._resident_clusters(kern, cm, device.ordinal)
+    plan = dense.gemm_plan(4096, n, k, "nt", config, dtype, block_scales)
+    kern = dense.get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
+    clusters = dense._resident_clusters(kern, cm, device.ordinal)
     tiles_n = math.ceil(n / config.bn)
     k_blocks = math.ceil(k / (128 if dtype == "float8_e4m3fn" else 64))
     for extra in range(extra_tiles, 0, -1):

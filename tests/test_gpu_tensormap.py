@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import driver
+from tmaflow.runtime import driver
 from tmaflow.dtypes import BY_NAME
 from kernel_sources import source
-from tmaflow.tensormap import TensorMapSpec, _encoded_strides
+from tmaflow.tma.spec import TensorMapSpec, _encoded_strides
 
 pytestmark = pytest.mark.gpu
 

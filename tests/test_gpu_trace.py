@@ -11,7 +11,7 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow import trace as tr
+from tmaflow.debug import trace as tr
 from kernel_sources import source
 from tmaflow.testing import poison
 

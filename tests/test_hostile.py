@@ -62,7 +62,7 @@ IDS = [f"{p.function}:{p.name}={k}" for p, k in CASES]
 @pytest.fixture(scope="module")
 def table_cache(tmp_path_factory):
     """One private compile cache for the whole table (a per-case cache would recompile)."""
-    from tmaflow import cache
+    from tmaflow.launch import cache
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMAFLOW_CACHE_DIR", str(tmp_path_factory.mktemp("hostile-cache")))

@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.launch import LaunchConfig, Launcher, dims
-from tmaflow.memory import DeviceArray
-from tmaflow.params import ArgPacker, Param
-from tmaflow.tensormap import TensorMap, TensorMapSpec
+from tmaflow.launch.config import LaunchConfig, dims
+from tmaflow.launch.launcher import Launcher
+from tmaflow.runtime.memory import DeviceArray
+from tmaflow.launch.params import ArgPacker, Param
+from tmaflow.tma.tensormap import TensorMap
+from tmaflow.tma.spec import TensorMapSpec
 
-SUCCESS = tf.driver.cu().CUresult.CUDA_SUCCESS
+SUCCESS = tf.runtime.driver.cu().CUresult.CUDA_SUCCESS
 
 
 # --- LaunchConfig ----------------------------------------------------------------------------
@@ -203,7 +205,7 @@ def test_unsigned_values_past_the_signed_range_fall_back_to_the_checked_path():
 
 def test_driver_launch_config_carries_cluster_and_pdl():
     """The CUlaunchConfig a launcher builds (no GPU needed to build one)."""
-    cu = tf.driver.cu()
+    cu = tf.runtime.driver.cu()
     run = fake_launcher(TABLE)
     run.config = LaunchConfig(grid=8, block=128, cluster=2, smem=1024, pdl=True)
     run._configs = {}
@@ -223,7 +225,7 @@ def test_stream_none_follows_the_arrays_framework(monkeypatch):
     import sys
     import types
 
-    from tmaflow.launch import _current_stream
+    from tmaflow.launch.config import _current_stream
 
     fake_torch = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda o: 0x7000 + o))
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(

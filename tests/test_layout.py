@@ -2,7 +2,7 @@
 import pytest
 
 import tmaflow as tf
-from tmaflow.tensormap import TensorMapSpec
+from tmaflow.tma.spec import TensorMapSpec
 
 A = TensorMapSpec.tiled("bfloat16", (4096, 4096), (128, 64), swizzle="128B")   # 16 KB
 B = TensorMapSpec.tiled("bfloat16", (4096, 4096), (256, 64), swizzle="128B")   # 32 KB

@@ -1,5 +1,5 @@
-"""The C launch path (tmaflow/_launch.c) with dry plans: it packs the same bytes as the checked
-path, refuses what the checked path refuses (by handing the call back to it), and leaves no
+"""The C launch path (tmaflow/launch/_launch.c) with dry plans: it packs the same bytes as the
+checked path, refuses what the checked path refuses (by handing the call back to it), and leaves no
 leak behind (no GPU)."""
 import ctypes
 import gc
@@ -10,18 +10,23 @@ import sys
 import sysconfig
 import types
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import kernel as kernel_module
-from tmaflow import native
-from tmaflow.graph import ACTIVE
-from tmaflow.launch import LaunchConfig, Launcher
-from tmaflow.memory import DeviceArray
-from tmaflow.params import Param
-from tmaflow.tensormap import TensorMap, TensorMapSpec
+from tmaflow.launch import kernel as kernel_module
+from tmaflow.launch import native
+from tmaflow.launch.args import PLAN_ATTRIBUTES, PLAN_KINDS
+from tmaflow.runtime.graph import ACTIVE
+from tmaflow.launch.config import LaunchConfig
+from tmaflow.launch.launcher import Launcher
+from tmaflow.runtime import memory
+from tmaflow.runtime.memory import DeviceArray
+from tmaflow.launch.params import Param
+from tmaflow.tma.tensormap import TensorMap
+from tmaflow.tma.spec import TensorMapSpec
 
 from test_launch import TABLE, fake_launcher, owned_array, owned_map, refuses_wrong_values
 
@@ -64,6 +69,101 @@ def test_a_plan_packs_what_the_checked_path_packs(dry, rng):
         assert got == checked_pack(run, (tm, other, x, y))
         assert got[:128] == bytes(tm) and struct.unpack_from("<Qif", got, 128) == (other.ptr, x, np.float32(y))
     assert len(run.calls) == 1  # only the first call went through the recorded driver call
+
+
+class _FakeTensor:
+    """A CUDA torch tensor as a plan reads it: ``get_device()`` and ``data_ptr()``."""
+    __module__ = "torch"
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def get_device(self):
+        return 0
+
+    def data_ptr(self):
+        return self.ptr
+
+
+class ndarray:  # noqa: N801 - the name a cupy array's type has, which the fast form asks for
+    """A cupy array as a plan reads it: ``data.ptr`` and ``data.device_id``."""
+    __module__ = "cupy"
+
+    def __init__(self, ptr):
+        self.data = types.SimpleNamespace(ptr=ptr, device_id=0)
+
+
+@pytest.fixture
+def frameworks(monkeypatch):
+    """torch and cupy stand-ins whose current streams are 0x70 and 0x71 (a plan asks them)."""
+    torch = types.ModuleType("torch")
+    torch.Tensor = _FakeTensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda ordinal: 0x70)
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0x71))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(memory, "_TORCH_TYPES", [])
+
+
+# One argument of each kind a C plan writes: (parameter, the argument from a random int, the
+# bytes the plan must pack, the stream it must choose)
+KIND_CASES = {
+    "array": (Param(0, 0, 8, "pointer"), lambda r: owned_array(r * 16), lambda a: struct.pack("<Q", a.ptr), 0),
+    "tensormap": (Param(0, 0, 128, "tensormap"), lambda r: owned_map(owned_array(r * 16)), bytes, 0),
+    "torch": (Param(0, 0, 8, "pointer"), _FakeTensor, lambda a: struct.pack("<Q", a.ptr), 0x70),
+    "cupy": (Param(0, 0, 8, "pointer"), ndarray, lambda a: struct.pack("<Q", a.data.ptr), 0x71),
+    "signed": (Param(0, 0, 4, "int", True), lambda r: -(r % 2**31), lambda a: struct.pack("<i", a), 0),
+    "unsigned": (Param(0, 0, 4, "int", False), lambda r: 2**31 + r % 2**31, lambda a: struct.pack("<I", a), 0),
+    "float": (Param(0, 0, 8, "float"), lambda r: r / 7, lambda a: struct.pack("<d", a), 0),
+    "none": (Param(0, 0, 8, "pointer"), lambda r: None, lambda a: bytes(8), 0),
+}
+
+
+def test_every_plan_kind_has_a_case():
+    assert set(KIND_CASES) == set(PLAN_KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(PLAN_KINDS))
+def test_each_argument_kind_takes_the_c_plan(dry, frameworks, rng, kind):
+    """Renaming what a plan reads (args.PLAN_ATTRIBUTES) or a kind would drop these launches
+    to the generated Python path without a failure anywhere else: here it fails."""
+    param, make, want, stream = KIND_CASES[kind]
+    run = dry([param, Param(1, 8 if param.size <= 8 else 128, 4, "int", True)])
+    arg = make(int(rng.integers(1, 2**40)))
+    fields = run.packer.native_fields((arg, 5))
+    assert fields is not None and fields[0][0] == PLAN_KINDS[kind]
+    run._install_plan((arg, 5))
+    assert type(run.func).__name__ == "Plan", native.status()
+    launched = run.func.launches
+    run(arg, 5)
+    assert run.func.launches == launched + 1 and not run.calls  # the plan packed it, not Python
+    assert packed(run)[:param.size] == want(arg)
+    assert run.func.last_stream == stream
+
+
+def test_a_build_reads_the_attributes_args_names():
+    """_launch.c reports the attribute names it reads; they are args.PLAN_ATTRIBUTES, and the
+    objects it reads them from have them."""
+    assert native.module().ATTRIBUTES == PLAN_ATTRIBUTES
+    arr = owned_array()
+    tm = owned_map(arr)
+    have = {"_alloc": (tm, arr), "live": (arr._alloc,), "ptr": (arr,), "_bytes": (tm,), "array": (tm,),
+            "device": (arr,), "ordinal": (), "data": (ndarray(0),), "device_id": (ndarray(0).data,),
+            "get_device": (_FakeTensor(0),), "data_ptr": (_FakeTensor(0),), "_dispatch": (Launcher,),
+            "_checked": (Launcher,)}
+    assert set(have) == set(PLAN_ATTRIBUTES)
+    assert "ordinal" in tf.Device._setup.__code__.co_names  # set there: a Device needs a GPU
+    for name, objects in have.items():
+        for obj in objects:
+            assert hasattr(obj, name) or name in getattr(obj, "__slots__", ()), (obj, name)
+
+
+def test_a_build_reading_other_attributes_is_refused(monkeypatch):
+    path = native.module().__file__
+    monkeypatch.setattr(native, "PLAN_ATTRIBUTES", PLAN_ATTRIBUTES[:-1] + ("_checked_renamed",))
+    with pytest.raises(native._BadBuild, match=r"reads the attributes .*'_checked'.*not args.PLAN_ATTRIBUTES"):
+        native._import(Path(path))
 
 
 @pytest.mark.parametrize("which", ["array", "map"])
@@ -141,13 +241,13 @@ def test_a_capturing_graph_sends_calls_to_the_checked_path(dry, monkeypatch):
 
 def raw_plan(fields, *, dry=True, launch=0, size=8, current_stream=None, on_error=print):
     """A Plan built directly (``launch``: the address of a stand-in for cuLaunchKernelEx)."""
-    cfg = tf.driver.cu().CUlaunchConfig()
+    cfg = tf.runtime.driver.cu().CUlaunchConfig()
     cfg.gridDimX = 3
     return native.module().Plan(dry, launch, 0, cfg.getPtr(), size, fields, current_stream, 0, [],
                                 on_error, cfg)
 
 
-NONE = (native.KINDS["none"], 0, 8, None, None)
+NONE = (PLAN_KINDS["none"], 0, 8, None, None)
 
 
 def test_a_plan_asks_for_the_current_stream_each_call(dry):
@@ -161,13 +261,13 @@ def test_a_plan_asks_for_the_current_stream_each_call(dry):
 
 
 @pytest.mark.parametrize("field,size,msg", [
-    ((native.KINDS["map"], 0, 8, int, None), 8, "field 0: kind 1 size 8 is not a parameter"),
-    ((native.KINDS["float"], 0, 2, float, None), 8, "field 0: kind 6 size 2 is not a parameter"),
+    ((PLAN_KINDS["tensormap"], 0, 8, int, None), 8, "field 0: kind 1 size 8 is not a parameter"),
+    ((PLAN_KINDS["float"], 0, 2, float, None), 8, "field 0: kind 6 size 2 is not a parameter"),
     ((99, 0, 8, int, None), 8, "field 0: kind 99 size 8 is not a parameter"),
-    ((native.KINDS["signed"], 6, 4, int, None), 8, r"field 0: offset 6 \+ size 4 lies outside the 8 bytes"),
-    ((native.KINDS["map"], 8, 128, int, None), 128, r"offset 8 \+ size 128 lies outside the 128 bytes"),
-    ((native.KINDS["array"], -8, 8, int, None), 64, r"offset -8 \+ size 8 lies outside"),
-    ((native.KINDS["array"], 2**31 - 1, 8, int, None), 64, r"offset 2147483647 \+ size 8 lies outside"),
+    ((PLAN_KINDS["signed"], 6, 4, int, None), 8, r"field 0: offset 6 \+ size 4 lies outside the 8 bytes"),
+    ((PLAN_KINDS["tensormap"], 8, 128, int, None), 128, r"offset 8 \+ size 128 lies outside the 128 bytes"),
+    ((PLAN_KINDS["array"], -8, 8, int, None), 64, r"offset -8 \+ size 8 lies outside"),
+    ((PLAN_KINDS["array"], 2**31 - 1, 8, int, None), 64, r"offset 2147483647 \+ size 8 lies outside"),
 ])
 def test_a_field_a_plan_cannot_write_is_refused(field, size, msg):
     with pytest.raises(ValueError, match=msg):
@@ -328,7 +428,7 @@ def test_an_argument_not_of_the_fast_kind_goes_to_the_checked_path(dry, error):
 def test_a_plan_reports_its_size():
     plan_type = native.module().Plan
     one = raw_plan((NONE,))
-    five = raw_plan(tuple((native.KINDS["none"], 8 * i, 8, None, None) for i in range(5)), size=40)
+    five = raw_plan(tuple((PLAN_KINDS["none"], 8 * i, 8, None, None) for i in range(5)), size=40)
     assert sys.getsizeof(five) - sys.getsizeof(one) == 4 * plan_type.__itemsize__
     assert plan_type.__itemsize__ >= 24 and sys.getsizeof(one) < 512
 
@@ -369,8 +469,8 @@ def test_the_driver_gets_the_config_and_one_pointer_per_parameter_of_the_call(dr
                      ctypes.c_double.from_address(params[2]).value, params[2] - params[0], extra))
         return 0
 
-    fields = ((native.KINDS["array"], 0, 8, DeviceArray, True), (native.KINDS["signed"], 8, 4, int, None),
-              (native.KINDS["float"], 16, 8, float, None))
+    fields = ((PLAN_KINDS["array"], 0, 8, DeviceArray, True), (PLAN_KINDS["signed"], 8, 4, int, None),
+              (PLAN_KINDS["float"], 16, 8, float, None))
     plan = raw_plan(fields, dry=False, launch=ctypes.cast(driver, ctypes.c_void_p).value, size=24)
     arr = owned_array(0x4000)
     plan(run, arr, -9, 0.25)
@@ -386,11 +486,11 @@ def test_a_plan_is_dry_or_has_the_drivers_address():
 
 def test_a_null_launch_address_falls_back_to_the_python_path(monkeypatch):
     monkeypatch.setattr(native, "_state", {"module": native.module()})
-    found = tf.driver.cu().CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS
-    real = tf.driver.call
-    monkeypatch.setattr(tf.driver, "call", lambda name, *a, **k: (0, found) if name == "cuGetProcAddress"
+    found = tf.runtime.driver.cu().CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS
+    real = tf.runtime.driver.call
+    monkeypatch.setattr(tf.runtime.driver, "call", lambda name, *a, **k: (0, found) if name == "cuGetProcAddress"
                         else real(name, *a, **k))
-    cfg = tf.driver.cu().CUlaunchConfig()
+    cfg = tf.runtime.driver.cu().CUlaunchConfig()
     made = native.plan((NONE,), dry=False, function=0, size=8, config=cfg.getPtr(), current_stream=None,
                        ordinal=0, capturing=[], on_error=print, keep=cfg)
     assert made is None and native.launch_address() is None
@@ -423,7 +523,7 @@ def fake_module(device):
 
 
 def test_close_and_reset_retire_every_launcher_of_a_module(dry):
-    assert kernel_module._retire_reset_modules in tf.device._reset_listeners
+    assert kernel_module._retire_reset_modules in tf.runtime.device._reset_listeners
     closed_device, reset_device = types.SimpleNamespace(generation=0), types.SimpleNamespace(generation=3)
     closed, reset = fake_module(closed_device), fake_module(reset_device)
     arr = owned_array()
@@ -453,7 +553,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tmaflow import native
+from tmaflow.launch import native
+from tmaflow.launch.args import PLAN_ATTRIBUTES, PLAN_KINDS
 
 native._state["module"] = native._import(Path(sys.argv[1]))
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "not sanitizer", sys.argv[2]]))

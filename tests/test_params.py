@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.memory import DeviceArray
-from tmaflow.params import ArgPacker, Param
-from tmaflow.tensormap import TensorMap, TensorMapSpec
+from tmaflow.runtime.memory import DeviceArray
+from tmaflow.launch.params import ArgPacker, Param
+from tmaflow.tma.tensormap import TensorMap
+from tmaflow.tma.spec import TensorMapSpec
 
 
 def table(*sizes, align=True):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.reference import tma_load, tma_store
-from tmaflow.tensormap import TensorMapSpec
+from tmaflow.tma.reference import tma_load, tma_store
+from tmaflow.tma.spec import TensorMapSpec
 
 
 def chunks(image, row_pitch):

@@ -7,7 +7,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import (BK, FP8_BK, SKINNY_FP8_PROMOTE, SKINNY_M, GemmConfig, SkinnyConfig,
                                     choose_config, skinny_plan, skinny_splits)
-from tmaflow.layout import HOPPER_SMEM_LIMIT
+from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 
 
 @pytest.mark.parametrize("m,mp", [(1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (64, 64), (65, 128), (128, 128)])
@@ -84,7 +84,7 @@ def test_bad_skinny_configs_are_named(kwargs, match):
 
 def test_skinny_config_is_refused_for_nn_and_more_rows():
     with pytest.raises(tf.TmaflowError, match=r"a SkinnyConfig takes layout='nt' \(got 'nn'\)"):
-        kernels.gemm(tf.memory.DeviceArray(0, (16, 64), "bfloat16"), tf.memory.DeviceArray(0, (64, 64), "bfloat16"),
+        kernels.gemm(tf.runtime.memory.DeviceArray(0, (16, 64), "bfloat16"), tf.runtime.memory.DeviceArray(0, (64, 64), "bfloat16"),
                      layout="nn", config=SkinnyConfig())
     with pytest.raises(tf.TmaflowError, match=r"takes M <= 128 \(got M=129\)"):
         skinny_plan(129, 64, 64, SkinnyConfig(), 132)
@@ -137,7 +137,7 @@ def test_fp8_plan_refusals(layout, config, match):
 
 
 def test_fp8_scales_are_checked_before_any_launch():
-    from tmaflow.memory import DeviceArray
+    from tmaflow.runtime.memory import DeviceArray
 
     a8, b8 = DeviceArray(0, (64, 64), "float8_e4m3fn"), DeviceArray(0, (64, 64), "float8_e4m3fn")
     with pytest.raises(tf.TmaflowError, match=r"scale_a=nan must be a finite float"):
@@ -154,7 +154,7 @@ def test_fp8_scales_are_checked_before_any_launch():
 
 
 def test_fp8_block_scales_are_checked_by_shape_type_and_config():
-    from tmaflow.memory import DeviceArray
+    from tmaflow.runtime.memory import DeviceArray
 
     a8, b8 = DeviceArray(0, (300, 1040), "float8_e4m3fn"), DeviceArray(0, (264, 1040), "float8_e4m3fn")
     sa, sb = DeviceArray(0, (300, 9), "float32"), DeviceArray(0, (3, 9), "float32")
@@ -230,8 +230,8 @@ def test_block_scale_plan_gives_each_stage_its_scales():
     (200, 128, (4, 4), "row_major"),        # one k-block: the column's stride is moot
 ])
 def test_block_scale_layout_picks_how_the_scales_travel(m, k, strides, mode):
-    from tmaflow.kernels.matmul import _scales
-    from tmaflow.memory import DeviceArray
+    from tmaflow.kernels.matmul.operands import _scales
+    from tmaflow.runtime.memory import DeviceArray
 
     kb = -(-k // 128)
     a8, b8 = DeviceArray(0, (m, k), "float8_e4m3fn"), DeviceArray(0, (256, k), "float8_e4m3fn")
@@ -250,8 +250,8 @@ def test_block_scales_the_kernels_cannot_read_are_staged(sa_strides, sb_strides)
     """Layouts of block scales the kernels cannot read as given are accepted and staged
     (edge.py copies them into M-major / row-major scratch); shape and type are still checked."""
     from tmaflow.kernels.edge import STAGED
-    from tmaflow.kernels.matmul import _scales
-    from tmaflow.memory import DeviceArray
+    from tmaflow.kernels.matmul.operands import _scales
+    from tmaflow.runtime.memory import DeviceArray
 
     a8, b8 = DeviceArray(0, (301, 2048), "float8_e4m3fn"), DeviceArray(0, (256, 2048), "float8_e4m3fn")
     sa = DeviceArray(0, (301, 16), "float32", sa_strides)

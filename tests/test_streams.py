@@ -14,13 +14,14 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.device import StreamHandle, stream_handle
+from tmaflow.runtime.device import StreamHandle, stream_handle
 from tmaflow.dtypes import as_dtype
-from tmaflow.graph import ACTIVE
-from tmaflow.kernels import attention_entry, entry, examples, matmul
-from tmaflow.launch import LaunchConfig, resolve_stream
-from tmaflow.memory import DeviceArray, _contiguous_strides
-from tmaflow.params import Param
+from tmaflow.runtime.graph import ACTIVE
+from tmaflow.kernels import attention_entry, entry, examples
+from tmaflow.kernels.matmul import dense, grouped, splitk
+from tmaflow.launch.config import LaunchConfig, resolve_stream
+from tmaflow.runtime.memory import DeviceArray, _contiguous_strides
+from tmaflow.launch.params import Param
 
 from test_launch import TABLE, fake_launcher
 
@@ -117,14 +118,14 @@ def fake_states(monkeypatch):
     (the real builders compile and need a GPU); ``built`` lists them, ``calls`` the launches."""
     built, calls = [], []
     entry.STATES.clear()
-    matmul._workspaces.__dict__.clear()
+    splitk._workspaces.__dict__.clear()
 
     def fake(real):
         signature = inspect.signature(real)
 
         def build(*args, **kwargs):
             stream = signature.bind(*args, **kwargs).arguments["stream"]
-            launcher, ws = matmul._with_split_k(Recorder(stream, calls), True,
+            launcher, ws = splitk._with_split_k(Recorder(stream, calls), True,
                                                 types.SimpleNamespace(ordinal=0), stream)
             built.append((stream, ws))
             t = Template()
@@ -133,12 +134,12 @@ def fake_states(monkeypatch):
                                          workspace=None, split=1, slots=types.SimpleNamespace(array=0))
         return build
 
-    for module, name in ((matmul, "_gemm_state"), (matmul, "_grouped_state"), (examples, "_softmax_state"),
+    for module, name in ((dense, "_gemm_state"), (grouped, "_grouped_state"), (examples, "_softmax_state"),
                          (examples, "_copy_state"), (attention_entry, "_state")):
         monkeypatch.setattr(module, name, fake(getattr(module, name)))
     yield built, calls
     entry.STATES.clear()
-    matmul._workspaces.__dict__.clear()
+    splitk._workspaces.__dict__.clear()
 
 
 CALLS = {
@@ -185,15 +186,15 @@ def test_a_prepared_launch_stays_on_the_stream_it_was_prepared_for(fake_states, 
 
 
 def test_workspaces_are_per_thread_and_per_stream():
-    matmul._workspaces.__dict__.clear()
+    splitk._workspaces.__dict__.clear()
     dev = types.SimpleNamespace(ordinal=0)
-    a = matmul._workspace(dev, 0x10)
-    assert matmul._workspace(dev, 0x10) is a and matmul._workspace(dev, 0x20) is not a
+    a = splitk._workspace(dev, 0x10)
+    assert splitk._workspace(dev, 0x10) is a and splitk._workspace(dev, 0x20) is not a
     other = []
-    thread = threading.Thread(target=lambda: other.append(matmul._workspace(dev, 0x10)))
+    thread = threading.Thread(target=lambda: other.append(splitk._workspace(dev, 0x10)))
     thread.start(), thread.join()
     assert other[0] is not a and other[0].stream == 0x10
-    matmul._workspaces.__dict__.clear()
+    splitk._workspaces.__dict__.clear()
 
 
 def test_debug_and_trace_launches_of_a_module_go_one_at_a_time():
@@ -335,8 +336,8 @@ def two_devices(monkeypatch):
             return 2
         raise AssertionError(f"unexpected driver call {name}")
 
-    monkeypatch.setattr(tf.driver, "init", lambda: None)
-    monkeypatch.setattr(tf.driver, "call", call)
+    monkeypatch.setattr(tf.runtime.driver, "init", lambda: None)
+    monkeypatch.setattr(tf.runtime.driver, "call", call)
 
 
 @pytest.mark.parametrize("ordinal", [2, 7, -1, 2**70, np.int64(5)])

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow.tensormap import MAX_BOX_SMEM, TensorMapSpec
+from tmaflow.tma.spec import MAX_BOX_SMEM, TensorMapSpec
 
 tiled = TensorMapSpec.tiled
 
@@ -69,7 +69,7 @@ def test_nan_fill_needs_float():
 
 
 def test_fp8_arrays_are_not_exported_through_dlpack_with_a_guessed_type_code():
-    from tmaflow.memory import DeviceArray
+    from tmaflow.runtime.memory import DeviceArray
 
     with pytest.raises(tf.TmaflowError, match=r"float8_e4m3fn arrays are not exported through DLPack"):
         DeviceArray(0x1000, (4, 4), "float8_e4m3fn").__dlpack__()
@@ -239,8 +239,8 @@ def test_store_spill_is_modelled_and_flagged(rng):
 
 
 def test_store_map_that_spills_is_refused_or_flagged():
-    from tmaflow.memory import DeviceArray
-    from tmaflow.tensormap import MapTemplate
+    from tmaflow.runtime.memory import DeviceArray
+    from tmaflow.tma.tensormap import MapTemplate
 
     view = DeviceArray(0x10000, (4, 5), "int32", strides=(32, 4))
     spec = tiled("int32", (4, 5), (4, 8), strides=(32, 4))

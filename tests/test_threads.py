@@ -59,7 +59,7 @@ def test_threads_launch_concurrently(device):
 
 @pytest.mark.gpu
 def test_every_visible_gpu(rng):
-    from tmaflow import driver
+    from tmaflow.runtime import driver
 
     if not driver.driver_available():
         pytest.skip("no driver")

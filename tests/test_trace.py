@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import tmaflow as tf
-from tmaflow import trace as tr
+from tmaflow.debug import trace as tr
 from tmaflow.kernels import examples as ex
 from tmaflow.kernels.matmul import choose_config, gemm_plan
 from tmaflow.kernels.registry import get_kernel
-from tmaflow.launch import LaunchConfig
+from tmaflow.launch.config import LaunchConfig
 
 
 def example_kernels(**flags):
@@ -118,7 +118,7 @@ def test_png_timeline(tmp_path):
 
 # --- diagnosis ---------------------------------------------------------------------------------
 
-from tmaflow.diagnose import diagnose  # noqa: E402
+from tmaflow.debug.diagnose import diagnose  # noqa: E402
 
 
 def planted_layout(cluster=1):
@@ -220,7 +220,7 @@ def test_stage_traces_apply_only_the_rules_they_can_support():
 
 
 def test_ledger_of_a_stuck_barrier():
-    from tmaflow.diagnose import ledger, ledger_text
+    from tmaflow.debug.diagnose import ledger, ledger_text
 
     lay = planted_layout()
     full, empty, tx = offsets(lay)
@@ -258,7 +258,7 @@ def test_diagnosis_missing_acquire_of_a_device_patched_map():
 
 
 def test_an_empty_trace_says_so_and_round_trips(tmp_path):
-    from tmaflow.trace import Trace, _SAVED
+    from tmaflow.debug.trace import Trace, _SAVED
 
     t = Trace(np.empty(0, _SAVED), "k", 4)
     assert t.tail() == t.summary() == "k: no events recorded"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from tmaflow import compiler
+from tmaflow.launch import compiler
 from tmaflow.kernels.attention_entry import attention_plan
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, gemm_plan, skinny_plan
 from tmaflow.kernels.registry import get_kernel
@@ -53,7 +53,7 @@ def test_no_wgmma_serialization_notes(name):
 
 def _mma_loop(kernel) -> list[str]:
     """The innermost SASS loop that issues wgmma (the k-loop)."""
-    from tmaflow.tools import sass_loops
+    from tmaflow.launch.sass import sass_loops
 
     return next(body for body in sass_loops(kernel.sass()) if any("GMMA" in t for t in body))
 

@@ -1,23 +1,35 @@
 """tmaflow: write, compile, launch and check NVIDIA Hopper kernels that move data with TMA."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import sys
 
-from . import reference, trace
-from .compiler import Resources
-from .device import Device, Stream, current_device, set_device
-from .driver import driver_available
+from .debug import diagnose, trace
 from .dtypes import DType, as_dtype
 from .errors import (CompileError, CudaError, DeadlockError, DriverNotFoundError, KernelFaultError,
                      LaunchError, LayoutError, PipelineError, TensorMapError, TmaflowError,
                      TmaflowWarning)
-from .graph import Graph
-from .kernel import Kernel
-from .launch import LaunchConfig, Launcher
-from .layout import Barrier, Buffer, Pipeline, SharedLayout
-from .memory import DeviceArray, as_array, empty, from_numpy, zeros
-from .tensormap import TensorMap, TensorMapSpec
-from .workspace import DescriptorWorkspace
+from .launch import compiler, native
+from .launch.compiler import Resources
+from .launch.config import LaunchConfig
+from .launch.kernel import Kernel
+from .launch.launcher import Launcher
+from .runtime import driver, memory
+from .runtime.device import Device, Stream, current_device, set_device
+from .runtime.driver import driver_available
+from .runtime.graph import Graph
+from .runtime.memory import DeviceArray, as_array, empty, from_numpy, zeros
+from .tma import reference, tensormap
+from .tma.layout import Barrier, Buffer, Pipeline, SharedLayout
+from .tma.spec import TensorMapSpec
+from .tma.tensormap import TensorMap
+from .tma.workspace import DescriptorWorkspace
+from .version import __version__  # noqa: F401 (the package's version)
+
+# Module paths from before the regroup that the README, docs and tools name (``tmaflow.trace``,
+# ``from tmaflow import driver``, ``from tmaflow.memory import DeviceArray``): the same modules.
+for _module in (compiler, diagnose, driver, memory, native, reference, tensormap, trace):
+    sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+del _module
 
 __all__ = [
     "Barrier", "Buffer", "CompileError", "CudaError", "DType", "DeadlockError", "DescriptorWorkspace", "Device",

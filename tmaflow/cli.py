@@ -9,7 +9,22 @@ import time
 import numpy as np
 
 from . import checks
+from .bench import do_bench
+from .bench.bandwidth import bandwidth_suite, format_table
+from .bench.main import main as bench_main
+from .debug import trace as tr
+from .dtypes import bf16_bits, bf16_to_float32
 from .errors import TmaflowError
+from .kernels import examples, gemm
+from .kernels.matmul import gemm_plan
+from .launch import cache
+from .runtime import driver
+from .runtime.device import current_device
+from .runtime.driver import driver_available
+from .runtime.memory import empty, from_numpy
+from .tma import reference
+from .tma.spec import TensorMapSpec
+from .version import __version__
 
 
 def _output(option: str, path):
@@ -23,26 +38,21 @@ def _output(option: str, path):
 
 
 def _demo_compile_only() -> int:
-    from . import reference
-    from .kernels import examples as ex
-    from .tensormap import TensorMapSpec
-
     print("tmaflow demo: no CUDA driver / GPU here, so NO KERNEL RAN.")
     print("Compiling every example to sm_90a CUBIN, validating its tensor maps, and running the")
     print("numpy TMA model instead.\n")
     plans = [
-        ("tile_copy", *ex.copy_plan("float32", (16384, 16384))[1:]),
-        ("transpose", ex.transpose_plan((8192, 8192))[2], None),
-        ("softmax", *ex.softmax_plan((65536, 4096))[1:]),
-        ("broadcast_scale", ex.broadcast_plan(256, 4)[1], None),
+        ("tile_copy", *examples.copy_plan("float32", (16384, 16384))[1:]),
+        ("transpose", examples.transpose_plan((8192, 8192))[2], None),
+        ("softmax", *examples.softmax_plan((65536, 4096))[1:]),
+        ("broadcast_scale", examples.broadcast_plan(256, 4)[1], None),
         ("axpb_ldgsts", None, None), ("axpb_tma", None, None),
     ]
-    from .kernels.matmul import gemm_plan
     g = gemm_plan(8192, 8192, 8192)
     plans.append(("gemm_bf16", g.layout, g.defines))
     for name, layout, defines in plans:
         t0 = time.perf_counter()
-        k = ex.get_kernel(name, layout, defines)
+        k = examples.get_kernel(name, layout, defines)
         res = k.resources
         smem = layout.total_bytes if layout is not None else 0
         print(f"  compiled {name:16s} {len(k.cubin):7d} B cubin, {res.registers:3d} regs, "
@@ -59,12 +69,8 @@ def _demo_compile_only() -> int:
 
 
 def demo(args) -> int:
-    from . import driver
-
     if not driver.driver_available() or args.no_gpu:
         return _demo_compile_only()
-    from .bench.bandwidth import bandwidth_suite, format_table
-    from .device import current_device
 
     dev = current_device()
     if not dev.is_hopper:
@@ -80,11 +86,6 @@ def demo(args) -> int:
 
 def _demo_gemm(n: int = 4096) -> bool:
     """The bf16 GEMM at n^3: rows of C checked against float64 numpy, TFLOP/s from events."""
-    from .bench import do_bench
-    from .dtypes import bf16_bits, bf16_to_float32
-    from .kernels import gemm
-    from .memory import empty, from_numpy
-
     rng = np.random.default_rng()
     bits = [bf16_bits(rng.standard_normal((n, n))) for _ in range(2)]
     A, B = (from_numpy(x, dtype="bfloat16") for x in bits)
@@ -103,9 +104,6 @@ def _demo_gemm(n: int = 4096) -> bool:
 
 
 def swizzle(args) -> int:
-    from . import reference
-    from .tensormap import TensorMapSpec
-
     _output("--png", args.png)
     try:
         box = tuple(int(v) for v in args.box.lower().split("x"))
@@ -154,8 +152,6 @@ def swizzle(args) -> int:
 
 
 def cache_cmd(args) -> int:
-    from . import cache
-
     where = cache.cache_dir()
     if os.path.exists(where) and not os.path.isdir(where):
         raise TmaflowError(f"the compile cache TMAFLOW_CACHE_DIR={str(where)!r} is a file, not a "
@@ -170,9 +166,6 @@ def cache_cmd(args) -> int:
 
 def trace_cmd(args) -> int:
     """Trace one launch of an entry point (GPU), or redraw a saved trace (no GPU)."""
-    from . import trace as tr
-    from .driver import driver_available
-
     checks.as_int("--ctas", args.ctas, 1)
     checks.as_float("--window", args.window, lo=0)
     for option in ("json", "png", "save"):
@@ -185,9 +178,6 @@ def trace_cmd(args) -> int:
                   "to draw a saved trace)")
             return 1
         import numpy as np
-
-        from .kernels import examples, gemm
-        from .memory import from_numpy
 
         dims = [int(v) for v in args.shape.lower().split("x")]
         rng = np.random.default_rng(0)
@@ -215,8 +205,6 @@ def trace_cmd(args) -> int:
 
 
 def main(argv=None) -> int:
-    from . import __version__
-
     p = argparse.ArgumentParser(prog="python -m tmaflow")
     p.add_argument("--version", action="version", version=f"tmaflow {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -240,12 +228,9 @@ def main(argv=None) -> int:
     t.add_argument("--save", help="keep the events in this .npz (draw it elsewhere with --load)")
     t.add_argument("--load", help="a saved trace (.npz) instead of running a kernel")
     argv = list(sys.argv[1:] if argv is None else argv)
-    from .errors import TmaflowError
 
     try:
         if argv and argv[0] == "bench":
-            from .bench.main import main as bench_main
-
             return bench_main(argv[1:])
         args = p.parse_args(argv)
         return {"demo": demo, "cache": cache_cmd, "swizzle": swizzle, "trace": trace_cmd}[args.cmd](args)

@@ -9,16 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from .launch import cache
+from .runtime import driver
+from .runtime.device import Device, current_device
+from .runtime.memory import as_array
+
 POISON_BYTE = 0xFF  # float32 0xFFFFFFFF and bf16 0xFFFF are NaNs: an unwritten output fails
 
 
 def hopper_reason() -> str | None:
     """None when a Hopper GPU is usable, else why not."""
-    from . import driver
-
     if not driver.driver_available():
         return f"no CUDA driver ({driver._init_state.get('reason')})"
-    from .device import Device
 
     dev = Device(0)
     if not dev.is_hopper:
@@ -28,8 +30,6 @@ def hopper_reason() -> str | None:
 
 def poison(array, byte: int = POISON_BYTE):
     """Fill a device array's bytes with ``byte`` (NaN for floats) so unwritten output shows."""
-    from .memory import as_array
-
     as_array(array).fill_bytes(byte)
     return array
 
@@ -70,8 +70,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def device():
-    from .device import current_device
-
     reason = hopper_reason()
     if reason:
         pytest.skip(reason)
@@ -81,8 +79,6 @@ def device():
 @pytest.fixture
 def tmp_cache(tmp_path, monkeypatch):
     """A private, empty compile cache directory (in-process cache cleared too)."""
-    from . import cache
-
     monkeypatch.setenv("TMAFLOW_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("TMAFLOW_CACHE", "1")
     cache.clear_memory()

@@ -3,12 +3,12 @@ checked call, stream resolution, the launch path's pieces). One place names them
 module inside tmaflow changes this file and nothing else in the bench package."""
 from __future__ import annotations
 
-from .. import native
-from ..device import stream_handle
 from ..kernels.examples import broadcast_reference
-from ..driver import call
-from ..driver import cu as cuda_driver
-from ..tensormap import encode
+from ..launch import native
+from ..runtime.device import stream_handle
+from ..runtime.driver import call
+from ..runtime.driver import cu as cuda_driver
+from ..tma.tensormap import encode
 
 # cuda_call: the checked driver call; cuda_driver: cuda.bindings.driver, for raw launches
 __all__ = ["broadcast_reference", "call", "cuda_driver", "encode", "native", "stream_handle"]

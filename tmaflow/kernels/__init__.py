@@ -1,18 +1,10 @@
 """tmaflow's kernel sources (``*.cu``), its device headers and the example entry points."""
 from __future__ import annotations
 
-from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
-
-
-def source(name: str) -> str:
-    """Text of ``tmaflow/kernels/<name>.cu``."""
-    return (HERE / f"{name}.cu").read_text()
-
+from .registry import HERE, source  # noqa: F401 (re-exported)
 
 _EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb")
-_MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in matmul.py: a module named gemm would shadow the function
+_MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in the matmul package: a module named gemm would shadow the function
 
 
 _ATTENTION = ("attention", "attention_cp_async")

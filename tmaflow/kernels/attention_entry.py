@@ -9,16 +9,17 @@ import math
 from threading import get_ident
 from types import SimpleNamespace
 
-from ..device import current_device, current_ordinal
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
-from ..launch import resolve_stream
-from ..layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
-from ..memory import as_array
-from ..tensormap import MapTemplate, TensorMapSpec
+from ..launch.config import resolve_stream
+from ..runtime.device import current_device, current_ordinal
+from ..runtime.memory import as_array
+from ..tma.layout import HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
+from ..tma.spec import TensorMapSpec
+from ..tma.tensormap import MapTemplate
+from . import checks
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
                     on_current_device)
-from . import checks
 from .registry import get_kernel
 
 BM = 128                  # query rows a work tile

@@ -22,11 +22,13 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from .. import driver, env
-from ..device import current_device, stream_handle
+from .. import env
 from ..errors import TmaflowError
-from ..memory import DeviceArray
+from ..runtime import driver
+from ..runtime.device import current_device
+from ..runtime.memory import DeviceArray, as_array
 from .entry import contiguous_strides, new_output, on_current_device
+from .matmul.config import BF16, _readable_scale_a, _row_major
 from .registry import get_kernel
 
 ALIGN = 16                 # bytes: TMA base addresses, row pitches and store chunks
@@ -308,13 +310,13 @@ class _Staging:
 
     def empty(self, shape: tuple, dtype) -> DeviceArray:
         obj, arr = new_output(self.like, self.like_arr, shape, dtype, self.stream)
-        if self.stream is not None and arr._origin == "torch":
+        if arr._origin == "torch":  # self.stream: the call's handle, resolved by its entry point
             import torch  # torch frees it after this call: its stream must wait for ours
 
-            obj.record_stream(torch.cuda.ExternalStream(stream_handle(self.stream)))
+            obj.record_stream(torch.cuda.ExternalStream(self.stream))
         self.keep.append(obj)
         if ZERO_SCRATCH and arr.nbytes:
-            driver.call("cuMemsetD8Async", arr.ptr, 0, arr.nbytes, stream_handle(self.stream))
+            driver.call("cuMemsetD8Async", arr.ptr, 0, arr.nbytes, self.stream)
         return arr
 
     def copy(self, src: DeviceArray, shape: tuple | None) -> DeviceArray:
@@ -337,8 +339,6 @@ def gemm(prepare, a, A: DeviceArray, B: DeviceArray, out, C: DeviceArray | None,
          scale_a, scale_b, scale_mode: str | None, options: dict):
     """``kernels.gemm`` of operands the TMA GEMM cannot take as given (``prepare`` is its
     undecorated body, ``options`` its remaining keywords): staged as ``product_staging`` says."""
-    from .matmul import BF16, _readable_scale_a, _row_major
-
     stream, debug = options["stream"], options["debug"]
     m, n = A.shape[0], B.shape[0] if layout == "nt" else B.shape[1]
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
@@ -346,8 +346,6 @@ def gemm(prepare, a, A: DeviceArray, B: DeviceArray, out, C: DeviceArray | None,
     st = _Staging(a, A, stream, debug)
     A2, B2 = st.copy(A, plan.a), st.copy(B, plan.b)
     if scale_mode == STAGED:
-        from ..memory import as_array
-
         sa, sb = as_array(scale_a), as_array(scale_b)
         if not _readable_scale_a(sa):  # M-major with a 16-byte pitch: what the TMA loads with A
             rows = _round_up(sa.shape[0], 4)

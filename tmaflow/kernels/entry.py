@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import functools
 
-from ..device import current_ordinal, on_reset
 from ..errors import TmaflowError
-from ..memory import DeviceArray, as_array, empty
-from ..memory import _contiguous_strides as contiguous_strides
+from ..runtime.device import current_ordinal, on_reset
+from ..runtime.memory import DeviceArray, _contiguous_strides as contiguous_strides, as_array, empty
 
 
 class Prepared:

@@ -6,17 +6,18 @@ import functools
 import math
 from threading import get_ident
 
-from ..device import current_device, current_ordinal
 from ..checks import as_float, as_int
 from ..errors import TmaflowError
-from ..launch import resolve_stream
-from ..layout import Barrier, Buffer, Pipeline, SharedLayout
-from ..memory import as_array
-from ..tensormap import MapTemplate, TensorMap, TensorMapSpec
+from ..launch.config import resolve_stream
+from ..runtime.device import current_device, current_ordinal
+from ..runtime.memory import as_array
+from ..tma.layout import Barrier, Buffer, Pipeline, SharedLayout
+from ..tma.spec import TensorMapSpec
+from ..tma.tensormap import MapTemplate, TensorMap
 from . import checks, edge
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
+                    on_current_device, output_strides)
 from .registry import get_kernel
-from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output,
-                    new_output, on_current_device, output_strides)
 
 def _persistent_grid(tiles: int, per_sm: int = 1) -> int:
     return max(1, min(tiles, current_device().sm_count * per_sm))

@@ -318,7 +318,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K,
                       rank, offsets, groups, 0, 0};
 #elif SPLIT_TAIL
-  // The items past the last whole wave are split (matmul.tail_splits mirrors this); with one
+  // The items past the last whole wave are split (matmul/heuristics.py tail_splits mirrors this); with one
   // split (the host found no split that pays) there is no tail.
   const int items = groups_m * tiles_n, tail = splits > 1 && items > step ? items % step : 0;
   const Schedule plan{first, step, items - tail, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K,

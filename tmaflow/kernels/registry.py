@@ -1,14 +1,22 @@
-"""One compiled ``Kernel`` per (source file, kernel name, defines, generated layout, debug):
-what the entry points share, so a plan seen twice compiles and loads once."""
+"""Kernel sources (``source``) and one compiled ``Kernel`` per (source file, kernel name,
+defines, generated layout, debug): what the entry points share, so a plan seen twice compiles
+and loads once."""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from pathlib import Path
 
-from ..kernel import Kernel
-from ..layout import SharedLayout
-from . import source
+from ..launch.kernel import Kernel
+from ..tma.layout import SharedLayout
 from .entry import STATES
+
+HERE = Path(__file__).resolve().parent
+
+
+def source(name: str) -> str:
+    """Text of ``tmaflow/kernels/<name>.cu``."""
+    return (HERE / f"{name}.cu").read_text()
 
 _kernels: dict[tuple, Kernel] = {}
 _variant: dict = {"defines": {}, "patch": None}  # what extra_defines() adds to kernels built now

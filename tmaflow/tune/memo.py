@@ -10,7 +10,7 @@ import os
 import re
 from pathlib import Path
 
-from ..cache import cache_dir
+from ..launch.cache import cache_dir
 
 FORMAT = 1
 log = logging.getLogger("tmaflow.autotune")

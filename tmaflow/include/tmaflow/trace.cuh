@@ -1,6 +1,6 @@
 // Flight recorder for trace builds: the library's own wrappers record events stamped with
 // %globaltimer into a ring per warp in device memory, which the host reads after the launch
-// (tmaflow/trace.py). TMAFLOW_TRACE=1 (Kernel(trace=True) / "stage"): the waits on pipeline
+// (tmaflow/debug/trace.py). TMAFLOW_TRACE=1 (Kernel(trace=True) / "stage"): the waits on pipeline
 // stages that had to wait (one shorter than kWaitedCycles is not recorded: a phase already
 // complete costs one try_wait and two clock reads), the bytes each stage announces (arrive +
 // expect_tx), cluster syncs, PDL waits and marks. TMAFLOW_TRACE=2 ("all"): every wait,
@@ -8,7 +8,7 @@
 // builds compile none of this.
 #pragma once
 namespace tmaflow { namespace trace {
-// Mirrors tmaflow/trace.py (KINDS, EVENT).
+// Mirrors tmaflow/debug/trace.py (KINDS, EVENT).
 enum Kind : uint16_t {
   kWait = 1, kWaitCluster, kArrive, kArriveExpectTx, kExpectTx, kArriveRemote,
   kTmaLoad, kTmaLoadMulticast, kTmaStore, kTmaReduce, kStoreWait, kStoreWaitRead,

@@ -1,0 +1,122 @@
+"""The GEMM configurations (``GemmConfig``, ``SkinnyConfig``) and the constants the kernels are built around."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...checks import as_bool, as_choice, as_int, as_optional_int
+from ...dtypes import as_dtype
+from ...errors import TmaflowError
+from ..checks import L2_PROMOTIONS, int_in, settle
+
+BM, BK = 128, 64
+
+
+FP8_BK = 128  # fp8 k-blocks: 128-byte rows, as bf16's 64
+
+
+BF16 = as_dtype("bfloat16")  # every product's output
+
+
+LAYOUTS = ("nt", "nn")
+
+
+_BARRIER_RESERVE = 256  # full/empty mbarriers after the tiles
+
+
+SCALE_STRIDE = BM + 4  # fp32 block scales per stage: A's BM rows, then B's, padded to 16 B
+
+
+# How A's block scales reach shared memory, by their layout (the value: the kernel's SCALES_TMA).
+# "row_major" (M, KB): a producer warp gathers a stage's BM scales 4 bytes apart with cp.async
+# (a TMA box would be 16 bytes wide, 4 k-blocks, and run no faster on H200). "m_major" (M, KB)
+# stored k-block by k-block (DeepGEMM's and cuBLAS's layout): one TMA box of BM scales.
+SCALE_MODES = {"row_major": 0, "m_major": 1}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile and schedule choices. ``stages=None`` takes as many as shared memory holds."""
+
+    bn: int = 256            # tile columns (tile rows are 128: two consumer warpgroups of 64)
+    cluster_m: int = 2       # CTAs per cluster, on consecutive M tiles sharing B by multicast
+    epi_cols: int = 128      # epilogue columns per round (its buffer is 2 x 64 x epi_cols bf16)
+    group_m: int = 16        # M tiles per band of the grouped (L2-friendly) tile order
+    stages: int | None = None
+    split_k: int = 1         # work items per tile along K; the last sums their fp32 partials
+    l2_promotion: str = "256B"  # of the A and B loads: L2 fetches whole 256 B from DRAM
+    promote: int = 4         # fp8: k-blocks (of 128) the tensor cores sum before fp32 registers do (0: never)
+    split_tail: bool = False  # split a last, partly idle wave's tiles along K (``tail_splits``)
+
+    def __post_init__(self):
+        who = "GemmConfig"
+        settle(self, bn=int_in(f"{who}: bn", self.bn, (64, 128, 192, 256)),
+               cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2)),
+               epi_cols=as_int(f"{who}: epi_cols", self.epi_cols, 64, 256),
+               group_m=as_int(f"{who}: group_m", self.group_m, 1, 1 << 16),
+               stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),
+               split_k=as_int(f"{who}: split_k", self.split_k, 1, 64),
+               l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
+               promote=as_int(f"{who}: promote", self.promote, 0, 64),
+               split_tail=as_bool(f"{who}: split_tail", self.split_tail))
+        if self.epi_cols % 64 or self.bn % self.epi_cols:
+            raise TmaflowError(f"GemmConfig: epi_cols={self.epi_cols} must be a multiple of 64 "
+                               f"dividing bn={self.bn}")
+        if self.group_m % self.cluster_m:
+            raise TmaflowError(f"GemmConfig: group_m={self.group_m} must be a multiple of "
+                               f"cluster_m={self.cluster_m}")
+        if self.split_tail and self.split_k > 1:
+            raise TmaflowError(f"GemmConfig: split_tail=True splits only the last wave's tiles; it "
+                               f"takes split_k=1 (got split_k={self.split_k})")
+
+
+SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
+
+
+SKINNY_M = 128  # products of at most this many rows ("nt") take the skinny path by default
+
+
+SKINNY_FP8_PROMOTE = 4  # fp8 on the skinny path: k-blocks of 128 the tensor cores sum before fp32 registers do
+
+
+# fp8 on the skinny path splits K only into splits of at least 32 k-blocks (H200: 16x/64x4096x4096
+# in 2 splits of 16, 0.96x / 0.87x _scaled_mm; unsplit, 1.02x / 0.93x)
+_SKINNY_FP8_MIN_K_BLOCKS = 32
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """The skinny path (``layout="nt"``, M <= 128, bf16 or fp8 with per-tensor scales or block
+    scales whose scale_a is M-major): operands swapped so B's rows fill the MMA's 64 rows
+    (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer warpgroup);
+    ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs neighbouring
+    tiles, which share A by multicast."""
+
+    rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
+    split_k: int | None = None
+    stages: int | None = None
+    l2_promotion: str = "256B"
+    cluster: int = 1
+
+    def __post_init__(self):
+        who = "SkinnyConfig"
+        settle(self, rows=int_in(f"{who}: rows", self.rows, (64, 128)),
+               split_k=as_optional_int(f"{who}: split_k", self.split_k, 1, 64),
+               stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),
+               l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
+               cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)))
+
+
+def _row_major(arr) -> bool:
+    """A 2-D float32 array whose rows are contiguous and packed (a single row's stride is moot)."""
+    return arr.strides[1] == 4 and (arr.shape[0] == 1 or arr.strides[0] == 4 * arr.shape[1])
+
+
+def _m_major(arr) -> bool:
+    """An (M, KB) float32 array stored k-block by k-block: strides (4, P) bytes, P >= 4 M."""
+    return arr.ndim == 2 and arr.strides[0] == 4 and arr.strides[1] >= 4 * arr.shape[0]
+
+
+def _readable_scale_a(arr) -> bool:
+    """scale_a as the kernels read it: row-major (gathered), or M-major (one k-block's M scales,
+    then the next one's) with the 16-byte pitch and base its TMA map needs."""
+    return _row_major(arr) or _m_major(arr) and not (arr.ptr | arr.strides[1]) % 16

@@ -1,0 +1,139 @@
+"""``grouped_gemm``: the grouped (MoE) GEMM, whose kernel patches the tensor maps of each
+group on the device."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from types import SimpleNamespace as _GemmState  # a prepared state's fields
+from dataclasses import replace
+from threading import get_ident
+
+from ...errors import TensorMapError, TmaflowError
+from ...launch.config import resolve_stream
+from ...runtime.device import current_device, current_ordinal
+from ...runtime.memory import DeviceArray, as_array
+from ...tma.tensormap import encode
+from ...tma.workspace import DescriptorWorkspace
+from .. import checks, edge
+from ..entry import (STATES, cached_state, entry_point, given_output, new_output, on_current_device,
+                     output_strides)
+from ..registry import get_kernel
+from .config import BM, GemmConfig, LAYOUTS
+from .dense import _resident_clusters
+from .heuristics import _grouped_config
+from .operands import _check_rows, _empty_product, _offsets, _template
+from .plan import gemm_plan
+from .splitk import _refuse_foreign_capture, _split_k_buffers, _with_split_k
+
+_GROUPED_OPTIONS = checks.Options("grouped_gemm", pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
+
+
+@entry_point
+def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmConfig | None = None,
+                 stream=None, pdl: bool = False, debug: bool | None = None, trace: bool | str = False):
+    """M-grouped GEMM (mixture of experts): for every group g, rows offsets[g] .. offsets[g+1]
+    of C = those rows of A @ B[g]^T (``layout="nt"``: B is G x N x K) or of A @ B[g] (``"nn"``:
+    B is G x K x N). A is T x K, bfloat16; C is T x N bfloat16, fp32 accumulation.
+    ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes, T last (groups
+    may be empty); device or host offsets and the device-patched maps: docs/gemm.md."""
+    pdl, debug, trace = _GROUPED_OPTIONS(pdl, debug, trace)
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TmaflowError(f"grouped_gemm: config={config!r} must be None or a kernels.GemmConfig")
+    A, B = as_array(a), as_array(b)
+    if A.ndim != 2 or B.ndim != 3 or A.dtype.name != "bfloat16" or B.dtype.name != "bfloat16":
+        raise TmaflowError(f"grouped_gemm: a must be (T, K) and b (G, N, K), both bfloat16 (got "
+                           f"{A.shape} {A.dtype.name}, {B.shape} {B.dtype.name})")
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise TmaflowError(f"grouped_gemm: layout={layout!r} must be one of {LAYOUTS}")
+    t, k = A.shape
+    if layout == "nt":
+        g, n, kb = B.shape
+    else:
+        g, kb, n = B.shape
+    want = "(G, N, K)" if layout == "nt" else "(G, K, N)"
+    if kb != k:
+        raise TmaflowError(f"grouped_gemm: a is {A.shape} (T, K) but b is {B.shape}; b must be {want}")
+    C = None
+    if out is not None:
+        C = given_output("grouped_gemm", out, (t, n), A.dtype)
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (A, B, C), ordinal)
+    offs = _offsets("grouped_gemm", offsets, g, t, A.device, stream)
+    if C is not None:
+        checks.no_aliasing("grouped_gemm", C, (("a", A), ("b", B),
+                                                ("offsets", as_array(offs) if offs is offsets else None)))
+    if t == 0 or n == 0 or k == 0:
+        return _empty_product(a, A, out, C, (t, n), k, stream)
+    if not edge.grouped_takes_tma(A, B, C, n, layout):
+        return edge.grouped_gemm(grouped_gemm.__wrapped__, a, A, B, offs, out, C, layout=layout,
+                                 options=dict(config=config, stream=stream, pdl=pdl, debug=debug,
+                                              trace=trace))
+    key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream,
+           pdl, A.device, ordinal, debug, trace, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        c_strides = output_strides(C, (t, n), 2)
+        st = cached_state(key, lambda: _grouped_state(A, c_strides, t, n, k, g, layout, config,
+                                                      stream, pdl, debug, trace))
+    result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
+    B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
+    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
+                         st.split, offs, g, st.slots.array, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
+
+
+def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug, trace) -> _GemmState:
+    _GROUPED_OPTIONS.check(pdl, debug, trace)
+    on_current_device("grouped_gemm", A)
+    C = DeviceArray(0, (t, n), "bfloat16", c_strides)
+    for name, arr in (("a", A), ("out", C)):
+        _check_rows(name, arr)
+    device = current_device()
+    if getattr(config, "split_tail", False):
+        raise TmaflowError("grouped_gemm: split_tail=True is for single products (a group's tiles "
+                           "change with its offsets); use split_k")
+    config = config or _grouped_config(t, n, k, g, device.sm_count)
+    plan = gemm_plan(max(t, 1), n, k, layout, config)
+    kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
+                      debug=debug, trace=trace)
+    cm = plan.config.cluster_m
+    clusters = _resident_clusters(kern, cm, device.ordinal)
+    launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream, pdl=pdl)
+    B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2)) if layout == "nt" else \
+        DeviceArray(0, (g * k, n), "bfloat16", (n * 2, 2))
+    _refuse_foreign_capture(stream, "its device-side C-map slots")
+    slots = DescriptorWorkspace(2 * cm * clusters, device, stream)
+    if launcher.module.watch is not None:  # debug builds prove every patched C map
+        launcher = _ProvedSlots(launcher, slots)
+    split = plan.config.split_k
+    launcher, ws = _with_split_k(launcher, split > 1, device, stream)
+    # counters for every tile any offsets can make: a group adds at most one
+    tiles = (math.ceil(t / BM) + g + 1) * math.ceil(n / plan.config.bn) * cm
+    return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
+                      tc=_template(C, plan.spec_c, "store"), plan=plan, slots=slots, split=split,
+                      workspace=ws, workspace_sizes=(tiles, split * t * n))
+
+
+class _ProvedSlots:
+    """A debug grouped launch: the C-map slots are cleared before it, and after it every slot
+    a CTA patched must equal the host encode of the C map clipped at some group's end, byte
+    for byte (a wrong patch or a stale slot raises TensorMapError naming the slot)."""
+
+    def __init__(self, launcher, slots):
+        self.launcher, self.slots = launcher, slots
+
+    def __call__(self, *args) -> None:
+        ws = self.slots
+        ws.array.fill_bytes(0)
+        self.launcher(*args)
+        spec, offsets = args[2].spec, as_array(args[9]).numpy()
+        candidates = {encode(replace(spec, shape=(int(end), spec.shape[1]))): int(end)
+                      for end in np.unique(offsets[1:]) if end > 0}
+        for i in range(ws.slots):
+            raw = ws.read(i)
+            if raw != bytes(128) and raw not in candidates:
+                raise TensorMapError(
+                    f"grouped_gemm (debug): the C map CTA {i // 2} warpgroup {i % 2} patched is no "
+                    f"host encode of the output clipped at a group's end ({sorted(set(candidates.values()))}"
+                    f"): a wrong patch, or a publish that did not land (slot {i} of {ws!r})")

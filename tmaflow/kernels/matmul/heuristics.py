@@ -1,0 +1,163 @@
+"""Measured heuristics: which configuration a product of a given shape takes on a device of
+``sm_count`` SMs (tile widths, clusters, split-K, the skinny path's splits). Kept apart from the
+implementations, which ask and only launch."""
+from __future__ import annotations
+
+import math
+
+from .config import BK, BM, FP8_BK, GemmConfig, SKINNY_M, SkinnyConfig
+
+
+def skinny_splits(n: int, k: int, rows: int, sm_count: int, bk: int = BK, min_k_blocks: int = 4) -> int:
+    """K splits that bring (N tiles x splits) CTAs closest to one per SM without a second
+    wave, each split keeping at least ``min_k_blocks`` k-blocks (of ``bk``: 64 bf16, 128 fp8)."""
+    tiles, k_blocks = math.ceil(n / rows), math.ceil(k / bk)
+    split = max(1, min(sm_count // tiles, k_blocks // min_k_blocks, 64))
+    return _nonempty_splits(k_blocks, split)
+
+
+def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
+                  dtype: str = "bfloat16") -> GemmConfig | SkinnyConfig:
+    """The skinny path for "nt" products of at most SKINNY_M rows, bf16 or fp8 (H200, fp8 decode
+    shapes: median 0.97-0.99x _scaled_mm against 0.75x in dense tiles). Otherwise
+    ``dense_config``: the tile width whose whole waves take least time, wide tiles in clusters
+    of two from two waves on, K split among several CTAs when the tiles leave most SMs idle and
+    K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.)"""
+    if layout == "nt" and m <= SKINNY_M:
+        return SkinnyConfig()
+    if dtype == "float8_e4m3fn":
+        return fp8_config(m, n, k, sm_count)
+    return dense_config(m, n, k, sm_count)
+
+
+# fp8 promoted every 4 k-blocks, relative speed of a tile's math (H200, full waves)
+_FP8_TILE_SPEED = {192: 1.0, 128: 0.88}
+
+
+def fp8_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
+    """Promoted every 4 k-blocks of 128, in 128 x 192 or 128 x 128 tiles, whichever take least
+    time in whole waves (each promotion of a 192-column tile covers 1.5x the math: H200, 8192^3
+    1.01x _scaled_mm against 0.89x for 128 x 128; 4096x2112x7168, 3 waves of 192 columns 1.01x
+    against 5 of 128 columns 0.86x). 192-column tiles run in clusters of two from four waves
+    on (8192^3: 1.000-1.003x against 0.991-0.993x unclustered; 4096x2112x7168, 3 waves, 0.4%
+    faster unclustered), 128-column ones when there are two M tiles; K split as the bf16 tiles
+    are. 192-column tiles split a last, partial wave along K where that pays (``tail_splits``;
+    4096x7168x16384, 9.2 waves: 1.031x against 0.997x _scaled_mm; 128-column tiles and the bf16
+    ones measured slower with their tails split)."""
+    tiles_m = math.ceil(m / BM)
+    if _cheapest_width(tiles_m, n, sm_count, _FP8_TILE_SPEED) == 192:
+        wide = tiles_m > 1 and tiles_m * math.ceil(n / 192) >= 4 * sm_count
+        cm = 2 if wide else 1
+        # the clusters a persistent grid holds, one CTA an SM (the launch uses the occupancy API)
+        items = math.ceil(tiles_m / cm) * math.ceil(n / 192)
+        split_tail = tail_splits(items, sm_count // cm, math.ceil(k / FP8_BK)) > 1
+        return GemmConfig(bn=192, cluster_m=cm, epi_cols=64, split_tail=split_tail)
+    tiles, k_blocks = tiles_m * math.ceil(n / 128), math.ceil(k / FP8_BK)
+    return GemmConfig(bn=128, cluster_m=2 if m > BM else 1, split_k=_filling_splits(tiles, k_blocks, sm_count))
+
+
+def block_scale_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
+    """Block scales: 128 x 128 tiles (B's scales cover 128 x 128) promoted every k-block, in
+    clusters of two sharing B when there are two M tiles (H200, M-major scales: 1257 against
+    1201 TFLOP/s unclustered at 4096x7168x16384, 1221 against 1157 at 8192^3), with 64-column
+    epilogue rounds (room for a sixth stage beside the scales); K split as the bf16 tiles are."""
+    tiles, k_blocks = math.ceil(m / BM) * math.ceil(n / 128), math.ceil(k / FP8_BK)
+    return GemmConfig(bn=128, cluster_m=2 if m > BM else 1, epi_cols=64, promote=1,
+                      split_k=_filling_splits(tiles, k_blocks, sm_count))
+
+
+# Relative speed of a tile's math (H200, full waves): 128 x 256 tiles read 20% less shared
+# memory per MMA than 128 x 128 ones; 128 x 192 ones lie between; 128 x 64 ones (cuBLAS's at
+# 1024^3) read A once per 64 columns.
+_TILE_SPEED = {256: 1.0, 192: 0.98, 128: 0.96, 64: 0.85}
+
+
+def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
+    """The dense kernel's tiles for this shape (``choose_config`` without the skinny path): the
+    width (64, 128, 192 or 256 columns) whose whole waves of tiles take least time (a last wave
+    a fifth full costs a whole wave: H200, 3072^3, 128 x 256 tiles in 3 waves 0.75x cuBLAS,
+    128 x 128 ones in 5 waves 0.87x, 128 x 192 ones in 3 nearly full waves 0.97x). Wide tiles
+    go in clusters of two sharing B when there are two waves or more (in one wave, unclustered
+    ran faster: 2048^3, 24.0 against 25.0 us)."""
+    tiles_m = math.ceil(m / BM)
+    # 64-column tiles only with two M tiles or more (one M tile is the split-K path's, measured
+    # with 128 columns)
+    widths = [w for w in _TILE_SPEED if w != 64 or tiles_m > 1]
+    bn = _cheapest_width(tiles_m, n, sm_count, _TILE_SPEED, widths)
+    tiles = tiles_m * math.ceil(n / bn)
+    cluster_m = 2 if bn == 256 and tiles_m > 1 and tiles > sm_count else 1
+    # 64-column epilogue rounds for 64, 192 and unclustered 256-column tiles (H200, 2048^3: 23.67
+    # against 23.89 us; K = 64: 4.90 against 5.06 us); clustered 256-column tiles keep 128
+    # (8192^3: 1.024x against 1.052x cuBLAS)
+    epi_cols = 128 if bn == 128 or (bn == 256 and cluster_m == 2) else 64
+    return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=epi_cols,
+                      split_k=_filling_splits(tiles, math.ceil(k / BK), sm_count))
+
+
+def _cheapest_width(tiles_m: int, n: int, sm_count: int, speed: dict, widths=None) -> int:
+    """The tile width (of ``widths``, default every key of ``speed``) whose whole waves of
+    tiles cost least: waves x the math of one tile / its relative speed; ties go to the wider."""
+    def cost(bn):
+        return math.ceil(tiles_m * math.ceil(n / bn) / sm_count) * bn / speed[bn]
+
+    return min(widths or speed, key=lambda width: (cost(width), -width))
+
+
+def _filling_splits(tiles: int, k_blocks: int, sm_count: int) -> int:
+    """K splits for products whose tiles leave most SMs idle and whose K is long: enough to
+    fill the GPU, at most 4 (on H200, 8 and 16 splits ran slower than 2-4 for every skinny
+    shape measured), each of at least 16 k-blocks (with 8, the partials' round trip cost more
+    than the SMs gained: 1024^3 in 2 splits 13.6 us, in 1 split 7.6 us); 1 otherwise."""
+    split = 1
+    if 2 * tiles <= sm_count and k_blocks >= 32:
+        split = max(1, min(4, sm_count // max(tiles, 1), k_blocks // 16))
+    return _nonempty_splits(k_blocks, split)
+
+
+def _nonempty_splits(k_blocks: int, split: int) -> int:
+    """The split count actually used: ceil(k_blocks / per) with per = ceil(k_blocks / split),
+    so that no split is empty."""
+    per = math.ceil(k_blocks / split)
+    return math.ceil(k_blocks / per)
+
+
+_TAIL_MIN_K_BLOCKS = 4  # k-blocks a tail part keeps at least
+
+
+# k-blocks' time a part's fp32 partial round trip costs: its store and fence, and the last
+# part's ordered reload (H200, 3072^3 bf16 in 128 x 128 tiles: a tail in 5 parts cost about
+# 16 us more than its k-blocks, about 9 k-blocks a part; rounded up, as bf16 tails measured slower)
+_TAIL_PART_COST = 12
+
+
+_TAIL_WORTH = 0.9  # split the tail only if its parts take at most this much of a tile's time
+
+
+def tail_splits(items: int, clusters: int, k_blocks: int) -> int:
+    """K splits for the tail: the cluster items past the last whole wave of ``clusters``
+    (gemm.cu's SPLIT_TAIL). The split (2-8 parts, each of at least 4 k-blocks) whose rounds of
+    parts take least time, each part costing 12 k-blocks more for its partial's round trip, if
+    that is under 0.9 of the whole wave the tail would take; 1 (no tail) otherwise, and when the
+    items fill whole waves or do not fill one."""
+    tail = items % clusters if items > clusters else 0
+    best, best_cost = 1, _TAIL_WORTH
+    for split in range(2, 9):
+        if k_blocks < split * _TAIL_MIN_K_BLOCKS:
+            break
+        split = _nonempty_splits(k_blocks, split)
+        cost = math.ceil(tail * split / clusters) * (math.ceil(k_blocks / split) + _TAIL_PART_COST) / k_blocks
+        if tail and cost < best_cost:
+            best, best_cost = split, cost
+    return best
+
+
+def _grouped_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig:
+    """Wide tiles when all groups' tiles fill the GPU with them; clusters of two M tiles only
+    when an average group has rows for both (a pair straddling a group end computes rows it
+    throws away); K split as the dense GEMM does when even narrow tiles leave SMs idle."""
+    rows = t / max(g, 1)
+    m_tiles = math.ceil(rows / BM) * g
+    bn = 256 if m_tiles * math.ceil(n / 256) >= sm_count else 128
+    tiles = m_tiles * math.ceil(n / bn)
+    return GemmConfig(bn=bn, cluster_m=2 if bn == 256 and rows >= 2 * BM else 1,
+                      split_k=_filling_splits(tiles, math.ceil(k / BK), sm_count))

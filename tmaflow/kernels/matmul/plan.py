@@ -1,0 +1,144 @@
+"""GEMM plans: tensor-map specs for the operands, the shared-memory layout (a ``Pipeline`` of
+A and B boxes, B multicast within the cluster, an epilogue buffer) and the kernel's defines, for
+the dense (``gemm.cu``) and skinny (``skinny.cu``) kernels. Pure: each plan is built once."""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+from ...errors import TmaflowError
+from ...tma.layout import Buffer, HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
+from ...tma.spec import TensorMapSpec
+from .config import (BK, BM, FP8_BK, GemmConfig, LAYOUTS, SCALE_MODES, SCALE_STRIDE,
+                     SKINNY_FP8_PROMOTE, SKINNY_MP, SkinnyConfig, _BARRIER_RESERVE,
+                     _SKINNY_FP8_MIN_K_BLOCKS)
+from .heuristics import _nonempty_splits, skinny_splits
+
+
+def _m_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
+    """The map of an M-major scale_a seen as (KB, M): a row holds one k-block's scales, a box
+    ``rows`` of them; the pitch is padded to 4 rows here (the binding takes the real one)."""
+    return TensorMapSpec.tiled("float32", (math.ceil(k / bk), m), (1, rows), strides=(16 * -(-m // 4), 4))
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    spec_a: TensorMapSpec
+    spec_b: TensorMapSpec      # one B box; a stage holds ``b_boxes`` of them
+    spec_c: TensorMapSpec      # one 64 x 64 epilogue box
+    layout: SharedLayout
+    defines: dict
+    config: GemmConfig
+    spec_s: TensorMapSpec | None = None  # one stage's box of A's block scales (their TMA modes)
+
+
+@functools.lru_cache(maxsize=64)  # plans are pure: build each once
+def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = GemmConfig(),
+              dtype: str = "bfloat16", block_scales: str | None = None) -> GemmPlan:
+    """Specs, shared-memory layout and compile-time defines for an (m x k) @ B product of
+    bfloat16 or float8_e4m3fn operands. ``block_scales`` (one of ``SCALE_MODES``): each stage
+    also holds its k-block's scales of A's BM rows, loaded by the TMA or gathered by a warp."""
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise TmaflowError(f"gemm: layout={layout!r} must be one of {LAYOUTS}")
+    fp8 = dtype == "float8_e4m3fn"
+    if fp8 and layout != "nt":
+        raise TmaflowError(f"gemm: fp8 operands take layout 'nt' (got {layout!r}): the tensor cores "
+                           "read fp8 K-major only; pass b as (N, K)")
+    if fp8 and config.promote and config.bn == 256:
+        raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=128 or 192 (got bn={config.bn}): "
+                           "promotion keeps a second set of accumulators; use promote=0 for bn=256")
+    if fp8 and config.bn == 64:
+        raise TmaflowError("gemm: fp8 tiles are 128, 192 or 256 columns (got bn=64)")
+    if block_scales is not None and block_scales not in SCALE_MODES:
+        raise TmaflowError(f"gemm: block_scales={block_scales!r} must be None or one of {tuple(SCALE_MODES)}")
+    if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
+        raise TmaflowError(f"gemm: block scales are applied at every k-block: fp8 operands with bn=128 "
+                           f"and promote=1 (got {dtype}, bn={config.bn}, promote={config.promote})")
+    bn, cm, bk = config.bn, config.cluster_m, FP8_BK if fp8 else BK
+    l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
+    spec_a = TensorMapSpec.tiled(dtype, (m, k), (BM, bk), **l2)
+    if layout == "nt":  # B is n x k: bn rows of 128 B, split in row slices among the cluster
+        spec_b = TensorMapSpec.tiled(dtype, (n, k), (bn // cm, bk), **l2)
+        b_boxes = cm
+    else:               # B is k x n: boxes of 64 k-rows x 64 columns (128 B), bn / 64 of them
+        spec_b = TensorMapSpec.tiled(dtype, (k, n), (BK, 64), **l2)
+        b_boxes = bn // 64
+    spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (64, 64), swizzle="128B")
+    epilogue = Buffer("c", 2 * 64 * config.epi_cols * 2, align=1024)
+    spec_s = _m_major_scales_spec(m, k, bk, BM) if block_scales == "m_major" else None
+    scale_bytes = SCALE_STRIDE * 4 if block_scales == "row_major" else 0
+    stage_bytes = (spec_a.smem_bytes + b_boxes * spec_b.smem_bytes + scale_bytes +
+                   (spec_s.smem_bytes if spec_s else 0))
+    stages = config.stages or min(8, (HOPPER_SMEM_LIMIT - epilogue.nbytes - _BARRIER_RESERVE) // stage_bytes)
+    # consumers: one arrival per consumer warp (2 warpgroups x 4 warps) per release.
+    # producers: the TMA thread, and with gathered block scales the 32 lanes gathering them.
+    tiles = {"a": spec_a, "b": (spec_b, b_boxes), **({"s": spec_s} if spec_s else {})}
+    pipe = Pipeline("ab", stages=stages, tiles=tiles, consumers=8, cluster=(cm, 1, 1),
+                    multicast=[None, "x"] + [None] * bool(spec_s) if cm > 1 else None,
+                    producers=33 if block_scales == "row_major" else 1)
+    extra = [Buffer("scales", stages * scale_bytes, align=16)] if scale_bytes else []
+    smem = SharedLayout([pipe, epilogue, *extra])
+    split = _nonempty_splits(math.ceil(k / bk), config.split_k)
+    defines = {"BN": bn, "EPI_COLS": config.epi_cols, "B_N_MAJOR": int(layout == "nn"),
+               "CLUSTER_M": cm, "GROUP_M": config.group_m, "SPLIT_K": int(split > 1),
+               "SPLIT_TAIL": int(config.split_tail)}
+    if fp8:
+        defines.update(FP8=1, PROMOTE=config.promote)
+    if block_scales:
+        defines.update(BLOCK_SCALES=1, SCALES_TMA=SCALE_MODES[block_scales])
+    return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split),
+                    spec_s)
+
+
+@dataclass(frozen=True)
+class SkinnyPlan:
+    spec_x: TensorMapSpec      # one MP x 64 box of A (the activations)
+    spec_w: TensorMapSpec      # one 64 x 64 box of B (the weights); a stage holds rows / 64
+    layout: SharedLayout
+    defines: dict
+    config: SkinnyConfig       # with split_k and stages filled in
+    spec_s: TensorMapSpec | None = None  # block scales: one k-block's MP scales of A (M-major)
+
+
+@functools.lru_cache(maxsize=64)
+def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
+                dtype: str = "bfloat16", block_scales: str | None = None) -> SkinnyPlan:
+    """The skinny kernel's specs, layout and defines for bfloat16 or float8_e4m3fn operands
+    (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
+    fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
+    stage (row-major ones take the dense kernel)."""
+    if m > SKINNY_MP[-1]:
+        raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig")
+    if dtype not in ("bfloat16", "float8_e4m3fn"):
+        raise TmaflowError(f"gemm: the skinny path takes bfloat16 or float8_e4m3fn operands (got {dtype})")
+    if block_scales not in (None, "m_major") or block_scales and dtype != "float8_e4m3fn":
+        raise TmaflowError(f"gemm: the skinny path takes fp8 block scales with scale_a M-major (stored "
+                           f"k-block by k-block; got {block_scales!r} scales, {dtype} operands); row-major "
+                           "scale_a takes a GemmConfig (bn=128, promote=1)")
+    fp8 = dtype == "float8_e4m3fn"
+    mp = next(p for p in SKINNY_MP if p >= m)
+    boxes = config.rows // 64
+    bk = FP8_BK if fp8 else BK  # 128-byte rows either way
+    l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
+    spec_x = TensorMapSpec.tiled(dtype, (m, k), (mp, bk), **l2)
+    spec_w = TensorMapSpec.tiled(dtype, (n, k), (64, bk), **l2)
+    spec_s = _m_major_scales_spec(m, k, bk, mp) if block_scales else None
+    stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
+    stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
+    cl = config.cluster
+    tiles = {"w": (spec_w, boxes), "x": spec_x, **({"s": spec_s} if spec_s else {})}
+    pipe = Pipeline("wx", stages=stages, tiles=tiles, consumers=4 * boxes, cluster=(cl, 1, 1),
+                    multicast=[None, "x"] + [None] * bool(spec_s) if cl > 1 else None)
+    min_k_blocks = _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4
+    split = config.split_k or skinny_splits(n, k, config.rows, sm_count, bk, min_k_blocks)
+    split = _nonempty_splits(math.ceil(k / bk), split)
+    defines = {"MP": mp, "CONSUMERS": boxes, "CLUSTER": cl}
+    if fp8:
+        defines.update(FP8=1, PROMOTE=1 if block_scales else SKINNY_FP8_PROMOTE)
+    if block_scales:
+        # two accumulator sets, one promoted while the next k-block's wgmmas run, where they fit
+        # (H200, against one set: 1.06x at M = 16, 1.09x at 64, 1.13-1.24x at 128)
+        defines.update(BLOCK_SCALES=1, BLOCK_SCALE_SETS=2 if boxes == 1 or mp <= 64 else 1)
+    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages),
+                      spec_s)

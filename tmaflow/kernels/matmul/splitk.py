@@ -1,0 +1,115 @@
+"""The split-K workspace: per-device, per-stream counters and fp32 partials that split-K
+launches share, zeroed on the stream that uses them."""
+from __future__ import annotations
+
+import threading
+
+from ...errors import TmaflowError
+from ...runtime import driver
+from ...runtime.graph import capturing
+from ...runtime.memory import DeviceArray, empty
+
+
+def _with_split_k(launcher, partials: bool, device, stream: int) -> tuple:
+    """(launcher, workspace): where pieces of tiles meet in fp32 partials (split-K, split tails),
+    the launch guarded by the workspace of the stream it launches on (resolved)."""
+    if not partials:
+        return launcher, None
+    ws = _workspace(device, stream)
+    return _SplitK(launcher, ws), ws
+
+
+def _split_k_buffers(st) -> tuple:
+    """(partials, counters) of a split-K state, fetched per call: a failed launch discards the
+    workspace. (0, 0) without split-K."""
+    if st.workspace is None:
+        return 0, 0
+    counters, partials = st.workspace.views(*st.workspace_sizes)
+    return partials, counters
+
+
+class _Workspace:
+    """Split-K scratch for one (thread, device, stream): per-tile counters, zero between
+    launches (each tile's last split resets its own), then the fp32 partial sums. Allocated,
+    zeroed and freed in order on its stream, so a replaced buffer goes back to the pool only
+    after the launches that used it."""
+
+    def __init__(self, device, stream: int):
+        self.device, self.stream, self.buf, self._views = device, stream, None, None
+        self.counters = self.floats = 0
+
+    def views(self, counters: int, floats: int):
+        """(counters, partials) views holding at least the sizes asked for."""
+        if self.buf is None or not self.buf.alive or counters > self.counters or floats > self.floats:
+            self.counters = max(self.counters, -(-counters // 64) * 64, 4096)
+            self.floats = max(self.floats, floats, 1 << 20)
+            _refuse_foreign_capture(self.stream, "its split-K workspace")
+            self.buf = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device,
+                                         stream=self.stream), self.stream)
+            base = self.buf.ptr
+            self._views = (
+                DeviceArray(base, (self.counters,), "uint32", owner=self.buf, device=self.device),
+                DeviceArray(base + 4 * self.counters, (self.floats,), "float32", owner=self.buf,
+                            device=self.device))
+        return self._views
+
+    def discard(self) -> None:
+        """After a failed launch (a watchdog abort, say) counters may be left mid-count."""
+        self.buf = None
+
+
+def _zeroed_now(buf: DeviceArray, stream: int) -> DeviceArray:
+    """``buf`` zeroed before the first launch on ``stream`` reads it: in order on ``stream``, or
+    while a tf.Graph captures, eagerly on the graph's allocation stream (a captured memset would
+    leave the workspace dirty until the first replay; the capture waits for that stream)."""
+    graph = capturing()
+    driver.call("cuMemsetD8Async", buf.ptr, 0, buf.nbytes,
+                stream if graph is None else graph.alloc_stream.handle)
+    return buf
+
+
+def _foreign_capture(stream: int) -> bool:
+    """Is ``stream`` being captured into another library's graph (torch.cuda.graph)? Memory
+    allocated on it there would become a node of that graph."""
+    if capturing() is not None:
+        return False  # a tf.Graph: allocations go to its own stream, eagerly
+    cu = driver.cu()
+    err, status = cu.cuStreamIsCapturing(stream)
+    return bool(int(err)) or status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _refuse_foreign_capture(stream: int, what: str) -> None:
+    """Per-stream memory is made once per stream, outside captures."""
+    if _foreign_capture(stream):
+        raise TmaflowError(
+            f"a call on stream 0x{int(stream):x} needs {what}, made once per stream, but the stream "
+            "is being captured into a CUDA graph; make the same call once on that stream before the "
+            "capture (with torch: warm up on a stream s, then torch.cuda.graph(g, stream=s))")
+
+
+class _SplitK:
+    """The split-K launch; a failed launch drops the workspace so its counters start clean."""
+
+    def __init__(self, launcher, workspace: _Workspace):
+        self.launcher, self.workspace = launcher, workspace
+
+    def __call__(self, *args) -> None:
+        try:
+            self.launcher(*args)
+        except BaseException:
+            self.workspace.discard()
+            raise
+
+
+_workspaces = threading.local()
+
+
+def _workspace(device, stream: int) -> _Workspace:
+    """The workspace of this thread's launches on ``stream`` (resolved): launches on one stream
+    run in order, so they may share one; other streams and threads get their own."""
+    key = (device.ordinal, stream)
+    cache = _workspaces.__dict__
+    ws = cache.get(key)
+    if ws is None:
+        ws = cache[key] = _Workspace(device, stream)
+    return ws

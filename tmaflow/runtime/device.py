@@ -1,0 +1,336 @@
+"""Devices, their primary contexts, and streams from any library."""
+from __future__ import annotations
+
+import operator
+import threading
+import weakref
+
+from ..checks import is_int
+from ..errors import KernelFaultError, LaunchError, TmaflowError, TmaflowWarning
+from . import driver, faults
+from .pool import MemoryPool
+
+_devices: dict[int, "Device"] = {}
+_lock = threading.Lock()
+
+
+class Device:
+    """A GPU and its retained primary context. ``tf.Device(i)`` returns one shared object per i."""
+
+    def __new__(cls, ordinal: int = 0):
+        if not is_int(ordinal):  # refused before the driver is asked how many there are
+            raise TmaflowError(f"Device(ordinal={ordinal!r}): must be an int (a device ordinal; "
+                               f"got {type(ordinal).__name__})")
+        ordinal = operator.index(ordinal)
+        driver.init()
+        count = driver.call("cuDeviceGetCount")
+        if not 0 <= ordinal < count:
+            raise TmaflowError(f"Device(ordinal={ordinal!r}): must be an int in [0, {count - 1}]")
+        with _lock:
+            dev = _devices.get(ordinal)
+            if dev is None:
+                dev = super().__new__(cls)
+                dev._setup(ordinal)
+                _devices[ordinal] = dev
+        return dev
+
+    def _setup(self, ordinal: int) -> None:
+        cu = driver.cu()
+        self.ordinal = ordinal
+        self.handle = driver.call("cuDeviceGet", ordinal)
+        self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
+        name = driver.call("cuDeviceGetName", 256, self.handle)
+        self.name = name.split(b"\0", 1)[0].decode()
+        attr = cu.CUdevice_attribute
+        get = lambda a: driver.call("cuDeviceGetAttribute", a, self.handle)  # noqa: E731
+        self.compute_capability = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                                   get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+        self.sm_count = get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        # Opt-in maximum: what a block may have once the kernel attribute is raised.
+        self.max_smem_per_block = get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.l2_bytes = get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        self.total_memory = driver.call("cuDeviceTotalMem", self.handle)
+        self.generation = 0  # bumped by reset(): modules and allocations of older ones are gone
+        self._pool = None
+        self._allocations = weakref.WeakSet()
+
+    # --- memory: tmaflow's pool on this device (pool.py) ----------------------------------
+    def memory_pool(self):
+        """tmaflow's :class:`~tmaflow.pool.MemoryPool` on this device (made on first use)."""
+        if self._pool is None:
+            self._pool = MemoryPool(self)
+        return self._pool
+
+    def allocate(self, size: int, stream: int = 0) -> int:
+        """A device pointer of ``size`` bytes (a ``pool.rounded`` size), ordered on ``stream``."""
+        driver.init()
+        return self.memory_pool().allocate(size, stream)
+
+    def release(self, ptr: int, size: int, stream: int = 0) -> None:
+        self.memory_pool().release(ptr, size, stream)
+
+    def track(self, allocation) -> None:
+        self._allocations.add(allocation)
+
+    def trim_memory(self) -> None:
+        """Return cached blocks and the pool's unused memory to the device (synchronises)."""
+        if self._pool is not None:
+            self._pool.trim()
+
+    def reset(self) -> None:
+        """Recover from a sticky error (a faulted kernel, ``KernelFaultError``): reset the
+        primary context, and forget the fault and the record of launches before it.
+
+        Every allocation and loaded module of this device is invalid afterwards; tmaflow
+        reloads its modules on the next launch and reports old arrays as freed. torch and
+        cupy share the primary context but cannot be told: their tensors, streams and
+        caching allocators are dead too, so this warns when one of them has initialised CUDA.
+        """
+        users = _framework_cuda_users()
+        if users:
+            import warnings
+
+            warnings.warn(f"Device({self.ordinal}).reset(): {' and '.join(users)} initialised CUDA in "
+                          "this process and share the primary context being reset; their tensors, "
+                          "streams and allocator are invalid from now on (restart the process "
+                          "before using them on this device again)", TmaflowWarning, stacklevel=2)
+        driver.call("cuDevicePrimaryCtxReset", self.handle)
+        self.generation += 1
+        for forget in _reset_listeners:
+            forget()
+        for allocation in list(self._allocations):
+            allocation.live = False
+        self._allocations = weakref.WeakSet()
+        self._pool = None  # destroyed with the context
+        # The reset destroyed the context our handle named: retain the fresh one.
+        try:
+            self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
+        except KernelFaultError as e:
+            # Measured on an H100 (driver 580): an illegal address (700) outlives the reset;
+            # a trap (the watchdog's) does not. The driver documents these as process-fatal.
+            raise KernelFaultError(e.call, e.code, e.name, e.detail, e.kernels, message=(
+                f"Device({self.ordinal}).reset() could not recover: the driver keeps this fault "
+                "after the reset, and only restarting the process clears it.\n" + str(e))) from None
+        self.activate()
+        faults.forget(self.ordinal)  # calls refused since the fault may run again
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.compute_capability
+        # Hopper gets the arch-specific target so wgmma/setmaxnreg are available.
+        return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
+
+    @property
+    def is_hopper(self) -> bool:
+        return self.compute_capability == (9, 0)
+
+    def activate(self) -> "Device":
+        """Make this device's primary context current on the calling thread, if it is not
+        (``cuCtxSetCurrent`` is a driver call on every allocation otherwise). Another library
+        may have made another context current, so the driver is asked, not a cache of ours."""
+        cu = driver.cu()
+        err, current = cu.cuCtxGetCurrent()
+        if err or int(current) != int(self.context):
+            driver.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
+        return self
+
+    def synchronize(self) -> None:
+        self.activate()
+        driver.call("cuCtxSynchronize")
+
+    def __repr__(self) -> str:
+        major, minor = self.compute_capability
+        return (f"Device({self.ordinal}, name={self.name!r}, cc={major}.{minor}, "
+                f"sms={self.sm_count}, max_smem_per_block={self.max_smem_per_block})")
+
+
+_thread = threading.local()
+_reset_listeners: list = []
+
+
+def _framework_cuda_users() -> list[str]:
+    import sys
+
+    users = []
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_initialized():
+        users.append("torch")
+    if "cupy" in sys.modules:  # cupy cannot say whether it has touched the device: assume so
+        users.append("cupy")
+    return users
+
+
+def on_reset(forget) -> None:
+    """Call ``forget()`` whenever a device's context is reset (caches of launchers, whose
+    function handles died with it)."""
+    _reset_listeners.append(forget)
+
+
+def as_device(device, who: str | None = None) -> Device:
+    """The device a public function's ``device=`` names, made current: None (the current
+    device), a :class:`Device` or its ordinal. ``who`` prefixes the refusal."""
+    if device is None:
+        return current_device()
+    if isinstance(device, Device):
+        return device.activate()
+    prefix = f"{who}: " if who else ""
+    if not is_int(device):
+        raise TmaflowError(f"{prefix}device={device!r} must be None, a tf.Device or a device "
+                           f"ordinal (int; got {type(device).__name__})")
+    try:
+        return Device(device).activate()
+    except TmaflowError as exc:
+        raise TmaflowError(f"{prefix}device={device!r}: {exc}") from None
+
+
+def device_of(ordinal: int) -> Device:
+    """``Device(ordinal)`` without the driver round trip once it exists (hot interop path)."""
+    dev = _devices.get(ordinal)
+    return dev if dev is not None else Device(ordinal)
+
+
+def current_device() -> Device:
+    """The device set by :func:`set_device` on this thread, else device 0 (activated)."""
+    dev = getattr(_thread, "device", None)
+    if dev is None:
+        dev = Device(0)
+        _thread.device = dev
+    return dev.activate()
+
+
+_switched = [False]  # has any thread ever selected a device other than 0?
+
+
+def current_ordinal() -> int:
+    """The ordinal current_device() would return, without touching the driver (and without
+    the thread-local lookup while no thread ever left device 0: the launch hot path)."""
+    if not _switched[0]:
+        return 0
+    dev = getattr(_thread, "device", None)
+    return 0 if dev is None else dev.ordinal
+
+
+def set_device(ordinal: int) -> Device:
+    dev = Device(ordinal)
+    if dev.ordinal != 0:
+        _switched[0] = True
+    _thread.device = dev
+    return dev.activate()
+
+
+class Stream:
+    """A non-blocking CUDA stream owned by tmaflow. ``close()`` destroys it."""
+
+    def __init__(self, device: Device | None = None):
+        self.device = as_device(device, "Stream")
+        cu = driver.cu()
+        self._handle = driver.call("cuStreamCreate", cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+        self.handle = int(self._handle)
+
+    def synchronize(self) -> None:
+        driver.call("cuStreamSynchronize", self._handle)
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+    def close(self) -> None:
+        """Synchronise, then destroy the stream (arrays allocated on it are freed in order on
+        the legacy default stream from then on)."""
+        if getattr(self, "_handle", None) is not None:
+            driver.call("cuStreamSynchronize", self._handle)
+            if self.device._pool is not None:
+                self.device._pool.forget_stream(self.handle)
+            driver.call("cuStreamDestroy", self._handle)
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Stream(handle=0x{self.handle:x}, device={self.device.ordinal})"
+
+
+MAX_HANDLE = 2**64 - 1  # a CUstream is a pointer
+
+
+class StreamHandle(int):
+    """A stream resolved from a stream object: its raw ``CUstream`` value (an int, as cache
+    keys and the driver take it) keeping the object alive while the handle is in use."""
+
+    def __new__(cls, handle: int, owner):
+        self = super().__new__(cls, handle)
+        self.owner = owner
+        return self
+
+
+def _checked_handle(stream, value, source: str | None = None) -> int:
+    """``value``, which ``source`` of ``stream`` gave (None: ``stream`` itself), as a handle."""
+    int_like = is_int(value)
+    handle = operator.index(value) if int_like else None
+    if int_like and 0 <= handle <= MAX_HANDLE:
+        return handle
+    given = f"stream={stream!r}" if source is None else f"stream={stream!r}: {source} is {value!r}"
+    if not int_like:
+        raise LaunchError(f"{given} ({type(value).__name__}); a stream handle is an int in "
+                          "[0, 2^64 - 1]")
+    raise LaunchError(f"{given}: a stream handle is an int in [0, 2^64 - 1]")
+
+
+def _not_a_stream(stream) -> LaunchError:
+    return LaunchError(
+        f"stream={stream!r} ({type(stream).__name__}) is not a stream: pass None, tf.Stream, "
+        "an int handle in [0, 2^64 - 1], a cuda.core Stream, a torch.cuda.Stream or a cupy Stream")
+
+
+def _protocol_handle(stream, proto) -> int:
+    """The handle of a ``__cuda_stream__`` object (cuda.core's protocol: ``(0, handle)``)."""
+    try:
+        value = proto() if callable(proto) else proto
+    except Exception as exc:  # a broken object: refused, never a crash
+        raise LaunchError(f"stream={stream!r}: its __cuda_stream__ raised {exc!r}; it must return "
+                          "(0, handle)") from None
+    if type(value) is not tuple or len(value) != 2 or not is_int(value[0]) or value[0] != 0:
+        raise LaunchError(f"stream={stream!r}: its __cuda_stream__ returned {value!r}; the protocol "
+                          "(version 0) is a tuple (0, handle)")
+    return _checked_handle(stream, value[1], "its __cuda_stream__ handle")
+
+
+_MISSING = object()
+
+
+def stream_handle(stream) -> int:
+    """The raw ``CUstream`` value of anything tmaflow accepts as a stream, checked: a stream
+    object gives a :class:`StreamHandle` that keeps it alive.
+
+    Accepted: ``None`` (the legacy default stream), a :class:`Stream`, an int handle in
+    [0, 2^64 - 1], a cuda-python ``CUstream``, an object with ``__cuda_stream__`` (cuda.core),
+    torch streams (``.cuda_stream``) and cupy streams (``.ptr``).
+    """
+    if stream is None:
+        return 0
+    if type(stream) is int and 0 <= stream <= MAX_HANDLE or type(stream) is StreamHandle:
+        return stream
+    if isinstance(stream, Stream):
+        if stream._handle is None:
+            raise LaunchError(f"stream={stream!r} was closed; create a new tf.Stream()")
+        return StreamHandle(stream.handle, stream)
+    if is_int(stream):
+        return _checked_handle(stream, stream)
+    if isinstance(stream, (bool, float, str, bytes)) or type(stream).__module__ == "numpy":
+        raise _not_a_stream(stream)
+    if type(stream).__name__ == "CUstream":  # cuda-python's handle type
+        return StreamHandle(_checked_handle(stream, int(stream), "int(stream)"), stream)
+    for attr in ("__cuda_stream__", "cuda_stream", "ptr"):  # cuda.core, torch, cupy
+        try:
+            value = getattr(stream, attr, _MISSING)
+        except Exception as exc:
+            raise LaunchError(f"stream={stream!r}: reading .{attr} raised {exc!r}") from None
+        if value is _MISSING:
+            continue
+        if attr == "__cuda_stream__":
+            return StreamHandle(_protocol_handle(stream, value), stream)
+        return StreamHandle(_checked_handle(stream, value, f".{attr}"), stream)
+    raise _not_a_stream(stream)

@@ -1,0 +1,159 @@
+"""The one door to the CUDA driver and NVRTC: lazy import, lazy ``cuInit``, checked calls.
+
+cuda-python returns ``(err, *values)`` tuples; :func:`check` unpacks them and raises
+:class:`CudaError` naming the call, or for a code that leaves the context unusable (a faulted
+kernel) the one :class:`KernelFaultError` of ``faults.py``, which :func:`call` then raises up
+front for every later call on that context. Nothing here touches the driver at import time.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any
+
+from ..errors import CudaError, DriverNotFoundError
+from . import faults
+
+_lock = threading.RLock()
+_init_state: dict[str, Any] = {}
+
+
+def cu():
+    """The ``cuda.bindings.driver`` module (imported on first use)."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+def nvrtc():
+    from cuda.bindings import nvrtc as _nvrtc
+
+    return _nvrtc
+
+
+def _error_name(err) -> str:
+    mod = type(err).__module__ or ""
+    try:
+        if "nvrtc" in mod:
+            return nvrtc().nvrtcGetErrorString(err)[1].decode()
+        res, name = cu().cuGetErrorName(err)
+        if int(res) == 0:
+            return name.decode()
+    except Exception:  # the name is a courtesy; never mask the real failure
+        pass
+    return getattr(err, "name", str(err))
+
+
+CAPTURE_HINT = ("a CUDA graph capture is in progress: this call cannot be captured, or broke "
+                "the capture (a synchronous copy, memset or allocation, or a launch on the legacy "
+                "stream while another stream captures). Run it once before capturing (warm-up), "
+                "or launch on the capturing stream")
+
+
+def check(call: str, result, detail: str = ""):
+    """Unpack a cuda-python result tuple; raise ``CudaError(call, code, name)`` on failure."""
+    if isinstance(result, tuple):
+        err, values = result[0], result[1:]
+    else:
+        err, values = result, ()
+    if int(err) != 0:
+        if int(err) in faults.STICKY:
+            raise faults.fault(call, int(err), _error_name(err))
+        if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*
+            detail = (detail + "; " if detail else "") + CAPTURE_HINT
+        raise CudaError(call, int(err), _error_name(err), detail)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def call(name: str, *args, detail: str = ""):
+    """``check(name, cuda.bindings.driver.<name>(*args))`` after making sure the driver is up
+    and the current context has not faulted (else its KernelFaultError, before the call)."""
+    init()
+    if faults.faulted:
+        faults.refuse(name)
+    result = check(name, getattr(cu(), name)(*args), detail)
+    if name in faults.SYNCHRONIZE:
+        faults.synchronized(name, args)
+    return result
+
+
+def module_global(module, name: bytes) -> int | None:
+    """The device address of the global ``name`` of a loaded module, or None if it has none."""
+    err, ptr, _size = cu().cuModuleGetGlobal(module, name)
+    return int(ptr) if int(err) == 0 else None
+
+
+def mapped_host(nbytes: int) -> tuple[int, int]:
+    """Zeroed pinned host memory the device reads and writes directly: (host address, device
+    address). It outlives a fault until the context is reset; free it with cuMemFreeHost."""
+    flags = getattr(cu(), "CU_MEMHOSTALLOC_DEVICEMAP", 2)
+    host = int(call("cuMemHostAlloc", nbytes, flags))
+    ctypes.memset(host, 0, nbytes)
+    return host, int(call("cuMemHostGetDevicePointer", host, 0))
+
+
+_encode_tiled: list = []  # [the ctypes function, or None where libcuda has none]
+
+
+def encode_tiled_function():
+    """The driver's ``cuTensorMapEncodeTiled`` as a ctypes function (the tensor-map encoder's
+    fast path: no cuda.bindings list conversions), or None where libcuda cannot be loaded.
+    Arguments: (out, dtype, rank, address, dims, strides, box, element strides, interleave,
+    swizzle, L2 promotion, OOB fill); returns the CUresult."""
+    if not _encode_tiled:
+        try:
+            fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+        except (OSError, AttributeError):
+            fn = None
+        else:
+            p64, p32 = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, p64, p64,
+                           p32, p32, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        _encode_tiled.append(fn)
+    return _encode_tiled[0]
+
+
+def _try_init() -> str | None:
+    """Run ``cuInit`` once; return ``None`` on success or the reason it failed."""
+    with _lock:
+        if "reason" in _init_state:
+            return _init_state["reason"]
+        reason = None
+        try:
+            driver = cu()
+            err, = driver.cuInit(0)
+            if int(err) != 0:
+                reason = f"cuInit returned {_error_name(err)}"
+            else:
+                err, count = driver.cuDeviceGetCount()
+                if int(err) != 0 or count == 0:
+                    reason = "the CUDA driver reports no devices"
+        except ImportError as exc:
+            reason = f"cuda-bindings is not installed ({exc})"
+        except Exception as exc:  # libcuda.so missing: cuda-pathfinder raises its own type
+            reason = f"the CUDA driver library could not be loaded ({exc})"
+        _init_state["reason"] = reason
+        return reason
+
+
+def driver_available() -> bool:
+    """True when a CUDA driver with at least one device is usable. Never raises."""
+    try:
+        return _try_init() is None
+    except Exception:
+        return False
+
+
+def init() -> None:
+    """Initialise the driver or raise :class:`DriverNotFoundError` with the reason."""
+    if "reason" in _init_state and _init_state["reason"] is None:
+        return
+    reason = _try_init()
+    if reason is not None:
+        raise DriverNotFoundError(
+            f"no usable CUDA driver: {reason}. This call needs a GPU; compilation "
+            "(Kernel.cubin / .ptx / .resources), TensorMapSpec and tf.reference work without one."
+        )
