@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import tmaflow as tf
-
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial.md"
 BLOCK = re.compile(r"^```python tutorial:(cpu|gpu)\n(.*?)^```\n", re.S | re.M)
 CHAPTER = re.compile(r"^## (\d+)\. (.+)$", re.M)

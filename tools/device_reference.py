@@ -205,7 +205,7 @@ class Parser:
         body = re.sub(r"TMAFLOW_UNPAREN\s+PARAMS", COORDS, body)
         toks = tokenize(body, line)
         i = next(k for k, t in enumerate(toks) if t.text == "TMAFLOW_DEVICE")
-        decl, term = self.collect(toks, i)
+        decl, _ = self.collect(toks, i)
         self.function(decl, scopes, line, doc)
 
     @staticmethod
@@ -216,8 +216,7 @@ class Parser:
         while j < len(toks):
             t = toks[j]
             if t.kind == "punct":
-                depth += t.text in "([" and 1 or 0
-                depth -= t.text in ")]" and 1 or 0
+                depth += {"(": 1, "[": 1, ")": -1, "]": -1}.get(t.text, 0)
                 if depth == 0 and t.text in "{;":
                     break
             elif t.kind == "directive" and depth == 0:
@@ -242,11 +241,10 @@ class Parser:
         term = toks[j].text if j < len(toks) else ";"
         if j == len(toks) or toks[j].kind == "directive":
             return j  # a macro invocation at namespace scope (one that expands to functions)
-        doc = self.doc_above(toks, i)
-        line = decl[0].line
-        after = j + 1
+        line, after = decl[0].line, j + 1
         trailing = (toks[after].text[2:].strip() if after < len(toks) and toks[after].kind == "comment"
                     and toks[after].line == toks[j].line and not toks[after].own_line else "")
+        doc = self.doc_above(toks, i) or [trailing]  # a block above, else a trailing comment
         lead = [w for w in words if w not in QUALIFIERS]
         if lead[:1] == ["template"]:
             lead = lead[lead.index(">") + 1:]
@@ -257,7 +255,7 @@ class Parser:
             scopes.append(scopes[-1] if scopes else "")
             return after
         if lead[:1] in (["struct"], ["enum"]):
-            self.add("type", scopes, lead[1], _render(decl), line, doc or [trailing])
+            self.add("type", scopes, lead[1], _render(decl), line, doc)
             entry = self.entries[-1]
             if lead[0] == "enum":
                 body_end = self.skip_body(toks, j)
@@ -269,16 +267,18 @@ class Parser:
             return after
         if lead[:1] == ["using"]:
             if "=" in lead:
-                self.add("type", scopes, lead[1], _render(decl), line, doc or [trailing])
+                self.add("type", scopes, lead[1], _render(decl), line, doc)
             return after
         if "(" in words:
-            self.function(decl, scopes, line, doc or [trailing] if trailing else doc)
+            self.function(decl, scopes, line, doc)
             return self.skip_body(toks, j) if term == "{" else after
         if "constexpr" in words:
-            self.add("constant", scopes, _last_ident(decl), _render(decl), line, doc or [trailing])
+            self.add("constant", scopes, _last_ident(decl), _render(decl), line, doc)
         elif {"__device__", "__shared__", "__constant__"} & set(words):
-            self.add("variable", scopes, _last_ident(decl), _render(decl), line, doc or [trailing])
+            self.add("variable", scopes, _last_ident(decl), _render(decl), line, doc)
         elif tuple(scopes) in self.structs:
+            # a field's own trailing comment first: a comment line above it may continue the
+            # previous field's
             self.structs[tuple(scopes)].fields.append((_render(decl), trailing or " ".join(doc)))
         else:
             raise ValueError(f"{self.header}:{line}: cannot classify the declaration "
