@@ -1,7 +1,7 @@
 """The bad-input battery: every case is (area, what, action, expected error, message pattern).
 
 ``tests/test_battery.py`` runs the cases that need no GPU everywhere, and every case on a
-Hopper GPU followed by a correct launch; ``tools/battery_table.py`` renders the table in
+Hopper GPU followed by a correct launch; ``tools/docs/battery_table.py`` renders the table in
 docs/bad-input-battery.md.
 """
 from __future__ import annotations

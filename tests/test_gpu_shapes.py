@@ -345,7 +345,7 @@ def test_torch_cuda_graph_replays_staged_gemm(torch, rng):
         kernels.gemm(a, b)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):  # captured on the stream the state was warmed on
         c = kernels.gemm(a, b)
     for _ in range(5):
         a.copy_(_values(torch, (129, 4095), torch.bfloat16))

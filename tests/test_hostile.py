@@ -4,7 +4,7 @@ module) crossed with every hostile value kind (``KINDS`` of tests/hostile_kinds.
 A kind the parameter lists as valid must be accepted; every other kind must raise the
 parameter's TmaflowError subclass with a message naming the parameter, and nothing else: a
 TypeError, an OverflowError, a numpy error or a silent acceptance fails the case.
-``tools/battery_table.py`` renders the same table into docs/bad-input-battery.md.
+``tools/docs/battery_table.py`` renders the same table into docs/bad-input-battery.md.
 """
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def fake_states(monkeypatch):
             t = Template()
             return types.SimpleNamespace(launcher=launcher, ta=t, tb=t, tc=t, tq=t, tk=t, tv=t,
                                          src=t, dst=t, extra=(), flat=False, tail=(), ts=None,
-                                         workspace=None, split=1, slots=0)
+                                         workspace=None, split=1, slots=types.SimpleNamespace(array=0))
         return build
 
     for module, name in ((matmul, "_gemm_state"), (matmul, "_grouped_state"), (examples, "_softmax_state"),

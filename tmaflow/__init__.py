@@ -25,5 +25,16 @@ __all__ = [
     "LaunchError", "LayoutError",
     "Pipeline", "PipelineError", "Resources", "SharedLayout", "Stream", "TensorMap", "TensorMapError",
     "TensorMapSpec", "TmaflowError", "TmaflowWarning", "as_array", "as_dtype", "current_device",
-    "driver_available", "empty", "from_numpy", "reference", "set_device", "trace", "zeros",
+    "autotune", "bench", "driver_available", "empty", "from_numpy", "reference", "set_device", "trace",
+    "zeros",
 ]
+
+
+def __getattr__(name):  # tf.bench and tf.autotune load on first use: they import the kernels
+    import importlib
+
+    if name == "bench":
+        return importlib.import_module(f"{__name__}.bench")
+    if name == "autotune":
+        return importlib.import_module(f"{__name__}.tune").autotune
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

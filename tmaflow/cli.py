@@ -63,7 +63,7 @@ def demo(args) -> int:
 
     if not driver.driver_available() or args.no_gpu:
         return _demo_compile_only()
-    from .bench import bandwidth_suite, format_table
+    from .bench.bandwidth import bandwidth_suite, format_table
     from .device import current_device
 
     dev = current_device()
@@ -80,7 +80,7 @@ def demo(args) -> int:
 
 def _demo_gemm(n: int = 4096) -> bool:
     """The bf16 GEMM at n^3: rows of C checked against float64 numpy, TFLOP/s from events."""
-    from .bench import Timer
+    from .bench import do_bench
     from .dtypes import bf16_bits, bf16_to_float32
     from .kernels import gemm
     from .memory import empty, from_numpy
@@ -90,8 +90,7 @@ def _demo_gemm(n: int = 4096) -> bool:
     A, B = (from_numpy(x, dtype="bfloat16") for x in bits)
     out = empty((n, n), "bfloat16").fill_bytes(0xFF)
     run = gemm.prepare(A, B, out)
-    with Timer() as timer:
-        seconds = timer.time(run, repeats=10)
+    seconds = do_bench(run, warmup=2, repeats=10).median
     got = bf16_to_float32(out.numpy()[:256])
     av, bv = (bf16_to_float32(x).astype(np.float64) for x in bits)
     ref = av[:256] @ bv.T
@@ -99,7 +98,7 @@ def _demo_gemm(n: int = 4096) -> bool:
     ok = bool(np.isfinite(got).all() and err < 1e-2)
     print(f"\n  gemm bf16 {n}x{n}x{n} (C = A B^T): {2 * n ** 3 / seconds / 1e12:.0f} TFLOP/s, "
           f"rel. error {err:.1e} on 256 rows vs float64 numpy: {'ok' if ok else 'WRONG'}")
-    print("  (its ratio to cuBLAS: tools/bench_gemm.py)")
+    print("  (its ratio to cuBLAS: tools/peers/bench_gemm.py)")
     return ok
 
 
@@ -245,7 +244,7 @@ def main(argv=None) -> int:
 
     try:
         if argv and argv[0] == "bench":
-            from .bench import main as bench_main
+            from .bench.main import main as bench_main
 
             return bench_main(argv[1:])
         args = p.parse_args(argv)

@@ -180,7 +180,7 @@ class Trace:
                 raise TmaflowError(f"{where} is not a trace saved by Trace.save (one array, not "
                                    "an archive of events and meta)")
             f = np.load(path, allow_pickle=False)
-            if not isinstance(f, np.lib.npyio.NpzFile):  # a single .npy array
+            if not hasattr(f, "files"):  # a single .npy array (an NpzFile lists its members)
                 raise TmaflowError(f"{where} is not a trace saved by Trace.save (one array, not "
                                    "an archive of events and meta)")
             with f:

@@ -2,7 +2,8 @@
 # The whole GPU tier plus the benchmarks, in one call on the device machine:
 #   bash tools/gpu_check.sh [pytest -k expression]
 # Env: SKIP_TESTS=1 / SKIP_DEMO=1 / SKIP_BENCH=1 / SKIP_GEMM=1, TEST_BUDGET / BENCH_BUDGET (seconds),
-#      BENCH_ARGS, GEMM_BUDGET, GEMM_ARGS (tools/bench_gemm.py, e.g. --sweep), SANITIZE=1 (compute-sanitizer over the examples and seeds),
+#      BENCH_ARGS, GEMM_BUDGET, GEMM_ARGS (tools/peers/bench_gemm.py, e.g. --sweep), SANITIZE=1 (compute-sanitizer over the examples and seeds),
+#      PEERS=1 (the peer-benchmark set: tools/peers/*, every row cold and back to back, bench records in $OUT/results), PEER_BUDGET (seconds each),
 #      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR),
 #      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last.
@@ -28,12 +29,28 @@ if [ -z "${SKIP_DEMO:-}" ]; then
   echo "demo exit $?"
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
-  timeout "${BENCH_BUDGET:-200}" python3 -m tmaflow bench --json "$OUT/bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  timeout "${BENCH_BUDGET:-200}" python3 -m tmaflow bench --json "$OUT/bench.json" --records "$OUT/results" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   echo "bench exit $?"
   if [ -z "${SKIP_GEMM:-}" ]; then
-    timeout "${GEMM_BUDGET:-240}" python3 tools/bench_gemm.py --json "$OUT/gemm.json" ${GEMM_ARGS:-} > "$OUT/gemm.log" 2>&1
+    timeout "${GEMM_BUDGET:-240}" python3 tools/peers/bench_gemm.py --json "$OUT/gemm.json" ${GEMM_ARGS:-} > "$OUT/gemm.log" 2>&1
     echo "gemm bench exit $?"
   fi
+fi
+if [ -n "${PEERS:-}" ]; then
+  # The peer-benchmark set: each writes its bench record (copy $OUT/results/*.json to bench/results/,
+  # then python tools/docs/benchmarks_page.py, to update BENCHMARKS.md).
+  mkdir -p "$OUT/results"
+  for peer in "bench_gemm.py --suite 30 --json $OUT/results/gemm_bf16.json" \
+              "bench_gemm.py --suite unaligned --json $OUT/results/gemm_unaligned.json" \
+              "bench_gemm.py --suite skinny --json $OUT/results/gemm_skinny.json" \
+              "bench_gemm.py --fp8 --json $OUT/results/gemm_fp8.json" \
+              "bench_grouped.py --quick --json $OUT/results/gemm_grouped.json" \
+              "bench_attention.py --quick --json $OUT/results/attention.json" \
+              "bench_autotune.py --json $OUT/results/autotune.json"; do
+    name=$(echo "$peer" | tr -s ' ' '_' | tr -cd '[:alnum:]_.-' | cut -c1-60)
+    timeout "${PEER_BUDGET:-400}" python3 tools/peers/$peer > "$OUT/peer_$name.log" 2>&1
+    echo "peer $peer exit $?"
+  done
 fi
 if [ -n "${SANITIZE:-}" ]; then
   bash tools/sanitize.sh > "$OUT/sanitize.txt" 2>&1

@@ -22,6 +22,7 @@ import functools
 import itertools
 from dataclasses import dataclass
 
+from .. import driver, env
 from ..device import current_device, stream_handle
 from ..errors import TmaflowError
 from ..memory import DeviceArray
@@ -291,6 +292,12 @@ def softmax_steps(out: DeviceArray, x: DeviceArray, stream=None, debug=None) -> 
 
 # --- the entry points' edge paths ---------------------------------------------------------------
 
+# compute-sanitizer's initcheck does not count TMA stores as initialising memory, so scratch a
+# GEMM writes by TMA and a copy then reads looks uninitialised to it: tools/sanitize.sh sets
+# TMAFLOW_ZERO_SCRATCH=1 and the scratch is zeroed when made (a memset on the call's stream).
+ZERO_SCRATCH = env.flag("TMAFLOW_ZERO_SCRATCH", False)
+
+
 class _Staging:
     """Scratch of the caller's kind for one staged call, and the launches that fill it."""
 
@@ -306,6 +313,8 @@ class _Staging:
 
             obj.record_stream(torch.cuda.ExternalStream(stream_handle(self.stream)))
         self.keep.append(obj)
+        if ZERO_SCRATCH and arr.nbytes:
+            driver.call("cuMemsetD8Async", arr.ptr, 0, arr.nbytes, stream_handle(self.stream))
         return arr
 
     def copy(self, src: DeviceArray, shape: tuple | None) -> DeviceArray:

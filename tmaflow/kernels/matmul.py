@@ -786,7 +786,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
-                         st.split, offs, g, st.slots, 1.0, 0, 0), result
+                         st.split, offs, g, st.slots.array, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
 
 
 def _offsets(name: str, offsets, groups: int, rows: int, device, stream: int):

@@ -2,11 +2,32 @@
 what the entry points share, so a plan seen twice compiles and loads once."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 from ..kernel import Kernel
 from ..layout import SharedLayout
 from . import source
+from .entry import STATES
 
 _kernels: dict[tuple, Kernel] = {}
+_variant: dict = {"defines": {}, "patch": None}  # what extra_defines() adds to kernels built now
+
+
+@contextlib.contextmanager
+def extra_defines(defines: dict, patch=None):
+    """Entry points called inside the block build their kernels with ``defines`` on top of
+    their own, and with ``patch(cubin, lowered_name) -> cubin`` applied to the CUBIN when
+    given: for trying a kernel change before it becomes a config. Prepared states are dropped
+    on entry and exit, so none built inside outlives the block or predates it."""
+    saved = dict(_variant)
+    _variant.update(defines=dict(defines), patch=patch)
+    STATES.clear()
+    try:
+        yield
+    finally:
+        _variant.update(saved)
+        STATES.clear()
 
 
 _FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
@@ -18,11 +39,17 @@ def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = No
                file: str | None = None, debug: bool | None = None, trace: bool = False) -> Kernel:
     """One Kernel per (file, name, defines, generated layout)."""
     file = file or _FILES[name]
+    if _variant["defines"]:
+        defines = {**(defines or {}), **_variant["defines"]}
+    patch = _variant["patch"]
     key = (file, name, tuple(sorted((defines or {}).items())),
-           layout.header() if layout is not None else "", debug, trace)
+           layout.header() if layout is not None else "", debug, trace, patch)
     k = _kernels.get(key)
     if k is None:
         k = Kernel(source(file), name, defines=defines, layout=layout, filename=f"{file}.cu",
                    debug=debug, trace=trace)
+        if patch is not None:
+            program = k.program
+            k._program = dataclasses.replace(program, cubin=patch(program.cubin, program.lowered_name))
         _kernels[key] = k
     return k

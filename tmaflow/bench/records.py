@@ -1,0 +1,54 @@
+"""Bench JSON files: the figures of one area (``bench/results/<area>.json``) with the device,
+driver, commit, command and date they were measured with; ``tools/docs/benchmarks_page.py``
+renders them into BENCHMARKS.md."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import tmaflow as tf
+
+from .internals import call
+
+FORMAT = 1
+
+
+def commit() -> str:
+    """The short commit of the checkout (or the COMMIT file a copied tree carries)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        marker = root / "COMMIT"
+        return marker.read_text().strip() if marker.exists() else "unknown"
+
+
+def environment() -> dict:
+    """Device, driver, commit, command line and date of this run."""
+    driver = call("cuDriverGetVersion")
+    env = {"device": tf.current_device().name, "driver": f"{driver // 1000}.{driver % 1000 // 10}",
+           "commit": commit(), "command": " ".join(["python", *sys.argv]),
+           "date": datetime.date.today().isoformat()}
+    try:
+        import torch  # optional: the peer's version where there is one
+        env["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def write(path: str | os.PathLike, area: str, title: str, columns: list[str], rows: list[dict],
+          **extra) -> None:
+    """Write one area's figures: ``rows`` of ``columns`` (a table), with the environment."""
+    record = {"format": FORMAT, "area": area, "title": title, **environment(), **extra,
+              "columns": columns, "rows": rows}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
