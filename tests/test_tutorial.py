@@ -1,7 +1,6 @@
 """docs/tutorial.md runs: its ```python tutorial:cpu blocks on every machine (compiling,
 validating, the reference model, SASS), its tutorial:gpu blocks on a Hopper GPU. A chapter's
 blocks run in order, after the CPU blocks of the chapters before it, in one namespace."""
-import importlib
 import re
 from pathlib import Path
 
@@ -59,10 +58,6 @@ def test_cpu_blocks(index):
                                    if any(b[0] == "gpu" for b in blocks)],
                          ids=lambda i: f"chapter{i + 1}")
 def test_gpu_blocks(device, index):
-    title, blocks = CHAPTERS[index]
-    code = "".join(b[1] for b in blocks)
-    if "tf.bench." in code and not hasattr(importlib.import_module("tmaflow.bench"), "do_bench"):
-        pytest.skip("needs tf.bench.do_bench and tf.autotune (the benchlib branch)")
     namespace = {"__name__": "tutorial"}
     _run(_cpu_blocks_before(index), namespace)
-    _run(blocks, namespace)
+    _run(CHAPTERS[index][1], namespace)
