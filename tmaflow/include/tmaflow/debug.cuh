@@ -3,6 +3,8 @@
 // and the host raises DeadlockError. Release builds compile none of this.
 #pragma once
 namespace tmaflow { namespace debug {
+// One timed-out wait as the host reads it (mirrors tmaflow/watchdog.py): block, thread,
+// cluster rank, barrier offset, stage, parity, bytes, source line and names.
 struct Record {  // mirrors tmaflow/watchdog.py
   uint32_t magic, block[3], thread, cluster_rank, smem_offset;
   int32_t stage;
@@ -10,13 +12,19 @@ struct Record {  // mirrors tmaflow/watchdog.py
   char name[32];
   char file[48];
 };
+// The device-wide watchdog state: the abort flag every bounded wait polls, and the slots of
+// the host's records.
 struct WatchdogState {
   volatile uint32_t abort;
   uint32_t slots;
   Record* records;  // pinned, device-mapped host memory set by the host at module load
 };
+// Written last into a Record: the host reads only records that carry it.
 constexpr uint32_t kMagic = 0x7F10D0C4u;
+// Records a launch can report (the first timeouts; later ones are dropped).
 constexpr uint32_t kSlots = 64;
+// What the host will print about a wait: the barrier's name, its stage (-1: none) and the
+// bytes planned for it. Pipeline and Barrier fill it in; mbarrier::wait takes one.
 struct Site {  // what the host will print about a wait
   const char* name;
   int32_t stage;
@@ -30,19 +38,30 @@ struct Site {  // what the host will print about a wait
 // Arrivals are suppressed too: arriving on a barrier whose phase never completed over-arrives
 // it, which traps.
 #define TMAFLOW_ASYNC_GUARD() do { if (tmaflow_watchdog_state.abort) return; } while (0)
+// TMAFLOW_ASYNC_GUARD for functions that return `v`.
 #define TMAFLOW_ASYNC_GUARD_RET(v) do { if (tmaflow_watchdog_state.abort) return (v); } while (0)
 #ifndef TMAFLOW_WATCHDOG_NS
+// The watchdog's bound on one wait, in ns (Kernel(watchdog_seconds=) / TMAFLOW_WATCHDOG_S).
 #define TMAFLOW_WATCHDOG_NS 1000000000ull
 #endif
 extern "C" {
+// The watchdog state of a debug build; the host sets it at module load.
 __device__ tmaflow::debug::WatchdogState tmaflow_watchdog_state;
 }
 namespace tmaflow { namespace debug {
+// Nanoseconds of the global timer (ticks may be a microsecond apart).
+// ptx: mov.u64 %globaltimer
+// who: any thread
+// order: none
 TMAFLOW_DEVICE uint64_t globaltimer() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
+// Copy the tail of `src` (at most n - 1 chars) into `dst`, zero-filled to n bytes.
+// ptx: none (byte loads and stores)
+// who: the reporting thread
+// order: none
 TMAFLOW_DEVICE void copy_str(char* dst, const char* src, int n) {
   int i = 0;
   if (src) {
@@ -53,7 +72,11 @@ TMAFLOW_DEVICE void copy_str(char* dst, const char* src, int n) {
   }
   for (; i < n; ++i) dst[i] = 0;
 }
-// Inlined: ptxas cannot allocate registers for a call made after setmaxnreg (C7600).
+// Record a timed-out wait into the next free slot of pinned host memory and raise the abort
+// flag. Inlined: ptxas cannot allocate registers for a call made after setmaxnreg (C7600).
+// ptx: atom.global.add.u32, mov.u32 %cluster_ctarank, st.volatile, membar.sys
+// who: the thread whose wait timed out
+// order: the record's fields are fenced (system scope) before its magic, then fenced again.
 __device__ __forceinline__ void report(uint32_t bar_addr, uint32_t parity, Site site, uint32_t line,
                                     const char* file, uint64_t waited_ns) {
   tmaflow_watchdog_state.abort = 1;

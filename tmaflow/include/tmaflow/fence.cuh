@@ -1,17 +1,31 @@
+// Fences: ordering between the generic proxy (ordinary loads and stores), the async proxy
+// (TMA, bulk copies, wgmma operands) and the tensor-map proxy, and across the cluster.
 #pragma once
 namespace tmaflow { namespace fence {
-// fence.proxy.async.shared::cta — make generic-proxy smem writes (st.shared, mbarrier.init)
-// visible to the async proxy (TMA) before a CTA barrier.
+// Make this thread's generic-proxy shared-memory writes (st.shared, mbarrier.init) visible
+// to the async proxy (TMA, bulk copies, wgmma reading smem).
+// ptx: fence.proxy.async.shared::cta
+// who: every thread that wrote (each fences its own writes)
+// order: then a CTA barrier (or barrier arrival), then the async operation reads.
 TMAFLOW_DEVICE void proxy_async_shared_cta() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// fence.proxy.async — all state spaces.
+// ditto: for writes to every state space (global included).
+// ptx: fence.proxy.async
 TMAFLOW_DEVICE void proxy_async() { asm volatile("fence.proxy.async;" ::: "memory"); }
-// fence.mbarrier_init.release.cluster — publish mbarrier.init to the cluster (pair with a
-// cluster barrier before another CTA signals the barrier).
+// Publish this thread's mbarrier.inits to the cluster.
+// ptx: fence.mbarrier_init.release.cluster
+// who: the thread that initialised the barriers
+// order: then cluster::sync() before another CTA arrives on or multicasts to the barriers.
 TMAFLOW_DEVICE void mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-// fence.proxy.tensormap::generic.acquire.gpu — a tensor map modified in global memory.
+// Acquire a 128-byte tensor map that was modified in global memory (same as tensormap::acquire).
+// ptx: fence.proxy.tensormap::generic.acquire.gpu [map], 128
+// who: the thread that issues copies through the map
+// order: pairs with the writer's tensormap::publish_warp (release.gpu).
 TMAFLOW_DEVICE void tensormap_acquire(const void* map) {
   asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" :: "l"(map) : "memory");
 }
-// fence.acq_rel.cluster
+// A full acquire-release fence at cluster scope.
+// ptx: fence.acq_rel.cluster
+// who: any thread
+// order: orders this thread's memory operations before and after it, cluster-wide.
 TMAFLOW_DEVICE void acq_rel_cluster() { asm volatile("fence.acq_rel.cluster;" ::: "memory"); }
 }}  // namespace tmaflow::fence

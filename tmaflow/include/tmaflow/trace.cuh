@@ -8,13 +8,14 @@
 // builds compile none of this.
 #pragma once
 namespace tmaflow { namespace trace {
-// Mirrors tmaflow/debug/trace.py (KINDS, EVENT).
+// The kinds of recorded events. Mirrors tmaflow/debug/trace.py (KINDS, EVENT).
 enum Kind : uint16_t {
   kWait = 1, kWaitCluster, kArrive, kArriveExpectTx, kExpectTx, kArriveRemote,
   kTmaLoad, kTmaLoadMulticast, kTmaStore, kTmaReduce, kStoreWait, kStoreWaitRead,
   kWgmmaCommit, kWgmmaWait, kNamedBarrier, kClusterSync, kGriddepWait, kMark,
   kTensormapPublish, kTensormapAcquire,
 };
+// One recorded event, 32 bytes, as the host reads it from a ring.
 struct Event {           // 32 bytes
   uint64_t t0;           // %globaltimer (ns) when the operation began
   uint32_t dur;          // ns it took (waits); 0 for an instant
@@ -26,6 +27,7 @@ struct Event {           // 32 bytes
   uint32_t line;         // source line (waits); low 32 bits of the map (TMA copies); else 0
   uint32_t sm;           // %smid
 };
+// Where the rings are: set by the host before a traced launch.
 struct State {
   Event* events;         // rings x 2^capacity_log2 events, zeroed by the host before the launch
   uint32_t capacity_log2;
@@ -34,8 +36,10 @@ struct State {
 }}  // namespace tmaflow::trace
 
 #if defined(TMAFLOW_TRACE) && TMAFLOW_TRACE
+// 0: no recorder, 1: stage events (trace=True), 2: every event (trace="all").
 #define TMAFLOW_TRACE_LEVEL TMAFLOW_TRACE
 extern "C" {
+// The rings of a traced launch (constant memory, written by the host).
 __constant__ tmaflow::trace::State tmaflow_trace_state;
 }
 // One write cursor per warp of the CTA, advanced by the recording lane alone (no atomic: two
@@ -45,6 +49,9 @@ __shared__ uint32_t tmaflow_trace_cursor[32];
 extern __shared__ uint8_t tmaflow_trace_dynamic_smem[];  // aliases the kernel's dynamic smem
 namespace tmaflow { namespace trace {
 // Whether this build records events of `kind` (decided at compile time).
+// ptx: none (constexpr)
+// who: any thread
+// order: none
 __host__ __device__ constexpr bool traced(uint32_t kind) {
   return TMAFLOW_TRACE_LEVEL >= 2 || kind == kWait || kind == kWaitCluster ||
          kind == kArriveExpectTx || kind == kClusterSync || kind == kGriddepWait || kind == kMark ||
@@ -53,11 +60,19 @@ __host__ __device__ constexpr bool traced(uint32_t kind) {
 // A stage-level wait is recorded once it took this many SM cycles (well above what a try_wait
 // on a completed phase takes).
 constexpr long long kWaitedCycles = 200;
+// The event clock: %globaltimer in ns.
+// ptx: mov.u64 %globaltimer
+// who: any thread
+// order: none
 TMAFLOW_DEVICE uint64_t now() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// A barrier's name for the host: its byte offset into dynamic smem, or (bit 31) a static address.
+// ptx: cvta.to.shared
+// who: any thread
+// order: none
 TMAFLOW_DEVICE uint32_t where(uint32_t smem_addr) {
   uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(tmaflow_trace_dynamic_smem));
   return smem_addr >= base ? smem_addr - base : (smem_addr | 0x80000000u);
@@ -65,6 +80,9 @@ TMAFLOW_DEVICE uint32_t where(uint32_t smem_addr) {
 // Recorded by the lowest active lane of the warp, once per warp-wide call; the lanes meet
 // again before returning (wgmma and bar instructions after it need the warp converged).
 // Inlined: a call after setmaxnreg cannot be register-allocated (ptxas C7600).
+// ptx: activemask, ld.const, mov %globaltimer / %smid, st.global.v4 (x2), bar.warp.sync
+// who: the lanes of a warp that make the call (the lowest active lane writes)
+// order: the event's first half (t0) is stored last: the host treats t0 == 0 as empty.
 __device__ __forceinline__ void record(uint16_t kind, int32_t stage, uint32_t bar, uint32_t value,
                                        uint64_t t0, uint32_t line) {
   const uint32_t active = __activemask();
@@ -92,15 +110,21 @@ __device__ __forceinline__ void record(uint16_t kind, int32_t stage, uint32_t ba
   }
   __syncwarp(active);
 }
-// A user marker: shows as an instant named "mark <id>" in the trace.
+// A user marker: shows as an instant named "mark <id>" in the trace (nothing in untraced builds).
+// ptx: as record (trace builds); none otherwise
+// who: any thread; one event per calling warp
+// order: none
 TMAFLOW_DEVICE void mark(uint32_t id) { record(kMark, -1, 0, id, 0, 0); }
 }}  // namespace tmaflow::trace
+// The start time of a span (0 when this build does not trace `kind`).
 #define TMAFLOW_TRACE_BEGIN(kind) \
   const uint64_t tmaflow_trace_t0_ = ::tmaflow::trace::traced(::tmaflow::trace::kind) ? ::tmaflow::trace::now() : 0
+// Record an event lasting from TMAFLOW_TRACE_BEGIN until now.
 #define TMAFLOW_TRACE_SPAN(kind, stage, bar, value, line) do { \
   if (::tmaflow::trace::traced(::tmaflow::trace::kind)) \
     ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), tmaflow_trace_t0_, (line)); \
   } while (0)
+// Record an instant event.
 #define TMAFLOW_TRACE_EVENT(kind, stage, bar, value) do { \
   if (::tmaflow::trace::traced(::tmaflow::trace::kind)) \
     ::tmaflow::trace::record(::tmaflow::trace::kind, (stage), (bar), (value), 0, 0); \
@@ -111,6 +135,7 @@ TMAFLOW_DEVICE void mark(uint32_t id) { record(kMark, -1, 0, id, 0, 0); }
     ::tmaflow::trace::record(::tmaflow::trace::kind, -1, (bar), (value), 0, \
                              static_cast<uint32_t>(reinterpret_cast<uint64_t>(map))); \
   } while (0)
+// The barrier field of an event for the shared-memory pointer `ptr`.
 #define TMAFLOW_TRACE_BAR(ptr) ::tmaflow::trace::where(smem_u32(ptr))
 #else
 namespace tmaflow { namespace trace {

@@ -5,6 +5,9 @@ namespace tmaflow { namespace wgmma {
 // Shared-memory matrix descriptor for a K-major tile stored with the 128B swizzle, as TMA
 // writes it: rows of 128 B, 8-row (1024 B) swizzle atoms. Advance the start address by 32 B
 // per k-step of 16 bf16 elements.
+// ptx: none (bit arithmetic on the shared address)
+// who: any thread (every thread of the warpgroup computes the same value)
+// order: none
 TMAFLOW_DEVICE uint64_t desc_k_major_sw128(const void* smem) {
   uint64_t addr = smem_u32(smem);
   uint64_t desc = (addr & 0x3FFFF) >> 4;          // start address, 16-byte units
@@ -18,6 +21,9 @@ TMAFLOW_DEVICE uint64_t desc_k_major_sw128(const void* smem) {
 // and consecutive 64-element blocks along MN are `mn_block_bytes` apart (leading byte
 // offset: the box size when boxes are stacked). Advance the start by 16 rows x 128 B = 2048 B
 // per k-step of 16.
+// ptx: none (bit arithmetic on the shared address)
+// who: any thread
+// order: none
 TMAFLOW_DEVICE uint64_t desc_mn_major_sw128(const void* smem, uint32_t mn_block_bytes) {
   uint64_t addr = smem_u32(smem);
   uint64_t desc = (addr & 0x3FFFF) >> 4;
@@ -26,33 +32,51 @@ TMAFLOW_DEVICE uint64_t desc_mn_major_sw128(const void* smem, uint32_t mn_block_
   desc |= uint64_t(1) << 62;
   return desc;
 }
-// cvt.rn.bf16x2.f32 — two fp32 accumulators as one bf16x2 register, lo in the low half: an
-// epilogue word, or (from a C fragment) one register of an A fragment for the next wgmma.
+// Two fp32 accumulators as one bf16x2 register, lo in the low half: an epilogue word, or (from
+// a C fragment) one register of an A fragment for the next wgmma.
+// ptx: cvt.rn.bf16x2.f32
+// who: any thread
+// order: none
 TMAFLOW_DEVICE uint32_t bf16x2(float lo, float hi) {
   uint32_t packed;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
   return packed;
 }
-// cvt.rn.f16x2.f32 — the same for fp16.
+// ditto: for fp16.
+// ptx: cvt.rn.f16x2.f32
 TMAFLOW_DEVICE uint32_t f16x2(float lo, float hi) {
   uint32_t packed;
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
   return packed;
 }
-// wgmma.fence.sync.aligned — order register accesses before the first wgmma of a group.
+// Order this warpgroup's register accesses (accumulators, A fragments) before the wgmmas that
+// follow: before the first wgmma of a group, and whenever registers it reads were written.
+// ptx: wgmma.fence.sync.aligned
+// who: a warpgroup (all 128 threads, converged)
+// order: registers only; smem written by generic stores needs fence::proxy_async_shared_cta.
 TMAFLOW_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-// wgmma.commit_group.sync.aligned
+// Close the group of wgmmas issued since the last commit.
+// ptx: wgmma.commit_group.sync.aligned
+// who: a warpgroup (all 128 threads, converged)
+// order: groups are per warpgroup; wait for them with wait_group.
 TMAFLOW_DEVICE void commit_group() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
   TMAFLOW_TRACE_EVENT(kWgmmaCommit, -1, 0, 0);
 }
-// wgmma.wait_group.sync.aligned N — at most N groups of this warpgroup still pending.
+// Wait until at most N of this warpgroup's wgmma groups are pending: the older groups' `d`
+// registers are final and their smem operands may be overwritten (release the stage after it).
+// ptx: wgmma.wait_group.sync.aligned N
+// who: a warpgroup (all 128 threads, converged)
+// order: then the stage may be released (consumer_release / consumer_release_warp).
 template <int N> TMAFLOW_DEVICE void wait_group() {
   TMAFLOW_TRACE_BEGIN(kWgmmaWait);
   asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
   TMAFLOW_TRACE_SPAN(kWgmmaWait, -1, 0, N, 0);
 }
 // Keep accumulator registers live across asynchronous wgmma (no reordering by the compiler).
+// ptx: none (an empty asm per register)
+// who: a warpgroup (each thread for its own registers)
+// order: a compiler barrier for `d` only.
 template <int R> TMAFLOW_DEVICE void fence_operands(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i]) :: "memory");
@@ -60,6 +84,12 @@ template <int R> TMAFLOW_DEVICE void fence_operands(float (&d)[R]) {
 // wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 — D(64x8, fp32) += A(64x16) * B(16x8)^T,
 // A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
 // scale_d = 0 overwrites D. Narrow N serves skinny products with the operands swapped.
+// ptx: wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16
+// who: a warpgroup (all 128 threads, converged; warpgroup-uniform arguments)
+// order: asynchronous: wgmma::fence() before the first wgmma of a group (after `d` or A's
+// registers were written), then commit_group() and wait_group<N>() before reading `d` or
+// overwriting the smem operands. Operands TMA wrote need only the barrier wait; ones
+// written by st.shared need fence::proxy_async_shared_cta() and a barrier first.
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n8k16_bf16(float (&d)[4], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
@@ -67,9 +97,8 @@ TMAFLOW_DEVICE void mma_m64n8k16_bf16(float (&d)[4], uint64_t desc_a, uint64_t d
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 — D(64x16, fp32) += A(64x16) * B(16x16)^T,
-// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
-// scale_d = 0 overwrites D. Narrow N serves skinny products with the operands swapped.
+// ditto: D(64x16, fp32) += A(64x16) * B(16x16)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n16k16_bf16(float (&d)[8], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
@@ -77,9 +106,8 @@ TMAFLOW_DEVICE void mma_m64n16k16_bf16(float (&d)[8], uint64_t desc_a, uint64_t 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 — D(64x32, fp32) += A(64x16) * B(16x32)^T,
-// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
-// scale_d = 0 overwrites D. Narrow N serves skinny products with the operands swapped.
+// ditto: D(64x32, fp32) += A(64x16) * B(16x32)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
@@ -87,9 +115,8 @@ TMAFLOW_DEVICE void mma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a, uint64_t
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 — D(64x64, fp32) += A(64x16) * B(16x64)^T,
-// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
-// scale_d = 0 overwrites D.
+// ditto: D(64x64, fp32) += A(64x16) * B(16x64)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
@@ -97,9 +124,8 @@ TMAFLOW_DEVICE void mma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 — D(64x128, fp32) += A(64x16) * B(16x128)^T,
-// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
-// scale_d = 0 overwrites D.
+// ditto: D(64x128, fp32) += A(64x16) * B(16x128)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
@@ -107,9 +133,8 @@ TMAFLOW_DEVICE void mma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a, uint64_
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 — D(64x176, fp32) += A(64x16) * B(16x176)^T,
-// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
-// scale_d = 0 overwrites D (attention's S at head dim 128: 176-key tiles).
+// ditto: D(64x176, fp32) += A(64x16) * B(16x176)^T; attention's S at head dim 128: 176-key tiles.
+// ptx: wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n176k16_bf16(float (&d)[88], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %90, 0;\n"
@@ -117,9 +142,8 @@ TMAFLOW_DEVICE void mma_m64n176k16_bf16(float (&d)[88], uint64_t desc_a, uint64_
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 — D(64x192, fp32) += A(64x16) * B(16x192)^T,
-// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
-// scale_d = 0 overwrites D (the GEMM's 192-column tiles).
+// ditto: D(64x192, fp32) += A(64x16) * B(16x192)^T; the GEMM's 192-column tiles.
+// ptx: wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n192k16_bf16(float (&d)[96], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %98, 0;\n"
@@ -127,9 +151,8 @@ TMAFLOW_DEVICE void mma_m64n192k16_bf16(float (&d)[96], uint64_t desc_a, uint64_
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 — D(64x256, fp32) += A(64x16) * B(16x256)^T,
-// A K-major, B K-major (TransB = 0) or N-major (TransB = 1), in shared memory (descriptors);
-// scale_d = 0 overwrites D.
+// ditto: D(64x256, fp32) += A(64x16) * B(16x256)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
@@ -142,51 +165,60 @@ TMAFLOW_DEVICE void mma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a, uint64
 // (descriptors; a k-step of 32 elements is 32 B, as 16 bf16 are); scale_d = 0 overwrites D.
 // The tensor cores keep fewer accumulator bits for fp8 than fp32 has: long sums are added
 // into fp32 registers every few k-blocks (promotion).
+// ptx: wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3
+// who: a warpgroup (all 128 threads, converged; warpgroup-uniform arguments)
+// order: asynchronous: wgmma::fence() before the first wgmma of a group (after `d` or A's
+// registers were written), then commit_group() and wait_group<N>() before reading `d` or
+// overwriting the smem operands. Operands TMA wrote need only the barrier wait; ones
+// written by st.shared need fence::proxy_async_shared_cta() and a barrier first.
 TMAFLOW_DEVICE void mma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
                " wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
-// The same, m64n{8,16,32,64}k32 (D 64 x 8..64): the skinny fp8 path, whose activations' few
-// rows are the MMA's N.
+// ditto: D(64x8, fp32) += A(64x32) * B(32x8)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3
 TMAFLOW_DEVICE void mma_m64n8k32_e4m3(float (&d)[4], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %6, 0;\n"
                " wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+// ditto: D(64x16, fp32) += A(64x32) * B(32x16)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3
 TMAFLOW_DEVICE void mma_m64n16k32_e4m3(float (&d)[8], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %10, 0;\n"
                " wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+// ditto: D(64x32, fp32) += A(64x32) * B(32x32)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3
 TMAFLOW_DEVICE void mma_m64n32k32_e4m3(float (&d)[16], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
                " wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+// ditto: D(64x64, fp32) += A(64x32) * B(32x64)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3
 TMAFLOW_DEVICE void mma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
                " wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
-// The same, m64n192k32 (D 64x192): fp8 tiles of 192 columns, whose promoted accumulators and
-// fp32 totals (96 registers each) still fit a consumer's registers.
+// ditto: D(64x192, fp32) += A(64x32) * B(32x192)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3
 TMAFLOW_DEVICE void mma_m64n192k32_e4m3(float (&d)[96], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %98, 0;\n"
                " wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1;\n}\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
-// wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 — D(64x256, fp32) += A(64x32) * B(32x256)^T
-// for fp8 (e4m3) operands, both K-major (fp8 has no transposed form), in shared memory
-// (descriptors; a k-step of 32 elements is 32 B, as 16 bf16 are); scale_d = 0 overwrites D.
-// The tensor cores keep fewer accumulator bits for fp8 than fp32 has: long sums are added
-// into fp32 registers every few k-blocks (promotion).
+// ditto: D(64x256, fp32) += A(64x32) * B(32x256)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3
 TMAFLOW_DEVICE void mma_m64n256k32_e4m3(float (&d)[128], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
                " wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1;\n}\n"
@@ -197,6 +229,12 @@ TMAFLOW_DEVICE void mma_m64n256k32_e4m3(float (&d)[128], uint64_t desc_a, uint64
 // A(64x16) * B(16x64): each warp holds its 16 rows of A as an mma.m16n8k16 A fragment (4 x bf16x2;
 // the fp32 C fragment of a previous wgmma, converted, is one), B in shared memory, K-major
 // (TransB = 0) or N-major (TransB = 1). Attention's P V: P straight from the softmax registers.
+// ptx: wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16
+// who: a warpgroup (all 128 threads, converged; warpgroup-uniform arguments)
+// order: asynchronous: wgmma::fence() before the first wgmma of a group (after `d` or A's
+// registers were written), then commit_group() and wait_group<N>() before reading `d` or
+// overwriting the smem operands. Operands TMA wrote need only the barrier wait; ones
+// written by st.shared need fence::proxy_async_shared_cta() and a barrier first.
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
@@ -204,10 +242,8 @@ TMAFLOW_DEVICE void mma_m64n64k16_bf16_rs(float (&d)[32], const uint32_t (&a)[4]
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 with A from registers — D(64x128, fp32) +=
-// A(64x16) * B(16x128): each warp holds its 16 rows of A as an mma.m16n8k16 A fragment (4 x bf16x2;
-// the fp32 C fragment of a previous wgmma, converted, is one), B in shared memory, K-major
-// (TransB = 0) or N-major (TransB = 1). Attention's P V: P straight from the softmax registers.
+// ditto: D(64x128, fp32) += A(64x16) * B(16x128) (A from registers).
+// ptx: wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
@@ -215,8 +251,9 @@ TMAFLOW_DEVICE void mma_m64n128k16_bf16_rs(float (&d)[64], const uint32_t (&a)[4
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
-// The same, m64n256k16: D(64x256, fp32) += A(64x16, registers) * B(16x256) (attention's P V at
-// head dim 256).
+// ditto: D(64x256, fp32) += A(64x16) * B(16x256) (A from registers); attention's P V at head dim
+// 256.
+// ptx: wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n256k16_bf16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"
@@ -226,6 +263,12 @@ TMAFLOW_DEVICE void mma_m64n256k16_bf16_rs(float (&d)[128], const uint32_t (&a)[
 }
 // fp16 twins of the bf16 wrappers above that attention uses (wgmma .f32.f16.f16: the same
 // fragments, descriptors and layouts; only the element type differs).
+// ptx: wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16
+// who: a warpgroup (all 128 threads, converged; warpgroup-uniform arguments)
+// order: asynchronous: wgmma::fence() before the first wgmma of a group (after `d` or A's
+// registers were written), then commit_group() and wait_group<N>() before reading `d` or
+// overwriting the smem operands. Operands TMA wrote need only the barrier wait; ones
+// written by st.shared need fence::proxy_async_shared_cta() and a barrier first.
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n64k16_f16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
@@ -233,6 +276,8 @@ TMAFLOW_DEVICE void mma_m64n64k16_f16(float (&d)[32], uint64_t desc_a, uint64_t 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
+// ditto: D(64x128, fp32) += A(64x16) * B(16x128)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n128k16_f16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
@@ -240,6 +285,8 @@ TMAFLOW_DEVICE void mma_m64n128k16_f16(float (&d)[64], uint64_t desc_a, uint64_t
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
+// ditto: D(64x176, fp32) += A(64x16) * B(16x176)^T.
+// ptx: wgmma.mma_async.sync.aligned.m64n176k16.f32.f16.f16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n176k16_f16(float (&d)[88], uint64_t desc_a, uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %90, 0;\n"
@@ -247,6 +294,14 @@ TMAFLOW_DEVICE void mma_m64n176k16_f16(float (&d)[88], uint64_t desc_a, uint64_t
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
                : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
+// The fp16 twin of mma_m64n64k16_bf16_rs: A (64x16 fp16) from registers as an mma.m16n8k16
+// A fragment (4 x f16x2), B in shared memory.
+// ptx: wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16
+// who: a warpgroup (all 128 threads, converged; warpgroup-uniform arguments)
+// order: asynchronous: wgmma::fence() before the first wgmma of a group (after `d` or A's
+// registers were written), then commit_group() and wait_group<N>() before reading `d` or
+// overwriting the smem operands. Operands TMA wrote need only the barrier wait; ones
+// written by st.shared need fence::proxy_async_shared_cta() and a barrier first.
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
@@ -254,6 +309,8 @@ TMAFLOW_DEVICE void mma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4],
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
+// ditto: D(64x128, fp32) += A(64x16) * B(16x128) (A from registers).
+// ptx: wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n128k16_f16_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %69, 0;\n"
@@ -261,6 +318,8 @@ TMAFLOW_DEVICE void mma_m64n128k16_f16_rs(float (&d)[64], const uint32_t (&a)[4]
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TransB));
 }
+// ditto: D(64x256, fp32) += A(64x16) * B(16x256) (A from registers).
+// ptx: wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16
 template <int TransB = 0>
 TMAFLOW_DEVICE void mma_m64n256k16_f16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
   asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %133, 0;\n"
