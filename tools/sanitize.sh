@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache}
-# initcheck does not count TMA stores as initialising global memory: the edge path's scratch
-# (written by a GEMM's TMA stores, then copied out) is zeroed when made
+# initcheck does not count TMA stores (or tensormap-proxy writes) as initialising global memory:
+# the library's scratch (edge staging, descriptor slots, trace rings) is zeroed when made
 export TMAFLOW_ZERO_SCRATCH=1
 TOOLS="memcheck racecheck synccheck initcheck"
 library_ids=$(grep -vE '^\s*(#|$)' tools/sanitize_library.txt)

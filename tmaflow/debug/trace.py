@@ -29,7 +29,7 @@ import numpy as np
 from .. import checks
 from ..errors import TmaflowError
 from ..runtime import driver
-from ..runtime.memory import empty
+from ..runtime.memory import empty, zero_for_sanitizer
 
 # Mirrors enum tmaflow::trace::Kind (include/tmaflow/trace.cuh), from 1.
 KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", "arrive (remote)",
@@ -98,6 +98,7 @@ class Recorder:
         else:
             if self.buffer is None or self.buffer.nbytes < nbytes or not self.buffer.alive:
                 self.buffer = empty(nbytes, "uint8", self.device)
+                zero_for_sanitizer(self.buffer, 0)  # copied out whole, written in part
             driver.call("cuMemsetD8Async", self.buffer.ptr, 0, nbytes, stream)
             address = self.buffer.ptr
         self._state_bytes = struct.pack("<QII", address, log2, self.rings)

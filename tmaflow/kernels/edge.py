@@ -22,11 +22,9 @@ import functools
 import itertools
 from dataclasses import dataclass
 
-from .. import env
 from ..errors import TmaflowError
-from ..runtime import driver
 from ..runtime.device import current_device
-from ..runtime.memory import DeviceArray, as_array
+from ..runtime.memory import DeviceArray, as_array, zero_for_sanitizer
 from .entry import contiguous_strides, new_output, on_current_device
 from .matmul.config import BF16, _readable_scale_a, _row_major
 from .registry import get_kernel
@@ -294,10 +292,6 @@ def softmax_steps(out: DeviceArray, x: DeviceArray, stream=None, debug=None) -> 
 
 # --- the entry points' edge paths ---------------------------------------------------------------
 
-# compute-sanitizer's initcheck does not count TMA stores as initialising memory, so scratch a
-# GEMM writes by TMA and a copy then reads looks uninitialised to it: tools/sanitize.sh sets
-# TMAFLOW_ZERO_SCRATCH=1 and the scratch is zeroed when made (a memset on the call's stream).
-ZERO_SCRATCH = env.flag("TMAFLOW_ZERO_SCRATCH", False)
 
 
 class _Staging:
@@ -315,8 +309,7 @@ class _Staging:
 
             obj.record_stream(torch.cuda.ExternalStream(self.stream))
         self.keep.append(obj)
-        if ZERO_SCRATCH and arr.nbytes:
-            driver.call("cuMemsetD8Async", arr.ptr, 0, arr.nbytes, self.stream)
+        zero_for_sanitizer(arr, self.stream)  # a GEMM fills it by TMA stores, a copy reads it
         return arr
 
     def copy(self, src: DeviceArray, shape: tuple | None) -> DeviceArray:

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from .. import checks
+from .. import checks, env
 from ..dtypes import DType, as_dtype
 from ..errors import TmaflowError
 from . import dlpack, driver
@@ -487,3 +487,18 @@ class _DLPackOwner:
     def __init__(self, obj, release):
         self.obj = obj
         self._finalizer = weakref.finalize(self, release)
+
+
+# compute-sanitizer's initcheck counts neither TMA stores nor tensormap-proxy writes as
+# initialising memory, and (seen on an H100) not every stream-ordered memset either: with
+# TMAFLOW_ZERO_SCRATCH=1 (tools/sanitize.sh sets it) scratch the library makes is zeroed by a
+# synchronous memset, after the allocation's stream and before any later work.
+ZERO_SCRATCH = env.flag("TMAFLOW_ZERO_SCRATCH", False)
+
+
+def zero_for_sanitizer(arr: DeviceArray, stream: int) -> None:
+    """Zero ``arr`` synchronously when TMAFLOW_ZERO_SCRATCH is set; nothing otherwise."""
+    if ZERO_SCRATCH and arr.nbytes:
+        driver.call("cuStreamSynchronize", stream)
+        driver.call("cuMemsetD8", arr.ptr, 0, arr.nbytes)
+        driver.call("cuCtxSynchronize")

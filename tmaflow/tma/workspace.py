@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import TensorMapError, TmaflowError
 from ..runtime import driver
 from ..runtime.device import stream_handle
-from ..runtime.memory import DeviceArray, empty
+from ..runtime.memory import DeviceArray, empty, zero_for_sanitizer
 from .tensormap import encode
 
 SLOT_BYTES = 128
@@ -32,6 +32,7 @@ class DescriptorWorkspace:
         # Zeroed once, in order on its stream: kernels write the slots through the tensormap
         # proxy, which compute-sanitizer's initcheck does not count as initialising them.
         driver.call("cuMemsetD8Async", self.array.ptr, 0, self.array.nbytes, stream_handle(stream))
+        zero_for_sanitizer(self.array, stream_handle(stream))
 
     @property
     def ptr(self) -> int:
