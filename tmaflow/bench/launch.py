@@ -71,8 +71,8 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     except ImportError:
         pass
     if torch is not None:
-        tx, tyy = torch.tf.empty(4096, device="cuda"), torch.tf.empty(4096, device="cuda")
-        t2d = torch.tf.empty((256, 256), device="cuda")
+        tx, tyy = torch.empty(4096, device="cuda"), torch.empty(4096, device="cuda")
+        t2d = torch.empty((256, 256), device="cuda")
         tta, ttb = tf.TensorMap.tiled(t2d, (32, 32)), tf.TensorMap.tiled(t2d, (64, 64))
         cases["bound, torch pointers"] = lambda: bound_ptr(tx, tyy, 2.0, 1.0, 4096)
         cases["launch, torch pointers"] = lambda: kp_ptr.launch(tx, tyy, 2.0, 1.0, 4096, grid=1, block=256)
@@ -83,7 +83,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     except ImportError:
         pass
     if cupy is not None:
-        cx, cy = cupy.tf.empty(4096, dtype=cupy.float32), cupy.tf.empty(4096, dtype=cupy.float32)
+        cx, cy = cupy.empty(4096, dtype=cupy.float32), cupy.empty(4096, dtype=cupy.float32)
         cases["bound, cupy pointers"] = lambda: bound_ptr(cx, cy, 2.0, 1.0, 4096)
     got = host_rounds(cases, calls=n, repeats=rounds).samples
     for name in cases:
@@ -105,7 +105,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     xs = torch.randn(64, 1024, device="cuda")
     ys = torch.empty_like(xs)
     big = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
-    cbig = torch.tf.empty(256, 256, device="cuda", dtype=torch.bfloat16)
+    cbig = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
     xtf, ytf = tf.from_numpy(np.random.default_rng().standard_normal((64, 1024), dtype=np.float32)), tf.empty((64, 1024))
     pairs = {
         "softmax 64x1024 torch, allocating": (lambda: kernels.softmax(xs), lambda: torch.softmax(xs, -1)),
