@@ -235,7 +235,9 @@ def _nd_view(torch, rng, shape, dtype, scale=1.0):
 
 
 def _bits(torch, t):
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    # a fresh contiguous clone: .contiguous() keeps an odd stride on a one-element dim, which
+    # .view(torch.uint8) refuses
+    return t.clone(memory_format=torch.contiguous_format).reshape(-1).view(torch.uint8)
 
 
 def test_copy_random_ranks_and_layouts(torch, rng):

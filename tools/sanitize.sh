@@ -2,8 +2,9 @@
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel: the examples,
 # the seeds, and the library (one small GPU test per kernel variant, tools/sanitize_library.txt).
 #   bash tools/sanitize.sh            -> a summary line per set and tool, logs under $OUT (or ./.out)
-# Env: SANITIZE_SETS (default "examples seeds library"; "handoff": a cp.async -> mbarrier hand-off
-#      alone, to tell a racecheck limitation from a race), SANITIZE_TOOL_BUDGET (seconds per run).
+# Env: SANITIZE_SETS (default "examples seeds library"; "handoff" / "handoff-warp": a cp.async ->
+#      mbarrier hand-off alone, released by every consumer lane / by one lane after __syncwarp as
+#      the GEMM's consumers do, to tell a racecheck limitation from a race), SANITIZE_TOOL_BUDGET (seconds per run).
 # The four tools run side by side on the one GPU (each in its own process).
 set -u
 cd "$(dirname "$0")/.."
@@ -20,6 +21,7 @@ run_set() {  # set -> the command compute-sanitizer runs
     examples) echo "python3 tools/sanitize_examples.py" ;;
     seeds) echo "python3 tools/sanitize_examples.py --seeds" ;;
     handoff) echo "python3 tools/sanitize_examples.py --handoff" ;;
+    handoff-warp) echo "python3 tools/sanitize_examples.py --handoff --warp-release" ;;
     library) echo "python3 -m pytest -q -p no:cacheprovider -m gpu $library_ids" ;;
   esac
 }

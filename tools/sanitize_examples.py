@@ -101,11 +101,12 @@ def handoff(rng, check, bad) -> int:
     arrival on an mbarrier (the row-major block-scale gather's hand-off)?"""
     text = (Path(__file__).resolve().parents[1] / "tests" / "kernels" / "probe.cu").read_text()
     rounds = 8
+    kernel = tf.Kernel(text, "cp_async_noinc_handoff", filename="probe.cu")
+    warp_release = int("--warp-release" in sys.argv)  # 0: every lane releases; 1: one lane
     src = rng.standard_normal(rounds * 32).astype(np.float32)
     out = tf.zeros(rounds * 32, "float32")
-    tf.Kernel(text, "cp_async_noinc_handoff", filename="probe.cu").launch(
-        tf.from_numpy(src), out, rounds, grid=1, block=64)
-    check("cp_async_noinc_handoff", np.array_equal(out.numpy(), src))
+    kernel.launch(tf.from_numpy(src), out, rounds, warp_release, grid=1, block=64)
+    check(f"cp_async_noinc_handoff warp_release={warp_release}", np.array_equal(out.numpy(), src))
     print(f"{len(bad)} wrong" if bad else "all results correct")
     return 1 if bad else 0
 

@@ -94,14 +94,17 @@ extern "C" __global__ void echo_args(const __grid_constant__ CUtensorMap a, int8
 // cp.async.mbarrier.arrive.noinc (the arrival lands when its copies have); warp 1 waits on it,
 // reads the stage, and releases it. Correct by the PTX memory model; tools/sanitize.sh runs it
 // under racecheck to see whether the tool models the noinc arrival (it reports hazards if not).
-extern "C" __global__ void cp_async_noinc_handoff(const float* src, float* out, int rounds) {
+// With warp_release, the consumer warp releases a stage as the GEMM's consumers do
+// (Pipeline::consumer_release_warp): __syncwarp, then one lane arrives.
+extern "C" __global__ void cp_async_noinc_handoff(const float* src, float* out, int rounds,
+                                                  int warp_release) {
   __shared__ __align__(16) float stage[2][32];
   __shared__ __align__(8) uint64_t full[2], empty[2];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; ++s) {
       tmaflow::mbarrier::init(&full[s], 32);
-      tmaflow::mbarrier::init(&empty[s], 32);
+      tmaflow::mbarrier::init(&empty[s], warp_release ? 1 : 32);
     }
   }
   __syncthreads();
@@ -116,7 +119,7 @@ extern "C" __global__ void cp_async_noinc_handoff(const float* src, float* out, 
       tmaflow::mbarrier::wait(&full[s], phase);
       out[r * 32 + lane] = stage[s][lane];
       __syncwarp();
-      tmaflow::mbarrier::arrive(&empty[s]);
+      if (!warp_release || lane == 0) tmaflow::mbarrier::arrive(&empty[s]);
     }
   }
 }
