@@ -324,7 +324,8 @@ class Kernel:
         return launcher
 
     def _fit(self, config: LaunchConfig, mod: _Module) -> LaunchConfig:
-        """The device- and kernel-specific rules: compiled cluster dims, threads, smem."""
+        """The device- and kernel-specific rules: compiled cluster dims, the layout's planned
+        cluster and size, threads, smem."""
         cluster = config.cluster
         if any(mod.compiled_cluster):
             if cluster == (1, 1, 1):
@@ -333,6 +334,8 @@ class Kernel:
                 raise LaunchError(f"cluster={cluster} conflicts with __cluster_dims__"
                                   f"{mod.compiled_cluster} compiled into {self.name}; pass "
                                   f"cluster={mod.compiled_cluster} or leave it out")
+        if self.layout is not None:
+            self.layout.check_launch(self.name, cluster, config.smem)
         if config.threads > mod.max_threads:
             raise LaunchError(f"block={config.block} has {config.threads} threads; {self.name} "
                               f"allows at most {mod.max_threads} (registers or __launch_bounds__)")

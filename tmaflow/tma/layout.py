@@ -300,7 +300,9 @@ class SharedLayout:
     ``limit`` (227 KB on Hopper). ``header()`` is the generated ``tmaflow_layout.cuh`` a kernel
     includes (``Kernel(..., layout=...)`` adds it): ``tmaflow_layout::Smem S(smem)`` gives every
     item by name, with its arrival counts, transaction bytes and multicast masks.
-    ``total_bytes`` is what a launch passes as dynamic smem by default."""
+    ``total_bytes`` is what a launch passes as dynamic smem by default, and the least it may
+    pass; ``cluster`` is the cluster its pipelines were planned for (None when all keep the
+    default (1, 1, 1)), the only cluster a kernel with this layout launches with."""
 
     def __init__(self, items, limit: int = HOPPER_SMEM_LIMIT):
         if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
@@ -351,10 +353,39 @@ class SharedLayout:
                 place(item.name, 8, 8, f"mbarrier ({item.arrivals} arrivals, {item.tx_bytes} tx B)")
         self.total_bytes = offset
         self.align = max((p.align for p in self.placements), default=8)
+        self.cluster, self._cluster_owner = self._planned_cluster()
         if self.total_bytes > self.limit:
             raise LayoutError(f"SharedLayout needs {self.total_bytes} B of shared memory, over the "
                               f"{self.limit} B per-block limit:\n{self.describe()}\n"
                               "Use fewer stages or smaller boxes")
+
+    def _planned_cluster(self) -> tuple[tuple[int, int, int] | None, str | None]:
+        """The cluster the pipelines were planned for and the first pipeline naming it; (None,
+        None) when every pipeline keeps the default (1, 1, 1), which holds in any cluster."""
+        planned: dict[tuple, str] = {}
+        for item in self.items:
+            if isinstance(item, Pipeline) and item.cluster != (1, 1, 1):
+                planned.setdefault(item.cluster, item.name)
+        if len(planned) > 1:
+            (a, first), (b, second) = list(planned.items())[:2]
+            raise LayoutError(f"SharedLayout: Pipeline {first!r} plans cluster={a} but Pipeline "
+                              f"{second!r} plans cluster={b}; a launch has one cluster, so plan "
+                              "both for the same one")
+        return next(iter(planned.items()), (None, None))
+
+    def check_launch(self, kernel: str, cluster: tuple[int, int, int], smem: int | None) -> None:
+        """Refuse a launch this plan does not hold: a cluster other than the one its pipelines
+        were planned for (their arrival counts and multicast masks count its CTAs), or an
+        explicit ``smem`` below ``total_bytes``."""
+        if self.cluster is not None and cluster != self.cluster:
+            raise LaunchError(f"{kernel}: launched with cluster={cluster}, but its layout's Pipeline "
+                              f"{self._cluster_owner!r} was planned for cluster={self.cluster} (its "
+                              "arrival counts and multicast masks count those CTAs); launch with "
+                              f"cluster={self.cluster} or plan the Pipeline with cluster={cluster}")
+        if smem is not None and smem < self.total_bytes:
+            raise LaunchError(f"{kernel}: smem={smem} B is below the {self.total_bytes} B its "
+                              "layout places (layout.total_bytes); leave smem out (the layout's "
+                              f"total is the default) or pass smem >= {self.total_bytes}")
 
     def offset(self, name: str) -> int:
         for p in self.placements:
