@@ -229,7 +229,7 @@ class Kernel:
         return tuple(opts) + self.options
 
     def _headers(self) -> dict[str, str]:
-        return {"tmaflow_layout.cuh": self.layout.header()} if self.layout is not None else {}
+        return {compiler.LAYOUT_HEADER: self.layout.header()} if self.layout is not None else {}
 
     @property
     def program(self) -> compiler.Program:
