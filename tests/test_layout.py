@@ -172,6 +172,39 @@ def test_buffer_of_a_spec_takes_its_size_and_alignment():
     assert tf.Buffer("x", 100).align == 128
 
 
+
+def test_buffer_count_places_copies_one_stride_apart_under_one_name():
+    spec = tf.TensorMapSpec.tiled("float32", (64, 64), (3, 16))  # 192 B, 128 B aligned
+    pair = tf.Buffer("tile", spec, count=2)
+    assert (pair.nbytes, pair.align, pair.stride, pair.total_bytes) == (192, 128, 256, 448)
+    layout = tf.SharedLayout([pair, tf.Buffer("single", 100), tf.Barrier("bar")])
+    assert [(p.name, p.offset, p.nbytes) for p in layout.placements] == \
+        [("tile", 0, 448), ("single", 512, 100), ("bar", 616, 8)]
+    assert "tile: 2 x buffer 192 B" in layout.describe()
+    header = layout.header()
+    assert "namespace tile { constexpr int count = 2; constexpr uint32_t stride = 256; }" in header
+    assert "void* tile(uint32_t i) const { return base + 0 + i * tile::stride; }" in header
+    # a single buffer keeps its accessor and gets no namespace
+    assert "void* single() const { return base + 512; }" in header
+    assert "namespace single" not in header
+    src = r'''#include "tmaflow_layout.cuh"
+extern "C" __global__ void k(float* out) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  tmaflow_layout::Smem S(smem);
+  static_assert(tmaflow_layout::tile::count == 2, "count");
+  float* t = static_cast<float*>(S.tile(threadIdx.x % tmaflow_layout::tile::count));
+  out[threadIdx.x] = t[0] + *static_cast<float*>(S.single());
+}'''
+    assert tf.Kernel(src, "k", layout=layout).cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("count", [0, 1025, 1.0, True, "2"])
+def test_buffer_count_must_be_an_int_in_range(count):
+    with pytest.raises(tf.LayoutError, match=rf"Buffer 'b': count={re.escape(repr(count))} must be "
+                       r"an int in \[1, 1024\]"):
+        tf.Buffer("b", 64, count=count)
+
+
 # --- a layout's plan against the launch (Kernel._fit, the rules bind / launcher / launch apply) ---
 
 LAYOUT_SOURCE = '#include "tmaflow_layout.cuh"\nextern "C" __global__ void k() {}'

@@ -120,11 +120,16 @@ class Buffer:
     for a 128B-swizzled box; the swizzle pattern follows absolute addresses, so less would
     change the image). ``align`` defaults to 128 B for byte counts; an explicit ``align`` below
     a spec's is an error.
+
+    ``count`` > 1 places that many such buffers ``stride`` bytes apart (``nbytes`` rounded up
+    to ``align``): double buffering under one name, ``S.<name>(i)`` on the device and
+    ``L::<name>::count`` / ``stride`` in the header. A single buffer is ``S.<name>()``.
     """
 
     name: str
     nbytes: int
     align: int | None = None
+    count: int = 1
 
     def __post_init__(self):
         _check_name("Buffer", self.name)
@@ -145,6 +150,17 @@ class Buffer:
         if not 0 < self.align <= 1 << 31 or self.align & (self.align - 1):
             raise LayoutError(f"Buffer {self.name!r}: align={self.align} must be a power of two "
                               "<= 2^31")
+        object.__setattr__(self, "count", _count("Buffer", self.name, "count", self.count, 1, 1024))
+
+    @property
+    def stride(self) -> int:
+        """Bytes from one of ``count`` buffers to the next: ``nbytes`` rounded up to ``align``."""
+        return -(-self.nbytes // self.align) * self.align
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the ``count`` buffers span (the last needs only its ``nbytes``)."""
+        return (self.count - 1) * self.stride + self.nbytes
 
 
 def _int_field(name: str, field_name: str, value) -> int:
@@ -342,7 +358,8 @@ class SharedLayout:
                           f" swizzle {spec.swizzle}")
         for i, item in enumerate(self.items):
             if isinstance(item, Buffer):
-                place(item.name, item.nbytes, item.align, f"buffer {item.nbytes} B")
+                copies = f"{item.count} x " if item.count > 1 else ""
+                place(item.name, item.total_bytes, item.align, f"{copies}buffer {item.nbytes} B")
             elif not isinstance(item, (Pipeline, Barrier)):
                 raise LayoutError(f"SharedLayout: items[{i}]={item!r} is not a Pipeline, Barrier or Buffer")
         for item in self.items:
@@ -439,6 +456,9 @@ class SharedLayout:
             elif isinstance(item, Barrier):
                 L.append(f"namespace {item.name} {{ constexpr uint32_t arrivals = {item.arrivals}; "
                          f"constexpr uint32_t tx_bytes = {item.tx_bytes}; }}")
+            elif isinstance(item, Buffer) and item.count > 1:
+                L.append(f"namespace {item.name} {{ constexpr int count = {item.count}; "
+                         f"constexpr uint32_t stride = {item.stride}; }}")
         L.append("struct Smem {")
         L.append("  uint8_t* base;")
         L.append("  TMAFLOW_DEVICE explicit Smem(void* p) : base(static_cast<uint8_t*>(p)) {}")
@@ -458,6 +478,9 @@ class SharedLayout:
                 L.append(f"  TMAFLOW_DEVICE tmaflow::Barrier {item.name}() const {{ return {{"
                          f"reinterpret_cast<uint64_t*>(base + {self.offset(item.name)}), "
                          f"{item.arrivals}, {item.tx_bytes}, \"{item.name}\"}}; }}")
+            elif isinstance(item, Buffer) and item.count > 1:
+                L.append(f"  TMAFLOW_DEVICE void* {item.name}(uint32_t i) const {{ return base + "
+                         f"{self.offset(item.name)} + i * {item.name}::stride; }}")
             elif isinstance(item, Buffer):
                 L.append(f"  TMAFLOW_DEVICE void* {item.name}() const {{ return base + {self.offset(item.name)}; }}")
         L.append("};")
