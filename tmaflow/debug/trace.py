@@ -26,7 +26,7 @@ import zipfile
 
 import numpy as np
 
-from .. import checks
+from .. import checks, plot
 from ..errors import TmaflowError
 from ..runtime import driver
 from ..runtime.memory import empty, zero_for_sanitizer
@@ -307,13 +307,6 @@ class Trace:
         """A timeline of the first ``blocks`` CTAs: a lane per warp, waits as bars coloured by
         stage, loads and stores as ticks, over the last ``window_us`` microseconds (None: all
         of it). Needs matplotlib (the ``plot`` extra)."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            raise TmaflowError("Trace.to_png needs matplotlib (pip install 'tmaflow[plot]')") from None
         roles = self.roles()
         shown = sorted({b for b, _ in roles})[:blocks]
         lanes = [(b, w) for b, w in sorted(roles) if b in shown]
@@ -322,8 +315,9 @@ class Trace:
         t_min = int(self.events["t0"].min())
         t_end = int((self.events["t0"] + self.events["dur"]).max())
         lo = t_min if window_us is None else max(t_min, t_end - int(window_us * 1e3))
-        fig, ax = plt.subplots(figsize=(width, 0.35 * len(lanes) + 1.2))
-        cmap = plt.get_cmap("tab10")
+        fig = plot.figure("Trace.to_png", (width, 0.35 * len(lanes) + 1.2))
+        ax = fig.subplots()
+        cmap = plot.colormap("tab10")
         for y, (b, w) in enumerate(lanes):
             mine = self.events[(self.events["block"] == b) & (self.events["warp"] == w)]
             mine = mine[mine["t0"] + mine["dur"] >= lo]
@@ -346,7 +340,6 @@ class Trace:
         ax.invert_yaxis()
         fig.tight_layout()
         fig.savefig(path, dpi=120)
-        plt.close(fig)
 
     def summary(self) -> str:
         if not len(self.events):
