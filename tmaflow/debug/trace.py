@@ -129,6 +129,7 @@ class Recorder:
         self._generation = self.device.generation
 
     def close(self) -> None:
+        """Drop the device rings and free the mapped host copy."""
         self.buffer = None
         self._free_host()
 
@@ -164,6 +165,7 @@ class Trace:
         return cls(out, kernel_name, warps, placements, wrapped)
 
     def save(self, path) -> None:
+        """Write the events and their metadata to ``path`` (``.npz``; ``Trace.load`` reads it back)."""
         meta = json.dumps({"kernel": self.kernel_name, "warps_per_block": self.warps_per_block,
                            "placements": self.placements, "wrapped": self.wrapped,
                            "level": self.level})
@@ -201,6 +203,7 @@ class Trace:
 
     # --- naming ----------------------------------------------------------------------------
     def kind(self, code: int) -> str:
+        """The name of an event kind code (``'wait'``, ``'TMA load'``, ...)."""
         return KINDS[code - 1] if 1 <= code <= len(KINDS) else f"kind {code}"
 
     def barrier(self, bar: int) -> str:
@@ -239,6 +242,7 @@ class Trace:
         return roles
 
     def label(self, e) -> str:
+        """One event as text: its kind and, for barrier events, the layout item and stage."""
         return self._label(self.kind(int(e["kind"])), int(e["bar"]), int(e["stage"]), int(e["value"]))
 
     def _label(self, name: str, bar: int, stage: int, value: int) -> str:
@@ -342,6 +346,8 @@ class Trace:
         fig.savefig(path, dpi=120)
 
     def summary(self) -> str:
+        """Events, span and CTAs, then per kind its count (and for waits and other spans the mean
+        and longest duration)."""
         if not len(self.events):
             return f"{self.kernel_name}: no events recorded"
         span_us = (int(self.events["t0"].max()) - int(self.events["t0"].min())) / 1e3

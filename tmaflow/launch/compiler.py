@@ -37,6 +37,7 @@ class Resources:
 
     @property
     def spills(self) -> int:
+        """Spill stores plus spill loads, in bytes."""
         return self.spill_stores + self.spill_loads
 
 

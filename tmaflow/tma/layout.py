@@ -262,10 +262,12 @@ class Pipeline:
         return -(-spec.smem_bytes // spec.smem_align) * spec.smem_align
 
     def stage_stride(self, tile: int) -> int:
+        """Bytes between one stage's boxes of tile ``tile`` and the next stage's."""
         return self.box_stride(tile) * self.boxes[tile]
 
     @property
     def full_arrivals(self) -> int:
+        """Arrivals that complete a full barrier's phase: ``producers``."""
         return self.producers
 
     def _rank(self, x: int, y: int) -> int:
@@ -283,10 +285,14 @@ class Pipeline:
         return sum(1 << self._rank(x, j) for j in range(cy))
 
     def is_leader(self, tile: int, rank: int) -> bool:
+        """Whether CTA ``rank`` is the lowest of its group for tile ``tile`` (the one that issues a
+        whole-tile multicast)."""
         mask = self.group_mask(tile, rank)
         return (mask & -mask) == (1 << rank)
 
     def release_mask(self, rank: int) -> int:
+        """CTAs (bit per cluster rank) whose empty barriers CTA ``rank``'s consumers release: the
+        OR of its tiles' group masks."""
         mask = 0
         for t in range(len(self.tiles)):
             mask |= self.group_mask(t, rank)
@@ -294,10 +300,13 @@ class Pipeline:
 
     @property
     def empty_arrivals(self) -> int:
+        """Arrivals that complete an empty barrier's phase: ``consumers`` from every CTA that
+        releases to it."""
         return self.consumers * bin(self.release_mask(0)).count("1")
 
     @property
     def uses_cluster(self) -> bool:
+        """Whether some tile is multicast (releases then reach other CTAs of the cluster)."""
         return self.multicast is not None and any(a is not None for a in self.multicast)
 
 
@@ -405,17 +414,20 @@ class SharedLayout:
                               f"total is the default) or pass smem >= {self.total_bytes}")
 
     def offset(self, name: str) -> int:
+        """The byte offset of a placed item (``'ab_tile0'``, ``'ab_full'``, a buffer or barrier name)."""
         for p in self.placements:
             if p.name == name:
                 return p.offset
         raise LayoutError(f"SharedLayout has no item {name!r}")
 
     def check_device(self, device) -> None:
+        """Raise LayoutError when ``total_bytes`` is over ``device``'s shared memory per block."""
         if self.total_bytes > device.max_smem_per_block:
             raise LayoutError(f"SharedLayout needs {self.total_bytes} B; {device.name} allows "
                               f"{device.max_smem_per_block} B per block")
 
     def describe(self) -> str:
+        """A table of the placements: offset, size, alignment, name and what each holds."""
         rows = [f"  {p.offset:7d}  {p.nbytes:7d} B  align {p.align:5d}  {p.name}: {p.what}"
                 for p in self.placements]
         return "\n".join(rows + [f"  total {self.total_bytes} B"])
