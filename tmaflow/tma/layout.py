@@ -11,6 +11,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 from .. import checks
 from ..errors import LaunchError, LayoutError
@@ -155,7 +156,8 @@ class Buffer:
     @property
     def stride(self) -> int:
         """Bytes from one of ``count`` buffers to the next: ``nbytes`` rounded up to ``align``."""
-        return -(-self.nbytes // self.align) * self.align
+        align = cast(int, self.align)  # resolved by __post_init__
+        return -(-self.nbytes // align) * align
 
     @property
     def total_bytes(self) -> int:
