@@ -91,6 +91,7 @@ PARAMS += [
     row("Buffer", "name", _buffer("name"), L),
     row("Buffer", "nbytes", _buffer("nbytes"), L, INTS),
     row("Buffer", "align", _buffer("align"), L, INTS | {"none"}),
+    row("Buffer", "count", _buffer("count"), L, INTS),
     row("Pipeline", "name", _pipeline("name"), L),
     row("Pipeline", "stages", _pipeline("stages"), L, INTS),
     row("Pipeline", "tiles", _pipeline("tiles"), L, field=r"\btiles(\[[^]]+\])?="),

@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,6 +67,55 @@ def test_swizzle_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_swizzle_png_without_matplotlib_fails_saying_so(tmp_path):
+    blocked = tmp_path / "site" / "matplotlib"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    root = Path(__file__).resolve().parents[1]
+    out = run("swizzle", "--png", str(tmp_path / "s.png"),
+              env={"PYTHONPATH": os.pathsep.join([str(blocked.parent), str(root)])})
+    assert out.returncode == 1 and not (tmp_path / "s.png").exists()
+    assert out.stderr == "tmaflow: swizzle --png needs matplotlib (pip install 'tmaflow[plot]')\n"
+    assert out.stdout == ""  # refused before any work
+
+
+def test_drawing_leaves_the_global_backend_and_pyplot_alone(tmp_path):
+    pytest.importorskip("matplotlib")
+    script = f"""
+import sys, matplotlib
+matplotlib.use("pdf")  # a user's choice, e.g. a notebook's inline backend
+from tmaflow import cli
+from test_trace import layout, rings
+import tmaflow.debug.trace as tr
+from tmaflow.launch.config import LaunchConfig
+assert cli.main(["swizzle", "--box", "8x64", "--png", {str(tmp_path / "s.png")!r}]) == 0
+lay = layout()
+t = tr.Trace.from_rings(rings([[(1000, 60, "wait", 0, lay.offset("ab_full"), 0)]]), "k", LaunchConfig(1, 32), lay)
+t.to_png({str(tmp_path / "t.png")!r})
+print(matplotlib.get_backend(), "matplotlib.pyplot" in sys.modules)
+"""
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")])))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "pdf False"
+    for png in ("s.png", "t.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_trace_png_without_matplotlib_is_a_tmaflow_error(monkeypatch, tmp_path):
+    from test_trace import layout, rings
+    from tmaflow.debug import trace as tr
+
+    lay = layout()
+    t = tr.Trace.from_rings(rings([[(1000, 60, "wait", 0, lay.offset("ab_full"), 0)]]), "k",
+                            tf.LaunchConfig(1, 32), lay)
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(tf.TmaflowError, match=r"Trace.to_png needs matplotlib \(pip install 'tmaflow\[plot\]'\)"):
+        t.to_png(tmp_path / "t.png")
+
+
 def test_cli_reports_tmaflow_errors_without_traceback():
     out = run("swizzle", "--dtype", "float32", "--box", "8x64", "--swizzle", "128B")
     assert out.returncode == 1
@@ -100,11 +150,9 @@ def test_cli_into_a_closed_pipe_is_quiet():
     assert p.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
 
 
-def test_version():
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-m", "tmaflow", "--version"], capture_output=True, text=True)
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(flag):
+    r = run(flag)
     assert r.returncode == 0 and r.stdout.strip() == f"tmaflow {tf.__version__}"
 
 

@@ -337,6 +337,23 @@ def test_a_bad_option_is_named():
         tf.Kernel("extern \"C\" __global__ void k() {}", "k", options=["--not-an-option"]).cubin
 
 
+def test_a_missing_include_is_a_source_error_not_an_option():
+    with pytest.raises(tf.CompileError, match=r"NVRTC failed to compile kernel.cu \(1 error\)\n"
+                       r"(?s:.*)cannot open source file \"no_such_header.h\"") as info:
+        tf.Kernel("#include <no_such_header.h>\n__global__ void k() {}", "k").cubin
+    assert "layout=" not in info.value.message
+
+
+def test_the_layout_header_without_a_layout_says_to_pass_one():
+    source = '#include "tmaflow_layout.cuh"\nextern "C" __global__ void k() {}'
+    with pytest.raises(tf.CompileError, match=r"NVRTC failed to compile kernel.cu \(1 error\); "
+                       r"tmaflow_layout.cuh is generated from a shared-memory plan: pass "
+                       r"layout=tf.SharedLayout\(\[...\]\) to tf.Kernel"):
+        tf.Kernel(source, "k").cubin
+    plan = tf.SharedLayout([tf.Buffer("scratch", 256)])
+    assert tf.Kernel(source, "k", layout=plan).cubin
+
+
 def test_ptxas_serializing_wgmma_is_a_warning_naming_the_note():
     # The accumulator is read while its wgmma may still run: ptxas injects a wait there.
     src = r'''

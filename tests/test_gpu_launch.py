@@ -87,6 +87,23 @@ def test_launch_config_object(device):
     assert out.numpy()[0] == big_smem_expect(255, 9)
 
 
+
+def test_a_layouts_planned_cluster_and_size_bind_every_launch_path(device):
+    spec = tf.TensorMapSpec.tiled("float32", (64, 64), (8, 64))
+    layout = tf.SharedLayout([tf.Pipeline("w", stages=2, tiles=[spec], cluster=(2, 1, 1), multicast=["x"])])
+    k = tf.Kernel('#include "tmaflow_layout.cuh"\nextern "C" __global__ void k() {}', "k", layout=layout)
+    planned = r"but its layout's Pipeline 'w' was planned for cluster=\(2, 1, 1\)"
+    with pytest.raises(tf.LaunchError, match=r"launched with cluster=\(1, 1, 1\), " + planned):
+        k.launch(grid=2, block=32)
+    with pytest.raises(tf.LaunchError, match=r"launched with cluster=\(4, 1, 1\), " + planned):
+        k.launcher(grid=4, block=32, cluster=4)
+    with pytest.raises(tf.LaunchError, match=rf"smem={layout.total_bytes - 8} B is below the "
+                       rf"{layout.total_bytes} B its layout places"):
+        k.bind(grid=2, block=32, cluster=2, smem=layout.total_bytes - 8)
+    k.launch(grid=2, block=32, cluster=2)
+    device.synchronize()
+
+
 # --- torch and cupy on the generated path, and the framework's stream ---------------------------
 
 def test_torch_and_cupy_arguments_take_the_generated_path(device):

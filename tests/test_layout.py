@@ -1,4 +1,7 @@
 """Shared-memory plans: offsets, alignments, totals, tx bytes, masks, arrival counts."""
+import re
+import types
+
 import pytest
 
 import tmaflow as tf
@@ -167,3 +170,100 @@ def test_buffer_of_a_spec_takes_its_size_and_alignment():
     with pytest.raises(tf.LayoutError, match=r"Buffer 'x': nbytes=1.5 must be an int"):
         tf.Buffer("x", 1.5)
     assert tf.Buffer("x", 100).align == 128
+
+
+
+def test_buffer_count_places_copies_one_stride_apart_under_one_name():
+    spec = tf.TensorMapSpec.tiled("float32", (64, 64), (3, 16))  # 192 B, 128 B aligned
+    pair = tf.Buffer("tile", spec, count=2)
+    assert (pair.nbytes, pair.align, pair.stride, pair.total_bytes) == (192, 128, 256, 448)
+    layout = tf.SharedLayout([pair, tf.Buffer("single", 100), tf.Barrier("bar")])
+    assert [(p.name, p.offset, p.nbytes) for p in layout.placements] == \
+        [("tile", 0, 448), ("single", 512, 100), ("bar", 616, 8)]
+    assert "tile: 2 x buffer 192 B" in layout.describe()
+    header = layout.header()
+    assert "namespace tile { constexpr int count = 2; constexpr uint32_t stride = 256; }" in header
+    assert "void* tile(uint32_t i) const { return base + 0 + i * tile::stride; }" in header
+    # a single buffer keeps its accessor and gets no namespace
+    assert "void* single() const { return base + 512; }" in header
+    assert "namespace single" not in header
+    src = r'''#include "tmaflow_layout.cuh"
+extern "C" __global__ void k(float* out) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  tmaflow_layout::Smem S(smem);
+  static_assert(tmaflow_layout::tile::count == 2, "count");
+  float* t = static_cast<float*>(S.tile(threadIdx.x % tmaflow_layout::tile::count));
+  out[threadIdx.x] = t[0] + *static_cast<float*>(S.single());
+}'''
+    assert tf.Kernel(src, "k", layout=layout).cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("count", [0, 1025, 1.0, True, "2"])
+def test_buffer_count_must_be_an_int_in_range(count):
+    with pytest.raises(tf.LayoutError, match=rf"Buffer 'b': count={re.escape(repr(count))} must be "
+                       r"an int in \[1, 1024\]"):
+        tf.Buffer("b", 64, count=count)
+
+
+# --- a layout's plan against the launch (Kernel._fit, the rules bind / launcher / launch apply) ---
+
+LAYOUT_SOURCE = '#include "tmaflow_layout.cuh"\nextern "C" __global__ void k() {}'
+
+
+def fitted(layout, compiled_cluster=(0, 0, 0), **config):
+    """The configuration ``Kernel(layout=layout).bind(**config)`` would launch, checked against
+    a stand-in for the loaded module (no GPU): no __cluster_dims__ unless given, room for any
+    smem."""
+    module = types.SimpleNamespace(compiled_cluster=compiled_cluster, max_threads=1024,
+                                   ensure_smem=lambda smem: None, allow_non_portable=lambda: None)
+    return tf.Kernel(LAYOUT_SOURCE, "k", layout=layout)._fit(tf.LaunchConfig(**config), module)
+
+
+def multicast_layout(cluster=(2, 1, 1)):
+    return tf.SharedLayout([tf.Pipeline("rows", stages=2, tiles=[SMALL]),
+                            tf.Pipeline("w", stages=2, tiles=[A], consumers=4, cluster=cluster,
+                                        multicast=["x"])])
+
+
+@pytest.mark.parametrize("cluster", [1, (4, 1, 1), (1, 2, 1)])
+def test_launch_with_another_cluster_than_the_plan_is_refused(cluster):
+    layout = multicast_layout()
+    assert layout.cluster == (2, 1, 1)
+    launched = tf.LaunchConfig((4, 2), 128, cluster).cluster
+    with pytest.raises(tf.LaunchError, match=rf"k: launched with cluster={re.escape(str(launched))}, "
+                       r"but its layout's Pipeline 'w' was planned for cluster=\(2, 1, 1\) .* launch "
+                       r"with cluster=\(2, 1, 1\) or plan the Pipeline with cluster="):
+        fitted(layout, grid=(4, 2), block=128, cluster=cluster)
+
+
+def test_launch_with_the_planned_cluster_passes_and_takes_the_layout_size():
+    layout = multicast_layout()
+    config = fitted(layout, grid=4, block=128, cluster=2)
+    assert config.cluster == (2, 1, 1) and config.smem == layout.total_bytes
+    # __cluster_dims__ fills in a cluster left out; it is checked against the plan too
+    assert fitted(layout, (2, 1, 1), grid=4, block=128).cluster == (2, 1, 1)
+    with pytest.raises(tf.LaunchError, match=r"launched with cluster=\(4, 1, 1\), but"):
+        fitted(layout, (4, 1, 1), grid=4, block=128)
+
+
+def test_default_cluster_pipelines_hold_in_any_cluster():
+    layout = tf.SharedLayout([tf.Pipeline("rows", stages=2, tiles=[SMALL])])
+    assert layout.cluster is None
+    assert fitted(layout, grid=4, block=128, cluster=2).cluster == (2, 1, 1)
+
+
+def test_pipelines_planned_for_two_clusters_are_refused():
+    with pytest.raises(tf.LayoutError, match=r"Pipeline 'a' plans cluster=\(2, 1, 1\) but Pipeline "
+                       r"'b' plans cluster=\(1, 2, 1\); a launch has one cluster"):
+        tf.SharedLayout([tf.Pipeline("a", stages=2, tiles=[SMALL], cluster=(2, 1, 1)),
+                         tf.Pipeline("b", stages=2, tiles=[SMALL], cluster=(1, 2, 1))])
+
+
+def test_smem_below_the_layout_is_refused():
+    layout = multicast_layout()
+    total = layout.total_bytes
+    with pytest.raises(tf.LaunchError, match=rf"k: smem={total - 1} B is below the {total} B its "
+                       rf"layout places \(layout.total_bytes\); leave smem out .* smem >= {total}"):
+        fitted(layout, grid=2, block=128, cluster=2, smem=total - 1)
+    for smem in (total, total + 4096):
+        assert fitted(layout, grid=2, block=128, cluster=2, smem=smem).smem == smem

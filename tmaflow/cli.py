@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from . import checks
+from . import checks, plot
 from .bench import do_bench
 from .bench.bandwidth import bandwidth_suite, format_table
 from .bench.main import main as bench_main
@@ -116,6 +116,7 @@ def swizzle(args) -> int:
     E = spec.dtype.itemsize
     rows, cols = (pos.shape[0] if pos.ndim > 1 else 1), pos.shape[-1]
     pos2 = pos.reshape(-1, cols)
+    fig = plot.figure("swizzle --png", (max(4, cols / 8), max(3, rows / 4))) if args.png else None
     print(spec.describe())
     print(f"\nsmem row (of {spec.row_pitch} B) and 16-byte chunk where element [row, col] lands:")
     per_chunk = max(1, 16 // E)
@@ -125,17 +126,9 @@ def swizzle(args) -> int:
             off = int(pos2[r, c])
             cells.append(f"{off // spec.row_pitch}:{(off % spec.row_pitch) // 16}")
         print(f"  row {r:3d}: " + " ".join(cells))
-    if args.png:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("(matplotlib is not installed: text only)")
-            return 0
+    if fig is not None:
         chunk = (pos2 % spec.row_pitch) // 16
-        fig, ax = plt.subplots(figsize=(max(4, cols / 8), max(3, rows / 4)))
+        ax = fig.subplots()
         ax.imshow(chunk, cmap="tab10", aspect="auto")
         per = max(1, 16 // E)
         if cols // per <= 32 and rows <= 32:
@@ -206,7 +199,7 @@ def trace_cmd(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tmaflow")
-    p.add_argument("--version", action="version", version=f"tmaflow {__version__}")
+    p.add_argument("-V", "--version", action="version", version=f"tmaflow {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run the examples (GPU) or compile and model them (no GPU)")
     d.add_argument("--no-gpu", action="store_true", help="compile-only mode even with a GPU")
@@ -217,7 +210,7 @@ def main(argv=None) -> int:
     s.add_argument("--dtype", default="bfloat16")
     s.add_argument("--box", default="8x64", help="rows x cols, e.g. 8x64")
     s.add_argument("--swizzle", default="128B", choices=["none", "32B", "64B", "128B"])
-    s.add_argument("--png", help="also draw it to this PNG (needs matplotlib)")
+    s.add_argument("--png", help="also draw it to this PNG (needs matplotlib: the plot extra)")
     t = sub.add_parser("trace", help="flight recorder: trace one launch of an entry point")
     t.add_argument("kernel", nargs="?", default="gemm", choices=["gemm", "softmax", "copy"])
     t.add_argument("--shape", default="2048", help="gemm: MxNxK or one size; softmax/copy: ROWSxCOLS")

@@ -19,6 +19,7 @@ class DType:
 
     @property
     def numpy(self) -> np.dtype:
+        """The numpy dtype of host copies (bfloat16: ml_dtypes' when installed, else uint16 bits)."""
         if self.name == "bfloat16":
             try:
                 import ml_dtypes

@@ -1,17 +1,17 @@
-"""Test helpers for kernel authors, also a pytest plugin (entry point ``tmaflow``).
+"""Test helpers for kernel authors, usable in a plain script (no pytest needed):
+``poison`` outputs before a launch, ``rel_error`` / ``assert_close`` against references,
+``hopper_reason``.
 
-- marker ``gpu``: skipped, with the reason, on machines without a Hopper GPU;
-- fixtures ``device`` (the current tf.Device) and ``tmp_cache`` (a private compile cache);
-- ``poison`` outputs before a launch, ``rel_error`` / ``assert_close`` against references.
+Also the pytest plugin's entry point (``pytest11``: ``tmaflow``), whose ``pytest_configure``
+registers ``tmaflow.pytest_plugin``: the ``gpu`` marker (skipped, with the reason, on machines
+without a Hopper GPU) and the fixtures ``device`` and ``tmp_cache``.
 """
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from .launch import cache
 from .runtime import driver
-from .runtime.device import Device, current_device
+from .runtime.device import Device
 from .runtime.memory import as_array
 
 POISON_BYTE = 0xFF  # float32 0xFFFFFFFF and bf16 0xFFFF are NaNs: an unwritten output fails
@@ -48,39 +48,15 @@ def rel_error(out, ref) -> float:
 
 
 def assert_close(out, ref, tol: float = 1e-6) -> None:
+    """Raise AssertionError unless ``rel_error(out, ref) <= tol``."""
     err = rel_error(out, ref)
     if not err <= tol:
         raise AssertionError(f"relative error {err:.3e} > {tol:.1e}")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a Hopper GPU (skipped with a reason otherwise)")
+def pytest_configure(config) -> None:
+    """Register the pytest parts (``tmaflow.pytest_plugin``, which imports pytest)."""
+    from . import pytest_plugin  # imports pytest: loaded only when pytest runs
 
-
-def pytest_collection_modifyitems(config, items):
-    gpu_items = [i for i in items if i.get_closest_marker("gpu")]
-    if not gpu_items:
-        return
-    reason = hopper_reason()
-    if reason:
-        skip = pytest.mark.skip(reason=f"gpu test: {reason}")
-        for item in gpu_items:
-            item.add_marker(skip)
-
-
-@pytest.fixture
-def device():
-    reason = hopper_reason()
-    if reason:
-        pytest.skip(reason)
-    return current_device()
-
-
-@pytest.fixture
-def tmp_cache(tmp_path, monkeypatch):
-    """A private, empty compile cache directory (in-process cache cleared too)."""
-    monkeypatch.setenv("TMAFLOW_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("TMAFLOW_CACHE", "1")
-    cache.clear_memory()
-    yield tmp_path / "cache"
-    cache.clear_memory()
+    if not config.pluginmanager.is_registered(pytest_plugin):
+        config.pluginmanager.register(pytest_plugin, "tmaflow.pytest_plugin")

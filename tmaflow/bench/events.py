@@ -18,6 +18,7 @@ class EventPair:
         self._stop = call("cuEventCreate", 0)
 
     def start(self) -> None:
+        """Record the start event on the stream."""
         call("cuEventRecord", self._start, self.stream)
 
     def stop(self) -> float:
@@ -27,6 +28,7 @@ class EventPair:
         return call("cuEventElapsedTime", self._start, self._stop) / 1e3
 
     def close(self) -> None:
+        """Destroy both events (idempotent)."""
         for event in (self._start, self._stop):
             if event is not None:
                 call("cuEventDestroy", event)

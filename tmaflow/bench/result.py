@@ -41,6 +41,7 @@ class Result:
 
     @property
     def mean(self) -> float:
+        """The arithmetic mean of the samples."""
         return statistics.fmean(self.samples)
 
     @property

@@ -53,6 +53,7 @@ class Sampler:
         return self.events.stop() / self.batch
 
     def close(self) -> None:
+        """Destroy the events and free the L2 flush buffer."""
         self.events.close()
         if self.flush is not None:
             self.flush.buffer.free()

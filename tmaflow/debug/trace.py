@@ -26,7 +26,7 @@ import zipfile
 
 import numpy as np
 
-from .. import checks
+from .. import checks, plot
 from ..errors import TmaflowError
 from ..runtime import driver
 from ..runtime.memory import empty, zero_for_sanitizer
@@ -129,6 +129,7 @@ class Recorder:
         self._generation = self.device.generation
 
     def close(self) -> None:
+        """Drop the device rings and free the mapped host copy."""
         self.buffer = None
         self._free_host()
 
@@ -164,6 +165,7 @@ class Trace:
         return cls(out, kernel_name, warps, placements, wrapped)
 
     def save(self, path) -> None:
+        """Write the events and their metadata to ``path`` (``.npz``; ``Trace.load`` reads it back)."""
         meta = json.dumps({"kernel": self.kernel_name, "warps_per_block": self.warps_per_block,
                            "placements": self.placements, "wrapped": self.wrapped,
                            "level": self.level})
@@ -201,6 +203,7 @@ class Trace:
 
     # --- naming ----------------------------------------------------------------------------
     def kind(self, code: int) -> str:
+        """The name of an event kind code (``'wait'``, ``'TMA load'``, ...)."""
         return KINDS[code - 1] if 1 <= code <= len(KINDS) else f"kind {code}"
 
     def barrier(self, bar: int) -> str:
@@ -239,6 +242,7 @@ class Trace:
         return roles
 
     def label(self, e) -> str:
+        """One event as text: its kind and, for barrier events, the layout item and stage."""
         return self._label(self.kind(int(e["kind"])), int(e["bar"]), int(e["stage"]), int(e["value"]))
 
     def _label(self, name: str, bar: int, stage: int, value: int) -> str:
@@ -307,13 +311,6 @@ class Trace:
         """A timeline of the first ``blocks`` CTAs: a lane per warp, waits as bars coloured by
         stage, loads and stores as ticks, over the last ``window_us`` microseconds (None: all
         of it). Needs matplotlib (the ``plot`` extra)."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            raise TmaflowError("Trace.to_png needs matplotlib (pip install 'tmaflow[plot]')") from None
         roles = self.roles()
         shown = sorted({b for b, _ in roles})[:blocks]
         lanes = [(b, w) for b, w in sorted(roles) if b in shown]
@@ -322,8 +319,9 @@ class Trace:
         t_min = int(self.events["t0"].min())
         t_end = int((self.events["t0"] + self.events["dur"]).max())
         lo = t_min if window_us is None else max(t_min, t_end - int(window_us * 1e3))
-        fig, ax = plt.subplots(figsize=(width, 0.35 * len(lanes) + 1.2))
-        cmap = plt.get_cmap("tab10")
+        fig = plot.figure("Trace.to_png", (width, 0.35 * len(lanes) + 1.2))
+        ax = fig.subplots()
+        cmap = plot.colormap("tab10")
         for y, (b, w) in enumerate(lanes):
             mine = self.events[(self.events["block"] == b) & (self.events["warp"] == w)]
             mine = mine[mine["t0"] + mine["dur"] >= lo]
@@ -346,9 +344,10 @@ class Trace:
         ax.invert_yaxis()
         fig.tight_layout()
         fig.savefig(path, dpi=120)
-        plt.close(fig)
 
     def summary(self) -> str:
+        """Events, span and CTAs, then per kind its count (and for waits and other spans the mean
+        and longest duration)."""
         if not len(self.events):
             return f"{self.kernel_name}: no events recorded"
         span_us = (int(self.events["t0"].max()) - int(self.events["t0"].min())) / 1e3

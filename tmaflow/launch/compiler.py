@@ -21,6 +21,7 @@ log = logging.getLogger("tmaflow.compiler")
 INCLUDE_DIR = Path(__file__).resolve().parent.parent / "include"  # the device library: <tmaflow.cuh>
 SHIM_DIR = INCLUDE_DIR / "shim"                               # <cuda.h> under NVRTC
 DEFAULT_ARCH = "sm_90a"
+LAYOUT_HEADER = "tmaflow_layout.cuh"  # generated from a Kernel's layout= (SharedLayout.header)
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Resources:
 
     @property
     def spills(self) -> int:
+        """Spill stores plus spill loads, in bytes."""
         return self.spill_stores + self.spill_loads
 
 
@@ -279,11 +281,11 @@ def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
         driver.check("nvrtcGetProgramLog", nv.nvrtcGetProgramLog(prog, buf))
         log_text = buf.rstrip(b"\0 ").decode(errors="replace")
         if int(err) != 0:
-            raise _compile_error(source, name, log_text, filename)
+            raise _compile_error(source, name, log_text, filename, headers)
         try:
             lowered = driver.check("nvrtcGetLoweredName", nv.nvrtcGetLoweredName(prog, name.encode()))
         except CudaError:
-            raise _compile_error(source, name, log_text, filename) from None
+            raise _compile_error(source, name, log_text, filename, headers) from None
         lowered = lowered.decode() if isinstance(lowered, bytes) else lowered
         size = driver.check("nvrtcGetCUBINSize", nv.nvrtcGetCUBINSize(prog))
         if not size:
@@ -331,9 +333,10 @@ def _cached_program(hit: tuple, key: str) -> Program | None:
     return program
 
 
-def _compile_error(source: str, name: str, log_text: str, filename: str) -> CompileError:
+def _compile_error(source: str, name: str, log_text: str, filename: str,
+                   headers: dict[str, str]) -> CompileError:
     found = kernel_names(source)
-    source_errors = len(re.findall(rf"{re.escape(filename)}\(\d+\): error", log_text))
+    source_errors = len(re.findall(rf"{re.escape(filename)}\(\d+\): (?:catastrophic )?error", log_text))
     if not source_errors and name.split("<")[0].split("::")[-1] not in found:
         msg = (f"kernel name={name!r} is not a __global__ function of {filename}; "
                f"kernels found: {', '.join(found) or 'none'}")
@@ -345,4 +348,7 @@ def _compile_error(source: str, name: str, log_text: str, filename: str) -> Comp
         if not source_errors and (fatal or not n):
             msg = (f"NVRTC refused the compile options of {filename}: "
                    f"{'; '.join(fatal) if fatal else log_text.strip() or 'no log'}")
+    if f'cannot open source file "{LAYOUT_HEADER}"' in log_text and LAYOUT_HEADER not in headers:
+        msg += (f"; {LAYOUT_HEADER} is generated from a shared-memory plan: pass "
+                "layout=tf.SharedLayout([...]) to tf.Kernel")
     return CompileError(msg, log=log_text, excerpt=_excerpt(source, log_text, filename))

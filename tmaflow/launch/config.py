@@ -96,10 +96,12 @@ class LaunchConfig:
 
     @property
     def threads(self) -> int:
+        """Threads per block."""
         return self.block[0] * self.block[1] * self.block[2]
 
     @property
     def cluster_size(self) -> int:
+        """Blocks per cluster."""
         return self.cluster[0] * self.cluster[1] * self.cluster[2]
 
 

@@ -197,6 +197,8 @@ class Kernel:
 
     @classmethod
     def from_file(cls, path, name: str, **kwargs) -> "Kernel":
+        """A Kernel from a UTF-8 source file (its name is the ``filename`` in compile errors);
+        ``kwargs`` as for ``Kernel``."""
         if not isinstance(path, (str, os.PathLike)):
             raise TmaflowError(f"Kernel.from_file: path={path!r} must be a str or a path")
         path = Path(path)
@@ -215,6 +217,8 @@ class Kernel:
     # --- compilation (no GPU needed) -------------------------------------------
     @property
     def arch(self) -> str:
+        """The target it compiles for: as given, else the current device's (``sm_90a`` without a
+        driver)."""
         if self._arch is None:
             self._arch = current_device().arch if driver.driver_available() else compiler.DEFAULT_ARCH
         return self._arch
@@ -229,10 +233,12 @@ class Kernel:
         return tuple(opts) + self.options
 
     def _headers(self) -> dict[str, str]:
-        return {"tmaflow_layout.cuh": self.layout.header()} if self.layout is not None else {}
+        return {compiler.LAYOUT_HEADER: self.layout.header()} if self.layout is not None else {}
 
     @property
     def program(self) -> compiler.Program:
+        """The compiled program (CUBIN, PTX, log, lowered name), compiled on first use through the
+        disk cache. No GPU needed."""
         if self._program is None:
             with self._lock:
                 if self._program is None:
@@ -252,14 +258,17 @@ class Kernel:
 
     @property
     def cubin(self) -> bytes:
+        """The compiled CUBIN (compiles on first use; no GPU needed)."""
         return self.program.cubin
 
     @property
     def ptx(self) -> str:
+        """The PTX NVRTC generated (compiles on first use; no GPU needed)."""
         return self.program.ptx
 
     @property
     def resources(self) -> compiler.Resources | None:
+        """Registers, spills, static smem and cmem as ptxas reported them (None when it did not)."""
         return self.program.resources
 
     def sass(self) -> str:
@@ -268,6 +277,8 @@ class Kernel:
 
     # --- launching ------------------------------------------------------------------
     def module(self, device: Device | None = None) -> _Module:
+        """The kernel loaded on ``device`` (default: the current one), loaded on first use and
+        again after a context reset."""
         device = device or current_device()
         mod = self._modules.get(device.ordinal)
         if mod is None or mod.generation != device.generation:
@@ -324,7 +335,8 @@ class Kernel:
         return launcher
 
     def _fit(self, config: LaunchConfig, mod: _Module) -> LaunchConfig:
-        """The device- and kernel-specific rules: compiled cluster dims, threads, smem."""
+        """The device- and kernel-specific rules: compiled cluster dims, the layout's planned
+        cluster and size, threads, smem."""
         cluster = config.cluster
         if any(mod.compiled_cluster):
             if cluster == (1, 1, 1):
@@ -333,6 +345,8 @@ class Kernel:
                 raise LaunchError(f"cluster={cluster} conflicts with __cluster_dims__"
                                   f"{mod.compiled_cluster} compiled into {self.name}; pass "
                                   f"cluster={mod.compiled_cluster} or leave it out")
+        if self.layout is not None:
+            self.layout.check_launch(self.name, cluster, config.smem)
         if config.threads > mod.max_threads:
             raise LaunchError(f"block={config.block} has {config.threads} threads; {self.name} "
                               f"allows at most {mod.max_threads} (registers or __launch_bounds__)")

@@ -67,11 +67,12 @@ class Launcher(functools.partial):
         functools.partial.__setstate__(self, (function, (self,), None, self.__dict__))
 
     # configuration, read-only
-    grid = property(lambda self: self.config.grid)
-    block = property(lambda self: self.config.block)
-    cluster = property(lambda self: self.config.cluster)
-    smem = property(lambda self: self.config.smem)
-    stream = property(lambda self: self.config.stream)
+    grid = property(lambda self: self.config.grid, doc="Blocks per axis (x, y, z).")
+    block = property(lambda self: self.config.block, doc="Threads per block axis (x, y, z).")
+    cluster = property(lambda self: self.config.cluster, doc="Blocks per cluster axis (x, y, z).")
+    smem = property(lambda self: self.config.smem, doc="Dynamic shared memory per block, in bytes.")
+    stream = property(lambda self: self.config.stream,
+                      doc="The bound stream's handle (None: each call follows its arrays).")
 
     def cu_config(self, stream: int):
         """The driver's ``CUlaunchConfig`` of this configuration on ``stream`` (made once)."""

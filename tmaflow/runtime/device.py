@@ -67,9 +67,11 @@ class Device:
         return self.memory_pool().allocate(size, stream)
 
     def release(self, ptr: int, size: int, stream: int = 0) -> None:
+        """Give an ``allocate``d block back to this device's pool, ordered on ``stream``."""
         self.memory_pool().release(ptr, size, stream)
 
     def track(self, allocation) -> None:
+        """Remember a live allocation of this device (weakly), so ``reset`` can invalidate it."""
         self._allocations.add(allocation)
 
     def trim_memory(self) -> None:
@@ -116,12 +118,14 @@ class Device:
 
     @property
     def arch(self) -> str:
+        """The NVRTC target of this device: ``sm_90a`` on Hopper, else ``sm_<major><minor>``."""
         major, minor = self.compute_capability
         # Hopper gets the arch-specific target so wgmma/setmaxnreg are available.
         return "sm_90a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
     @property
     def is_hopper(self) -> bool:
+        """Whether this device is Hopper (compute capability 9.0)."""
         return self.compute_capability == (9, 0)
 
     def activate(self) -> "Device":
@@ -135,6 +139,7 @@ class Device:
         return self
 
     def synchronize(self) -> None:
+        """Wait for all work on this device's context (``cuCtxSynchronize``)."""
         self.activate()
         driver.call("cuCtxSynchronize")
 
@@ -211,6 +216,7 @@ def current_ordinal() -> int:
 
 
 def set_device(ordinal: int) -> Device:
+    """Make device ``ordinal`` this thread's current device (and its context current); return it."""
     dev = Device(ordinal)
     if dev.ordinal != 0:
         _switched[0] = True
@@ -228,6 +234,7 @@ class Stream:
         self.handle = int(self._handle)
 
     def synchronize(self) -> None:
+        """Wait for the work queued on this stream (``cuStreamSynchronize``)."""
         driver.call("cuStreamSynchronize", self._handle)
 
     def __cuda_stream__(self):

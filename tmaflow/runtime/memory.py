@@ -145,18 +145,22 @@ class DeviceArray:
     # --- properties ---------------------------------------------------------
     @property
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes of its elements (``size`` x itemsize)."""
         return self.size * self.dtype.itemsize
 
     @property
     def is_contiguous(self) -> bool:
+        """Whether its strides are the row-major ones of its shape."""
         return self.strides == _contiguous_strides(self.shape, self.dtype.itemsize)
 
     @property
@@ -201,6 +205,7 @@ class DeviceArray:
         return out
 
     def copy_from(self, host: np.ndarray) -> "DeviceArray":
+        """Copy a host array of the same byte size into this contiguous array (synchronous); returns self."""
         self._require_alive("DeviceArray.copy_from()")
         host = np.ascontiguousarray(host)
         if host.nbytes != self.nbytes or not self.is_contiguous:
@@ -307,10 +312,13 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
 
 
 def zeros(shape, dtype="float32", device: Device | None = None) -> DeviceArray:
+    """``empty(shape, dtype, device)`` with every byte zero."""
     return empty(shape, dtype, device).fill_bytes(0)
 
 
 def from_numpy(host: np.ndarray, dtype=None, device: Device | None = None) -> DeviceArray:
+    """A new device array holding a copy of ``host`` (``dtype`` reinterprets its bytes, e.g.
+    uint16 bits as ``"bfloat16"``; the item sizes must match)."""
     given, host = host, np.asarray(host)
     if host.dtype == object:
         raise TmaflowError(f"from_numpy: host of type {type(given).__name__} holds Python objects; "

@@ -11,6 +11,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 from .. import checks
 from ..errors import LaunchError, LayoutError
@@ -120,11 +121,16 @@ class Buffer:
     for a 128B-swizzled box; the swizzle pattern follows absolute addresses, so less would
     change the image). ``align`` defaults to 128 B for byte counts; an explicit ``align`` below
     a spec's is an error.
+
+    ``count`` > 1 places that many such buffers ``stride`` bytes apart (``nbytes`` rounded up
+    to ``align``): double buffering under one name, ``S.<name>(i)`` on the device and
+    ``L::<name>::count`` / ``stride`` in the header. A single buffer is ``S.<name>()``.
     """
 
     name: str
     nbytes: int
     align: int | None = None
+    count: int = 1
 
     def __post_init__(self):
         _check_name("Buffer", self.name)
@@ -145,6 +151,18 @@ class Buffer:
         if not 0 < self.align <= 1 << 31 or self.align & (self.align - 1):
             raise LayoutError(f"Buffer {self.name!r}: align={self.align} must be a power of two "
                               "<= 2^31")
+        object.__setattr__(self, "count", _count("Buffer", self.name, "count", self.count, 1, 1024))
+
+    @property
+    def stride(self) -> int:
+        """Bytes from one of ``count`` buffers to the next: ``nbytes`` rounded up to ``align``."""
+        align = cast(int, self.align)  # resolved by __post_init__
+        return -(-self.nbytes // align) * align
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes the ``count`` buffers span (the last needs only its ``nbytes``)."""
+        return (self.count - 1) * self.stride + self.nbytes
 
 
 def _int_field(name: str, field_name: str, value) -> int:
@@ -246,10 +264,12 @@ class Pipeline:
         return -(-spec.smem_bytes // spec.smem_align) * spec.smem_align
 
     def stage_stride(self, tile: int) -> int:
+        """Bytes between one stage's boxes of tile ``tile`` and the next stage's."""
         return self.box_stride(tile) * self.boxes[tile]
 
     @property
     def full_arrivals(self) -> int:
+        """Arrivals that complete a full barrier's phase: ``producers``."""
         return self.producers
 
     def _rank(self, x: int, y: int) -> int:
@@ -267,10 +287,14 @@ class Pipeline:
         return sum(1 << self._rank(x, j) for j in range(cy))
 
     def is_leader(self, tile: int, rank: int) -> bool:
+        """Whether CTA ``rank`` is the lowest of its group for tile ``tile`` (the one that issues a
+        whole-tile multicast)."""
         mask = self.group_mask(tile, rank)
         return (mask & -mask) == (1 << rank)
 
     def release_mask(self, rank: int) -> int:
+        """CTAs (bit per cluster rank) whose empty barriers CTA ``rank``'s consumers release: the
+        OR of its tiles' group masks."""
         mask = 0
         for t in range(len(self.tiles)):
             mask |= self.group_mask(t, rank)
@@ -278,10 +302,13 @@ class Pipeline:
 
     @property
     def empty_arrivals(self) -> int:
+        """Arrivals that complete an empty barrier's phase: ``consumers`` from every CTA that
+        releases to it."""
         return self.consumers * bin(self.release_mask(0)).count("1")
 
     @property
     def uses_cluster(self) -> bool:
+        """Whether some tile is multicast (releases then reach other CTAs of the cluster)."""
         return self.multicast is not None and any(a is not None for a in self.multicast)
 
 
@@ -300,7 +327,9 @@ class SharedLayout:
     ``limit`` (227 KB on Hopper). ``header()`` is the generated ``tmaflow_layout.cuh`` a kernel
     includes (``Kernel(..., layout=...)`` adds it): ``tmaflow_layout::Smem S(smem)`` gives every
     item by name, with its arrival counts, transaction bytes and multicast masks.
-    ``total_bytes`` is what a launch passes as dynamic smem by default."""
+    ``total_bytes`` is what a launch passes as dynamic smem by default, and the least it may
+    pass; ``cluster`` is the cluster its pipelines were planned for (None when all keep the
+    default (1, 1, 1)), the only cluster a kernel with this layout launches with."""
 
     def __init__(self, items, limit: int = HOPPER_SMEM_LIMIT):
         if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
@@ -340,7 +369,8 @@ class SharedLayout:
                           f" swizzle {spec.swizzle}")
         for i, item in enumerate(self.items):
             if isinstance(item, Buffer):
-                place(item.name, item.nbytes, item.align, f"buffer {item.nbytes} B")
+                copies = f"{item.count} x " if item.count > 1 else ""
+                place(item.name, item.total_bytes, item.align, f"{copies}buffer {item.nbytes} B")
             elif not isinstance(item, (Pipeline, Barrier)):
                 raise LayoutError(f"SharedLayout: items[{i}]={item!r} is not a Pipeline, Barrier or Buffer")
         for item in self.items:
@@ -351,23 +381,55 @@ class SharedLayout:
                 place(item.name, 8, 8, f"mbarrier ({item.arrivals} arrivals, {item.tx_bytes} tx B)")
         self.total_bytes = offset
         self.align = max((p.align for p in self.placements), default=8)
+        self.cluster, self._cluster_owner = self._planned_cluster()
         if self.total_bytes > self.limit:
             raise LayoutError(f"SharedLayout needs {self.total_bytes} B of shared memory, over the "
                               f"{self.limit} B per-block limit:\n{self.describe()}\n"
                               "Use fewer stages or smaller boxes")
 
+    def _planned_cluster(self) -> tuple[tuple[int, int, int] | None, str | None]:
+        """The cluster the pipelines were planned for and the first pipeline naming it; (None,
+        None) when every pipeline keeps the default (1, 1, 1), which holds in any cluster."""
+        planned: dict[tuple, str] = {}
+        for item in self.items:
+            if isinstance(item, Pipeline) and item.cluster != (1, 1, 1):
+                planned.setdefault(item.cluster, item.name)
+        if len(planned) > 1:
+            (a, first), (b, second) = list(planned.items())[:2]
+            raise LayoutError(f"SharedLayout: Pipeline {first!r} plans cluster={a} but Pipeline "
+                              f"{second!r} plans cluster={b}; a launch has one cluster, so plan "
+                              "both for the same one")
+        return next(iter(planned.items()), (None, None))
+
+    def check_launch(self, kernel: str, cluster: tuple[int, int, int], smem: int | None) -> None:
+        """Refuse a launch this plan does not hold: a cluster other than the one its pipelines
+        were planned for (their arrival counts and multicast masks count its CTAs), or an
+        explicit ``smem`` below ``total_bytes``."""
+        if self.cluster is not None and cluster != self.cluster:
+            raise LaunchError(f"{kernel}: launched with cluster={cluster}, but its layout's Pipeline "
+                              f"{self._cluster_owner!r} was planned for cluster={self.cluster} (its "
+                              "arrival counts and multicast masks count those CTAs); launch with "
+                              f"cluster={self.cluster} or plan the Pipeline with cluster={cluster}")
+        if smem is not None and smem < self.total_bytes:
+            raise LaunchError(f"{kernel}: smem={smem} B is below the {self.total_bytes} B its "
+                              "layout places (layout.total_bytes); leave smem out (the layout's "
+                              f"total is the default) or pass smem >= {self.total_bytes}")
+
     def offset(self, name: str) -> int:
+        """The byte offset of a placed item (``'ab_tile0'``, ``'ab_full'``, a buffer or barrier name)."""
         for p in self.placements:
             if p.name == name:
                 return p.offset
         raise LayoutError(f"SharedLayout has no item {name!r}")
 
     def check_device(self, device) -> None:
+        """Raise LayoutError when ``total_bytes`` is over ``device``'s shared memory per block."""
         if self.total_bytes > device.max_smem_per_block:
             raise LayoutError(f"SharedLayout needs {self.total_bytes} B; {device.name} allows "
                               f"{device.max_smem_per_block} B per block")
 
     def describe(self) -> str:
+        """A table of the placements: offset, size, alignment, name and what each holds."""
         rows = [f"  {p.offset:7d}  {p.nbytes:7d} B  align {p.align:5d}  {p.name}: {p.what}"
                 for p in self.placements]
         return "\n".join(rows + [f"  total {self.total_bytes} B"])
@@ -408,6 +470,9 @@ class SharedLayout:
             elif isinstance(item, Barrier):
                 L.append(f"namespace {item.name} {{ constexpr uint32_t arrivals = {item.arrivals}; "
                          f"constexpr uint32_t tx_bytes = {item.tx_bytes}; }}")
+            elif isinstance(item, Buffer) and item.count > 1:
+                L.append(f"namespace {item.name} {{ constexpr int count = {item.count}; "
+                         f"constexpr uint32_t stride = {item.stride}; }}")
         L.append("struct Smem {")
         L.append("  uint8_t* base;")
         L.append("  TMAFLOW_DEVICE explicit Smem(void* p) : base(static_cast<uint8_t*>(p)) {}")
@@ -427,6 +492,9 @@ class SharedLayout:
                 L.append(f"  TMAFLOW_DEVICE tmaflow::Barrier {item.name}() const {{ return {{"
                          f"reinterpret_cast<uint64_t*>(base + {self.offset(item.name)}), "
                          f"{item.arrivals}, {item.tx_bytes}, \"{item.name}\"}}; }}")
+            elif isinstance(item, Buffer) and item.count > 1:
+                L.append(f"  TMAFLOW_DEVICE void* {item.name}(uint32_t i) const {{ return base + "
+                         f"{self.offset(item.name)} + i * {item.name}::stride; }}")
             elif isinstance(item, Buffer):
                 L.append(f"  TMAFLOW_DEVICE void* {item.name}() const {{ return base + {self.offset(item.name)}; }}")
         L.append("};")

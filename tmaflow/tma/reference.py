@@ -228,4 +228,5 @@ def element_positions(spec: TensorMapSpec, smem_base: int = 0) -> np.ndarray:
 
 
 def swizzle_span(spec: TensorMapSpec) -> int:
+    """Bytes of the span a spec's swizzle permutes within: 32, 64 or 128 (0 without swizzle)."""
     return SWIZZLE_SPAN[spec.swizzle]

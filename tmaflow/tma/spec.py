@@ -144,6 +144,7 @@ class TensorMapSpec:
                    estrides, lower_corner=lower, upper_corner=upper, **opts)
 
     def with_address(self, address: int) -> "TensorMapSpec":
+        """The same map at another global address (checked for the alignment it needs)."""
         address = _check_address(address, self.interleave)
         return TensorMapSpec(self.kind, self.dtype, self.shape, self.strides, self.box,
                              self.element_strides, self.swizzle, self.interleave,
@@ -153,6 +154,7 @@ class TensorMapSpec:
     # --- derived quantities -------------------------------------------------------------------
     @property
     def rank(self) -> int:
+        """The number of tensor dimensions."""
         return len(self.shape)
 
     @property
@@ -173,6 +175,7 @@ class TensorMapSpec:
 
     @property
     def row_bytes(self) -> int:
+        """Bytes of one inner row of a box, before any swizzle padding."""
         return self.elements_per_dim[-1] * self.dtype.itemsize
 
     @property
@@ -182,6 +185,7 @@ class TensorMapSpec:
 
     @property
     def smem_bytes(self) -> int:
+        """Shared memory one box occupies: ``row_pitch`` times the box's outer rows."""
         return self.row_pitch * math.prod(self.elements_per_dim[:-1])
 
     @property
@@ -218,6 +222,7 @@ class TensorMapSpec:
         return args
 
     def describe(self) -> str:
+        """A readable summary: kind, dtype, shape, box, swizzle, and the bytes one load moves."""
         rows = [
             f"{self.kind} tensor map, {self.dtype.name} ({self.dtype.itemsize} B), rank {self.rank}",
             f"  shape    {self.shape}   strides {self.strides} B",

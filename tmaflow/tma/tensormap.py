@@ -68,6 +68,8 @@ class TensorMap:
 
     @classmethod
     def im2col(cls, array, *, dtype=None, **options) -> "TensorMap":
+        """An im2col map of ``array``, encoded once per array and options; ``options`` are those of
+        ``TensorMapSpec.im2col`` (corners, ``channels_per_pixel``, ``pixels_per_column``, ...)."""
         arr = _device_view(array)
         key = ("im2col", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype,
                *((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in options.items()))
@@ -107,6 +109,7 @@ class TensorMap:
         self._storage = None
 
     def to_bytes(self) -> bytes:
+        """The 128-byte encoded ``CUtensorMap`` (a LaunchError once its array is freed)."""
         if not self._alloc.live:
             raise LaunchError(f"{self!r}: its array was freed; encode a map for a live array")
         return self._bytes

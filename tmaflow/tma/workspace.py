@@ -36,6 +36,7 @@ class DescriptorWorkspace:
 
     @property
     def ptr(self) -> int:
+        """The device address of slot 0 (the slots follow, 128 B apart)."""
         return self.array.ptr
 
     @property
@@ -43,6 +44,7 @@ class DescriptorWorkspace:
         return self.array.__cuda_array_interface__
 
     def slot(self, i: int) -> int:
+        """The device address of slot ``i`` (a ``CUtensorMap*`` kernel argument)."""
         self._index(i)
         return self.array.ptr + SLOT_BYTES * i
 
