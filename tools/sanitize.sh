@@ -2,7 +2,8 @@
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over every kernel: the examples,
 # the seeds, and the library (one small GPU test per kernel variant, tools/sanitize_library.txt).
 #   bash tools/sanitize.sh            -> a summary line per set and tool, logs under $OUT (or ./.out)
-# Env: SANITIZE_SETS (default "examples seeds library"), SANITIZE_TOOL_BUDGET (seconds per run).
+# Env: SANITIZE_SETS (default "examples seeds library"; "handoff": a cp.async -> mbarrier hand-off
+#      alone, to tell a racecheck limitation from a race), SANITIZE_TOOL_BUDGET (seconds per run).
 # The four tools run side by side on the one GPU (each in its own process).
 set -u
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ run_set() {  # set -> the command compute-sanitizer runs
   case "$1" in
     examples) echo "python3 tools/sanitize_examples.py" ;;
     seeds) echo "python3 tools/sanitize_examples.py --seeds" ;;
+    handoff) echo "python3 tools/sanitize_examples.py --handoff" ;;
     library) echo "python3 -m pytest -q -p no:cacheprovider -m gpu $library_ids" ;;
   esac
 }

@@ -1,7 +1,7 @@
 """Run every example kernel (or, with --seeds, every seed kernel) once, small, on initialised
 data, for compute-sanitizer:
 
-    compute-sanitizer --tool memcheck python3 tools/sanitize_examples.py [--seeds]
+    compute-sanitizer --tool memcheck python3 tools/sanitize_examples.py [--seeds | --handoff]
 
 Outputs are pre-zeroed: initcheck does not count TMA (async-proxy) stores as initialising
 global memory, so a TMA-written output copied to the host would be flagged otherwise.
@@ -30,6 +30,8 @@ def main() -> int:
 
     if "--seeds" in sys.argv:
         return seeds(rng, check, bad)
+    if "--handoff" in sys.argv:
+        return handoff(rng, check, bad)
     h = rng.standard_normal((256, 512)).astype(np.float32)
     x = tf.from_numpy(h)
     out = tf.zeros(h.shape, "float32")
@@ -90,6 +92,20 @@ def seeds(rng, check, bad) -> int:
     o = tf.zeros(4, "int32")
     seeds("dsmem_kernel").launch(o, grid=4, block=32)
     check("dsmem_kernel", (o.numpy() == 2).all())
+    print(f"{len(bad)} wrong" if bad else "all results correct")
+    return 1 if bad else 0
+
+
+def handoff(rng, check, bad) -> int:
+    """tests/kernels/probe.cu's cp_async_noinc_handoff: does racecheck model a cp.async
+    arrival on an mbarrier (the row-major block-scale gather's hand-off)?"""
+    text = (Path(__file__).resolve().parents[1] / "tests" / "kernels" / "probe.cu").read_text()
+    rounds = 8
+    src = rng.standard_normal(rounds * 32).astype(np.float32)
+    out = tf.zeros(rounds * 32, "float32")
+    tf.Kernel(text, "cp_async_noinc_handoff", filename="probe.cu").launch(
+        tf.from_numpy(src), out, rounds, grid=1, block=64)
+    check("cp_async_noinc_handoff", np.array_equal(out.numpy(), src))
     print(f"{len(bad)} wrong" if bad else "all results correct")
     return 1 if bad else 0
 

@@ -88,3 +88,35 @@ extern "C" __global__ void echo_args(const __grid_constant__ CUtensorMap a, int8
   }
 }
 
+
+// A two-stage hand-off of the row-major block-scale gather's shape (gemm.cu): warp 0 copies 32
+// floats a round into a stage with cp.async and arrives on the stage's full barrier with
+// cp.async.mbarrier.arrive.noinc (the arrival lands when its copies have); warp 1 waits on it,
+// reads the stage, and releases it. Correct by the PTX memory model; tools/sanitize.sh runs it
+// under racecheck to see whether the tool models the noinc arrival (it reports hazards if not).
+extern "C" __global__ void cp_async_noinc_handoff(const float* src, float* out, int rounds) {
+  __shared__ __align__(16) float stage[2][32];
+  __shared__ __align__(8) uint64_t full[2], empty[2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; ++s) {
+      tmaflow::mbarrier::init(&full[s], 32);
+      tmaflow::mbarrier::init(&empty[s], 32);
+    }
+  }
+  __syncthreads();
+  for (int r = 0; r < rounds; ++r) {
+    const int s = r & 1;
+    const uint32_t phase = (r >> 1) & 1;
+    if (warp == 0) {
+      if (r >= 2) tmaflow::mbarrier::wait(&empty[s], phase ^ 1u);
+      tmaflow::cp_async::copy4(&stage[s][lane], src + r * 32 + lane);
+      tmaflow::cp_async::arrive_on(&full[s]);
+    } else if (warp == 1) {
+      tmaflow::mbarrier::wait(&full[s], phase);
+      out[r * 32 + lane] = stage[s][lane];
+      __syncwarp();
+      tmaflow::mbarrier::arrive(&empty[s]);
+    }
+  }
+}

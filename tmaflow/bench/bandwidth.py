@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-import tmaflow as tf
-from tmaflow import kernels
-
+from ..kernels import examples
+from ..runtime.device import current_device
+from ..runtime.memory import empty
 from .internals import broadcast_reference, call
 from .operands import random_array
 from .timing import do_bench, rounds
@@ -25,7 +25,7 @@ def _same_block(out, block: int) -> None:
 
 def memcpy_bandwidth(nbytes: int, repeats: int) -> float:
     """Bytes per second cuMemcpyDtoD moves (read + written) for ``nbytes``."""
-    a, b = tf.empty(nbytes, "uint8").fill_bytes(1), tf.empty(nbytes, "uint8")
+    a, b = empty(nbytes, "uint8").fill_bytes(1), empty(nbytes, "uint8")
     t = _median(lambda: call("cuMemcpyDtoDAsync", b.ptr, a.ptr, nbytes, 0), repeats)
     a.free()
     b.free()
@@ -49,7 +49,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         item = 4 if dtype == "float32" else 2
         n = int(np.sqrt(size // item)) // 256 * 256
         shape = (n, n)
-        src, dst = random_array(shape, dtype), tf.empty(shape, dtype)
+        src, dst = random_array(shape, dtype), empty(shape, dtype)
         timed = []  # (seconds, configuration)
         rows_32k = 32 * 4 // item  # rows of a 32 KB box
         for box, stages, per_sm, l2, stores in (((rows_32k, 256), 6, 1, "none", 1),
@@ -60,9 +60,9 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
                                                 ((rows_32k, 256), 3, 2, "none", 1),
                                                 ((2 * rows_32k, 256), 3, 1, "256B", 1)):
             for flatten, evict in ((False, False), (True, False), (False, True), (True, True)):
-                run = kernels.copy.prepare(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
-                                           l2_promotion=l2, flatten=flatten, evict_first=evict,
-                                           stores=stores)
+                run = examples.copy.prepare(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
+                                            l2_promotion=l2, flatten=flatten, evict_first=evict,
+                                            stores=stores)
                 timed.append((_median(run, repeats),
                               f"box {box} x {stages} stages, {stores} store(s) in flight, "
                               f"{per_sm} CTA/SM, L2 promotion {l2}"
@@ -80,15 +80,15 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         # (the pool's block cache), so its reference memcpy writes that block.
         dst.fill_bytes(0)
         nbytes = n * n * item
-        y = kernels.copy(src)
+        y = examples.copy(src)
         block = y.ptr
         alloc_ok = np.array_equal(y.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         del y  # back to the block cache: the next allocating call gets it
         got = rounds({"memcpy": lambda: call("cuMemcpyDtoDAsync", dst.ptr, src.ptr, nbytes, 0),
-                      "into": lambda: kernels.copy(src, dst),
+                      "into": lambda: examples.copy(src, dst),
                       "memcpy to the allocated block": lambda: call(
                           "cuMemcpyDtoDAsync", block, src.ptr, nbytes, 0),
-                      "alloc": lambda: _same_block(kernels.copy(src), block)},
+                      "alloc": lambda: _same_block(examples.copy(src), block)},
                      repeats=repeats, warmup=0, settle=3, batch=16, rotate=True)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         for label, name, ref, good in (
@@ -104,8 +104,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128
-    a, o = random_array((n, n), "float32"), tf.empty((n, n), "float32")
-    run = kernels.transpose.prepare(a, o)
+    a, o = random_array((n, n), "float32"), empty((n, n), "float32")
+    run = examples.transpose.prepare(a, o)
     t = _median(run, repeats)
     ok = np.array_equal(o.numpy()[:64, :64], a.numpy()[:64, :64].T)
     add("transpose fp32 (128B swizzle)", f"{n}x{n}", t, 2 * n * n * 4, ok)
@@ -114,8 +114,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
 
     cols = 4096
     m = size // (cols * 4)
-    x, y = random_array((m, cols), "float32"), tf.empty((m, cols), "float32")
-    run = kernels.softmax.prepare(x, y)
+    x, y = random_array((m, cols), "float32"), empty((m, cols), "float32")
+    run = examples.softmax.prepare(x, y)
     t = _median(run, repeats)
     xs = x.numpy()[:8].astype(np.float64)
     ref = np.exp(xs - xs.max(1, keepdims=True))
@@ -126,9 +126,9 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
     y.free()
 
     n = size // 4 // 4096 * 4096
-    x, y = random_array((n,), "float32"), tf.empty((n,), "float32")
+    x, y = random_array((n,), "float32"), empty((n,), "float32")
     for method in ("ldgsts", "tma"):
-        run = kernels.axpb.prepare(x, 2.0, 1.0, y, method=method)
+        run = examples.axpb.prepare(x, 2.0, 1.0, y, method=method)
         t = _median(run, repeats)
         ok = bool(np.allclose(y.numpy()[:4096], 2.0 * x.numpy()[:4096] + 1.0))
         add(f"axpb ({method})", f"{n}", t, 2 * n * 4, ok)
@@ -140,7 +140,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
     # cycles through 256 KB of its own (33 MB in all, L2-resident), as GEMM operands are
     # shared. Multicast (cluster = group) loads each tile once per cluster; each figure is
     # compared with cluster=1 of the same data and configuration.
-    dev = tf.current_device()
+    dev = current_device()
     blocks = dev.sm_count // 4 * 4 * 2
     xb = random_array((blocks * 32, 256), "float32")
     for label, group, wtiles, sparse in (("all", None, 256, 1), ("pairs", 2, blocks // 2 * 8, 1),
@@ -148,14 +148,14 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
                                          ("pairs, 1/8 read", 2, blocks // 2 * 8, 8),
                                          ("quads, 1/8 read", 4, blocks // 4 * 8, 8)):
         wb = random_array((wtiles * 32, 256), "float32")
-        ob = tf.empty((blocks * 32, 256), "float32")
+        ob = empty((blocks * 32, 256), "float32")
         iters = 256
         speedups: dict[int, tuple[float, float, int]] = {}  # cluster -> (over cluster=1, s, stages)
         for stages in (4, 6):
             base_t = None
             for cluster in sorted({1, group or 2, 4 if group is None else group}):
-                run = kernels.broadcast_scale.prepare(xb, wb, ob, cluster=cluster, stages=stages,
-                                                      group_size=group, iters=iters, sparse=sparse)
+                run = examples.broadcast_scale.prepare(xb, wb, ob, cluster=cluster, stages=stages,
+                                                       group_size=group, iters=iters, sparse=sparse)
                 t = _median(run, repeats)
                 base_t = base_t or t
                 if cluster not in speedups or base_t / t > speedups[cluster][0]:

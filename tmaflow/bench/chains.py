@@ -6,10 +6,12 @@ import statistics
 
 import numpy as np
 
-import tmaflow as tf
-from tmaflow import kernels
-from tmaflow.kernels import source
-
+from ..kernels import examples
+from ..kernels.matmul.dense import gemm
+from ..kernels.registry import source
+from ..launch.kernel import Kernel
+from ..runtime.graph import Graph
+from ..runtime.memory import empty, from_numpy
 from .events import EventPair
 from .internals import call
 
@@ -19,24 +21,24 @@ def dependent_chains(repeats: int = 30) -> list[dict]:
     in the same rounds: eight 1 MB copies (x0 -> x1 -> ... -> x8) and four decode-sized
     softmax -> gemm pairs. Each chain is timed on the GPU alone: queued behind a spin kernel
     (the host enqueues it meanwhile), launched eagerly and as a replayed tf.Graph."""
-    spin = tf.Kernel(source("bench"), "spin", filename="bench.cu").bind(grid=1, block=32)
+    spin = Kernel(source("bench"), "spin", filename="bench.cu").bind(grid=1, block=32)
     rng = np.random.default_rng()
-    xs = [tf.from_numpy(rng.standard_normal((512, 512), dtype=np.float32))]
-    xs += [tf.empty((512, 512), "float32") for _ in range(8)]
-    sx = tf.from_numpy(rng.standard_normal((16, 4096), dtype=np.float32))
-    sy = tf.empty((16, 4096), "float32")
-    a = tf.from_numpy(rng.integers(0, 2**16, (16, 4096), dtype=np.uint16) & 0x3FFF, "bfloat16")
-    b = tf.from_numpy(rng.integers(0, 2**16, (4096, 4096), dtype=np.uint16) & 0x3FFF, "bfloat16")
-    cs = [tf.empty((16, 4096), "bfloat16") for _ in range(4)]
+    xs = [from_numpy(rng.standard_normal((512, 512), dtype=np.float32))]
+    xs += [empty((512, 512), "float32") for _ in range(8)]
+    sx = from_numpy(rng.standard_normal((16, 4096), dtype=np.float32))
+    sy = empty((16, 4096), "float32")
+    a = from_numpy(rng.integers(0, 2**16, (16, 4096), dtype=np.uint16) & 0x3FFF, "bfloat16")
+    b = from_numpy(rng.integers(0, 2**16, (4096, 4096), dtype=np.uint16) & 0x3FFF, "bfloat16")
+    cs = [empty((16, 4096), "bfloat16") for _ in range(4)]
 
     def copies(pdl):
         for i in range(8):
-            kernels.copy(xs[i], xs[i + 1], pdl=pdl)
+            examples.copy(xs[i], xs[i + 1], pdl=pdl)
 
     def decode(pdl):
         for c in cs:
-            kernels.softmax(sx, sy, pdl=pdl)
-            kernels.gemm(a, b, c, pdl=pdl)
+            examples.softmax(sx, sy, pdl=pdl)
+            gemm(a, b, c, pdl=pdl)
 
     chains = {"8 copies of 1 MB": (copies, lambda: (xs[8].numpy(), xs[0].numpy())),
               "4 x (softmax 16x4096 -> gemm 16x4096x4096)": (decode, lambda: (sy.numpy(), cs[3].numpy()))}
@@ -55,7 +57,7 @@ def dependent_chains(repeats: int = 30) -> list[dict]:
             chain(pdl)  # warm: compiled, prepared, workspaces made
             call("cuCtxSynchronize")
             outputs[pdl] = result()
-            g = graphs[pdl] = tf.Graph()
+            g = graphs[pdl] = Graph()
             with g.capture():
                 chain(pdl)
             cases[("eager", pdl)] = lambda pdl=pdl: chain(pdl)

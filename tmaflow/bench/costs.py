@@ -8,19 +8,20 @@ import sys
 import textwrap
 import time
 
-import tmaflow as tf
-from tmaflow.kernels import source
-
+from ..kernels.registry import source
+from ..launch.kernel import Kernel
+from ..runtime.memory import empty
+from ..tma.tensormap import TensorMap
 from .internals import encode
 
 
 def encode_cost(n: int = 50000) -> dict:
     """Microseconds to re-encode an identical tensor map (a cache hit) and to encode one in the driver."""
-    a = tf.empty((4096, 4096), "bfloat16")
-    first = tf.TensorMap.tiled(a, (64, 64), swizzle="128B")
+    a = empty((4096, 4096), "bfloat16")
+    first = TensorMap.tiled(a, (64, 64), swizzle="128B")
     t0 = time.perf_counter()
     for _ in range(n):
-        tf.TensorMap.tiled(a, (64, 64), swizzle="128B")
+        TensorMap.tiled(a, (64, 64), swizzle="128B")
     cached = (time.perf_counter() - t0) / n
     t0 = time.perf_counter()
     for _ in range(n // 10):
@@ -53,9 +54,9 @@ def compile_times(tmpdir: str) -> dict:
     cold, how_cold = run()
     disk, how_disk = run()
     os.environ["TMAFLOW_CACHE_DIR"] = tmpdir
-    tf.Kernel(source("bench"), "cluster_probe", options=(tag,)).cubin
+    Kernel(source("bench"), "cluster_probe", options=(tag,)).cubin
     t0 = time.perf_counter()
-    tf.Kernel(source("bench"), "cluster_probe", options=(tag,)).cubin
+    Kernel(source("bench"), "cluster_probe", options=(tag,)).cubin
     mem = time.perf_counter() - t0
     return {"cold_s": cold, "cold_was": how_cold, "disk_hit_new_process_s": disk,
             "disk_was": how_disk, "memory_hit_ms": mem * 1e3}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-import tmaflow as tf
+from ..errors import TmaflowError
 
 
 def available() -> bool:
@@ -35,8 +35,8 @@ def kernel_times(fn, repeats: int = 20, between=None) -> dict[str, KernelTime]:
         import torch  # optional dependency: CUPTI comes with torch's kineto
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
-        raise tf.TmaflowError("bench.kernel_times needs torch (torch.profiler reads CUPTI); "
-                              "install torch or time with bench.do_bench") from None
+        raise TmaflowError("bench.kernel_times needs torch (torch.profiler reads CUPTI); "
+                           "install torch or time with bench.do_bench") from None
     fn()
     torch.cuda.synchronize()
     skip = set()

@@ -1,8 +1,8 @@
 """CUDA events on a stream and the L2 flush: the two primitives every timing is built from."""
 from __future__ import annotations
 
-import tmaflow as tf
-
+from ..runtime.device import Device, current_device
+from ..runtime.memory import empty
 from .internals import call, stream_handle
 
 MIN_FLUSH_BYTES = 256 << 20  # what the peer tools always wrote; more than 2x any Hopper L2
@@ -12,7 +12,7 @@ class EventPair:
     """A start and a stop event on one stream: ``start()``, the work, ``stop()`` gives seconds."""
 
     def __init__(self, stream=None):
-        tf.current_device()  # events belong to the current device's context
+        current_device()  # events belong to the current device's context
         self.stream = stream_handle(stream)
         self._start = call("cuEventCreate", 0)
         self._stop = call("cuEventCreate", 0)
@@ -42,9 +42,9 @@ class EventPair:
         return f"EventPair(stream=0x{int(self.stream):x})"
 
 
-def flush_bytes(device: tf.Device | None = None) -> int:
+def flush_bytes(device: Device | None = None) -> int:
     """Bytes one L2 flush writes: at least twice the device's L2, never below 256 MiB."""
-    device = device or tf.current_device()
+    device = device or current_device()
     return max(2 * device.l2_bytes, MIN_FLUSH_BYTES)
 
 
@@ -55,7 +55,7 @@ class L2Flush:
 
     def __init__(self, stream=None):
         self.stream = stream_handle(stream)
-        self.buffer = tf.empty(flush_bytes(), "uint8")
+        self.buffer = empty(flush_bytes(), "uint8")
 
     def __call__(self) -> None:
         call("cuMemsetD8Async", self.buffer.ptr, 0, self.buffer.nbytes, self.stream)

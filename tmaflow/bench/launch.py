@@ -9,10 +9,12 @@ import types
 
 import numpy as np
 
-import tmaflow as tf
-from tmaflow import kernels
-from tmaflow.kernels import source
-
+from ..kernels import examples
+from ..kernels.matmul.dense import gemm
+from ..kernels.registry import source
+from ..launch.kernel import Kernel
+from ..runtime.memory import empty, from_numpy
+from ..tma.tensormap import TensorMap
 from .internals import cuda_driver, native
 from .timing import host_rounds
 
@@ -39,9 +41,9 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     paths (same kernel: two tensor maps and three scalars, or three pointers and two scalars),
     the torch operation for the entry points."""
     rows = []
-    k = tf.Kernel(source("bench"), "empty_kernel", filename="bench.cu")
-    a = tf.empty((256, 256), "float32")
-    ta, tb = tf.TensorMap.tiled(a, (32, 32)), tf.TensorMap.tiled(a, (64, 64))
+    k = Kernel(source("bench"), "empty_kernel", filename="bench.cu")
+    a = empty((256, 256), "float32")
+    ta, tb = TensorMap.tiled(a, (32, 32)), TensorMap.tiled(a, (64, 64))
     bound = k.bind(grid=1, block=32)
     raw_params = bound.packer.__class__(bound.module.params)  # owns the buffer: keep it
     kp = raw_params.pack((ta, tb, 1, 2.0, 3))
@@ -49,16 +51,16 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     raw = lambda: launch(cfg, fn, kp, 0)  # noqa: E731
 
     def after_free():
-        tmp = tf.empty((64,), "float32")
+        tmp = empty((64,), "float32")
         tmp.free()
         bound(ta, tb, 1, 2.0, 3)
 
     def free_only():
-        tmp = tf.empty((64,), "float32")
+        tmp = empty((64,), "float32")
         tmp.free()
 
     def raw_after_free():
-        tmp = tf.empty((64,), "float32")
+        tmp = empty((64,), "float32")
         tmp.free()
         launch(cfg, fn, kp, 0)
 
@@ -67,8 +69,8 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
              "bound after a free": after_free, "(raw after a free)": raw_after_free,
              "(alloc + free alone)": free_only}
     # pointers: the axpb kernel takes (x, out, a, b, n)
-    kp_ptr = tf.Kernel(source("axpb"), "axpb_tma", filename="axpb.cu")
-    x, y = tf.empty((4096,), "float32"), tf.empty((4096,), "float32")
+    kp_ptr = Kernel(source("axpb"), "axpb_tma", filename="axpb.cu")
+    x, y = empty((4096,), "float32"), empty((4096,), "float32")
     bound_ptr = kp_ptr.bind(grid=1, block=256)
     ptr_params = bound_ptr.packer.__class__(bound_ptr.module.params)  # owns the buffer: keep it
     packed = ptr_params.pack((x, y, 2.0, 1.0, 4096))
@@ -79,7 +81,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     if torch is not None:
         tx, tyy = torch.empty(4096, device="cuda"), torch.empty(4096, device="cuda")
         t2d = torch.empty((256, 256), device="cuda")
-        tta, ttb = tf.TensorMap.tiled(t2d, (32, 32)), tf.TensorMap.tiled(t2d, (64, 64))
+        tta, ttb = TensorMap.tiled(t2d, (32, 32)), TensorMap.tiled(t2d, (64, 64))
         cases["bound, torch pointers"] = lambda: bound_ptr(tx, tyy, 2.0, 1.0, 4096)
         cases["launch, torch pointers"] = lambda: kp_ptr.launch(tx, tyy, 2.0, 1.0, 4096, grid=1, block=256)
         cases["bound, torch tensor maps"] = lambda: bound(tta, ttb, 1, 2.0, 3)
@@ -109,16 +111,16 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     ys = torch.empty_like(xs)
     big = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     cbig = torch.empty(256, 256, device="cuda", dtype=torch.bfloat16)
-    xtf, ytf = tf.from_numpy(np.random.default_rng().standard_normal((64, 1024), dtype=np.float32)), tf.empty((64, 1024))
+    xtf, ytf = from_numpy(np.random.default_rng().standard_normal((64, 1024), dtype=np.float32)), empty((64, 1024))
     pairs = {
-        "softmax 64x1024 torch, allocating": (lambda: kernels.softmax(xs), lambda: torch.softmax(xs, -1)),
-        "softmax 64x1024 torch, out given": (lambda: kernels.softmax(xs, ys), lambda: torch.softmax(xs, -1)),
-        "softmax 64x1024 tf arrays, allocating": (lambda: kernels.softmax(xtf), lambda: torch.softmax(xs, -1)),
-        "softmax 64x1024 tf arrays, out given": (lambda: kernels.softmax(xtf, ytf), lambda: torch.softmax(xs, -1)),
-        "copy 64x1024 torch, allocating": (lambda: kernels.copy(xs), lambda: xs.clone()),
-        "copy 64x1024 torch, out given": (lambda: kernels.copy(xs, ys), lambda: ys.copy_(xs)),
-        "gemm 256^3 torch, allocating": (lambda: kernels.gemm(big, big), lambda: torch.matmul(big, big.T)),
-        "gemm 256^3 torch, out given": (lambda: kernels.gemm(big, big, cbig), lambda: torch.matmul(big, big.T, out=cbig)),
+        "softmax 64x1024 torch, allocating": (lambda: examples.softmax(xs), lambda: torch.softmax(xs, -1)),
+        "softmax 64x1024 torch, out given": (lambda: examples.softmax(xs, ys), lambda: torch.softmax(xs, -1)),
+        "softmax 64x1024 tf arrays, allocating": (lambda: examples.softmax(xtf), lambda: torch.softmax(xs, -1)),
+        "softmax 64x1024 tf arrays, out given": (lambda: examples.softmax(xtf, ytf), lambda: torch.softmax(xs, -1)),
+        "copy 64x1024 torch, allocating": (lambda: examples.copy(xs), lambda: xs.clone()),
+        "copy 64x1024 torch, out given": (lambda: examples.copy(xs, ys), lambda: ys.copy_(xs)),
+        "gemm 256^3 torch, allocating": (lambda: gemm(big, big), lambda: torch.matmul(big, big.T)),
+        "gemm 256^3 torch, out given": (lambda: gemm(big, big, cbig), lambda: torch.matmul(big, big.T, out=cbig)),
     }
     cases = {}
     for name, (ours, theirs) in pairs.items():

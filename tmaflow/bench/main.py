@@ -5,8 +5,8 @@ import argparse
 import json
 import tempfile
 
-import tmaflow as tf
-
+from ..runtime.device import current_device
+from ..runtime.driver import driver_available
 from .bandwidth import bandwidth_suite, format_table
 from .chains import dependent_chains, format_chains
 from .costs import compile_times, encode_cost
@@ -31,10 +31,10 @@ def main(argv=None) -> int:
         import torch  # noqa: F401
     except Exception:
         pass
-    if not tf.driver_available():
+    if not driver_available():
         print("tmaflow bench: no CUDA driver here; benchmarks need a Hopper GPU.")
         return 1
-    dev = tf.current_device()
+    dev = current_device()
     only = set(args.only or SUITES)
     report = {"device": dev.name, "driver": call("cuDriverGetVersion"),
               "sms": dev.sm_count}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import tmaflow as tf
+from ..errors import TmaflowError
+from ..runtime.memory import DeviceArray, from_numpy
 
 LAYOUTS = ("nt", "nn")
 
@@ -14,8 +15,8 @@ def parse_shape(text: str, dims: int | None = None) -> tuple[int, ...]:
     parts = str(text).lower().split("x")
     if not all(p.isdigit() and int(p) > 0 for p in parts) or (dims is not None and len(parts) != dims):
         want = "x".join("ABCDEFG"[:dims]) if dims else "AxBx..."
-        raise tf.TmaflowError(f"shape {text!r} must be {want}: positive integers joined by 'x' "
-                              f"(e.g. 4096x4096x4096)")
+        raise TmaflowError(f"shape {text!r} must be {want}: positive integers joined by 'x' "
+                           f"(e.g. 4096x4096x4096)")
     return tuple(int(p) for p in parts)
 
 
@@ -24,7 +25,7 @@ def parse_gemm_shape(text: str) -> tuple[int, int, int, str]:
     dims, _, layout = str(text).partition(":")
     layout = layout or "nt"
     if layout not in LAYOUTS:
-        raise tf.TmaflowError(f"shape {text!r}: layout {layout!r} must be one of {LAYOUTS}")
+        raise TmaflowError(f"shape {text!r}: layout {layout!r} must be one of {LAYOUTS}")
     m, n, k = parse_shape(dims, 3)
     return m, n, k, layout
 
@@ -35,12 +36,12 @@ def parse_shapes(texts, default: list) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m, n, k in shapes] or list(default)
 
 
-def random_array(shape, dtype: str = "float32") -> tf.DeviceArray:
+def random_array(shape, dtype: str = "float32") -> DeviceArray:
     """A tmaflow array of random values: normal float32, or random 16-bit patterns."""
     rng = np.random.default_rng()
     if dtype == "float32":
-        return tf.from_numpy(rng.standard_normal(shape, dtype=np.float32))
-    return tf.from_numpy(rng.integers(0, 2**16, size=shape, dtype=np.uint16), dtype=dtype)
+        return from_numpy(rng.standard_normal(shape, dtype=np.float32))
+    return from_numpy(rng.integers(0, 2**16, size=shape, dtype=np.uint16), dtype=dtype)
 
 
 def nt_operands(m: int, n: int, k: int, dtype: str = "bfloat16"):
@@ -51,7 +52,7 @@ def nt_operands(m: int, n: int, k: int, dtype: str = "bfloat16"):
     if dtype == "float8_e4m3fn":
         return tuple((torch.randn(r, k, device="cuda") * 40).to(torch.float8_e4m3fn) for r in (m, n))
     if dtype != "bfloat16":
-        raise tf.TmaflowError(f"nt_operands: dtype={dtype!r} must be 'bfloat16' or 'float8_e4m3fn'")
+        raise TmaflowError(f"nt_operands: dtype={dtype!r} must be 'bfloat16' or 'float8_e4m3fn'")
     return tuple(torch.randn(r, k, device="cuda", dtype=torch.bfloat16) for r in (m, n))
 
 

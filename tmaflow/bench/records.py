@@ -10,8 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import tmaflow as tf
-
+from ..runtime.device import current_device
 from .internals import call
 
 FORMAT = 1
@@ -31,7 +30,7 @@ def commit() -> str:
 def environment() -> dict:
     """Device, driver, commit, command line and date of this run."""
     driver = call("cuDriverGetVersion")
-    env = {"device": tf.current_device().name, "driver": f"{driver // 1000}.{driver % 1000 // 10}",
+    env = {"device": current_device().name, "driver": f"{driver // 1000}.{driver % 1000 // 10}",
            "commit": commit(), "command": " ".join(["python", *sys.argv]),
            "date": datetime.date.today().isoformat()}
     try:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import tmaflow as tf
+from ..errors import TmaflowError
 
 
 def _seconds(value: float) -> str:
@@ -30,7 +30,7 @@ class Result:
 
     def __post_init__(self):
         if not self.samples:
-            raise tf.TmaflowError("Result: samples=() is empty; a timing needs at least one sample")
+            raise TmaflowError("Result: samples=() is empty; a timing needs at least one sample")
         object.__setattr__(self, "samples", tuple(float(s) for s in self.samples))
         values = np.asarray(self.samples)
         object.__setattr__(self, "median", statistics.median(self.samples))
@@ -67,6 +67,6 @@ def ratios(numerators, denominators) -> Result:
     means ours is faster)."""
     num, den = list(numerators), list(denominators)
     if len(num) != len(den):
-        raise tf.TmaflowError(f"ratios: {len(num)} numerators and {len(den)} denominators; "
-                              "per-round ratios need one of each per round")
+        raise TmaflowError(f"ratios: {len(num)} numerators and {len(den)} denominators; "
+                           "per-round ratios need one of each per round")
     return Result(tuple(a / b for a, b in zip(num, den)), unit="x")

@@ -13,8 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
-import tmaflow as tf
-
+from ..errors import TmaflowError
 from .events import EventPair, L2Flush
 from .internals import call
 from .result import Result, ratios
@@ -24,15 +23,15 @@ RETURN_MODES = ("result", "median", "min", "max", "mean", "all")
 
 def _positive(who: str, name: str, value, minimum: int = 1) -> int:
     if type(value) is not int or value < minimum:
-        raise tf.TmaflowError(f"{who}: {name}={value!r} must be an int >= {minimum}")
+        raise TmaflowError(f"{who}: {name}={value!r} must be an int >= {minimum}")
     return value
 
 
 def _check_batch(who: str, batch: int, flush_l2: bool) -> None:
     _positive(who, "batch", batch)
     if flush_l2 and batch != 1:
-        raise tf.TmaflowError(f"{who}: batch={batch} with flush_l2=True; the flush goes before "
-                              "every timed call, so batch must be 1")
+        raise TmaflowError(f"{who}: batch={batch} with flush_l2=True; the flush goes before "
+                           "every timed call, so batch must be 1")
 
 
 class Sampler:
@@ -76,7 +75,7 @@ def do_bench(fn, *, warmup: int = 3, repeats: int = 10, flush_l2: bool = False, 
     samples.
     """
     if return_mode not in RETURN_MODES:
-        raise tf.TmaflowError(f"do_bench: return_mode={return_mode!r} must be one of {RETURN_MODES}")
+        raise TmaflowError(f"do_bench: return_mode={return_mode!r} must be one of {RETURN_MODES}")
     _positive("do_bench", "warmup", warmup, 0)
     _positive("do_bench", "repeats", repeats)
     with Sampler(flush_l2=flush_l2, stream=stream, batch=batch) as sample:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import tmaflow as tf
+from ..errors import TmaflowError
 
 
 def to_host(value) -> np.ndarray:
@@ -62,7 +62,7 @@ def as_tolerance(tolerance):
     try:
         rtol, atol = (float(t) for t in tolerance)
     except (TypeError, ValueError):
-        raise tf.TmaflowError(f"autotune: tolerance={tolerance!r} must be None (bit-exact) or (rtol, atol)") from None
+        raise TmaflowError(f"autotune: tolerance={tolerance!r} must be None (bit-exact) or (rtol, atol)") from None
     if not (rtol >= 0 and atol >= 0):
-        raise tf.TmaflowError(f"autotune: tolerance={tolerance!r}: rtol and atol must be >= 0")
+        raise TmaflowError(f"autotune: tolerance={tolerance!r}: rtol and atol must be >= 0")
     return rtol, atol

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-import tmaflow as tf
+from ..runtime.device import current_device
 
 
 def describe(value) -> str:
@@ -27,7 +27,7 @@ def build_key(args: tuple, kwargs: dict, key=None, device: str | None = None) ->
         body = describe(tuple(parts) if isinstance(parts, list) else parts)
     else:
         body = ",".join([describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in sorted(kwargs.items())])
-    return f"{device if device is not None else tf.current_device().name}|{body}"
+    return f"{device if device is not None else current_device().name}|{body}"
 
 
 def source_hash(*parts) -> str:

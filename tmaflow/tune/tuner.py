@@ -11,8 +11,9 @@ import sys
 import time
 from typing import Any
 
-import tmaflow as tf
-
+from ..bench.timing import do_bench
+from ..errors import TmaflowError
+from ..version import __version__
 from .check import as_outputs, as_tolerance, mismatch, poison, to_host
 from .key import build_key, source_hash
 from .memo import Memo, memo_path
@@ -25,7 +26,7 @@ def enabled() -> bool:
     """``TMAFLOW_AUTOTUNE``: "0" runs the default variant and tunes nothing; "1" or unset tunes."""
     value = os.environ.get(ENV, "1").strip()
     if value not in ("0", "1", ""):
-        raise tf.TmaflowError(f"{ENV}={value!r} must be 0 (tuning off: the default variant runs) or 1")
+        raise TmaflowError(f"{ENV}={value!r} must be 0 (tuning off: the default variant runs) or 1")
     return value != "0"
 
 
@@ -35,7 +36,7 @@ def stderr_progress(line: str) -> None:
 
 def event_timer(fn, *, warmup: int, repeats: int, flush_l2: bool) -> float:
     """Median seconds of ``fn()`` (tf.bench.do_bench)."""
-    return tf.bench.do_bench(fn, warmup=warmup, repeats=repeats, flush_l2=flush_l2).median
+    return do_bench(fn, warmup=warmup, repeats=repeats, flush_l2=flush_l2).median
 
 
 class Tuner:
@@ -49,9 +50,9 @@ class Tuner:
                  memo_root=None):
         variants = list(variants)
         if not variants:
-            raise tf.TmaflowError("autotune: variants=[] is empty; give at least the default variant")
+            raise TmaflowError("autotune: variants=[] is empty; give at least the default variant")
         if not callable(factory):
-            raise tf.TmaflowError(f"autotune: factory={factory!r} must be callable (variant -> function)")
+            raise TmaflowError(f"autotune: factory={factory!r} must be callable (variant -> function)")
         self.factory, self.variants, self.key = factory, variants, key
         self.name = name or str(getattr(factory, "__qualname__", "tuned"))
         self.outputs = outputs  # (call's result, *args, **kwargs) -> the outputs to compare
@@ -103,7 +104,7 @@ class Tuner:
             for i, future in futures.items():
                 try:
                     self._fns[i] = future.result()
-                except tf.TmaflowError as exc:
+                except TmaflowError as exc:
                     failed[i] = exc
         return failed
 
@@ -143,7 +144,7 @@ class Tuner:
                     fn = self.function(i)
                     row["median_s"] = self.timer(lambda: fn(*args, **kwargs), warmup=self.warmup,
                                                  repeats=self.repeats, flush_l2=self.flush_l2)
-            except tf.TmaflowError as exc:
+            except TmaflowError as exc:
                 row["note"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             results.append(row)
             status = f"{row['median_s'] * 1e6:.1f} us" if row["median_s"] is not None else f"refused ({row['note']})"
@@ -208,10 +209,10 @@ def entry(entry_point, configs, *, key=None, **options) -> Tuner:
     same signature that runs the fastest of ``configs`` correct against the entry point's own
     choice (``config=None``, the default variant)."""
     if not callable(entry_point):
-        raise tf.TmaflowError(f"autotune.entry: entry_point={entry_point!r} must be callable")
+        raise TmaflowError(f"autotune.entry: entry_point={entry_point!r} must be callable")
     name = options.pop("name", getattr(entry_point, "__qualname__", None) or getattr(entry_point, "__name__", "entry"))
     tuner = Tuner(functools.partial(_with_config, entry_point), [None, *configs], key=key, name=name,
-                  source=options.pop("source", tf.__version__), **options)
+                  source=options.pop("source", __version__), **options)
     functools.update_wrapper(tuner, entry_point, updated=())
     return tuner
 
