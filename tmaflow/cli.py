@@ -54,9 +54,10 @@ def _demo_compile_only() -> int:
         t0 = time.perf_counter()
         k = examples.get_kernel(name, layout, defines)
         res = k.resources
+        usage = f"{res.registers:3d} regs, {res.spills} B spills" if res else "no ptxas report"
         smem = layout.total_bytes if layout is not None else 0
-        print(f"  compiled {name:16s} {len(k.cubin):7d} B cubin, {res.registers:3d} regs, "
-              f"{res.spills} B spills, {smem:6d} B planned smem ({time.perf_counter() - t0:.2f} s)")
+        print(f"  compiled {name:16s} {len(k.cubin):7d} B cubin, {usage}, "
+              f"{smem:6d} B planned smem ({time.perf_counter() - t0:.2f} s)")
     spec = TensorMapSpec.tiled("bfloat16", (64, 64), (8, 64), swizzle="128B")
     g = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)
     image = reference.tma_load(g, spec, (0, 0)).view(np.uint16).reshape(8, 64)
@@ -163,6 +164,7 @@ def trace_cmd(args) -> int:
     checks.as_float("--window", args.window, lo=0)
     for option in ("json", "png", "save"):
         _output(f"--{option}", getattr(args, option))
+    t: tr.Trace | None
     if args.load is not None:
         t = tr.Trace.load(args.load)
     else:
@@ -184,6 +186,8 @@ def trace_cmd(args) -> int:
             x = from_numpy(rng.standard_normal((rows, cols), dtype=np.float32))
             getattr(examples, args.kernel)(x, trace=True)
         t = tr.last()
+        if t is None:
+            raise TmaflowError(f"tmaflow trace: the {args.kernel} launch recorded no trace")
     print(t.summary())
     if args.json:
         t.to_chrome(args.json)

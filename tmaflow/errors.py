@@ -80,7 +80,7 @@ class DeadlockError(TmaflowError):
     def __init__(self, message: str, records: list | None = None):
         self.records = list(records or [])
         self.trace = None  # the flight recorder's Trace, for builds with trace=True too
-        self.findings = []  # and what tmaflow.diagnose made of it
+        self.findings: list = []  # and what tmaflow.diagnose made of it (Findings)
         super().__init__(message)
 
     def __reduce__(self):

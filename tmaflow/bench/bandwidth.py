@@ -27,7 +27,8 @@ def memcpy_bandwidth(nbytes: int, repeats: int) -> float:
     """Bytes per second cuMemcpyDtoD moves (read + written) for ``nbytes``."""
     a, b = empty(nbytes, "uint8").fill_bytes(1), empty(nbytes, "uint8")
     t = _median(lambda: call("cuMemcpyDtoDAsync", b.ptr, a.ptr, nbytes, 0), repeats)
-    a.free(), b.free()
+    a.free()
+    b.free()
     return 2 * nbytes / t  # bytes read + written
 
 
@@ -49,7 +50,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         n = int(np.sqrt(size // item)) // 256 * 256
         shape = (n, n)
         src, dst = random_array(shape, dtype), empty(shape, dtype)
-        best = None
+        timed = []  # (seconds, configuration)
         rows_32k = 32 * 4 // item  # rows of a 32 KB box
         for box, stages, per_sm, l2, stores in (((rows_32k, 256), 6, 1, "none", 1),
                                                 ((rows_32k, 256), 6, 1, "none", 2),
@@ -62,11 +63,11 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
                 run = examples.copy.prepare(src, dst, box=box, stages=stages, ctas_per_sm=per_sm,
                                             l2_promotion=l2, flatten=flatten, evict_first=evict,
                                             stores=stores)
-                t = _median(run, repeats)
-                if best is None or t < best[0]:
-                    best = (t, f"box {box} x {stages} stages, {stores} store(s) in flight, "
-                               f"{per_sm} CTA/SM, L2 promotion {l2}"
-                               f"{', flattened' if flatten else ''}{', evict-first' if evict else ''}")
+                timed.append((_median(run, repeats),
+                              f"box {box} x {stages} stages, {stores} store(s) in flight, "
+                              f"{per_sm} CTA/SM, L2 promotion {l2}"
+                              f"{', flattened' if flatten else ''}{', evict-first' if evict else ''}"))
+        best = min(timed, key=lambda c: c[0])
         step = max(1, n // 64)
         ok = np.array_equal(dst.numpy()[::step].view(np.uint8), src.numpy()[::step].view(np.uint8))
         add(f"tile_copy {dtype}", f"{n}x{n}", best[0], 2 * n * n * item, ok, config=best[1])
@@ -99,7 +100,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
                          "ratio": ratio, "ok": good,
                          "note": "ratio to cuMemcpyDtoD into the same destination: paired samples "
                                  "of 16 calls, each after 3 of its own"})
-        src.free(), dst.free()
+        src.free()
+        dst.free()
 
     n = int(np.sqrt(size // 4)) // 128 * 128
     a, o = random_array((n, n), "float32"), empty((n, n), "float32")
@@ -107,7 +109,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
     t = _median(run, repeats)
     ok = np.array_equal(o.numpy()[:64, :64], a.numpy()[:64, :64].T)
     add("transpose fp32 (128B swizzle)", f"{n}x{n}", t, 2 * n * n * 4, ok)
-    a.free(), o.free()
+    a.free()
+    o.free()
 
     cols = 4096
     m = size // (cols * 4)
@@ -119,7 +122,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
     ref /= ref.sum(1, keepdims=True)
     ok = bool(np.allclose(y.numpy()[:8], ref, rtol=1e-4, atol=1e-7))
     add("softmax fp32 (TMA rows)", f"{m}x{cols}", t, 2 * m * cols * 4, ok)
-    x.free(), y.free()
+    x.free()
+    y.free()
 
     n = size // 4 // 4096 * 4096
     x, y = random_array((n,), "float32"), empty((n,), "float32")
@@ -128,7 +132,8 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         t = _median(run, repeats)
         ok = bool(np.allclose(y.numpy()[:4096], 2.0 * x.numpy()[:4096] + 1.0))
         add(f"axpb ({method})", f"{n}", t, 2 * n * 4, ok)
-    x.free(), y.free()
+    x.free()
+    y.free()
 
     # Broadcast-heavy: CTAs read the same tiles. "all": every CTA reads one 8 MB w (the L2
     # serves identical lines to every SM at once); "pairs"/"quads": each group of 2 / 4 CTAs
@@ -145,7 +150,7 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         wb = random_array((wtiles * 32, 256), "float32")
         ob = empty((blocks * 32, 256), "float32")
         iters = 256
-        best = {}
+        speedups: dict[int, tuple[float, float, int]] = {}  # cluster -> (over cluster=1, s, stages)
         for stages in (4, 6):
             base_t = None
             for cluster in sorted({1, group or 2, 4 if group is None else group}):
@@ -153,17 +158,18 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
                                                        group_size=group, iters=iters, sparse=sparse)
                 t = _median(run, repeats)
                 base_t = base_t or t
-                if cluster not in best or base_t / t > best[cluster][0]:
-                    best[cluster] = (base_t / t, t, stages)
+                if cluster not in speedups or base_t / t > speedups[cluster][0]:
+                    speedups[cluster] = (base_t / t, t, stages)
         ref = broadcast_reference(xb.numpy(), wb.numpy(), group_size=group, iters=iters, only=4,
                                   sparse=sparse)
         ok = bool(np.allclose(ob.numpy()[:32 * 4], ref, rtol=1e-4, atol=1e-2))
         logical = blocks * iters * 32 * 256 * 4
-        for cluster, (ratio, t, stages) in sorted(best.items()):
+        for cluster, (ratio, t, stages) in sorted(speedups.items()):
             rows.append({"kernel": f"broadcast {label} cluster={cluster}", "shape": f"{blocks} CTAs",
                          "GB/s": logical / t / 1e9, "ratio": ratio, "ok": ok,
                          "config": f"{stages} stages", "note": "ratio = speed-up over cluster=1"})
-        wb.free(), ob.free()
+        wb.free()
+        ob.free()
     xb.free()
     return rows
 

@@ -62,7 +62,7 @@ def dependent_chains(repeats: int = 30) -> list[dict]:
                 chain(pdl)
             cases[("eager", pdl)] = lambda pdl=pdl: chain(pdl)
             cases[("graph", pdl)] = g.replay
-        got = {key: [] for key in cases}
+        got: dict[tuple[str, bool], list[float]] = {key: [] for key in cases}
         for _ in range(repeats):
             for key, run in cases.items():
                 got[key].append(queued(run))
@@ -70,10 +70,10 @@ def dependent_chains(repeats: int = 30) -> list[dict]:
         if name.startswith("8 copies"):  # and the chain copied x0 through
             same = same and np.array_equal(outputs[True][0], outputs[True][1])
         for how in ("eager", "graph"):
-            plain, pdl = got[(how, False)], got[(how, True)]
+            plain, chained = got[(how, False)], got[(how, True)]
             rows.append({"chain": name, "how": how, "plain_us": statistics.median(plain) * 1e6,
-                         "pdl_us": statistics.median(pdl) * 1e6,
-                         "speedup": statistics.median(p / q for p, q in zip(plain, pdl)),
+                         "pdl_us": statistics.median(chained) * 1e6,
+                         "speedup": statistics.median(p / q for p, q in zip(plain, chained)),
                          "identical": bool(same)})
         for g in graphs.values():
             g.close()

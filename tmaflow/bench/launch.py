@@ -3,7 +3,9 @@ take, each against its reference (raw ``cuLaunchKernelEx``, or the torch operati
 interleaved rounds."""
 from __future__ import annotations
 
+import importlib
 import statistics
+import types
 
 import numpy as np
 
@@ -15,6 +17,14 @@ from ..runtime.memory import empty, from_numpy
 from ..tma.tensormap import TensorMap
 from .internals import cuda_driver, native
 from .timing import host_rounds
+
+
+def _optional(name: str) -> types.ModuleType | None:
+    """The module ``name``, or None where it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def _row(path: str, samples: dict, name: str, ref: str, label: str | None = None) -> dict:
@@ -67,11 +77,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
     cfg_p, fn_p = bound_ptr.cu_config(0), bound_ptr.module.function
     cases["raw (pointers)"] = lambda: launch(cfg_p, fn_p, packed, 0)
     cases["bound, tf pointers"] = lambda: bound_ptr(x, y, 2.0, 1.0, 4096)
-    torch = cupy = None
-    try:
-        import torch  # optional dependency: the torch rows
-    except ImportError:
-        pass
+    torch = _optional("torch")
     if torch is not None:
         tx, tyy = torch.empty(4096, device="cuda"), torch.empty(4096, device="cuda")
         t2d = torch.empty((256, 256), device="cuda")
@@ -80,10 +86,7 @@ def launch_paths(n: int = 5000, rounds: int = 15) -> list[dict]:
         cases["launch, torch pointers"] = lambda: kp_ptr.launch(tx, tyy, 2.0, 1.0, 4096, grid=1, block=256)
         cases["bound, torch tensor maps"] = lambda: bound(tta, ttb, 1, 2.0, 3)
         cases["launch, torch tensor maps"] = lambda: k.launch(tta, ttb, 1, 2.0, 3, grid=1, block=32)
-    try:
-        import cupy  # optional dependency: the cupy row
-    except ImportError:
-        pass
+    cupy = _optional("cupy")
     if cupy is not None:
         cx, cy = cupy.empty(4096, dtype=cupy.float32), cupy.empty(4096, dtype=cupy.float32)
         cases["bound, cupy pointers"] = lambda: bound_ptr(cx, cy, 2.0, 1.0, 4096)

@@ -32,7 +32,8 @@ def parse_gemm_shape(text: str) -> tuple[int, int, int, str]:
 
 def parse_shapes(texts, default: list) -> list[tuple[int, int, int]]:
     """``--shape MxNxK`` arguments as (m, n, k) tuples, or ``default`` when none were given."""
-    return [parse_shape(text, 3) for text in texts] or list(default)
+    shapes = [parse_shape(text, 3) for text in texts]
+    return [(m, n, k) for m, n, k in shapes] or list(default)
 
 
 def random_array(shape, dtype: str = "float32") -> DeviceArray:

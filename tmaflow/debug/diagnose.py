@@ -80,7 +80,7 @@ def ledger(trace, layout, cluster_size: int = 1) -> dict:
             base = layout.offset(f"{pipe.name}_{side}")
             for s in range(pipe.stages):
                 bars[base + 8 * s] = (pipe, side, s)
-    book = defaultdict(_Stage)
+    book: defaultdict[tuple[int, str, int], _Stage] = defaultdict(_Stage)  # (block, pipe, stage)
     ev = trace.events
     ev = ev[np.isin(ev["bar"], list(bars))]  # events on a pipeline's barriers only
     columns = (ev[f].tolist() for f in ("bar", "kind", "block", "warp", "t0", "value", "dur"))
@@ -250,7 +250,7 @@ def _unacquired_maps(trace) -> list[Finding]:
     """TMA copies through a slot published in this launch, by a CTA that has not acquired
     that slot since it started (program order within the CTA: no clocks compared)."""
     ev = trace.events
-    published = {}
+    published: dict[int, int] = {}  # slot -> the block that published it first
     for e in ev[ev["kind"] == K["tensormap publish"]]:
         published.setdefault(int(e["value"]), int(e["block"]))
     if not published:

@@ -29,7 +29,7 @@ import numpy as np
 from .. import checks, plot
 from ..errors import TmaflowError
 from ..runtime import driver
-from ..runtime.memory import empty, zero_for_sanitizer
+from ..runtime.memory import DeviceArray, empty, zero_for_sanitizer
 
 # Mirrors enum tmaflow::trace::Kind (include/tmaflow/trace.cuh), from 1.
 KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", "arrive (remote)",
@@ -39,9 +39,11 @@ KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", 
 KIND = {name: code for code, name in enumerate(KINDS, start=1)}
 SPANS = {"wait", "wait (cluster)", "store wait", "store wait (read)", "wgmma wait", "named barrier",
          "cluster sync", "PDL wait"}
-EVENT = np.dtype([("t0", "<u8"), ("dur", "<u4"), ("kind", "<u2"), ("stage", "<i2"), ("bar", "<u4"),
-                  ("value", "<u4"), ("line", "<u4"), ("sm", "<u4")])
+_EVENT_FIELDS = [("t0", "<u8"), ("dur", "<u4"), ("kind", "<u2"), ("stage", "<i2"), ("bar", "<u4"),
+                 ("value", "<u4"), ("line", "<u4"), ("sm", "<u4")]
+EVENT = np.dtype(_EVENT_FIELDS)
 assert EVENT.itemsize == 32
+_SAVED = np.dtype(_EVENT_FIELDS + [("block", "<u4"), ("warp", "<u4")])  # events with their warp
 STATIC_SMEM = 0x80000000  # bar: bit 31 = an address in static shared memory
 TIMED_OUT = 0x100  # value of a wait the watchdog stopped (it timed out)
 GAVE_UP = 0x200  # value of a wait that stopped because another one had timed out
@@ -66,12 +68,12 @@ class Recorder:
         # Debug builds keep the rings in pinned host memory the device writes through: they
         # can be read after a fault, before the context reset frees them.
         self.mapped = mapped
-        self.buffer = None
+        self.buffer: DeviceArray | None = None
         self.host = self.host_bytes = self.host_address = 0
         self.rings = self.capacity_log2 = 0
-        self._state_bytes = None
+        self._state_bytes: bytes | None = None
         self._generation = device.generation
-        self.last = None  # the Trace of the latest launch, once collected
+        self.last: Trace | None = None  # the Trace of the latest launch, once collected
 
     def arm(self, config, stream: int) -> None:
         """Size, zero and publish the rings for a launch of ``config`` on ``stream``."""
@@ -96,11 +98,12 @@ class Recorder:
                 ctypes.memset(self.host, 0, nbytes)
             address = self.host_address
         else:
-            if self.buffer is None or self.buffer.nbytes < nbytes or not self.buffer.alive:
-                self.buffer = empty(nbytes, "uint8", self.device)
-                zero_for_sanitizer(self.buffer, 0)  # copied out whole, written in part
-            driver.call("cuMemsetD8Async", self.buffer.ptr, 0, nbytes, stream)
-            address = self.buffer.ptr
+            buffer = self.buffer
+            if buffer is None or buffer.nbytes < nbytes or not buffer.alive:
+                buffer = self.buffer = empty(nbytes, "uint8", self.device)
+                zero_for_sanitizer(buffer, 0)  # copied out whole, written in part
+            driver.call("cuMemsetD8Async", buffer.ptr, 0, nbytes, stream)
+            address = buffer.ptr
         self._state_bytes = struct.pack("<QII", address, log2, self.rings)
         driver.call("cuMemcpyHtoDAsync", self.state, self._state_bytes, 16, stream)
 
@@ -111,8 +114,10 @@ class Recorder:
         count = self.rings << self.capacity_log2
         if self.mapped:  # no synchronisation: after a fault it would fail; debug launches are done
             raw = (ctypes.c_char * (count * EVENT.itemsize)).from_address(self.host)
-            events = np.frombuffer(raw, dtype=EVENT).copy()
+            events = np.frombuffer(memoryview(raw), dtype=EVENT).copy()
         else:
+            if self.buffer is None:
+                raise TmaflowError(f"trace of {kernel.name}: collect() before arm(); no rings to read")
             driver.call("cuStreamSynchronize", stream)
             events = np.empty(count, dtype=EVENT)
             driver.call("cuMemcpyDtoH", events.ctypes.data, self.buffer.ptr, events.nbytes)
@@ -155,8 +160,8 @@ class Trace:
         ev, ring = rings[valid], ring_index[valid]
         order = np.argsort(ev["t0"], kind="stable")
         ev, ring = ev[order], ring[order]
-        out = np.empty(len(ev), dtype=EVENT.descr + [("block", "<u4"), ("warp", "<u4")])
-        for name in EVENT.names:
+        out = np.empty(len(ev), dtype=_SAVED)
+        for name, _ in _EVENT_FIELDS:
             out[name] = ev[name]
         out["block"], out["warp"] = ring // warps, ring % warps
         placements = [(p.name, p.offset, p.nbytes) for p in getattr(layout, "placements", ())]
@@ -271,7 +276,7 @@ class Trace:
             out.append({"ph": "M", "name": "thread_name", "pid": block, "tid": warp,
                         "args": {"name": f"warp {warp} ({role})"}})
         ev = self.events
-        labels = {}  # (kind, bar, stage, value) -> label: a few distinct ones for many events
+        labels: dict[tuple[int, int, int, int], str] = {}  # (kind, bar, stage, value) -> label: a few distinct ones for many events
         columns = zip(ev["kind"].tolist(), ev["bar"].tolist(), ev["stage"].tolist(),
                       ev["value"].tolist(), ev["sm"].tolist(), ev["line"].tolist(),
                       ev["block"].tolist(), ev["warp"].tolist(), ev["t0"].tolist(), ev["dur"].tolist())
@@ -405,8 +410,6 @@ class Trace:
     def __repr__(self) -> str:
         return f"Trace({self.kernel_name}, {len(self.events)} events)"
 
-
-_SAVED = np.dtype(EVENT.descr + [("block", "<u4"), ("warp", "<u4")])
 _META = {"kernel": str, "warps_per_block": int, "placements": list, "wrapped": int}
 
 

@@ -386,7 +386,7 @@ def copy(prepare, src, a: DeviceArray, dst, o: DeviceArray | None, options: dict
     rows that are not 16-byte multiples, element strides. A TMA-legal 2-D view of both arrays
     (after collapsing dims) takes the TMA copy; the rest the strided copy."""
     stream = options["stream"]
-    if dst is None:
+    if o is None:  # no dst given
         dst, o = new_output(src, a, a.shape, None, stream)
     if not a.size:
         return None, (), dst
@@ -420,7 +420,7 @@ def transpose(src, x: DeviceArray, out, o: DeviceArray | None, stream, debug):
     """``kernels.transpose`` of what the TMA transpose cannot take: the strided copy of x into
     the transposed view of out (its tiles keep both sides coalesced)."""
     shape_t = x.shape[::-1]
-    if out is None:
+    if o is None:  # no out given
         out, o = new_output(src, x, shape_t, None, stream)
     if not x.size:
         return None, (), out
@@ -435,7 +435,7 @@ def softmax(prepare, src, a: DeviceArray, out, o: DeviceArray | None, max_cols: 
     if a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a float32 array (got {a.shape} {a.dtype})")
     stream = options["stream"]
-    if out is None:
+    if o is None:  # no out given
         out, o = new_output(src, a, a.shape, None, stream)
     if not a.size:
         return None, (), out

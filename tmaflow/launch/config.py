@@ -35,7 +35,8 @@ def dims(name: str, value) -> tuple[int, int, int]:
         raise LaunchError(f"{name}={value!r} must be an int or a tuple of 1-3 ints") from None
     if not 1 <= len(out) <= 3 or any(d < 1 for d in out):
         raise LaunchError(f"{name}={value!r} must have 1-3 extents, each >= 1")
-    return out + (1,) * (3 - len(out))
+    x, y, z = out + (1,) * (3 - len(out))
+    return x, y, z
 
 
 @dataclass(frozen=True)

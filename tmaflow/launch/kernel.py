@@ -39,7 +39,7 @@ class _Module:
         self.device = device
         self.generation = device.generation
         self.name = kernel.name
-        self.launchers = weakref.WeakSet()  # every Launcher bound to this module
+        self.launchers: weakref.WeakSet[Launcher] = weakref.WeakSet()  # every Launcher bound to this module
         _loaded.add(self)
         prog = kernel.program
         self.module = driver.call("cuModuleLoadData", prog.cubin)
@@ -67,7 +67,8 @@ class _Module:
         be an API error that compute-sanitizer reports)."""
         cu = driver.cu()
         count = len(typed) if typed is not None else None
-        params, base = [], None
+        params: list[Param] = []
+        base: int | None = None
         while count is None or len(params) < count:
             i = len(params)
             err, offset, size = cu.cuFuncGetParamInfo(self.function, i)
@@ -177,7 +178,7 @@ class Kernel:
             raise TmaflowError(f"Kernel: debug={debug!r} must be True, False or None (TMAFLOW_DEBUG)")
         self.debug = bool(debug) if debug is not None else watchdog.env_debug()
         if isinstance(trace, str) and trace in ("stage", "all"):
-            self.trace = trace
+            self.trace: str | bool = trace
         elif isinstance(trace, (bool, np.bool_)):
             self.trace = "stage" if trace else False  # False, "stage" or "all"
         else:
@@ -189,8 +190,8 @@ class Kernel:
         self.watchdog_seconds = (watchdog_seconds or watchdog.default_seconds()) if self.debug \
             else watchdog_seconds
         self._arch = arch
-        self._program = None
-        self._params = None
+        self._program: compiler.Program | None = None
+        self._params: list[Param] | None = None
         self._modules: dict[int, _Module] = {}
         self._launchers: dict[tuple, Launcher] = {}  # (config..., ordinal, thread ident)
         self._lock = threading.RLock()  # module() holds it while _Module reads .program
@@ -227,7 +228,7 @@ class Kernel:
         opts = [f"-D{k}={v}" if v is not None else f"-D{k}" for k, v in sorted(self.defines.items())]
         if self.debug:
             opts += ["-lineinfo", "-DTMAFLOW_DEBUG=1",
-                     f"-DTMAFLOW_WATCHDOG_NS={watchdog.nanoseconds(self.watchdog_seconds)}ull"]
+                     f"-DTMAFLOW_WATCHDOG_NS={watchdog.nanoseconds(self.watchdog_seconds)}ull"]  # type: ignore[arg-type]  # set whenever debug is
         if self.trace:
             opts += ["-lineinfo", f"-DTMAFLOW_TRACE={2 if self.trace == 'all' else 1}"]
         return tuple(opts) + self.options

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable
 
 from ..debug.diagnose import diagnose, explain, ledger, ledger_text
 from ..errors import CudaError, DeadlockError, LaunchError, PipelineError
@@ -53,7 +54,7 @@ class Launcher(functools.partial):
         self.ordinal = module.device.ordinal
         self.packer = ArgPacker(module.params)
         self._configs: dict[int, object] = {}
-        self._plans: dict[tuple, object] = {}  # argument type key -> generated function
+        self._plans: dict[tuple, Callable[..., None]] = {}  # argument type key -> generated function
         self._launch = cu.cuLaunchKernelEx
         self._function = module.function
         self._watch = module.watch
@@ -64,7 +65,8 @@ class Launcher(functools.partial):
 
     def _use(self, function) -> None:
         """Make ``function(self, *args)`` what calling the launcher runs."""
-        functools.partial.__setstate__(self, (function, (self,), None, self.__dict__))
+        # partial's C __setstate__ is the one way to rebind func; typeshed's partial omits it
+        functools.partial.__setstate__(self, (function, (self,), None, self.__dict__))  # type: ignore[attr-defined]
 
     # configuration, read-only
     grid = property(lambda self: self.config.grid, doc="Blocks per axis (x, y, z).")

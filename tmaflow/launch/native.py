@@ -31,6 +31,7 @@ import sys
 import sysconfig
 import tempfile
 import threading
+import types
 from pathlib import Path
 
 from .. import env
@@ -156,6 +157,8 @@ def _sync_dir(folder: Path) -> None:
 def _import(path: Path):
     loader = importlib.machinery.ExtensionFileLoader("tmaflow_launch", str(path))
     spec = importlib.util.spec_from_file_location("tmaflow_launch", str(path), loader=loader)
+    if spec is None:
+        raise _BadBuild("importlib made no module spec for it")
     try:
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
@@ -188,7 +191,7 @@ def _load(rebuilt: list[str]):
         raise RuntimeError(f"the fresh build {path.name} is unusable: {exc}") from None
 
 
-def module():
+def module() -> types.ModuleType | None:
     """The compiled module, or None (``status()`` says why). A ``TMAFLOW_NATIVE`` that is not
     a boolean spelling is refused (a TmaflowError) rather than read as either."""
     if not env.flag("TMAFLOW_NATIVE", True):

@@ -68,7 +68,9 @@ def ptx_entry_params(ptx: str, lowered_name: str) -> list[tuple[str, int, int]] 
 
 def _split_top(text: str) -> list[str]:
     """Split a parameter list at commas outside (), <>, [] and {}."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch in "(<[{":
             depth += 1

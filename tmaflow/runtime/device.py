@@ -51,8 +51,8 @@ class Device:
         self.l2_bytes = get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
         self.total_memory = driver.call("cuDeviceTotalMem", self.handle)
         self.generation = 0  # bumped by reset(): modules and allocations of older ones are gone
-        self._pool = None
-        self._allocations = weakref.WeakSet()
+        self._pool: MemoryPool | None = None
+        self._allocations: weakref.WeakSet = weakref.WeakSet()
 
     # --- memory: tmaflow's pool on this device (pool.py) ----------------------------------
     def memory_pool(self):
@@ -267,6 +267,8 @@ class StreamHandle(int):
     """A stream resolved from a stream object: its raw ``CUstream`` value (an int, as cache
     keys and the driver take it) keeping the object alive while the handle is in use."""
 
+    owner: object
+
     def __new__(cls, handle: int, owner):
         self = super().__new__(cls, handle)
         self.owner = owner
@@ -275,12 +277,11 @@ class StreamHandle(int):
 
 def _checked_handle(stream, value, source: str | None = None) -> int:
     """``value``, which ``source`` of ``stream`` gave (None: ``stream`` itself), as a handle."""
-    int_like = is_int(value)
-    handle = operator.index(value) if int_like else None
-    if int_like and 0 <= handle <= MAX_HANDLE:
+    handle = operator.index(value) if is_int(value) else None
+    if handle is not None and 0 <= handle <= MAX_HANDLE:
         return handle
     given = f"stream={stream!r}" if source is None else f"stream={stream!r}: {source} is {value!r}"
-    if not int_like:
+    if handle is None:
         raise LaunchError(f"{given} ({type(value).__name__}); a stream handle is an int in "
                           "[0, 2^64 - 1]")
     raise LaunchError(f"{given}: a stream handle is an int in [0, 2^64 - 1]")

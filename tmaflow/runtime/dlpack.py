@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+import math
 
 from ..checks import as_bool, as_int, as_optional_int
 from ..dtypes import BY_NAME, DType
@@ -238,6 +239,7 @@ def make_capsule(array, device: tuple[int, int], dtype: DLDataType, version, fla
     shape = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
     strides = (ctypes.c_int64 * max(ndim, 1))(*(s // array.dtype.itemsize for s in array.strides))
     tensor = DLTensor(array.ptr, DLDevice(*device), ndim, dtype, shape, strides, 0)
+    managed: ctypes.Structure
     if version is None:
         managed, name = DLManagedTensor(tensor, None, _delete), LEGACY_NAME
     else:
@@ -282,7 +284,7 @@ def _producer_waits(device, array, consumer: int) -> None:
 
 # --- import -----------------------------------------------------------------------------------
 
-def capsule_of(obj, stream: int):
+def capsule_of(obj, stream: int | None):
     """``obj.__dlpack__`` asked for a versioned capsule ordered on ``stream`` (a raw handle;
     None: no stream is named and the producer keeps its own order), falling back to the
     pre-2023 signature for producers without ``max_version``."""
@@ -357,16 +359,16 @@ def consume(capsule, what: str = "the capsule"):
                            ("already consumed (a DLPack capsule can be taken once)" if used else
                             "not a DLPack tensor ('dltensor' or 'dltensor_versioned')"))
     ptr = _get_pointer(capsule, name)
+    managed: ctypes.Structure
     if name == VERSIONED_NAME:
         managed = DLManagedTensorVersioned.from_address(ptr)
         version = (managed.version.major, managed.version.minor)
         if version[0] != NEWEST[0]:
             raise TmaflowError(f"as_array: {what} is DLPack version {version[0]}.{version[1]}; "
                                f"tmaflow reads major version {NEWEST[0]}")
-        deleter, cast = managed.deleter, ctypes.POINTER(DLManagedTensorVersioned)
     else:
         managed = DLManagedTensor.from_address(ptr)
-        deleter, cast = managed.deleter, ctypes.POINTER(DLManagedTensor)
+    deleter, cast = managed.deleter, ctypes.POINTER(type(managed))
     t = managed.dl_tensor
     _check_cuda(what, t.device.device_type)
     dtype = _import_dtype(what, t)
@@ -378,11 +380,7 @@ def consume(capsule, what: str = "the capsule"):
     if t.strides:
         strides = tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
     else:  # NULL strides: compact row-major
-        strides, acc = [], dtype.itemsize
-        for n in reversed(shape):
-            strides.insert(0, acc)
-            acc *= n
-        strides = tuple(strides)
+        strides = tuple(dtype.itemsize * math.prod(shape[i + 1:]) for i in range(t.ndim))
     data = (t.data or 0) + t.byte_offset
     if not t.data and 0 not in shape:
         raise TmaflowError(f"as_array: {what} has a NULL data pointer for shape={shape} "

@@ -19,7 +19,8 @@ from .pool import rounded
 
 @functools.lru_cache(maxsize=256)
 def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
-    strides, acc = [], itemsize
+    strides: list[int] = []
+    acc = itemsize
     for n in reversed(shape):
         strides.insert(0, acc)
         acc *= max(n, 1)
@@ -337,16 +338,13 @@ _CAI_TYPES = {"<f2": "float16", "<f4": "float32", "<f8": "float64", "|u1": "uint
 
 # --- foreign arrays: fast views of the libraries we know, protocols for the rest ---------------
 
-_NO_ORIGIN = object()
-
 def _origin_of(obj) -> str | None:
     """"torch" / "cupy" when ``obj`` (or the array a view or tensor map is of, or a DLPack
     capsule's exporter) belongs to that library."""
     if isinstance(obj, _DLPackOwner):
         obj = obj.obj
-    origin = getattr(obj, "_origin", _NO_ORIGIN)  # DeviceArray, TensorMap
-    if origin is not _NO_ORIGIN:
-        return origin
+    if hasattr(obj, "_origin"):  # DeviceArray, TensorMap
+        return obj._origin
     mod = type(obj).__module__ or ""
     if mod.startswith("torch"):
         return "torch"

@@ -27,7 +27,7 @@ class MemoryPool:
     """One device's ``CUmemoryPool`` (release threshold unlimited: the driver keeps what it
     holds) and the block cache in front of it."""
 
-    def __init__(self, device):
+    def __init__(self, device) -> None:
         cu = driver.cu()
         props = cu.CUmemPoolProps()
         props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED

@@ -337,7 +337,7 @@ class SharedLayout:
                               "and Buffer items")
         self.items = list(items)
         self.limit = checks.as_int("SharedLayout: limit", limit, 1, (1 << 31) - 1, LayoutError)
-        self._header = None
+        self._header: str | None = None
         self.placements: list[Placement] = []
         offset = 0
         seen: dict[str, str] = {}

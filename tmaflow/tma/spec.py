@@ -365,7 +365,7 @@ def _overlap(shape, strides, itemsize: int):
 def _enumerated_overlap(shape, strides, dims, row: int):
     extents = {d: shape[d] for d in dims}
     while math.prod(extents.values()) > _ENUMERATED_ROWS:
-        widest = max(extents, key=extents.get)
+        widest = max(extents, key=lambda d: extents[d])
         extents[widest] = -(-extents[widest] // 2)
     starts = np.zeros((), np.int64)
     for d in dims:

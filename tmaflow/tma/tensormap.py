@@ -32,7 +32,7 @@ class TensorMap:
         self.spec = spec
         self.array = array
         self._bytes = raw
-        self._storage = None
+        self._storage: tuple[ctypes.Array[ctypes.c_char], int] | None = None
         self._alloc, self._origin = array._alloc, array._origin  # array: a DeviceArray
 
     @classmethod
@@ -49,6 +49,7 @@ class TensorMap:
             raise TensorMapError(f"array {arr!r} was freed; a tensor map needs live memory")
         if type(box) is not tuple:
             box = _ints("box", box)  # once: a generator is spent by the first read
+        key: tuple | None  # None: an option is unhashable and the map is not cached
         key = ("tiled", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype, box,
                *options.items())
         try:
@@ -71,6 +72,7 @@ class TensorMap:
         """An im2col map of ``array``, encoded once per array and options; ``options`` are those of
         ``TensorMapSpec.im2col`` (corners, ``channels_per_pixel``, ``pixels_per_column``, ...)."""
         arr = _device_view(array)
+        key: tuple | None
         key = ("im2col", arr.ptr, arr.shape, arr.strides, arr.dtype.name, dtype,
                *((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in options.items()))
         try:
@@ -84,7 +86,7 @@ class TensorMap:
         return cls._encoded(key, spec, arr)
 
     @classmethod
-    def _encoded(cls, key, spec: TensorMapSpec, arr) -> "TensorMap":
+    def _encoded(cls, key: tuple | None, spec: TensorMapSpec, arr) -> "TensorMap":
         encoder = _Encoder.of(spec)
         raw = encoder(spec.address or 0) if encoder is not None else encode(spec)
         if key is not None:
@@ -170,7 +172,7 @@ def _spill(spec: TensorMapSpec, access: str) -> None:
                   stacklevel=3)
 
 
-def _aligned_storage(raw: bytes):
+def _aligned_storage(raw: bytes) -> tuple[ctypes.Array[ctypes.c_char], int]:
     buf = ctypes.create_string_buffer(128 + 127)
     pad = (-ctypes.addressof(buf)) % 128
     ctypes.memmove(ctypes.addressof(buf) + pad, raw, 128)

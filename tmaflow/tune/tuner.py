@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 from ..bench.timing import do_bench
 from ..errors import TmaflowError
@@ -53,7 +54,7 @@ class Tuner:
         if not callable(factory):
             raise TmaflowError(f"autotune: factory={factory!r} must be callable (variant -> function)")
         self.factory, self.variants, self.key = factory, variants, key
-        self.name = name or getattr(factory, "__qualname__", "tuned")
+        self.name = name or str(getattr(factory, "__qualname__", "tuned"))
         self.outputs = outputs  # (call's result, *args, **kwargs) -> the outputs to compare
         self.tolerance = as_tolerance(tolerance)
         self.warmup, self.repeats, self.flush_l2 = warmup, repeats, flush_l2
@@ -97,7 +98,7 @@ class Tuner:
     def _make_all(self) -> dict[int, Exception]:
         """Make every variant's function, in a thread pool; {index: the error} of those that failed."""
         missing = [i for i in range(len(self.variants)) if i not in self._fns]
-        failed = {}
+        failed: dict[int, Exception] = {}
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, max(1, len(missing)))) as pool:
             futures = {i: pool.submit(self.factory, self.variants[i]) for i in missing}
             for i, future in futures.items():
@@ -131,7 +132,7 @@ class Tuner:
         written = [x for x in self._last_outputs if any(x is a for a in given)]
         results = []
         for i, variant in enumerate(self.variants):
-            row = {"index": i, "variant": repr(variant), "median_s": None, "correct": False, "note": ""}
+            row: dict[str, Any] = {"index": i, "variant": repr(variant), "median_s": None, "correct": False, "note": ""}
             try:
                 if i in failed:
                     raise failed[i]
@@ -156,21 +157,24 @@ class Tuner:
         self.progress(f"{self.name}: chose {self.variants[choice]!r} in {time.perf_counter() - started:.1f} s")
         return choice
 
+    def _key(self, key: str | None) -> str:
+        """``key``, or the last call's ("" before any call, a key nothing was tuned for)."""
+        return key if key is not None else self.last_key or ""
+
     def chosen(self, key: str | None = None):
         """The variant chosen for ``key`` (default: the last call's), or None if not tuned."""
-        index = self._chosen.get(key if key is not None else self.last_key)
+        index = self._chosen.get(self._key(key))
         return None if index is None else self.variants[index]
 
     def results(self, key: str | None = None) -> list[dict]:
         """Every variant's row for ``key`` (default: the last call's): index, variant, median
         seconds, whether it matched the default, and why not."""
-        return list(self._results.get(key if key is not None else self.last_key, []))
+        return list(self._results.get(self._key(key), []))
 
     def table(self, key: str | None = None) -> str:
         """``results(key)`` as text, the chosen variant starred."""
-        key = key if key is not None else self.last_key
-        chosen = self._chosen.get(key)
-        lines = [f"{self.name} @ {key}"]
+        chosen = self._chosen.get(self._key(key))
+        lines = [f"{self.name} @ {key if key is not None else self.last_key}"]
         for r in self.results(key):
             time_text = f"{r['median_s'] * 1e6:10.1f} us" if r["median_s"] is not None else f"{'-':>13s}"
             lines.append(f"{'*' if r['index'] == chosen else ' '} {r['index']:3d} {time_text}  {r['variant']}"

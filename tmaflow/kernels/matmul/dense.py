@@ -126,7 +126,8 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
     tiles = -(-math.ceil(n / rows) // cl) * cl  # whole clusters; a tile past N loads zeros, stores nothing
     launcher = kern.launcher(grid=(tiles, split), block=128 * (1 + rows // 64), cluster=(cl, 1, 1),
                              stream=stream, pdl=pdl)
-    launcher, ws = _with_split_k(launcher, split > 1, device, stream)
+    # skinny_plan fills in split_k; the config type keeps it optional for callers
+    launcher, ws = _with_split_k(launcher, split > 1, device, stream)  # type: ignore[operator]
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B, plan.spec_w),
                       tc=None, ldc=c_strides[0] // 2, tail=(m, n, k, split), plan=plan, workspace=ws,
                       workspace_sizes=(tiles, split * n * plan.defines["MP"]),

@@ -11,6 +11,7 @@ from threading import get_ident
 
 from ...errors import TensorMapError, TmaflowError
 from ...launch.config import resolve_stream
+from ...launch.launcher import Launcher
 from ...runtime.device import current_device, current_ordinal
 from ...runtime.memory import DeviceArray, as_array
 from ...tma.tensormap import encode
@@ -99,6 +100,7 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
                       debug=debug, trace=trace)
     cm = plan.config.cluster_m
     clusters = _resident_clusters(kern, cm, device.ordinal)
+    launcher: Launcher | _ProvedSlots
     launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream, pdl=pdl)
     B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2)) if layout == "nt" else \
         DeviceArray(0, (g * k, n), "bfloat16", (n * 2, 2))

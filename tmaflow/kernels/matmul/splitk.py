@@ -35,27 +35,28 @@ class _Workspace:
     after the launches that used it."""
 
     def __init__(self, device, stream: int):
-        self.device, self.stream, self.buf, self._views = device, stream, None, None
+        self.device, self.stream = device, stream
+        self._views: tuple[DeviceArray, DeviceArray] | None = None  # views of one buffer
         self.counters = self.floats = 0
 
-    def views(self, counters: int, floats: int):
+    def views(self, counters: int, floats: int) -> tuple[DeviceArray, DeviceArray]:
         """(counters, partials) views holding at least the sizes asked for."""
-        if self.buf is None or not self.buf.alive or counters > self.counters or floats > self.floats:
+        views = self._views
+        if views is None or not views[0].alive or counters > self.counters or floats > self.floats:
             self.counters = max(self.counters, -(-counters // 64) * 64, 4096)
             self.floats = max(self.floats, floats, 1 << 20)
             _refuse_foreign_capture(self.stream, "its split-K workspace")
-            self.buf = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device,
-                                         stream=self.stream), self.stream)
-            base = self.buf.ptr
-            self._views = (
-                DeviceArray(base, (self.counters,), "uint32", owner=self.buf, device=self.device),
-                DeviceArray(base + 4 * self.counters, (self.floats,), "float32", owner=self.buf,
+            buf = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device,
+                                    stream=self.stream), self.stream)
+            views = self._views = (
+                DeviceArray(buf.ptr, (self.counters,), "uint32", owner=buf, device=self.device),
+                DeviceArray(buf.ptr + 4 * self.counters, (self.floats,), "float32", owner=buf,
                             device=self.device))
-        return self._views
+        return views
 
     def discard(self) -> None:
         """After a failed launch (a watchdog abort, say) counters may be left mid-count."""
-        self.buf = None
+        self._views = None
 
 
 def _zeroed_now(buf: DeviceArray, stream: int) -> DeviceArray:
@@ -108,7 +109,7 @@ def _workspace(device, stream: int) -> _Workspace:
     """The workspace of this thread's launches on ``stream`` (resolved): launches on one stream
     run in order, so they may share one; other streams and threads get their own."""
     key = (device.ordinal, stream)
-    cache = _workspaces.__dict__
+    cache: dict = _workspaces.__dict__  # this thread's, keyed by (ordinal, stream)
     ws = cache.get(key)
     if ws is None:
         ws = cache[key] = _Workspace(device, stream)
