@@ -16,4 +16,5 @@ def __getattr__(name):  # the example entry points are imported on first use
     import importlib
 
     module = "matmul" if name in _MATMUL else "attention_entry" if name in _ATTENTION else "examples"
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = globals()[name] = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    return value  # kept as a module attribute: later lookups skip this hook (entry points are hot)
