@@ -381,16 +381,24 @@ def empty_product(C: DeviceArray, k: int, stream) -> tuple:
     return Launches(zero_steps(C, stream)), ()
 
 
+def _output(who: str, src, a: DeviceArray, out, o: DeviceArray | None, shape: tuple, stream):
+    """(out, its view): the caller's, or a new one of ``src``'s kind; ``a`` checked to live on
+    the current device when it has elements to move."""
+    if o is None:  # no out given
+        out, o = new_output(src, a, shape, None, stream)
+    if a.size:
+        on_current_device(who, a)
+    return out, o
+
+
 def copy(prepare, src, a: DeviceArray, dst, o: DeviceArray | None, options: dict):
     """``kernels.copy`` of what the 2-D TMA copy cannot take as given: any rank, empty arrays,
     rows that are not 16-byte multiples, element strides. A TMA-legal 2-D view of both arrays
     (after collapsing dims) takes the TMA copy; the rest the strided copy."""
     stream = options["stream"]
-    if o is None:  # no dst given
-        dst, o = new_output(src, a, a.shape, None, stream)
+    dst, o = _output("copy", src, a, dst, o, a.shape, stream)
     if not a.size:
         return None, (), dst
-    on_current_device("copy", a)
     views = _tma_views(a, o)
     if views is not None:
         launcher, args, _ = prepare(*views, **options)
@@ -419,12 +427,9 @@ def _tma_views(a: DeviceArray, o: DeviceArray):
 def transpose(src, x: DeviceArray, out, o: DeviceArray | None, stream, debug):
     """``kernels.transpose`` of what the TMA transpose cannot take: the strided copy of x into
     the transposed view of out (its tiles keep both sides coalesced)."""
-    shape_t = x.shape[::-1]
-    if o is None:  # no out given
-        out, o = new_output(src, x, shape_t, None, stream)
+    out, o = _output("transpose", src, x, out, o, x.shape[::-1], stream)
     if not x.size:
         return None, (), out
-    on_current_device("transpose", x)
     return Launches(copy_steps(o._as(x.shape, o.strides[::-1]), x, stream, debug)), (), out
 
 
@@ -435,11 +440,9 @@ def softmax(prepare, src, a: DeviceArray, out, o: DeviceArray | None, max_cols: 
     if a.dtype.name != "float32":
         raise TmaflowError(f"softmax: needs a float32 array (got {a.shape} {a.dtype})")
     stream = options["stream"]
-    if o is None:  # no out given
-        out, o = new_output(src, a, a.shape, None, stream)
+    out, o = _output("softmax", src, a, out, o, a.shape, stream)
     if not a.size:
         return None, (), out
-    on_current_device("softmax", a)
     if not a.ndim:  # a 0-D array is one row of one column (torch's softmax of a scalar is 1)
         a, o = a._as((1,), (4,)), o._as((1,), (4,))
     cols = a.shape[-1]
