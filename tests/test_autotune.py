@@ -28,6 +28,7 @@ def tuner(tmp_path, factory, variants, times, **options):
     """A Tuner with timings given per variant in order of timing (only correct ones are timed)."""
     queue = list(times)
     options.setdefault("progress", None)
+    options.setdefault("confirm", lambda best, default, **_: 2.0)  # interleaved: clearly faster
     return tf.autotune(factory, variants, device="cpu-test", memo_root=tmp_path, name="t",
                        timer=lambda fn, **_: (fn(), queue.pop(0))[1], **options)
 
@@ -183,7 +184,8 @@ def test_progress_names_every_variant_and_the_choice(tmp_path, rng):
     assert lines[0].startswith("t: tuning 3 variants for cpu-test|")
     assert lines[1] == "t: [1/3] 'a': 2.0 us" and lines[3] == "t: [3/3] 'c': 1.0 us"
     assert lines[2].startswith("t: [2/3] 'wrong': refused (output 0 differs")
-    assert lines[4].startswith("t: chose 'c' in ")
+    assert lines[4] == "t: 'c' against the default, interleaved: 2.000x"
+    assert lines[5].startswith("t: chose 'c' in ")
 
 
 def test_progress_goes_to_stderr_by_default(tmp_path, rng, capsys):
@@ -205,7 +207,8 @@ def test_entry_tunes_the_config_against_the_entry_points_own_choice(tmp_path, rn
         return out
     queue = [3e-6, 1e-6]
     t = tf.autotune.entry(entry_point, configs=["broken", "fast"], device="cpu-test", memo_root=tmp_path,
-                          progress=None, timer=lambda fn, **_: (fn(), queue.pop(0))[1])
+                          progress=None, timer=lambda fn, **_: (fn(), queue.pop(0))[1],
+                          confirm=lambda best, default, **_: 1.5)
     x = rng.standard_normal(4)
     assert np.array_equal(t(x), 2 * x)
     assert t.__doc__ == "A stand-in entry point."
@@ -229,3 +232,18 @@ def test_bf16_device_arrays_are_compared_as_values():
         def numpy(self):
             return np.array([0x3F80, 0xC000], np.uint16)  # 1.0, -2.0
     assert to_host(FakeBf16()).tolist() == [1.0, -2.0]
+
+
+@pytest.mark.parametrize("speedup, kept", [(1.01, "a"), (1.02, "a"), (1.05, "c")])
+def test_the_default_stays_unless_interleaved_rounds_confirm_a_gain(tmp_path, rng, speedup, kept):
+    """Screened one after another, 'c' looks twice as fast; it replaces the default only if the
+    interleaved comparison finds it faster by more than min_gain (2%)."""
+    seen = []
+
+    def confirm(best, default, **options):
+        seen.append(options)
+        return speedup
+    t = tuner(tmp_path, scaled(lambda v: 2.0), ["a", "c"], [2e-6, 1e-6], confirm=confirm)
+    t(rng.standard_normal(4), np.zeros(4))
+    assert t.chosen() == kept and len(seen) == 1
+    assert t.results()[1]["confirmed_speedup"] == speedup

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from ..bench.timing import do_bench
+from ..bench.timing import do_bench, rounds
 from ..errors import TmaflowError
 from ..version import __version__
 from .check import as_outputs, as_tolerance, mismatch, poison, to_host
@@ -39,6 +39,14 @@ def event_timer(fn, *, warmup: int, repeats: int, flush_l2: bool) -> float:
     return do_bench(fn, warmup=warmup, repeats=repeats, flush_l2=flush_l2).median
 
 
+def rounds_ratio(candidate, default, *, warmup: int, repeats: int, flush_l2: bool) -> float:
+    """Median per-round speed of ``candidate`` over ``default`` (above 1: faster), the two
+    interleaved so drift in clocks and power hits both alike (tf.bench.rounds)."""
+    got = rounds({"candidate": candidate, "default": default}, warmup=warmup, repeats=repeats,
+                 flush_l2=flush_l2)
+    return got.ratio("candidate", "default").median
+
+
 class Tuner:
     """Calls the fastest correct variant for each key. ``factory(variant)`` makes a function
     for a variant (the factories run in a thread pool, so kernels they compile compile in
@@ -47,7 +55,7 @@ class Tuner:
     def __init__(self, factory, variants, *, key=None, name: str | None = None, outputs=None,
                  tolerance=None, warmup: int = 3, repeats: int = 10, flush_l2: bool = False,
                  source: str = "", progress=stderr_progress, timer=event_timer, device: str | None = None,
-                 memo_root=None):
+                 memo_root=None, min_gain: float = 0.02, confirm=rounds_ratio):
         variants = list(variants)
         if not variants:
             raise TmaflowError("autotune: variants=[] is empty; give at least the default variant")
@@ -59,6 +67,9 @@ class Tuner:
         self.tolerance = as_tolerance(tolerance)
         self.warmup, self.repeats, self.flush_l2 = warmup, repeats, flush_l2
         self.progress, self.timer, self.device = progress or (lambda line: None), timer, device
+        # A variant replaces the default only if it is faster by more than min_gain when the two
+        # run interleaved (confirm): one-after-another screening times drift by a few percent.
+        self.min_gain, self.confirm = min_gain, confirm
         self.source = source_hash(self.name, [repr(v) for v in variants], source)
         self.memo = Memo(memo_path(self.name, memo_root))
         self._fns: dict[int, object] = {}
@@ -151,6 +162,15 @@ class Tuner:
             self.progress(f"{self.name}: [{i + 1}/{n}] {row['variant']}: {status}")
         timed = [r for r in results if r["median_s"] is not None]
         choice = min(timed, key=lambda r: r["median_s"])["index"]
+        if choice != 0:
+            best, default = self.function(choice), self.function(0)
+            gain = self.confirm(lambda: best(*args, **kwargs), lambda: default(*args, **kwargs),
+                                warmup=self.warmup, repeats=self.repeats, flush_l2=self.flush_l2)
+            results[choice]["confirmed_speedup"] = gain
+            self.progress(f"{self.name}: {self.variants[choice]!r} against the default, interleaved: "
+                          f"{gain:.3f}x")
+            if gain <= 1 + self.min_gain:
+                choice = 0
         self._results[key] = results
         self.memo.put(key, self.source, {"choice": choice, "variant": repr(self.variants[choice]),
                                          "results": results})
@@ -194,7 +214,9 @@ def autotune(factory, variants, *, key=None, **options) -> Tuner:
     ``outputs(result, *args, **kwargs)`` names the outputs to compare (default: what the call
     returns). ``key(*args, **kwargs)`` gives what the choice depends on (default: every
     argument's shape, dtype and strides, and the device). Options: ``name``, ``warmup``,
-    ``repeats``, ``flush_l2``, ``source`` (hashed into the memo key), ``progress``.
+    ``repeats``, ``flush_l2``, ``source`` (hashed into the memo key), ``progress``,
+    ``min_gain`` (the fastest variant replaces the default only if, run interleaved with it,
+    it is faster by more than this fraction; default 0.02).
     ``TMAFLOW_AUTOTUNE=0`` runs the default variant.
     """
     return Tuner(factory, variants, key=key, **options)
