@@ -6,7 +6,9 @@
 #      PEERS=1 (the peer-benchmark set: tools/peers/*, every row cold and back to back, bench records in $OUT/results), PEER_BUDGET (seconds each),
 #      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR),
 #      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster).
-# Writes logs and JSON under $OUT (or ./.out) and prints a short table last.
+# Writes logs and JSON under $OUT (or ./.out) and prints a short table last. On a copied tree
+# (the device tool), write the commit to COMMIT (git ignores it) and carry it: records and the
+# table name it; the copy's own git HEAD can be stale.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/.out}

@@ -17,14 +17,17 @@ FORMAT = 1
 
 
 def commit() -> str:
-    """The short commit of the checkout (or the COMMIT file a copied tree carries)."""
+    """The COMMIT file a copied tree carries (the device machine's copy can hold a stale git
+    HEAD: records taken there named the session's starting commit), else the checkout's."""
     root = Path(__file__).resolve().parents[2]
+    marker = root / "COMMIT"
+    if marker.exists():
+        return marker.read_text().strip() or "unknown"
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        marker = root / "COMMIT"
-        return marker.read_text().strip() if marker.exists() else "unknown"
+        return "unknown"
 
 
 def environment() -> dict:
