@@ -225,7 +225,7 @@ def test_stream_none_follows_the_arrays_framework(monkeypatch):
     import sys
     import types
 
-    from tmaflow.launch.config import _current_stream
+    from tmaflow.runtime.device import _current_stream
 
     fake_torch = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda o: 0x7000 + o))
     fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(

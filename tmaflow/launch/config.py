@@ -12,12 +12,11 @@ the rule at each call.
 from __future__ import annotations
 
 import operator
-import sys
 from dataclasses import dataclass, field
 
 from .. import checks
 from ..errors import LaunchError
-from ..runtime.device import stream_handle
+from ..runtime.device import current_stream, stream_handle
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -104,25 +103,6 @@ class LaunchConfig:
     def cluster_size(self) -> int:
         """Blocks per cluster."""
         return self.cluster[0] * self.cluster[1] * self.cluster[2]
-
-
-def _current_stream(frameworks):
-    """``current(ordinal) -> stream handle`` for ``stream=None`` with arrays of these
-    frameworks, or None for the legacy default stream."""
-    if "torch" in frameworks:
-        torch = sys.modules["torch"]
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        return raw or (lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream)
-    if "cupy" in frameworks:
-        get = sys.modules["cupy"].cuda.get_current_stream
-        return lambda ordinal: get().ptr
-    return None
-
-
-def current_stream(frameworks, ordinal: int) -> int:
-    """The handle ``stream=None`` means for arrays of these frameworks on device ``ordinal``."""
-    current = _current_stream(frameworks)
-    return 0 if current is None else current(ordinal)
 
 
 def resolve_stream(stream, arrays, ordinal: int) -> int:

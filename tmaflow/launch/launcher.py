@@ -11,11 +11,12 @@ from collections.abc import Callable
 from ..debug.diagnose import diagnose, explain, ledger, ledger_text
 from ..errors import CudaError, DeadlockError, LaunchError, PipelineError
 from ..runtime import driver, faults
+from ..runtime.device import _current_stream, current_stream
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 from ..runtime.memory import DeviceArray, _origin_of
 from ..tma.tensormap import TensorMap
 from . import native
-from .config import LaunchConfig, _current_stream, current_stream
+from .config import LaunchConfig
 from .params import ArgPacker
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import sys
 import threading
 import weakref
 
@@ -342,3 +343,22 @@ def stream_handle(stream) -> int:
             return StreamHandle(_protocol_handle(stream, value), stream)
         return StreamHandle(_checked_handle(stream, value, f".{attr}"), stream)
     raise _not_a_stream(stream)
+
+
+def _current_stream(frameworks):
+    """``current(ordinal) -> stream handle`` for ``stream=None`` with arrays of these
+    frameworks, or None for the legacy default stream."""
+    if "torch" in frameworks:
+        torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        return raw or (lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream)
+    if "cupy" in frameworks:
+        get = sys.modules["cupy"].cuda.get_current_stream
+        return lambda ordinal: get().ptr
+    return None
+
+
+def current_stream(frameworks, ordinal: int) -> int:
+    """The handle ``stream=None`` means for arrays of these frameworks on device ``ordinal``."""
+    current = _current_stream(frameworks)
+    return 0 if current is None else current(ordinal)

@@ -12,7 +12,7 @@ from .. import checks, env
 from ..dtypes import DType, as_dtype
 from ..errors import TmaflowError
 from . import dlpack, driver
-from .device import Device, as_device, current_device, current_ordinal, device_of, stream_handle
+from .device import Device, as_device, current_device, current_ordinal, current_stream, device_of, stream_handle
 from .graph import ACTIVE as CAPTURING, capturing
 from .pool import rounded
 
@@ -240,12 +240,8 @@ class DeviceArray:
         if isinstance(alloc, _Allocation):
             closed = getattr(alloc._stream_owner, "_handle", 0) is None  # synchronised by close()
             return 0 if closed else alloc.stream
-        if self._origin == "torch":
-            ordinal = self.device.ordinal if self.device is not None else current_ordinal()
-            return stream_handle(sys.modules["torch"].cuda.current_stream(ordinal))
-        if self._origin == "cupy":
-            return stream_handle(sys.modules["cupy"].cuda.get_current_stream())
-        return 0
+        ordinal = self.device.ordinal if self.device is not None else current_ordinal()
+        return current_stream((self._origin,), ordinal)
 
     def _copy_on(self, stream: int) -> "DeviceArray":
         """A compact copy, allocated and copied in order on ``stream`` (a raw handle)."""
