@@ -243,7 +243,7 @@ def test_reencode_identical_map_is_cheap(device):
         tf.TensorMap.tiled(a, (64, 32), swizzle="128B")
     per = (time.perf_counter() - t0) / n
     print(f"re-encode {per * 1e6:.2f} us")
-    assert per < 20e-6  # the benchmark (tools/bench_encode.py) holds the <= 1 us claim
+    assert per < 20e-6  # the benchmark (python -m tmaflow bench --only encode) holds the <= 1 us claim
 
 
 def _record(name, value):

@@ -75,9 +75,9 @@ def bandwidth_suite(repeats: int = 10, quick: bool = False) -> list[dict]:
         # output allocated by the call (from the pool) and dropped after it. Each case takes
         # turns with a memcpy of the same bytes into the same destination, right before it: a
         # copy into a block other than the memcpy's measured 0.93-0.94 for the 19 calls after
-        # the memcpys and 0.965 later (tools/copy_offset_probe.py --bench-like), whichever way
-        # the block was allocated. The allocating call gets the same block back every time
-        # (the pool's block cache), so its reference memcpy writes that block.
+        # the memcpys and 0.965 later (tools/experiments/copy_offset_probe.py --bench-like),
+        # whichever way the block was allocated. The allocating call gets the same block back
+        # every time (the pool's block cache), so its reference memcpy writes that block.
         dst.fill_bytes(0)
         nbytes = n * n * item
         y = examples.copy(src)

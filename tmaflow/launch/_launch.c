@@ -10,7 +10,7 @@
  * OverflowError, as the generated path catches); any other exception propagates.
  * Python code run while arguments are read (a property, ``get_device``, a finalizer) may
  * launch this plan again or drop it: each call packs into its own storage and holds the plan.
- * It is built by tmaflow/native.py with the system C compiler; without one, launches take the
+ * It is built by tmaflow/launch/native.py with the system C compiler; without one, launches take the
  * generated Python path.
  */
 #define PY_SSIZE_T_CLEAN

@@ -57,7 +57,7 @@ class Device:
 
     # --- memory: tmaflow's pool on this device (pool.py) ----------------------------------
     def memory_pool(self):
-        """tmaflow's :class:`~tmaflow.pool.MemoryPool` on this device (made on first use)."""
+        """tmaflow's :class:`~tmaflow.runtime.pool.MemoryPool` on this device (made on first use)."""
         if self._pool is None:
             self._pool = MemoryPool(self)
         return self._pool

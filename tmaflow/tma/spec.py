@@ -24,7 +24,7 @@ OOB_FILL = {"zero": 0, "nan": 1}
 MAX_BOX = 256
 MAX_DIM = 1 << 32
 MAX_STRIDE = 1 << 40
-# Measured (tools/explore_encode.py, H200, driver 580): the driver rejects a box whose
+# Measured (tools/experiments/explore_encode.py, H200, driver 580): the driver rejects a box whose
 # footprint prod(floor(box_i / element_stride_i)) x element size (every dim, the inner one
 # included) exceeds 228 KB, the shared memory of one SM.
 MAX_BOX_SMEM = 228 * 1024

@@ -4,7 +4,7 @@
 
 Replays the cases where TensorMapSpec and the driver disagreed (tests/data), mutating one
 field at a time, and sweeps the interleave and box-volume rules. Results feed the rules in
-tmaflow/tensormap.py.
+tmaflow/tma/spec.py.
 """
 from __future__ import annotations
 
