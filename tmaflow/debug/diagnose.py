@@ -126,7 +126,7 @@ def diagnose(trace, layout, cluster_size: int = 1, book: dict | None = None) -> 
     pipes = {p.name: p for p in _pipelines(layout)}
     book = ledger(trace, layout, cluster_size) if book is None else book
     if detail:
-        found += _early_multicast(trace, layout, pipes, cluster_size)
+        found += _early_multicast(trace, cluster_size)
         found += _no_final_sync(trace, layout, pipes, cluster_size)
     for (block, name, s), st in sorted(book.items()):
         pipe = pipes[name]
@@ -157,7 +157,7 @@ def diagnose(trace, layout, cluster_size: int = 1, book: dict | None = None) -> 
                         f"{missing} never receive it and their {name}_full[{s}] never completes",
                         block, full))
                     break
-        found += _waits(block, pipe, s, st, full, empty, detail)
+        found += _waits(block, pipe, st, full, empty, detail)
     order = ["multicast-before-init", "multicast-mask", "tx-announced-more", "tx-announced-less",
              "wrong-parity", "stage-reused", "missing-acquire", "missing-cluster-sync",
              "missing-arrive", "missing-commit"]
@@ -169,7 +169,7 @@ def diagnose(trace, layout, cluster_size: int = 1, book: dict | None = None) -> 
     return sorted(unique.values(), key=lambda f: (order.index(f.name), f.block))
 
 
-def _waits(block, pipe, s, st, full, empty, detail: bool) -> list[Finding]:
+def _waits(block, pipe, st, full, empty, detail: bool) -> list[Finding]:
     out = []
     per_release = pipe.empty_arrivals
     # the producer's first wait on an empty barrier must pass at once (parity 1 of a fresh one)
@@ -223,7 +223,7 @@ def _waits(block, pipe, s, st, full, empty, detail: bool) -> list[Finding]:
     return out
 
 
-def _early_multicast(trace, layout, pipes, cluster_size) -> list[Finding]:
+def _early_multicast(trace, cluster_size) -> list[Finding]:
     """A multicast issued by a CTA before its first cluster sync completed."""
     if cluster_size <= 1:
         return []

@@ -1,7 +1,7 @@
 """tmaflow's kernel sources (``*.cu``), its device headers and the example entry points."""
 from __future__ import annotations
 
-from .registry import HERE, source  # noqa: F401 (re-exported)
+from .registry import source  # noqa: F401 (re-exported)
 
 _EXAMPLES = ("copy", "transpose", "softmax", "reduce_add", "broadcast_scale", "axpb")
 _MATMUL = ("gemm", "grouped_gemm", "GemmConfig", "SkinnyConfig")  # in the matmul package: a module named gemm would shadow the function

@@ -153,7 +153,7 @@ def fault(call: str, code: int, name: str, ordinal: int | None = None) -> Kernel
         if first is None:
             kernels, lines = _launches(ordinal)
             what = STICKY.get(code, "a kernel faulted")
-            detail = _report(ordinal, what, kernels, lines)
+            detail = _report(ordinal, what, lines)
             first = faulted[ordinal] = KernelFaultError(call, code, name, detail, kernels)
             return first
     return _again(first, call, "failed")
@@ -175,7 +175,7 @@ def _where(kernels: tuple) -> str:
     return "one of " + ", ".join(names)
 
 
-def _report(ordinal: int, what: str, kernels: tuple, lines: list) -> str:
+def _report(ordinal: int, what: str, lines: list) -> str:
     if lines:
         launched = ("Kernels launched on it since its last successful synchronize (oldest first; "
                     "the fault is in one of them):\n" + "\n".join(f"  {line}" for line in lines))
