@@ -17,7 +17,7 @@ from ..checks import as_bool, as_int, as_optional_int
 from ..dtypes import BY_NAME, DType
 from ..errors import TmaflowError
 from . import driver
-from .device import current_device, current_ordinal
+from .device import current_device
 
 
 class DLPackError(TmaflowError, BufferError):
@@ -256,7 +256,7 @@ def export(array, *, stream, max_version, dl_device, copy):
     ``_producer_stream()`` is the raw stream of its pending work, and ``_copy_on(stream)`` a
     copy made in order on a stream)."""
     version = asked_version(max_version)
-    own = (DLDeviceType.kDLCUDA, array.device.ordinal if array.device is not None else current_ordinal())
+    own = array.__dlpack_device__()
     check_device(dl_device, own)
     copied = asked_copy(copy)
     consumer = consumer_stream(stream)
