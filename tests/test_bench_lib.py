@@ -91,3 +91,12 @@ def test_kernel_times_without_torch_says_so(monkeypatch):
     assert not bench.cupti.available()
     with pytest.raises(tf.TmaflowError, match="needs torch"):
         bench.kernel_times(lambda: None)
+
+
+def test_a_records_commit_is_the_carried_commit_file_first(tmp_path):
+    from tmaflow.bench import records
+
+    (tmp_path / "COMMIT").write_text("abc1234\n")
+    assert records.commit(tmp_path) == "abc1234"
+    (tmp_path / "COMMIT").unlink()
+    assert records.commit(tmp_path) != "abc1234"  # git's answer for tmp_path, or "unknown"

@@ -16,10 +16,10 @@ from .internals import call
 FORMAT = 1
 
 
-def commit() -> str:
+def commit(root: Path | None = None) -> str:
     """The COMMIT file a copied tree carries (the device machine's copy can hold a stale git
     HEAD: records taken there named the session's starting commit), else the checkout's."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[2] if root is None else root
     marker = root / "COMMIT"
     if marker.exists():
         return marker.read_text().strip() or "unknown"
