@@ -3,9 +3,9 @@
 // and the host raises DeadlockError. Release builds compile none of this.
 #pragma once
 namespace tmaflow { namespace debug {
-// One timed-out wait as the host reads it (mirrors tmaflow/watchdog.py): block, thread,
+// One timed-out wait as the host reads it (mirrors tmaflow/debug/watchdog.py): block, thread,
 // cluster rank, barrier offset, stage, parity, bytes, source line and names.
-struct Record {  // mirrors tmaflow/watchdog.py
+struct Record {  // mirrors tmaflow/debug/watchdog.py
   uint32_t magic, block[3], thread, cluster_rank, smem_offset;
   int32_t stage;
   uint32_t parity, tx_bytes, line, waited_us;
