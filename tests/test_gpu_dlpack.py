@@ -94,8 +94,9 @@ def test_torch_reads_a_tmaflow_array_written_on_a_side_stream(device, rng):
     producer.close()
 
 
-def test_tmaflow_reads_a_torch_tensor_written_on_a_side_stream(device, rng):
-    torch = pytest.importorskip("torch")
+def _late_torch_source(torch, rng):
+    """(the words wanted, a zeroed torch tensor a side stream fills only after a spin, that side
+    stream, a tf.Stream to read on, a poisoned output allocated on it)."""
     want = pattern(int(rng.integers(0, 2**32)))
     src = torch.from_numpy(want.view(np.int32)).cuda()
     x = torch.zeros(N, dtype=torch.int32, device="cuda")
@@ -103,10 +104,17 @@ def test_tmaflow_reads_a_torch_tensor_written_on_a_side_stream(device, rng):
     out = tf.empty(N, "int32", stream=reader).fill_bytes(0xFF)
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
-    spy = Spy(x)
     with torch.cuda.stream(side):
         torch.cuda._sleep(SPIN)
         x.copy_(src)
+    return want, x, side, reader, out
+
+
+def test_tmaflow_reads_a_torch_tensor_written_on_a_side_stream(device, rng):
+    torch = pytest.importorskip("torch")
+    want, x, side, reader, out = _late_torch_source(torch, rng)
+    spy = Spy(x)
+    with torch.cuda.stream(side):
         view = tf.as_array(spy, stream=reader)  # torch orders `reader` after `side`
     kernel("copy_words").launch(view, out, N, grid=64, block=256, stream=reader)
     reader.synchronize()
@@ -120,16 +128,7 @@ def test_tmaflow_reads_a_torch_tensor_written_on_a_side_stream(device, rng):
 
 def test_a_cai_stream_is_waited_for(device, rng):
     torch = pytest.importorskip("torch")
-    want = pattern(int(rng.integers(0, 2**32)))
-    src = torch.from_numpy(want.view(np.int32)).cuda()
-    x = torch.zeros(N, dtype=torch.int32, device="cuda")
-    reader = tf.Stream()
-    out = tf.empty(N, "int32", stream=reader).fill_bytes(0xFF)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(SPIN)
-        x.copy_(src)
+    want, x, side, reader, out = _late_torch_source(torch, rng)
 
     class Duck:
         __cuda_array_interface__ = {"shape": (N,), "typestr": "<i4", "data": (x.data_ptr(), False),

@@ -391,18 +391,25 @@ def test_a_plan_dropped_while_packing_finishes_its_call(dry):
     assert run.func is Launcher._checked_call and len(run.calls) == 1
 
 
-@pytest.mark.parametrize("error", [KeyboardInterrupt, MemoryError, RuntimeError])
-def test_an_interrupt_or_failure_while_packing_propagates(dry, error):
+def _planned_with_a_failing_argument(dry, failure):
+    """A dry launcher with its C plan installed, its arguments, and an array whose pointer read
+    raises ``failure`` while the plan packs it."""
     run = dry()
     arr = owned_array()
     tm = owned_map(arr)
     run(tm, arr, 1, 2.0)
 
     def fail():
-        raise error("raised while the plan reads an argument")
+        raise failure
 
     victim = owned_array(0x7000)
     victim._alloc = HookedAlloc(fail)
+    return run, tm, arr, victim
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, MemoryError, RuntimeError])
+def test_an_interrupt_or_failure_while_packing_propagates(dry, error):
+    run, tm, arr, victim = _planned_with_a_failing_argument(dry, error("raised while the plan reads an argument"))
     run(tm, arr, 1, 2.0)
     with pytest.raises(error, match="raised while the plan reads"):
         run(tm, victim, 1, 2.0)
@@ -411,16 +418,7 @@ def test_an_interrupt_or_failure_while_packing_propagates(dry, error):
 
 @pytest.mark.parametrize("error", [AttributeError, TypeError, ValueError, OverflowError])
 def test_an_argument_not_of_the_fast_kind_goes_to_the_checked_path(dry, error):
-    run = dry()
-    arr = owned_array()
-    tm = owned_map(arr)
-    run(tm, arr, 1, 2.0)
-
-    def fail():
-        raise error("not the fast kind")
-
-    victim = owned_array(0x7000)
-    victim._alloc = HookedAlloc(fail)
+    run, tm, arr, victim = _planned_with_a_failing_argument(dry, error("not the fast kind"))
     run(tm, victim, 5, 6.0)  # the checked path reads it again (no error now) and launches
     assert len(run.calls) == 2 and run.calls[-1][1] == checked_pack(run, (tm, victim, 5, 6.0))
 
