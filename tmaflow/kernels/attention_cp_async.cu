@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 using namespace tmaflow;
+using namespace tmaflow::mma;
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -43,24 +44,6 @@ TMAFLOW_DEVICE void copy_tile(uint8_t* tile, const __nv_bfloat16* src, int row0,
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  :: "r"(smem_u32(tile + swizzled(r, c))), "l"(from), "r"(in ? 16 : 0) : "memory");
   }
-}
-
-TMAFLOW_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const uint8_t* at) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(at)));
-}
-
-TMAFLOW_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const uint8_t* at) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(at)));
-}
-
-// D(16x8, fp32) += A(16x16, bf16, row) * B(16x8, bf16, col).
-TMAFLOW_DEVICE void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
