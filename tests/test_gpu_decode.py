@@ -119,3 +119,25 @@ def test_append_kv_then_decode_equals_the_reference(device, rng):
     kernels.attention_decode(Q, K, V, T, tf.from_numpy(lens + 1), out=out)
     ref = paged_decode_reference(q, k, v, table, lens + 1, 1 / np.sqrt(d))
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
+def test_torch_compile_fullgraph_runs_append_and_decode_as_custom_ops(device, rng):
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  registers torch.ops.tmaflow.*
+    lens = np.array([5, 40], np.int32)
+    (q, k, v, table, _), _ = _problem(rng, lens + 1, 8, 2, 64, 16, "bfloat16")
+
+    def tensor(x):
+        return torch.from_numpy(np.asarray(x, np.float32)).to("cuda", torch.bfloat16)
+    Q, K, V = tensor(q), tensor(k), tensor(v)
+    T, L = torch.from_numpy(table).cuda(), torch.from_numpy(lens).cuda()
+    k_new, v_new = (torch.randn(2, 2, 64, device="cuda").to(torch.bfloat16) for _ in "kv")
+
+    def step(q, k_cache, v_cache, block_table, seq_lens, k_new, v_new):
+        kernels.append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
+        return kernels.attention_decode(q, k_cache, v_cache, block_table, seq_lens + 1)
+
+    got = torch.compile(step, fullgraph=True)(Q, K, V, T, L, k_new, v_new)
+    for b, n in enumerate(lens):
+        assert torch.equal(K[table[b, n // 16], n % 16], k_new[b]) and torch.equal(V[table[b, n // 16], n % 16], v_new[b])
+    assert torch.equal(got, kernels.attention_decode(Q, K, V, T, L + 1))
