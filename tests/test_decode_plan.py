@@ -107,9 +107,9 @@ def test_decode_plan_fits_shared_memory(d, page, ctas, stages):
 
 
 @pytest.mark.parametrize("batch,heads_kv,context,splits", [
-    (1, 8, 128 * 1024, 33),   # one long request: 264 CTA slots on 132 SMs
+    (1, 8, 128 * 1024, 32),   # one long request: 256 CTAs in 264 slots (2 a SM on 132 SMs)
     (1, 1, 128 * 1024, MAX_SPLITS),
-    (64, 8, 8192, 1),         # 512 CTAs fill two waves of 264 as well as 1024 fill four
+    (64, 8, 8192, 1),         # 512 CTAs fill two waves of 264
     (16, 8, 8192, 2),         # 256 of 264 slots; three splits would leave a second wave half empty
     (4, 8, 8192, 8),
     (1, 8, 300, 2),           # no split shorter than 256 keys

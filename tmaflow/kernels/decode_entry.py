@@ -54,18 +54,18 @@ def decode_plan(head_dim: int, page_size: int) -> tuple[TensorMapSpec, SharedLay
 
 
 def choose_splits(batch: int, heads_kv: int, max_context: int, sm_count: int, ctas_per_sm: int) -> int:
-    """Splits of each request's keys: the count whose CTAs best fill whole waves of the GPU's
-    CTA slots (fewer splits when two fill equally), none shorter than MIN_KEYS_PER_SPLIT keys of
-    the longest possible context (the block table's width x page size: lengths live on the
+    """Splits of each request's keys: the fewest whose CTAs fill 95% of the GPU's CTA slots
+    over whole waves (else the count that fills most), none shorter than MIN_KEYS_PER_SPLIT keys
+    of the longest possible context (the block table's width x page size: lengths live on the
     device). Three splits of 128 (request, kv head) pairs would run 384 CTAs in 264 slots, a
     second wave half empty; two fill one wave."""
     slots, pairs = sm_count * ctas_per_sm, max(1, batch * heads_kv)
-    most = max(1, min(MAX_SPLITS, -(-max_context // MIN_KEYS_PER_SPLIT)))
+    counts = range(1, max(1, min(MAX_SPLITS, -(-max_context // MIN_KEYS_PER_SPLIT))) + 1)
 
     def filled(splits: int) -> float:  # of the slots the waves hold, the share CTAs use
         ctas = pairs * splits
         return ctas / (-(-ctas // slots) * slots)
-    return max(range(1, most + 1), key=lambda s: (round(filled(s), 2), -s))
+    return next((s for s in counts if filled(s) >= 0.95), max(counts, key=filled))
 
 
 def _check_cache(who, Q, K, V, T, L, q_name="q"):
