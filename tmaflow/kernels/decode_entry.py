@@ -17,7 +17,8 @@ from ..tma.spec import TensorMapSpec
 from ..tma.tensormap import MapTemplate
 from . import checks
 from .attention_entry import DTYPES, _scale
-from .entry import STATES, cached_state, contiguous_strides, entry_point, given_output, new_output
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
+                    on_current_device)
 from .matmul.splitk import _split_k_buffers, _with_split_k
 from .registry import get_kernel
 
@@ -166,6 +167,7 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
 def _decode_state(Q, K, T, num_splits, stream) -> SimpleNamespace:
     b, hq, d = Q.shape
     pages, page_size, hkv, _ = K.shape
+    on_current_device("attention_decode", Q)
     spec, layout, ctas_per_sm = decode_plan(d, page_size)
     device = current_device()
     splits = num_splits or choose_splits(b, hkv, T.shape[1] * page_size, device.sm_count, ctas_per_sm)
