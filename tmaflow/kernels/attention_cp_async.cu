@@ -15,7 +15,6 @@
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 using namespace tmaflow;
-using namespace tmaflow::mma;
 
 #ifndef HEAD_DIM
 #define HEAD_DIM 64
@@ -81,7 +80,7 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
     if (j == blocks - 1) {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)  // x4: rows 0-7 / 8-15 of chunks 2 ks and 2 ks + 1
-        ldmatrix_x4(qf[ks], sq + swizzled(warp * 16 + (lane / 8 % 2) * 8 + lane % 8, 2 * ks + lane / 16));
+        warp::ldmatrix_x4(qf[ks], sq + swizzled(warp * 16 + (lane / 8 % 2) * 8 + lane % 8, 2 * ks + lane / 16));
     }
     float s[BN / 8][4] = {};
 #pragma unroll
@@ -89,9 +88,9 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
 #pragma unroll
       for (int np = 0; np < BN / 16; ++np) {  // keys 16 np .. 16 np + 15: two n-tiles
         uint32_t b[4];
-        ldmatrix_x4(b, sk + swizzled(16 * np + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
-        mma_16816(s[2 * np], qf[ks], b[0], b[1]);
-        mma_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
+        warp::ldmatrix_x4(b, sk + swizzled(16 * np + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
+        warp::mma_16816(s[2 * np], qf[ks], b[0], b[1]);
+        warp::mma_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
       }
     // Online softmax of block j: s[n][0..1] are row lane / 4, s[n][2..3] row lane / 4 + 8,
     // at keys j BN + 8 n + 2 (lane % 4) + {0, 1}.
@@ -141,9 +140,9 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {  // head-dim columns 16 dp ..: two n-tiles, V transposed
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + swizzled(16 * kk + (lane / 8 % 2) * 8 + lane % 8, 2 * dp + lane / 16));
-        mma_16816(o[2 * dp], a, b[0], b[1]);
-        mma_16816(o[2 * dp + 1], a, b[2], b[3]);
+        warp::ldmatrix_x4_trans(b, sv + swizzled(16 * kk + (lane / 8 % 2) * 8 + lane % 8, 2 * dp + lane / 16));
+        warp::mma_16816(o[2 * dp], a, b[0], b[1]);
+        warp::mma_16816(o[2 * dp + 1], a, b[2], b[3]);
       }
     }
   }

@@ -44,12 +44,12 @@ static_assert(L::kv::k_bytes == kKeys * D * 2 && L::kv::k_box_stride == kBoxKeys
 #if FP16
 using elem_t = __half;
 TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::f16x2(lo, hi); }
-TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma::mma_16816_f16(d, a, b0, b1); }
+TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { warp::mma_16816_f16(d, a, b0, b1); }
 TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2half_rn(x); }
 #else
 using elem_t = __nv_bfloat16;
 TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::bf16x2(lo, hi); }
-TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma::mma_16816(d, a, b0, b1); }
+TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { warp::mma_16816(d, a, b0, b1); }
 TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2bfloat16_rn(x); }
 #endif
 
@@ -170,8 +170,8 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t a[4], bk[4];
-        mma::ldmatrix_x4(a, sq + (lane % 16) * kQStride + (2 * ks + lane / 16) * 16);
-        mma::ldmatrix_x4(bk, tile_at(sk, 16 * warp + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
+        warp::ldmatrix_x4(a, sq + (lane % 16) * kQStride + (2 * ks + lane / 16) * 16);
+        warp::ldmatrix_x4(bk, tile_at(sk, 16 * warp + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
         mma_step(s[0], a, bk[0], bk[1]);
         mma_step(s[1], a, bk[2], bk[3]);
       }
@@ -206,7 +206,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t bv[4];
-        mma::ldmatrix_x4_trans(bv, tile_at(sv, 16 * warp + (lane / 8 % 2) * 8 + lane % 8, 2 * dp + lane / 16));
+        warp::ldmatrix_x4_trans(bv, tile_at(sv, 16 * warp + (lane / 8 % 2) * 8 + lane % 8, 2 * dp + lane / 16));
         mma_step(o[2 * dp], a, bv[0], bv[1]);
         mma_step(o[2 * dp + 1], a, bv[2], bv[3]);
       }

@@ -1,7 +1,7 @@
 // Warp-level tensor-core math (mma.sync, sm_80 style) and ldmatrix: small GEMMs where a
 // wgmma's 64 rows would be mostly padding (attention_cp_async, decode attention).
 #pragma once
-namespace tmaflow { namespace mma {
+namespace tmaflow { namespace warp {
 // Four 8x8 16-bit matrices from shared memory: lane l gives the address of row l % 8 of
 // matrix l / 8 (16 contiguous bytes); register i holds this lane's two elements of matrix i
 // (row lane / 4, columns 2 (lane % 4) and + 1): the A/B fragment layout of mma_16816.
@@ -40,4 +40,4 @@ TMAFLOW_DEVICE void mma_16816_f16(float (&d)[4], const uint32_t (&a)[4], uint32_
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-}}  // namespace tmaflow::mma
+}}  // namespace tmaflow::warp
