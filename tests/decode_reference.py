@@ -6,23 +6,27 @@ from tmaflow.dtypes import bf16_bits, bf16_to_float32
 
 
 def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, scale):
-    """(batch, heads_q, head_dim) float64: request b's query heads against its first
-    seq_lens[b] keys and values, key j in row j % page_size of page block_table[b, j //
-    page_size]; query head h reads kv head h // (heads_q / heads_kv); zeros for length 0."""
+    """float64 of q's shape: (batch, heads_q, head_dim), or (batch, tokens, heads_q, head_dim)
+    where new token i of request b sees its first seq_lens[b] - tokens + 1 + i keys (causal).
+    Key j is row j % page_size of page block_table[b, j // page_size]; query head h reads kv
+    head h // (heads_q / heads_kv); a token that sees no key gets zeros."""
     q, k_cache, v_cache = (np.asarray(a, np.float64) for a in (q, k_cache, v_cache))
-    batch, heads_q, head_dim = q.shape
+    if q.ndim == 3:
+        return paged_decode_reference(q[:, None], k_cache, v_cache, block_table, seq_lens, scale)[:, 0]
+    batch, tokens, heads_q, head_dim = q.shape
     page_size, heads_kv = k_cache.shape[1], k_cache.shape[2]
-    out = np.zeros((batch, heads_q, head_dim))
+    out = np.zeros(q.shape)
     for b in range(batch):
-        keys = np.arange(seq_lens[b])
-        if keys.size == 0:
-            continue
-        pages, rows = block_table[b, keys // page_size], keys % page_size
-        k = np.repeat(k_cache[pages, rows], heads_q // heads_kv, axis=1)  # (keys, heads_q, head_dim)
-        v = np.repeat(v_cache[pages, rows], heads_q // heads_kv, axis=1)
-        s = np.einsum("hd,nhd->hn", q[b], k) * scale
-        p = np.exp(s - s.max(1, keepdims=True))
-        out[b] = np.einsum("hn,nhd->hd", p / p.sum(1, keepdims=True), v)
+        for i in range(tokens):
+            keys = np.arange(max(0, int(seq_lens[b]) - tokens + 1 + i))
+            if keys.size == 0:
+                continue
+            pages, rows = block_table[b, keys // page_size], keys % page_size
+            k = np.repeat(k_cache[pages, rows], heads_q // heads_kv, axis=1)  # (keys, heads_q, head_dim)
+            v = np.repeat(v_cache[pages, rows], heads_q // heads_kv, axis=1)
+            s = np.einsum("hd,nhd->hn", q[b, i], k) * scale
+            p = np.exp(s - s.max(1, keepdims=True))
+            out[b, i] = np.einsum("hn,nhd->hd", p / p.sum(1, keepdims=True), v)
     return out
 
 

@@ -31,7 +31,10 @@ def decode_args(**change):
 
 
 @pytest.mark.parametrize("change,match", [
-    ({"q": arr((2, 1, 8, 128))}, r"attention_decode: q must be 3-D \(batch, heads, head_dim\)"),
+    ({"q": arr((2, 8, 128, 1))}, r"attention_decode: q's head_dim=1 but the caches' is 128"),
+    ({"q": arr((2, 8))}, r"attention_decode: q must be \(batch, heads, head_dim\) or \(batch, tokens, heads, head_dim\); got shape \(2, 8\)"),
+    ({"q": arr((2, 9, 2, 128))}, r"9 new tokens a request with 1 query heads a kv head make 9 rows; give 1 to 8 tokens"),
+    ({"q": arr((2, 3, 16, 128))}, r"3 new tokens a request with 8 query heads a kv head make 24 rows; .* at most 16 rows"),
     ({"q": arr((2, 8, 128), "float32")}, r"q must be bfloat16 or float16 \(got float32\)"),
     ({"v_cache": arr((10, 16, 2, 128), "float16")}, r"v_cache is float16 but q is bfloat16"),
     ({"k_cache": arr((10, 16, 2, 128), strides=(16 * 2 * 256 * 2, 2 * 256 * 2, 256 * 2, 2))},
@@ -75,7 +78,7 @@ def test_attention_decode_refuses_out_aliasing_q():
     ({"k_new": arr((2, 2, 128), "float16")}, r"append_kv: k_cache is bfloat16 but k_new is float16"),
     ({"k_new": arr((2, 4, 128)), "v_new": arr((2, 4, 128))}, r"append_kv: k_new has 4 heads but the caches have 2"),
     ({"v_new": arr((2, 2, 64))}, r"append_kv: v_new \(2, 2, 64\) bfloat16 must be k_new's \(2, 2, 128\)"),
-    ({"k_new": arr((2, 2, 2, 128))}, r"append_kv: k_new must be 3-D"),
+    ({"k_new": arr((2, 2, 2, 128))}, r"append_kv: k_new must be \(batch, heads, head_dim\); got shape"),
     ({"seq_lens": arr((2,), "int64")}, r"append_kv: seq_lens must be int32"),
 ])
 def test_append_kv_refuses_bad_arguments_by_name(change, match):
@@ -129,7 +132,7 @@ def test_decode_kernel_compiles_for_sm90a_without_spills(d, page, fp16):
     sass = k.sass()
     assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
     assert "HMMA" in sass and "LDSM" in sass and "UTMALDG" in sass
-    assert len(k.params) == 13
+    assert len(k.params) == 14
 
 
 def test_append_kv_kernel_compiles():
@@ -154,3 +157,15 @@ def test_reference_equals_dense_attention_over_the_gathered_keys(rng):
             p = np.exp(s - s.max())
             np.testing.assert_allclose(out[b, h], p @ vals[:, h // group] / p.sum(), rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(out[2], np.repeat(v[table[2, 0], 0], group, 0))  # one key: its value
+
+
+def test_reference_of_several_new_tokens_is_causal_among_them(rng):
+    """New token i of 3 sees the keys before the last 2 - i: token 2 is the one-token step."""
+    lens, page, hkv, d = [5, 2, 40], 16, 1, 32
+    k, v, table = random_paged_cache(rng, lens, page, hkv, d)
+    q = rng.standard_normal((3, 3, 2, d))
+    out = paged_decode_reference(q, k, v, table, lens, 0.2)
+    for i in range(3):
+        shorter = [max(0, n - 2 + i) for n in lens]
+        np.testing.assert_array_equal(out[:, i], paged_decode_reference(q[:, i], k, v, table, shorter, 0.2))
+    assert not out[1, 0].any() and out[1, 1].any()  # length 2: token 0 sees nothing, token 1 one key

@@ -1,8 +1,8 @@
 """kernels.attention_decode and append_kv against the float64 paged reference: ragged lengths
 (0, 1, not multiples of a page), random non-contiguous block tables with NaN in every row no
 request owns, GQA 1:1 to 16:1, pages 16-256, head dims 64/128/256, bf16 and fp16, one and
-several splits, poisoned outputs; a torch CUDA graph replayed with new lengths; append then
-decode."""
+several splits, 1-8 new tokens a request, poisoned outputs; a torch CUDA graph replayed with
+new lengths; append then decode; both under torch.compile."""
 import numpy as np
 import pytest
 
@@ -27,10 +27,12 @@ def _download(arr, dtype):
     return (bf16_to_float32(host) if dtype == "bfloat16" else host).astype(np.float64)
 
 
-def _problem(rng, lens, heads_q, heads_kv, d, page, dtype, width=None):
-    """Host float64 values (exact in dtype) and their device copies."""
+def _problem(rng, lens, heads_q, heads_kv, d, page, dtype, width=None, tokens=None):
+    """Host float64 values (exact in dtype) and their device copies; q is (batch, tokens,
+    heads_q, d) when ``tokens`` is given."""
     k, v, table = random_paged_cache(rng, lens, page, heads_kv, d, width=width)
-    q = bf16_to_float32(bf16_bits(rng.standard_normal((len(lens), heads_q, d)))).astype(np.float64)
+    shape = (len(lens), heads_q, d) if tokens is None else (len(lens), tokens, heads_q, d)
+    q = bf16_to_float32(bf16_bits(rng.standard_normal(shape))).astype(np.float64)
     lens = np.asarray(lens, np.int32)
     host = (q, k, v, table, lens)
     dev = (_upload(q, dtype), _upload(k, dtype), _upload(v, dtype), tf.from_numpy(table), tf.from_numpy(lens))
@@ -62,6 +64,26 @@ def test_decode_against_float64(device, rng, lens, heads_q, heads_kv, d, page, d
     assert rel_error(got, ref) < 1e-2, (lens, heads_q, heads_kv, d, page, dtype, num_splits, rel_error(got, ref))
     assert not got[host_lens == 0].any(), "a request of length 0 gives zeros"
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+@pytest.mark.parametrize("lens,tokens,heads_q,heads_kv,d,page,dtype", [
+    ([0, 1, 2, 3, 17, 80, 1000], 4, 8, 2, 128, 16, "bfloat16"),   # 16 rows; tokens that see no key
+    ([66, 130, 5, 2049], 8, 2, 1, 64, 64, "float16"),
+    ([31, 33, 700], 5, 3, 1, 256, 32, "bfloat16"),
+    ([1, 400], 2, 4, 4, 64, 256, "bfloat16"),
+])
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+def test_decode_of_several_new_tokens_is_causal_among_them(device, rng, lens, tokens, heads_q, heads_kv, d,
+                                                          page, dtype, num_splits):
+    """(batch, tokens, heads_q, head_dim) queries, token i seeing keys up to len - tokens + i."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    out = poison(tf.empty(q.shape, dtype))
+    kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, out=out)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    got = _download(out, dtype)
+    assert rel_error(got, ref) < 1e-2, (lens, tokens, heads_q, heads_kv, d, page, dtype, num_splits, rel_error(got, ref))
+    assert not got[ref == 0].any(), "a token that sees no key gets zeros"
 
 
 def test_decode_of_one_long_request_splits_and_matches(device, rng):

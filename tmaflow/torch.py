@@ -140,10 +140,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 def _attention_decode_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
                            num_splits: int | None = None) -> torch.Tensor:
-    _check("attention_decode", q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape
+    _check("attention_decode", q.dim() in (3, 4) and k_cache.dim() == 4 and k_cache.shape == v_cache.shape
            and k_cache.shape[-1] == q.shape[-1] and q.dtype == k_cache.dtype == v_cache.dtype,
-           f"needs q (batch, heads_q, head_dim) and caches (pages, page_size, heads_kv, head_dim) of "
-           f"one dtype and head dim (got {tuple(q.shape)} {q.dtype}, {tuple(k_cache.shape)} {k_cache.dtype})")
+           f"needs q (batch, [tokens,] heads_q, head_dim) and caches (pages, page_size, heads_kv, head_dim) "
+           f"of one dtype and head dim (got {tuple(q.shape)} {q.dtype}, {tuple(k_cache.shape)} {k_cache.dtype})")
     return q.new_empty(q.shape)
 
 

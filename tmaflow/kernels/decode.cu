@@ -1,8 +1,9 @@
-// Decode attention over a paged KV cache (flash-decoding): one new query token per request,
+// Decode attention over a paged KV cache (flash-decoding): 1-8 new query tokens per request,
 // bf16 (FP16: fp16) in and out, fp32 softmax and sums.
 //
-// A CTA is one (split, kv head, request): the query heads sharing the kv head (GQA packing:
-// up to 16, zero-padded to the 16 rows of an mma.sync) against a contiguous range of the
+// A CTA is one (split, kv head, request): the new tokens x query heads sharing the kv head
+// (GQA packing: up to 16 rows, token-major, zero-padded to the 16 rows of an mma.sync) against
+// a contiguous range of the
 // request's key tiles (kKeys keys each). Warp kWarps loads K and V tiles with TMA through a
 // multi-stage pipeline: a 3-D map over the cache viewed as (pages x page_size, heads_kv,
 // head_dim), one box (kBoxKeys keys, 64 dims) per page piece and 64 columns, the page taken
@@ -12,7 +13,8 @@
 // log-sum-exp (log2 domain) to the workspace, and the last CTA of a (request, kv head), found by
 // an atomic counter it then resets, merges them.
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
-// [0, max_pages x PAGE_SIZE]; a request of length 0 gets zeros.
+// [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
+// i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <tmaflow.cuh>
@@ -35,7 +37,7 @@ namespace L = tmaflow_layout;
 constexpr int D = HEAD_DIM, kKeys = 64, kWarps = 4, kConsumers = 32 * kWarps;
 constexpr int kBoxKeys = PAGE_SIZE < kKeys ? PAGE_SIZE : kKeys;  // one page, or a tile's part of one
 constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces a tile
-constexpr int kRows = 16;                                       // query rows of the mma
+constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
 static_assert(D == 64 || D == 128 || D == 256, "HEAD_DIM is 64, 128 or 256");
 static_assert(L::kv::k_bytes == kKeys * D * 2 && L::kv::k_box_stride == kBoxKeys * 128,
@@ -82,13 +84,14 @@ extern "C" __global__ void __launch_bounds__(kConsumers + 32)
 attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
                  const elem_t* q, elem_t* out, const int* block_table, const int* seq_lens,
                  float* part, float* part_lse, uint32_t* counters, int heads_kv, int group,
-                 int max_pages, float scale_log2) {
+                 int q_len, int max_pages, float scale_log2) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto kv = S.kv();
   using Cursor = decltype(kv)::Cursor;
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows = q_len * group, heads_q = heads_kv * group;
   const int len = min(max(seq_lens[b], 0), max_pages * PAGE_SIZE);
   const int tiles = (len + kKeys - 1) / kKeys, per_split = (tiles + splits - 1) / splits;
   const int t_begin = min(split * per_split, tiles), t_end = min(t_begin + per_split, tiles);
@@ -136,13 +139,16 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     return;
   }
 
-  // Q rows of this kv head's query heads, zero past the group.
+  // Row r is new token r / group's query head kvh x group + r % group (of q and out).
+  auto row_offset = [&](int r) {
+    return ((size_t(b) * q_len + r / group) * heads_q + kvh * group + r % group) * D;
+  };
+  // Q rows, zero past the last.
   uint8_t* sq = static_cast<uint8_t*>(S.q());
-  const elem_t* q_rows = q + (size_t(b) * heads_kv + kvh) * group * D;
   for (int i = threadIdx.x; i < kRows * D / 8; i += kConsumers) {
     const int r = i / (D / 8), c = i % (D / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < group) v = *reinterpret_cast<const uint4*>(q_rows + r * D + c * 8);
+    if (r < rows) v = *reinterpret_cast<const uint4*>(q + row_offset(r) + c * 8);
     *reinterpret_cast<uint4*>(sq + r * kQStride + c * 16) = v;
   }
   named_barrier::sync(1, kConsumers);
@@ -151,6 +157,9 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};  // rows lane / 4 and + 8
+  // Keys this thread's rows see past the last one every row sees: new token i sees q_len-1-i fewer.
+  int hidden[2];
+  for (int h = 0; h < 2; ++h) hidden[h] = lane / 4 + 8 * h < rows ? q_len - 1 - (lane / 4 + 8 * h) / group : 0;
   Cursor c;
   for (int t = t_begin; t < t_end; ++t, c.advance()) {
     const int k0 = t * kKeys + 16 * warp, valid = len - k0;  // this warp's keys that exist
@@ -175,26 +184,28 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
         mma_step(s[0], a, bk[0], bk[1]);
         mma_step(s[1], a, bk[2], bk[3]);
       }
-      if (valid < 16) {
+      if (valid < 16 + q_len - 1) {  // keys past the length, or past a new token (causal)
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (8 * nb + 2 * (lane % 4) + (e & 1) >= valid) s[nb][e] = neg_inf();
+            if (8 * nb + 2 * (lane % 4) + (e & 1) >= valid - hidden[e >> 1]) s[nb][e] = neg_inf();
       }
-      // Online softmax; the warp's first key exists, so every row's maximum is finite.
+      // Online softmax. A row whose keys here are all masked (an earlier new token's) keeps
+      // m = -inf: it shifts by 0 instead, so its p are 0, not NaN.
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float mx = warp::quad_max(fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
         const float m_new = fmaxf(m_run[h], mx * scale_log2);
-        const float alpha = fast_exp2(m_run[h] - m_new);
+        const float base = m_new == neg_inf() ? 0.f : m_new;
+        const float alpha = fast_exp2(m_run[h] - base);
         m_run[h] = m_new;
         l_run[h] *= alpha;
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[nb][e] = fast_exp2(fmaf(s[nb][e], scale_log2, -m_new));
+            s[nb][e] = fast_exp2(fmaf(s[nb][e], scale_log2, -base));
             l_run[h] += s[nb][e];
           }
 #pragma unroll
@@ -250,20 +261,19 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     named_barrier::sync(1, kConsumers);
   }
 
-  elem_t* out_rows = out + (size_t(b) * heads_kv + kvh) * group * D;
   auto normalised = [&](int i) {  // element i (row i / D) of this CTA's O / l; zeros without keys
     const float l = st.row_sum(i / D);
     return l > 0.f ? so[i] / l : 0.f;
   };
   if (splits == 1) {
-    for (int i = threadIdx.x; i < group * D; i += kConsumers) out_rows[i] = to_elem(normalised(i));
+    for (int i = threadIdx.x; i < rows * D; i += kConsumers) out[row_offset(i / D) + i % D] = to_elem(normalised(i));
     return;
   }
   const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
-  for (int i = threadIdx.x; i < group * D; i += kConsumers) part[(first + split) * group * D + i] = normalised(i);
-  if (threadIdx.x < group) {
+  for (int i = threadIdx.x; i < rows * D; i += kConsumers) part[(first + split) * rows * D + i] = normalised(i);
+  if (threadIdx.x < rows) {
     const float l = st.row_sum(threadIdx.x);
-    part_lse[(first + split) * group + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
+    part_lse[(first + split) * rows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
   }
   // Publish the partials, then count: the CTA that makes the count `splits` merges.
   __threadfence();
@@ -272,12 +282,12 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   if (threadIdx.x == 0) last = atomicAdd(counters + b * heads_kv + kvh, 1u) == uint32_t(splits - 1);
   if (!named_barrier::sync_or(1, kConsumers, last)) return;
   __threadfence();
-  if (threadIdx.x < group) {
-    const float* lse = part_lse + first * group + threadIdx.x;
+  if (threadIdx.x < rows) {
+    const float* lse = part_lse + first * rows + threadIdx.x;
     float m = neg_inf(), total = 0.f;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, __ldcg(lse + s * group));
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, __ldcg(lse + s * rows));
     for (int s = 0; s < splits; ++s) {
-      const float w = m == neg_inf() ? 0.f : fast_exp2(__ldcg(lse + s * group) - m);
+      const float w = m == neg_inf() ? 0.f : fast_exp2(__ldcg(lse + s * rows) - m);
       st.weight(threadIdx.x, s) = w;
       total += w;
     }
@@ -285,10 +295,10 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     for (int s = 0; s < splits; ++s) st.weight(threadIdx.x, s) *= inv;
   }
   named_barrier::sync(1, kConsumers);
-  for (int i = threadIdx.x; i < group * D; i += kConsumers) {
+  for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
     float acc = 0.f;
-    for (int s = 0; s < splits; ++s) acc += st.weight(i / D, s) * __ldcg(part + (first + s) * group * D + i);
-    out_rows[i] = to_elem(acc);
+    for (int s = 0; s < splits; ++s) acc += st.weight(i / D, s) * __ldcg(part + (first + s) * rows * D + i);
+    out[row_offset(i / D) + i % D] = to_elem(acc);
   }
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
 }

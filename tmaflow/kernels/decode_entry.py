@@ -7,6 +7,7 @@ import functools
 import math
 from threading import get_ident
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from ..errors import TmaflowError
 from ..launch.config import resolve_stream
@@ -25,7 +26,8 @@ from .registry import get_kernel
 KEYS_PER_TILE = 64        # keys a pipeline stage (as decode.cu's kKeys): 16 for each consumer warp
 HEAD_DIMS = (64, 128, 256)
 PAGE_SIZES = (16, 32, 64, 128, 256)
-MAX_GROUP = 16            # query heads per kv head: the 16 rows of an mma.sync
+MAX_ROWS = 16             # new tokens x query heads per kv head: the 16 rows of an mma.sync
+MAX_TOKENS = 8            # new tokens a request (speculative decoding)
 MAX_SPLITS = 64           # splits of one request (the merge weights' shared memory)
 MIN_KEYS_PER_SPLIT = 256  # shorter splits cost more in merging than they gain in parallelism
 THREADS = 160             # four consumer warps and a producer warp
@@ -42,8 +44,8 @@ def decode_plan(head_dim: int, page_size: int) -> tuple[TensorMapSpec, SharedLay
     box_keys = min(page_size, KEYS_PER_TILE)
     spec = TensorMapSpec.tiled("bfloat16", (box_keys, 1, head_dim), (box_keys, 1, 64), swizzle="128B")
     boxes = (head_dim // 64) * (KEYS_PER_TILE // box_keys)
-    fixed = [Buffer("q", MAX_GROUP * (head_dim * 2 + 16)), Buffer("o", MAX_GROUP * head_dim * 4),
-             Buffer("stats", 4 * MAX_GROUP * (10 + MAX_SPLITS))]
+    fixed = [Buffer("q", MAX_ROWS * (head_dim * 2 + 16)), Buffer("o", MAX_ROWS * head_dim * 4),
+             Buffer("stats", 4 * MAX_ROWS * (10 + MAX_SPLITS))]
     fixed_bytes = SharedLayout(fixed).total_bytes + 1024
     stage_bytes = 2 * KEYS_PER_TILE * head_dim * 2
     ctas = 2 if (_TWO_CTAS - fixed_bytes) // stage_bytes >= 2 else 1
@@ -69,12 +71,24 @@ def choose_splits(batch: int, heads_kv: int, max_context: int, sm_count: int, ct
     return next((s for s in counts if filled(s) >= 0.95), max(counts, key=filled))
 
 
-def _check_cache(who, Q, K, V, T, L, q_name="q"):
-    """(batch, heads_q, head_dim, pages, page_size, heads_kv, group, max_pages) after the rules;
-    ``Q`` is the (batch, heads, head_dim) token a request (``q_name`` in messages)."""
-    if Q.ndim != 3:
-        raise TmaflowError(f"{who}: {q_name} must be 3-D (batch, heads, head_dim), one token a request; "
-                           f"got shape {Q.shape}")
+class Problem(NamedTuple):
+    batch: int
+    tokens: int      # new tokens a request
+    heads_q: int
+    head_dim: int
+    pages: int
+    page_size: int
+    heads_kv: int
+    group: int       # query heads a kv head
+    max_pages: int   # the block table's width
+
+
+def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Problem:
+    """The problem's sizes after the rules. ``Q`` is (batch, heads, head_dim), one token a
+    request, or (with max_tokens > 1) (batch, tokens, heads, head_dim); ``q_name`` in messages."""
+    if Q.ndim != 3 and not (Q.ndim == 4 and max_tokens > 1):
+        shapes = "(batch, heads, head_dim)" + (" or (batch, tokens, heads, head_dim)" if max_tokens > 1 else "")
+        raise TmaflowError(f"{who}: {q_name} must be {shapes}; got shape {Q.shape}")
     for name, arr in ((q_name, Q), ("k_cache", K), ("v_cache", V)):
         if arr.dtype.name not in DTYPES:
             raise TmaflowError(f"{who}: {name} must be {' or '.join(DTYPES)} (got {arr.dtype.name})")
@@ -89,7 +103,7 @@ def _check_cache(who, Q, K, V, T, L, q_name="q"):
     if K.ndim != 4 or K.shape != V.shape:
         raise TmaflowError(f"{who}: k_cache {K.shape} and v_cache {V.shape} must be one 4-D shape "
                            "(num_pages, page_size, heads_kv, head_dim)")
-    b, hq, d = Q.shape
+    b, tokens, (hq, d) = Q.shape[0], Q.shape[1] if Q.ndim == 4 else 1, Q.shape[-2:]
     pages, page_size, hkv, dk = K.shape
     if dk != d:
         raise TmaflowError(f"{who}: {q_name}'s head_dim={d} but the caches' is {dk}; they must match")
@@ -98,9 +112,13 @@ def _check_cache(who, Q, K, V, T, L, q_name="q"):
     if page_size not in PAGE_SIZES:
         raise TmaflowError(f"{who}: page_size={page_size} (k_cache.shape[1]) must be a power of two "
                            "from 16 to 256")
-    if hkv == 0 or hq % hkv or hq // hkv > MAX_GROUP:
+    if hkv == 0 or hq % hkv or hq // hkv > MAX_ROWS:
         raise TmaflowError(f"{who}: heads_q={hq} must be a multiple of heads_kv={hkv} at most "
-                           f"{MAX_GROUP} times it (the query heads of a kv head are one mma's rows)")
+                           f"{MAX_ROWS} times it (the query heads of a kv head are one mma's rows)")
+    if not 1 <= tokens <= max_tokens or tokens * (hq // hkv) > MAX_ROWS:
+        raise TmaflowError(f"{who}: {tokens} new tokens a request with {hq // hkv} query heads a kv head "
+                           f"make {tokens * (hq // hkv)} rows; give 1 to {max_tokens} tokens and at most "
+                           f"{MAX_ROWS} rows (one mma's)")
     if pages == 0 or pages * page_size >= 1 << 31:
         raise TmaflowError(f"{who}: k_cache has {pages} pages of {page_size} keys; give from 1 page "
                            "to 2^31 keys in all")
@@ -112,7 +130,7 @@ def _check_cache(who, Q, K, V, T, L, q_name="q"):
     if T.ndim != 2 or T.shape[0] != b or L.shape != (b,):
         raise TmaflowError(f"{who}: block_table {T.shape} must be (batch={b}, max_pages_per_seq) and "
                            f"seq_lens {L.shape} must be (batch={b},)")
-    return b, hq, d, pages, page_size, hkv, hq // hkv, T.shape[1]
+    return Problem(b, tokens, hq, d, pages, page_size, hkv, hq // hkv, T.shape[1])
 
 
 @entry_point
@@ -122,20 +140,23 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
 
-    q: (batch, heads_q, head_dim) bfloat16 or float16; k_cache, v_cache: (num_pages, page_size,
+    q: (batch, heads_q, head_dim) bfloat16 or float16, or (batch, tokens, heads_q, head_dim)
+    for 1-8 new tokens a request (speculative decoding: their keys are the last ``tokens`` of
+    the length, and new token i sees keys up to seq_lens[b] - tokens + i; tokens x heads_q /
+    heads_kv at most 16); k_cache, v_cache: (num_pages, page_size,
     heads_kv, head_dim) as vLLM and FlashInfer lay them out (page_size 16-256, a power of two;
     head_dim 64, 128 or 256; heads_q 1-16 times heads_kv); block_table: int32 (batch,
     max_pages_per_seq); seq_lens: int32 (batch,) in device memory, read by the kernel (so a
-    captured graph serves any lengths), clamped to [0, max_pages_per_seq x page_size]. A request
-    of length 0 gets zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding);
+    captured graph serves any lengths), clamped to [0, max_pages_per_seq x page_size]. A token
+    that sees no key (a request of length 0) gets zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding);
     None picks it from the batch, kv heads, SM count and the block table's width. Returns out,
-    (batch, heads_q, head_dim) of q's kind."""
+    q's shape, of q's kind."""
     if num_splits is not None:  # checked on every call: it sizes the workspace
         (num_splits,) = _OPTIONS.check(num_splits)
     Q, K, V, T, L = (as_array(a) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
-    b, hq, d, pages, page_size, hkv, group, max_pages = _check_cache(who, Q, K, V, T, L)
-    scale = _scale(scale, d, who)
+    p = _check_cache(who, Q, K, V, T, L)
+    scale = _scale(scale, p.head_dim, who)
     O = None
     if out is not None:
         O = given_output(who, out, Q.shape, Q.dtype)
@@ -149,38 +170,37 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _decode_state(Q, K, T, num_splits, stream))
+        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, stream))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
-    if b * hq == 0:
+    if p.batch * p.heads_q == 0:
         return None, (), result
     part, counters = _split_k_buffers(st)
     part_lse = part.ptr + 4 * st.partial_floats if st.workspace is not None else 0
-    rows = pages * page_size
-    args = (st.tk.bind(K._as((rows, hkv, d), K.strides[1:])), st.tv.bind(V._as((rows, hkv, d), V.strides[1:])),
-            Q, O, T, L, part, part_lse, counters, hkv, group, max_pages, float(scale) * math.log2(math.e))
+    cache = (p.pages * p.page_size, p.heads_kv, p.head_dim)  # the maps' view: all rows of all pages
+    args = (st.tk.bind(K._as(cache, K.strides[1:])), st.tv.bind(V._as(cache, V.strides[1:])), Q, O, T, L,
+            part, part_lse, counters, p.heads_kv, p.group, p.tokens, p.max_pages, float(scale) * math.log2(math.e))
     return st.launcher, args, result
 
 
 _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True))
 
 
-def _decode_state(Q, K, T, num_splits, stream) -> SimpleNamespace:
-    b, hq, d = Q.shape
-    pages, page_size, hkv, _ = K.shape
+def _decode_state(Q, p: Problem, num_splits, stream) -> SimpleNamespace:
+    b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
-    spec, layout, ctas_per_sm = decode_plan(d, page_size)
+    spec, layout, ctas_per_sm = decode_plan(d, p.page_size)
     device = current_device()
-    splits = num_splits or choose_splits(b, hkv, T.shape[1] * page_size, device.sm_count, ctas_per_sm)
-    defines = {"HEAD_DIM": d, "PAGE_SIZE": page_size, "MAX_SPLITS": MAX_SPLITS,
+    splits = num_splits or choose_splits(b, hkv, p.max_pages * p.page_size, device.sm_count, ctas_per_sm)
+    defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     launcher = kern.launcher(grid=(splits, hkv, max(b, 1)), block=THREADS, stream=stream)
     launcher, workspace = _with_split_k(launcher, splits > 1, device, stream)
-    partial_floats = b * hq * splits * d
-    template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (pages * page_size, hkv, d), spec.box,
+    rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) and a log-sum-exp each
+    template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
                                                swizzle="128B"))
-    return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, partial_floats=partial_floats,
-                           workspace_sizes=(b * hkv, partial_floats + b * hq * splits), tk=template, tv=template)
+    return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, partial_floats=rows * d,
+                           workspace_sizes=(b * hkv, rows * (d + 1)), tk=template, tv=template)
 
 
 @entry_point
@@ -192,7 +212,7 @@ def append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new, *, stream=N
     past the block table, or a page outside the cache, writes nothing. Returns None."""
     Q, K, V, T, L = (as_array(a) for a in (k_new, k_cache, v_cache, block_table, seq_lens))
     who = "append_kv"
-    b, hkv, d, pages, page_size, _, _, max_pages = _check_cache(who, Q, K, V, T, L, "k_new")
+    b, _, hkv, d, pages, page_size, _, _, max_pages = _check_cache(who, Q, K, V, T, L, "k_new", max_tokens=1)
     Vn = as_array(v_new)
     if Vn.shape != Q.shape or Vn.dtype != Q.dtype or Vn.strides != Q.strides:
         raise TmaflowError(f"{who}: v_new {Vn.shape} {Vn.dtype.name} must be k_new's {Q.shape} "
