@@ -159,6 +159,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};  // rows lane / 4 and + 8
   // Keys this thread's rows see past the last one every row sees: new token i sees q_len-1-i fewer.
   int hidden[2];
+#pragma unroll
   for (int h = 0; h < 2; ++h) hidden[h] = lane / 4 + 8 * h < rows ? q_len - 1 - (lane / 4 + 8 * h) / group : 0;
   Cursor c;
   for (int t = t_begin; t < t_end; ++t, c.advance()) {
