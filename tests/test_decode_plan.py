@@ -61,6 +61,7 @@ def decode_args(**change):
     ({"num_splits": MAX_SPLITS + 1}, rf"num_splits={MAX_SPLITS + 1} must be"),
     ({"num_splits": 2.5}, r"num_splits=2.5"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
+    ({"out": arr((2, 8, 128), offset=2)}, r"attention_decode: out must be contiguous and 16-byte aligned \(strides \(2048, 256, 2\) B, at 0x[0-9a-f]+2\)"),
 ])
 def test_attention_decode_refuses_bad_arguments_by_name(change, match):
     args, kwargs = decode_args(**change)

@@ -282,13 +282,17 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   bool last = false;
   if (threadIdx.x == 0) last = atomicAdd(counters + b * heads_kv + kvh, 1u) == uint32_t(splits - 1);
   if (!named_barrier::sync_or(1, kConsumers, last)) return;
+  // The merge reads L2 (other SMs wrote it) with every load it can issue at once: the splits'
+  // log-sum-exps into shared memory together, then four columns a thread, eight splits a step.
+  // A loop of dependent loads here cost as much as reading the keys of a 128k context.
   __threadfence();
+  for (int i = threadIdx.x; i < splits * rows; i += kConsumers) st.weight(i % rows, i / rows) = __ldcg(part_lse + first * rows + i);
+  named_barrier::sync(1, kConsumers);
   if (threadIdx.x < rows) {
-    const float* lse = part_lse + first * rows + threadIdx.x;
     float m = neg_inf(), total = 0.f;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, __ldcg(lse + s * rows));
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, st.weight(threadIdx.x, s));
     for (int s = 0; s < splits; ++s) {
-      const float w = m == neg_inf() ? 0.f : fast_exp2(__ldcg(lse + s * rows) - m);
+      const float w = m == neg_inf() ? 0.f : fast_exp2(st.weight(threadIdx.x, s) - m);
       st.weight(threadIdx.x, s) = w;
       total += w;
     }
@@ -296,10 +300,17 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     for (int s = 0; s < splits; ++s) st.weight(threadIdx.x, s) *= inv;
   }
   named_barrier::sync(1, kConsumers);
-  for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
-    float acc = 0.f;
-    for (int s = 0; s < splits; ++s) acc += st.weight(i / D, s) * __ldcg(part + (first + s) * rows * D + i);
-    out[row_offset(i / D) + i % D] = to_elem(acc);
+  const float4* parts = reinterpret_cast<const float4*>(part + first * rows * D);  // [split][row][D / 4]
+  for (int i = threadIdx.x; i < rows * D / 4; i += kConsumers) {
+    const int r = i / (D / 4);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {
+      const float w = st.weight(r, s);
+      const float4 x = __ldcg(parts + size_t(s) * rows * (D / 4) + i);
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    }
+    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) = make_uint2(pack2(acc.x, acc.y), pack2(acc.z, acc.w));
   }
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
 }

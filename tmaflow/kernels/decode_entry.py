@@ -160,8 +160,9 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     O = None
     if out is not None:
         O = given_output(who, out, Q.shape, Q.dtype)
-        if O.strides != contiguous_strides(Q.shape, 2):
-            raise TmaflowError(f"{who}: out must be contiguous (strides {O.strides} B)")
+        if O.strides != contiguous_strides(Q.shape, 2) or O.ptr % 16:
+            raise TmaflowError(f"{who}: out must be contiguous and 16-byte aligned (strides {O.strides} B, "
+                               f"at 0x{O.ptr:x})")
         checks.no_aliasing(who, O, (("q", Q), ("k_cache", K), ("v_cache", V), ("block_table", T),
                                     ("seq_lens", L)))
     ordinal = current_ordinal()
