@@ -35,12 +35,17 @@ namespace L = tmaflow_layout;
 #define MAX_SPLITS 64
 #endif
 constexpr int D = HEAD_DIM, kKeys = 64, kWarps = 4, kConsumers = 32 * kWarps;
+// Columns a K or V tile holds: whole 64-column boxes (128B swizzle). TMA fills the columns past
+// D with zeros, which the math never reads (k-steps and output blocks stop at D).
+constexpr int kTileCols = (D + 63) / 64 * 64;
 constexpr int kBoxKeys = PAGE_SIZE < kKeys ? PAGE_SIZE : kKeys;  // one page, or a tile's part of one
 constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces a tile
 constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
-static_assert(D == 64 || D == 128 || D == 256, "HEAD_DIM is 64, 128 or 256");
-static_assert(L::kv::k_bytes == kKeys * D * 2 && L::kv::k_box_stride == kBoxKeys * 128,
+static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
+static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * ((2 * kWarps + 2) * kRows + kRows * MAX_SPLITS),
+              "the merge's O and statistics fit stage 0");
+static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
               "plan does not match HEAD_DIM and PAGE_SIZE");
 
 #if FP16
@@ -116,7 +121,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
       const int pieces = min(kPieces, (len - t * kKeys + kBoxKeys - 1) / kBoxKeys);
       if (lane == 0) {
         kv.producer_acquire(c);
-        mbarrier::arrive_expect_tx(kv.barrier(c), 2u * pieces * kBoxKeys * D * 2);
+        mbarrier::arrive_expect_tx(kv.barrier(c), 2u * pieces * kBoxKeys * kTileCols * 2);
       }
       for (int piece = 0; piece < pieces; ++piece) {
         const int key = t * kKeys + piece * kBoxKeys, index = key / PAGE_SIZE;
@@ -129,7 +134,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
         if (lane == 0) {
           const int row = page * PAGE_SIZE + key % PAGE_SIZE;
 #pragma unroll
-          for (int box = 0; box < D / 64; ++box) {
+          for (int box = 0; box < kTileCols / 64; ++box) {
             tma::load(S.kv_k(c.stage, box * kPieces + piece), &tk, kv.barrier(c), box * 64, kvh, row);
             tma::load(S.kv_v(c.stage, box * kPieces + piece), &tv, kv.barrier(c), box * 64, kvh, row);
           }
@@ -226,9 +231,12 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     kv.consumer_release_warp(c);
   }
 
-  // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order).
-  Stats st{static_cast<float*>(S.stats())};
-  float* so = static_cast<float*>(S.o());  // kRows x D
+  // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order). Every
+  // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
+  // the statistics in its V tile.
+  named_barrier::sync(1, kConsumers);
+  Stats st{static_cast<float*>(S.kv_v(0))};
+  float* so = static_cast<float*>(S.kv_k(0));  // kRows x D
   const int row0 = lane / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
