@@ -166,7 +166,7 @@ def simulate(kind: str, a: list[np.ndarray], b: list[np.ndarray] | np.ndarray, c
     m = sum(x.shape[0] for x in a) if gather else a[0].shape[0]
     rows = shard_rows(m, world)
     offsets = np.cumsum([0] + rows)
-    n = b.shape[0] if gather else b[0].shape[0]
+    n = np.shape(b)[0] if gather else np.shape(b[0])[0]
     for i, r in enumerate(ranks):
         r.out = {call: np.zeros((m if gather else rows[i], n)) for call in range(calls)}
     rng = random.Random(seed)
@@ -182,7 +182,8 @@ def simulate(kind: str, a: list[np.ndarray], b: list[np.ndarray] | np.ndarray, c
                     stuck)
             return [r.out[calls - 1] for r in ranks]
         i, s = rng.choice(runnable)
-        _run(ranks, i, *ranks[i].next(s), kind, a, b, offsets)
+        call, step = ranks[i].next(s)
+        _run(ranks, i, call, step, kind, a, b, offsets)
         ranks[i].pos[s] += 1
 
 
