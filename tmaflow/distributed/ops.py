@@ -7,6 +7,9 @@ memory, each after a device-side wait on the peer's signal (``signal_wait_reset`
 kernel: in debug builds a wait that never completes is a DeadlockError naming the rank, the
 peer and the signal); the GEMM of a pulled shard after an event on its copy. Everything is
 queued asynchronously with constant values, so ``torch.cuda.graph`` captures a call whole.
+Inside ``torch.compile`` call the custom ops (``import tmaflow.torch``):
+``torch.ops.tmaflow.all_gather_gemm(a_shard, b, group.group_name, m)`` and
+``torch.ops.tmaflow.gemm_reduce_scatter(a, b_shard, group.group_name)``.
 """
 from __future__ import annotations
 
@@ -191,12 +194,6 @@ def _debug(debug) -> bool:
     return watchdog.env_debug() if debug is None else checks.as_bool("debug", debug)
 
 
-def _compiling() -> bool:
-    import torch  # optional dependency: distributed needs torch
-
-    return torch.compiler.is_compiling()
-
-
 def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, scale_b=None,
                     debug: bool | None = None):
     """``all_gather(a_shard) @ b^T`` over ``group`` (default: the world): a_shard is this
@@ -208,9 +205,6 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
     group = group_of(group)
     shapes = gather_shapes(a_shard.shape, _dtype_name(a_shard), b.shape, _dtype_name(b), m,
                            group.size(), group.rank(), scale_a, scale_b)
-    if out is None and debug is None and _compiling():
-        import tmaflow.torch  # noqa: F401 (registers the op; torch is an optional dependency)
-        return torch.ops.tmaflow.all_gather_gemm(a_shard, b, group.group_name, shapes.m, scale_a, scale_b)
     debug = _debug(debug)
     out = _output("all_gather_gemm", out, (shapes.m, shapes.n), a_shard.device)
     plan = _plan("all_gather_gemm", shapes, group, a_shard.device, debug)
@@ -242,9 +236,6 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     group = group_of(group)
     shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
                             group.size(), group.rank(), scale_a, scale_b)
-    if out is None and debug is None and _compiling():
-        import tmaflow.torch  # noqa: F401 (registers the op; torch is an optional dependency)
-        return torch.ops.tmaflow.gemm_reduce_scatter(a, b_shard, group.group_name, scale_a, scale_b)
     debug = _debug(debug)
     plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug)
     me = plan.rank

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 from .. import checks
 from ..errors import TmaflowError
@@ -29,7 +30,7 @@ log = logging.getLogger("tmaflow.distributed")
 # variable -> the values that keep multicast off (compared lower-case)
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": ("0",), "TORCH_SYMM_MEM_DISABLE_MULTICAST": ("1", "true"),
                 "NVSHMEM_DISABLE_NVLS": ("1", "true")}
-PAD_BYTES = 2048  # torch's signal pad per rank: 512 uint32 slots
+PAD_BYTES = 2048  # torch's signal pad per rank (its default): 512 uint32 slots
 
 
 def no_multicast(environ=None) -> None:
@@ -89,7 +90,11 @@ class SymmetricBuffer:
         device = torch.device("cuda", torch.cuda.current_device())
         world = group.size()
         try:
-            tensor = symm_mem.empty(shape, dtype=dtype, device=device)
+            tensor = symm_mem.empty(*shape, dtype=dtype, device=device)
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by torch 2.5-2.7, a no-op later
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", (DeprecationWarning, FutureWarning))
+                    symm_mem.enable_symm_mem_for_group(group.group_name)
             handle = symm_mem.rendezvous(tensor, group.group_name)
         except RuntimeError as e:
             if world != 1:
@@ -98,10 +103,11 @@ class SymmetricBuffer:
             # so plain memory with itself as the only peer is the same protocol.
             log.warning("symmetric memory refused world size 1 (%s); using a plain allocation", e)
             return cls._single(torch.empty(shape, dtype=dtype, device=device))
+        slots = int(getattr(handle, "signal_pad_size", PAD_BYTES)) // 4
         peers = DeviceArray(int(handle.buffer_ptrs_dev), (world,), "uint64", owner=handle)
         signals = DeviceArray(int(handle.signal_pad_ptrs_dev), (world,), "uint64", owner=handle)
-        pad_tensor = handle.get_signal_pad(handle.rank, (PAD_BYTES // 4,), dtype=torch.int32)
-        pad = DeviceArray(pad_tensor.data_ptr(), (PAD_BYTES // 4,), "uint32", owner=pad_tensor)
+        pad_tensor = handle.get_signal_pad(handle.rank, (slots,), dtype=torch.int32)
+        pad = DeviceArray(pad_tensor.data_ptr(), (slots,), "uint32", owner=pad_tensor)
         return cls(tensor, handle, handle.rank, handle.world_size, peers, signals, pad,
                    tuple(int(p) for p in handle.buffer_ptrs),
                    tuple(int(p) for p in handle.signal_pad_ptrs), symmetric=True)
@@ -123,7 +129,13 @@ class SymmetricBuffer:
     # --- what kernels and copies take ----------------------------------------------------
     @property
     def __cuda_array_interface__(self) -> dict:
-        return self.tensor.__cuda_array_interface__
+        return self.tensor.__cuda_array_interface__  # torch raises for bfloat16: as_array then takes DLPack
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.tensor.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
 
     def _check_rank(self, rank) -> int:
         return checks.as_int("rank", rank, 0, self.world_size - 1)
@@ -150,7 +162,7 @@ class SymmetricBuffer:
     def pad_slot(self, rank, slot) -> int:
         """Device address of uint32 ``slot`` of rank ``rank``'s signal pad."""
         rank = self._check_rank(rank)
-        slot = checks.as_int("slot", slot, 0, PAD_BYTES // 4 - 1)
+        slot = checks.as_int("slot", slot, 0, self.pad.shape[0] - 1)
         return self.pad_ptrs[rank] + 4 * slot
 
     def close(self) -> None:
