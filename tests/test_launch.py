@@ -8,6 +8,7 @@ import pytest
 import tmaflow as tf
 from tmaflow.launch.config import LaunchConfig, dims
 from tmaflow.launch.launcher import Launcher
+from tmaflow.runtime import memory
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.launch.params import ArgPacker, Param
 from tmaflow.tma.tensormap import TensorMap
@@ -73,8 +74,11 @@ class _Module:
     compiled_cluster = (0, 0, 0)
 
 
-class _Alloc:  # stands for a tmaflow allocation; free() is what memory does to it
-    live = True
+class _Alloc:
+    """Stands for a tmaflow allocation on device ``ordinal``; free() is what memory does to it."""
+
+    def __init__(self, ordinal=0):
+        self.live = memory.live_token(None, ordinal)
 
 
 def fake_launcher(params, stream=0):
@@ -96,9 +100,11 @@ def fake_launcher(params, stream=0):
     return run
 
 
-def owned_array(ptr=0x5000):
-    arr = DeviceArray(ptr, (64, 64), "float32")
-    arr._alloc = _Alloc()
+def owned_array(ptr=0x5000, device=None):
+    """A tmaflow array on ``device`` (a stand-in with an ``ordinal``; None: device 0 as the
+    allocation knows it, unnamed on the array)."""
+    arr = DeviceArray(ptr, (64, 64), "float32", device=device)
+    arr._alloc = _Alloc(0 if device is None else device.ordinal)
     return arr
 
 

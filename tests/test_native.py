@@ -131,7 +131,7 @@ def test_each_argument_kind_takes_the_c_plan(dry, frameworks, rng, kind):
     param, make, want, stream = KIND_CASES[kind]
     run = dry([param, Param(1, 8 if param.size <= 8 else 128, 4, "int", True)])
     arg = make(int(rng.integers(1, 2**40)))
-    fields = run.packer.native_fields((arg, 5))
+    fields = run.packer.native_fields((arg, 5), 0)
     assert fields is not None and fields[0][0] == PLAN_KINDS[kind]
     run._install_plan((arg, 5))
     assert type(run.func).__name__ == "Plan", native.status()
@@ -148,12 +148,10 @@ def test_a_build_reads_the_attributes_args_names():
     assert native.module().ATTRIBUTES == PLAN_ATTRIBUTES
     arr = owned_array()
     tm = owned_map(arr)
-    have = {"_alloc": (tm, arr), "live": (arr._alloc,), "ptr": (arr,), "_bytes": (tm,), "array": (tm,),
-            "device": (arr,), "ordinal": (), "data": (ndarray(0),), "device_id": (ndarray(0).data,),
-            "get_device": (_FakeTensor(0),), "data_ptr": (_FakeTensor(0),), "_dispatch": (Launcher,),
-            "_checked": (Launcher,)}
+    have = {"_alloc": (tm, arr), "live": (arr._alloc,), "ptr": (arr,), "_bytes": (tm,),
+            "data": (ndarray(0),), "device_id": (ndarray(0).data,), "get_device": (_FakeTensor(0),),
+            "data_ptr": (_FakeTensor(0),), "_dispatch": (Launcher,), "_checked": (Launcher,)}
     assert set(have) == set(PLAN_ATTRIBUTES)
-    assert "ordinal" in tf.Device._setup.__code__.co_names  # set there: a Device needs a GPU
     for name, objects in have.items():
         for obj in objects:
             assert hasattr(obj, name) or name in getattr(obj, "__slots__", ()), (obj, name)
@@ -312,21 +310,18 @@ def other_device(ordinal):
 @pytest.mark.parametrize("which", ["array", "map"])
 def test_an_array_on_another_device_is_refused_as_the_checked_path_refuses_it(dry, which, path):
     run = launcher_on(path, dry)
-    arr = owned_array()
-    arr.device = other_device(0)
+    arr = owned_array(device=other_device(0))
     tm = owned_map(arr)
     run(tm, arr, 1, 2.0)
     run(tm, arr, 1, 2.0)  # the launch device's arrays take the fast path
     assert (type(run.func).__name__ == "Plan") == (path == "C")
-    stranger = owned_array(0x9000)
-    stranger.device = other_device(1)
+    stranger = owned_array(0x9000, other_device(1))
     args = (owned_map(stranger), arr, 1, 2.0) if which == "map" else (tm, stranger, 1, 2.0)
     with pytest.raises(tf.LaunchError, match=rf"argument {0 if which == 'map' else 1}.*the array "
                        r"lives on device 1 but the launch is on device 0; call tf.set_device\(1\)"):
         run(*args)
     assert len(run.calls) == (1 if path == "C" else 2)  # dry plans record no launch
-    neighbour = owned_array(0xA000)
-    neighbour.device = other_device(0)  # another object, the launch device's ordinal
+    neighbour = owned_array(0xA000, other_device(0))  # another object, the launch device's ordinal
     run(tm, neighbour, 1, 2.0)
     assert len(run.calls) == (1 if path == "C" else 3)
     if path == "C":
@@ -344,7 +339,7 @@ class HookedAlloc:
         hook, self.hook = self.hook, None
         if hook is not None:
             hook()
-        return True
+        return memory.live_token(None, 0)
 
 
 def test_a_launch_from_python_run_while_packing_keeps_each_calls_values(dry):
@@ -467,7 +462,7 @@ def test_the_driver_gets_the_config_and_one_pointer_per_parameter_of_the_call(dr
                      ctypes.c_double.from_address(params[2]).value, params[2] - params[0], extra))
         return 0
 
-    fields = ((PLAN_KINDS["array"], 0, 8, DeviceArray, True), (PLAN_KINDS["signed"], 8, 4, int, None),
+    fields = ((PLAN_KINDS["array"], 0, 8, DeviceArray, memory.live_tokens(None, 0)), (PLAN_KINDS["signed"], 8, 4, int, None),
               (PLAN_KINDS["float"], 16, 8, float, None))
     plan = raw_plan(fields, dry=False, launch=ctypes.cast(driver, ctypes.c_void_p).value, size=24)
     arr = owned_array(0x4000)

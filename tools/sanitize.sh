@@ -4,7 +4,8 @@
 #   bash tools/sanitize.sh            -> a summary line per set and tool, logs under $OUT (or ./.out)
 # Env: SANITIZE_SETS (default "examples seeds library"; "handoff" / "handoff-warp": a cp.async ->
 #      mbarrier hand-off alone, released by every consumer lane / by one lane after __syncwarp as
-#      the GEMM's consumers do, to tell a racecheck limitation from a race), SANITIZE_TOOL_BUDGET (seconds per run).
+#      the GEMM's consumers do, to tell a racecheck limitation from a race; "handoff-named": one lane
+#      after a named barrier of the warp's 32 threads), SANITIZE_TOOL_BUDGET (seconds per run).
 # The four tools run side by side on the one GPU (each in its own process).
 set -u
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ run_set() {  # set -> the command compute-sanitizer runs
     seeds) echo "python3 tools/sanitize_examples.py --seeds" ;;
     handoff) echo "python3 tools/sanitize_examples.py --handoff" ;;
     handoff-warp) echo "python3 tools/sanitize_examples.py --handoff --warp-release" ;;
+    handoff-named) echo "python3 tools/sanitize_examples.py --handoff --named-release" ;;
     library) echo "python3 -m pytest -q -p no:cacheprovider -m gpu $library_ids" ;;
   esac
 }

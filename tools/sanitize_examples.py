@@ -1,7 +1,7 @@
 """Run every example kernel (or, with --seeds, every seed kernel) once, small, on initialised
 data, for compute-sanitizer:
 
-    compute-sanitizer --tool memcheck python3 tools/sanitize_examples.py [--seeds | --handoff]
+    compute-sanitizer --tool memcheck python3 tools/sanitize_examples.py [--seeds | --handoff [--warp-release | --named-release]]
 
 Outputs are pre-zeroed: initcheck does not count TMA (async-proxy) stores as initialising
 global memory, so a TMA-written output copied to the host would be flagged otherwise.
@@ -102,7 +102,8 @@ def handoff(rng, check, bad) -> int:
     text = (Path(__file__).resolve().parents[1] / "tests" / "kernels" / "probe.cu").read_text()
     rounds = 8
     kernel = tf.Kernel(text, "cp_async_noinc_handoff", filename="probe.cu")
-    warp_release = int("--warp-release" in sys.argv)  # 0: every lane releases; 1: one lane
+    # 0: every lane releases; 1: one lane after __syncwarp; 2: one lane after a named barrier
+    warp_release = 2 if "--named-release" in sys.argv else int("--warp-release" in sys.argv)
     src = rng.standard_normal(rounds * 32).astype(np.float32)
     out = tf.zeros(rounds * 32, "float32")
     kernel.launch(tf.from_numpy(src), out, rounds, warp_release, grid=1, block=64)

@@ -94,8 +94,9 @@ extern "C" __global__ void echo_args(const __grid_constant__ CUtensorMap a, int8
 // cp.async.mbarrier.arrive.noinc (the arrival lands when its copies have); warp 1 waits on it,
 // reads the stage, and releases it. Correct by the PTX memory model; tools/sanitize.sh runs it
 // under racecheck to see whether the tool models the noinc arrival (it reports hazards if not).
-// With warp_release, the consumer warp releases a stage as the GEMM's consumers do
-// (Pipeline::consumer_release_warp): __syncwarp, then one lane arrives.
+// With warp_release 1, the consumer warp releases a stage as the GEMM's consumers do
+// (Pipeline::consumer_release_warp): __syncwarp, then one lane arrives; with 2, a named barrier
+// of the warp's 32 threads (bar.sync 1, 32) in place of __syncwarp.
 extern "C" __global__ void cp_async_noinc_handoff(const float* src, float* out, int rounds,
                                                   int warp_release) {
   __shared__ __align__(16) float stage[2][32];
@@ -118,7 +119,11 @@ extern "C" __global__ void cp_async_noinc_handoff(const float* src, float* out, 
     } else if (warp == 1) {
       tmaflow::mbarrier::wait(&full[s], phase);
       out[r * 32 + lane] = stage[s][lane];
-      __syncwarp();
+      if (warp_release == 2) {
+        asm volatile("bar.sync 1, 32;" ::: "memory");
+      } else {
+        __syncwarp();
+      }
       if (!warp_release || lane == 0) tmaflow::mbarrier::arrive(&empty[s]);
     }
   }

@@ -23,7 +23,7 @@
 
 /* Bumped whenever the Plan constructor or the module's interface changes: native.py refuses
  * (and rebuilds) a cached build that reports another number. */
-#define ABI 3
+#define ABI 4
 
 /* The CUDA 12.1+ parameter space (params.MAX_PARAM_BYTES) */
 #define MAX_PARAM_BYTES 32764
@@ -49,7 +49,8 @@ enum Kind { ARRAY, TENSORMAP, TORCH, CUPY, SIGNED, UNSIGNED, FLOAT, NONE };
 typedef struct {
     int kind, offset, size;
     PyObject *type; /* the argument's exact type (NULL for NONE) */
-    PyObject *live; /* ARRAY / TENSORMAP: what ``arg._alloc.live`` must be */
+    PyObject *live, *live_anywhere; /* ARRAY / TENSORMAP: the two tokens ``arg._alloc.live``
+                                     * may be (memory.live_tokens: this device, or unnamed) */
 } Field;
 
 typedef struct {
@@ -66,15 +67,14 @@ typedef struct {
     long ordinal_value;
     PyObject *capturing;      /* truthy while any graph captures */
     PyObject *on_error;       /* err -> raises */
-    PyObject *device_seen;    /* a device object whose ordinal is the plan's */
     PyObject *keep;           /* what the pointers above point into */
     PyObject *last_stream;    /* dry plans: the stream and the parameter bytes of the last */
     PyObject *last_params;    /* call that reached the launch */
     Field fields[];
 } Plan;
 
-static PyObject *s_alloc, *s_live, *s_ptr, *s_bytes, *s_array, *s_device, *s_ordinal, *s_data,
-    *s_device_id, *s_get_device, *s_data_ptr, *s_dispatch, *s_checked, *attributes;
+static PyObject *s_alloc, *s_live, *s_ptr, *s_bytes, *s_data, *s_device_id, *s_get_device,
+    *s_data_ptr, *s_dispatch, *s_checked, *attributes;
 static PyObject *not_fast; /* the exceptions that hand a call to the checked path */
 
 /* Write a new reference's value as 8 bytes at `at` (the reference is released): 1, or -1
@@ -98,27 +98,6 @@ static int on_device(const Plan *plan, PyObject *ordinal) {
     return value == plan->ordinal_value;
 }
 
-/* Whether a tmaflow DeviceArray (a new reference, released) lives on the plan's device, as the
- * checked path decides: its ``device`` is None (unknown) or has the plan's ordinal. tmaflow
- * has one Device object per ordinal: the one seen to match is remembered, and then a pointer
- * compare decides. */
-static int array_on_device(Plan *plan, PyObject *array) {
-    if (array == NULL) return -1;
-    PyObject *device = PyObject_GetAttr(array, s_device);
-    Py_DECREF(array);
-    if (device == NULL) return -1;
-    if (device == Py_None || device == plan->device_seen) {
-        Py_DECREF(device);
-        return 1;
-    }
-    int ok = on_device(plan, PyObject_GetAttr(device, s_ordinal));
-    if (ok == 1)
-        Py_XSETREF(plan->device_seen, device);
-    else
-        Py_DECREF(device);
-    return ok;
-}
-
 /* 1: written at `buffer`; 0: a check failed (no exception); -1: an exception is set */
 static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) {
     char *at = buffer + f->offset;
@@ -137,10 +116,8 @@ static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) 
         Py_DECREF(alloc);
         if (live == NULL) return -1;
         Py_DECREF(live);
-        if (live != f->live) return 0;
-        int ok = array_on_device(plan, f->kind == TENSORMAP ? PyObject_GetAttr(arg, s_array)
-                                                      : Py_NewRef(arg));
-        if (ok < 1) return ok;
+        /* one identity test: live, of the plan's origin, on the plan's device (or unnamed) */
+        if (live != f->live && live != f->live_anywhere) return 0;
         if (f->kind == TENSORMAP) {
             PyObject *raw = PyObject_GetAttr(arg, s_bytes);
             if (raw == NULL) return -1;
@@ -319,12 +296,12 @@ static int plan_traverse(PyObject *self, visitproc visit, void *arg) {
     for (Py_ssize_t i = 0; i < Py_SIZE(plan); i++) {
         Py_VISIT(plan->fields[i].type);
         Py_VISIT(plan->fields[i].live);
+        Py_VISIT(plan->fields[i].live_anywhere);
     }
     Py_VISIT(plan->current_stream);
     Py_VISIT(plan->ordinal);
     Py_VISIT(plan->capturing);
     Py_VISIT(plan->on_error);
-    Py_VISIT(plan->device_seen);
     Py_VISIT(plan->keep);
     Py_VISIT(plan->last_stream);
     Py_VISIT(plan->last_params);
@@ -336,12 +313,12 @@ static int plan_clear(PyObject *self) {
     for (Py_ssize_t i = 0; i < Py_SIZE(plan); i++) {
         Py_CLEAR(plan->fields[i].type);
         Py_CLEAR(plan->fields[i].live);
+        Py_CLEAR(plan->fields[i].live_anywhere);
     }
     Py_CLEAR(plan->current_stream);
     Py_CLEAR(plan->ordinal);
     Py_CLEAR(plan->capturing); /* a cleared plan hands every call back */
     Py_CLEAR(plan->on_error);
-    Py_CLEAR(plan->device_seen);
     Py_CLEAR(plan->keep);
     Py_CLEAR(plan->last_stream);
     Py_CLEAR(plan->last_params);
@@ -402,7 +379,8 @@ static int field_ok(const Field *f) {
  *      on_error, keep)
  * dry: pack and record, launch nothing; launch / function / config: addresses (launch: the
  * driver's cuLaunchKernelEx, not 0 unless dry); size: bytes of parameter storage;
- * fields: ((kind, offset, size, type, live), ...); current_stream: callable or None. */
+ * fields: ((kind, offset, size, type, live), ...) where live is None or the pair of tokens
+ * (memory.live_tokens); current_stream: callable or None. */
 static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     int dry, size;
     unsigned long long launch, function, config;
@@ -432,9 +410,9 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     Py_ssize_t n = PyTuple_GET_SIZE(fields);
     Plan *plan = PyObject_GC_NewVar(Plan, &PlanType, n);
     if (plan == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) plan->fields[i].type = plan->fields[i].live = NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        plan->fields[i].type = plan->fields[i].live = plan->fields[i].live_anywhere = NULL;
     plan->current_stream = plan->ordinal = plan->capturing = plan->on_error = plan->keep = NULL;
-    plan->device_seen = NULL;
     plan->last_stream = plan->last_params = NULL;
     plan->vectorcall = plan_call;
     plan->dry = dry;
@@ -457,7 +435,6 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                               &ftype, &live))
             goto fail;
         f->type = ftype == Py_None ? NULL : Py_NewRef(ftype);
-        f->live = Py_NewRef(live);
         if (!field_ok(f) || (f->kind != NONE && f->type == NULL)) {
             PyErr_Format(PyExc_ValueError, "field %zd: kind %d size %d is not a parameter a plan writes",
                          i, f->kind, f->size);
@@ -467,6 +444,17 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
             PyErr_Format(PyExc_ValueError, "field %zd: offset %d + size %d lies outside the %d bytes "
                          "of parameter storage", i, f->offset, f->size, size);
             goto fail;
+        }
+        if (PyTuple_Check(live) && PyTuple_GET_SIZE(live) == 2) {
+            f->live = Py_NewRef(PyTuple_GET_ITEM(live, 0));
+            f->live_anywhere = Py_NewRef(PyTuple_GET_ITEM(live, 1));
+        } else if (f->kind == ARRAY || f->kind == TENSORMAP || live != Py_None) {
+            PyErr_Format(PyExc_ValueError, "field %zd: live must be a pair of tokens for an array "
+                         "or tensor map, else None", i);
+            goto fail;
+        } else {
+            f->live = Py_NewRef(live);
+            f->live_anywhere = Py_NewRef(live);
         }
     }
     PyObject_GC_Track((PyObject *)plan);
@@ -500,9 +488,6 @@ static int module_exec(PyObject *m) {
         INTERN(s_live, "live");
         INTERN(s_ptr, "ptr");
         INTERN(s_bytes, "_bytes");
-        INTERN(s_array, "array");
-        INTERN(s_device, "device");
-        INTERN(s_ordinal, "ordinal");
         INTERN(s_data, "data");
         INTERN(s_device_id, "device_id");
         INTERN(s_get_device, "get_device");
@@ -511,8 +496,8 @@ static int module_exec(PyObject *m) {
         INTERN(s_checked, "_checked");
 #undef INTERN
         /* what native.py checks against args.PLAN_ATTRIBUTES before using this build */
-        attributes = PyTuple_Pack(13, s_alloc, s_live, s_ptr, s_bytes, s_array, s_device, s_ordinal,
-                                  s_data, s_device_id, s_get_device, s_data_ptr, s_dispatch, s_checked);
+        attributes = PyTuple_Pack(10, s_alloc, s_live, s_ptr, s_bytes, s_data, s_device_id,
+                                  s_get_device, s_data_ptr, s_dispatch, s_checked);
         if (attributes == NULL) return -1;
         not_fast = PyTuple_Pack(4, PyExc_AttributeError, PyExc_TypeError, PyExc_ValueError,
                                 PyExc_OverflowError);

@@ -10,27 +10,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.memory import DeviceArray, FOREIGN, _origin_of, _torch_types
+from ..runtime.memory import DeviceArray, _origin_of, _torch_types, live_tokens
 from ..tma.tensormap import TensorMap
 
 # Argument kinds, as ``arg_kind`` names them
 ARG_KINDS = ("tensormap", "array", "int", "float", "bool", "numpy", "bytes", "host", "none", "unknown")
 
 # The fields a C plan writes: ``_launch.c``'s ``enum Kind``, in its order. "tensormap" and
-# "array" are tmaflow objects (liveness and device checked through PLAN_ATTRIBUTES), "torch"
+# "array" are tmaflow objects (liveness and device checked through their ``live`` token), "torch"
 # and "cupy" those frameworks' arrays, "signed" / "unsigned" / "float" Python numbers packed
 # as the parameter says, "none" a null pointer.
 PLAN_KINDS = {"array": 0, "tensormap": 1, "torch": 2, "cupy": 3, "signed": 4, "unsigned": 5,
               "float": 6, "none": 7}
 
 # The Python attributes _launch.c reads by name (its interned strings, in its order), by role:
-# a TensorMap's or DeviceArray's allocation (``_alloc``) and its liveness flag (``live``), an
-# array's address (``ptr``), a map's 128 bytes (``_bytes``) and array (``array``), an array's
-# device (``device``) and its ``ordinal``, a cupy array's ``data`` with its ``device_id``, a
-# torch tensor's ``get_device`` and ``data_ptr``, and the Launcher methods a plan hands a call
-# back to (``_dispatch`` when a check fails, ``_checked`` while a graph captures).
-PLAN_ATTRIBUTES = ("_alloc", "live", "ptr", "_bytes", "array", "device", "ordinal", "data",
-                   "device_id", "get_device", "data_ptr", "_dispatch", "_checked")
+# a TensorMap's or DeviceArray's allocation (``_alloc``) and its ``live`` token (liveness,
+# origin and device in one), an array's address (``ptr``), a map's 128 bytes (``_bytes``), a
+# cupy array's ``data`` with its ``device_id``, a torch tensor's ``get_device`` and
+# ``data_ptr``, and the Launcher methods a plan hands a call back to (``_dispatch`` when a
+# check fails, ``_checked`` while a graph captures).
+PLAN_ATTRIBUTES = ("_alloc", "live", "ptr", "_bytes", "data", "device_id", "get_device",
+                   "data_ptr", "_dispatch", "_checked")
 
 
 def arg_kind(arg) -> str:
@@ -61,22 +61,21 @@ def arg_kind(arg) -> str:
     return "unknown"
 
 
-def arg_fast_form(arg, name: str):
+def arg_fast_form(arg, name: str, ordinal: int):
     """(failure test, value expression, struct code, framework, native kind, expected
-    ``_alloc.live``) for the generated launch path (the last two for the C path's fields), or
-    None for argument kinds that always take the checked path. The test is True when
-    the argument cannot take this path (another type, dead memory, another device); a map or
-    array of the wrong kind fails by lacking ``_bytes`` / ``ptr`` (AttributeError). Expressions
-    may use ``T_<name>`` (the argument's exact type), ``ORD`` (the launch device's ordinal),
-    ``TORCH`` and ``CUPY``."""
+    ``_alloc.live`` values) for the generated launch path on device ``ordinal`` (the last two
+    for the C path's fields), or None for argument kinds that always take the checked path.
+    The test is True when the argument cannot take this path (another type, dead memory,
+    another device: one identity test of ``live``, see ``memory.LiveToken``); a map or array
+    of the wrong kind fails by lacking ``_bytes`` / ``ptr`` (AttributeError). Expressions may
+    use ``T_<name>`` (the argument's exact type), ``LIVE_<name>`` (the expected ``live``
+    values), ``ORD`` (the launch device's ordinal)."""
     t = type(arg)
     if t is TensorMap or t is DeviceArray:
-        live = "True" if arg._origin is None else arg._origin.upper()  # "torch" is TORCH
         value = f"{name}._bytes" if t is TensorMap else f"{name}.ptr"
-        device = f"{name}.array.device" if t is TensorMap else f"{name}.device"
-        return (f"{name}._alloc.live is not {live} or {device} is not None and {device}.ordinal != ORD",
-                value, "128s" if t is TensorMap else "ptr",
-                arg._origin, "tensormap" if t is TensorMap else "array", FOREIGN[arg._origin].live)
+        return (f"{name}._alloc.live not in LIVE_{name}", value, "128s" if t is TensorMap else "ptr",
+                arg._origin, "tensormap" if t is TensorMap else "array",
+                live_tokens(arg._origin, ordinal))
     if t in (int, float, bool) or (isinstance(arg, np.generic) and arg.dtype.kind in "iufb"):
         return f"type({name}) is not T_{name}", name, "num", None, "num", None
     if arg is None:

@@ -217,10 +217,10 @@ class Launcher(functools.partial):
     def _generate(self, args: tuple):
         """A function generated from the parameter table and the types of ``args`` (no user
         text); the checked path itself when some argument kind has no fast form."""
-        plan = self.packer.plan_source(args)
+        plan = self.packer.plan_source(args, self.ordinal)
         if plan is None:
             return Launcher._checked_call
-        checks, values, fmt, frameworks = plan
+        checks, values, fmt, frameworks, live_names = plan
         native_plan = self._native_plan(args, frameworks)
         if native_plan is not None:
             return native_plan
@@ -229,8 +229,7 @@ class Launcher(functools.partial):
                  "kp": self.packer.kernel_params, "launch": self._launch,
                  "function": self._function, "on_error": self._raise, "ORD": self.ordinal,
                  "configs": self._configs, "make_config": self.cu_config, "MISSING": _MISSING,
-                 "TORCH": "torch", "CUPY": "cupy", "CAPTURING": CAPTURING,
-                 "SUCCESS": driver.cu().CUresult.CUDA_SUCCESS}
+                 "CAPTURING": CAPTURING, "SUCCESS": driver.cu().CUresult.CUDA_SUCCESS, **live_names}
         scope.update({f"T_a{i}": type(a) for i, a in enumerate(args)})
         # Arguments bind to parameters a0.. (defaults and *more only catch a wrong count), so a
         # call builds no tuple; ``args`` is rebuilt only on the way to another path. A map or
@@ -273,7 +272,7 @@ class Launcher(functools.partial):
         if not self._dry_plans and self._launch is not driver.cu().cuLaunchKernelEx:
             return None
 
-        fields = self.packer.native_fields(args)
+        fields = self.packer.native_fields(args, self.ordinal)
         if fields is None:
             return None
         current = _current_stream(frameworks) if self.config.stream is None else None

@@ -43,7 +43,7 @@ from .args import PLAN_ATTRIBUTES
 log = logging.getLogger("tmaflow.native")
 
 SOURCE = Path(__file__).with_name("_launch.c")
-ABI = 3  # _launch.c's ABI: a build that reports another number is rebuilt
+ABI = 4  # _launch.c's ABI: a build that reports another number is rebuilt
 
 _lock = threading.Lock()
 # "module" or "reason"; "rebuilt" (why a cached build was replaced); "launch" (the driver's

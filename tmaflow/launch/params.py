@@ -314,18 +314,21 @@ class ArgPacker:
             ctypes.memmove(base + p.offset, data, p.size)
         return self.kernel_params
 
-    def plan_source(self, args: tuple):
-        """(condition, values, format, frameworks) for a fast path specialised to the types of
-        ``args`` (already checked by ``pack``), or None when some argument always takes the
-        checked path. ``frameworks`` names the array libraries among the arguments."""
-        fmt, pos, checks, values, frameworks = ["<"], 0, [], [], set()
+    def plan_source(self, args: tuple, ordinal: int):
+        """(condition, values, format, frameworks, names) for a fast path on device ``ordinal``
+        specialised to the types of ``args`` (already checked by ``pack``), or None when some
+        argument always takes the checked path. ``frameworks`` names the array libraries among
+        the arguments; ``names`` the values the conditions refer to (``LIVE_a<i>``)."""
+        fmt, pos, checks, values, frameworks, names = ["<"], 0, [], [], set(), {}
         for i, (p, a) in enumerate(zip(self.params, args)):
             if p.offset > pos:
                 fmt.append(f"{p.offset - pos}x")
-            form = arg_fast_form(a, f"a{i}")
+            form = arg_fast_form(a, f"a{i}", ordinal)
             if form is None:
                 return None
             check, value, code, framework = form[:4]
+            if form[5] is not None:
+                names[f"LIVE_a{i}"] = form[5]
             if code == "num":  # Python/numpy number: the parameter decides the encoding
                 if p.kind == "float" or (p.kind == "any" and isinstance(a, float)):
                     code = _FLOAT_CODES.get(p.size)
@@ -343,16 +346,17 @@ class ArgPacker:
             if framework:
                 frameworks.add(framework)
             pos = p.offset + p.size
-        return checks, values, "".join(fmt), frameworks
+        return checks, values, "".join(fmt), frameworks, names
 
-    def native_fields(self, args: tuple):
-        """``((kind, offset, size, type, live), ...)`` for a C plan (``native.py``) of
-        these argument types, mirroring ``plan_source``; None where some argument is outside
+    def native_fields(self, args: tuple, ordinal: int):
+        """``((kind, offset, size, type, live), ...)`` for a C plan (``native.py``) of these
+        argument types on device ``ordinal``, mirroring ``plan_source`` (``live``: the expected
+        ``_alloc.live`` tokens, or None); None where some argument is outside
         what a plan writes (numpy scalars, 2-byte floats, a float for an integer parameter):
         those take the generated Python path."""
         fields = []
         for p, a in zip(self.params, args):
-            form = arg_fast_form(a, "a")
+            form = arg_fast_form(a, "a", ordinal)
             if form is None:
                 return None
             kind, live = form[4:]

@@ -57,19 +57,59 @@ def gather_copies(shape: tuple, strides: tuple, itemsize: int) -> list[tuple]:
     return copies
 
 
+class LiveToken:
+    """What ``_alloc.live`` holds while memory may be used: one object per (origin, device
+    ordinal), so the launch fast paths test liveness, origin and device in one identity
+    comparison. Truthy; a freed allocation's ``live`` is False."""
+
+    __slots__ = ("origin", "ordinal")
+
+    def __init__(self, origin: str | None, ordinal: int | None):
+        self.origin, self.ordinal = origin, ordinal
+
+    def __repr__(self) -> str:
+        where = "an unknown device" if self.ordinal is None else f"device {self.ordinal}"
+        return f"LiveToken({self.origin or 'tmaflow'} memory on {where})"
+
+
+_TOKENS: dict = {}
+
+
+def live_token(origin: str | None, ordinal: int | None) -> LiveToken:
+    """The one token of memory of ``origin`` ("torch", "cupy", None) on device ``ordinal``
+    (None: unknown)."""
+    token = _TOKENS.get((origin, ordinal))
+    if token is None:
+        token = _TOKENS.setdefault((origin, ordinal), LiveToken(origin, ordinal))
+    return token
+
+
+def live_tokens(origin: str | None, ordinal: int) -> tuple[LiveToken, LiveToken]:
+    """The ``live`` values a launch on device ``ordinal`` takes for arrays of ``origin``: memory
+    on that device, or on a device nobody named (the checked path takes both)."""
+    return live_token(origin, ordinal), live_token(origin, None)
+
+
 class _Unowned:
     """Memory tmaflow does not own (a foreign array's, a raw pointer): always live to us, kept
-    alive by the object viewed. ``live`` is True, or the owning library's name ("torch",
-    "cupy"), so the launch fast path tests liveness and origin in one comparison."""
+    alive by the object viewed. ``live`` is the token of its origin and device."""
 
     __slots__ = ("live",)
 
-    def __init__(self, live):
+    def __init__(self, live: LiveToken):
         self.live = live
 
 
-UNOWNED = _Unowned(True)
-FOREIGN = {None: UNOWNED, "torch": _Unowned("torch"), "cupy": _Unowned("cupy")}  # interned names
+FOREIGN: dict = {origin: {} for origin in (None, "torch", "cupy")}  # origin -> ordinal -> _Unowned
+
+
+def _unowned(origin: str | None, device) -> _Unowned:
+    """The interned _Unowned of memory of ``origin`` on ``device`` (None: unknown)."""
+    ordinal = None if device is None else device.ordinal
+    unowned = FOREIGN[origin].get(ordinal)
+    if unowned is None:
+        unowned = FOREIGN[origin].setdefault(ordinal, _Unowned(live_token(origin, ordinal)))
+    return unowned
 
 
 class _Allocation:
@@ -82,7 +122,7 @@ class _Allocation:
 
     def __init__(self, nbytes: int, device: Device, stream=None):
         """``device`` must be current (``empty`` made it so)."""
-        self.live = False  # until the pointer exists (a failed allocation frees nothing)
+        self.live: LiveToken | bool = False  # until the pointer exists (a failed allocation frees nothing)
         self.device = device
         # the stream object (a tf.Stream: closed or not at the free) stays referenced until the free
         self._stream_owner = getattr(stream, "owner", stream)
@@ -90,7 +130,7 @@ class _Allocation:
         self.generation = device.generation
         self.size = rounded(nbytes)
         self.ptr = device.allocate(self.size, self.stream)
-        self.live = True
+        self.live = live_token(None, device.ordinal)
         device.track(self)
 
     def free(self) -> None:
@@ -127,7 +167,7 @@ class DeviceArray:
         self.device = device
         self._origin = _origin_of(owner)
         owned = getattr(owner, "_alloc", None) if isinstance(owner, DeviceArray) else owner
-        self._alloc = owned if isinstance(owned, _Allocation) else FOREIGN[self._origin]
+        self._alloc = owned if isinstance(owned, _Allocation) else _unowned(self._origin, device)
 
     @classmethod
     def _view(cls, ptr: int, shape: tuple, dtype: DType, strides: tuple, owner, device, origin,
@@ -135,7 +175,7 @@ class DeviceArray:
         """A view from already-normalised parts (the fast interop path)."""
         a = object.__new__(cls)
         a.dtype, a.shape, a.strides, a.ptr, a.owner, a.device = dtype, shape, strides, ptr, owner, device
-        a._alloc, a._origin = alloc or FOREIGN[origin], origin
+        a._alloc, a._origin = alloc or _unowned(origin, device), origin
         return a
 
     def _as(self, shape: tuple, strides: tuple) -> "DeviceArray":
