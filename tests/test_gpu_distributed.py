@@ -116,11 +116,14 @@ def test_back_to_back_calls_reuse_the_buffers(group):
 def test_graph_capture_replays_the_protocol(group):
     a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
-    tfd.all_gather_gemm(a, b, group=group)  # warm up: plans, buffers and kernels exist
-    tfd.gemm_reduce_scatter(a, b, group=group)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):  # warm up on the capture stream: plans, buffers, launchers
+        tfd.all_gather_gemm(a, b, group=group)
+        tfd.gemm_reduce_scatter(a, b, group=group)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=capture):
         gathered = tfd.all_gather_gemm(a, b, group=group)
         scattered = tfd.gemm_reduce_scatter(a, b, group=group)
     for _ in range(3):

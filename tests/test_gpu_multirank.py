@@ -133,9 +133,13 @@ def test_back_to_back_and_graph_replays(group):
     outs = [tfd.all_gather_gemm(shard * (i + 1), b, group=group) for i in range(4)]  # no sync between
     for i, got in enumerate(outs):
         _close(got, (full.double() * (i + 1)) @ b.double().T)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):  # warm up on the capture stream: its launchers exist
+        tfd.all_gather_gemm(shard, b, group=group)
     _sync()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=capture):
         out = tfd.all_gather_gemm(shard, b, group=group)
     for i in range(3):
         shard.copy_(full[ops.Shapes(tuple(protocol.shard_rows(m, world)), n, k, "").span(me)] * (i + 2))
