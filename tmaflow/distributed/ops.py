@@ -148,7 +148,7 @@ _PLANS: dict = {}
 
 
 def _plan(kind: str, shapes: Shapes, group, device, debug: bool) -> _Plan:
-    key = (kind, group.group_name, shapes, device, debug)
+    key = (kind, group, shapes, device, debug)  # the group object: a later group may reuse its name
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS[key] = _Plan(kind, shapes, group, debug)
@@ -207,7 +207,8 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
                            group.size(), group.rank(), scale_a, scale_b)
     debug = _debug(debug)
     out = _output("all_gather_gemm", out, (shapes.m, shapes.n), a_shard.device)
-    plan = _plan("all_gather_gemm", shapes, group, a_shard.device, debug)
+    with torch.cuda.device(a_shard.device):  # the symmetric buffer lives on the operands' GPU
+        plan = _plan("all_gather_gemm", shapes, group, a_shard.device, debug)
     me = plan.rank
 
     def publish(step):  # my shard into my symmetric buffer, where peers pull it from
@@ -237,7 +238,8 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
                             group.size(), group.rank(), scale_a, scale_b)
     debug = _debug(debug)
-    plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug)
+    with torch.cuda.device(a.device):  # the symmetric buffer lives on the operands' GPU
+        plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug)
     me = plan.rank
     out = _output("gemm_reduce_scatter", out, (shapes.rows[me], shapes.n), a.device)
     partial = plan.buffer.tensor
