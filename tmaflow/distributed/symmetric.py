@@ -76,6 +76,7 @@ class SymmetricBuffer:
         self.pad: DeviceArray = pad            # uint32 slots of this rank's pad
         self.peer_ptrs, self.pad_ptrs = peer_ptrs, pad_ptrs
         self.symmetric = symmetric             # False: the world-size-1 fallback (own memory only)
+        self.offset = 0                        # bytes from each rank's symmetric allocation to the tensor
 
     @classmethod
     def allocate(cls, shape, dtype, group=None) -> "SymmetricBuffer":
@@ -104,27 +105,37 @@ class SymmetricBuffer:
             log.warning("symmetric memory refused world size 1 (%s); using a plain allocation", e)
             return cls._single(torch.empty(shape, dtype=dtype, device=device))
         slots = int(getattr(handle, "signal_pad_size", PAD_BYTES)) // 4
-        peers = DeviceArray(int(handle.buffer_ptrs_dev), (world,), "uint64", owner=handle)
-        signals = DeviceArray(int(handle.signal_pad_ptrs_dev), (world,), "uint64", owner=handle)
-        pad_tensor = handle.get_signal_pad(handle.rank, (slots,), dtype=torch.int32)
-        pad = DeviceArray(pad_tensor.data_ptr(), (slots,), "uint32", owner=pad_tensor)
-        return cls(tensor, handle, handle.rank, handle.world_size, peers, signals, pad,
-                   tuple(int(p) for p in handle.buffer_ptrs),
-                   tuple(int(p) for p in handle.signal_pad_ptrs), symmetric=True)
+        pad = handle.get_signal_pad(handle.rank, (slots,), dtype=torch.int32)
+        # Newer torch versions place tensors inside a larger symmetric allocation: the peer
+        # address of this tensor is each rank's base plus this rank's offset (the same on all).
+        offset = tensor.data_ptr() - int(handle.buffer_ptrs[handle.rank])
+        buf = cls._build(tensor, handle, handle.rank, handle.world_size, pad,
+                         tuple(int(p) + offset for p in handle.buffer_ptrs),
+                         tuple(int(p) for p in handle.signal_pad_ptrs), symmetric=True)
+        buf.offset = offset
+        return buf
 
     @classmethod
     def _single(cls, tensor) -> "SymmetricBuffer":
         import torch  # optional dependency: distributed needs torch
 
-        pad_tensor = torch.zeros(PAD_BYTES // 4, dtype=torch.int32, device=tensor.device)
-        ptrs = torch.tensor([tensor.data_ptr(), pad_tensor.data_ptr()], dtype=torch.int64,
-                            device=tensor.device)
-        keep = (tensor, pad_tensor, ptrs)
-        peers = DeviceArray(ptrs.data_ptr(), (1,), "uint64", owner=keep)
-        signals = DeviceArray(ptrs.data_ptr() + 8, (1,), "uint64", owner=keep)
-        pad = DeviceArray(pad_tensor.data_ptr(), (PAD_BYTES // 4,), "uint32", owner=keep)
-        return cls(tensor, keep, 0, 1, peers, signals, pad, (tensor.data_ptr(),),
-                   (pad_tensor.data_ptr(),), symmetric=False)
+        pad = torch.zeros(PAD_BYTES // 4, dtype=torch.int32, device=tensor.device)
+        return cls._build(tensor, None, 0, 1, pad, (tensor.data_ptr(),), (pad.data_ptr(),),
+                          symmetric=False)
+
+    @classmethod
+    def _build(cls, tensor, handle, rank: int, world: int, pad, peer_ptrs: tuple, pad_ptrs: tuple,
+               symmetric: bool) -> "SymmetricBuffer":
+        """The buffer with its device tables (built here from the addresses, one uint64 each)."""
+        import torch  # optional dependency: distributed needs torch
+
+        tables = torch.tensor(peer_ptrs + pad_ptrs, dtype=torch.int64, device=tensor.device)
+        keep = (tensor, handle, pad, tables)
+        peers = DeviceArray(tables.data_ptr(), (world,), "uint64", owner=keep)
+        signals = DeviceArray(tables.data_ptr() + 8 * world, (world,), "uint64", owner=keep)
+        pad_array = DeviceArray(pad.data_ptr(), tuple(pad.shape), "uint32", owner=keep)
+        return cls(tensor, handle, rank, world, peers, signals, pad_array, peer_ptrs, pad_ptrs,
+                   symmetric)
 
     # --- what kernels and copies take ----------------------------------------------------
     @property
@@ -152,7 +163,19 @@ class SymmetricBuffer:
         rank = self._check_rank(rank)
         if rank == self.rank:
             return self.tensor
-        return self.handle.get_buffer(rank, tuple(self.tensor.shape), self.tensor.dtype)
+        want = self.peer_ptrs[rank]
+        shape, dtype = tuple(self.tensor.shape), self.tensor.dtype
+        # get_buffer counts storage_offset from the tensor (older torch) or from the allocation
+        # holding it (newer): take the one that lands on the peer address
+        for offset in dict.fromkeys((0, self.offset // self.tensor.element_size())):
+            try:
+                view = self.handle.get_buffer(rank, shape, dtype, offset)
+            except RuntimeError:  # past the end of the allocation: the other reading
+                continue
+            if view.data_ptr() == want:
+                return view
+        raise TmaflowError(f"rank {rank}'s buffer: torch's get_buffer returned no view at its peer "
+                           f"address 0x{want:x}")
 
     def peer_map(self, rank, box, **options) -> TensorMap:
         """A TMA tensor map over rank ``rank``'s buffer (``TensorMap.tiled`` options): TMA
