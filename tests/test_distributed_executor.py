@@ -135,14 +135,14 @@ def rigged(monkeypatch):
     monkeypatch.setattr(ops, "SymmetricBuffer",
                         types.SimpleNamespace(allocate=lambda shape, dtype, group: Buffer(shape, group)))
 
-    def gemm(a, b, out, debug, scale_a, scale_b):
+    def gemm(a, b, out, debug, trace, scale_a, scale_b):
         out.arr[...] = a.arr @ b.arr.T
 
     monkeypatch.setattr(ops, "gemm", gemm)
 
     def run(world, fn):
         w = World(world)
-        monkeypatch.setattr(ops, "get_kernel", lambda name, layout, file, debug: Signal(name, w))
+        monkeypatch.setattr(ops, "get_kernel", lambda name, layout, file, debug, trace: Signal(name, w))
         results, errors = [None] * world, []
 
         def rank_main(r):

@@ -177,3 +177,15 @@ def test_merge_traces_refuses(bad, match):
 def test_the_pad_holds_every_world_size():
     from tmaflow.distributed.symmetric import PAD_BYTES
     assert protocol.pad_slots(protocol.MAX_WORLD) <= PAD_BYTES // 4
+
+
+def test_signal_events_are_labelled_spans(tmp_cache):
+    ev = np.zeros(2, dtype=tr._SAVED)
+    ev[0] = (1_000, 700, tr.KIND["signal wait"], -1, 3, (1 << 16) | 1, 17, 0, 0, 0)
+    ev[1] = (2_000, 0, tr.KIND["signal put"], -1, 0xBEEF00, 1, 0, 0, 0, 0)
+    doc = tr.Trace(ev, "signal_wait_reset", 1).to_chrome()
+    wait, put = [e for e in doc["traceEvents"] if e["ph"] != "M"]
+    assert (wait["name"], wait["ph"], wait["dur"]) == ("signal wait 3 from rank 1", "X", 0.7)
+    assert (put["name"], put["ph"]) == ("signal put 1 at ..00beef00", "i")
+    k = tf.Kernel(source("signal"), "signal_wait_reset", filename="signal.cu", trace=True)
+    assert "tmaflow_trace_state" in k.ptx and k.resources.spills == 0

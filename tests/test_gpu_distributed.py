@@ -177,6 +177,16 @@ def test_a_never_signalled_wait_is_a_deadlock_error_naming_rank_peer_and_signal(
     _close(tfd.all_gather_gemm(a, b, group=group, debug=True), a.float() @ b.float().T)
 
 
+def test_traced_call_keeps_its_traces_for_one_timeline(group, tmp_path):
+    a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    _close(tfd.all_gather_gemm(a, b, group=group, trace=True), a.float() @ b.float().T)
+    traces = tfd.last_traces()
+    assert traces and all(len(t) for t in traces)  # world size 1: the GEMM of the own shard
+    doc = tfd.merge_traces({0: traces}, tmp_path / "run.json")
+    assert {e["pid"] for e in doc["traceEvents"]} == {0}
+
+
 def test_bad_arguments_are_refused_before_anything_runs(group):
     a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(tf.TmaflowError, match=r"K of a_shard \(128\) and b \(64\) differ"):

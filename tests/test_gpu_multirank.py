@@ -156,6 +156,24 @@ def test_back_to_back_and_graph_replays(group):
         _sync()
 
 
+def test_traces_of_every_rank_merge_into_one_timeline(group, tmp_path_factory):
+    me, world = group.rank(), group.size()
+    full, shard, b = _gather_case(world, me, 256 * world, 256, 512, torch.bfloat16, seed=11)
+    _close(tfd.all_gather_gemm(shard, b, group=group, trace=True), full.double() @ b.double().T)
+    traces = tfd.last_traces()
+    waits = [e for t in traces for e in t.to_chrome()["traceEvents"] if e.get("cat") == "signal wait"]
+    assert len(waits) >= 2 * (world - 1), "a ready and a done wait per peer"
+    paths = [None] * world
+    mine = tmp_path_factory.mktemp(f"rank{me}")
+    for i, t in enumerate(traces):
+        t.save(mine / f"{i}.npz")
+    dist.all_gather_object(paths, [str(mine / f"{i}.npz") for i in range(len(traces))])
+    if me == 0:
+        doc = tfd.merge_traces(dict(enumerate(paths)))
+        assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(world))
+    _sync()
+
+
 def test_a_missing_signal_raises_deadlock_on_every_rank(group):
     me, world = group.rank(), group.size()
     shapes = ops.gather_shapes((64, 128), "bfloat16", (64, 128), "bfloat16", None, world, me)

@@ -13,10 +13,11 @@ Inside ``torch.compile`` call the custom ops (``import tmaflow.torch``):
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from .. import checks
-from ..debug import watchdog
+from ..debug import trace as flight_recorder, watchdog
 from ..errors import DeadlockError, TmaflowError
 from ..kernels.matmul.dense import gemm
 from ..kernels.registry import get_kernel
@@ -105,7 +106,7 @@ class _Plan:
     """What a (kind, group, shapes, device) needs across calls: the symmetric buffer, the
     local staging, the communication stream and the signal kernels."""
 
-    def __init__(self, kind: str, shapes: Shapes, group, debug: bool):
+    def __init__(self, kind: str, shapes: Shapes, group, debug: bool, trace: bool):
         import torch  # optional dependency: distributed needs torch
 
         self.kind, self.shapes, self.group = kind, shapes, group
@@ -125,8 +126,9 @@ class _Plan:
         self.comm = torch.cuda.Stream(device=device)
         self.peers = [self.buffer.peer_tensor(j) for j in range(self.world)]
         self.steps = protocol.SCHEDULES[kind](self.world, self.rank)
-        self.put = get_kernel("signal_put", None, file="signal", debug=debug)
-        self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug)
+        self.put = get_kernel("signal_put", None, file="signal", debug=debug, trace=trace)
+        self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
+        self.trace = trace
 
     def signal(self, step, stream) -> None:
         """A put to a peer's pad, or a wait on (and reset of) this rank's."""
@@ -134,24 +136,45 @@ class _Plan:
         if step.op == "put":
             self.put.launch(self.buffer.pad_slot(step.peer, step.slot), 1, grid=1, block=32,
                             stream=handle)
-            return
-        try:
-            self.wait.launch(self.buffer.pad_slot(self.rank, step.slot), 1, self.rank, step.peer,
-                             step.slot, grid=1, block=32, stream=handle)
-        except DeadlockError as e:
-            raise DeadlockError(f"{self.kind}: rank {self.rank} waited for "
-                                f"{protocol.describe(self.world, step.slot)} (signal {step.slot}): "
-                                f"{e}", e.records) from None
+        else:
+            try:
+                self.wait.launch(self.buffer.pad_slot(self.rank, step.slot), 1, self.rank, step.peer,
+                                 step.slot, grid=1, block=32, stream=handle)
+            except DeadlockError as e:
+                raise DeadlockError(f"{self.kind}: rank {self.rank} waited for "
+                                    f"{protocol.describe(self.world, step.slot)} (signal {step.slot}): "
+                                    f"{e}", e.records) from None
+        if self.trace:
+            keep_trace()
+
+
+_recorded = threading.local()
+
+
+def keep_trace() -> None:
+    """Keep the flight recorder's latest trace of this thread for ``last_traces``."""
+    t = flight_recorder.last()
+    kept = _recorded.__dict__.setdefault("traces", [])
+    if t is not None and all(t is not k for k in kept):
+        kept.append(t)
+
+
+def last_traces() -> list:
+    """The traces of every kernel this thread's latest collective called with ``trace=True``
+    launched (signal kernels and GEMMs, in launch order): save them per rank and merge them
+    with ``merge_traces`` into one timeline."""
+    return list(getattr(_recorded, "traces", []))
 
 
 _PLANS: dict = {}
 
 
-def _plan(kind: str, shapes: Shapes, group, device, debug: bool) -> _Plan:
-    key = (kind, group, shapes, device, debug)  # the group object: a later group may reuse its name
+def _plan(kind: str, shapes: Shapes, group, device, debug: bool, trace: bool = False) -> _Plan:
+    key = (kind, group, shapes, device, debug, trace)  # the group object: a later group may reuse its name
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _Plan(kind, shapes, group, debug)
+        plan = _PLANS[key] = _Plan(kind, shapes, group, debug, trace)
+    _recorded.traces = []
     return plan
 
 
@@ -190,25 +213,28 @@ def _pull(plan: _Plan, step) -> None:
         plan.staging[step.peer].copy_(peer[s.span(plan.rank)], non_blocking=True)
 
 
-def _debug(debug) -> bool:
-    return watchdog.env_debug() if debug is None else checks.as_bool("debug", debug)
+def _options(debug, trace) -> tuple[bool, bool]:
+    return (watchdog.env_debug() if debug is None else checks.as_bool("debug", debug),
+            checks.as_bool("trace", trace))
 
 
 def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, scale_b=None,
-                    debug: bool | None = None):
+                    debug: bool | None = None, trace: bool = False):
     """``all_gather(a_shard) @ b^T`` over ``group`` (default: the world): a_shard is this
     rank's rows (rank r holds rows ``shard_rows(m, world)[r]`` of the M = ``m`` rows; None:
     every shard has a_shard's rows), b is N x K; bfloat16, or float8_e4m3fn with per-tensor
-    ``scale_a`` / ``scale_b``. Returns ``out`` (M x N bfloat16, allocated when None)."""
+    ``scale_a`` / ``scale_b``. Returns ``out`` (M x N bfloat16, allocated when None).
+    ``debug``: bounded signal waits (DeadlockError); ``trace``: flight-recorder builds whose
+    traces ``last_traces()`` returns. Every rank must pass the same shapes and options."""
     import torch  # optional dependency: distributed needs torch
 
     group = group_of(group)
     shapes = gather_shapes(a_shard.shape, _dtype_name(a_shard), b.shape, _dtype_name(b), m,
                            group.size(), group.rank(), scale_a, scale_b)
-    debug = _debug(debug)
+    debug, trace = _options(debug, trace)
     out = _output("all_gather_gemm", out, (shapes.m, shapes.n), a_shard.device)
     with torch.cuda.device(a_shard.device):  # the symmetric buffer lives on the operands' GPU
-        plan = _plan("all_gather_gemm", shapes, group, a_shard.device, debug)
+        plan = _plan("all_gather_gemm", shapes, group, a_shard.device, debug, trace)
     me = plan.rank
 
     def publish(step):  # my shard into my symmetric buffer, where peers pull it from
@@ -218,8 +244,10 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
     def product(step):
         if shapes.rows[step.shard]:
             src = a_shard if step.shard == me else plan.staging[shapes.span(step.shard)]
-            gemm(src, b, out=out[shapes.span(step.shard)], debug=debug, scale_a=scale_a,
-                 scale_b=scale_b)
+            gemm(src, b, out=out[shapes.span(step.shard)], debug=debug, trace=trace,
+                 scale_a=scale_a, scale_b=scale_b)
+            if trace:
+                keep_trace()
 
     with torch.cuda.device(a_shard.device):
         _run(plan, {"publish": publish, "gemm": product})
@@ -227,19 +255,20 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
 
 
 def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale_b=None,
-                        debug: bool | None = None):
+                        debug: bool | None = None, trace: bool = False):
     """``reduce_scatter(a @ b_shard^T)`` over ``group``: a is M x K_local, b_shard N x K_local
     (this rank's slice of K); rank r gets rows ``shard_rows(M, world)[r]`` of the sum over
     ranks (bf16 partials summed in fp32). bfloat16, or float8_e4m3fn with per-tensor scales.
-    Returns ``out`` (rows x N bfloat16, allocated when None)."""
+    Returns ``out`` (rows x N bfloat16, allocated when None). ``debug`` and ``trace`` as in
+    ``all_gather_gemm``."""
     import torch  # optional dependency: distributed needs torch
 
     group = group_of(group)
     shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
                             group.size(), group.rank(), scale_a, scale_b)
-    debug = _debug(debug)
+    debug, trace = _options(debug, trace)
     with torch.cuda.device(a.device):  # the symmetric buffer lives on the operands' GPU
-        plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug)
+        plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug, trace)
     me = plan.rank
     out = _output("gemm_reduce_scatter", out, (shapes.rows[me], shapes.n), a.device)
     partial = plan.buffer.tensor
@@ -247,7 +276,9 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     def product(step):  # my partial of row chunk step.shard, into my symmetric buffer
         if shapes.rows[step.shard]:
             gemm(a[shapes.span(step.shard)], b_shard, out=partial[shapes.span(step.shard)],
-                 debug=debug, scale_a=scale_a, scale_b=scale_b)
+                 debug=debug, trace=trace, scale_a=scale_a, scale_b=scale_b)
+            if trace:
+                keep_trace()
 
     def reduce(step):
         if shapes.rows[me]:

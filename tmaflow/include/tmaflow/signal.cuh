@@ -12,6 +12,7 @@ namespace tmaflow { namespace signal {
 // order: release at system scope; pairs with wait / load_acquire on the signal's GPU.
 TMAFLOW_DEVICE void put(uint32_t* addr, uint32_t value) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(addr), "r"(value) : "memory");
+  TMAFLOW_TRACE_EVENT(kSignalPut, -1, static_cast<uint32_t>(reinterpret_cast<uint64_t>(addr)), value);
 }
 // Add `value` to the signal at `addr` (counting arrivals of several peers), with release.
 // ptx: red.release.sys.global.add.u32
@@ -46,13 +47,17 @@ TMAFLOW_DEVICE bool reached(uint32_t seen, uint32_t expected) {
 }
 // The loop behind wait_eq / wait_ge: spin on load_acquire with a nanosleep backoff (32 ns
 // doubling to 1 µs) until the signal reaches `expected`. Debug builds bound it by the
-// watchdog and report `site`; release builds spin until it does.
+// watchdog and report `site`; release builds spin until it does. Trace builds record it as a
+// span (signal index, peer, value seen).
 // ptx: ld.acquire.sys.global.u32 and nanosleep.u32 in a loop; debug builds add %globaltimer
 // who: one thread (others wait for it at a CTA barrier)
 // order: acquire at system scope on return; returns the value seen.
 template <bool AtLeast>
 TMAFLOW_DEVICE uint32_t wait_on(const uint32_t* addr, uint32_t expected, debug::SignalSite site,
                                 uint32_t line, const char* file) {
+  TMAFLOW_TRACE_BEGIN(kSignalWait);
+#define TMAFLOW_SIGNAL_WAITED() \
+  TMAFLOW_TRACE_SPAN(kSignalWait, -1, site.signal, (uint32_t(site.peer) << 16) | (seen & 0xFFFFu), line)
   uint32_t seen = load_acquire(addr);
   uint32_t backoff = 32;
 #if defined(TMAFLOW_DEBUG) && TMAFLOW_DEBUG
@@ -67,11 +72,14 @@ TMAFLOW_DEVICE uint32_t wait_on(const uint32_t* addr, uint32_t expected, debug::
     const uint64_t waited = debug::globaltimer() - start;
     if (waited > TMAFLOW_WATCHDOG_NS || tmaflow_watchdog_state.abort) {
       if (waited > TMAFLOW_WATCHDOG_NS / 2) debug::report_signal(site, expected, seen, line, file, waited);
+      TMAFLOW_SIGNAL_WAITED();
       return seen;
     }
 #endif
     seen = load_acquire(addr);
   }
+  TMAFLOW_SIGNAL_WAITED();
+#undef TMAFLOW_SIGNAL_WAITED
   return seen;
 }
 // Block until the signal at `addr` equals `expected`; returns it. Debug builds raise a
