@@ -98,7 +98,7 @@ def test_overwriting_before_peers_are_done_is_caught(monkeypatch, rng, kind):
 
 
 def test_describe_names_the_slot():
-    assert protocol.describe(4, protocol.ready(4, 2)) == "ready from rank 2"
+    assert protocol.describe(4, protocol.ready(2)) == "ready from rank 2"
     assert protocol.describe(4, protocol.done(4, 3)) == "done from rank 3"
 
 

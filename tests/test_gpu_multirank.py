@@ -179,7 +179,7 @@ def test_a_missing_signal_raises_deadlock_on_every_rank(group):
     shapes = ops.gather_shapes((64, 128), "bfloat16", (64, 128), "bfloat16", None, world, me)
     plan = ops._plan("all_gather_gemm", shapes, group, torch.device("cuda", torch.cuda.current_device()), True)
     peer = (me + 1) % world
-    slot = protocol.ready(world, peer)  # nobody puts it
+    slot = protocol.ready(peer)  # nobody puts it
     _sync()
     t0 = time.perf_counter()
     with pytest.raises(tf.DeadlockError, match=rf"rank {me}: signal {slot} from rank {peer} \(waiting for 1, saw 0"):

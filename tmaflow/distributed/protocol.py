@@ -38,7 +38,7 @@ class Step:
     event: str = ""
 
 
-def ready(world: int, source: int) -> int:
+def ready(source: int) -> int:
     """Pad slot where ``source`` says its data is ready."""
     return source
 
@@ -90,10 +90,10 @@ def all_gather_gemm(world, rank) -> list[Step]:
     world, rank = check_world(world, rank)
     peers = [(rank + s) % world for s in range(1, world)]
     steps = _fork() + [Step("publish", "comm")]
-    steps += [Step("put", "comm", peer=j, slot=ready(world, rank)) for j in peers]
+    steps += [Step("put", "comm", peer=j, slot=ready(rank)) for j in peers]
     steps.append(Step("gemm", "compute", shard=rank))
     for j in peers:
-        steps += [Step("wait", "comm", peer=j, slot=ready(world, j)),
+        steps += [Step("wait", "comm", peer=j, slot=ready(j)),
                   Step("pull", "comm", peer=j, shard=j),
                   Step("put", "comm", peer=j, slot=done(world, rank)),
                   Step("record", "comm", event=f"pulled {j}"),
@@ -112,10 +112,10 @@ def gemm_reduce_scatter(world, rank) -> list[Step]:
         c = (rank + s) % world
         steps.append(Step("gemm", "compute", shard=c))
         if c != rank:
-            steps.append(Step("put", "compute", peer=c, slot=ready(world, rank)))
+            steps.append(Step("put", "compute", peer=c, slot=ready(rank)))
     for s in range(1, world):  # peer j computes my chunk at its step s = rank - j
         j = (rank - s) % world
-        steps += [Step("wait", "comm", peer=j, slot=ready(world, j)),
+        steps += [Step("wait", "comm", peer=j, slot=ready(j)),
                   Step("pull", "comm", peer=j, shard=rank),
                   Step("put", "comm", peer=j, slot=done(world, rank))]
     steps += [Step("record", "comm", event="pulled"), Step("wait_event", "compute", event="pulled"),
