@@ -79,6 +79,9 @@ class Buffer:
     def pad_slot(self, rank, slot):
         return (rank, slot)
 
+    def close(self):
+        self.tensor = None
+
 
 class Signal:
     """The signal kernels: put sets a peer's slot, wait blocks until its own slot is 1."""
@@ -200,3 +203,18 @@ def test_gemm_reduce_scatter_executor(rigged, rng, world, m):
     for r, outs in enumerate(rigged(world, rank)):
         for call, out in enumerate(outs):
             np.testing.assert_allclose(out, total[offsets[r]:offsets[r + 1]] * (call + 1), rtol=1e-12)
+
+
+def test_release_drops_the_plans_of_a_group(rigged, rng):
+    b = rng.standard_normal((8, 16))
+    groups = []
+
+    def rank(r, group):
+        groups.append(group)
+        ops.all_gather_gemm(T(rng.standard_normal((4, 16))), T(b), group=group)
+        ops.gemm_reduce_scatter(T(rng.standard_normal((8, 16))), T(b), group=group)
+
+    rigged(2, rank)
+    assert len(ops._PLANS) == 4
+    assert ops.release(groups[0]) == 2 and len(ops._PLANS) == 2
+    assert ops.release() == 2 and not ops._PLANS

@@ -35,6 +35,8 @@ def group(tmp_path_factory):
     store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "store"), 1)
     dist.init_process_group("nccl", store=store, rank=0, world_size=1)
     yield dist.group.WORLD
+    torch.cuda.synchronize()
+    assert tfd.release(dist.group.WORLD) > 0 and tfd.release() == 0
     dist.destroy_process_group()
 
 

@@ -37,6 +37,7 @@ def group():
     dist.init_process_group("nccl")
     yield dist.group.WORLD
     dist.barrier()
+    assert tfd.release(dist.group.WORLD) > 0
     dist.destroy_process_group()
 
 

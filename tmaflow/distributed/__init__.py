@@ -4,10 +4,10 @@ reduce-scatter (``ops``) and per-rank flight-recorder merging (``timeline``). do
 Importing it sets the no-multicast environment (``symmetric.no_multicast``)."""
 from __future__ import annotations
 
-from .ops import all_gather_gemm, gemm_reduce_scatter, last_traces
+from .ops import all_gather_gemm, gemm_reduce_scatter, last_traces, release
 from .protocol import shard_rows
 from .symmetric import SymmetricBuffer, no_multicast
 from .timeline import merge_traces
 
 __all__ = ["SymmetricBuffer", "all_gather_gemm", "gemm_reduce_scatter", "last_traces",
-           "merge_traces", "no_multicast", "shard_rows"]
+           "merge_traces", "no_multicast", "release", "shard_rows"]

@@ -178,6 +178,15 @@ def _plan(kind: str, shapes: Shapes, group, device, debug: bool, trace: bool = F
     return plan
 
 
+def release(group=None) -> int:
+    """Drop the collectives' buffers, streams and kernels planned for ``group`` (None: every
+    group); call it before ``destroy_process_group``. Returns how many plans were dropped."""
+    keys = [k for k in _PLANS if group is None or k[1] is group]
+    for key in keys:
+        _PLANS.pop(key).buffer.close()
+    return len(keys)
+
+
 def _run(plan: _Plan, actions: dict) -> None:
     """Queue the plan's schedule, each step on its stream: signals, events and pulls here,
     ``actions[op](step)`` for publish, gemm and reduce."""
