@@ -16,3 +16,4 @@
 #include "tmaflow/griddep.cuh"
 #include "tmaflow/pipeline.cuh"
 #include "tmaflow/wgmma.cuh"
+#include "tmaflow/mma.cuh"
