@@ -184,7 +184,7 @@ def test_all_gather_gemm_executor(rigged, rng, world, m):
 
     for outs in rigged(world, rank):
         for call, out in enumerate(outs):
-            np.testing.assert_allclose(out, (full * (call + 1)) @ b.T, rtol=1e-12)
+            np.testing.assert_allclose(out, (full * (call + 1)) @ b.T, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
@@ -202,7 +202,7 @@ def test_gemm_reduce_scatter_executor(rigged, rng, world, m):
 
     for r, outs in enumerate(rigged(world, rank)):
         for call, out in enumerate(outs):
-            np.testing.assert_allclose(out, total[offsets[r]:offsets[r + 1]] * (call + 1), rtol=1e-12)
+            np.testing.assert_allclose(out, total[offsets[r]:offsets[r + 1]] * (call + 1), rtol=1e-12, atol=1e-12)
 
 
 def test_release_drops_the_plans_of_a_group(rigged, rng):

@@ -27,7 +27,7 @@ def test_all_gather_gemm_matches_numpy(rng, world, m):
     for seed in range(4):
         outs = protocol.simulate("all_gather_gemm", a, b, calls=3, seed=seed)
         for out in outs:
-            np.testing.assert_allclose(out, want, rtol=1e-12)
+            np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -39,7 +39,7 @@ def test_gemm_reduce_scatter_matches_numpy(rng, world, m):
     for seed in range(4):
         outs = protocol.simulate("gemm_reduce_scatter", a, b, calls=3, seed=seed)
         for r, out in enumerate(outs):
-            np.testing.assert_allclose(out, full[offsets[r]:offsets[r + 1]], rtol=1e-12)
+            np.testing.assert_allclose(out, full[offsets[r]:offsets[r + 1]], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("m,world,want", [(8, 1, [8]), (10, 4, [3, 3, 3, 1]), (5, 4, [2, 2, 1, 0]),
