@@ -85,7 +85,7 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
     _check_grads(who, Q, K, O, G, L)
     scale = _scale(scale, d, who)
     inputs = tuple(zip(("q", "k", "v", "out", "dout", "lse"), (Q, K, V, O, G, L)))
-    given = []
+    given: list = []
     for grad, name, like in ((dq, "dq", Q), (dk, "dk", K), (dv, "dv", V)):
         given.append(_given(who, grad, name, like, inputs + tuple(zip(("dq", "dk"), given))))
     ordinal = current_ordinal()
@@ -121,20 +121,21 @@ def _state(Q, K, causal, deterministic, stream) -> SimpleNamespace:
     on_current_device(who, Q)
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
-    defines = {"HEAD_DIM": d, "CAUSAL": int(causal), "DETERMINISTIC": int(deterministic),
-               **({"FP16": 1} if Q.dtype.name == "float16" else {})}
+    fp16 = {"FP16": 1} if Q.dtype.name == "float16" else {}
+    prep_defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), **fp16}
 
-    def launcher(name, **config):
+    def launcher(name, defines, **config):  # each kernel built with the defines it reads
         return get_kernel(name, None, defines=defines, file="attention_backward").launcher(stream=stream, **config)
     rows = b * hq * sq
     launches = []
     if rows:  # Delta and the zeroed accumulator
-        launches.append(launcher("attention_bwd_prep", grid=-(-rows // _PREP_ROWS), block=32 * _PREP_ROWS))
+        launches.append(launcher("attention_bwd_prep", prep_defines, grid=-(-rows // _PREP_ROWS),
+                                 block=32 * _PREP_ROWS))
     if b * hkv * skv:  # dK and dV (zero where no query sees a key), dQ's sums
-        launches.append(launcher("attention_bwd", grid=(-(-skv // BLOCK), hkv * slices(d), b), block=THREADS,
-                                 smem=backward_smem(d)))
+        launches.append(launcher("attention_bwd", {**prep_defines, "CAUSAL": int(causal)},
+                                 grid=(-(-skv // BLOCK), hkv * slices(d), b), block=THREADS, smem=backward_smem(d)))
     if rows:
-        launches.append(launcher("attention_bwd_dq", grid=min(_DQ_GRID, -(-rows * d // 512)), block=256))
+        launches.append(launcher("attention_bwd_dq", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256))
     chain_count = b * hq * -(-sq // BLOCK) * slices(d) if deterministic else 0
     return SimpleNamespace(launches=launches, chain_count=chain_count, run=_Run(launches, rows > 0))
 

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 from ..errors import TmaflowError
 from ..runtime.device import current_ordinal, on_reset
@@ -42,7 +43,7 @@ class Prepared:
 # as their torch custom op instead (``tmaflow.torch`` fills these in: name -> op adapter, and
 # ``torch_route(name, args, kwargs)``: does this call go to the op?).
 TORCH_OPS: dict = {}
-torch_route = None
+torch_route: Callable[[str, tuple, dict], bool] = lambda name, args, kwargs: False
 
 
 def entry_point(prepare):
