@@ -141,7 +141,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """``kernels.attention(q, k, v, causal=causal, scale=scale)``: attention forward, bf16 or fp16.
     Differentiable, at the cost of a second forward in the backward (for the log-sum-exp):
     ``attention_lse`` saves it instead (``kernels.attention`` with grads takes that one)."""
-    return attention_entry.attention(q, k, v, causal=causal, scale=scale)
+    return attention_entry.attention.prepare(q, k, v, causal=causal, scale=scale)()
 
 
 def _attention_lse_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -155,7 +155,8 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``kernels.attention(q, k, v, causal=causal, scale=scale, return_lse=True)``: (out, the
     float32 log-sum-exp); gradients flow to q, k and v through out (lse takes none)."""
-    return attention_entry.attention(q, k, v, causal=causal, scale=scale, return_lse=True)
+    # prepare(): launched here, never routed back to an op (q may require grad)
+    return attention_entry.attention.prepare(q, k, v, causal=causal, scale=scale, return_lse=True)()
 
 
 def _attention_backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
