@@ -516,7 +516,9 @@ def _file(name: str, content: bytes | None = None) -> str:
 
 def _npz(**arrays) -> str:
     path = _file("t.npz")
-    np.savez(path, **arrays)
+    # compressed, as Trace.save writes: numpy 2.5.2 read zeros for the headers of stored
+    # (uncompressed) members of such files inside pytest-xdist workers on the GPU machine
+    np.savez_compressed(path, **arrays)
     return path
 
 

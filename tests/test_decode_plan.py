@@ -11,7 +11,6 @@ from tmaflow import kernels
 from tmaflow.kernels.decode_entry import MAX_SPLITS, choose_splits, decode_plan
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
-from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 
 from decode_reference import paged_decode_reference, random_paged_cache
 
@@ -42,8 +41,10 @@ def decode_args(**change):
     ({"q": arr((2, 8, 128), offset=8)}, r"q at 0x[0-9a-f]+ must be 16-byte aligned"),
     ({"v_cache": arr((10, 32, 2, 128))}, r"k_cache \(10, 16, 2, 128\) and v_cache \(10, 32, 2, 128\) must be one 4-D shape"),
     ({"k_cache": arr((10, 16, 2, 64)), "v_cache": arr((10, 16, 2, 64))}, r"q's head_dim=128 but the caches' is 64"),
-    ({"q": arr((2, 8, 96)), "k_cache": arr((10, 16, 2, 96)), "v_cache": arr((10, 16, 2, 96))},
-     r"head_dim=96 is not supported; use one of \(64, 128, 256\)"),
+    ({"q": arr((2, 8, 72)), "k_cache": arr((10, 16, 2, 72)), "v_cache": arr((10, 16, 2, 72))},
+     r"head_dim=72 must be a multiple of 16 from 32 to 256"),
+    ({"q": arr((2, 8, 272)), "k_cache": arr((10, 16, 2, 272)), "v_cache": arr((10, 16, 2, 272))},
+     r"head_dim=272 must be a multiple of 16 from 32 to 256"),
     ({"k_cache": arr((10, 24, 2, 128)), "v_cache": arr((10, 24, 2, 128))}, r"page_size=24 \(k_cache.shape\[1\]\) must be a power of two from 16 to 256"),
     ({"k_cache": arr((10, 8, 2, 128)), "v_cache": arr((10, 8, 2, 128))}, r"page_size=8"),
     ({"q": arr((2, 6, 128)), "k_cache": arr((10, 16, 4, 128)), "v_cache": arr((10, 16, 4, 128))},
@@ -61,6 +62,7 @@ def decode_args(**change):
     ({"num_splits": MAX_SPLITS + 1}, rf"num_splits={MAX_SPLITS + 1} must be"),
     ({"num_splits": 2.5}, r"num_splits=2.5"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
+    ({"out": arr((2, 8, 128), offset=2)}, r"attention_decode: out must be contiguous and 16-byte aligned \(strides \(2048, 256, 2\) B, at 0x[0-9a-f]+2\)"),
 ])
 def test_attention_decode_refuses_bad_arguments_by_name(change, match):
     args, kwargs = decode_args(**change)
@@ -97,16 +99,18 @@ def test_append_kv_refuses_new_rows_inside_the_cache():
                           arr((2, 2, 128)))
 
 
-@pytest.mark.parametrize("d,ctas,stages", [(64, 2, 6), (128, 2, 2), (256, 1, 3)])
+@pytest.mark.parametrize("d,ctas,stages", [(32, 2, 6), (64, 2, 6), (96, 2, 3), (128, 2, 3), (192, 2, 2),
+                                           (256, 1, 3)])
 @pytest.mark.parametrize("page", [16, 64, 256])
 def test_decode_plan_fits_shared_memory(d, page, ctas, stages):
-    """Two CTAs an SM where two stages fit in half the shared memory (head dims 64 and 128),
-    else one with the stages all of it takes; a box is a page or a tile's 64 keys of one."""
+    """Two CTAs an SM where two stages fit in half the shared memory (head dims up to 192), else
+    one with the stages all of it takes; a box is a page or a tile's 64 keys of one, by 64
+    columns (tiles pad the head dim to whole boxes)."""
     spec, layout, got_ctas = decode_plan(d, page)
     pipe = layout.items[0]
     assert (got_ctas, pipe.stages) == (ctas, stages)
-    assert layout.total_bytes * ctas + 1024 * ctas <= HOPPER_SMEM_LIMIT + 1024
-    assert spec.box == (min(page, 64), 1, 64) and pipe.tx_bytes == 2 * 64 * d * 2
+    assert (layout.total_bytes + 1024) * ctas <= 228 * 1024
+    assert spec.box == (min(page, 64), 1, 64) and pipe.tx_bytes == 2 * 64 * (-(-d // 64) * 64) * 2
 
 
 @pytest.mark.parametrize("batch,heads_kv,context,splits", [
@@ -122,7 +126,8 @@ def test_choose_splits_fills_the_gpu(batch, heads_kv, context, splits):
     assert choose_splits(batch, heads_kv, context, 132, 2) == splits
 
 
-@pytest.mark.parametrize("d,page,fp16", [(64, 16, 0), (128, 64, 1), (128, 16, 0), (256, 256, 0)])
+@pytest.mark.parametrize("d,page,fp16", [(64, 16, 0), (128, 64, 1), (128, 16, 0), (256, 256, 0), (96, 32, 0),
+                                         (32, 16, 1), (192, 128, 0)])
 def test_decode_kernel_compiles_for_sm90a_without_spills(d, page, fp16):
     """mma.sync and ldmatrix on TMA-loaded pages, no local memory."""
     _, layout, _ = decode_plan(d, page)

@@ -31,7 +31,8 @@ def test_copy_variants_tuned(tmp_path, rng):
     dst.fill_bytes(0xFF)
     tuned(src, dst)
     assert np.array_equal(dst.numpy(), src.numpy())
-    assert len(lines) == len(variants) + 2 and all(r["correct"] for r in tuned.results())
+    confirmed = sum("confirmed_speedup" in r for r in tuned.results())  # a faster screen, re-run interleaved
+    assert len(lines) == len(variants) + 2 + confirmed and all(r["correct"] for r in tuned.results())
     chosen = tuned.chosen()
     got = bench.rounds({"tuned": lambda: kernels.copy(src, dst, **chosen), "default": lambda: kernels.copy(src, dst)},
                        repeats=15)

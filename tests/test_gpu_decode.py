@@ -1,6 +1,6 @@
 """kernels.attention_decode and append_kv against the float64 paged reference: ragged lengths
 (0, 1, not multiples of a page), random non-contiguous block tables with NaN in every row no
-request owns, GQA 1:1 to 16:1, pages 16-256, head dims 64/128/256, bf16 and fp16, one and
+request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too), bf16 and fp16, one and
 several splits, 1-8 new tokens a request, poisoned outputs; a torch CUDA graph replayed with
 new lengths; append then decode; both under torch.compile."""
 import numpy as np
@@ -47,6 +47,10 @@ CASES = [  # lens, heads_q, heads_kv, head_dim, page_size, dtype
     ([999, 1, 129], 12, 4, 64, 32, "bfloat16"),
     ([4000], 16, 1, 128, 128, "float16"),
     ([300, 0], 2, 2, 256, 16, "float16"),
+    ([5, 77, 300, 1], 8, 2, 96, 16, "bfloat16"),     # head dims that are not whole 64-column boxes
+    ([1000, 3], 4, 4, 32, 64, "float16"),
+    ([129, 2000], 16, 2, 192, 32, "bfloat16"),
+    ([64, 65], 4, 1, 80, 128, "bfloat16"),
 ]
 
 

@@ -2,7 +2,8 @@
 and CUDA graphs like any torch operator.
 
     import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, gemm_block_scaled, attention,
-                          #   attention_lse, attention_backward, attention_decode, append_kv}
+                          #   attention_lse, attention_backward, attention_decode, append_kv,
+                          #   all_gather_gemm, gemm_reduce_scatter}
     y = torch.ops.tmaflow.softmax(x)
 
     @tmaflow.torch.op("mylib::scale", fake=lambda x, s: torch.empty_like(x))
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 import torch
 
+from .distributed import ops as distributed, protocol
 from .errors import TmaflowError
 from .kernels import attention_backward_entry, attention_entry, decode_entry, entry, examples, matmul
 
 __all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention", "attention_lse", "attention_backward",
-           "attention_decode", "append_kv"]
+           "attention_decode", "append_kv", "all_gather_gemm", "gemm_reduce_scatter"]
 
 
 def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
@@ -241,6 +243,43 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.T
               k_new: torch.Tensor, v_new: torch.Tensor) -> None:
     """``kernels.append_kv(...)``: the new keys and values into their pages, in place."""
     decode_entry.append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
+
+
+def _group(group_name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group  # torch-private, stable since 2.2
+
+    return _resolve_process_group(group_name)
+
+
+def _all_gather_gemm_fake(a_shard: torch.Tensor, b: torch.Tensor, group_name: str, m: int,
+                          scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    return a_shard.new_empty((m, b.shape[0]), dtype=torch.bfloat16)
+
+
+@op("tmaflow::all_gather_gemm", fake=_all_gather_gemm_fake,
+    schema="(Tensor a_shard, Tensor b, str group_name, int m, float? scale_a=None, "
+           "float? scale_b=None) -> Tensor")
+def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, group_name: str, m: int,
+                    scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    """``tmaflow.distributed.all_gather_gemm`` over the process group named ``group_name``."""
+    return distributed.all_gather_gemm(a_shard, b, group=_group(group_name), m=m, scale_a=scale_a,
+                                       scale_b=scale_b, debug=False)
+
+
+def _gemm_reduce_scatter_fake(a: torch.Tensor, b_shard: torch.Tensor, group_name: str,
+                              scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    group = _group(group_name)
+    rows = protocol.shard_rows(a.shape[0], group.size())[group.rank()]
+    return a.new_empty((rows, b_shard.shape[0]), dtype=torch.bfloat16)
+
+
+@op("tmaflow::gemm_reduce_scatter", fake=_gemm_reduce_scatter_fake,
+    schema="(Tensor a, Tensor b_shard, str group_name, float? scale_a=None, float? scale_b=None) -> Tensor")
+def gemm_reduce_scatter(a: torch.Tensor, b_shard: torch.Tensor, group_name: str,
+                        scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    """``tmaflow.distributed.gemm_reduce_scatter`` over the process group named ``group_name``."""
+    return distributed.gemm_reduce_scatter(a, b_shard, group=_group(group_name), scale_a=scale_a,
+                                           scale_b=scale_b, debug=False)
 
 
 def _only(name: str, given: dict) -> None:

@@ -7,6 +7,7 @@
 #include "tmaflow/warp.cuh"
 #include "tmaflow/debug.cuh"
 #include "tmaflow/mbarrier.cuh"
+#include "tmaflow/signal.cuh"
 #include "tmaflow/tma.cuh"
 #include "tmaflow/tensormap.cuh"
 #include "tmaflow/bulk.cuh"

@@ -35,12 +35,17 @@ namespace L = tmaflow_layout;
 #define MAX_SPLITS 64
 #endif
 constexpr int D = HEAD_DIM, kKeys = 64, kWarps = 4, kConsumers = 32 * kWarps;
+// Columns a K or V tile holds: whole 64-column boxes (128B swizzle). TMA fills the columns past
+// D with zeros, which the math never reads (k-steps and output blocks stop at D).
+constexpr int kTileCols = (D + 63) / 64 * 64;
 constexpr int kBoxKeys = PAGE_SIZE < kKeys ? PAGE_SIZE : kKeys;  // one page, or a tile's part of one
 constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces a tile
 constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
-static_assert(D == 64 || D == 128 || D == 256, "HEAD_DIM is 64, 128 or 256");
-static_assert(L::kv::k_bytes == kKeys * D * 2 && L::kv::k_box_stride == kBoxKeys * 128,
+static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
+static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * ((2 * kWarps + 2) * kRows + kRows * MAX_SPLITS),
+              "the merge's O and statistics fit stage 0");
+static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
               "plan does not match HEAD_DIM and PAGE_SIZE");
 
 #if FP16
@@ -116,7 +121,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
       const int pieces = min(kPieces, (len - t * kKeys + kBoxKeys - 1) / kBoxKeys);
       if (lane == 0) {
         kv.producer_acquire(c);
-        mbarrier::arrive_expect_tx(kv.barrier(c), 2u * pieces * kBoxKeys * D * 2);
+        mbarrier::arrive_expect_tx(kv.barrier(c), 2u * pieces * kBoxKeys * kTileCols * 2);
       }
       for (int piece = 0; piece < pieces; ++piece) {
         const int key = t * kKeys + piece * kBoxKeys, index = key / PAGE_SIZE;
@@ -129,7 +134,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
         if (lane == 0) {
           const int row = page * PAGE_SIZE + key % PAGE_SIZE;
 #pragma unroll
-          for (int box = 0; box < D / 64; ++box) {
+          for (int box = 0; box < kTileCols / 64; ++box) {
             tma::load(S.kv_k(c.stage, box * kPieces + piece), &tk, kv.barrier(c), box * 64, kvh, row);
             tma::load(S.kv_v(c.stage, box * kPieces + piece), &tv, kv.barrier(c), box * 64, kvh, row);
           }
@@ -226,9 +231,12 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     kv.consumer_release_warp(c);
   }
 
-  // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order).
-  Stats st{static_cast<float*>(S.stats())};
-  float* so = static_cast<float*>(S.o());  // kRows x D
+  // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order). Every
+  // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
+  // the statistics in its V tile.
+  named_barrier::sync(1, kConsumers);
+  Stats st{static_cast<float*>(S.kv_v(0))};
+  float* so = static_cast<float*>(S.kv_k(0));  // kRows x D
   const int row0 = lane / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -282,13 +290,17 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   bool last = false;
   if (threadIdx.x == 0) last = atomicAdd(counters + b * heads_kv + kvh, 1u) == uint32_t(splits - 1);
   if (!named_barrier::sync_or(1, kConsumers, last)) return;
+  // The merge reads L2 (other SMs wrote it) with every load it can issue at once: the splits'
+  // log-sum-exps into shared memory together, then four columns a thread, eight splits a step.
+  // A loop of dependent loads here cost as much as reading the keys of a 128k context.
   __threadfence();
+  for (int i = threadIdx.x; i < splits * rows; i += kConsumers) st.weight(i % rows, i / rows) = __ldcg(part_lse + first * rows + i);
+  named_barrier::sync(1, kConsumers);
   if (threadIdx.x < rows) {
-    const float* lse = part_lse + first * rows + threadIdx.x;
     float m = neg_inf(), total = 0.f;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, __ldcg(lse + s * rows));
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, st.weight(threadIdx.x, s));
     for (int s = 0; s < splits; ++s) {
-      const float w = m == neg_inf() ? 0.f : fast_exp2(__ldcg(lse + s * rows) - m);
+      const float w = m == neg_inf() ? 0.f : fast_exp2(st.weight(threadIdx.x, s) - m);
       st.weight(threadIdx.x, s) = w;
       total += w;
     }
@@ -296,10 +308,17 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     for (int s = 0; s < splits; ++s) st.weight(threadIdx.x, s) *= inv;
   }
   named_barrier::sync(1, kConsumers);
-  for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
-    float acc = 0.f;
-    for (int s = 0; s < splits; ++s) acc += st.weight(i / D, s) * __ldcg(part + (first + s) * rows * D + i);
-    out[row_offset(i / D) + i % D] = to_elem(acc);
+  const float4* parts = reinterpret_cast<const float4*>(part + first * rows * D);  // [split][row][D / 4]
+  for (int i = threadIdx.x; i < rows * D / 4; i += kConsumers) {
+    const int r = i / (D / 4);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {
+      const float w = st.weight(r, s);
+      const float4 x = __ldcg(parts + size_t(s) * rows * (D / 4) + i);
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    }
+    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) = make_uint2(pack2(acc.x, acc.y), pack2(acc.z, acc.w));
   }
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
 }

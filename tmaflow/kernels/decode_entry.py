@@ -24,7 +24,7 @@ from .matmul.splitk import _split_k_buffers, _with_split_k
 from .registry import get_kernel
 
 KEYS_PER_TILE = 64        # keys a pipeline stage (as decode.cu's kKeys): 16 for each consumer warp
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = range(32, 257, 16)  # multiples of 16: the mma's k-step; tiles pad to 64 columns
 PAGE_SIZES = (16, 32, 64, 128, 256)
 MAX_ROWS = 16             # new tokens x query heads per kv head: the 16 rows of an mma.sync
 MAX_TOKENS = 8            # new tokens a request (speculative decoding)
@@ -38,21 +38,22 @@ _MAX_STAGES = 8
 @functools.lru_cache(maxsize=32)
 def decode_plan(head_dim: int, page_size: int) -> tuple[TensorMapSpec, SharedLayout, int]:
     """(K/V box spec, shared layout, CTAs an SM) for a head dim and page size. A box is one page
-    (or a 64-key tile's part of one) by 64 columns; a stage holds a tile of K and of V. Stages
+    (or a 64-key tile's part of one) by 64 columns (the last one reaching past the head dim when
+    it is not a multiple of 64: TMA fills zeros); a stage holds a tile of K and of V. Stages
     fill half the shared memory when two fit there (two CTAs an SM overlap one's start and end
     with the other's loads), else all of it. The spec's shape is a placeholder."""
     box_keys = min(page_size, KEYS_PER_TILE)
     spec = TensorMapSpec.tiled("bfloat16", (box_keys, 1, head_dim), (box_keys, 1, 64), swizzle="128B")
-    boxes = (head_dim // 64) * (KEYS_PER_TILE // box_keys)
-    fixed = [Buffer("q", MAX_ROWS * (head_dim * 2 + 16)), Buffer("o", MAX_ROWS * head_dim * 4),
-             Buffer("stats", 4 * MAX_ROWS * (10 + MAX_SPLITS))]
-    fixed_bytes = SharedLayout(fixed).total_bytes + 1024
-    stage_bytes = 2 * KEYS_PER_TILE * head_dim * 2
+    tile_cols = -(-head_dim // 64) * 64
+    boxes = (tile_cols // 64) * (KEYS_PER_TILE // box_keys)
+    q = Buffer("q", MAX_ROWS * (head_dim * 2 + 16))  # the merge at the end reuses stage 0
+    fixed_bytes = q.total_bytes + 1024
+    stage_bytes = 2 * KEYS_PER_TILE * tile_cols * 2
     ctas = 2 if (_TWO_CTAS - fixed_bytes) // stage_bytes >= 2 else 1
     budget = _TWO_CTAS if ctas == 2 else HOPPER_SMEM_LIMIT
     stages = min(_MAX_STAGES, (budget - fixed_bytes) // stage_bytes)
     layout = SharedLayout([Pipeline("kv", stages=stages, tiles={"k": (spec, boxes), "v": (spec, boxes)},
-                                    consumers=4), *fixed], limit=budget)
+                                    consumers=4), q], limit=budget)
     return spec, layout, ctas
 
 
@@ -108,7 +109,7 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
     if dk != d:
         raise TmaflowError(f"{who}: {q_name}'s head_dim={d} but the caches' is {dk}; they must match")
     if d not in HEAD_DIMS:
-        raise TmaflowError(f"{who}: head_dim={d} is not supported; use one of {HEAD_DIMS}")
+        raise TmaflowError(f"{who}: head_dim={d} must be a multiple of 16 from 32 to 256")
     if page_size not in PAGE_SIZES:
         raise TmaflowError(f"{who}: page_size={page_size} (k_cache.shape[1]) must be a power of two "
                            "from 16 to 256")
@@ -140,12 +141,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
 
-    q: (batch, heads_q, head_dim) bfloat16 or float16, or (batch, tokens, heads_q, head_dim)
+    q: (batch, heads_q, head_dim) bfloat16 or float16 (head_dim a multiple of 16, 32-256), or (batch, tokens, heads_q, head_dim)
     for 1-8 new tokens a request (speculative decoding: their keys are the last ``tokens`` of
     the length, and new token i sees keys up to seq_lens[b] - tokens + i; tokens x heads_q /
     heads_kv at most 16); k_cache, v_cache: (num_pages, page_size,
     heads_kv, head_dim) as vLLM and FlashInfer lay them out (page_size 16-256, a power of two;
-    head_dim 64, 128 or 256; heads_q 1-16 times heads_kv); block_table: int32 (batch,
+    heads_q 1-16 times heads_kv); block_table: int32 (batch,
     max_pages_per_seq); seq_lens: int32 (batch,) in device memory, read by the kernel (so a
     captured graph serves any lengths), clamped to [0, max_pages_per_seq x page_size]. A token
     that sees no key (a request of length 0) gets zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding);
@@ -160,8 +161,9 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     O = None
     if out is not None:
         O = given_output(who, out, Q.shape, Q.dtype)
-        if O.strides != contiguous_strides(Q.shape, 2):
-            raise TmaflowError(f"{who}: out must be contiguous (strides {O.strides} B)")
+        if O.strides != contiguous_strides(Q.shape, 2) or O.ptr % 16:
+            raise TmaflowError(f"{who}: out must be contiguous and 16-byte aligned (strides {O.strides} B, "
+                               f"at 0x{O.ptr:x})")
         checks.no_aliasing(who, O, (("q", Q), ("k_cache", K), ("v_cache", V), ("block_table", T),
                                     ("seq_lens", L)))
     ordinal = current_ordinal()
