@@ -14,7 +14,7 @@ from attention_reference import attention_backward, attention_forward
 
 pytestmark = pytest.mark.gpu
 
-TOL = 2e-2  # bf16 P and dS feed the gradient GEMMs (the forward's P V: 1e-2)
+TOL = 1e-2  # as the forward's; bf16 P and dS feed the gradient GEMMs (about 3e-3 in a lane-level emulation)
 
 
 def _inputs(rng, b, hq, hkv, sq, skv, d, dtype):
