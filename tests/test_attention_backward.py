@@ -43,6 +43,7 @@ def _with(index, value, **shape):
     (_with(5, arr((1, 2, 64), "bfloat16")), {}, r"lse must be a contiguous \(1, 2, 64\) float32 array"),
     (_with(5, arr((1, 2, 65), "float32")), {}, r"lse must be a contiguous \(1, 2, 64\) float32 array .* got \(1, 2, 65\)"),
     (_with(0, arr((1, 2, 64, 64), offset=8)), {}, r"q at 0x[0-9a-f]+ must be 16-byte aligned"),
+    (_with(2, arr((1, 2, 64, 64), offset=4)), {}, r"v at 0x[0-9a-f]+ must be 16-byte aligned"),
     (args(), {"causal": 1}, r"attention_backward: causal=1 must be True or False"),
     (args(), {"deterministic": "yes"}, r"deterministic='yes' must be True or False"),
     (args(), {"scale": 0.0}, r"attention_backward: scale=0.0 must be a positive"),

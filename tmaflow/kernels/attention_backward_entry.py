@@ -36,7 +36,7 @@ def slices(head_dim: int) -> int:
     return -(-head_dim // SLICE)
 
 
-def _check_grads(who, Q, K, out, dout, lse):
+def _check_grads(who, Q, K, V, out, dout, lse):
     """out and dout: q's shape, dtype and layout; lse: (batch, heads, seq_q) float32."""
     for name, arr in (("out", out), ("dout", dout)):
         if arr.shape != Q.shape or arr.dtype != Q.dtype:
@@ -49,7 +49,7 @@ def _check_grads(who, Q, K, out, dout, lse):
         raise TmaflowError(f"{who}: lse must be a contiguous {Q.shape[:3]} float32 array (batch, heads, "
                            f"seq_q), as attention(..., return_lse=True) returns it; got {lse.shape} "
                            f"{lse.dtype.name}")
-    for name, arr in (("q", Q), ("k", K), ("out", out), ("dout", dout)):
+    for name, arr in (("q", Q), ("k", K), ("v", V), ("out", out), ("dout", dout)):
         if arr.ptr % 16:
             raise TmaflowError(f"{who}: {name} at 0x{arr.ptr:x} must be 16-byte aligned (rows are read "
                                "in 16-byte pieces)")
@@ -82,7 +82,7 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
     who = "attention_backward"
     Q, K, V, O, G, L = (as_array(a) for a in (q, k, v, out, dout, lse))
     b, hq, sq, d, hkv, skv = _check(Q, K, V, HEAD_DIMS, who)
-    _check_grads(who, Q, K, O, G, L)
+    _check_grads(who, Q, K, V, O, G, L)
     scale = _scale(scale, d, who)
     inputs = tuple(zip(("q", "k", "v", "out", "dout", "lse"), (Q, K, V, O, G, L)))
     given: list = []
