@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import torch
 
-from .distributed import ops as distributed, protocol
 from .errors import TmaflowError
 from .kernels import attention_backward_entry, attention_entry, decode_entry, entry, examples, matmul
 
@@ -245,6 +244,15 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.T
     decode_entry.append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
 
 
+def _distributed():
+    """tmaflow.distributed's ops, imported on first use (a local import: importing
+    tmaflow.distributed sets the no-multicast environment of NCCL and torch, which
+    single-GPU users of tmaflow.torch must not get)."""
+    from .distributed import ops  # first use only: its import sets NCCL / torch variables
+
+    return ops
+
+
 def _group(group_name: str):
     from torch.distributed.distributed_c10d import _resolve_process_group  # torch-private, stable since 2.2
 
@@ -262,14 +270,14 @@ def _all_gather_gemm_fake(a_shard: torch.Tensor, b: torch.Tensor, group_name: st
 def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, group_name: str, m: int,
                     scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
     """``tmaflow.distributed.all_gather_gemm`` over the process group named ``group_name``."""
-    return distributed.all_gather_gemm(a_shard, b, group=_group(group_name), m=m, scale_a=scale_a,
+    return _distributed().all_gather_gemm(a_shard, b, group=_group(group_name), m=m, scale_a=scale_a,
                                        scale_b=scale_b, debug=False)
 
 
 def _gemm_reduce_scatter_fake(a: torch.Tensor, b_shard: torch.Tensor, group_name: str,
                               scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
     group = _group(group_name)
-    rows = protocol.shard_rows(a.shape[0], group.size())[group.rank()]
+    rows = _distributed().protocol.shard_rows(a.shape[0], group.size())[group.rank()]
     return a.new_empty((rows, b_shard.shape[0]), dtype=torch.bfloat16)
 
 
@@ -278,7 +286,7 @@ def _gemm_reduce_scatter_fake(a: torch.Tensor, b_shard: torch.Tensor, group_name
 def gemm_reduce_scatter(a: torch.Tensor, b_shard: torch.Tensor, group_name: str,
                         scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
     """``tmaflow.distributed.gemm_reduce_scatter`` over the process group named ``group_name``."""
-    return distributed.gemm_reduce_scatter(a, b_shard, group=_group(group_name), scale_a=scale_a,
+    return _distributed().gemm_reduce_scatter(a, b_shard, group=_group(group_name), scale_a=scale_a,
                                            scale_b=scale_b, debug=False)
 
 
