@@ -185,9 +185,14 @@ def test_tma_store_model_is_byte_exact_with_spill(device, rng):
             bad = np.flatnonzero(got[region] != want[region])
             if bad.size:
                 rel = bad - GUARD
+                again, _ = _model(poison, case, specs[i], starts[i], images[i], addrs[i])
                 failures.append({**case, "smem_base": int(addrs[i]), "bytes_differ": int(bad.size),
                                  "spill_bytes": spilled, "first_offsets": rel[:8].tolist(),
-                                 "got": got[region][bad[:8]].tolist(), "want": want[region][bad[:8]].tolist()})
+                                 "got": got[region][bad[:8]].tolist(), "want": want[region][bad[:8]].tolist(),
+                                 # to tell a host-side model difference from a device one
+                                 "poison": poison[region][bad[:8]].tolist(),
+                                 "model_again": again[region][bad[:8]].tolist(),
+                                 "image": images[i].tolist() if images[i].size <= 4096 else None})
     summary = {**seen, "failures": len(failures)}
     print("store model sweep", summary)
     out = os.environ.get("TMAFLOW_REPORT_DIR")
