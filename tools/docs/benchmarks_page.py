@@ -30,6 +30,8 @@ AREAS = [
     ("gemm_unaligned", "GEMM unaligned shapes",
      "python tools/peers/bench_gemm.py --suite unaligned --json bench/results/gemm_unaligned.json"),
     ("attention", "Attention", "python tools/peers/bench_attention.py --json bench/results/attention.json"),
+    ("attention_backward", "Attention backward",
+     "python tools/peers/bench_attention.py --backward --json bench/results/attention_backward.json"),
     ("attention_decode", "Attention decode (paged KV cache)",
      "python tools/peers/bench_attention.py --decode --json bench/results/attention_decode.json"),
     ("autotune", "Autotune", "python tools/peers/bench_autotune.py --json bench/results/autotune.json"),
