@@ -67,6 +67,12 @@ def why_not_rows(name: str, arr: DeviceArray) -> str | None:
     return None
 
 
+def aligned(a: DeviceArray, o: DeviceArray | None = None) -> bool:
+    """Whether both base addresses are 16-byte aligned: with the layouts, all a cache key needs
+    to imply ``takes_tma`` (an output the call allocates is aligned)."""
+    return not (a.ptr | (0 if o is None else o.ptr)) % ALIGN
+
+
 def takes_tma(a: DeviceArray, o: DeviceArray | None, transposed: bool = False) -> bool:
     """True when the 2-D TMA kernels (copy, softmax; transpose with ``transposed``) can run
     ``a`` into ``o``, or into a new contiguous output: both non-empty 2-D with rows TMA can
