@@ -160,9 +160,12 @@ def no_aliasing(who: str, out, inputs: tuple, in_place: str | None = None) -> tu
 
     Returns the overlap windows of these layouts, which a state keyed by them keeps: a
     repeated call then tests its addresses with ``apart``, and only a call that may overlap
-    comes back here."""
+    comes back here. Input i's window is (windows[2i], windows[2i + 1]): the bytes overlap
+    exactly when windows[2i] < out.ptr - input.ptr < windows[2i + 1] ((0, 0), which holds
+    nothing, for no input or an empty out).
+    """
     lo, hi = span(out)
-    windows = tuple(_window(lo - out.ptr, hi - out.ptr, arr) for _, arr in inputs)
+    windows = tuple(bound for _, arr in inputs for bound in _window(lo - out.ptr, hi - out.ptr, arr))
     if lo == hi:
         return windows
     for name, arr in inputs:
@@ -181,7 +184,7 @@ def no_aliasing(who: str, out, inputs: tuple, in_place: str | None = None) -> tu
 
 def _window(lo: int, hi: int, arr) -> tuple[int, int]:
     """(low, high): the bytes [out.ptr + lo, out.ptr + hi) overlap ``arr``'s exactly when
-    low < out.ptr - arr.ptr < high; (0, 0), which holds nothing, for no input or an empty out."""
+    low < out.ptr - arr.ptr < high."""
     if arr is None or lo == hi:
         return 0, 0
     a_lo, a_hi = span(arr)
@@ -193,9 +196,11 @@ def apart(out_ptr: int, ptrs: tuple, windows: tuple | None) -> bool:
     gave ``windows`` (``no_aliasing``'s return); False when it may, or without windows."""
     if windows is None:
         return False
-    for ptr, (low, high) in zip(ptrs, windows):
-        if low < out_ptr - ptr < high:
+    i = 0
+    for ptr in ptrs:
+        if windows[i] < out_ptr - ptr < windows[i + 1]:
             return False
+        i += 2
     return True
 
 

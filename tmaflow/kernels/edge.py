@@ -67,10 +67,16 @@ def why_not_rows(name: str, arr: DeviceArray) -> str | None:
     return None
 
 
-def aligned(a: DeviceArray, o: DeviceArray | None = None) -> bool:
-    """Whether both base addresses are 16-byte aligned: with the layouts, all a cache key needs
-    to imply ``takes_tma`` (an output the call allocates is aligned)."""
-    return not (a.ptr | (0 if o is None else o.ptr)) % ALIGN
+def aligned(a: DeviceArray, b: DeviceArray | None, c: DeviceArray | None = None) -> bool:
+    """Whether every base address is 16-byte aligned (None: an output the call allocates,
+    which is): with the layouts, all a cache key needs to imply ``takes_tma`` and
+    ``gemm_takes_tma``."""
+    bits = a.ptr
+    if b is not None:
+        bits |= b.ptr
+    if c is not None:
+        bits |= c.ptr
+    return not bits % ALIGN
 
 
 def takes_tma(a: DeviceArray, o: DeviceArray | None, transposed: bool = False) -> bool:

@@ -79,7 +79,7 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype, bits_only=True)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (a, o), ordinal)
-    key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, edge.aligned(a, o), box, stages,
+    key = ("copy", a.shape, a.strides, a.dtype.name, o and o.strides, edge.aligned(a, o), box, stages,
            ctas_per_sm, l2_promotion, flatten, evict_first, stores, stream, pdl, a.device, ordinal,
            debug, trace, get_ident())
     try:
@@ -172,7 +172,7 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     o = None if out is None else given_output("transpose", out, shape_t, x.dtype, bits_only=True)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (x, o), ordinal)
-    key = ("transpose", x.shape, x.strides, x.dtype, o and o.strides, edge.aligned(x, o), stream,
+    key = ("transpose", x.shape, x.strides, x.dtype.name, o and o.strides, edge.aligned(x, o), stream,
            x.device, ordinal, debug, get_ident())
     try:
         st, windows = STATES[key]
@@ -250,7 +250,7 @@ def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None =
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (a, o), ordinal)
-    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, edge.aligned(a, o), stream, pdl,
+    key = ("softmax", a.shape, a.strides, a.dtype.name, o and o.strides, edge.aligned(a, o), stream, pdl,
            a.device, ordinal, debug, trace, get_ident())
     try:
         st, windows = STATES[key]

@@ -120,7 +120,7 @@ def resolve_stream(stream, arrays, ordinal: int) -> int:
             return graph.stream.handle
     framework = None
     for a in arrays:
-        origin = getattr(a, "_origin", None)
+        origin = None if a is None else a._origin
         if origin is not None:
             framework = origin
             if origin == "torch":

@@ -49,8 +49,8 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     stream = resolve_stream(stream, (A, B, C), ordinal)
     # scale_a's strides and the mode decide how block scales are read; their layouts, the
     # operands' and the addresses' alignment whether the TMA kernel runs as given
-    key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides,
-           edge.aligned(A, B) and edge.aligned(A, C), layout, config, stream, pdl, A.device, ordinal,
+    key = ("gemm", A.dtype.name, A.shape, A.strides, B.shape, B.strides, C and C.strides,
+           edge.aligned(A, B, C), layout, config, stream, pdl, A.device, ordinal,
            debug, trace, get_ident(), mode, blocks and (blocks[0].strides, blocks[1].strides))
     try:
         st, windows = STATES[key]

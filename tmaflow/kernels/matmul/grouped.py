@@ -63,7 +63,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     # device offsets are the caller's array, which out must not overlap (host ones are uploaded)
     given = as_array(offs) if C is not None and offs is offsets else None
     key = ("grouped_gemm", A.shape, A.strides, B.shape, B.strides, layout, C and C.strides,
-           given and given.strides, edge.aligned(A, B) and edge.aligned(A, C), config, stream, pdl,
+           given and given.strides, edge.aligned(A, B, C), config, stream, pdl,
            A.device, ordinal, debug, trace, get_ident())
     try:
         st, windows = STATES[key]

@@ -17,14 +17,12 @@ from .config import FP8_BK, _readable_scale_a, _row_major
 from .splitk import _foreign_capture
 
 
+_OPERAND_TYPES = ("bfloat16", "float8_e4m3fn")
+
+
 def _check_operands(A, B, layout: str):
-    for name, arr in (("a", A), ("b", B)):
-        if arr.ndim != 2:
-            raise TmaflowError(f"gemm: {name} must be 2-D (got shape {arr.shape})")
-        if arr.dtype.name not in ("bfloat16", "float8_e4m3fn"):
-            raise TmaflowError(f"gemm: {name} must be bfloat16 or float8_e4m3fn (got {arr.dtype.name})")
-    if A.dtype is not B.dtype:
-        raise TmaflowError(f"gemm: a is {A.dtype.name} but b is {B.dtype.name}; both must be one type")
+    if len(A.shape) != 2 or len(B.shape) != 2 or A.dtype is not B.dtype or A.dtype.name not in _OPERAND_TYPES:
+        _refuse_operands(A, B)
     m, k = A.shape
     if layout == "nt":
         n, kb = B.shape
@@ -35,6 +33,15 @@ def _check_operands(A, B, layout: str):
     if kb != k:
         raise TmaflowError(f"gemm: a is {A.shape} (M, K) but b is {B.shape}; b must be {want}")
     return m, n, k
+
+
+def _refuse_operands(A, B):
+    for name, arr in (("a", A), ("b", B)):
+        if arr.ndim != 2:
+            raise TmaflowError(f"gemm: {name} must be 2-D (got shape {arr.shape})")
+        if arr.dtype.name not in _OPERAND_TYPES:
+            raise TmaflowError(f"gemm: {name} must be bfloat16 or float8_e4m3fn (got {arr.dtype.name})")
+    raise TmaflowError(f"gemm: a is {A.dtype.name} but b is {B.dtype.name}; both must be one type")
 
 
 def _check_rows(name: str, arr) -> None:
