@@ -61,11 +61,11 @@ def attention_plan(head_dim: int, causal: bool = False) -> tuple:
 
 def _check(q, k, v, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
     for name, arr in (("q", q), ("k", k), ("v", v)):
-        if arr.ndim != 4:
+        if len(arr.shape) != 4:
             raise TmaflowError(f"{who}: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
         if arr.dtype.name not in dtypes:
             raise TmaflowError(f"{who}: {name} must be {' or '.join(dtypes)} (got {arr.dtype.name})")
-        if arr.dtype != q.dtype:
+        if arr.dtype is not q.dtype:
             raise TmaflowError(f"{who}: {name} is {arr.dtype.name} but q is {q.dtype.name}; q, k and v "
                                "must have one dtype")
         if arr.strides != contiguous_strides(arr.shape, 2):

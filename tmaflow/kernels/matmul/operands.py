@@ -122,8 +122,8 @@ def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
 def _offsets(name: str, offsets, groups: int, rows: int, device, stream: int):
     """The offsets as a device int32 array: device arrays as given (their values are the
     caller's to keep right), host sequences checked and uploaded in order on ``stream``."""
-    if hasattr(offsets, "__cuda_array_interface__") or hasattr(offsets, "data_ptr") or \
-            isinstance(offsets, DeviceArray):
+    if isinstance(offsets, DeviceArray) or hasattr(offsets, "data_ptr") or \
+            hasattr(offsets, "__cuda_array_interface__"):  # last: hasattr builds the interface
         arr = as_array(offsets)
         if arr.shape != (groups + 1,) or arr.dtype.name != "int32":
             raise TmaflowError(f"{name}: offsets must be {groups + 1} int32 values (got "
