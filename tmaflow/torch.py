@@ -1,7 +1,8 @@
 """tmaflow kernels as torch custom ops, so they run inside ``torch.compile(fullgraph=True)``
 and CUDA graphs like any torch operator.
 
-    import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, gemm_block_scaled, attention}
+    import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, gemm_block_scaled, attention,
+                          #   attention_decode, append_kv, all_gather_gemm, gemm_reduce_scatter}
     y = torch.ops.tmaflow.softmax(x)
 
     @tmaflow.torch.op("mylib::scale", fake=lambda x, s: torch.empty_like(x))
@@ -12,7 +13,7 @@ and CUDA graphs like any torch operator.
 
 A fake (meta) implementation gives torch the output's shape, dtype and strides without
 running anything: torch.compile traces with it. Once this module is imported,
-``kernels.copy / softmax / gemm / attention`` called inside a compiled function become these ops too
+``kernels.copy / softmax / gemm / attention / attention_decode / append_kv`` called inside a compiled function become these ops too
 (their default forms: no ``out=`` or tuning options there). The real implementation launches on the
 current torch stream (tmaflow's ``stream=None`` rule for torch tensors), so a graph captured
 by torch (``torch.cuda.graph``, ``mode="reduce-overhead"``) captures the kernel too.
@@ -22,9 +23,10 @@ from __future__ import annotations
 import torch
 
 from .errors import TmaflowError
-from .kernels import attention_entry, entry, examples, matmul
+from .kernels import attention_entry, decode_entry, entry, examples, matmul
 
-__all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention"]
+__all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention", "attention_decode", "append_kv",
+           "all_gather_gemm", "gemm_reduce_scatter"]
 
 
 def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
@@ -136,6 +138,84 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     return attention_entry.attention(q, k, v, causal=causal, scale=scale)
 
 
+def _attention_decode_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
+                           num_splits: int | None = None) -> torch.Tensor:
+    _check("attention_decode", q.dim() in (3, 4) and k_cache.dim() == 4 and k_cache.shape == v_cache.shape
+           and k_cache.shape[-1] == q.shape[-1] and q.dtype == k_cache.dtype == v_cache.dtype,
+           f"needs q (batch, [tokens,] heads_q, head_dim) and caches (pages, page_size, heads_kv, head_dim) "
+           f"of one dtype and head dim (got {tuple(q.shape)} {q.dtype}, {tuple(k_cache.shape)} {k_cache.dtype})")
+    return q.new_empty(q.shape)
+
+
+@op("tmaflow::attention_decode", fake=_attention_decode_fake,
+    schema="(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
+           "float? scale=None, int? num_splits=None) -> Tensor")
+def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """``kernels.attention_decode(...)``: one decode step over a paged KV cache."""
+    return decode_entry.attention_decode(q, k_cache, v_cache, block_table, seq_lens, scale=scale,
+                                         num_splits=num_splits)
+
+
+def _append_kv_fake(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+    return None
+
+
+@op("tmaflow::append_kv", fake=_append_kv_fake, mutates_args=("k_cache", "v_cache"))
+def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+              k_new: torch.Tensor, v_new: torch.Tensor) -> None:
+    """``kernels.append_kv(...)``: the new keys and values into their pages, in place."""
+    decode_entry.append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
+
+
+def _distributed():
+    """tmaflow.distributed's ops, imported on first use (a local import: importing
+    tmaflow.distributed sets the no-multicast environment of NCCL and torch, which
+    single-GPU users of tmaflow.torch must not get)."""
+    from .distributed import ops  # first use only: its import sets NCCL / torch variables
+
+    return ops
+
+
+def _group(group_name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group  # torch-private, stable since 2.2
+
+    return _resolve_process_group(group_name)
+
+
+def _all_gather_gemm_fake(a_shard: torch.Tensor, b: torch.Tensor, group_name: str, m: int,
+                          scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    return a_shard.new_empty((m, b.shape[0]), dtype=torch.bfloat16)
+
+
+@op("tmaflow::all_gather_gemm", fake=_all_gather_gemm_fake,
+    schema="(Tensor a_shard, Tensor b, str group_name, int m, float? scale_a=None, "
+           "float? scale_b=None) -> Tensor")
+def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, group_name: str, m: int,
+                    scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    """``tmaflow.distributed.all_gather_gemm`` over the process group named ``group_name``."""
+    return _distributed().all_gather_gemm(a_shard, b, group=_group(group_name), m=m, scale_a=scale_a,
+                                       scale_b=scale_b, debug=False)
+
+
+def _gemm_reduce_scatter_fake(a: torch.Tensor, b_shard: torch.Tensor, group_name: str,
+                              scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    group = _group(group_name)
+    rows = _distributed().protocol.shard_rows(a.shape[0], group.size())[group.rank()]
+    return a.new_empty((rows, b_shard.shape[0]), dtype=torch.bfloat16)
+
+
+@op("tmaflow::gemm_reduce_scatter", fake=_gemm_reduce_scatter_fake,
+    schema="(Tensor a, Tensor b_shard, str group_name, float? scale_a=None, float? scale_b=None) -> Tensor")
+def gemm_reduce_scatter(a: torch.Tensor, b_shard: torch.Tensor, group_name: str,
+                        scale_a: float | None = None, scale_b: float | None = None) -> torch.Tensor:
+    """``tmaflow.distributed.gemm_reduce_scatter`` over the process group named ``group_name``."""
+    return _distributed().gemm_reduce_scatter(a, b_shard, group=_group(group_name), scale_a=scale_a,
+                                           scale_b=scale_b, debug=False)
+
+
 def _only(name: str, given: dict) -> None:
     extra = sorted(k for k, v in given.items() if v is not None and v is not False)
     if extra:
@@ -172,7 +252,20 @@ def _attention_call(q, k, v, out=None, *, causal: bool = False, scale: float | N
     return attention(q, k, v, causal, scale)
 
 
-# kernels.copy / softmax / gemm / attention called while torch.compile traces become these ops.
+def _attention_decode_call(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
+                           num_splits: int | None = None, **options):
+    _only("attention_decode", options)
+    return attention_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+
+
+def _append_kv_call(k_cache, v_cache, block_table, seq_lens, k_new, v_new, **options):
+    _only("append_kv", options)
+    return append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
+
+
+# kernels.copy / softmax / gemm / attention / attention_decode / append_kv called while torch.compile
+# traces become these ops.
 entry.torch_compiling = torch.compiler.is_compiling
 entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call,
-                        "attention": _attention_call})
+                        "attention": _attention_call, "attention_decode": _attention_decode_call,
+                        "append_kv": _append_kv_call})

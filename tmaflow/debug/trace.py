@@ -35,9 +35,9 @@ from ..runtime.memory import DeviceArray, empty, zero_for_sanitizer
 KINDS = ("wait", "wait (cluster)", "arrive", "arrive + expect_tx", "expect_tx", "arrive (remote)",
          "TMA load", "TMA load (multicast)", "TMA store", "TMA reduce", "store wait",
          "store wait (read)", "wgmma commit", "wgmma wait", "named barrier", "cluster sync",
-         "PDL wait", "mark", "tensormap publish", "tensormap acquire")
+         "PDL wait", "mark", "tensormap publish", "tensormap acquire", "signal wait", "signal put")
 KIND = {name: code for code, name in enumerate(KINDS, start=1)}
-SPANS = {"wait", "wait (cluster)", "store wait", "store wait (read)", "wgmma wait", "named barrier",
+SPANS = {"wait", "wait (cluster)", "signal wait", "store wait", "store wait (read)", "wgmma wait", "named barrier",
          "cluster sync", "PDL wait"}
 _EVENT_FIELDS = [("t0", "<u8"), ("dur", "<u4"), ("kind", "<u2"), ("stage", "<i2"), ("bar", "<u4"),
                  ("value", "<u4"), ("line", "<u4"), ("sm", "<u4")]
@@ -261,6 +261,10 @@ class Trace:
             return f"mark {value}"
         if name.startswith("tensormap"):
             return f"{name} slot ..{value:08x}"
+        if name == "signal wait":  # bar: the signal's index; value: the peer << 16 | the value seen
+            return f"signal wait {bar} from rank {value >> 16}"
+        if name == "signal put":  # bar: the low 32 bits of the address; value: the value put
+            return f"signal put {value} at ..{bar:08x}"
         return name
 
     # --- exports ---------------------------------------------------------------------------

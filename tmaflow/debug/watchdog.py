@@ -27,6 +27,8 @@ class Record(ctypes.Structure):
                 ("smem_offset", ctypes.c_uint32), ("stage", ctypes.c_int32),
                 ("parity", ctypes.c_uint32), ("tx_bytes", ctypes.c_uint32),
                 ("line", ctypes.c_uint32), ("waited_us", ctypes.c_uint32),
+                ("rank", ctypes.c_int32), ("peer", ctypes.c_int32), ("signal", ctypes.c_uint32),
+                ("expected", ctypes.c_uint32), ("seen", ctypes.c_uint32),
                 ("name", ctypes.c_char * NAME_LEN), ("file", ctypes.c_char * FILE_LEN)]
 
 
@@ -118,7 +120,8 @@ def _as_dict(r: Record) -> dict:
             "barrier": r.name.decode(errors="replace") or f"smem+{r.smem_offset}",
             "smem_offset": r.smem_offset, "stage": r.stage, "parity": r.parity,
             "tx_bytes": r.tx_bytes, "file": r.file.decode(errors="replace"), "line": r.line,
-            "waited_us": r.waited_us}
+            "waited_us": r.waited_us, "rank": r.rank, "peer": r.peer, "signal": r.signal,
+            "expected": r.expected, "seen": r.seen}
 
 
 def _message(kernel, recs: list[dict]) -> str:
@@ -126,14 +129,17 @@ def _message(kernel, recs: list[dict]) -> str:
     first = recs[0]
 
     def where(d):
+        if d["rank"] >= 0:  # a cross-GPU signal wait (signal.cuh)
+            return (f"rank {d['rank']}: signal {d['signal']} from rank {d['peer']} (waiting for "
+                    f"{d['expected']}, saw {d['seen']}; {d['file']}:{d['line']})")
         stage = f" stage {d['stage']}" if d["stage"] >= 0 else ""
         tx = f", expecting {d['tx_bytes']} tx bytes" if d["tx_bytes"] else ""
         return (f"barrier '{d['barrier']}'{stage} (block {d['block']} thread {d['thread']}, "
                 f"parity {d['parity']}{tx}, {d['file']}:{d['line']})")
 
-    others, seen = [], {(first["barrier"], first["stage"])}
+    others, seen = [], {(first["barrier"], first["stage"], first["signal"])}
     for d in recs[1:]:
-        key = (d["barrier"], d["stage"])
+        key = (d["barrier"], d["stage"], d["signal"])
         if key not in seen:
             seen.add(key)
             others.append(where(d))
@@ -141,5 +147,9 @@ def _message(kernel, recs: list[dict]) -> str:
             f"{first['waited_us'] / 1e6:.2f} s")
     if others:
         text += "; also stuck: " + "; ".join(others)
-    return text + (f" [{len(recs)} timed-out waits recorded]. Check the arrival count, the "
-                   "announced transaction bytes, the phase parity and the multicast mask.")
+    text += f" [{len(recs)} timed-out waits recorded]."
+    if first["rank"] >= 0:
+        return text + (f" Rank {first['peer']} never put the signal: is it running the same "
+                       "collective with the same shapes, or stuck itself (its own DeadlockError)?")
+    return text + (" Check the arrival count, the announced transaction bytes, the phase parity "
+                   "and the multicast mask.")

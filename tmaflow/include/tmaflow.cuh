@@ -7,6 +7,7 @@
 #include "tmaflow/warp.cuh"
 #include "tmaflow/debug.cuh"
 #include "tmaflow/mbarrier.cuh"
+#include "tmaflow/signal.cuh"
 #include "tmaflow/tma.cuh"
 #include "tmaflow/tensormap.cuh"
 #include "tmaflow/bulk.cuh"
@@ -15,3 +16,4 @@
 #include "tmaflow/griddep.cuh"
 #include "tmaflow/pipeline.cuh"
 #include "tmaflow/wgmma.cuh"
+#include "tmaflow/mma.cuh"

@@ -45,24 +45,6 @@ TMAFLOW_DEVICE void copy_tile(uint8_t* tile, const __nv_bfloat16* src, int row0,
   }
 }
 
-TMAFLOW_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const uint8_t* at) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(at)));
-}
-
-TMAFLOW_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const uint8_t* at) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(at)));
-}
-
-// D(16x8, fp32) += A(16x16, bf16, row) * B(16x8, bf16, col).
-TMAFLOW_DEVICE void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                    __nv_bfloat16* out, int seq_q, int seq_kv, int heads, int group, float scale_log2) {
@@ -98,7 +80,7 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
     if (j == blocks - 1) {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks)  // x4: rows 0-7 / 8-15 of chunks 2 ks and 2 ks + 1
-        ldmatrix_x4(qf[ks], sq + swizzled(warp * 16 + (lane / 8 % 2) * 8 + lane % 8, 2 * ks + lane / 16));
+        warp::ldmatrix_x4(qf[ks], sq + swizzled(warp * 16 + (lane / 8 % 2) * 8 + lane % 8, 2 * ks + lane / 16));
     }
     float s[BN / 8][4] = {};
 #pragma unroll
@@ -106,9 +88,9 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
 #pragma unroll
       for (int np = 0; np < BN / 16; ++np) {  // keys 16 np .. 16 np + 15: two n-tiles
         uint32_t b[4];
-        ldmatrix_x4(b, sk + swizzled(16 * np + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
-        mma_16816(s[2 * np], qf[ks], b[0], b[1]);
-        mma_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
+        warp::ldmatrix_x4(b, sk + swizzled(16 * np + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
+        warp::mma_16816(s[2 * np], qf[ks], b[0], b[1]);
+        warp::mma_16816(s[2 * np + 1], qf[ks], b[2], b[3]);
       }
     // Online softmax of block j: s[n][0..1] are row lane / 4, s[n][2..3] row lane / 4 + 8,
     // at keys j BN + 8 n + 2 (lane % 4) + {0, 1}.
@@ -158,9 +140,9 @@ attention_cp_async(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bf
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {  // head-dim columns 16 dp ..: two n-tiles, V transposed
         uint32_t b[4];
-        ldmatrix_x4_trans(b, sv + swizzled(16 * kk + (lane / 8 % 2) * 8 + lane % 8, 2 * dp + lane / 16));
-        mma_16816(o[2 * dp], a, b[0], b[1]);
-        mma_16816(o[2 * dp + 1], a, b[2], b[3]);
+        warp::ldmatrix_x4_trans(b, sv + swizzled(16 * kk + (lane / 8 % 2) * 8 + lane % 8, 2 * dp + lane / 16));
+        warp::mma_16816(o[2 * dp], a, b[0], b[1]);
+        warp::mma_16816(o[2 * dp + 1], a, b[2], b[3]);
       }
     }
   }

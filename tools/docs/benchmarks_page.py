@@ -30,6 +30,9 @@ AREAS = [
     ("gemm_unaligned", "GEMM unaligned shapes",
      "python tools/peers/bench_gemm.py --suite unaligned --json bench/results/gemm_unaligned.json"),
     ("attention", "Attention", "python tools/peers/bench_attention.py --json bench/results/attention.json"),
+    ("attention_decode", "Attention decode (paged KV cache)",
+     "python tools/peers/bench_attention.py --decode --json bench/results/attention_decode.json"),
+    ("autotune", "Autotune", "python tools/peers/bench_autotune.py --json bench/results/autotune.json"),
     ("tracing", "Tracing cost", "python tools/experiments/trace_overhead.py"),
     ("sanitizers", "Sanitizers", "SANITIZE=1 bash tools/gpu_check.sh"),
 ]

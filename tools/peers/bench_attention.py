@@ -3,12 +3,21 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
 
     PYTHONPATH=. python3 tools/peers/bench_attention.py [--json FILE] [--repeats N] [--quick] [--dims D ...]
         [--seqs S ...] [--dtype bfloat16|float16]
+    PYTHONPATH=. python3 tools/peers/bench_attention.py --decode [--json FILE] [--repeats N] [--quick]
 
 Shapes keep 16k tokens a batch (batch = 16384 / seq) at head dim 64 (32 heads), 128 (16
 heads) and 256 (8 heads). The three run in interleaved rounds, timed twice: cold (each call
 after a write that evicts L2) and back to back; the ratio is the median of per-round ratios. FLOPs: 4 * batch * heads * seq^2 * head_dim, half of it
 causal. Each row also checks our output against the cuDNN one. At head dims 64 and 128 the
 pre-Hopper kernel kept from seed 002 (kernels.attention_cp_async) runs in the same rounds.
+
+``--decode``: kernels.attention_decode over a paged cache (random block tables, every request
+at the full context) against torch SDPA (the fastest backend that takes q_len 1 with GQA) over
+the same keys and values in a contiguous (batch, heads_kv, context, head_dim) cache, and
+against a device-to-device copy of the K+V bytes, in the same rounds: GB/s of K+V read (the copy:
+read + written) and the ratios. Head dim 128, 8 kv heads, GQA 4:1 and 8:1, pages 16 and 64,
+batch 1-128 x context 1k-128k up to 2M tokens a row; ``--quick``: batch 1 and 16, context 8k
+and 32k, GQA 4:1 (under a minute).
 """
 from __future__ import annotations
 
@@ -18,17 +27,23 @@ from tmaflow import bench, kernels
 
 CP_ASYNC_HEAD_DIMS = (64, 128)  # the head dims kernels.attention_cp_async takes
 COLUMNS = ["dtype", "d", "seq", "batch", "causal", "best_peer", "cold ratio", "warm ratio", "rel_err_vs_peer"]
+DECODE_COLUMNS = ["group", "page", "batch", "context", "best_peer", "cold GB/s", "cold ratio", "cold vs memcpy",
+                  "warm ratio", "warm vs memcpy", "rel_err_vs_peer"]
+DECODE_TOKENS = 1 << 21  # batch x context at most: 8 GiB of K+V a layout at 8 kv heads, head dim 128
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--quick", action="store_true", help="seq 1k and 4k only")
+    p.add_argument("--quick", action="store_true", help="seq 1k and 4k only (--decode: 4 shapes a page size)")
     p.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256], help="head dims to run")
     p.add_argument("--seqs", type=int, nargs="+", help="sequence lengths (default 512 to 16k)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    p.add_argument("--decode", action="store_true", help="paged-KV decode against SDPA and the copy ceiling")
     args = p.parse_args()
+    if args.decode:
+        return decode(args)
     import torch  # optional dependency, before the driver is touched: --help works without it
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -81,6 +96,78 @@ def main():
         bench.records.write(args.json, "attention", "Attention against torch SDPA (cuDNN, flash)", COLUMNS, rows,
                             repeats=args.repeats)
 
+
+def decode(args):
+    import torch  # optional dependency, as in main
+
+    shapes = ([(b, c) for b in (1, 16) for c in (8192, 32768)] if args.quick else
+              [(b, c) for b in (1, 4, 16, 64, 128) for c in (1024, 4096, 16384, 32768, 131072) if b * c <= DECODE_TOKENS])
+    rows = []
+    for group in ((4,) if args.quick else (4, 8)):
+        for page in (16, 64):
+            for batch, ctx in shapes:
+                rows.append(_decode_row(torch, args, group, page, batch, ctx))
+                torch.cuda.empty_cache()  # the row's caches are gone: room for the next, larger one
+    if args.json:
+        bench.records.write(args.json, "attention_decode", "Paged-KV decode against torch SDPA and the copy ceiling",
+                            DECODE_COLUMNS, rows, repeats=args.repeats)
+
+
+def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dt, d, heads_kv = getattr(torch, args.dtype), 128, 8
+    k, v = (torch.randn(batch, heads_kv, ctx, d, device="cuda", dtype=dt) for _ in "kv")
+    q = torch.randn(batch, heads_kv * group, 1, d, device="cuda", dtype=dt)
+    pages = batch * ctx // page
+    order = torch.randperm(pages, device="cuda", dtype=torch.int32)
+    table = order.view(batch, ctx // page).contiguous()
+
+    def paged(x):  # (batch, heads_kv, ctx, d) -> pages in the table's random order
+        cache = torch.empty(pages, page, heads_kv, d, device="cuda", dtype=dt)
+        cache[order.long()] = x.transpose(1, 2).reshape(pages, page, heads_kv, d)
+        return cache
+    k_cache, v_cache = paged(k), paged(v)
+    lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    out = torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt)
+    k_copy, v_copy = torch.empty_like(k), torch.empty_like(v)
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return run
+
+    def memcpy():
+        k_copy.copy_(k), v_copy.copy_(v)
+    fns = {"tmaflow": kernels.attention_decode.prepare(q[:, :, 0], k_cache, v_cache, table, lens, out=out),
+           "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
+           "efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "memcpy": memcpy}
+    available = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            available[name] = fn
+        except (RuntimeError, TypeError) as exc:  # a backend that does not take this shape
+            print(f"  {name} unavailable: {str(exc).splitlines()[0][:100]}")
+    torch.cuda.synchronize()
+    peers = [n for n in available if n not in ("tmaflow", "memcpy")]
+    ref = available[peers[0]]()[:, :, 0].float()
+    err = (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item()
+    kv_bytes = 2 * k.numel() * k.element_size()
+    row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
+           "rel_err_vs_peer": err}
+    cells = []
+    for mode, got in (("cold", bench.rounds(available, repeats=args.repeats, warmup=2, flush_l2=True)),
+                      ("warm", bench.rounds(available, repeats=args.repeats, warmup=2, batch=5))):
+        gbs = {n: kv_bytes * (2 if n == "memcpy" else 1) / got[n].median / 1e9 for n in available}
+        best = max(peers, key=lambda n: gbs[n])
+        row.update({f"{mode} GB/s": gbs["tmaflow"], f"{mode} all GB/s": gbs, "best_peer": best,
+                    f"{mode} ratio": got.ratio("tmaflow", best).median, f"{mode} vs memcpy": gbs["tmaflow"] / gbs["memcpy"]})
+        cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
+                     f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}")
+    print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} " + " | ".join(cells) + f"  err {err:.1e}", flush=True)
+    return row
 
 if __name__ == "__main__":
     main()

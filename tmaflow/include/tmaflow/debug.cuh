@@ -4,11 +4,14 @@
 #pragma once
 namespace tmaflow { namespace debug {
 // One timed-out wait as the host reads it (mirrors tmaflow/debug/watchdog.py): block, thread,
-// cluster rank, barrier offset, stage, parity, bytes, source line and names.
+// cluster rank, barrier offset, stage, parity, bytes, source line and names; for a cross-GPU
+// signal wait (rank >= 0) the rank, the peer, the signal's index, the value expected and seen.
 struct Record {  // mirrors tmaflow/debug/watchdog.py
   uint32_t magic, block[3], thread, cluster_rank, smem_offset;
   int32_t stage;
   uint32_t parity, tx_bytes, line, waited_us;
+  int32_t rank, peer;  // -1: a barrier wait
+  uint32_t signal, expected, seen;
   char name[32];
   char file[48];
 };
@@ -29,6 +32,13 @@ struct Site {  // what the host will print about a wait
   const char* name;
   int32_t stage;
   uint32_t tx_bytes;
+};
+// What the host will print about a cross-GPU signal wait: the waiting rank, the peer that
+// should have signalled and the signal's index in the pad. signal::wait takes one.
+struct SignalSite {  // what the host will print about a signal wait
+  int32_t rank;
+  int32_t peer;
+  uint32_t signal;
 };
 }}  // namespace tmaflow::debug
 
@@ -72,34 +82,65 @@ TMAFLOW_DEVICE void copy_str(char* dst, const char* src, int n) {
   }
   for (; i < n; ++i) dst[i] = 0;
 }
-// Record a timed-out wait into the next free slot of pinned host memory and raise the abort
-// flag. Inlined: ptxas cannot allocate registers for a call made after setmaxnreg (C7600).
-// ptx: atom.global.add.u32, mov.u32 %cluster_ctarank, st.volatile, membar.sys
+// Claim the next free record slot and raise the abort flag; nullptr when the slots ran out.
+// ptx: atom.global.add.u32, st.volatile
 // who: the thread whose wait timed out
-// order: the record's fields are fenced (system scope) before its magic, then fenced again.
-__device__ __forceinline__ void report(uint32_t bar_addr, uint32_t parity, Site site, uint32_t line,
-                                    const char* file, uint64_t waited_ns) {
+// order: the abort flag is raised before the slot is claimed.
+TMAFLOW_DEVICE volatile Record* claim() {
   tmaflow_watchdog_state.abort = 1;
   uint32_t slot = atomicAdd(&tmaflow_watchdog_state.slots, 1u);
   Record* rec = tmaflow_watchdog_state.records;
-  if (rec == nullptr || slot >= kSlots) return;
-  volatile Record* r = rec + slot;
+  return rec == nullptr || slot >= kSlots ? nullptr : rec + slot;
+}
+// Fill in where the timed-out thread is, how long it waited and the call's file:line, then
+// publish the record (magic last).
+// ptx: mov.u32 %cluster_ctarank, st.volatile, membar.sys
+// who: the thread whose wait timed out
+// order: the record's fields are fenced (system scope) before its magic, then fenced again.
+TMAFLOW_DEVICE void publish(volatile Record* r, uint32_t line, const char* file, uint64_t waited_ns) {
   uint32_t rank;
   asm volatile("mov.u32 %0, %cluster_ctarank;" : "=r"(rank));
   r->block[0] = blockIdx.x; r->block[1] = blockIdx.y; r->block[2] = blockIdx.z;
   r->thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   r->cluster_rank = rank;
-  r->smem_offset = bar_addr;
-  r->stage = site.stage;
-  r->parity = parity;
-  r->tx_bytes = site.tx_bytes;
   r->line = line;
   r->waited_us = static_cast<uint32_t>(waited_ns / 1000);
-  copy_str(const_cast<char*>(r->name), site.name, 32);
   copy_str(const_cast<char*>(r->file), file, 48);
   __threadfence_system();
   r->magic = kMagic;
   __threadfence_system();
+}
+// Record a timed-out barrier wait into the next free slot of pinned host memory and raise the
+// abort flag. Inlined: ptxas cannot allocate registers for a call made after setmaxnreg (C7600).
+// ptx: as claim and publish
+// who: the thread whose wait timed out
+// order: as publish.
+__device__ __forceinline__ void report(uint32_t bar_addr, uint32_t parity, Site site, uint32_t line,
+                                    const char* file, uint64_t waited_ns) {
+  volatile Record* r = claim();
+  if (r == nullptr) return;
+  r->smem_offset = bar_addr;
+  r->stage = site.stage;
+  r->parity = parity;
+  r->tx_bytes = site.tx_bytes;
+  r->rank = -1; r->peer = -1;
+  copy_str(const_cast<char*>(r->name), site.name, 32);
+  publish(r, line, file, waited_ns);
+}
+// Record a timed-out cross-GPU signal wait: rank, peer, signal index, the value it waited
+// for and the value it last saw.
+// ptx: as claim and publish
+// who: the thread whose signal wait timed out
+// order: as publish.
+__device__ __forceinline__ void report_signal(SignalSite site, uint32_t expected, uint32_t seen,
+                                           uint32_t line, const char* file, uint64_t waited_ns) {
+  volatile Record* r = claim();
+  if (r == nullptr) return;
+  r->stage = -1;
+  r->rank = site.rank; r->peer = site.peer;
+  r->signal = site.signal; r->expected = expected; r->seen = seen;
+  copy_str(const_cast<char*>(r->name), "signal", 32);
+  publish(r, line, file, waited_ns);
 }
 }}  // namespace tmaflow::debug
 #else

@@ -11,6 +11,11 @@ TMAFLOW_DEVICE void proxy_async_shared_cta() { asm volatile("fence.proxy.async.s
 // ditto: for writes to every state space (global included).
 // ptx: fence.proxy.async
 TMAFLOW_DEVICE void proxy_async() { asm volatile("fence.proxy.async;" ::: "memory"); }
+// ditto: for global memory only: between acquiring a peer's signal (generic proxy) and TMA
+// loads of the data it guards, and between a TMA store's completion (cp.async.bulk.wait_group 0)
+// and the put that announces it to a peer.
+// ptx: fence.proxy.async.global
+TMAFLOW_DEVICE void proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 // Publish this thread's mbarrier.inits to the cluster.
 // ptx: fence.mbarrier_init.release.cluster
 // who: the thread that initialised the barriers
@@ -28,4 +33,15 @@ TMAFLOW_DEVICE void tensormap_acquire(const void* map) {
 // who: any thread
 // order: orders this thread's memory operations before and after it, cluster-wide.
 TMAFLOW_DEVICE void acq_rel_cluster() { asm volatile("fence.acq_rel.cluster;" ::: "memory"); }
+// A full acquire-release fence at system scope: orders this thread's accesses to peer GPUs'
+// memory and pinned host memory (signal::put and wait carry their own release and acquire).
+// ptx: fence.acq_rel.sys
+// who: any thread
+// order: orders this thread's memory operations before and after it, system-wide.
+TMAFLOW_DEVICE void acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+// A sequentially consistent fence at system scope (what __threadfence_system compiles to).
+// ptx: fence.sc.sys
+// who: any thread
+// order: as acq_rel_sys, plus one total order of all sc fences.
+TMAFLOW_DEVICE void sc_sys() { asm volatile("fence.sc.sys;" ::: "memory"); }
 }}  // namespace tmaflow::fence

@@ -13,7 +13,7 @@ enum Kind : uint16_t {
   kWait = 1, kWaitCluster, kArrive, kArriveExpectTx, kExpectTx, kArriveRemote,
   kTmaLoad, kTmaLoadMulticast, kTmaStore, kTmaReduce, kStoreWait, kStoreWaitRead,
   kWgmmaCommit, kWgmmaWait, kNamedBarrier, kClusterSync, kGriddepWait, kMark,
-  kTensormapPublish, kTensormapAcquire,
+  kTensormapPublish, kTensormapAcquire, kSignalWait, kSignalPut,
 };
 // One recorded event, 32 bytes, as the host reads it from a ring.
 struct Event {           // 32 bytes
@@ -55,7 +55,8 @@ namespace tmaflow { namespace trace {
 __host__ __device__ constexpr bool traced(uint32_t kind) {
   return TMAFLOW_TRACE_LEVEL >= 2 || kind == kWait || kind == kWaitCluster ||
          kind == kArriveExpectTx || kind == kClusterSync || kind == kGriddepWait || kind == kMark ||
-         kind == kTensormapPublish || kind == kTensormapAcquire;
+         kind == kTensormapPublish || kind == kTensormapAcquire || kind == kSignalWait ||
+         kind == kSignalPut;
 }
 // A stage-level wait is recorded once it took this many SM cycles (well above what a try_wait
 // on a completed phase takes).

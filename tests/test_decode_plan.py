@@ -1,0 +1,176 @@
+"""kernels.attention_decode and append_kv without a GPU: argument checks, the plan (stages,
+CTAs an SM, splits), the kernels compile for sm_90a, and the float64 reference the GPU tests
+use."""
+import itertools
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.kernels.decode_entry import MAX_SPLITS, choose_splits, decode_plan
+from tmaflow.kernels.registry import get_kernel
+from tmaflow.runtime.memory import DeviceArray
+
+from decode_reference import paged_decode_reference, random_paged_cache
+
+_FAKE = itertools.count(1 << 32, 1 << 26)
+
+
+def arr(shape, dtype="bfloat16", strides=None, offset=0):
+    return DeviceArray(next(_FAKE) + offset, shape, dtype, strides)  # one range each: no aliasing
+
+
+def decode_args(**change):
+    args = {"q": arr((2, 8, 128)), "k_cache": arr((10, 16, 2, 128)), "v_cache": arr((10, 16, 2, 128)),
+            "block_table": arr((2, 5), "int32"), "seq_lens": arr((2,), "int32")}
+    kwargs = {name: change.pop(name) for name in list(change) if name not in args}
+    args.update(change)
+    return args, kwargs
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"q": arr((2, 8, 128, 1))}, r"attention_decode: q's head_dim=1 but the caches' is 128"),
+    ({"q": arr((2, 8))}, r"attention_decode: q must be \(batch, heads, head_dim\) or \(batch, tokens, heads, head_dim\); got shape \(2, 8\)"),
+    ({"q": arr((2, 9, 2, 128))}, r"9 new tokens a request with 1 query heads a kv head make 9 rows; give 1 to 8 tokens"),
+    ({"q": arr((2, 3, 16, 128))}, r"3 new tokens a request with 8 query heads a kv head make 24 rows; .* at most 16 rows"),
+    ({"q": arr((2, 8, 128), "float32")}, r"q must be bfloat16 or float16 \(got float32\)"),
+    ({"v_cache": arr((10, 16, 2, 128), "float16")}, r"v_cache is float16 but q is bfloat16"),
+    ({"k_cache": arr((10, 16, 2, 128), strides=(16 * 2 * 256 * 2, 2 * 256 * 2, 256 * 2, 2))},
+     r"k_cache must be contiguous"),
+    ({"q": arr((2, 8, 128), offset=8)}, r"q at 0x[0-9a-f]+ must be 16-byte aligned"),
+    ({"v_cache": arr((10, 32, 2, 128))}, r"k_cache \(10, 16, 2, 128\) and v_cache \(10, 32, 2, 128\) must be one 4-D shape"),
+    ({"k_cache": arr((10, 16, 2, 64)), "v_cache": arr((10, 16, 2, 64))}, r"q's head_dim=128 but the caches' is 64"),
+    ({"q": arr((2, 8, 72)), "k_cache": arr((10, 16, 2, 72)), "v_cache": arr((10, 16, 2, 72))},
+     r"head_dim=72 must be a multiple of 16 from 32 to 256"),
+    ({"q": arr((2, 8, 272)), "k_cache": arr((10, 16, 2, 272)), "v_cache": arr((10, 16, 2, 272))},
+     r"head_dim=272 must be a multiple of 16 from 32 to 256"),
+    ({"k_cache": arr((10, 24, 2, 128)), "v_cache": arr((10, 24, 2, 128))}, r"page_size=24 \(k_cache.shape\[1\]\) must be a power of two from 16 to 256"),
+    ({"k_cache": arr((10, 8, 2, 128)), "v_cache": arr((10, 8, 2, 128))}, r"page_size=8"),
+    ({"q": arr((2, 6, 128)), "k_cache": arr((10, 16, 4, 128)), "v_cache": arr((10, 16, 4, 128))},
+     r"heads_q=6 must be a multiple of heads_kv=4"),
+    ({"q": arr((2, 32, 128)), "k_cache": arr((10, 16, 1, 128)), "v_cache": arr((10, 16, 1, 128))},
+     r"heads_q=32 must be a multiple of heads_kv=1 at most 16 times it"),
+    ({"k_cache": arr((0, 16, 2, 128)), "v_cache": arr((0, 16, 2, 128))}, r"k_cache has 0 pages of 16 keys"),
+    ({"block_table": arr((2, 5), "int64")}, r"block_table must be int32 \(got int64\)"),
+    ({"seq_lens": arr((2,), "uint32")}, r"seq_lens must be int32 \(got uint32\)"),
+    ({"block_table": arr((3, 5), "int32")}, r"block_table \(3, 5\) must be \(batch=2, max_pages_per_seq\)"),
+    ({"seq_lens": arr((2, 1), "int32")}, r"seq_lens \(2, 1\) must be \(batch=2,\)"),
+    ({"block_table": arr((2, 5), "int32", strides=(40, 4))}, r"block_table must be contiguous"),
+    ({"scale": 0.0}, r"attention_decode: scale=0.0 must be a positive finite float"),
+    ({"num_splits": 0}, rf"attention_decode: num_splits=0 must be .*{MAX_SPLITS}"),
+    ({"num_splits": MAX_SPLITS + 1}, rf"num_splits={MAX_SPLITS + 1} must be"),
+    ({"num_splits": 2.5}, r"num_splits=2.5"),
+    ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
+    ({"out": arr((2, 8, 128), offset=2)}, r"attention_decode: out must be contiguous and 16-byte aligned \(strides \(2048, 256, 2\) B, at 0x[0-9a-f]+2\)"),
+])
+def test_attention_decode_refuses_bad_arguments_by_name(change, match):
+    args, kwargs = decode_args(**change)
+    with pytest.raises(tf.TmaflowError, match=match):
+        kernels.attention_decode(*args.values(), **kwargs)
+
+
+def test_attention_decode_refuses_out_aliasing_q():
+    args, _ = decode_args()
+    with pytest.raises(tf.TmaflowError, match=r"attention_decode: out .*q"):
+        kernels.attention_decode(*args.values(), out=args["q"])
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"k_new": arr((2, 2, 128), "float16")}, r"append_kv: k_cache is bfloat16 but k_new is float16"),
+    ({"k_new": arr((2, 4, 128)), "v_new": arr((2, 4, 128))}, r"append_kv: k_new has 4 heads but the caches have 2"),
+    ({"v_new": arr((2, 2, 64))}, r"append_kv: v_new \(2, 2, 64\) bfloat16 must be k_new's \(2, 2, 128\)"),
+    ({"k_new": arr((2, 2, 2, 128))}, r"append_kv: k_new must be \(batch, heads, head_dim\); got shape"),
+    ({"seq_lens": arr((2,), "int64")}, r"append_kv: seq_lens must be int32"),
+])
+def test_append_kv_refuses_bad_arguments_by_name(change, match):
+    args = {"k_cache": arr((10, 16, 2, 128)), "v_cache": arr((10, 16, 2, 128)),
+            "block_table": arr((2, 5), "int32"), "seq_lens": arr((2,), "int32"),
+            "k_new": arr((2, 2, 128)), "v_new": arr((2, 2, 128)), **change}
+    with pytest.raises(tf.TmaflowError, match=match):
+        kernels.append_kv(*args.values())
+
+
+def test_append_kv_refuses_new_rows_inside_the_cache():
+    k = arr((10, 16, 2, 128))
+    inside = DeviceArray(k.ptr + 4096, (2, 2, 128), "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=r"append_kv: .*k_new"):
+        kernels.append_kv(k, arr((10, 16, 2, 128)), arr((2, 5), "int32"), arr((2,), "int32"), inside,
+                          arr((2, 2, 128)))
+
+
+@pytest.mark.parametrize("d,ctas,stages", [(32, 2, 6), (64, 2, 6), (96, 2, 3), (128, 2, 3), (192, 2, 2),
+                                           (256, 1, 3)])
+@pytest.mark.parametrize("page", [16, 64, 256])
+def test_decode_plan_fits_shared_memory(d, page, ctas, stages):
+    """Two CTAs an SM where two stages fit in half the shared memory (head dims up to 192), else
+    one with the stages all of it takes; a box is a page or a tile's 64 keys of one, by 64
+    columns (tiles pad the head dim to whole boxes)."""
+    spec, layout, got_ctas = decode_plan(d, page)
+    pipe = layout.items[0]
+    assert (got_ctas, pipe.stages) == (ctas, stages)
+    assert (layout.total_bytes + 1024) * ctas <= 228 * 1024
+    assert spec.box == (min(page, 64), 1, 64) and pipe.tx_bytes == 2 * 64 * (-(-d // 64) * 64) * 2
+
+
+@pytest.mark.parametrize("batch,heads_kv,context,splits", [
+    (1, 8, 128 * 1024, 32),   # one long request: 256 CTAs in 264 slots (2 a SM on 132 SMs)
+    (1, 1, 128 * 1024, MAX_SPLITS),
+    (64, 8, 8192, 1),         # 512 CTAs fill two waves of 264
+    (16, 8, 8192, 2),         # 256 of 264 slots; three splits would leave a second wave half empty
+    (4, 8, 8192, 8),
+    (1, 8, 300, 2),           # no split shorter than 256 keys
+    (1, 8, 16, 1),
+])
+def test_choose_splits_fills_the_gpu(batch, heads_kv, context, splits):
+    assert choose_splits(batch, heads_kv, context, 132, 2) == splits
+
+
+@pytest.mark.parametrize("d,page,fp16", [(64, 16, 0), (128, 64, 1), (128, 16, 0), (256, 256, 0), (96, 32, 0),
+                                         (32, 16, 1), (192, 128, 0)])
+def test_decode_kernel_compiles_for_sm90a_without_spills(d, page, fp16):
+    """mma.sync and ldmatrix on TMA-loaded pages, no local memory."""
+    _, layout, _ = decode_plan(d, page)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS,
+                            **({"FP16": 1} if fp16 else {})})
+    sass = k.sass()
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    assert "HMMA" in sass and "LDSM" in sass and "UTMALDG" in sass
+    assert len(k.params) == 14
+
+
+def test_append_kv_kernel_compiles():
+    k = get_kernel("append_kv", None, file="paged_kv")
+    assert k.resources.spills == 0 and len(k.params) == 11
+
+
+def test_reference_equals_dense_attention_over_the_gathered_keys(rng):
+    """The paged reference reads the keys a block table names, in order, and only those."""
+    lens, page, hkv, d, group = [37, 0, 1, 64], 16, 2, 32, 4
+    k, v, table = random_paged_cache(rng, lens, page, hkv, d)
+    q = rng.standard_normal((len(lens), hkv * group, d))
+    out = paged_decode_reference(q, k, v, table, lens, 0.3)
+    assert not np.isnan(out).any() and not out[1].any()
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        keys = np.concatenate([k[p] for p in table[b, :-(-n // page)]])[:n]  # (n, hkv, d)
+        vals = np.concatenate([v[p] for p in table[b, :-(-n // page)]])[:n]
+        for h in range(hkv * group):
+            s = keys[:, h // group] @ q[b, h] * 0.3
+            p = np.exp(s - s.max())
+            np.testing.assert_allclose(out[b, h], p @ vals[:, h // group] / p.sum(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(out[2], np.repeat(v[table[2, 0], 0], group, 0))  # one key: its value
+
+
+def test_reference_of_several_new_tokens_is_causal_among_them(rng):
+    """New token i of 3 sees the keys before the last 2 - i: token 2 is the one-token step."""
+    lens, page, hkv, d = [5, 2, 40], 16, 1, 32
+    k, v, table = random_paged_cache(rng, lens, page, hkv, d)
+    q = rng.standard_normal((3, 3, 2, d))
+    out = paged_decode_reference(q, k, v, table, lens, 0.2)
+    for i in range(3):
+        shorter = [max(0, n - 2 + i) for n in lens]
+        np.testing.assert_array_equal(out[:, i], paged_decode_reference(q[:, i], k, v, table, shorter, 0.2))
+    assert not out[1, 0].any() and out[1, 1].any()  # length 2: token 0 sees nothing, token 1 one key

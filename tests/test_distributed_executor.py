@@ -1,0 +1,220 @@
+"""CPU tier: the real executor of the collectives (tmaflow/distributed/ops.py) run by W threads,
+one per rank, against a stand-in for torch whose streams run each step at once (as a debug
+build's synchronous launches do), numpy GEMMs and shared signal pads. It checks that the
+executor dispatches every step of the schedules, indexes shards, chunks and staging right
+(ragged and empty shards included), and that issuing the steps in host order can never block
+a rank forever (the debug build's synchronous waits depend on it)."""
+import contextlib
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from tmaflow.distributed import ops, protocol
+
+
+class T:
+    """A numpy-backed stand-in for the torch tensors the executor touches."""
+
+    def __init__(self, arr):
+        self.arr = arr
+        self.shape = arr.shape
+        self.device = "cuda:0"
+
+    def __getitem__(self, index):
+        return T(self.arr[index])
+
+    def copy_(self, src, non_blocking=False):
+        self.arr[...] = src.arr
+        return self
+
+    def float(self):
+        return T(self.arr.astype(np.float64))
+
+    def sum(self, dim):
+        return T(self.arr.sum(dim))
+
+
+class World:
+    """Shared state of the simulated ranks: symmetric buffers and signal pads by rank."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.buffers: dict = {}
+        self.pads = np.zeros((world, 64), dtype=np.int64)
+        self.cond = threading.Condition()
+        self.dispatched: dict = {r: [] for r in range(world)}
+
+
+class Group:
+    def __init__(self, world: World, rank: int):
+        self.w, self._rank = world, rank
+        self.group_name = "fake"
+
+    def size(self):
+        return self.w.world
+
+    def rank(self):
+        return self._rank
+
+
+class Buffer:
+    """SymmetricBuffer's interface over numpy: every rank's buffer by rank, pads shared."""
+
+    def __init__(self, shape, group: Group):
+        self.world, self.rank, self.w = group.size(), group.rank(), group.w
+        self.tensor = T(np.full(shape, np.nan))
+        with self.w.cond:
+            self.w.buffers.setdefault(tuple(shape), {})[self.rank] = self.tensor
+        self.pad = T(self.w.pads[self.rank])
+        self.key = tuple(shape)
+
+    def peer_tensor(self, rank):
+        with self.w.cond:
+            self.w.cond.wait_for(lambda: rank in self.w.buffers[self.key], timeout=10)
+            return self.w.buffers[self.key][rank]
+
+    def pad_slot(self, rank, slot):
+        return (rank, slot)
+
+    def close(self):
+        self.tensor = None
+
+
+class Signal:
+    """The signal kernels: put sets a peer's slot, wait blocks until its own slot is 1."""
+
+    def __init__(self, name: str, w: World):
+        self.name, self.w = name, w
+
+    def launch(self, where, *args, grid, block, stream):
+        rank, slot = where
+        with self.w.cond:
+            if self.name == "signal_put":
+                assert self.w.pads[rank, slot] == 0, f"put to rank {rank} slot {slot} overwrites a signal"
+                self.w.pads[rank, slot] = 1
+                self.w.cond.notify_all()
+            else:
+                if not self.w.cond.wait_for(lambda: self.w.pads[rank, slot] == 1, timeout=10):
+                    raise TimeoutError(f"rank {rank} blocked on slot {slot}")
+                self.w.pads[rank, slot] = 0
+
+
+def _fake_torch():
+    class Stream:
+        cuda_stream = 1
+
+        def __init__(self, device=None):
+            pass
+
+        def wait_event(self, event):
+            assert event.recorded
+
+    class Event:
+        recorded = False
+
+        def record(self, stream):
+            self.recorded = True
+
+    compute = Stream()
+    cuda = types.SimpleNamespace(current_stream=lambda: compute, Stream=Stream, Event=Event,
+                                 stream=lambda s: contextlib.nullcontext(),
+                                 device=lambda d: contextlib.nullcontext())
+    return types.SimpleNamespace(
+        cuda=cuda, bfloat16="bfloat16", float8_e4m3fn="float8_e4m3fn",
+        empty=lambda shape, dtype=None, device=None: T(np.full(shape, np.nan)),
+        stack=lambda parts: T(np.stack([p.arr for p in parts])))
+
+
+@pytest.fixture
+def rigged(monkeypatch):
+    """Runs ``fn(rank, group)`` on one thread per rank of a fresh World of ``world`` ranks."""
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch())
+    monkeypatch.setattr(ops, "_PLANS", {})
+    monkeypatch.setattr(ops, "_dtype_name", lambda t: "bfloat16")
+    monkeypatch.setattr(ops, "group_of", lambda group: group)
+    monkeypatch.setattr(ops, "SymmetricBuffer",
+                        types.SimpleNamespace(allocate=lambda shape, dtype, group: Buffer(shape, group)))
+
+    def gemm(a, b, out, debug, trace, scale_a, scale_b):
+        out.arr[...] = a.arr @ b.arr.T
+
+    monkeypatch.setattr(ops, "gemm", gemm)
+
+    def run(world, fn):
+        w = World(world)
+        monkeypatch.setattr(ops, "get_kernel", lambda name, layout, file, debug, trace: Signal(name, w))
+        results, errors = [None] * world, []
+
+        def rank_main(r):
+            try:
+                results[r] = fn(r, Group(w, r))
+            except BaseException as e:  # reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        if errors:
+            raise errors[0]
+        assert not w.pads.any(), "every signal was consumed"
+        return results
+
+    return run
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("m", [64, 37, 3])
+def test_all_gather_gemm_executor(rigged, rng, world, m):
+    rows = protocol.shard_rows(m, world)
+    offsets = np.cumsum([0] + rows)
+    full = rng.standard_normal((m, 16))
+    b = rng.standard_normal((8, 16))
+
+    def rank(r, group):
+        outs = []
+        for call in range(3):  # back to back: buffers and signals reused
+            shard = T(full[offsets[r]:offsets[r + 1]] * (call + 1))
+            outs.append(ops.all_gather_gemm(shard, T(b), group=group, m=m).arr)
+        return outs
+
+    for outs in rigged(world, rank):
+        for call, out in enumerate(outs):
+            np.testing.assert_allclose(out, (full * (call + 1)) @ b.T, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("m", [64, 37, 3])
+def test_gemm_reduce_scatter_executor(rigged, rng, world, m):
+    rows = protocol.shard_rows(m, world)
+    offsets = np.cumsum([0] + rows)
+    a = [rng.standard_normal((m, 4)) for _ in range(world)]
+    b = [rng.standard_normal((8, 4)) for _ in range(world)]
+    total = sum(x @ y.T for x, y in zip(a, b))
+
+    def rank(r, group):
+        return [ops.gemm_reduce_scatter(T(a[r] * (call + 1)), T(b[r]), group=group).arr
+                for call in range(3)]
+
+    for r, outs in enumerate(rigged(world, rank)):
+        for call, out in enumerate(outs):
+            np.testing.assert_allclose(out, total[offsets[r]:offsets[r + 1]] * (call + 1), rtol=1e-12, atol=1e-12)
+
+
+def test_release_drops_the_plans_of_a_group(rigged, rng):
+    b = rng.standard_normal((8, 16))
+    groups = []
+
+    def rank(r, group):
+        groups.append(group)
+        ops.all_gather_gemm(T(rng.standard_normal((4, 16))), T(b), group=group)
+        ops.gemm_reduce_scatter(T(rng.standard_normal((8, 16))), T(b), group=group)
+
+    rigged(2, rank)
+    assert len(ops._PLANS) == 4
+    assert ops.release(groups[0]) == 2 and len(ops._PLANS) == 2
+    assert ops.release() == 2 and not ops._PLANS

@@ -1,0 +1,169 @@
+"""kernels.attention_decode and append_kv against the float64 paged reference: ragged lengths
+(0, 1, not multiples of a page), random non-contiguous block tables with NaN in every row no
+request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too), bf16 and fp16, one and
+several splits, 1-8 new tokens a request, poisoned outputs; a torch CUDA graph replayed with
+new lengths; append then decode; both under torch.compile."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.testing import poison, rel_error
+
+from decode_reference import paged_decode_reference, random_paged_cache
+
+pytestmark = pytest.mark.gpu
+
+
+def _upload(x, dtype):
+    if dtype == "bfloat16":
+        return tf.from_numpy(bf16_bits(x), dtype="bfloat16")
+    return tf.from_numpy(np.asarray(x, np.float16))
+
+
+def _download(arr, dtype):
+    host = arr.numpy()
+    return (bf16_to_float32(host) if dtype == "bfloat16" else host).astype(np.float64)
+
+
+def _problem(rng, lens, heads_q, heads_kv, d, page, dtype, width=None, tokens=None):
+    """Host float64 values (exact in dtype) and their device copies; q is (batch, tokens,
+    heads_q, d) when ``tokens`` is given."""
+    k, v, table = random_paged_cache(rng, lens, page, heads_kv, d, width=width)
+    shape = (len(lens), heads_q, d) if tokens is None else (len(lens), tokens, heads_q, d)
+    q = bf16_to_float32(bf16_bits(rng.standard_normal(shape))).astype(np.float64)
+    lens = np.asarray(lens, np.int32)
+    host = (q, k, v, table, lens)
+    dev = (_upload(q, dtype), _upload(k, dtype), _upload(v, dtype), tf.from_numpy(table), tf.from_numpy(lens))
+    return host, dev
+
+
+CASES = [  # lens, heads_q, heads_kv, head_dim, page_size, dtype
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 8, 128, 16, "bfloat16"),
+    ([1, 63, 64, 65, 333, 2049, 5], 8, 1, 64, 64, "float16"),
+    ([700, 0, 257, 3, 1500], 4, 4, 256, 256, "bfloat16"),
+    ([2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 3001], 16, 2, 128, 64, "bfloat16"),
+    ([999, 1, 129], 12, 4, 64, 32, "bfloat16"),
+    ([4000], 16, 1, 128, 128, "float16"),
+    ([300, 0], 2, 2, 256, 16, "float16"),
+    ([5, 77, 300, 1], 8, 2, 96, 16, "bfloat16"),     # head dims that are not whole 64-column boxes
+    ([1000, 3], 4, 4, 32, 64, "float16"),
+    ([129, 2000], 16, 2, 192, 32, "bfloat16"),
+    ([64, 65], 4, 1, 80, 128, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,dtype", CASES)
+@pytest.mark.parametrize("num_splits", [None, 1, 7])
+def test_decode_against_float64(device, rng, lens, heads_q, heads_kv, d, page, dtype, num_splits):
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for _ in range(2):  # again: the split counters were reset, and the merge order is fixed
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, out=out)
+        results.append(out.numpy())
+    got = _download(out, dtype)
+    assert rel_error(got, ref) < 1e-2, (lens, heads_q, heads_kv, d, page, dtype, num_splits, rel_error(got, ref))
+    assert not got[host_lens == 0].any(), "a request of length 0 gives zeros"
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+@pytest.mark.parametrize("lens,tokens,heads_q,heads_kv,d,page,dtype", [
+    ([0, 1, 2, 3, 17, 80, 1000], 4, 8, 2, 128, 16, "bfloat16"),   # 16 rows; tokens that see no key
+    ([66, 130, 5, 2049], 8, 2, 1, 64, 64, "float16"),
+    ([31, 33, 700], 5, 3, 1, 256, 32, "bfloat16"),
+    ([1, 400], 2, 4, 4, 64, 256, "bfloat16"),
+])
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+def test_decode_of_several_new_tokens_is_causal_among_them(device, rng, lens, tokens, heads_q, heads_kv, d,
+                                                          page, dtype, num_splits):
+    """(batch, tokens, heads_q, head_dim) queries, token i seeing keys up to len - tokens + i."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    out = poison(tf.empty(q.shape, dtype))
+    kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, out=out)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    got = _download(out, dtype)
+    assert rel_error(got, ref) < 1e-2, (lens, tokens, heads_q, heads_kv, d, page, dtype, num_splits, rel_error(got, ref))
+    assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+
+
+def test_decode_of_one_long_request_splits_and_matches(device, rng):
+    """40k keys of one request on one kv head: the automatic split count spreads it over the
+    GPU, and the merge of many splits stays exact to bf16."""
+    (q, k, v, table, lens), (Q, K, V, T, L) = _problem(rng, [40000], 8, 1, 128, 16, "bfloat16")
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    kernels.attention_decode(Q, K, V, T, L, out=out, scale=0.05)
+    ref = paged_decode_reference(q, k, v, table, lens, 0.05)
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
+def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng):
+    torch = pytest.importorskip("torch")
+    width, page = 40, 16
+    (q, k, v, table, lens), _ = _problem(rng, [width * page] * 5, 32, 8, 128, page, "bfloat16")
+
+    def tensor(x):
+        return torch.from_numpy(np.asarray(x, np.float32)).to("cuda", torch.bfloat16)
+    Q, K, V = tensor(q), tensor(k), tensor(v)
+    T, L = torch.from_numpy(table).cuda(), torch.from_numpy(lens).cuda()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside the capture: the split workspace is made here
+        kernels.attention_decode(Q, K, V, T, L, num_splits=5)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        out = kernels.attention_decode(Q, K, V, T, L, num_splits=5)
+    for replay in range(4):
+        new = rng.integers(0, width * page + 1, size=5).astype(np.int32)
+        new[replay] = [0, 1, 17, width * page][replay]
+        L.copy_(torch.from_numpy(new))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = paged_decode_reference(q, k, v, table, new, 1 / np.sqrt(128))
+        got = out.float().cpu().numpy().astype(np.float64)
+        assert rel_error(got, ref) < 1e-2, (replay, new, rel_error(got, ref))
+
+
+def test_append_kv_then_decode_equals_the_reference(device, rng):
+    lens = np.array([0, 5, 16, 31, 200], np.int32)
+    heads_kv, d, page = 2, 64, 16
+    (q, k, v, table, _), (Q, K, V, T, _) = _problem(rng, lens + 1, 8, heads_kv, d, page, "bfloat16")
+    k_new, v_new = (bf16_to_float32(bf16_bits(rng.standard_normal((len(lens), heads_kv, d)))).astype(np.float64)
+                    for _ in "kv")
+    L = tf.from_numpy(lens)
+    kernels.append_kv(K, V, T, L, _upload(k_new, "bfloat16"), _upload(v_new, "bfloat16"))
+    for b, n in enumerate(lens):
+        k[table[b, n // page], n % page], v[table[b, n // page], n % page] = k_new[b], v_new[b]
+    np.testing.assert_array_equal(K.numpy().view(np.uint16), bf16_bits(k))  # that row and no other
+    np.testing.assert_array_equal(V.numpy().view(np.uint16), bf16_bits(v))
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    kernels.attention_decode(Q, K, V, T, tf.from_numpy(lens + 1), out=out)
+    ref = paged_decode_reference(q, k, v, table, lens + 1, 1 / np.sqrt(d))
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
+def test_torch_compile_fullgraph_runs_append_and_decode_as_custom_ops(device, rng):
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  registers torch.ops.tmaflow.*
+    lens = np.array([5, 40], np.int32)
+    (q, k, v, table, _), _ = _problem(rng, lens + 1, 8, 2, 64, 16, "bfloat16")
+
+    def tensor(x):
+        return torch.from_numpy(np.asarray(x, np.float32)).to("cuda", torch.bfloat16)
+    Q, K, V = tensor(q), tensor(k), tensor(v)
+    T, L = torch.from_numpy(table).cuda(), torch.from_numpy(lens).cuda()
+    k_new, v_new = (torch.randn(2, 2, 64, device="cuda").to(torch.bfloat16) for _ in "kv")
+
+    def step(q, k_cache, v_cache, block_table, seq_lens, k_new, v_new):
+        kernels.append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
+        return kernels.attention_decode(q, k_cache, v_cache, block_table, seq_lens + 1)
+
+    got = torch.compile(step, fullgraph=True)(Q, K, V, T, L, k_new, v_new)
+    for b, n in enumerate(lens):
+        assert torch.equal(K[table[b, n // 16], n % 16], k_new[b]) and torch.equal(V[table[b, n // 16], n % 16], v_new[b])
+    assert torch.equal(got, kernels.attention_decode(Q, K, V, T, L + 1))

@@ -1,0 +1,199 @@
+"""GPU tier, world size 1: tmaflow.distributed through the same code paths as 2-8 ranks (a
+1-rank NCCL group over a FileStore): the symmetric buffer's tables, TMA through a map on the
+peer table's pointer, all_gather_gemm / gemm_reduce_scatter against torch.matmul (bf16, fp8,
+ragged M, poisoned outputs), graph capture, torch.compile, and a never-signalled wait in a
+debug build becoming a DeadlockError that names the rank, the peer and the signal."""
+import time
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+
+import tmaflow.distributed as tfd  # first: sets the no-multicast environment
+from tmaflow.distributed import ops, protocol
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # torch is optional: the tests are collected, and skipped
+    torch = dist = None
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch")]
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory):
+    from tmaflow.testing import hopper_reason
+    reason = hopper_reason()
+    if reason:
+        pytest.skip(reason)
+    if not dist.is_available() or not dist.is_nccl_available():
+        pytest.skip("torch.distributed with NCCL is not available")
+    torch.cuda.set_device(0)
+    store = dist.FileStore(str(tmp_path_factory.mktemp("store") / "store"), 1)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1)
+    yield dist.group.WORLD
+    torch.cuda.synchronize()
+    assert tfd.release(dist.group.WORLD) > 0 and tfd.release() == 0
+    dist.destroy_process_group()
+
+
+def _poisoned(shape):
+    return torch.full(shape, float("nan"), dtype=torch.bfloat16, device="cuda")
+
+
+def _close(got, want, tol=1e-2):
+    assert not torch.isnan(got).any()
+    err = (torch.linalg.norm(got.double() - want.double()) / torch.linalg.norm(want.double())).item()
+    assert err < tol, err
+
+
+def test_buffer_tables_point_at_the_local_buffer_and_pad(group):
+    buf = tfd.SymmetricBuffer.allocate((64, 128), torch.float32, group)
+    assert (buf.rank, buf.world_size) == (0, 1)
+    assert buf.peers.numpy().tolist() == [buf.tensor.data_ptr()] == list(buf.peer_ptrs)
+    assert buf.signals.numpy().tolist() == [buf.pad.ptr] == list(buf.pad_ptrs)
+    assert not buf.pad.numpy()[:protocol.pad_slots(8)].any()  # the pad starts zeroed
+    assert tf.as_array(buf).ptr == buf.tensor.data_ptr()
+    assert "rank 0 of 1" in repr(buf)
+
+
+def test_tma_loads_and_stores_through_the_peer_table(group, rng):
+    # World size 1: the peer table's only entry is this GPU's own buffer. What it checks
+    # here is the plumbing (pointer from the device table -> DeviceArray -> TensorMap -> TMA);
+    # tools/multi_gpu_check.sh checks real peer HBM.
+    buf = tfd.SymmetricBuffer.allocate((256, 512), torch.float32, group)
+    host = rng.standard_normal((256, 512)).astype(np.float32)
+    buf.tensor.copy_(torch.from_numpy(host))
+    peer_ptr = int(buf.peers.numpy()[0])
+    peer = tf.DeviceArray(peer_ptr, (256, 512), "float32", owner=buf)
+    np.testing.assert_array_equal(tf.as_array(kernels.copy(peer)).numpy(), host)  # TMA load from the peer map
+    fresh = rng.standard_normal((256, 512)).astype(np.float32)
+    kernels.copy(tf.from_numpy(fresh), dst=buf.peer_array(0))        # TMA store to it
+    np.testing.assert_array_equal(buf.tensor.cpu().numpy(), fresh)
+    tmap = buf.peer_map(0, (64, 64))
+    assert tmap.array.ptr == peer_ptr
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 256, 512), (200, 384, 256), (1, 128, 128), (1000, 512, 1024)])
+def test_all_gather_gemm_bf16(group, m, n, k):
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    out = _poisoned((m, n))
+    got = tfd.all_gather_gemm(a, b, group=group, m=m, out=out)
+    torch.cuda.synchronize()
+    assert got is out
+    _close(out, a.float() @ b.float().T)
+
+
+@pytest.mark.parametrize("m,n,k", [(256, 256, 512), (130, 128, 1024)])
+def test_all_gather_gemm_fp8(group, m, n, k):
+    a = (torch.randn(m, k, device="cuda") * 30).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") * 30).to(torch.float8_e4m3fn)
+    got = tfd.all_gather_gemm(a, b, group=group, scale_a=0.5, scale_b=0.25)
+    _close(got, (a.double() * 0.5) @ (b.double() * 0.25).T)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("m,n,k", [(256, 256, 512), (77, 384, 256)])
+def test_gemm_reduce_scatter(group, dtype, m, n, k):
+    scale = 30 if dtype != "bfloat16" else 1
+    a = (torch.randn(m, k, device="cuda") * scale).to(getattr(torch, dtype))
+    b = (torch.randn(n, k, device="cuda") * scale).to(getattr(torch, dtype))
+    scales = dict(scale_a=0.5, scale_b=0.5) if dtype != "bfloat16" else {}
+    out = _poisoned((m, n))
+    tfd.gemm_reduce_scatter(a, b, group=group, out=out, **scales)
+    s = 0.25 if scales else 1.0
+    _close(out, a.double() @ b.double().T * s)
+
+
+def test_back_to_back_calls_reuse_the_buffers(group):
+    b = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    outs, refs = [], []
+    for _ in range(4):  # no synchronisation between calls: the protocol orders them
+        a = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16)
+        outs.append(tfd.all_gather_gemm(a, b, group=group))
+        refs.append(a.float() @ b.float().T)
+    for got, want in zip(outs, refs):
+        _close(got, want)
+
+
+def test_graph_capture_replays_the_protocol(group):
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):  # warm up on the capture stream: plans, buffers, launchers
+        tfd.all_gather_gemm(a, b, group=group)
+        tfd.gemm_reduce_scatter(a, b, group=group)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=capture):
+        gathered = tfd.all_gather_gemm(a, b, group=group)
+        scattered = tfd.gemm_reduce_scatter(a, b, group=group)
+    for _ in range(3):
+        a.copy_(torch.randn_like(a))
+        gathered.fill_(float("nan"))
+        scattered.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _close(gathered, a.float() @ b.float().T)
+        _close(scattered, a.float() @ b.float().T)
+
+
+def test_torch_compile_runs_the_custom_ops(group):
+    import tmaflow.torch  # noqa: F401 (registers torch.ops.tmaflow.*)
+    a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    name = group.group_name
+
+    @torch.compile(fullgraph=True)
+    def layer(x):
+        h = torch.ops.tmaflow.all_gather_gemm(x, b, name, x.shape[0] * 1).relu()
+        return torch.ops.tmaflow.gemm_reduce_scatter(h, b, name)
+
+    got = layer(a)
+    _close(got, (a.float() @ b.float().T).relu().bfloat16().float() @ b.float().T, tol=2e-2)
+
+
+def test_a_never_signalled_wait_is_a_deadlock_error_naming_rank_peer_and_signal(group):
+    shapes = ops.gather_shapes((64, 128), "bfloat16", (64, 128), "bfloat16", None, 1, 0)
+    plan = ops._plan("all_gather_gemm", shapes, group, torch.device("cuda", 0), True)
+    stream = torch.cuda.current_stream()
+    slot = protocol.done(1, 0)
+    t0 = time.perf_counter()
+    with pytest.raises(tf.DeadlockError, match=rf"all_gather_gemm: rank 0 waited for done from rank 0 "
+                                               rf"\(signal {slot}\): .*rank 0: signal {slot} from rank 0 "
+                                               r"\(waiting for 1, saw 0"):
+        plan.signal(protocol.Step("wait", "comm", peer=0, slot=slot), stream)
+    assert time.perf_counter() - t0 < 5.0
+    # a put then a wait completes and leaves the slot reset; a whole debug call still works
+    plan.signal(protocol.Step("put", "comm", peer=0, slot=slot), stream)
+    plan.signal(protocol.Step("wait", "comm", peer=0, slot=slot), stream)
+    torch.cuda.synchronize()
+    assert plan.buffer.pad.numpy()[slot] == 0
+    a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    _close(tfd.all_gather_gemm(a, b, group=group, debug=True), a.float() @ b.float().T)
+
+
+def test_traced_call_keeps_its_traces_for_one_timeline(group, tmp_path):
+    a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    _close(tfd.all_gather_gemm(a, b, group=group, trace=True), a.float() @ b.float().T)
+    traces = tfd.last_traces()
+    assert traces and all(len(t) for t in traces)  # world size 1: the GEMM of the own shard
+    doc = tfd.merge_traces({0: traces}, tmp_path / "run.json")
+    assert {e["pid"] for e in doc["traceEvents"]} == {0}
+
+
+def test_bad_arguments_are_refused_before_anything_runs(group):
+    a = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(tf.TmaflowError, match=r"K of a_shard \(128\) and b \(64\) differ"):
+        tfd.all_gather_gemm(a, torch.randn(32, 64, device="cuda", dtype=torch.bfloat16), group=group)
+    with pytest.raises(tf.TmaflowError, match=r"out must be a contiguous \(64, 32\) bfloat16 tensor"):
+        tfd.all_gather_gemm(a, a[:32], group=group, out=torch.empty(64, 32, device="cuda"))
+    with pytest.raises(tf.TmaflowError, match=r"a_shard has 64 rows but rank 0's shard of m=65"):
+        tfd.all_gather_gemm(a, a, group=group, m=65)

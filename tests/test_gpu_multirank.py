@@ -1,0 +1,189 @@
+"""GPU tier, 2-8 ranks under torchrun (tools/multi_gpu_check.sh; skipped otherwise): TMA loads
+from and stores to a peer's HBM through peer maps, peer tables, all_gather_gemm and
+gemm_reduce_scatter against torch.matmul of the whole problem (bf16, fp8, ragged and empty
+shards, back to back, graph replays), and a never-signalled wait raising DeadlockError on
+every rank, naming the rank, the peer and the signal.
+
+    torchrun --nproc-per-node 4 -m pytest tests/test_gpu_multirank.py -q -p no:cacheprovider
+
+Every rank runs the same tests in the same order (each test is collective)."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+
+import tmaflow.distributed as tfd  # first: sets the no-multicast environment
+from tmaflow.distributed import ops, protocol
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # torch is optional: the tests are collected, and skipped
+    torch = dist = None
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch is None, reason="needs torch"),
+              pytest.mark.skipif(int(os.environ.get("WORLD_SIZE", "1")) < 2,
+                                 reason="multi-rank test: run under torchrun with 2-8 ranks "
+                                        "(tools/multi_gpu_check.sh)")]
+
+
+@pytest.fixture(scope="module")
+def group():
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    yield dist.group.WORLD
+    dist.barrier()
+    assert tfd.release(dist.group.WORLD) > 0
+    dist.destroy_process_group()
+
+
+def _same_everywhere(shape, dtype, seed, scale=1.0):
+    """The same random tensor on every rank (one seed)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.randn(shape, device="cuda", generator=g) * scale).to(dtype)
+
+
+def _close(got, want, tol=1e-2):
+    assert not torch.isnan(got).any()
+    err = (torch.linalg.norm(got.double() - want.double()) / torch.linalg.norm(want.double())).item()
+    assert err < tol, err
+
+
+def _sync():
+    torch.cuda.synchronize()
+    dist.barrier()
+
+
+def test_peer_tables_and_copies_reach_every_rank(group):
+    buf = tfd.SymmetricBuffer.allocate((128, 256), torch.float32, group)
+    me, world = buf.rank, buf.world_size
+    buf.tensor.fill_(float(me))
+    _sync()
+    assert buf.peers.numpy().tolist() == list(buf.peer_ptrs)
+    assert buf.signals.numpy().tolist() == list(buf.pad_ptrs)
+    for j in range(world):
+        assert buf.peer_tensor(j).clone().eq(float(j)).all(), f"rank {me} reading rank {j}"
+    _sync()
+
+
+def test_tma_loads_from_and_stores_to_peer_hbm(group, rng):
+    buf = tfd.SymmetricBuffer.allocate((256, 512), torch.float32, group)
+    me, world = buf.rank, buf.world_size
+    data = [np.random.default_rng(j).standard_normal((256, 512)).astype(np.float32) for j in range(world)]
+    buf.tensor.copy_(torch.from_numpy(data[me]))
+    _sync()
+    for j in range(world):  # TMA loads through a map over each peer's pointer
+        got = tf.as_array(kernels.copy(buf.peer_array(j)))
+        np.testing.assert_array_equal(got.numpy(), data[j], err_msg=f"rank {me} TMA-loading rank {j}")
+    _sync()
+    nxt = (me + 1) % world  # TMA stores into the next rank's buffer
+    kernels.copy(tf.from_numpy(data[me] * 2), dst=buf.peer_array(nxt))
+    _sync()
+    np.testing.assert_array_equal(buf.tensor.cpu().numpy(), data[(me - 1) % world] * 2)
+    _sync()
+
+
+def _gather_case(world, me, m, n, k, dtype, seed):
+    scale = 30.0 if dtype is torch.float8_e4m3fn else 1.0
+    full = _same_everywhere((m, k), dtype, seed, scale)
+    b = _same_everywhere((n, k), dtype, seed + 1, scale)
+    span = ops.Shapes(tuple(protocol.shard_rows(m, world)), n, k, "").span(me)
+    return full, full[span].contiguous(), b
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 512, 1024), (1000, 384, 512), (3, 256, 256)],
+                         ids=["even", "ragged", "empty-shards"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_all_gather_gemm(group, m, n, k, dtype):
+    dtype = getattr(torch, dtype)
+    me, world = group.rank(), group.size()
+    full, shard, b = _gather_case(world, me, m, n, k, dtype, seed=m + n)
+    scales = dict(scale_a=0.5, scale_b=0.5) if dtype is torch.float8_e4m3fn else {}
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tfd.all_gather_gemm(shard, b, group=group, m=m, out=out, **scales)
+    torch.cuda.synchronize()
+    _close(out, full.double() @ b.double().T * (0.25 if scales else 1.0))
+    _sync()
+
+
+@pytest.mark.parametrize("m,n,k", [(1024, 512, 2048), (1001, 256, 512), (5, 256, 512)],
+                         ids=["even", "ragged", "empty-shards"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_gemm_reduce_scatter(group, m, n, k, dtype):
+    dtype = getattr(torch, dtype)
+    me, world = group.rank(), group.size()
+    scale = 30.0 if dtype is torch.float8_e4m3fn else 1.0
+    a = _same_everywhere((m, k), dtype, m, scale)
+    b = _same_everywhere((n, k), dtype, m + 1, scale)
+    kl = k // world
+    scales = dict(scale_a=0.5, scale_b=0.5) if dtype is torch.float8_e4m3fn else {}
+    rows = protocol.shard_rows(m, world)
+    out = torch.full((rows[me], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    tfd.gemm_reduce_scatter(a[:, me * kl:(me + 1) * kl].contiguous(), b[:, me * kl:(me + 1) * kl].contiguous(),
+                            group=group, out=out, **scales)
+    torch.cuda.synchronize()
+    want = a[:, :kl * world].double() @ b[:, :kl * world].double().T * (0.25 if scales else 1.0)
+    start = sum(rows[:me])
+    if rows[me]:
+        _close(out, want[start:start + rows[me]])
+    _sync()
+
+
+def test_back_to_back_and_graph_replays(group):
+    me, world = group.rank(), group.size()
+    m, n, k = 512 * world, 512, 1024
+    full, shard, b = _gather_case(world, me, m, n, k, torch.bfloat16, seed=7)
+    outs = [tfd.all_gather_gemm(shard * (i + 1), b, group=group) for i in range(4)]  # no sync between
+    for i, got in enumerate(outs):
+        _close(got, (full.double() * (i + 1)) @ b.double().T)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):  # warm up on the capture stream: its launchers exist
+        tfd.all_gather_gemm(shard, b, group=group)
+    _sync()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=capture):
+        out = tfd.all_gather_gemm(shard, b, group=group)
+    for i in range(3):
+        shard.copy_(full[ops.Shapes(tuple(protocol.shard_rows(m, world)), n, k, "").span(me)] * (i + 2))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        _close(out, full.double() * (i + 2) @ b.double().T)
+        _sync()
+
+
+def test_traces_of_every_rank_merge_into_one_timeline(group, tmp_path_factory):
+    me, world = group.rank(), group.size()
+    full, shard, b = _gather_case(world, me, 256 * world, 256, 512, torch.bfloat16, seed=11)
+    _close(tfd.all_gather_gemm(shard, b, group=group, trace=True), full.double() @ b.double().T)
+    traces = tfd.last_traces()
+    waits = [e for t in traces for e in t.to_chrome()["traceEvents"] if e.get("cat") == "signal wait"]
+    assert len(waits) >= 2 * (world - 1), "a ready and a done wait per peer"
+    paths = [None] * world
+    mine = tmp_path_factory.mktemp(f"rank{me}")
+    for i, t in enumerate(traces):
+        t.save(mine / f"{i}.npz")
+    dist.all_gather_object(paths, [str(mine / f"{i}.npz") for i in range(len(traces))])
+    if me == 0:
+        doc = tfd.merge_traces(dict(enumerate(paths)))
+        assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(world))
+    _sync()
+
+
+def test_a_missing_signal_raises_deadlock_on_every_rank(group):
+    me, world = group.rank(), group.size()
+    shapes = ops.gather_shapes((64, 128), "bfloat16", (64, 128), "bfloat16", None, world, me)
+    plan = ops._plan("all_gather_gemm", shapes, group, torch.device("cuda", torch.cuda.current_device()), True)
+    peer = (me + 1) % world
+    slot = protocol.ready(peer)  # nobody puts it
+    _sync()
+    t0 = time.perf_counter()
+    with pytest.raises(tf.DeadlockError, match=rf"rank {me}: signal {slot} from rank {peer} \(waiting for 1, saw 0"):
+        plan.signal(protocol.Step("wait", "comm", peer=peer, slot=slot), torch.cuda.current_stream())
+    assert time.perf_counter() - t0 < 3.0  # the issue asks for about 2 s
+    _sync()

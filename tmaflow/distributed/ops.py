@@ -1,0 +1,311 @@
+"""``all_gather_gemm`` and ``gemm_reduce_scatter``: tensor-parallel GEMMs whose communication
+overlaps the GEMM, by executing the schedules of ``protocol`` with torch streams.
+
+Per call each rank queues, on the caller's (compute) stream and a communication stream of its
+own: the GEMM of what it already has at once; copy-engine pulls of peer data from symmetric
+memory, each after a device-side wait on the peer's signal (``signal_wait_reset``, a one-thread
+kernel: in debug builds a wait that never completes is a DeadlockError naming the rank, the
+peer and the signal); the GEMM of a pulled shard after an event on its copy. Everything is
+queued asynchronously with constant values, so ``torch.cuda.graph`` captures a call whole.
+Inside ``torch.compile`` call the custom ops (``import tmaflow.torch``):
+``torch.ops.tmaflow.all_gather_gemm(a_shard, b, group.group_name, m)`` and
+``torch.ops.tmaflow.gemm_reduce_scatter(a, b_shard, group.group_name)``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from .. import checks
+from ..debug import trace as flight_recorder, watchdog
+from ..errors import DeadlockError, TmaflowError
+from ..kernels.matmul.dense import gemm
+from ..kernels.registry import get_kernel
+from . import protocol
+from .symmetric import SymmetricBuffer, group_of
+
+DTYPES = ("bfloat16", "float8_e4m3fn")
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The checked shapes of one call: shard rows of every rank, N, K and the operand dtype."""
+    rows: tuple
+    n: int
+    k: int
+    dtype: str
+
+    @property
+    def m(self) -> int:
+        return sum(self.rows)
+
+    def span(self, shard: int) -> slice:
+        start = sum(self.rows[:shard])
+        return slice(start, start + self.rows[shard])
+
+
+def _operand(name: str, shape, dtype: str) -> tuple:
+    if len(shape) != 2:
+        raise TmaflowError(f"{name}: shape {tuple(shape)} must be 2-D")
+    if dtype not in DTYPES:
+        raise TmaflowError(f"{name}: dtype {dtype} must be one of {DTYPES}")
+    return tuple(shape)
+
+
+def _scales(who: str, dtype: str, scale_a, scale_b) -> None:
+    given = (scale_a is not None, scale_b is not None)
+    if dtype == "bfloat16" and any(given):
+        raise TmaflowError(f"{who}: scale_a / scale_b dequantise float8_e4m3fn operands; the "
+                           "operands are bfloat16 (pass no scales)")
+    if dtype != "bfloat16" and not all(given):
+        raise TmaflowError(f"{who}: float8_e4m3fn operands need both scale_a and scale_b "
+                           "(per-tensor floats)")
+
+
+def gather_shapes(a_shape, a_dtype: str, b_shape, b_dtype: str, m, world: int, rank: int,
+                  scale_a=None, scale_b=None) -> Shapes:
+    """Check an all_gather_gemm call: rank ``rank``'s shard (rows x K) of the M rows
+    (``m``; None: rows x world), b (N x K) of the same dtype."""
+    world, rank = protocol.check_world(world, rank)
+    a_shape, b_shape = _operand("a_shard", a_shape, a_dtype), _operand("b", b_shape, b_dtype)
+    if a_dtype != b_dtype:
+        raise TmaflowError(f"all_gather_gemm: a_shard is {a_dtype} but b is {b_dtype}; they must match")
+    if a_shape[1] != b_shape[1]:
+        raise TmaflowError(f"all_gather_gemm: K of a_shard ({a_shape[1]}) and b ({b_shape[1]}) differ "
+                           "(b is N x K)")
+    m = a_shape[0] * world if m is None else checks.as_int("m", m, 0)
+    rows = protocol.shard_rows(m, world)
+    if a_shape[0] != rows[rank]:
+        raise TmaflowError(f"all_gather_gemm: a_shard has {a_shape[0]} rows but rank {rank}'s shard "
+                           f"of m={m} rows over {world} ranks has {rows[rank]} (shards: {rows}; "
+                           "ceil(m / world) each, the last ones ragged)")
+    _scales("all_gather_gemm", a_dtype, scale_a, scale_b)
+    return Shapes(tuple(rows), b_shape[0], a_shape[1], a_dtype)
+
+
+def scatter_shapes(a_shape, a_dtype: str, b_shape, b_dtype: str, world: int, rank: int,
+                   scale_a=None, scale_b=None) -> Shapes:
+    """Check a gemm_reduce_scatter call: a (M x K_local), b_shard (N x K_local); rank r gets
+    rows ``shard_rows(M, world)[r]`` of the sum."""
+    world, rank = protocol.check_world(world, rank)
+    a_shape, b_shape = _operand("a", a_shape, a_dtype), _operand("b_shard", b_shape, b_dtype)
+    if a_dtype != b_dtype:
+        raise TmaflowError(f"gemm_reduce_scatter: a is {a_dtype} but b_shard is {b_dtype}; they must match")
+    if a_shape[1] != b_shape[1]:
+        raise TmaflowError(f"gemm_reduce_scatter: K of a ({a_shape[1]}) and b_shard ({b_shape[1]}) "
+                           "differ (b_shard is N x K_local)")
+    _scales("gemm_reduce_scatter", a_dtype, scale_a, scale_b)
+    return Shapes(tuple(protocol.shard_rows(a_shape[0], world)), b_shape[0], a_shape[1], a_dtype)
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+class _Plan:
+    """What a (kind, group, shapes, device) needs across calls: the symmetric buffer, the
+    local staging, the communication stream and the signal kernels."""
+
+    def __init__(self, kind: str, shapes: Shapes, group, debug: bool, trace: bool):
+        import torch  # optional dependency: distributed needs torch
+
+        self.kind, self.shapes, self.group = kind, shapes, group
+        self.world, self.rank = group.size(), group.rank()
+        dtype = getattr(torch, shapes.dtype)
+        gather = kind == "all_gather_gemm"
+        # all_gather: the largest shard of A; reduce_scatter: my whole partial product (bf16)
+        shape = (max(max(shapes.rows), 1), shapes.k) if gather else (max(shapes.m, 1), shapes.n)
+        self.buffer = SymmetricBuffer.allocate(shape, dtype if gather else torch.bfloat16, group)
+        if protocol.pad_slots(self.world) > self.buffer.pad.shape[0]:
+            raise TmaflowError(f"world_size={self.world} needs {protocol.pad_slots(self.world)} "
+                               f"signal slots; the pad has {self.buffer.pad.shape[0]}")
+        device = self.buffer.tensor.device
+        self.staging = (torch.empty((shapes.m, shapes.k), dtype=dtype, device=device) if gather else
+                        torch.empty((self.world, shapes.rows[self.rank], shapes.n),
+                                    dtype=torch.bfloat16, device=device))
+        self.comm = torch.cuda.Stream(device=device)
+        self.peers = [self.buffer.peer_tensor(j) for j in range(self.world)]
+        self.steps = protocol.SCHEDULES[kind](self.world, self.rank)
+        self.put = get_kernel("signal_put", None, file="signal", debug=debug, trace=trace)
+        self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
+        self.trace = trace
+
+    def signal(self, step, stream) -> None:
+        """A put to a peer's pad, or a wait on (and reset of) this rank's."""
+        handle = stream.cuda_stream
+        if step.op == "put":
+            self.put.launch(self.buffer.pad_slot(step.peer, step.slot), 1, grid=1, block=32,
+                            stream=handle)
+        else:
+            try:
+                self.wait.launch(self.buffer.pad_slot(self.rank, step.slot), 1, self.rank, step.peer,
+                                 step.slot, grid=1, block=32, stream=handle)
+            except DeadlockError as e:
+                raise DeadlockError(f"{self.kind}: rank {self.rank} waited for "
+                                    f"{protocol.describe(self.world, step.slot)} (signal {step.slot}): "
+                                    f"{e}", e.records) from None
+        if self.trace:
+            keep_trace()
+
+
+_recorded = threading.local()
+
+
+def keep_trace() -> None:
+    """Keep the flight recorder's latest trace of this thread for ``last_traces``."""
+    t = flight_recorder.last()
+    kept = _recorded.__dict__.setdefault("traces", [])
+    if t is not None and all(t is not k for k in kept):
+        kept.append(t)
+
+
+def last_traces() -> list:
+    """The traces of every kernel this thread's latest collective called with ``trace=True``
+    launched (signal kernels and GEMMs, in launch order): save them per rank and merge them
+    with ``merge_traces`` into one timeline."""
+    return list(getattr(_recorded, "traces", []))
+
+
+_PLANS: dict = {}
+
+
+def _plan(kind: str, shapes: Shapes, group, device, debug: bool, trace: bool = False) -> _Plan:
+    key = (kind, group, shapes, device, debug, trace)  # the group object: a later group may reuse its name
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _Plan(kind, shapes, group, debug, trace)
+    _recorded.traces = []
+    return plan
+
+
+def release(group=None) -> int:
+    """Drop the collectives' buffers, streams and kernels planned for ``group`` (None: every
+    group); call it before ``destroy_process_group``. Returns how many plans were dropped."""
+    keys = [k for k in _PLANS if group is None or k[1] is group]
+    for key in keys:
+        _PLANS.pop(key).buffer.close()
+    return len(keys)
+
+
+def _run(plan: _Plan, actions: dict) -> None:
+    """Queue the plan's schedule, each step on its stream: signals, events and pulls here,
+    ``actions[op](step)`` for publish, gemm and reduce."""
+    import torch  # optional dependency: distributed needs torch
+
+    compute = torch.cuda.current_stream()
+    events: dict = {}
+    for step in plan.steps:
+        stream = plan.comm if step.stream == "comm" else compute
+        with torch.cuda.stream(stream):
+            if step.op in ("put", "wait"):
+                plan.signal(step, stream)
+            elif step.op == "record":
+                events[step.event] = torch.cuda.Event()
+                events[step.event].record(stream)
+            elif step.op == "wait_event":
+                stream.wait_event(events[step.event])
+            elif step.op == "pull":
+                _pull(plan, step)
+            else:
+                actions[step.op](step)
+
+
+def _pull(plan: _Plan, step) -> None:
+    """A copy-engine copy from a peer's symmetric buffer into local staging."""
+    s = plan.shapes
+    peer = plan.peers[step.peer]
+    if plan.kind == "all_gather_gemm":
+        rows = s.rows[step.shard]
+        if rows:
+            plan.staging[s.span(step.shard)].copy_(peer[:rows], non_blocking=True)
+    elif s.rows[plan.rank]:
+        plan.staging[step.peer].copy_(peer[s.span(plan.rank)], non_blocking=True)
+
+
+def _options(debug, trace) -> tuple[bool, bool]:
+    return (watchdog.env_debug() if debug is None else checks.as_bool("debug", debug),
+            checks.as_bool("trace", trace))
+
+
+def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, scale_b=None,
+                    debug: bool | None = None, trace: bool = False):
+    """``all_gather(a_shard) @ b^T`` over ``group`` (default: the world): a_shard is this
+    rank's rows (rank r holds rows ``shard_rows(m, world)[r]`` of the M = ``m`` rows; None:
+    every shard has a_shard's rows), b is N x K; bfloat16, or float8_e4m3fn with per-tensor
+    ``scale_a`` / ``scale_b``. Returns ``out`` (M x N bfloat16, allocated when None).
+    ``debug``: bounded signal waits (DeadlockError); ``trace``: flight-recorder builds whose
+    traces ``last_traces()`` returns. Every rank must pass the same shapes and options."""
+    import torch  # optional dependency: distributed needs torch
+
+    group = group_of(group)
+    shapes = gather_shapes(a_shard.shape, _dtype_name(a_shard), b.shape, _dtype_name(b), m,
+                           group.size(), group.rank(), scale_a, scale_b)
+    debug, trace = _options(debug, trace)
+    out = _output("all_gather_gemm", out, (shapes.m, shapes.n), a_shard.device)
+    with torch.cuda.device(a_shard.device):  # the symmetric buffer lives on the operands' GPU
+        plan = _plan("all_gather_gemm", shapes, group, a_shard.device, debug, trace)
+    me = plan.rank
+
+    def publish(step):  # my shard into my symmetric buffer, where peers pull it from
+        if shapes.rows[me]:
+            plan.buffer.tensor[:shapes.rows[me]].copy_(a_shard, non_blocking=True)
+
+    def product(step):
+        if shapes.rows[step.shard]:
+            src = a_shard if step.shard == me else plan.staging[shapes.span(step.shard)]
+            gemm(src, b, out=out[shapes.span(step.shard)], debug=debug, trace=trace,
+                 scale_a=scale_a, scale_b=scale_b)
+            if trace:
+                keep_trace()
+
+    with torch.cuda.device(a_shard.device):
+        _run(plan, {"publish": publish, "gemm": product})
+    return out
+
+
+def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale_b=None,
+                        debug: bool | None = None, trace: bool = False):
+    """``reduce_scatter(a @ b_shard^T)`` over ``group``: a is M x K_local, b_shard N x K_local
+    (this rank's slice of K); rank r gets rows ``shard_rows(M, world)[r]`` of the sum over
+    ranks (bf16 partials summed in fp32). bfloat16, or float8_e4m3fn with per-tensor scales.
+    Returns ``out`` (rows x N bfloat16, allocated when None). ``debug`` and ``trace`` as in
+    ``all_gather_gemm``."""
+    import torch  # optional dependency: distributed needs torch
+
+    group = group_of(group)
+    shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
+                            group.size(), group.rank(), scale_a, scale_b)
+    debug, trace = _options(debug, trace)
+    with torch.cuda.device(a.device):  # the symmetric buffer lives on the operands' GPU
+        plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug, trace)
+    me = plan.rank
+    out = _output("gemm_reduce_scatter", out, (shapes.rows[me], shapes.n), a.device)
+    partial = plan.buffer.tensor
+
+    def product(step):  # my partial of row chunk step.shard, into my symmetric buffer
+        if shapes.rows[step.shard]:
+            gemm(a[shapes.span(step.shard)], b_shard, out=partial[shapes.span(step.shard)],
+                 debug=debug, trace=trace, scale_a=scale_a, scale_b=scale_b)
+            if trace:
+                keep_trace()
+
+    def reduce(step):
+        if shapes.rows[me]:
+            parts = [partial[shapes.span(me)] if j == me else plan.staging[j]
+                     for j in range(plan.world)]
+            out.copy_(torch.stack(parts).float().sum(0))
+
+    with torch.cuda.device(a.device):
+        _run(plan, {"gemm": product, "reduce": reduce})
+    return out
+
+
+def _output(who: str, out, shape: tuple, device):
+    import torch  # optional dependency: distributed needs torch
+
+    if out is None:
+        return torch.empty(shape, dtype=torch.bfloat16, device=device)
+    if tuple(out.shape) != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise TmaflowError(f"{who}: out must be a contiguous {shape} bfloat16 tensor (got "
+                           f"{tuple(out.shape)} {out.dtype}, contiguous={out.is_contiguous()})")
+    return out

@@ -1,0 +1,324 @@
+// Decode attention over a paged KV cache (flash-decoding): 1-8 new query tokens per request,
+// bf16 (FP16: fp16) in and out, fp32 softmax and sums.
+//
+// A CTA is one (split, kv head, request): the new tokens x query heads sharing the kv head
+// (GQA packing: up to 16 rows, token-major, zero-padded to the 16 rows of an mma.sync) against
+// a contiguous range of the
+// request's key tiles (kKeys keys each). Warp kWarps loads K and V tiles with TMA through a
+// multi-stage pipeline: a 3-D map over the cache viewed as (pages x page_size, heads_kv,
+// head_dim), one box (kBoxKeys keys, 64 dims) per page piece and 64 columns, the page taken
+// from the block table. Consumer warp w takes keys 16 w .. 16 w + 15 of every tile and keeps
+// its own online softmax (m, l, O) over them; the CTA merges its warps through shared memory.
+// One split: the CTA writes the output. Several: each writes its normalised O (fp32) and
+// log-sum-exp (log2 domain) to the workspace, and the last CTA of a (request, kv head), found by
+// an atomic counter it then resets, merges them.
+// Lengths are read on the device (a captured graph serves any lengths), clamped to
+// [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
+// i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <tmaflow.cuh>
+#include "tmaflow_layout.cuh"
+using namespace tmaflow;
+namespace L = tmaflow_layout;
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef PAGE_SIZE
+#define PAGE_SIZE 16
+#endif
+#ifndef FP16
+#define FP16 0  // 1: fp16 q, caches and out instead of bf16
+#endif
+#ifndef MAX_SPLITS
+#define MAX_SPLITS 64
+#endif
+constexpr int D = HEAD_DIM, kKeys = 64, kWarps = 4, kConsumers = 32 * kWarps;
+// Columns a K or V tile holds: whole 64-column boxes (128B swizzle). TMA fills the columns past
+// D with zeros, which the math never reads (k-steps and output blocks stop at D).
+constexpr int kTileCols = (D + 63) / 64 * 64;
+constexpr int kBoxKeys = PAGE_SIZE < kKeys ? PAGE_SIZE : kKeys;  // one page, or a tile's part of one
+constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces a tile
+constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
+constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
+static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
+static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * ((2 * kWarps + 2) * kRows + kRows * MAX_SPLITS),
+              "the merge's O and statistics fit stage 0");
+static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
+              "plan does not match HEAD_DIM and PAGE_SIZE");
+
+#if FP16
+using elem_t = __half;
+TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::f16x2(lo, hi); }
+TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { warp::mma_16816_f16(d, a, b0, b1); }
+TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2half_rn(x); }
+#else
+using elem_t = __nv_bfloat16;
+TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::bf16x2(lo, hi); }
+TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { warp::mma_16816(d, a, b0, b1); }
+TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2bfloat16_rn(x); }
+#endif
+
+TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
+
+// 2^x in one MUFU instruction; ex2(-inf) = 0.
+TMAFLOW_DEVICE float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Chunk `chunk` (8 elements) of key `key` in a K or V tile: 64-column boxes of kKeys rows of
+// 128 B, each 128B-swizzled by TMA (16-byte chunk c of row r at c ^ (r % 8)).
+TMAFLOW_DEVICE uint8_t* tile_at(void* tile, int key, int chunk) {
+  return static_cast<uint8_t*>(tile) + (chunk / 8) * (kKeys * 128) + key * 128 + (((chunk % 8) ^ (key % 8)) << 4);
+}
+
+// Shared statistics (floats): warp maxima and sums per row, the CTA's per row, merge weights.
+struct Stats {
+  float* base;
+  TMAFLOW_DEVICE float& warp_max(int w, int row) { return base[w * kRows + row]; }
+  TMAFLOW_DEVICE float& warp_sum(int w, int row) { return base[(kWarps + w) * kRows + row]; }
+  TMAFLOW_DEVICE float& row_max(int row) { return base[2 * kWarps * kRows + row]; }
+  TMAFLOW_DEVICE float& row_sum(int row) { return base[(2 * kWarps + 1) * kRows + row]; }
+  TMAFLOW_DEVICE float& weight(int row, int split) { return base[(2 * kWarps + 2) * kRows + row * MAX_SPLITS + split]; }
+};
+
+extern "C" __global__ void __launch_bounds__(kConsumers + 32)
+attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                 const elem_t* q, elem_t* out, const int* block_table, const int* seq_lens,
+                 float* part, float* part_lse, uint32_t* counters, int heads_kv, int group,
+                 int q_len, int max_pages, float scale_log2) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  L::Smem S(smem);
+  auto kv = S.kv();
+  using Cursor = decltype(kv)::Cursor;
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows = q_len * group, heads_q = heads_kv * group;
+  const int len = min(max(seq_lens[b], 0), max_pages * PAGE_SIZE);
+  const int tiles = (len + kKeys - 1) / kKeys, per_split = (tiles + splits - 1) / splits;
+  const int t_begin = min(split * per_split, tiles), t_end = min(t_begin + per_split, tiles);
+  if (threadIdx.x == 0) {
+    tma::prefetch_descriptor(&tk);
+    tma::prefetch_descriptor(&tv);
+    kv.init();
+  }
+  __syncthreads();
+
+  if (warp == kWarps) {
+    // The block table, 32 entries at a time, one a lane (the next 32 already on their way):
+    // lane 0 issues the copies, the warp shuffles it the page of each piece.
+    const int* table = block_table + size_t(b) * max_pages;
+    const int pages = (len + PAGE_SIZE - 1) / PAGE_SIZE;
+    auto entry = [&](int i) { return i < pages ? table[i] : 0; };
+    int window = t_begin * kKeys / PAGE_SIZE;
+    int cur = entry(window + lane), next = entry(window + 32 + lane);
+    Cursor c;
+    for (int t = t_begin; t < t_end; ++t, c.advance()) {
+      // The last tile loads only the pieces holding keys: the block table may end there.
+      const int pieces = min(kPieces, (len - t * kKeys + kBoxKeys - 1) / kBoxKeys);
+      if (lane == 0) {
+        kv.producer_acquire(c);
+        mbarrier::arrive_expect_tx(kv.barrier(c), 2u * pieces * kBoxKeys * kTileCols * 2);
+      }
+      for (int piece = 0; piece < pieces; ++piece) {
+        const int key = t * kKeys + piece * kBoxKeys, index = key / PAGE_SIZE;
+        while (index >= window + 32) {
+          window += 32;
+          cur = next;
+          next = entry(window + 32 + lane);
+        }
+        const int page = __shfl_sync(0xffffffffu, cur, index - window);
+        if (lane == 0) {
+          const int row = page * PAGE_SIZE + key % PAGE_SIZE;
+#pragma unroll
+          for (int box = 0; box < kTileCols / 64; ++box) {
+            tma::load(S.kv_k(c.stage, box * kPieces + piece), &tk, kv.barrier(c), box * 64, kvh, row);
+            tma::load(S.kv_v(c.stage, box * kPieces + piece), &tv, kv.barrier(c), box * 64, kvh, row);
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // Row r is new token r / group's query head kvh x group + r % group (of q and out).
+  auto row_offset = [&](int r) {
+    return ((size_t(b) * q_len + r / group) * heads_q + kvh * group + r % group) * D;
+  };
+  // Q rows, zero past the last.
+  uint8_t* sq = static_cast<uint8_t*>(S.q());
+  for (int i = threadIdx.x; i < kRows * D / 8; i += kConsumers) {
+    const int r = i / (D / 8), c = i % (D / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < rows) v = *reinterpret_cast<const uint4*>(q + row_offset(r) + c * 8);
+    *reinterpret_cast<uint4*>(sq + r * kQStride + c * 16) = v;
+  }
+  named_barrier::sync(1, kConsumers);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};  // rows lane / 4 and + 8
+  // Keys this thread's rows see past the last one every row sees: new token i sees q_len-1-i fewer.
+  int hidden[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) hidden[h] = lane / 4 + 8 * h < rows ? q_len - 1 - (lane / 4 + 8 * h) / group : 0;
+  Cursor c;
+  for (int t = t_begin; t < t_end; ++t, c.advance()) {
+    const int k0 = t * kKeys + 16 * warp, valid = len - k0;  // this warp's keys that exist
+    kv.consumer_wait(c);
+    if (valid > 0) {
+      void* sk = S.kv_k(c.stage);
+      void* sv = S.kv_v(c.stage);
+      if (valid < 16) {
+        // V rows past the sequence hold whatever the page (or an older tile) had: 0 x NaN is NaN
+        // in the mma, so they become zeros. The next TMA writes over them (async proxy): fence.
+        for (int i = lane; i < 16 * D / 8; i += 32)
+          if (i / (D / 8) >= valid) *reinterpret_cast<uint4*>(tile_at(sv, 16 * warp + i / (D / 8), i % (D / 8))) = make_uint4(0, 0, 0, 0);
+        fence::proxy_async_shared_cta();
+        __syncwarp();
+      }
+      float s[2][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t a[4], bk[4];
+        warp::ldmatrix_x4(a, sq + (lane % 16) * kQStride + (2 * ks + lane / 16) * 16);
+        warp::ldmatrix_x4(bk, tile_at(sk, 16 * warp + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
+        mma_step(s[0], a, bk[0], bk[1]);
+        mma_step(s[1], a, bk[2], bk[3]);
+      }
+      if (valid < 16 + q_len - 1) {  // keys past the length, or past a new token (causal)
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (8 * nb + 2 * (lane % 4) + (e & 1) >= valid - hidden[e >> 1]) s[nb][e] = neg_inf();
+      }
+      // Online softmax. A row whose keys here are all masked (an earlier new token's) keeps
+      // m = -inf: it shifts by 0 instead, so its p are 0, not NaN.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float mx = warp::quad_max(fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
+        const float m_new = fmaxf(m_run[h], mx * scale_log2);
+        const float base = m_new == neg_inf() ? 0.f : m_new;
+        const float alpha = fast_exp2(m_run[h] - base);
+        m_run[h] = m_new;
+        l_run[h] *= alpha;
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+          for (int e = 2 * h; e < 2 * h + 2; ++e) {
+            s[nb][e] = fast_exp2(fmaf(s[nb][e], scale_log2, -base));
+            l_run[h] += s[nb][e];
+          }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) o[n][2 * h] *= alpha, o[n][2 * h + 1] *= alpha;
+      }
+      // P as the A fragment (keys 0-7 and 8-15 are the two score blocks), V by ldmatrix.trans.
+      const uint32_t a[4] = {pack2(s[0][0], s[0][1]), pack2(s[0][2], s[0][3]),
+                             pack2(s[1][0], s[1][1]), pack2(s[1][2], s[1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t bv[4];
+        warp::ldmatrix_x4_trans(bv, tile_at(sv, 16 * warp + (lane / 8 % 2) * 8 + lane % 8, 2 * dp + lane / 16));
+        mma_step(o[2 * dp], a, bv[0], bv[1]);
+        mma_step(o[2 * dp + 1], a, bv[2], bv[3]);
+      }
+    }
+    kv.consumer_release_warp(c);
+  }
+
+  // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order). Every
+  // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
+  // the statistics in its V tile.
+  named_barrier::sync(1, kConsumers);
+  Stats st{static_cast<float*>(S.kv_v(0))};
+  float* so = static_cast<float*>(S.kv_k(0));  // kRows x D
+  const int row0 = lane / 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l_run[h] = warp::quad_sum(l_run[h]);
+    if (lane % 4 == 0) st.warp_max(warp, row0 + 8 * h) = m_run[h], st.warp_sum(warp, row0 + 8 * h) = l_run[h];
+  }
+  named_barrier::sync(1, kConsumers);
+  if (threadIdx.x < kRows) {
+    float m = neg_inf(), l = 0.f;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, st.warp_max(w, threadIdx.x));
+    for (int w = 0; w < kWarps; ++w)
+      if (st.warp_max(w, threadIdx.x) != neg_inf()) l += st.warp_sum(w, threadIdx.x) * fast_exp2(st.warp_max(w, threadIdx.x) - m);
+    st.row_max(threadIdx.x) = m;
+    st.row_sum(threadIdx.x) = l;
+  }
+  named_barrier::sync(1, kConsumers);
+  for (int turn = 0; turn < kWarps; ++turn) {
+    if (warp == turn) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        const float w = m_run[h] == neg_inf() ? 0.f : fast_exp2(m_run[h] - st.row_max(row));
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          float2* at = reinterpret_cast<float2*>(so + row * D + 8 * n + 2 * (lane % 4));
+          const float2 add = make_float2(o[n][2 * h] * w, o[n][2 * h + 1] * w);
+          *at = turn == 0 ? add : make_float2(at->x + add.x, at->y + add.y);
+        }
+      }
+    }
+    named_barrier::sync(1, kConsumers);
+  }
+
+  auto normalised = [&](int i) {  // element i (row i / D) of this CTA's O / l; zeros without keys
+    const float l = st.row_sum(i / D);
+    return l > 0.f ? so[i] / l : 0.f;
+  };
+  if (splits == 1) {
+    for (int i = threadIdx.x; i < rows * D; i += kConsumers) out[row_offset(i / D) + i % D] = to_elem(normalised(i));
+    return;
+  }
+  const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
+  for (int i = threadIdx.x; i < rows * D; i += kConsumers) part[(first + split) * rows * D + i] = normalised(i);
+  if (threadIdx.x < rows) {
+    const float l = st.row_sum(threadIdx.x);
+    part_lse[(first + split) * rows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
+  }
+  // Publish the partials, then count: the CTA that makes the count `splits` merges.
+  __threadfence();
+  named_barrier::sync(1, kConsumers);
+  bool last = false;
+  if (threadIdx.x == 0) last = atomicAdd(counters + b * heads_kv + kvh, 1u) == uint32_t(splits - 1);
+  if (!named_barrier::sync_or(1, kConsumers, last)) return;
+  // The merge reads L2 (other SMs wrote it) with every load it can issue at once: the splits'
+  // log-sum-exps into shared memory together, then four columns a thread, eight splits a step.
+  // A loop of dependent loads here cost as much as reading the keys of a 128k context.
+  __threadfence();
+  for (int i = threadIdx.x; i < splits * rows; i += kConsumers) st.weight(i % rows, i / rows) = __ldcg(part_lse + first * rows + i);
+  named_barrier::sync(1, kConsumers);
+  if (threadIdx.x < rows) {
+    float m = neg_inf(), total = 0.f;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, st.weight(threadIdx.x, s));
+    for (int s = 0; s < splits; ++s) {
+      const float w = m == neg_inf() ? 0.f : fast_exp2(st.weight(threadIdx.x, s) - m);
+      st.weight(threadIdx.x, s) = w;
+      total += w;
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    for (int s = 0; s < splits; ++s) st.weight(threadIdx.x, s) *= inv;
+  }
+  named_barrier::sync(1, kConsumers);
+  const float4* parts = reinterpret_cast<const float4*>(part + first * rows * D);  // [split][row][D / 4]
+  for (int i = threadIdx.x; i < rows * D / 4; i += kConsumers) {
+    const int r = i / (D / 4);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) {
+      const float w = st.weight(r, s);
+      const float4 x = __ldcg(parts + size_t(s) * rows * (D / 4) + i);
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    }
+    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) = make_uint2(pack2(acc.x, acc.y), pack2(acc.z, acc.w));
+  }
+  if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
+}

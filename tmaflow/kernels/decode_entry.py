@@ -1,0 +1,240 @@
+"""Decode attention over a paged KV cache (``decode.cu``, flash-decoding): the plan (a 3-D tensor
+map over each cache, a K+V pipeline sized for two CTAs an SM, the split count) and the entry
+points ``kernels.attention_decode`` and ``kernels.append_kv`` (``paged_kv.cu``)."""
+from __future__ import annotations
+
+import functools
+import math
+from threading import get_ident
+from types import SimpleNamespace
+from typing import NamedTuple
+
+from ..errors import TmaflowError
+from ..launch.config import resolve_stream
+from ..runtime.device import current_device, current_ordinal
+from ..runtime.memory import as_array
+from ..tma.layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
+from ..tma.spec import TensorMapSpec
+from ..tma.tensormap import MapTemplate
+from . import checks
+from .attention_entry import DTYPES, _scale
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
+                    on_current_device)
+from .matmul.splitk import _split_k_buffers, _with_split_k
+from .registry import get_kernel
+
+KEYS_PER_TILE = 64        # keys a pipeline stage (as decode.cu's kKeys): 16 for each consumer warp
+HEAD_DIMS = range(32, 257, 16)  # multiples of 16: the mma's k-step; tiles pad to 64 columns
+PAGE_SIZES = (16, 32, 64, 128, 256)
+MAX_ROWS = 16             # new tokens x query heads per kv head: the 16 rows of an mma.sync
+MAX_TOKENS = 8            # new tokens a request (speculative decoding)
+MAX_SPLITS = 64           # splits of one request (the merge weights' shared memory)
+MIN_KEYS_PER_SPLIT = 256  # shorter splits cost more in merging than they gain in parallelism
+THREADS = 160             # four consumer warps and a producer warp
+_TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, halved
+_MAX_STAGES = 8
+
+
+@functools.lru_cache(maxsize=32)
+def decode_plan(head_dim: int, page_size: int) -> tuple[TensorMapSpec, SharedLayout, int]:
+    """(K/V box spec, shared layout, CTAs an SM) for a head dim and page size. A box is one page
+    (or a 64-key tile's part of one) by 64 columns (the last one reaching past the head dim when
+    it is not a multiple of 64: TMA fills zeros); a stage holds a tile of K and of V. Stages
+    fill half the shared memory when two fit there (two CTAs an SM overlap one's start and end
+    with the other's loads), else all of it. The spec's shape is a placeholder."""
+    box_keys = min(page_size, KEYS_PER_TILE)
+    spec = TensorMapSpec.tiled("bfloat16", (box_keys, 1, head_dim), (box_keys, 1, 64), swizzle="128B")
+    tile_cols = -(-head_dim // 64) * 64
+    boxes = (tile_cols // 64) * (KEYS_PER_TILE // box_keys)
+    q = Buffer("q", MAX_ROWS * (head_dim * 2 + 16))  # the merge at the end reuses stage 0
+    fixed_bytes = q.total_bytes + 1024
+    stage_bytes = 2 * KEYS_PER_TILE * tile_cols * 2
+    ctas = 2 if (_TWO_CTAS - fixed_bytes) // stage_bytes >= 2 else 1
+    budget = _TWO_CTAS if ctas == 2 else HOPPER_SMEM_LIMIT
+    stages = min(_MAX_STAGES, (budget - fixed_bytes) // stage_bytes)
+    layout = SharedLayout([Pipeline("kv", stages=stages, tiles={"k": (spec, boxes), "v": (spec, boxes)},
+                                    consumers=4), q], limit=budget)
+    return spec, layout, ctas
+
+
+def choose_splits(batch: int, heads_kv: int, max_context: int, sm_count: int, ctas_per_sm: int) -> int:
+    """Splits of each request's keys: the fewest whose CTAs fill 95% of the GPU's CTA slots
+    over whole waves (else the count that fills most), none shorter than MIN_KEYS_PER_SPLIT keys
+    of the longest possible context (the block table's width x page size: lengths live on the
+    device). Three splits of 128 (request, kv head) pairs would run 384 CTAs in 264 slots, a
+    second wave half empty; two fill one wave."""
+    slots, pairs = sm_count * ctas_per_sm, max(1, batch * heads_kv)
+    counts = range(1, max(1, min(MAX_SPLITS, -(-max_context // MIN_KEYS_PER_SPLIT))) + 1)
+
+    def filled(splits: int) -> float:  # of the slots the waves hold, the share CTAs use
+        ctas = pairs * splits
+        return ctas / (-(-ctas // slots) * slots)
+    return next((s for s in counts if filled(s) >= 0.95), max(counts, key=filled))
+
+
+class Problem(NamedTuple):
+    batch: int
+    tokens: int      # new tokens a request
+    heads_q: int
+    head_dim: int
+    pages: int
+    page_size: int
+    heads_kv: int
+    group: int       # query heads a kv head
+    max_pages: int   # the block table's width
+
+
+def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Problem:
+    """The problem's sizes after the rules. ``Q`` is (batch, heads, head_dim), one token a
+    request, or (with max_tokens > 1) (batch, tokens, heads, head_dim); ``q_name`` in messages."""
+    if Q.ndim != 3 and not (Q.ndim == 4 and max_tokens > 1):
+        shapes = "(batch, heads, head_dim)" + (" or (batch, tokens, heads, head_dim)" if max_tokens > 1 else "")
+        raise TmaflowError(f"{who}: {q_name} must be {shapes}; got shape {Q.shape}")
+    for name, arr in ((q_name, Q), ("k_cache", K), ("v_cache", V)):
+        if arr.dtype.name not in DTYPES:
+            raise TmaflowError(f"{who}: {name} must be {' or '.join(DTYPES)} (got {arr.dtype.name})")
+        if arr.dtype != Q.dtype:
+            raise TmaflowError(f"{who}: {name} is {arr.dtype.name} but {q_name} is {Q.dtype.name}; "
+                               f"{q_name} and the caches must have one dtype")
+        if arr.strides != contiguous_strides(arr.shape, 2):
+            raise TmaflowError(f"{who}: {name} must be contiguous; strides {arr.strides} B")
+        if arr.ptr % 16:
+            raise TmaflowError(f"{who}: {name} at 0x{arr.ptr:x} must be 16-byte aligned (rows are "
+                               "read in 16-byte pieces)")
+    if K.ndim != 4 or K.shape != V.shape:
+        raise TmaflowError(f"{who}: k_cache {K.shape} and v_cache {V.shape} must be one 4-D shape "
+                           "(num_pages, page_size, heads_kv, head_dim)")
+    b, tokens, (hq, d) = Q.shape[0], Q.shape[1] if Q.ndim == 4 else 1, Q.shape[-2:]
+    pages, page_size, hkv, dk = K.shape
+    if dk != d:
+        raise TmaflowError(f"{who}: {q_name}'s head_dim={d} but the caches' is {dk}; they must match")
+    if d not in HEAD_DIMS:
+        raise TmaflowError(f"{who}: head_dim={d} must be a multiple of 16 from 32 to 256")
+    if page_size not in PAGE_SIZES:
+        raise TmaflowError(f"{who}: page_size={page_size} (k_cache.shape[1]) must be a power of two "
+                           "from 16 to 256")
+    if hkv == 0 or hq % hkv or hq // hkv > MAX_ROWS:
+        raise TmaflowError(f"{who}: heads_q={hq} must be a multiple of heads_kv={hkv} at most "
+                           f"{MAX_ROWS} times it (the query heads of a kv head are one mma's rows)")
+    if not 1 <= tokens <= max_tokens or tokens * (hq // hkv) > MAX_ROWS:
+        raise TmaflowError(f"{who}: {tokens} new tokens a request with {hq // hkv} query heads a kv head "
+                           f"make {tokens * (hq // hkv)} rows; give 1 to {max_tokens} tokens and at most "
+                           f"{MAX_ROWS} rows (one mma's)")
+    if pages == 0 or pages * page_size >= 1 << 31:
+        raise TmaflowError(f"{who}: k_cache has {pages} pages of {page_size} keys; give from 1 page "
+                           "to 2^31 keys in all")
+    for name, arr, shape in (("block_table", T, None), ("seq_lens", L, (b,))):
+        if arr.dtype.name != "int32":
+            raise TmaflowError(f"{who}: {name} must be int32 (got {arr.dtype.name})")
+        if arr.strides != contiguous_strides(arr.shape, 4):
+            raise TmaflowError(f"{who}: {name} must be contiguous; strides {arr.strides} B")
+    if T.ndim != 2 or T.shape[0] != b or L.shape != (b,):
+        raise TmaflowError(f"{who}: block_table {T.shape} must be (batch={b}, max_pages_per_seq) and "
+                           f"seq_lens {L.shape} must be (batch={b},)")
+    return Problem(b, tokens, hq, d, pages, page_size, hkv, hq // hkv, T.shape[1])
+
+
+@entry_point
+def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
+                     num_splits: int | None = None, out=None, stream=None):
+    """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
+    . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
+    ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
+
+    q: (batch, heads_q, head_dim) bfloat16 or float16 (head_dim a multiple of 16, 32-256), or (batch, tokens, heads_q, head_dim)
+    for 1-8 new tokens a request (speculative decoding: their keys are the last ``tokens`` of
+    the length, and new token i sees keys up to seq_lens[b] - tokens + i; tokens x heads_q /
+    heads_kv at most 16); k_cache, v_cache: (num_pages, page_size,
+    heads_kv, head_dim) as vLLM and FlashInfer lay them out (page_size 16-256, a power of two;
+    heads_q 1-16 times heads_kv); block_table: int32 (batch,
+    max_pages_per_seq); seq_lens: int32 (batch,) in device memory, read by the kernel (so a
+    captured graph serves any lengths), clamped to [0, max_pages_per_seq x page_size]. A token
+    that sees no key (a request of length 0) gets zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding);
+    None picks it from the batch, kv heads, SM count and the block table's width. Returns out,
+    q's shape, of q's kind."""
+    if num_splits is not None:  # checked on every call: it sizes the workspace
+        (num_splits,) = _OPTIONS.check(num_splits)
+    Q, K, V, T, L = (as_array(a) for a in (q, k_cache, v_cache, block_table, seq_lens))
+    who = "attention_decode"
+    p = _check_cache(who, Q, K, V, T, L)
+    scale = _scale(scale, p.head_dim, who)
+    O = None
+    if out is not None:
+        O = given_output(who, out, Q.shape, Q.dtype)
+        if O.strides != contiguous_strides(Q.shape, 2) or O.ptr % 16:
+            raise TmaflowError(f"{who}: out must be contiguous and 16-byte aligned (strides {O.strides} B, "
+                               f"at 0x{O.ptr:x})")
+        checks.no_aliasing(who, O, (("q", Q), ("k_cache", K), ("v_cache", V), ("block_table", T),
+                                    ("seq_lens", L)))
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
+    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, stream, Q.device, ordinal, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, stream))
+    result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
+    if p.batch * p.heads_q == 0:
+        return None, (), result
+    part, counters = _split_k_buffers(st)
+    part_lse = part.ptr + 4 * st.partial_floats if st.workspace is not None else 0
+    cache = (p.pages * p.page_size, p.heads_kv, p.head_dim)  # the maps' view: all rows of all pages
+    args = (st.tk.bind(K._as(cache, K.strides[1:])), st.tv.bind(V._as(cache, V.strides[1:])), Q, O, T, L,
+            part, part_lse, counters, p.heads_kv, p.group, p.tokens, p.max_pages, float(scale) * math.log2(math.e))
+    return st.launcher, args, result
+
+
+_OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True))
+
+
+def _decode_state(Q, p: Problem, num_splits, stream) -> SimpleNamespace:
+    b, d, hkv = p.batch, p.head_dim, p.heads_kv
+    on_current_device("attention_decode", Q)
+    spec, layout, ctas_per_sm = decode_plan(d, p.page_size)
+    device = current_device()
+    splits = num_splits or choose_splits(b, hkv, p.max_pages * p.page_size, device.sm_count, ctas_per_sm)
+    defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
+               **({"FP16": 1} if Q.dtype.name == "float16" else {})}
+    kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
+    launcher = kern.launcher(grid=(splits, hkv, max(b, 1)), block=THREADS, stream=stream)
+    launcher, workspace = _with_split_k(launcher, splits > 1, device, stream)
+    rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) and a log-sum-exp each
+    template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
+                                               swizzle="128B"))
+    return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, partial_floats=rows * d,
+                           workspace_sizes=(b * hkv, rows * (d + 1)), tk=template, tv=template)
+
+
+@entry_point
+def append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new, *, stream=None):
+    """Write each request's new key and value (k_new, v_new: (batch, heads_kv, head_dim)) into
+    the paged caches at position ``seq_lens[b]``, read on the device (graph-capturable): cache
+    row ``seq_lens[b] % page_size`` of page ``block_table[b, seq_lens[b] // page_size]``.
+    ``seq_lens`` is not changed (the next decode step passes the lengths plus one). A position
+    past the block table, or a page outside the cache, writes nothing. Returns None."""
+    Q, K, V, T, L = (as_array(a) for a in (k_new, k_cache, v_cache, block_table, seq_lens))
+    who = "append_kv"
+    b, _, hkv, d, pages, page_size, _, _, max_pages = _check_cache(who, Q, K, V, T, L, "k_new", max_tokens=1)
+    Vn = as_array(v_new)
+    if Vn.shape != Q.shape or Vn.dtype != Q.dtype or Vn.strides != Q.strides:
+        raise TmaflowError(f"{who}: v_new {Vn.shape} {Vn.dtype.name} must be k_new's {Q.shape} "
+                           f"{Q.dtype.name}, contiguous")
+    if K.shape[2] != hkv:
+        raise TmaflowError(f"{who}: k_new has {hkv} heads but the caches have {K.shape[2]}; they must match")
+    checks.no_aliasing(who, K, (("k_new", Q), ("v_new", Vn), ("block_table", T), ("seq_lens", L)))
+    checks.no_aliasing(who, V, (("k_new", Q), ("v_new", Vn), ("block_table", T), ("seq_lens", L)))
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (Q, Vn, K, V, T, L), ordinal)
+    grid = max(1, min(b, _APPEND_GRID))
+    key = (who, grid, stream, ordinal, get_ident())
+    try:
+        launcher = STATES[key]
+    except (KeyError, TypeError):
+        launcher = cached_state(key, lambda: get_kernel("append_kv", None, file="paged_kv").launcher(
+            grid=grid, block=128, stream=stream))
+    if b == 0:
+        return None, (), None
+    return launcher, (K, V, Q, Vn, T, L, hkv * d, page_size, max_pages, pages, b), None
+
+
+_APPEND_GRID = 1024  # CTAs of append_kv at most; each strides over the requests
