@@ -160,3 +160,32 @@ def test_a_replaced_framework_module_is_asked_for_its_own_current_stream(monkeyp
     assert resolve_stream(None, (t,), 0) == 0x7000
     monkeypatch.setitem(sys.modules, "torch", fake_torch(0x8000))
     assert resolve_stream(None, (None, t), 0) == 0x8000
+
+
+# --- GPU: the cached state's shortcuts on real memory ------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_misaligned_views_after_a_cached_state_compute_right_and_aliasing_is_refused(device, rng):
+    import numpy as np
+
+    from tmaflow.testing import poison
+
+    host = (rng.standard_normal((64, 1000)) * 4).astype(np.float32)
+    ref = np.exp(host - host.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    flat = tf.from_numpy(np.concatenate([np.zeros(1, np.float32), host.ravel()]))
+    for _ in range(2):  # aligned: the second call takes the cached state
+        out = poison(tf.empty(host.shape, "float32"))
+        kernels.softmax(tf.from_numpy(host), out)
+        np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-7)
+    shifted = DeviceArray(flat.ptr + 4, host.shape, "float32", owner=flat, device=flat.device)  # 4 B past 16
+    out = poison(tf.empty(host.shape, "float32"))
+    kernels.softmax(shifted, out)  # same layout, misaligned: the edge path
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-7)
+    x = tf.from_numpy(host)
+    with pytest.raises(tf.TmaflowError, match=r"softmax: out .* overlaps x "):
+        kernels.softmax(x, DeviceArray(x.ptr + 4000, host.shape, "float32", owner=x, device=x.device))
+    a, b = tf.zeros((128, 64), "bfloat16"), tf.zeros((64, 64), "bfloat16")
+    kernels.gemm(a, b, tf.empty((128, 64), "bfloat16"))
+    with pytest.raises(tf.TmaflowError, match=r"gemm: out .* overlaps a "):
+        kernels.gemm(a, b, DeviceArray(a.ptr, (128, 64), "bfloat16", owner=a, device=a.device))
