@@ -163,7 +163,7 @@ _TRANSPOSE_OPTIONS = checks.Options("transpose", debug=checks.DEBUG)
 def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     """out = a.T for a 2-D 4-byte array, through 128B-swizzled shared memory (layouts the TMA
     cannot address, and empty arrays, through ``edge.transpose``)."""
-    if type(debug) not in _DEBUG_PLAIN:
+    if (type(debug),) not in _TRANSPOSE_OPTIONS.plain:
         (debug,) = _TRANSPOSE_OPTIONS.check(debug)
     x = as_array(a)
     if x.ndim != 2 or x.dtype.itemsize != 4:
@@ -187,9 +187,6 @@ def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     if o is None:
         out, o = new_output(a, x, shape_t, None, stream)
     return st.launcher, (st.src.bind(x), st.dst.bind(o), *st.extra), out
-
-
-_DEBUG_PLAIN = (bool, type(None))
 
 
 def _transpose_state(x, o, stream, debug) -> _State:

@@ -56,8 +56,10 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         st, windows = STATES[key]
     except (KeyError, TypeError):
         st = windows = None
-    if C is not None and not checks.apart(C.ptr, (A.ptr, B.ptr, *(s.ptr for s in blocks or ())), windows):
-        windows = checks.no_aliasing("gemm", C, (("a", A), ("b", B), *zip(("scale_a", "scale_b"), blocks or ())))
+    if C is not None:
+        ptrs = (A.ptr, B.ptr) if blocks is None else (A.ptr, B.ptr, blocks[0].ptr, blocks[1].ptr)
+        if not checks.apart(C.ptr, ptrs, windows):
+            windows = checks.no_aliasing("gemm", C, (("a", A), ("b", B), *zip(("scale_a", "scale_b"), blocks or ())))
     if st is None:
         if m == 0 or n == 0 or k == 0:
             return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
