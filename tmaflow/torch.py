@@ -2,7 +2,8 @@
 and CUDA graphs like any torch operator.
 
     import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, gemm_block_scaled, attention,
-                          #   attention_decode, append_kv, all_gather_gemm, gemm_reduce_scatter}
+                          #   attention_lse, attention_backward, attention_decode, append_kv,
+                          #   all_gather_gemm, gemm_reduce_scatter}
     y = torch.ops.tmaflow.softmax(x)
 
     @tmaflow.torch.op("mylib::scale", fake=lambda x, s: torch.empty_like(x))
@@ -13,8 +14,12 @@ and CUDA graphs like any torch operator.
 
 A fake (meta) implementation gives torch the output's shape, dtype and strides without
 running anything: torch.compile traces with it. Once this module is imported,
-``kernels.copy / softmax / gemm / attention / attention_decode / append_kv`` called inside a compiled function become these ops too
-(their default forms: no ``out=`` or tuning options there). The real implementation launches on the
+``kernels.copy / softmax / gemm / attention / attention_backward / attention_decode / append_kv`` called
+inside a compiled function become these ops too (their default forms: no ``out=`` or tuning options
+there). ``kernels.attention`` on tensors that require grad becomes ``attention_lse`` (out and the
+log-sum-exp, saved for ``attention_backward``): gradients flow, eagerly and compiled (training
+steps under ``torch.compile(fullgraph=True)``); with ``torch.use_deterministic_algorithms(True)``
+the backward sums dQ in a fixed order. The real implementation launches on the
 current torch stream (tmaflow's ``stream=None`` rule for torch tensors), so a graph captured
 by torch (``torch.cuda.graph``, ``mode="reduce-overhead"``) captures the kernel too.
 """
@@ -23,10 +28,10 @@ from __future__ import annotations
 import torch
 
 from .errors import TmaflowError
-from .kernels import attention_entry, decode_entry, entry, examples, matmul
+from .kernels import attention_backward_entry, attention_entry, decode_entry, entry, examples, matmul
 
-__all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention", "attention_decode", "append_kv",
-           "all_gather_gemm", "gemm_reduce_scatter"]
+__all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention", "attention_lse", "attention_backward",
+           "attention_decode", "append_kv", "all_gather_gemm", "gemm_reduce_scatter"]
 
 
 def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
@@ -134,8 +139,77 @@ def _attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     schema="(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> Tensor")
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               scale: float | None = None) -> torch.Tensor:
-    """``kernels.attention(q, k, v, causal=causal, scale=scale)``: attention forward, bf16 or fp16."""
-    return attention_entry.attention(q, k, v, causal=causal, scale=scale)
+    """``kernels.attention(q, k, v, causal=causal, scale=scale)``: attention forward, bf16 or fp16.
+    Differentiable, at the cost of a second forward in the backward (for the log-sum-exp):
+    ``attention_lse`` saves it instead (``kernels.attention`` with grads takes that one)."""
+    return attention_entry.attention.prepare(q, k, v, causal=causal, scale=scale)()
+
+
+def _attention_lse_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                        scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention_fake(q, k, v, causal, scale), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@op("tmaflow::attention_lse", fake=_attention_lse_fake,
+    schema="(Tensor q, Tensor k, Tensor v, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
+def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kernels.attention(q, k, v, causal=causal, scale=scale, return_lse=True)``: (out, the
+    float32 log-sum-exp); gradients flow to q, k and v through out (lse takes none)."""
+    # prepare(): launched here, never routed back to an op (q may require grad)
+    return attention_entry.attention.prepare(q, k, v, causal=causal, scale=scale, return_lse=True)()
+
+
+def _attention_backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                             dout: torch.Tensor, lse: torch.Tensor, causal: bool = False,
+                             scale: float | None = None, deterministic: bool = False) -> tuple:
+    _check("attention_backward", out.shape == dout.shape == q.shape and tuple(lse.shape) == tuple(q.shape[:3])
+           and lse.dtype == torch.float32, f"needs out and dout of q's shape {tuple(q.shape)} and a float32 "
+           f"lse of {tuple(q.shape[:3])} (got {tuple(out.shape)}, {tuple(dout.shape)}, {tuple(lse.shape)} {lse.dtype})")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@op("tmaflow::attention_backward", fake=_attention_backward_fake,
+    schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, bool causal=False, "
+           "float? scale=None, bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
+                       lse: torch.Tensor, causal: bool = False, scale: float | None = None,
+                       deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``kernels.attention_backward(...)``: (dq, dk, dv)."""
+    return attention_backward_entry.attention_backward(q, k, v, out, dout, lse, causal=causal, scale=scale,
+                                                       deterministic=deterministic)
+
+
+def _grads(q, k, v, out, lse, dout, causal, scale) -> tuple:
+    # dout from autograd may be any layout (an expanded scalar's, say); deterministic as torch is.
+    return attention_backward(q, k, v, out, dout.contiguous(), lse, causal, scale,
+                              torch.are_deterministic_algorithms_enabled())
+
+
+def _save_lse(ctx, inputs, output) -> None:
+    q, k, v, ctx.causal, ctx.scale = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(q, k, v, *output)
+
+
+def _attention_lse_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    return (*_grads(q, k, v, out, lse, dout, ctx.causal, ctx.scale), None, None)
+
+
+def _save_inputs(ctx, inputs, output) -> None:
+    q, k, v, ctx.causal, ctx.scale = inputs
+    ctx.save_for_backward(q, k, v)
+
+
+def _attention_backward_recomputing(ctx, dout):
+    q, k, v = ctx.saved_tensors
+    out, lse = attention_lse(q, k, v, ctx.causal, ctx.scale)
+    return (*_grads(q, k, v, out, lse, dout, ctx.causal, ctx.scale), None, None)
+
+
+attention_lse.register_autograd(_attention_lse_backward, setup_context=_save_lse)
+attention.register_autograd(_attention_backward_recomputing, setup_context=_save_inputs)
 
 
 def _attention_decode_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -219,9 +293,19 @@ def gemm_reduce_scatter(a: torch.Tensor, b_shard: torch.Tensor, group_name: str,
 def _only(name: str, given: dict) -> None:
     extra = sorted(k for k, v in given.items() if v is not None and v is not False)
     if extra:
-        raise TmaflowError(f"kernels.{name}(...) inside torch.compile runs as torch.ops.tmaflow.{name}, "
-                           f"which takes no {', '.join(extra)}; call it outside the compiled "
-                           "region, or wrap your own call with tmaflow.torch.op")
+        raise TmaflowError(f"kernels.{name}(...) inside torch.compile (or, for attention, on tensors that "
+                           f"require grad) runs as a torch.ops.tmaflow op, which takes no {', '.join(extra)}; "
+                           "call it outside the compiled region (on detached tensors), or wrap your own "
+                           "call with tmaflow.torch.op")
+
+
+def _as_op(name: str, args: tuple, kwargs: dict) -> bool:
+    """Does this entry-point call run as its torch op? While torch.compile traces; and for
+    attention, while autograd records a tensor that requires grad (the op has the backward)."""
+    if torch.compiler.is_compiling():
+        return True
+    return name == "attention" and torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
 
 
 def _copy_call(src, dst=None, **options):
@@ -247,9 +331,17 @@ def _gemm_call(a, b, out=None, *, layout: str = "nt", scale_a=None, scale_b=None
     return gemm(a, b, layout, scale_a, scale_b)
 
 
-def _attention_call(q, k, v, out=None, *, causal: bool = False, scale: float | None = None, **options):
+def _attention_call(q, k, v, out=None, *, causal: bool = False, scale: float | None = None,
+                    return_lse: bool = False, **options):
     _only("attention", {"out": out, **options})
-    return attention(q, k, v, causal, scale)
+    result = attention_lse(q, k, v, causal, scale)
+    return result if return_lse else result[0]
+
+
+def _attention_backward_call(q, k, v, out, dout, lse, *, causal: bool = False, scale: float | None = None,
+                             deterministic: bool = False, **options):
+    _only("attention_backward", options)
+    return attention_backward(q, k, v, out, dout, lse, causal, scale, deterministic)
 
 
 def _attention_decode_call(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
@@ -263,9 +355,9 @@ def _append_kv_call(k_cache, v_cache, block_table, seq_lens, k_new, v_new, **opt
     return append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
 
 
-# kernels.copy / softmax / gemm / attention / attention_decode / append_kv called while torch.compile
-# traces become these ops.
-entry.torch_compiling = torch.compiler.is_compiling
+# kernels.copy / softmax / gemm / attention / attention_backward / attention_decode / append_kv called
+# while torch.compile traces become these ops (and kernels.attention on tensors that require grad).
+entry.torch_route = _as_op
 entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call,
-                        "attention": _attention_call, "attention_decode": _attention_decode_call,
-                        "append_kv": _append_kv_call})
+                        "attention": _attention_call, "attention_backward": _attention_backward_call,
+                        "attention_decode": _attention_decode_call, "append_kv": _append_kv_call})

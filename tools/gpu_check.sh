@@ -22,9 +22,18 @@ export TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache} TMAFLOW_REPORT
 } | tee "$OUT/env.txt"
 K=${1:-}
 if [ -z "${SKIP_TESTS:-}" ]; then
+  # With xdist, the battery runs apart in one plain process: inside an xdist worker on the GPU
+  # image (numpy 2.5.2), reading back the npz archives its saved-trace cases just wrote fails
+  # with a tokenizer error (the same cases pass in a plain process, and in CI); not understood yet
   timeout "${TEST_BUDGET:-330}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
-    --maxfail=${MAXFAIL:-15} ${PYTEST_JOBS:+-n "$PYTEST_JOBS" --dist loadfile} ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
+    --maxfail=${MAXFAIL:-15} ${PYTEST_JOBS:+-n "$PYTEST_JOBS" --dist loadfile --ignore=tests/test_battery.py} \
+    ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
+  if [ -n "${PYTEST_JOBS:-}" ]; then
+    timeout 120 python3 -m pytest tests/test_battery.py -m gpu -q -p no:cacheprovider ${K:+-k "$K"} -rfE \
+      > "$OUT/pytest_gpu_battery.log" 2>&1
+    echo "pytest (battery, no xdist) exit $?"
+  fi
 fi
 if [ -z "${SKIP_DEMO:-}" ]; then
   timeout 120 python3 -m tmaflow demo > "$OUT/demo.log" 2>&1
@@ -67,15 +76,17 @@ if [ -n "${CUDA12_WHEELS:-}" ]; then
   site=$("$v12/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$CUDA12_WHEELS"/*.whl
   ( unset LD_LIBRARY_PATH; export CUDA_HOME=/nonexistent CUDA_PATH=/nonexistent TMAFLOW_CACHE_DIR=/tmp/tmaflow-cache12
-    "$v12/bin/python" -c "import cuda.bindings, tmaflow.compiler as c; from cuda.bindings import nvrtc; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])"
+    "$v12/bin/python" -c "import cuda.bindings, tmaflow.launch.compiler as c; from cuda.bindings import nvrtc; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])"
     timeout "${TEST_BUDGET:-330}" "$v12/bin/python" -m pytest tests -m gpu -q -p no:cacheprovider -rfE \
       > "$OUT/pytest_gpu_cuda12.log" 2>&1 )
   echo "cuda12 pytest exit $?"
 fi
 echo "== failures =="
 [ -f "$OUT/pytest_gpu.log" ] && grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/pytest_gpu.log" | head -40
+[ -f "$OUT/pytest_gpu_battery.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_battery.log" | head -20
 echo "== summary =="
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 3 "$OUT/pytest_gpu.log"
+[ -f "$OUT/pytest_gpu_battery.log" ] && echo "battery: $(tail -n 1 "$OUT/pytest_gpu_battery.log")"
 [ -f "$OUT/pytest_gpu_cuda12.log" ] && echo "CUDA 12: $(tail -n 1 "$OUT/pytest_gpu_cuda12.log")"
 [ -f "$OUT/sanitize.txt" ] && cat "$OUT/sanitize.txt"
 [ -f "$OUT/counts.json" ] && cat "$OUT/counts.json" && echo

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 from ..errors import TmaflowError
 from ..runtime.device import current_ordinal, on_reset
@@ -38,10 +39,11 @@ class Prepared:
         return f"Prepared({self.launcher!r}, {len(self.args)} args)"
 
 
-# Entry points called while torch.compile traces run as their torch custom op instead
-# (``tmaflow.torch`` fills these in: name -> op adapter, and torch's "is it compiling?").
+# Entry points called while torch.compile traces (attention: also while autograd records) run
+# as their torch custom op instead (``tmaflow.torch`` fills these in: name -> op adapter, and
+# ``torch_route(name, args, kwargs)``: does this call go to the op?).
 TORCH_OPS: dict = {}
-torch_compiling = None
+torch_route: Callable[[str, tuple, dict], bool] = lambda name, args, kwargs: False
 
 
 def entry_point(prepare):
@@ -52,7 +54,7 @@ def entry_point(prepare):
 
     @functools.wraps(prepare)
     def run(*args, **kwargs):
-        if TORCH_OPS and name in TORCH_OPS and torch_compiling():
+        if TORCH_OPS and name in TORCH_OPS and torch_route(name, args, kwargs):
             return TORCH_OPS[name](*args, **kwargs)
         launcher, largs, out = prepare(*args, **kwargs)
         if launcher is not None:

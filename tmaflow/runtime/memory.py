@@ -258,7 +258,8 @@ class DeviceArray:
         return self
 
     def fill_bytes(self, value: int) -> "DeviceArray":
-        """Set every byte to ``value`` (poisoning outputs before a launch, zeroing)."""
+        """Set every byte to ``value``, done when this returns (poisoning outputs before a
+        launch on any stream, zeroing); inside a capturing tf.Graph, a memset node."""
         self._require_alive("DeviceArray.fill_bytes()")
         if self.nbytes:
             if not self.is_contiguous:
@@ -268,7 +269,11 @@ class DeviceArray:
             if graph is not None:  # part of the graph: it runs at every replay
                 driver.call("cuMemsetD8Async", self.ptr, value & 0xFF, self.nbytes, graph.stream.handle)
             else:
-                driver.call("cuMemsetD8", self.ptr, value & 0xFF, self.nbytes)
+                # after the work the memory is ordered on, and finished before returning: a plain
+                # cuMemsetD8 may still run when a kernel on a non-blocking stream starts
+                stream = self._producer_stream()
+                driver.call("cuMemsetD8Async", self.ptr, value & 0xFF, self.nbytes, stream)
+                driver.call("cuStreamSynchronize", stream)
         return self
 
     # --- interop ------------------------------------------------------------

@@ -4,6 +4,8 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
     PYTHONPATH=. python3 tools/peers/bench_attention.py [--json FILE] [--repeats N] [--quick] [--dims D ...]
         [--seqs S ...] [--dtype bfloat16|float16]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --decode [--json FILE] [--repeats N] [--quick]
+    PYTHONPATH=. python3 tools/peers/bench_attention.py --backward [--json FILE] [--repeats N] [--quick]
+        [--dims D ...] [--seqs S ...] [--dtype bfloat16|float16] [--deterministic]
 
 Shapes keep 16k tokens a batch (batch = 16384 / seq) at head dim 64 (32 heads), 128 (16
 heads) and 256 (8 heads). The three run in interleaved rounds, timed twice: cold (each call
@@ -18,6 +20,12 @@ against a device-to-device copy of the K+V bytes, in the same rounds: GB/s of K+
 read + written) and the ratios. Head dim 128, 8 kv heads, GQA 4:1 and 8:1, pages 16 and 64,
 batch 1-128 x context 1k-128k up to 2M tokens a row; ``--quick``: batch 1 and 16, context 8k
 and 32k, GQA 4:1 (under a minute).
+
+``--backward``: kernels.attention_backward (dq, dk, dv from the forward's out and log-sum-exp)
+against the backward of torch SDPA's cuDNN and flash backends (autograd.grad through an SDPA
+output recorded under that backend), the same shapes and rounds as the forward; FLOPs 2.5x the
+forward's. Each row checks our dq against the cuDNN one; ``--deterministic`` times that mode;
+``--quick``: head dims 64 and 128, seq 1k and 4k (under a minute).
 """
 from __future__ import annotations
 
@@ -41,9 +49,13 @@ def main():
     p.add_argument("--seqs", type=int, nargs="+", help="sequence lengths (default 512 to 16k)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--decode", action="store_true", help="paged-KV decode against SDPA and the copy ceiling")
+    p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
+    p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
     args = p.parse_args()
     if args.decode:
         return decode(args)
+    if args.backward:
+        return backward(args)
     import torch  # optional dependency, before the driver is touched: --help works without it
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -95,6 +107,64 @@ def main():
     if args.json:
         bench.records.write(args.json, "attention", "Attention against torch SDPA (cuDNN, flash)", COLUMNS, rows,
                             repeats=args.repeats)
+
+
+def backward(args):
+    import torch  # optional dependency, as in main
+
+    seqs = args.seqs or ((1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384))
+    dims = [d for d in args.dims if d in (64, 128)] if args.quick else args.dims
+    rows = []
+    for d, heads in ((d, h) for d, h in ((64, 32), (128, 16), (256, 8)) if d in dims):
+        for seq in seqs:
+            for causal in (False, True):
+                rows.append(_backward_row(torch, args, d, heads, seq, causal))
+    if args.json:
+        bench.records.write(args.json, "attention_backward", "Attention backward against torch SDPA (cuDNN, flash)",
+                            COLUMNS, rows, repeats=args.repeats, deterministic=args.deterministic)
+
+
+def _backward_row(torch, args, d: int, heads: int, seq: int, causal: bool) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    batch, dt = max(1, 16384 // seq), getattr(torch, args.dtype)
+    q, k, v, dout = (torch.randn(batch, heads, seq, d, device="cuda", dtype=dt) for _ in range(4))
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+
+    def sdpa(backend):
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        with sdpa_kernel(backend):
+            o = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+        return lambda: torch.autograd.grad(o, leaves, dout, retain_graph=True)
+    fns = {"tmaflow": kernels.attention_backward.prepare(q, k, v, out, dout, lse, causal=causal,
+                                                         deterministic=args.deterministic, dq=grads[0],
+                                                         dk=grads[1], dv=grads[2])}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            fns[name] = sdpa(backend)
+            fns[name]()
+        except RuntimeError as exc:  # a backend that does not take this shape
+            fns.pop(name, None)
+            print(f"  {name} unavailable: {str(exc).splitlines()[0][:100]}")
+    fns["tmaflow"]()
+    torch.cuda.synchronize()
+    ref = fns[next(n for n in fns if n != "tmaflow")]()[0].float()
+    err = (torch.linalg.norm(grads[0].float() - ref) / torch.linalg.norm(ref)).item()
+    flop = 2.5 * 4.0 * batch * heads * seq * seq * d / (2 if causal else 1)
+    row = {"dtype": args.dtype, "d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal,
+           "rel_err_vs_peer": err}
+    cells = []
+    for mode, got in (("cold", bench.rounds(fns, repeats=args.repeats, warmup=2, flush_l2=True)),
+                      ("warm", bench.rounds(fns, repeats=args.repeats, warmup=2, batch=5))):
+        tflops = {name: flop / got[name].median / 1e12 for name in fns}
+        best = max((n for n in fns if n != "tmaflow"), key=lambda n: tflops[n])
+        ratio = got.ratio("tmaflow", best).median
+        row.update({f"{mode} tflops": tflops, "best_peer": best, f"{mode} ratio": ratio})
+        cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in fns) + f" ratio to {best} {ratio:.3f}")
+    print(f"bwd {'fp16' if args.dtype == 'float16' else 'bf16'} d{d:<4d} seq {seq:6d} b{batch:<3d} "
+          f"{'causal' if causal else 'full  '} " + " | ".join(cells) + f"  TFLOP/s  dq err {err:.1e}", flush=True)
+    return row
 
 
 def decode(args):

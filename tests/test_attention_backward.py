@@ -1,0 +1,109 @@
+"""kernels.attention_backward without a GPU: argument checks, the kernels compiling for sm_90a,
+the launch plan, and the float64 reference against finite differences."""
+import itertools
+
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
+from tmaflow.kernels.registry import get_kernel
+from tmaflow.runtime.memory import DeviceArray
+from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
+
+from attention_reference import attention_backward, attention_forward
+
+_FAKE = itertools.count(1 << 32, 1 << 24)
+
+
+def arr(shape, dtype="bfloat16", strides=None, offset=0):
+    return DeviceArray(next(_FAKE) + offset, shape, dtype, strides)  # one range each: no aliasing
+
+
+def args(b=1, hq=2, hkv=2, sq=64, skv=64, d=64, dtype="bfloat16"):
+    return [arr((b, hq, sq, d), dtype), arr((b, hkv, skv, d), dtype), arr((b, hkv, skv, d), dtype),
+            arr((b, hq, sq, d), dtype), arr((b, hq, sq, d), dtype), arr((b, hq, sq), "float32")]
+
+
+def _with(index, value, **shape):
+    a = args(**shape)
+    a[index] = value
+    return a
+
+
+@pytest.mark.parametrize("given,kw,match", [
+    (args(d=72), {}, r"attention_backward: head_dim=72 is not supported"),
+    (args(d=272), {}, r"head_dim=272 is not supported"),
+    (args(hq=3, hkv=2), {}, r"3 query heads must be a multiple of the 2"),
+    (args(dtype="float32"), {}, r"q must be bfloat16 or float16 \(got float32\)"),
+    (_with(3, arr((1, 2, 64, 64), "float16")), {}, r"out must be q's \(1, 2, 64, 64\) bfloat16 \(got \(1, 2, 64, 64\) float16\)"),
+    (_with(4, arr((1, 2, 63, 64))), {}, r"dout must be q's \(1, 2, 64, 64\)"),
+    (_with(4, arr((1, 2, 64, 64), strides=(16384 * 2, 8192 * 2, 128 * 2, 2))), {}, r"dout must be contiguous"),
+    (_with(5, arr((1, 2, 64), "bfloat16")), {}, r"lse must be a contiguous \(1, 2, 64\) float32 array"),
+    (_with(5, arr((1, 2, 65), "float32")), {}, r"lse must be a contiguous \(1, 2, 64\) float32 array .* got \(1, 2, 65\)"),
+    (_with(0, arr((1, 2, 64, 64), offset=8)), {}, r"q at 0x[0-9a-f]+ must be 16-byte aligned"),
+    (_with(2, arr((1, 2, 64, 64), offset=4)), {}, r"v at 0x[0-9a-f]+ must be 16-byte aligned"),
+    (args(), {"causal": 1}, r"attention_backward: causal=1 must be True or False"),
+    (args(), {"deterministic": "yes"}, r"deterministic='yes' must be True or False"),
+    (args(), {"scale": 0.0}, r"attention_backward: scale=0.0 must be a positive"),
+    (args(), {"dq": arr((1, 2, 64, 64), "float16")}, r"out must be a \(1, 2, 64, 64\) bfloat16 array"),
+    (args(), {"dk": arr((1, 2, 64, 64), strides=(16384 * 2, 8192 * 2, 128 * 2, 2))}, r"dk must be contiguous"),
+])
+def test_attention_backward_refuses_bad_arguments_by_name(given, kw, match):
+    with pytest.raises(tf.TmaflowError, match=match):
+        kernels.attention_backward(*given, **kw)
+
+
+def test_attention_backward_refuses_gradients_that_overlap_inputs_or_each_other():
+    q, k, v, out, dout, lse = args()
+    with pytest.raises(tf.TmaflowError, match=r"attention_backward: dq: out \(bytes .*\) overlaps dout"):
+        kernels.attention_backward(q, k, v, out, dout, lse, dq=DeviceArray(dout.ptr, dout.shape, "bfloat16"))
+    dk = arr(k.shape)
+    with pytest.raises(tf.TmaflowError, match=r"attention_backward: dv: out \(bytes .*\) overlaps dk"):
+        kernels.attention_backward(q, k, v, out, dout, lse, dk=dk, dv=DeviceArray(dk.ptr, k.shape, "bfloat16"))
+
+
+@pytest.mark.parametrize("d", [16, 64, 80, 128, 192, 256])
+@pytest.mark.parametrize("causal,deterministic,fp16", [(False, False, False), (True, True, True)])
+def test_attention_backward_kernels_compile_for_sm90a(d, causal, deterministic, fp16):
+    defines = {"HEAD_DIM": d, "CAUSAL": int(causal), "DETERMINISTIC": int(deterministic),
+               **({"FP16": 1} if fp16 else {})}
+    for name in ("attention_bwd_prep", "attention_bwd", "attention_bwd_dq"):
+        program = get_kernel(name, None, defines=defines, file="attention_backward").program
+        assert program.cubin and program.resources is not None, (name, d)
+        assert program.resources.registers <= 255
+
+
+def test_attention_backward_plan_fits_every_head_dim():
+    for d in HEAD_DIMS:
+        assert backward_smem(d) <= HOPPER_SMEM_LIMIT, d
+        assert slices(d) == (1 if d <= 128 else 2)
+    assert HEAD_DIMS[0] == 16 and HEAD_DIMS[-1] == 256 and len(HEAD_DIMS) == 16
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,skv,causal", [(1, 2, 1, 5, 7, True), (2, 2, 2, 6, 3, True),
+                                                    (1, 4, 2, 4, 4, False), (1, 1, 1, 1, 1, False)])
+def test_reference_backward_matches_finite_differences(rng, b, hq, hkv, sq, skv, causal):
+    """The float64 reference's gradients against central differences of its forward (more keys
+    than queries, fewer, grouped heads; causal top-left)."""
+    d, scale = 8, 0.7
+    q, k, v = (rng.standard_normal(s) for s in ((b, hq, sq, d), (b, hkv, skv, d), (b, hkv, skv, d)))
+    dout = rng.standard_normal((b, hq, sq, d))
+    grads = attention_backward(q, k, v, dout, causal, scale)
+    for which, (x, grad) in enumerate(zip((q, k, v), grads)):
+        numeric = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            plus, minus = [a.copy() for a in (q, k, v)], [a.copy() for a in (q, k, v)]
+            plus[which][idx] += 1e-6
+            minus[which][idx] -= 1e-6
+            numeric[idx] = ((attention_forward(*plus, causal, scale)[0] -
+                             attention_forward(*minus, causal, scale)[0]) * dout).sum() / 2e-6
+        np.testing.assert_allclose(grad, numeric, rtol=1e-5, atol=1e-7, err_msg="qkv"[which])
+
+
+def test_reference_lse_is_the_log_sum_exp_of_the_scaled_scores(rng):
+    q, k, v = (rng.standard_normal((1, 1, 3, 4)) for _ in range(3))
+    _, lse = attention_forward(q, k, v, False, 0.5)
+    s = 0.5 * q[0, 0] @ k[0, 0].T
+    np.testing.assert_allclose(lse[0, 0], np.log(np.exp(s).sum(-1)))

@@ -1,0 +1,174 @@
+"""kernels.attention_backward against the float64 reference (computed from the same bf16 or fp16
+inputs): causal and not, grouped-query heads, head dims 64, 128 and others, lengths of 1 and
+odd lengths, more keys than queries and fewer, poisoned gradients, the deterministic mode
+bit-identical across runs; gradients through torch autograd and a torch.compile training step."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.testing import poison, rel_error
+
+from attention_reference import attention_backward, attention_forward
+
+pytestmark = pytest.mark.gpu
+
+TOL = 1e-2  # as the forward's; bf16 P and dS feed the gradient GEMMs (about 3e-3 in a lane-level emulation)
+
+
+def _inputs(rng, b, hq, hkv, sq, skv, d, dtype):
+    """(device arrays, their float64 values) of q, k, v and dout."""
+    shapes = ((b, hq, sq, d), (b, hkv, skv, d), (b, hkv, skv, d), (b, hq, sq, d))
+    if dtype == "bfloat16":
+        bits = [bf16_bits(rng.standard_normal(s)) for s in shapes]
+        return ([tf.from_numpy(x, dtype="bfloat16") for x in bits],
+                [bf16_to_float32(x).astype(np.float64) for x in bits])
+    halves = [rng.standard_normal(s).astype(np.float16) for s in shapes]
+    return [tf.from_numpy(x) for x in halves], [x.astype(np.float64) for x in halves]
+
+
+def _values(arr, dtype):
+    host = arr.numpy()
+    return bf16_to_float32(host) if dtype == "bfloat16" else host.astype(np.float64)
+
+
+def _check_grads(got, want, case):
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert np.isfinite(g).all(), (name, case)
+        assert rel_error(g, w) < TOL, (name, case, rel_error(g, w))
+
+
+def _run(rng, b, hq, hkv, sq, skv, d, causal, dtype="bfloat16", deterministic=False):
+    (q, k, v, dout), (qf, kf, vf, gf) = _inputs(rng, b, hq, hkv, sq, skv, d, dtype)
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    grads = [poison(tf.empty(x.shape, dtype)) for x in (q, k, v)]
+    result = kernels.attention_backward(q, k, v, out, dout, lse, causal=causal, deterministic=deterministic,
+                                        dq=grads[0], dk=grads[1], dv=grads[2])
+    assert all(r is g for r, g in zip(result, grads))
+    got = [_values(g, dtype) for g in grads]
+    _check_grads(got, attention_backward(qf, kf, vf, gf, causal, 1 / np.sqrt(d)), (b, hq, hkv, sq, skv, d, causal))
+    return (q, k, v, out, dout, lse), got
+
+
+@pytest.mark.parametrize("b,hq,hkv,sq,skv", [(1, 1, 1, 1, 1), (2, 2, 1, 77, 77), (1, 4, 1, 300, 513),
+                                             (3, 2, 2, 513, 300), (1, 4, 2, 1, 77)])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_against_float64(device, rng, b, hq, hkv, sq, skv, d, causal):
+    _run(rng, b, hq, hkv, sq, skv, d, causal)
+
+
+@pytest.mark.parametrize("d", [80, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_other_head_dims(device, rng, d, causal):
+    """Head dim 80 (no forward kernel: the reference's out and lse feed the backward) and 256
+    (two 128-column slices a key block)."""
+    if d == 256:
+        _run(rng, 2, 4, 2, 130, 200, d, causal)
+        return
+    (q, k, v, dout), (qf, kf, vf, gf) = _inputs(rng, 1, 2, 1, 150, 220, d, "bfloat16")
+    out_f, lse_f = attention_forward(qf, kf, vf, causal, 1 / np.sqrt(d))
+    out = tf.from_numpy(bf16_bits(out_f), dtype="bfloat16")
+    lse = tf.from_numpy(lse_f.astype(np.float32))
+    dq, dk, dv = kernels.attention_backward(q, k, v, out, dout, lse, causal=causal)
+    _check_grads([bf16_to_float32(g.numpy()) for g in (dq, dk, dv)],
+                 attention_backward(qf, kf, vf, gf, causal, 1 / np.sqrt(d)), (d, causal))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_fp16(device, rng, causal):
+    _run(rng, 2, 4, 2, 200, 333, 128, causal, dtype="float16")
+    _run(rng, 1, 2, 2, 77, 64, 64, causal, dtype="float16")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_deterministic_is_bit_identical(device, rng, causal):
+    """Key blocks add dQ in their order: two runs agree to the bit (and with the reference);
+    the atomic mode agrees with it to rounding."""
+    inputs, first = _run(rng, 2, 4, 2, 333, 400, 128, causal, deterministic=True)
+    again = kernels.attention_backward(*inputs, causal=causal, deterministic=True)
+    for a, b in zip(first, again):
+        assert np.array_equal(a, _values(b, "bfloat16"))
+    fast = kernels.attention_backward(*inputs, causal=causal)
+    for a, b in zip(first, fast):
+        assert rel_error(_values(b, "bfloat16"), a) < 1e-2
+
+
+def test_attention_backward_without_queries_zeroes_dk_and_dv(device, rng):
+    (q, k, v, dout), _ = _inputs(rng, 1, 2, 2, 0, 70, 64, "bfloat16")
+    out, lse = kernels.attention(q, k, v, return_lse=True)
+    dk, dv = poison(tf.empty(k.shape, "bfloat16")), poison(tf.empty(v.shape, "bfloat16"))
+    dq, _, _ = kernels.attention_backward(q, k, v, out, dout, lse, dk=dk, dv=dv)
+    assert dq.shape == q.shape
+    assert not dk.numpy().any() and not dv.numpy().any()
+
+
+def _torch_case(torch, rng, shape_q, shape_kv, dtype=None):
+    dtype = dtype or torch.bfloat16
+    q, k, v = (torch.tensor(rng.standard_normal(s), dtype=dtype, device="cuda", requires_grad=True)
+               for s in (shape_q, shape_kv, shape_kv))
+    grad = torch.tensor(rng.standard_normal(shape_q), dtype=dtype, device="cuda")
+    want = attention_backward(*(t.detach().double().cpu().numpy() for t in (q, k, v, grad)), True,
+                              1 / np.sqrt(shape_q[-1]))
+    return q, k, v, grad, want
+
+
+def _torch_grads(q, k, v):
+    return [t.grad.double().cpu().numpy() for t in (q, k, v)]
+
+
+def test_attention_backward_through_torch_autograd(device, rng):
+    """kernels.attention on tensors that require grad records the op: out.backward(grad)
+    fills q.grad, k.grad and v.grad (GQA 4:1, causal); torch.ops.tmaflow.attention too."""
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  (registers the autograd ops)
+
+    q, k, v, grad, want = _torch_case(torch, rng, (2, 4, 300, 128), (2, 1, 300, 128))
+    out = kernels.attention(q, k, v, causal=True)
+    assert out.requires_grad
+    out.backward(grad)
+    _check_grads(_torch_grads(q, k, v), want, "kernels.attention")
+    for t in (q, k, v):
+        t.grad = None
+    torch.ops.tmaflow.attention(q, k, v, True).backward(grad)
+    _check_grads(_torch_grads(q, k, v), want, "torch.ops.tmaflow.attention")
+
+
+def test_attention_backward_in_a_torch_compile_training_step(device, rng):
+    """A fullgraph-compiled step (projection, attention, loss) gives the eager step's gradients."""
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401
+
+    q, k, v, grad, want = _torch_case(torch, rng, (1, 2, 257, 64), (1, 2, 257, 64))
+    weight = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step(q, k, v, weight):
+        out = kernels.attention(q @ weight, k, v, causal=True)
+        return (out.float() * grad.float()).sum()
+
+    step(q, k, v, weight).backward()
+    eager = _torch_grads(q, k, v) + [weight.grad.double().cpu().numpy()]
+    for t in (q, k, v, weight):
+        t.grad = None
+    torch.compile(step, fullgraph=True)(q, k, v, weight).backward()
+    compiled = _torch_grads(q, k, v) + [weight.grad.double().cpu().numpy()]
+    for name, a, b in zip(("dq", "dk", "dv", "dweight"), compiled, eager):
+        assert rel_error(a, b) < 1e-2, (name, rel_error(a, b))
+
+
+def test_attention_backward_matches_torch_sdpa_backward(device):
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401
+
+    for dtype in (torch.bfloat16, torch.float16):
+        q = torch.randn(2, 8, 1000, 128, device="cuda", dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(2, 2, 1000, 128, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+        grad = torch.randn_like(q)
+        torch.autograd.backward(kernels.attention(q, k, v, causal=True), grad)
+        ours = [t.grad.float() for t in (q, k, v)]
+        q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+        torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, is_causal=True,
+                                                         enable_gqa=True).backward(grad.float())
+        for name, a, b in zip("qkv", ours, (q32.grad, k32.grad, v32.grad)):
+            assert (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item() < TOL, (name, dtype)

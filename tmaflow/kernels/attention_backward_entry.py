@@ -1,0 +1,155 @@
+"""Attention backward (``attention_backward.cu``): the entry point ``kernels.attention_backward``,
+three launches a call (Delta = rowsum(dO * O) with the fp32 dQ accumulator zeroed; dK, dV and
+dQ's partial sums per key block; dQ in the output dtype), and their shapes."""
+from __future__ import annotations
+
+import math
+from threading import get_ident
+from types import SimpleNamespace
+
+from ..dtypes import as_dtype
+from ..errors import TmaflowError
+from ..launch.config import resolve_stream
+from ..runtime.device import current_ordinal
+from ..runtime.memory import as_array
+from . import checks
+from .attention_entry import _check, _scale
+from .entry import STATES, cached_state, contiguous_strides, entry_point, given_output, new_output, on_current_device
+from .registry import get_kernel
+
+HEAD_DIMS = tuple(range(16, 257, 16))
+BLOCK = 64      # keys a CTA, and query rows a step (as attention_backward.cu's BN and BM)
+SLICE = 128     # head-dim columns of the gradients a CTA owns (DS): larger head dims take slices
+THREADS = 128
+_PREP_ROWS = 8  # query rows a CTA of the Delta kernel (a warp each)
+_DQ_GRID = 1024
+
+
+def backward_smem(head_dim: int) -> int:
+    """Dynamic shared memory of the main kernel: K, V, Q and dO tiles of padded rows, dS^T,
+    the log-sum-exp and Delta of a query block."""
+    row = head_dim + 8
+    return 4 * BLOCK * row * 2 + BLOCK * (BLOCK + 8) * 2 + 2 * BLOCK * 4
+
+
+def slices(head_dim: int) -> int:
+    return -(-head_dim // SLICE)
+
+
+def _check_grads(who, Q, K, V, out, dout, lse):
+    """out and dout: q's shape, dtype and layout; lse: (batch, heads, seq_q) float32."""
+    for name, arr in (("out", out), ("dout", dout)):
+        if arr.shape != Q.shape or arr.dtype != Q.dtype:
+            raise TmaflowError(f"{who}: {name} must be q's {Q.shape} {Q.dtype.name} (got {arr.shape} "
+                               f"{arr.dtype.name})")
+        if arr.strides != contiguous_strides(arr.shape, 2):
+            raise TmaflowError(f"{who}: {name} must be contiguous; strides {arr.strides} B (call "
+                               ".contiguous() first)")
+    if lse.shape != Q.shape[:3] or lse.dtype.name != "float32" or lse.strides != contiguous_strides(lse.shape, 4):
+        raise TmaflowError(f"{who}: lse must be a contiguous {Q.shape[:3]} float32 array (batch, heads, "
+                           f"seq_q), as attention(..., return_lse=True) returns it; got {lse.shape} "
+                           f"{lse.dtype.name}")
+    for name, arr in (("q", Q), ("k", K), ("v", V), ("out", out), ("dout", dout)):
+        if arr.ptr % 16:
+            raise TmaflowError(f"{who}: {name} at 0x{arr.ptr:x} must be 16-byte aligned (rows are read "
+                               "in 16-byte pieces)")
+
+
+def _given(who, grad, name, like, inputs):
+    if grad is None:
+        return None
+    arr = given_output(who, grad, like.shape, like.dtype)
+    if arr.strides != contiguous_strides(like.shape, 2) or arr.ptr % 16:
+        raise TmaflowError(f"{who}: {name} must be contiguous and 16-byte aligned (strides {arr.strides} "
+                           f"B, at 0x{arr.ptr:x})")
+    checks.no_aliasing(f"{who}: {name}", arr, inputs)
+    return arr
+
+
+@entry_point
+def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: float | None = None,
+                       deterministic: bool = False, dq=None, dk=None, dv=None, stream=None):
+    """Gradients (dq, dk, dv) of ``out = attention(q, k, v, causal=causal, scale=scale)`` given
+    ``dout``, the gradient of out, and ``lse``, the forward's log-sum-exp (``attention(...,
+    return_lse=True)``). bfloat16 or float16, head_dim any multiple of 16 from 16 to 256; k and
+    v may have fewer heads (grouped-query attention: dk and dv of a kv head sum over its query
+    heads); seq_q and seq_k may differ (causal masks are top-left aligned, as the forward's and
+    torch's ``is_causal``). dQ is summed in fp32 with atomics, in an order that varies from run
+    to run; ``deterministic=True`` sums it in key-block order instead (bit-identical runs).
+    dq, dk and dv may be given (contiguous, of q's, k's and v's shape and dtype); each is
+    returned of q's kind."""
+    causal, deterministic = _OPTIONS(causal, deterministic)
+    who = "attention_backward"
+    Q, K, V, O, G, L = (as_array(a) for a in (q, k, v, out, dout, lse))
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, HEAD_DIMS, who)
+    _check_grads(who, Q, K, V, O, G, L)
+    scale = _scale(scale, d, who)
+    inputs = tuple(zip(("q", "k", "v", "out", "dout", "lse"), (Q, K, V, O, G, L)))
+    given: list = []
+    for grad, name, like in ((dq, "dq", Q), (dk, "dk", K), (dv, "dv", V)):
+        given.append(_given(who, grad, name, like, inputs + tuple(zip(("dq", "dk"), given))))
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (Q, K, V, O, G, L, *given), ordinal)
+    key = (who, Q.dtype.name, Q.shape, K.shape, causal, deterministic, stream, Q.device, ordinal, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        st = cached_state(key, lambda: _state(Q, K, causal, deterministic, stream))
+    outs = [(g, arr) if arr is not None else new_output(like, like_arr, like_arr.shape, None, stream)
+            for g, arr, like, like_arr in zip((dq, dk, dv), given, (q, k, v), (Q, K, V))]
+    result = tuple(o for o, _ in outs)
+    DQ, DK, DV = (arr for _, arr in outs)
+    if not st.launches:
+        return None, (), result
+    # fp32 workspace, in order on the stream: dQ's accumulator, Delta, then the chain counters.
+    rows = b * hq * sq
+    _, ws = new_output(q, Q, (rows * (d + 1) + st.chain_count,), as_dtype("float32"), stream)
+    accum, delta, chain = ws.ptr, ws.ptr + 4 * rows * d, ws.ptr + 4 * rows * (d + 1)
+    args = ((O, G, delta, accum, chain, rows, st.chain_count),
+            (Q, K, V, G, L, delta, accum, chain, DK, DV, sq, skv, hq, hq // hkv, float(scale),
+             float(scale) * math.log2(math.e)),
+            (accum, DQ, rows * d // 2, float(scale)), ws)
+    return st.run, args, result
+
+
+_OPTIONS = checks.Options("attention_backward", causal=checks.flag(), deterministic=checks.flag())
+
+
+def _state(Q, K, causal, deterministic, stream) -> SimpleNamespace:
+    who = "attention_backward"
+    _OPTIONS.check(causal, deterministic)
+    on_current_device(who, Q)
+    b, hq, sq, d = Q.shape
+    hkv, skv = K.shape[1], K.shape[2]
+    fp16 = {"FP16": 1} if Q.dtype.name == "float16" else {}
+    prep_defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), **fp16}
+
+    def launcher(name, defines, **config):  # each kernel built with the defines it reads
+        return get_kernel(name, None, defines=defines, file="attention_backward").launcher(stream=stream, **config)
+    rows = b * hq * sq
+    launches = []
+    if rows:  # Delta and the zeroed accumulator
+        launches.append(launcher("attention_bwd_prep", prep_defines, grid=-(-rows // _PREP_ROWS),
+                                 block=32 * _PREP_ROWS))
+    if b * hkv * skv:  # dK and dV (zero where no query sees a key), dQ's sums
+        launches.append(launcher("attention_bwd", {**prep_defines, "CAUSAL": int(causal)},
+                                 grid=(-(-skv // BLOCK), hkv * slices(d), b), block=THREADS, smem=backward_smem(d)))
+    if rows:
+        launches.append(launcher("attention_bwd_dq", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256))
+    chain_count = b * hq * -(-sq // BLOCK) * slices(d) if deterministic else 0
+    return SimpleNamespace(launches=launches, chain_count=chain_count, run=_Run(launches, rows > 0))
+
+
+class _Run:
+    """The call's launches in order; ``args`` are (prep, main, dq) arguments and the workspace
+    they point into (kept alive by the call's arguments until the launches are queued)."""
+
+    def __init__(self, launches: list, has_rows: bool):
+        self.launches, self.has_rows = launches, has_rows
+
+    def __call__(self, prep, main, dq, workspace) -> None:
+        for launch, args in zip(self.launches, (prep, main, dq) if self.has_rows else (main,)):
+            launch(*args)
+
+    def __repr__(self) -> str:
+        return f"attention_backward({len(self.launches)} launches)"
