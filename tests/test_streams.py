@@ -135,7 +135,7 @@ def fake_states(monkeypatch):
         return build
 
     for module, name in ((dense, "_gemm_state"), (grouped, "_grouped_state"), (examples, "_softmax_state"),
-                         (examples, "_copy_state"), (attention_entry, "_state")):
+                         (examples, "_copy_state"), (examples, "_transpose_state"), (attention_entry, "_state")):
         monkeypatch.setattr(module, name, fake(getattr(module, name)))
     yield built, calls
     entry.STATES.clear()

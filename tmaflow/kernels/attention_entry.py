@@ -61,11 +61,11 @@ def attention_plan(head_dim: int, causal: bool = False) -> tuple:
 
 def _check(q, k, v, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
     for name, arr in (("q", q), ("k", k), ("v", v)):
-        if arr.ndim != 4:
+        if len(arr.shape) != 4:
             raise TmaflowError(f"{who}: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
         if arr.dtype.name not in dtypes:
             raise TmaflowError(f"{who}: {name} must be {' or '.join(dtypes)} (got {arr.dtype.name})")
-        if arr.dtype != q.dtype:
+        if arr.dtype is not q.dtype:
             raise TmaflowError(f"{who}: {name} is {arr.dtype.name} but q is {q.dtype.name}; q, k and v "
                                "must have one dtype")
         if arr.strides != contiguous_strides(arr.shape, 2):
@@ -94,13 +94,12 @@ def _scale(scale, d: int, who: str = "attention") -> float:
                                  "row maxima of the unscaled scores)")
 
 
-def _given_out(out, Q, inputs: tuple, who: str = "attention"):
+def _given_out(out, Q, who: str = "attention"):
     if out is None:
         return None
     O = given_output(who, out, Q.shape, Q.dtype)
     if O.strides != contiguous_strides(Q.shape, 2):
         raise TmaflowError(f"{who}: out must be contiguous (strides {O.strides} B)")
-    checks.no_aliasing(who, O, tuple(zip("qkv", inputs)))
     return O
 
 
@@ -113,20 +112,26 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     reads key/value head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as
     torch's ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind),
     and with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
-    causal, pdl, debug, trace = _OPTIONS(causal, pdl, debug, trace)
-    (return_lse,) = _RETURN_LSE(return_lse)  # a flag: any bool is valid, not part of the key
+    if (type(causal), type(pdl), type(debug), type(trace)) not in _OPTIONS.plain:
+        causal, pdl, debug, trace = _OPTIONS.check(causal, pdl, debug, trace)
+    if type(return_lse) is not bool:  # a flag: any bool is valid, not part of the key
+        (return_lse,) = _RETURN_LSE.check(return_lse)
     Q, K, V = as_array(q), as_array(k), as_array(v)
     b, hq, sq, d, hkv, skv = _check(Q, K, V)
     scale = _scale(scale, d)
-    O = _given_out(out, Q, (Q, K, V))
+    O = _given_out(out, Q)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, O), ordinal)
-    key = ("attention", Q.dtype.name, Q.shape, K.shape, causal, stream, pdl, Q.device, ordinal, debug,
-           trace, get_ident())
+    key = ("attention", Q.dtype.name, Q.shape, K.shape, O is None, causal, stream, pdl, Q.device,
+           ordinal, debug, trace, get_ident())
     try:
-        st = STATES[key]
+        st, windows = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _state(Q, K, causal, stream, pdl, debug, trace))
+        st = windows = None
+    if O is not None and not checks.apart(O.ptr, (Q.ptr, K.ptr, V.ptr), windows):
+        windows = checks.no_aliasing("attention", O, (("q", Q), ("k", K), ("v", V)))
+    if st is None:
+        st, _ = cached_state(key, lambda: (_state(Q, K, causal, stream, pdl, debug, trace), windows))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     lse_out, lse = (None, 0)
     if return_lse:
@@ -182,7 +187,9 @@ def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float 
     who = "attention_cp_async"
     b, hq, sq, d, hkv, skv = _check(Q, K, V, CP_ASYNC_HEAD_DIMS, who, ("bfloat16",))
     scale = _scale(scale, d, who)
-    O = _given_out(out, Q, (Q, K, V), who)
+    O = _given_out(out, Q, who)
+    if O is not None:
+        checks.no_aliasing(who, O, (("q", Q), ("k", K), ("v", V)))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, O), ordinal)
     key = ("attention_cp_async", Q.shape, K.shape, causal, stream, Q.device, ordinal, get_ident())

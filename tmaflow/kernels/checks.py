@@ -9,6 +9,7 @@ and its value when a state is built: a state is only ever cached under checked v
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -115,18 +116,19 @@ class Options:
     """The options of one entry point, in call order: ``opts(*values)`` on every call returns
     them as the cache key holds them (as given when each has a plain type, else checked and
     normalised: ``np.int64(3)`` becomes 3, ``np.bool_(True)`` True); ``opts.check(*values)``
-    checks every value, when a state is built."""
+    checks every value, when a state is built. ``opts.plain`` holds every tuple of plain types,
+    so a hot entry point tests its options' types in one set lookup, inline:
+    ``if (type(pdl), type(debug)) not in OPTS.plain: pdl, debug = OPTS.check(pdl, debug)``."""
 
     def __init__(self, who: str, **rules: Rule):
         self.fields = tuple(f"{who}: {name}" for name in rules)
         self.rules = tuple(rules.values())
-        self.plain = tuple(rule.plain for rule in self.rules)
+        self.plain = frozenset(itertools.product(*(rule.plain for rule in self.rules)))
 
     def __call__(self, *values) -> tuple:
-        for value, plain in zip(values, self.plain):
-            if type(value) not in plain:
-                return self.check(*values)
-        return values
+        if tuple(map(type, values)) in self.plain:
+            return values
+        return self.check(*values)
 
     def check(self, *values) -> tuple:
         return tuple(rule.check(field, value) for field, rule, value in zip(self.fields, self.rules, values))
@@ -151,13 +153,21 @@ def same_layout(a, b) -> bool:
     return a.ptr == b.ptr and a.shape == b.shape and a.strides == b.strides and a.dtype.itemsize == b.dtype.itemsize
 
 
-def no_aliasing(who: str, out, inputs: tuple, in_place: str | None = None) -> None:
+def no_aliasing(who: str, out, inputs: tuple, in_place: str | None = None) -> tuple:
     """Refuse an ``out`` whose bytes overlap an input's ((name, array or None) pairs): the
     kernel would read what it already wrote. ``in_place`` names the input ``out`` may be
-    exactly (same address and layout) where the kernel reads each element before writing it."""
+    exactly (same address and layout) where the kernel reads each element before writing it.
+
+    Returns the overlap windows of these layouts, which a state keyed by them keeps: a
+    repeated call then tests its addresses with ``apart``, and only a call that may overlap
+    comes back here. Input i's window is (windows[2i], windows[2i + 1]): the bytes overlap
+    exactly when windows[2i] < out.ptr - input.ptr < windows[2i + 1] ((0, 0), which holds
+    nothing, for no input or an empty out).
+    """
     lo, hi = span(out)
+    windows = tuple(bound for _, arr in inputs for bound in _window(lo - out.ptr, hi - out.ptr, arr))
     if lo == hi:
-        return
+        return windows
     for name, arr in inputs:
         if arr is None:
             continue
@@ -169,6 +179,29 @@ def no_aliasing(who: str, out, inputs: tuple, in_place: str | None = None) -> No
                 f"{who}: out (bytes {lo:#x}..{hi:#x}) overlaps {name} (bytes {a_lo:#x}..{a_hi:#x}): "
                 f"the kernel would read {name} after writing out over it{exact}; pass an out of "
                 "its own")
+    return windows
+
+
+def _window(lo: int, hi: int, arr) -> tuple[int, int]:
+    """(low, high): the bytes [out.ptr + lo, out.ptr + hi) overlap ``arr``'s exactly when
+    low < out.ptr - arr.ptr < high."""
+    if arr is None or lo == hi:
+        return 0, 0
+    a_lo, a_hi = span(arr)
+    return a_lo - arr.ptr - hi, a_hi - arr.ptr - lo
+
+
+def apart(out_ptr: int, ptrs: tuple, windows: tuple | None) -> bool:
+    """True when an out at ``out_ptr`` overlaps none of the inputs at ``ptrs`` whose layouts
+    gave ``windows`` (``no_aliasing``'s return); False when it may, or without windows."""
+    if windows is None:
+        return False
+    i = 0
+    for ptr in ptrs:
+        if windows[i] < out_ptr - ptr < windows[i + 1]:
+            return False
+        i += 2
+    return True
 
 
 # --- fp8 per-tensor scales --------------------------------------------------------------------

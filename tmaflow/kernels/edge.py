@@ -67,6 +67,18 @@ def why_not_rows(name: str, arr: DeviceArray) -> str | None:
     return None
 
 
+def aligned(a: DeviceArray, b: DeviceArray | None, c: DeviceArray | None = None) -> bool:
+    """Whether every base address is 16-byte aligned (None: an output the call allocates,
+    which is): with the layouts, all a cache key needs to imply ``takes_tma`` and
+    ``gemm_takes_tma``."""
+    bits = a.ptr
+    if b is not None:
+        bits |= b.ptr
+    if c is not None:
+        bits |= c.ptr
+    return not bits % ALIGN
+
+
 def takes_tma(a: DeviceArray, o: DeviceArray | None, transposed: bool = False) -> bool:
     """True when the 2-D TMA kernels (copy, softmax; transpose with ``transposed``) can run
     ``a`` into ``o``, or into a new contiguous output: both non-empty 2-D with rows TMA can

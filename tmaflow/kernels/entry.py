@@ -124,11 +124,11 @@ def given_output(name: str, out, shape: tuple, dtype, bits_only: bool = False) -
     that only move bits (``bits_only``) take any element type of the same size; the others need
     ``dtype`` itself (bf16 results in an fp16 array would read as garbage)."""
     arr = as_array(out)
-    same = arr.dtype.itemsize == dtype.itemsize if bits_only else arr.dtype == dtype
-    if arr.shape != tuple(shape) or not same:
+    same = arr.dtype.itemsize == dtype.itemsize if bits_only else arr.dtype is dtype
+    if arr.shape != shape or not same:
         raise TmaflowError(f"{name}: out must be a {tuple(shape)} {dtype} array (got "
                            f"{arr.shape} {arr.dtype})")
-    if not arr.alive:
+    if not arr._alloc.live:
         raise TmaflowError(f"{name}: out {arr!r} was freed")
     return arr
 

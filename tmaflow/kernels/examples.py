@@ -70,28 +70,33 @@ def copy(src, dst=None, *, box=None, stages=None, ctas_per_sm: int = 1,
     cuMemcpyDtoD against 0.933 flattened). The other defaults (64 KB boxes, 3 stages, 2 stores
     in flight, evict-first loads) are the fastest configuration the bandwidth sweep found.
     """
-    box_t, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores, pdl, debug, trace = \
-        _COPY_OPTIONS(box, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores, pdl, debug, trace)
+    if (type(box), type(stages), type(ctas_per_sm), type(l2_promotion), type(flatten), type(evict_first),
+            type(stores), type(pdl), type(debug), type(trace)) not in _COPY_OPTIONS.plain:
+        box, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores, pdl, debug, trace = \
+            _COPY_OPTIONS.check(box, stages, ctas_per_sm, l2_promotion, flatten, evict_first, stores, pdl,
+                                debug, trace)
     a = as_array(src)
     o = None if dst is None else given_output("copy", dst, a.shape, a.dtype, bits_only=True)
-    if o is not None:
-        checks.no_aliasing("copy", o, (("src", a),))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (a, o), ordinal)
-    if not edge.takes_tma(a, o):
-        return edge.copy(copy.__wrapped__, src, a, dst, o, dict(
-            box=box_t, stages=stages, ctas_per_sm=ctas_per_sm, l2_promotion=l2_promotion,
-            flatten=flatten, evict_first=evict_first, stores=stores, stream=stream, pdl=pdl,
-            debug=debug, trace=trace))
-    key = ("copy", a.shape, a.strides, a.dtype, o and o.strides, box_t, stages, ctas_per_sm,
-           l2_promotion, flatten, evict_first, stores, stream, pdl, a.device, ordinal, debug,
-           trace, get_ident())
+    key = ("copy", a.shape, a.strides, a.dtype.name, o and o.strides, edge.aligned(a, o), box, stages,
+           ctas_per_sm, l2_promotion, flatten, evict_first, stores, stream, pdl, a.device, ordinal,
+           debug, trace, get_ident())
     try:
-        st = STATES[key]
+        st, windows = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _copy_state(a, o, box_t, stages, ctas_per_sm, l2_promotion,
-                                                   flatten, evict_first, stores, stream, pdl, debug,
-                                                   trace))
+        st = windows = None
+    if o is not None and not checks.apart(o.ptr, (a.ptr,), windows):
+        windows = checks.no_aliasing("copy", o, (("src", a),))
+    if st is None:
+        if not edge.takes_tma(a, o):
+            return edge.copy(copy.__wrapped__, src, a, dst, o, dict(
+                box=box, stages=stages, ctas_per_sm=ctas_per_sm, l2_promotion=l2_promotion,
+                flatten=flatten, evict_first=evict_first, stores=stores, stream=stream, pdl=pdl,
+                debug=debug, trace=trace))
+        st, _ = cached_state(key, lambda: (_copy_state(a, o, box, stages, ctas_per_sm, l2_promotion,
+                                                       flatten, evict_first, stores, stream, pdl,
+                                                       debug, trace), windows))
     if o is None:
         dst, o = new_output(src, a, a.shape, None, stream)
     if st.flat:
@@ -158,37 +163,44 @@ _TRANSPOSE_OPTIONS = checks.Options("transpose", debug=checks.DEBUG)
 def transpose(a, out=None, *, stream=None, debug: bool | None = None):
     """out = a.T for a 2-D 4-byte array, through 128B-swizzled shared memory (layouts the TMA
     cannot address, and empty arrays, through ``edge.transpose``)."""
-    (debug,) = _TRANSPOSE_OPTIONS(debug)
+    if (type(debug),) not in _TRANSPOSE_OPTIONS.plain:
+        (debug,) = _TRANSPOSE_OPTIONS.check(debug)
     x = as_array(a)
     if x.ndim != 2 or x.dtype.itemsize != 4:
         raise TmaflowError(f"transpose: needs a 2-D 4-byte array (got {x.shape} {x.dtype})")
     shape_t = (x.shape[1], x.shape[0])
     o = None if out is None else given_output("transpose", out, shape_t, x.dtype, bits_only=True)
-    if o is not None:
-        checks.no_aliasing("transpose", o, (("a", x),))
-    if not edge.takes_tma(x, o, transposed=True):
-        return edge.transpose(a, x, out, o, resolve_stream(stream, (x, o), current_ordinal()), debug)
-    o_strides = output_strides(o, shape_t, 4)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (x, o), ordinal)
-    key = ("transpose", x.shape, x.strides, x.dtype, o_strides, stream, x.device, ordinal, debug,
-           get_ident())
-
-    def build():
-        _TRANSPOSE_OPTIONS.check(debug)
-        on_current_device("transpose", x)
-        spec_in, spec_out, layout = transpose_plan(x.shape)
-        k = get_kernel("transpose", layout, debug=debug)
-        tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
-        launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
-        tin = TensorMapSpec.tiled(x.dtype, x.shape, spec_in.box, strides=x.strides, swizzle="128B")
-        tout = TensorMapSpec.tiled(x.dtype, shape_t, spec_out.box, strides=o_strides, swizzle="128B")
-        return _State(launcher, MapTemplate(tin), MapTemplate(tout, "store"), (tiles_x, tiles_y))
-
-    st = cached_state(key, build)
+    key = ("transpose", x.shape, x.strides, x.dtype.name, o and o.strides, edge.aligned(x, o), stream,
+           x.device, ordinal, debug, get_ident())
+    try:
+        st, windows = STATES[key]
+    except (KeyError, TypeError):
+        st = windows = None
+    if o is not None and not checks.apart(o.ptr, (x.ptr,), windows):
+        windows = checks.no_aliasing("transpose", o, (("a", x),))
+    if st is None:
+        if not edge.takes_tma(x, o, transposed=True):
+            return edge.transpose(a, x, out, o, stream, debug)
+        st, _ = cached_state(key, lambda: (_transpose_state(x, o, stream, debug), windows))
     if o is None:
         out, o = new_output(a, x, shape_t, None, stream)
     return st.launcher, (st.src.bind(x), st.dst.bind(o), *st.extra), out
+
+
+def _transpose_state(x, o, stream, debug) -> _State:
+    _TRANSPOSE_OPTIONS.check(debug)
+    on_current_device("transpose", x)
+    shape_t = (x.shape[1], x.shape[0])
+    spec_in, spec_out, layout = transpose_plan(x.shape)
+    k = get_kernel("transpose", layout, debug=debug)
+    tiles_x, tiles_y = math.ceil(x.shape[1] / 32), math.ceil(x.shape[0] / 128)
+    launcher = k.launcher(grid=_persistent_grid(tiles_x * tiles_y), block=256, stream=stream)
+    tin = TensorMapSpec.tiled(x.dtype, x.shape, spec_in.box, strides=x.strides, swizzle="128B")
+    tout = TensorMapSpec.tiled(x.dtype, shape_t, spec_out.box, strides=output_strides(o, shape_t, 4),
+                               swizzle="128B")
+    return _State(launcher, MapTemplate(tin), MapTemplate(tout, "store"), (tiles_x, tiles_y))
 
 
 # --- softmax --------------------------------------------------------------------------------
@@ -229,22 +241,25 @@ def softmax(x, out=None, *, stream=None, pdl: bool = False, debug: bool | None =
     """Softmax over the last dim of a float32 array: 2-D rows loaded and stored by TMA;
     other ranks, widths and strides through ``edge.softmax``. ``out`` may be ``x`` itself (each
     row is read whole before it is written), but no other view overlapping it."""
-    pdl, debug, trace = _SOFTMAX_OPTIONS(pdl, debug, trace)
+    if (type(pdl), type(debug), type(trace)) not in _SOFTMAX_OPTIONS.plain:
+        pdl, debug, trace = _SOFTMAX_OPTIONS.check(pdl, debug, trace)
     a = as_array(x)
     o = None if out is None else given_output("softmax", out, a.shape, a.dtype)
-    if o is not None:
-        checks.no_aliasing("softmax", o, (("x", a),), in_place="x")
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (a, o), ordinal)
-    if not edge.takes_tma(a, o) or a.shape[1] > SOFTMAX_MAX_COLS:
-        return edge.softmax(softmax.__wrapped__, x, a, out, o, SOFTMAX_MAX_COLS,
-                            dict(stream=stream, pdl=pdl, debug=debug, trace=trace))
-    key = ("softmax", a.shape, a.strides, a.dtype, o and o.strides, stream, pdl, a.device, ordinal,
-           debug, trace, get_ident())
+    key = ("softmax", a.shape, a.strides, a.dtype.name, o and o.strides, edge.aligned(a, o), stream, pdl,
+           a.device, ordinal, debug, trace, get_ident())
     try:
-        st = STATES[key]
+        st, windows = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _softmax_state(a, o, stream, pdl, debug, trace))
+        st = windows = None
+    if o is not None and not checks.apart(o.ptr, (a.ptr,), windows):
+        windows = checks.no_aliasing("softmax", o, (("x", a),), in_place="x")
+    if st is None:
+        if not edge.takes_tma(a, o) or a.shape[1] > SOFTMAX_MAX_COLS:
+            return edge.softmax(softmax.__wrapped__, x, a, out, o, SOFTMAX_MAX_COLS,
+                                dict(stream=stream, pdl=pdl, debug=debug, trace=trace))
+        st, _ = cached_state(key, lambda: (_softmax_state(a, o, stream, pdl, debug, trace), windows))
     if o is None:
         out, o = new_output(x, a, a.shape, None, stream)
     return st.launcher, (st.src.bind(a), st.dst.bind(o), *st.extra), out

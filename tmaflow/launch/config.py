@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .. import checks
 from ..errors import LaunchError
-from ..runtime.device import current_stream, stream_handle
+from ..runtime.device import framework_stream, stream_handle
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 
 GRID_LIMITS = (2**31 - 1, 65535, 65535)
@@ -120,9 +120,9 @@ def resolve_stream(stream, arrays, ordinal: int) -> int:
             return graph.stream.handle
     framework = None
     for a in arrays:
-        origin = getattr(a, "_origin", None)
+        origin = None if a is None else a._origin
         if origin is not None:
             framework = origin
             if origin == "torch":
                 break
-    return 0 if framework is None else current_stream((framework,), ordinal)
+    return 0 if framework is None else framework_stream(framework, ordinal)

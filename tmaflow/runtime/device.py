@@ -345,16 +345,33 @@ def stream_handle(stream) -> int:
     raise _not_a_stream(stream)
 
 
+_CURRENT: dict = {}  # "torch" / "cupy" -> (its module, current(ordinal) -> handle)
+
+
+def _getter(framework: str):
+    """``current(ordinal) -> stream handle`` of ``framework`` ("torch" or "cupy"), made once
+    per module object (a module replaced in sys.modules gets its own)."""
+    module = sys.modules[framework]
+    known = _CURRENT.get(framework)
+    if known is not None and known[0] is module:
+        return known[1]
+    if framework == "torch":
+        current = getattr(module._C, "_cuda_getCurrentRawStream", None) or \
+            (lambda ordinal: module.cuda.current_stream(ordinal).cuda_stream)
+    else:
+        get = module.cuda.get_current_stream
+        current = lambda ordinal: get().ptr  # noqa: E731
+    _CURRENT[framework] = (module, current)
+    return current
+
+
 def _current_stream(frameworks):
     """``current(ordinal) -> stream handle`` for ``stream=None`` with arrays of these
     frameworks, or None for the legacy default stream."""
     if "torch" in frameworks:
-        torch = sys.modules["torch"]
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        return raw or (lambda ordinal: torch.cuda.current_stream(ordinal).cuda_stream)
+        return _getter("torch")
     if "cupy" in frameworks:
-        get = sys.modules["cupy"].cuda.get_current_stream
-        return lambda ordinal: get().ptr
+        return _getter("cupy")
     return None
 
 
@@ -362,3 +379,9 @@ def current_stream(frameworks, ordinal: int) -> int:
     """The handle ``stream=None`` means for arrays of these frameworks on device ``ordinal``."""
     current = _current_stream(frameworks)
     return 0 if current is None else current(ordinal)
+
+
+def framework_stream(framework: str, ordinal: int) -> int:
+    """``current_stream`` for the arrays of one framework ("torch" or "cupy"): the entry
+    points' per-call path."""
+    return _getter(framework)(ordinal)

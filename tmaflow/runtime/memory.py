@@ -406,19 +406,26 @@ def _torch_types():
     return _TORCH_TYPES[0]
 
 
+_TORCH_EXACT: set = set()  # the exact types found to be torch tensors: one set lookup each call
 _TORCH_DTYPES: dict = {}
+_TORCH_PLACES: dict = {}  # ordinal -> (Device, _Unowned) of torch memory there
 
 
 def _torch_view(t) -> DeviceArray:
     ordinal = t.get_device()
-    if ordinal < 0:
-        raise TmaflowError(f"as_array: the torch tensor of shape {tuple(t.shape)} is on "
-                           f"{t.device}; kernels need a CUDA tensor (use .cuda())")
+    place = _TORCH_PLACES.get(ordinal)
+    if place is None:
+        if ordinal < 0:
+            raise TmaflowError(f"as_array: the torch tensor of shape {tuple(t.shape)} is on "
+                               f"{t.device}; kernels need a CUDA tensor (use .cuda())")
+        device = device_of(ordinal)
+        place = _TORCH_PLACES[ordinal] = (device, _unowned("torch", device))
     dt = _TORCH_DTYPES.get(t.dtype)
     if dt is None:
         dt = _TORCH_DTYPES[t.dtype] = as_dtype(t.dtype)
-    return DeviceArray._view(t.data_ptr(), t.shape, dt, tuple(map(dt.itemsize.__mul__, t.stride())),
-                             t, device_of(ordinal), "torch")
+    item = dt.itemsize
+    return DeviceArray._view(t.data_ptr(), t.shape, dt, tuple([s * item for s in t.stride()]), t,
+                             place[0], "torch", place[1])
 
 
 def _cupy_view(a) -> DeviceArray:
@@ -438,8 +445,11 @@ def as_array(obj, dtype=None, stream=None) -> DeviceArray:
     t = type(obj)
     if t is DeviceArray:
         return obj
+    if t in _TORCH_EXACT and dtype is None:
+        return _torch_view(obj)
     mod = t.__module__
     if dtype is None and mod.startswith("torch") and isinstance(obj, _torch_types()):
+        _TORCH_EXACT.add(t)
         return _torch_view(obj)
     if dtype is None and mod.startswith("cupy") and t.__name__ == "ndarray" and obj.dtype.kind != "V":
         return _cupy_view(obj)

@@ -36,35 +36,42 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig or kernels.SkinnyConfig")
     if isinstance(config, SkinnyConfig) and layout != "nt":
         raise TmaflowError(f"gemm: a SkinnyConfig takes layout='nt' (got {layout!r})")
-    pdl, debug, trace = _LAUNCH_OPTIONS(pdl, debug, trace)
+    if (type(pdl), type(debug), type(trace)) not in _LAUNCH_OPTIONS.plain:
+        pdl, debug, trace = _LAUNCH_OPTIONS.check(pdl, debug, trace)
     A, B = as_array(a), as_array(b)
     m, n, k = _check_operands(A, B, layout)
     scale, blocks, mode = _scales(A, B, scale_a, scale_b)
     if blocks is not None and isinstance(config, GemmConfig) and (config.bn != 128 or config.promote != 1):
         raise TmaflowError(f"gemm: block scales are applied at every k-block: config must be a "
                            f"GemmConfig with bn=128 and promote=1, or a SkinnyConfig (got {config!r})")
-    C = None
-    if out is not None:
-        C = given_output("gemm", out, (m, n), BF16)
-        checks.no_aliasing("gemm", C, (("a", A), ("b", B), *zip(("scale_a", "scale_b"), blocks or ())))
+    C = None if out is None else given_output("gemm", out, (m, n), BF16)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (A, B, C), ordinal)
-    if m == 0 or n == 0 or k == 0:
-        return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
-    if not edge.gemm_takes_tma(A, B, C, n, mode):
-        return edge.gemm(gemm.__wrapped__, a, A, B, out, C, layout=layout, scale_a=scale_a,
-                         scale_b=scale_b, scale_mode=mode, options=dict(
-                             config=config, stream=stream, pdl=pdl, debug=debug, trace=trace))
-    key = ("gemm", A.dtype, A.shape, A.strides, B.shape, B.strides, C and C.strides, layout, config,
-           stream, pdl, A.device, ordinal, debug, trace, get_ident(),
-           blocks and blocks[0].strides)  # scale_a's strides decide its mode
+    # scale_a's strides and the mode decide how block scales are read; their layouts, the
+    # operands' and the addresses' alignment whether the TMA kernel runs as given
+    key = ("gemm", A.dtype.name, A.shape, A.strides, B.shape, B.strides, C and C.strides,
+           edge.aligned(A, B, C), layout, config, stream, pdl, A.device, ordinal,
+           debug, trace, get_ident(), mode, blocks and (blocks[0].strides, blocks[1].strides))
     try:
-        st = STATES[key]
+        st, windows = STATES[key]
     except (KeyError, TypeError):
+        st = windows = None
+    if C is not None:
+        ptrs = (A.ptr, B.ptr) if blocks is None else (A.ptr, B.ptr, blocks[0].ptr, blocks[1].ptr)
+        if not checks.apart(C.ptr, ptrs, windows):
+            windows = checks.no_aliasing("gemm", C, (("a", A), ("b", B), *zip(("scale_a", "scale_b"), blocks or ())))
+    if st is None:
+        if m == 0 or n == 0 or k == 0:
+            return _empty_product(a, A, out, C, (m, n), k, stream, BF16)
+        if not edge.gemm_takes_tma(A, B, C, n, mode):
+            return edge.gemm(gemm.__wrapped__, a, A, B, out, C, layout=layout, scale_a=scale_a,
+                             scale_b=scale_b, scale_mode=mode, options=dict(
+                                 config=config, stream=stream, pdl=pdl, debug=debug, trace=trace))
         c_strides = output_strides(C, (m, n), 2)
-        st = cached_state(key, lambda: _gemm_state(A, B, c_strides, m, n, k, layout, config,
-                                                   stream, pdl, debug, trace, mode,
-                                                   blocks and _scale_map_view(blocks[0], mode)))
+        st, _ = cached_state(key, lambda: (_gemm_state(A, B, c_strides, m, n, k, layout, config,
+                                                       stream, pdl, debug, trace, mode,
+                                                       blocks and _scale_map_view(blocks[0], mode)),
+                                           windows))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
     if st.tc is None:  # the skinny kernel writes C through its pointer; A's block scales come by map only
         args = (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail, scale,

@@ -38,7 +38,8 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     B is G x K x N). A is T x K, bfloat16; C is T x N bfloat16, fp32 accumulation.
     ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes, T last (groups
     may be empty); device or host offsets and the device-patched maps: docs/gemm.md."""
-    pdl, debug, trace = _GROUPED_OPTIONS(pdl, debug, trace)
+    if (type(pdl), type(debug), type(trace)) not in _GROUPED_OPTIONS.plain:
+        pdl, debug, trace = _GROUPED_OPTIONS.check(pdl, debug, trace)
     if config is not None and not isinstance(config, GemmConfig):
         raise TmaflowError(f"grouped_gemm: config={config!r} must be None or a kernels.GemmConfig")
     A, B = as_array(a), as_array(b)
@@ -55,29 +56,31 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     want = "(G, N, K)" if layout == "nt" else "(G, K, N)"
     if kb != k:
         raise TmaflowError(f"grouped_gemm: a is {A.shape} (T, K) but b is {B.shape}; b must be {want}")
-    C = None
-    if out is not None:
-        C = given_output("grouped_gemm", out, (t, n), A.dtype)
+    C = None if out is None else given_output("grouped_gemm", out, (t, n), A.dtype)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (A, B, C), ordinal)
     offs = _offsets("grouped_gemm", offsets, g, t, A.device, stream)
-    if C is not None:
-        checks.no_aliasing("grouped_gemm", C, (("a", A), ("b", B),
-                                                ("offsets", as_array(offs) if offs is offsets else None)))
-    if t == 0 or n == 0 or k == 0:
-        return _empty_product(a, A, out, C, (t, n), k, stream)
-    if not edge.grouped_takes_tma(A, B, C, n, layout):
-        return edge.grouped_gemm(grouped_gemm.__wrapped__, a, A, B, offs, out, C, layout=layout,
-                                 options=dict(config=config, stream=stream, pdl=pdl, debug=debug,
-                                              trace=trace))
-    key = ("grouped_gemm", A.shape, A.strides, B.shape, layout, C and C.strides, config, stream,
-           pdl, A.device, ordinal, debug, trace, get_ident())
+    # device offsets are the caller's array, which out must not overlap (host ones are uploaded)
+    given = as_array(offs) if C is not None and offs is offsets else None
+    key = ("grouped_gemm", A.shape, A.strides, B.shape, B.strides, layout, C and C.strides,
+           given and given.strides, edge.aligned(A, B, C), config, stream, pdl,
+           A.device, ordinal, debug, trace, get_ident())
     try:
-        st = STATES[key]
+        st, windows = STATES[key]
     except (KeyError, TypeError):
+        st = windows = None
+    if C is not None and not checks.apart(C.ptr, (A.ptr, B.ptr, given.ptr if given else 0), windows):
+        windows = checks.no_aliasing("grouped_gemm", C, (("a", A), ("b", B), ("offsets", given)))
+    if st is None:
+        if t == 0 or n == 0 or k == 0:
+            return _empty_product(a, A, out, C, (t, n), k, stream)
+        if not edge.grouped_takes_tma(A, B, C, n, layout):
+            return edge.grouped_gemm(grouped_gemm.__wrapped__, a, A, B, offs, out, C, layout=layout,
+                                     options=dict(config=config, stream=stream, pdl=pdl, debug=debug,
+                                                  trace=trace))
         c_strides = output_strides(C, (t, n), 2)
-        st = cached_state(key, lambda: _grouped_state(A, c_strides, t, n, k, g, layout, config,
-                                                      stream, pdl, debug, trace))
+        st, _ = cached_state(key, lambda: (_grouped_state(A, c_strides, t, n, k, g, layout, config,
+                                                          stream, pdl, debug, trace), windows))
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,

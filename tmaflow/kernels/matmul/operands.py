@@ -17,14 +17,12 @@ from .config import FP8_BK, _readable_scale_a, _row_major
 from .splitk import _foreign_capture
 
 
+_OPERAND_TYPES = ("bfloat16", "float8_e4m3fn")
+
+
 def _check_operands(A, B, layout: str):
-    for name, arr in (("a", A), ("b", B)):
-        if arr.ndim != 2:
-            raise TmaflowError(f"gemm: {name} must be 2-D (got shape {arr.shape})")
-        if arr.dtype.name not in ("bfloat16", "float8_e4m3fn"):
-            raise TmaflowError(f"gemm: {name} must be bfloat16 or float8_e4m3fn (got {arr.dtype.name})")
-    if A.dtype is not B.dtype:
-        raise TmaflowError(f"gemm: a is {A.dtype.name} but b is {B.dtype.name}; both must be one type")
+    if len(A.shape) != 2 or len(B.shape) != 2 or A.dtype is not B.dtype or A.dtype.name not in _OPERAND_TYPES:
+        _refuse_operands(A, B)
     m, k = A.shape
     if layout == "nt":
         n, kb = B.shape
@@ -35,6 +33,15 @@ def _check_operands(A, B, layout: str):
     if kb != k:
         raise TmaflowError(f"gemm: a is {A.shape} (M, K) but b is {B.shape}; b must be {want}")
     return m, n, k
+
+
+def _refuse_operands(A, B):
+    for name, arr in (("a", A), ("b", B)):
+        if arr.ndim != 2:
+            raise TmaflowError(f"gemm: {name} must be 2-D (got shape {arr.shape})")
+        if arr.dtype.name not in _OPERAND_TYPES:
+            raise TmaflowError(f"gemm: {name} must be bfloat16 or float8_e4m3fn (got {arr.dtype.name})")
+    raise TmaflowError(f"gemm: a is {A.dtype.name} but b is {B.dtype.name}; both must be one type")
 
 
 def _check_rows(name: str, arr) -> None:
@@ -115,8 +122,8 @@ def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
 def _offsets(name: str, offsets, groups: int, rows: int, device, stream: int):
     """The offsets as a device int32 array: device arrays as given (their values are the
     caller's to keep right), host sequences checked and uploaded in order on ``stream``."""
-    if hasattr(offsets, "__cuda_array_interface__") or hasattr(offsets, "data_ptr") or \
-            isinstance(offsets, DeviceArray):
+    if isinstance(offsets, DeviceArray) or hasattr(offsets, "data_ptr") or \
+            hasattr(offsets, "__cuda_array_interface__"):  # last: hasattr builds the interface
         arr = as_array(offsets)
         if arr.shape != (groups + 1,) or arr.dtype.name != "int32":
             raise TmaflowError(f"{name}: offsets must be {groups + 1} int32 values (got "
