@@ -62,3 +62,14 @@ def test_cp_async_attention_compiles_without_spills(d, causal):
 def test_cp_async_attention_refuses_head_dim_256():
     with pytest.raises(tf.TmaflowError, match=r"attention_cp_async: head_dim=256 is not supported; use one of \(64, 128\)"):
         kernels.attention_cp_async(arr((1, 2, 64, 256)), arr((1, 2, 64, 256)), arr((1, 2, 64, 256)))
+
+
+@pytest.mark.parametrize("entry", ["attention", "attention_cp_async"])
+def test_attention_refuses_an_out_that_is_not_4_byte_aligned(entry, rng):
+    """A lane stores two elements of out as one 4-byte word: an out at an odd element would
+    fault on the GPU."""
+    q, k, v = (arr((1, 2, 64, 128)) for _ in range(3))
+    out = DeviceArray(next(_FAKE) + 2 + 4 * int(rng.integers(0, 4)), q.shape, "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=rf"{entry}: out must be contiguous and 4-byte aligned "
+                                              rf"\(strides .* at 0x{out.ptr:x}\)"):
+        getattr(kernels, entry)(q, k, v, out)

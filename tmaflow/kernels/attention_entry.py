@@ -98,8 +98,9 @@ def _given_out(out, Q, who: str = "attention"):
     if out is None:
         return None
     O = given_output(who, out, Q.shape, Q.dtype)
-    if O.strides != contiguous_strides(Q.shape, 2):
-        raise TmaflowError(f"{who}: out must be contiguous (strides {O.strides} B)")
+    if O.strides != contiguous_strides(Q.shape, 2) or O.ptr % 4:
+        raise TmaflowError(f"{who}: out must be contiguous and 4-byte aligned (strides {O.strides} B, at "
+                           f"0x{O.ptr:x}): a lane stores two elements as one 4-byte word")
     return O
 
 
