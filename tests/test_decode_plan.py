@@ -79,7 +79,7 @@ def test_attention_decode_refuses_out_aliasing_q():
 @pytest.mark.parametrize("change,match", [
     ({"k_new": arr((2, 2, 128), "float16")}, r"append_kv: k_cache is bfloat16 but k_new is float16"),
     ({"k_new": arr((2, 4, 128)), "v_new": arr((2, 4, 128))}, r"append_kv: k_new has 4 heads but the caches have 2"),
-    ({"v_new": arr((2, 2, 64))}, r"append_kv: v_new \(2, 2, 64\) bfloat16 must be k_new's \(2, 2, 128\)"),
+    ({"v_new": arr((2, 2, 64))}, r"append_kv: v_new \(2, 2, 64\) bfloat16 at 0x[0-9a-f]+ must be k_new's \(2, 2, 128\)"),
     ({"k_new": arr((2, 2, 2, 128))}, r"append_kv: k_new must be \(batch, heads, head_dim\); got shape"),
     ({"seq_lens": arr((2,), "int64")}, r"append_kv: seq_lens must be int32"),
 ])
@@ -174,3 +174,27 @@ def test_reference_of_several_new_tokens_is_causal_among_them(rng):
         shorter = [max(0, n - 2 + i) for n in lens]
         np.testing.assert_array_equal(out[:, i], paged_decode_reference(q[:, i], k, v, table, shorter, 0.2))
     assert not out[1, 0].any() and out[1, 1].any()  # length 2: token 0 sees nothing, token 1 one key
+
+
+def _append_args(**change):
+    return {"k_cache": arr((10, 16, 2, 128)), "v_cache": arr((10, 16, 2, 128)),
+            "block_table": arr((2, 5), "int32"), "seq_lens": arr((2,), "int32"),
+            "k_new": arr((2, 2, 128)), "v_new": arr((2, 2, 128)), **change}
+
+
+def test_append_kv_refuses_a_misaligned_v_new(rng):
+    """v_new is read in 16-byte pieces as k_new is: a misaligned one would fault on the GPU."""
+    offset = 2 * int(rng.integers(1, 8))
+    args = _append_args(v_new=arr((2, 2, 128), offset=offset))
+    with pytest.raises(tf.TmaflowError, match=rf"append_kv: v_new \(2, 2, 128\) bfloat16 at 0x[0-9a-f]*"
+                                              rf"{offset:x} must be .*16-byte aligned"):
+        kernels.append_kv(*args.values())
+
+
+def test_append_kv_refuses_a_v_cache_overlapping_k_cache(rng):
+    """Both caches are written at the same rows: one array for both would keep only the values."""
+    k = arr((10, 16, 2, 128))
+    shift = 16 * int(rng.integers(0, 10 * 16 * 2 * 128 * 2 // 16))
+    v = DeviceArray(k.ptr + shift, k.shape, "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=r"append_kv: v_cache: out .* overlaps k_cache"):
+        kernels.append_kv(*_append_args(k_cache=k, v_cache=v).values())

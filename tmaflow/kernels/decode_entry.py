@@ -216,13 +216,15 @@ def append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new, *, stream=N
     who = "append_kv"
     b, _, hkv, d, pages, page_size, _, _, max_pages = _check_cache(who, Q, K, V, T, L, "k_new", max_tokens=1)
     Vn = as_array(v_new)
-    if Vn.shape != Q.shape or Vn.dtype != Q.dtype or Vn.strides != Q.strides:
-        raise TmaflowError(f"{who}: v_new {Vn.shape} {Vn.dtype.name} must be k_new's {Q.shape} "
-                           f"{Q.dtype.name}, contiguous")
+    if Vn.shape != Q.shape or Vn.dtype != Q.dtype or Vn.strides != Q.strides or Vn.ptr % 16:
+        raise TmaflowError(f"{who}: v_new {Vn.shape} {Vn.dtype.name} at 0x{Vn.ptr:x} must be k_new's "
+                           f"{Q.shape} {Q.dtype.name}, contiguous and 16-byte aligned (rows are read "
+                           "in 16-byte pieces)")
     if K.shape[2] != hkv:
         raise TmaflowError(f"{who}: k_new has {hkv} heads but the caches have {K.shape[2]}; they must match")
-    checks.no_aliasing(who, K, (("k_new", Q), ("v_new", Vn), ("block_table", T), ("seq_lens", L)))
-    checks.no_aliasing(who, V, (("k_new", Q), ("v_new", Vn), ("block_table", T), ("seq_lens", L)))
+    checks.no_aliasing(f"{who}: k_cache", K, (("k_new", Q), ("v_new", Vn), ("block_table", T), ("seq_lens", L)))
+    checks.no_aliasing(f"{who}: v_cache", V, (("k_cache", K), ("k_new", Q), ("v_new", Vn),
+                                              ("block_table", T), ("seq_lens", L)))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, Vn, K, V, T, L), ordinal)
     grid = max(1, min(b, _APPEND_GRID))
