@@ -119,6 +119,16 @@ def test_grouped_gemm_rejects_bad_arguments(a, b, offsets, kw, msg):
         kernels.grouped_gemm(a, b, offsets, **kw)
 
 
+def test_grouped_gemm_rejects_strided_device_offsets(rng):
+    """The kernel reads offsets[g] as packed int32 values: a strided view would give it other
+    groups' boundaries (a silent wrong product)."""
+    step = 4 * int(rng.integers(2, 9))
+    offsets = arr((4,), "int32", strides=(step,))
+    with pytest.raises(tf.TmaflowError, match=rf"grouped_gemm: device offsets must be contiguous "
+                                              rf"\(got strides \({step},\) B\)"):
+        kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), offsets)
+
+
 @pytest.mark.parametrize("t,n,k,g,want", [
     (4096 * 8, 4096, 7168, 8, (256, 2, 1)),    # big groups: wide tiles, pairs share B
     (512, 7168, 2048, 8, (256, 1, 1)),         # 64-row groups: no pairs (half of each would idle)

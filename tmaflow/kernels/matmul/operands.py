@@ -128,6 +128,9 @@ def _offsets(name: str, offsets, groups: int, rows: int, device, stream: int):
         if arr.shape != (groups + 1,) or arr.dtype.name != "int32":
             raise TmaflowError(f"{name}: offsets must be {groups + 1} int32 values (got "
                                f"{arr.shape} {arr.dtype.name})")
+        if groups and arr.strides != (4,):
+            raise TmaflowError(f"{name}: device offsets must be contiguous (got strides {arr.strides} B): "
+                               "the kernel reads them as packed int32 values")
         return offsets
     return _upload(checks.host_offsets(name, offsets, groups, rows), device, stream)
 
