@@ -47,7 +47,7 @@ def _with(index, value, **shape):
     (args(), {"causal": 1}, r"attention_backward: causal=1 must be True or False"),
     (args(), {"deterministic": "yes"}, r"deterministic='yes' must be True or False"),
     (args(), {"scale": 0.0}, r"attention_backward: scale=0.0 must be a positive"),
-    (args(), {"dq": arr((1, 2, 64, 64), "float16")}, r"out must be a \(1, 2, 64, 64\) bfloat16 array"),
+    (args(), {"dq": arr((1, 2, 64, 64), "float16")}, r"attention_backward: dq must be a \(1, 2, 64, 64\) bfloat16 array"),
     (args(), {"dk": arr((1, 2, 64, 64), strides=(16384 * 2, 8192 * 2, 128 * 2, 2))}, r"dk must be contiguous"),
 ])
 def test_attention_backward_refuses_bad_arguments_by_name(given, kw, match):

@@ -13,8 +13,8 @@ from ..launch.config import resolve_stream
 from ..runtime.device import current_ordinal
 from ..runtime.memory import as_array
 from . import checks
-from .attention_entry import _check, _scale
-from .entry import STATES, cached_state, contiguous_strides, entry_point, given_output, new_output, on_current_device
+from .attention_entry import _check, _given_out, _scale
+from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device
 from .registry import get_kernel
 
 HEAD_DIMS = tuple(range(16, 257, 16))
@@ -56,13 +56,9 @@ def _check_grads(who, Q, K, V, out, dout, lse):
 
 
 def _given(who, grad, name, like, inputs):
-    if grad is None:
-        return None
-    arr = given_output(who, grad, like.shape, like.dtype)
-    if arr.strides != contiguous_strides(like.shape, 2) or arr.ptr % 16:
-        raise TmaflowError(f"{who}: {name} must be contiguous and 16-byte aligned (strides {arr.strides} "
-                           f"B, at 0x{arr.ptr:x})")
-    checks.no_aliasing(f"{who}: {name}", arr, inputs)
+    arr = _given_out(grad, like, who, name, 16)
+    if arr is not None:
+        checks.no_aliasing(f"{who}: {name}", arr, inputs)
     return arr
 
 

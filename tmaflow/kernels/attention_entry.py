@@ -94,13 +94,15 @@ def _scale(scale, d: int, who: str = "attention") -> float:
                                  "row maxima of the unscaled scores)")
 
 
-def _given_out(out, Q, who: str = "attention"):
+def _given_out(out, like, who: str = "attention", field: str = "out", align: int = 4):
+    """``out`` (or the output ``field``) checked: ``like``'s shape and dtype, contiguous, at an
+    ``align``-byte boundary (the kernels store two elements as one 4-byte word, or more)."""
     if out is None:
         return None
-    O = given_output(who, out, Q.shape, Q.dtype)
-    if O.strides != contiguous_strides(Q.shape, 2) or O.ptr % 4:
-        raise TmaflowError(f"{who}: out must be contiguous and 4-byte aligned (strides {O.strides} B, at "
-                           f"0x{O.ptr:x}): a lane stores two elements as one 4-byte word")
+    O = given_output(who, out, like.shape, like.dtype, field=field)
+    if O.strides != contiguous_strides(like.shape, 2) or O.ptr % align:
+        raise TmaflowError(f"{who}: {field} must be contiguous and {align}-byte aligned (strides "
+                           f"{O.strides} B, at 0x{O.ptr:x})")
     return O
 
 

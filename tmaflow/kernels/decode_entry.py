@@ -17,9 +17,8 @@ from ..tma.layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
 from ..tma.spec import TensorMapSpec
 from ..tma.tensormap import MapTemplate
 from . import checks
-from .attention_entry import DTYPES, _scale
-from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
-                    on_current_device)
+from .attention_entry import DTYPES, _given_out, _scale
+from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device
 from .matmul.splitk import _split_k_buffers, _with_split_k
 from .registry import get_kernel
 
@@ -158,12 +157,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
     scale = _scale(scale, p.head_dim, who)
-    O = None
-    if out is not None:
-        O = given_output(who, out, Q.shape, Q.dtype)
-        if O.strides != contiguous_strides(Q.shape, 2) or O.ptr % 16:
-            raise TmaflowError(f"{who}: out must be contiguous and 16-byte aligned (strides {O.strides} B, "
-                               f"at 0x{O.ptr:x})")
+    O = _given_out(out, Q, who, align=16)
+    if O is not None:
         checks.no_aliasing(who, O, (("q", Q), ("k_cache", K), ("v_cache", V), ("block_table", T),
                                     ("seq_lens", L)))
     ordinal = current_ordinal()

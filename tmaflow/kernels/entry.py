@@ -119,17 +119,19 @@ def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: in
     return arr, arr
 
 
-def given_output(name: str, out, shape: tuple, dtype, bits_only: bool = False) -> DeviceArray:
+def given_output(name: str, out, shape: tuple, dtype, bits_only: bool = False,
+                 field: str = "out") -> DeviceArray:
     """The DeviceArray view of ``out`` after checking shape, element type and liveness. Kernels
     that only move bits (``bits_only``) take any element type of the same size; the others need
-    ``dtype`` itself (bf16 results in an fp16 array would read as garbage)."""
+    ``dtype`` itself (bf16 results in an fp16 array would read as garbage). ``field``: the
+    argument's name in messages."""
     arr = as_array(out)
     same = arr.dtype.itemsize == dtype.itemsize if bits_only else arr.dtype is dtype
     if arr.shape != shape or not same:
-        raise TmaflowError(f"{name}: out must be a {tuple(shape)} {dtype} array (got "
+        raise TmaflowError(f"{name}: {field} must be a {tuple(shape)} {dtype} array (got "
                            f"{arr.shape} {arr.dtype})")
     if not arr._alloc.live:
-        raise TmaflowError(f"{name}: out {arr!r} was freed")
+        raise TmaflowError(f"{name}: {field} {arr!r} was freed")
     return arr
 
 
