@@ -140,16 +140,19 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
 
-    q: (batch, heads_q, head_dim) bfloat16 or float16 (head_dim a multiple of 16, 32-256), or (batch, tokens, heads_q, head_dim)
-    for 1-8 new tokens a request (speculative decoding: their keys are the last ``tokens`` of
-    the length, and new token i sees keys up to seq_lens[b] - tokens + i; tokens x heads_q /
-    heads_kv at most 16); k_cache, v_cache: (num_pages, page_size,
-    heads_kv, head_dim) as vLLM and FlashInfer lay them out (page_size 16-256, a power of two;
-    heads_q 1-16 times heads_kv); block_table: int32 (batch,
-    max_pages_per_seq); seq_lens: int32 (batch,) in device memory, read by the kernel (so a
-    captured graph serves any lengths), clamped to [0, max_pages_per_seq x page_size]. A token
-    that sees no key (a request of length 0) gets zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding);
-    None picks it from the batch, kv heads, SM count and the block table's width. Returns out,
+    q: (batch, heads_q, head_dim) bfloat16 or float16 (head_dim a multiple of 16, 32-256), or
+    (batch, tokens, heads_q, head_dim) for 1-8 new tokens a request (speculative decoding: their
+    keys are the last ``tokens`` of the length, and new token i sees keys up to seq_lens[b] -
+    tokens + i; tokens x heads_q / heads_kv at most 16); k_cache, v_cache: (num_pages,
+    page_size, heads_kv, head_dim) as vLLM and FlashInfer lay them out (page_size 16-256, a
+    power of two; heads_q 1-16 times heads_kv); block_table: int32 (batch, max_pages_per_seq),
+    whose entries for the pages a length covers must be pages of the cache (0 to num_pages - 1:
+    the kernel reads them without a check, and a page outside the cache gives a wrong result,
+    not an error, as TMA fills rows outside its map with zeros); seq_lens: int32 (batch,) in
+    device memory, read by the kernel (so a captured graph serves any lengths), clamped to [0,
+    max_pages_per_seq x page_size]. A token that sees no key (a request of length 0) gets
+    zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding); None picks it from
+    the batch, kv heads, SM count and the block table's width. Returns out,
     q's shape, of q's kind."""
     if num_splits is not None:  # checked on every call: it sizes the workspace
         (num_splits,) = _OPTIONS.check(num_splits)
