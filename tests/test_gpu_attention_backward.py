@@ -135,6 +135,21 @@ def test_attention_backward_through_torch_autograd(device, rng):
     _check_grads(_torch_grads(q, k, v), want, "torch.ops.tmaflow.attention")
 
 
+def test_attention_backward_through_autograd_takes_a_misaligned_gradient(device, rng):
+    """The gradient of out may be a contiguous view at an odd element (a slice of a concatenation's
+    gradient): the backward copies it to an aligned one instead of refusing it."""
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  (registers the autograd ops)
+
+    q, k, v, grad, want = _torch_case(torch, rng, (1, 2, 77, 64), (1, 1, 77, 64))
+    shift = int(rng.integers(1, 8))
+    shifted = torch.empty(grad.numel() + shift, dtype=grad.dtype, device="cuda")[shift:].view(grad.shape)
+    shifted.copy_(grad)
+    assert shifted.is_contiguous() and shifted.data_ptr() % 16
+    kernels.attention(q, k, v, causal=True).backward(shifted)
+    _check_grads(_torch_grads(q, k, v), want, "misaligned gradient")
+
+
 def test_attention_backward_in_a_torch_compile_training_step(device, rng):
     """A fullgraph-compiled step (projection, attention, loss) gives the eager step's gradients."""
     torch = pytest.importorskip("torch")

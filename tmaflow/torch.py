@@ -181,9 +181,12 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
 
 
 def _grads(q, k, v, out, lse, dout, causal, scale) -> tuple:
-    # dout from autograd may be any layout (an expanded scalar's, say); deterministic as torch is.
-    return attention_backward(q, k, v, out, dout.contiguous(), lse, causal, scale,
-                              torch.are_deterministic_algorithms_enabled())
+    # dout from autograd may be any layout (an expanded scalar's, say) or a contiguous view at
+    # any element (a slice of a concatenation's gradient): the kernels read 16-byte pieces.
+    dout = dout.contiguous()
+    if dout.data_ptr() % 16:
+        dout = dout.clone()
+    return attention_backward(q, k, v, out, dout, lse, causal, scale, torch.are_deterministic_algorithms_enabled())
 
 
 def _save_lse(ctx, inputs, output) -> None:
