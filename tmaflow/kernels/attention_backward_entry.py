@@ -33,6 +33,7 @@ def backward_smem(head_dim: int) -> int:
 
 
 def slices(head_dim: int) -> int:
+    """The SLICE-column parts of the head dim the gradients are computed in (a CTA each)."""
     return -(-head_dim // SLICE)
 
 
