@@ -14,7 +14,8 @@ from ..runtime.device import current_ordinal
 from ..runtime.memory import as_array
 from . import checks
 from .attention_entry import _check, _given_out, _scale
-from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device,
+                    packed)
 from .registry import get_kernel
 
 HEAD_DIMS = tuple(range(16, 257, 16))
@@ -77,7 +78,7 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
     returned of q's kind."""
     causal, deterministic = _OPTIONS(causal, deterministic)
     who = "attention_backward"
-    Q, K, V, O, G, L = (as_array(a) for a in (q, k, v, out, dout, lse))
+    Q, K, V, O, G, L = (packed(as_array(a)) for a in (q, k, v, out, dout, lse))
     b, hq, sq, d, hkv, skv = _check(Q, K, V, HEAD_DIMS, who)
     _check_grads(who, Q, K, V, O, G, L)
     scale = _scale(scale, d, who)

@@ -19,7 +19,7 @@ from ..tma.spec import TensorMapSpec
 from ..tma.tensormap import MapTemplate
 from . import checks
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, given_output, new_output,
-                    on_current_device)
+                    on_current_device, packed)
 from .registry import get_kernel
 
 BM = 128                  # query rows a work tile
@@ -99,7 +99,7 @@ def _given_out(out, like, who: str = "attention", field: str = "out", align: int
     ``align``-byte boundary (the kernels store two elements as one 4-byte word, or more)."""
     if out is None:
         return None
-    O = given_output(who, out, like.shape, like.dtype, field=field)
+    O = packed(given_output(who, out, like.shape, like.dtype, field=field))
     if O.strides != contiguous_strides(like.shape, 2) or O.ptr % align:
         raise TmaflowError(f"{who}: {field} must be contiguous and {align}-byte aligned (strides "
                            f"{O.strides} B, at 0x{O.ptr:x})")
@@ -119,7 +119,7 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
         causal, pdl, debug, trace = _OPTIONS.check(causal, pdl, debug, trace)
     if type(return_lse) is not bool:  # a flag: any bool is valid, not part of the key
         (return_lse,) = _RETURN_LSE.check(return_lse)
-    Q, K, V = as_array(q), as_array(k), as_array(v)
+    Q, K, V = packed(as_array(q)), packed(as_array(k)), packed(as_array(v))
     b, hq, sq, d, hkv, skv = _check(Q, K, V)
     scale = _scale(scale, d)
     O = _given_out(out, Q)
@@ -186,7 +186,7 @@ def attention_cp_async(q, k, v, out=None, *, causal: bool = False, scale: float 
     """The same attention the pre-Hopper way (``attention_cp_async.cu``: seed 002's cp.async
     double buffering and mma.sync), kept beside ``attention`` to compare; head dim 64 or 128."""
     (causal,) = _CP_ASYNC_OPTIONS(causal)
-    Q, K, V = as_array(q), as_array(k), as_array(v)
+    Q, K, V = packed(as_array(q)), packed(as_array(k)), packed(as_array(v))
     who = "attention_cp_async"
     b, hq, sq, d, hkv, skv = _check(Q, K, V, CP_ASYNC_HEAD_DIMS, who, ("bfloat16",))
     scale = _scale(scale, d, who)

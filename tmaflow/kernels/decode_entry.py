@@ -18,7 +18,8 @@ from ..tma.spec import TensorMapSpec
 from ..tma.tensormap import MapTemplate
 from . import checks
 from .attention_entry import DTYPES, _given_out, _scale
-from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device
+from .entry import (STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device,
+                    packed)
 from .matmul.splitk import _split_k_buffers, _with_split_k
 from .registry import get_kernel
 
@@ -156,7 +157,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     q's shape, of q's kind."""
     if num_splits is not None:  # checked on every call: it sizes the workspace
         (num_splits,) = _OPTIONS.check(num_splits)
-    Q, K, V, T, L = (as_array(a) for a in (q, k_cache, v_cache, block_table, seq_lens))
+    Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
     scale = _scale(scale, p.head_dim, who)
@@ -210,10 +211,10 @@ def append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new, *, stream=N
     row ``seq_lens[b] % page_size`` of page ``block_table[b, seq_lens[b] // page_size]``.
     ``seq_lens`` is not changed (the next decode step passes the lengths plus one). A position
     past the block table, or a page outside the cache, writes nothing. Returns None."""
-    Q, K, V, T, L = (as_array(a) for a in (k_new, k_cache, v_cache, block_table, seq_lens))
+    Q, K, V, T, L = (packed(as_array(a)) for a in (k_new, k_cache, v_cache, block_table, seq_lens))
     who = "append_kv"
     b, _, hkv, d, pages, page_size, _, _, max_pages = _check_cache(who, Q, K, V, T, L, "k_new", max_tokens=1)
-    Vn = as_array(v_new)
+    Vn = packed(as_array(v_new))
     if Vn.shape != Q.shape or Vn.dtype != Q.dtype or Vn.strides != Q.strides or Vn.ptr % 16:
         raise TmaflowError(f"{who}: v_new {Vn.shape} {Vn.dtype.name} at 0x{Vn.ptr:x} must be k_new's "
                            f"{Q.shape} {Q.dtype.name}, contiguous and 16-byte aligned (rows are read "

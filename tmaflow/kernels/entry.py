@@ -98,6 +98,17 @@ def on_current_device(name: str, arr: DeviceArray) -> int:
     return ordinal
 
 
+def packed(arr: DeviceArray) -> DeviceArray:
+    """``arr`` with the row-major strides of its shape when its elements already lie that way
+    but an extent-1 dim has another stride (torch's ``is_contiguous()`` ignores those, and a
+    transpose or ``unsqueeze`` leaves them): the same bytes, the layout the kernels' checks and
+    maps expect. Any other layout comes back as it is, for the caller's check to name."""
+    want = contiguous_strides(arr.shape, arr.dtype.itemsize)
+    if arr.strides == want or any(n != 1 and s != w for n, s, w in zip(arr.shape, arr.strides, want)):
+        return arr
+    return arr._as(arr.shape, want)
+
+
 def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: int = 0):
     """(object returned to the caller, its DeviceArray view): a new contiguous array of
     ``like``'s kind; tmaflow's allocated in order on ``stream``, the call's resolved stream
