@@ -17,6 +17,8 @@ from tmaflow.kernels import entry, registry
 from tmaflow.kernels.matmul import splitk
 from tmaflow.kernels.matmul import GemmConfig
 
+from test_threads import _in_threads
+
 try:
     import torch
 except ImportError:  # collected without torch; every test skips
@@ -136,24 +138,6 @@ def _assert_all_equal(name, results, ref, least):
     bad = _differing(results, ref)
     assert len(results) >= least, f"{name}: only {len(results)} launches"
     assert not bad, f"{name}: {len(bad)} of {len(results)} results differ from the call alone (first: {bad[:8]})"
-
-
-def _in_threads(work, n):
-    errors, threads = [], []
-
-    def run(i):
-        try:
-            work(i)
-        except BaseException as exc:  # re-raised in the main thread
-            errors.append(exc)
-
-    for i in range(n):
-        threads.append(threading.Thread(target=run, args=(i,)))
-        threads[-1].start()
-    for t in threads:
-        t.join(timeout=300)
-    if errors:
-        raise errors[0]
 
 
 # --- the combinations --------------------------------------------------------------------------------

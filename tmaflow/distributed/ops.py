@@ -52,6 +52,19 @@ def _operand(name: str, shape, dtype: str) -> tuple:
     return tuple(shape)
 
 
+def _operands(who: str, a: tuple, b: tuple, b_layout: str) -> tuple:
+    """The shapes of the (name, shape, dtype) operands a and b: each 2-D of a supported dtype,
+    one dtype, one K (b is ``b_layout``)."""
+    (a_name, a_shape, a_dtype), (b_name, b_shape, b_dtype) = a, b
+    a_shape, b_shape = _operand(a_name, a_shape, a_dtype), _operand(b_name, b_shape, b_dtype)
+    if a_dtype != b_dtype:
+        raise TmaflowError(f"{who}: {a_name} is {a_dtype} but {b_name} is {b_dtype}; they must match")
+    if a_shape[1] != b_shape[1]:
+        raise TmaflowError(f"{who}: K of {a_name} ({a_shape[1]}) and {b_name} ({b_shape[1]}) differ "
+                           f"({b_name} is {b_layout})")
+    return a_shape, b_shape
+
+
 def _scales(who: str, dtype: str, scale_a, scale_b) -> None:
     given = (scale_a is not None, scale_b is not None)
     if dtype == "bfloat16" and any(given):
@@ -67,12 +80,8 @@ def gather_shapes(a_shape, a_dtype: str, b_shape, b_dtype: str, m, world: int, r
     """Check an all_gather_gemm call: rank ``rank``'s shard (rows x K) of the M rows
     (``m``; None: rows x world), b (N x K) of the same dtype."""
     world, rank = protocol.check_world(world, rank)
-    a_shape, b_shape = _operand("a_shard", a_shape, a_dtype), _operand("b", b_shape, b_dtype)
-    if a_dtype != b_dtype:
-        raise TmaflowError(f"all_gather_gemm: a_shard is {a_dtype} but b is {b_dtype}; they must match")
-    if a_shape[1] != b_shape[1]:
-        raise TmaflowError(f"all_gather_gemm: K of a_shard ({a_shape[1]}) and b ({b_shape[1]}) differ "
-                           "(b is N x K)")
+    a_shape, b_shape = _operands("all_gather_gemm", ("a_shard", a_shape, a_dtype), ("b", b_shape, b_dtype),
+                                 "N x K")
     m = a_shape[0] * world if m is None else checks.as_int("m", m, 0)
     rows = protocol.shard_rows(m, world)
     if a_shape[0] != rows[rank]:
@@ -88,12 +97,8 @@ def scatter_shapes(a_shape, a_dtype: str, b_shape, b_dtype: str, world: int, ran
     """Check a gemm_reduce_scatter call: a (M x K_local), b_shard (N x K_local); rank r gets
     rows ``shard_rows(M, world)[r]`` of the sum."""
     world, rank = protocol.check_world(world, rank)
-    a_shape, b_shape = _operand("a", a_shape, a_dtype), _operand("b_shard", b_shape, b_dtype)
-    if a_dtype != b_dtype:
-        raise TmaflowError(f"gemm_reduce_scatter: a is {a_dtype} but b_shard is {b_dtype}; they must match")
-    if a_shape[1] != b_shape[1]:
-        raise TmaflowError(f"gemm_reduce_scatter: K of a ({a_shape[1]}) and b_shard ({b_shape[1]}) "
-                           "differ (b_shard is N x K_local)")
+    a_shape, b_shape = _operands("gemm_reduce_scatter", ("a", a_shape, a_dtype),
+                                 ("b_shard", b_shape, b_dtype), "N x K_local")
     _scales("gemm_reduce_scatter", a_dtype, scale_a, scale_b)
     return Shapes(tuple(protocol.shard_rows(a_shape[0], world)), b_shape[0], a_shape[1], a_dtype)
 

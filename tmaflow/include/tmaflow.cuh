@@ -17,3 +17,4 @@
 #include "tmaflow/pipeline.cuh"
 #include "tmaflow/wgmma.cuh"
 #include "tmaflow/mma.cuh"
+#include "tmaflow/math.cuh"

@@ -76,14 +76,6 @@ TMAFLOW_DEVICE void mma_qk(float (&s)[N], uint64_t dq, uint64_t dk, uint32_t sca
 
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
 
-// 2^x in one MUFU instruction (exp2f without fast math is a multi-instruction routine; the
-// softmax is on the critical path between the two GEMMs); ex2(-inf) = 0.
-TMAFLOW_DEVICE float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Key tiles a CTA whose first query row is m0 reads.
 TMAFLOW_DEVICE int key_tiles(int m0, int seq_q, int seq_kv) {
   int tiles = (seq_kv + BN - 1) / BN;
@@ -243,14 +235,14 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m_run[h], warp::quad_max(mx[h]) * scale_log2);
       base[h] = m_new == neg_inf() ? 0.f : m_new;  // a row with every key masked so far: p = 0
-      alpha[h] = fast_exp2(m_run[h] - base[h]);
+      alpha[h] = math::exp2_approx(m_run[h] - base[h]);
       m_run[h] = m_new;
       l_run[h] *= alpha[h];
     }
 #pragma unroll
     for (int i = 0; i < kS; ++i) {
       const int h = (i >> 1) & 1;
-      s[i] = fast_exp2(fmaf(s[i], scale_log2, -base[h]));
+      s[i] = math::exp2_approx(fmaf(s[i], scale_log2, -base[h]));
       l_run[h] += s[i];
     }
   };

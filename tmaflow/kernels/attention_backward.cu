@@ -52,13 +52,6 @@ TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
 TMAFLOW_DEVICE float2 to_float2(uint32_t x) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x)); }
 #endif
 
-// 2^x in one MUFU instruction, as the forward computes P; ex2(-inf) = 0.
-TMAFLOW_DEVICE float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // A chain counter read with acquire semantics at GPU scope (the partial sums it counts are seen).
 // ptx: ld.acquire.gpu.global.u32
 TMAFLOW_DEVICE uint32_t load_acquire(const uint32_t* at) {
@@ -205,7 +198,7 @@ attention_bwd(const elem_t* q, const elem_t* k, const elem_t* v, const elem_t* d
 #if CAUSAL
           masked = masked || key > m0 + col;
 #endif
-          const float p = masked ? 0.f : fast_exp2(fmaf(s[n][e], scale_log2, -sLse[col]));
+          const float p = masked ? 0.f : math::exp2_approx(fmaf(s[n][e], scale_log2, -sLse[col]));
           s[n][e] = p;
           dp[n][e] = p * (dp[n][e] - sDelta[col]);
         }

@@ -62,13 +62,6 @@ TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2bfloat16_rn(x); }
 
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
 
-// 2^x in one MUFU instruction; ex2(-inf) = 0.
-TMAFLOW_DEVICE float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Chunk `chunk` (8 elements) of key `key` in a K or V tile: 64-column boxes of kKeys rows of
 // 128 B, each 128B-swizzled by TMA (16-byte chunk c of row r at c ^ (r % 8)).
 TMAFLOW_DEVICE uint8_t* tile_at(void* tile, int key, int chunk) {
@@ -204,14 +197,14 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
         const float mx = warp::quad_max(fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1])));
         const float m_new = fmaxf(m_run[h], mx * scale_log2);
         const float base = m_new == neg_inf() ? 0.f : m_new;
-        const float alpha = fast_exp2(m_run[h] - base);
+        const float alpha = math::exp2_approx(m_run[h] - base);
         m_run[h] = m_new;
         l_run[h] *= alpha;
 #pragma unroll
         for (int nb = 0; nb < 2; ++nb)
 #pragma unroll
           for (int e = 2 * h; e < 2 * h + 2; ++e) {
-            s[nb][e] = fast_exp2(fmaf(s[nb][e], scale_log2, -base));
+            s[nb][e] = math::exp2_approx(fmaf(s[nb][e], scale_log2, -base));
             l_run[h] += s[nb][e];
           }
 #pragma unroll
@@ -248,7 +241,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     float m = neg_inf(), l = 0.f;
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, st.warp_max(w, threadIdx.x));
     for (int w = 0; w < kWarps; ++w)
-      if (st.warp_max(w, threadIdx.x) != neg_inf()) l += st.warp_sum(w, threadIdx.x) * fast_exp2(st.warp_max(w, threadIdx.x) - m);
+      if (st.warp_max(w, threadIdx.x) != neg_inf()) l += st.warp_sum(w, threadIdx.x) * math::exp2_approx(st.warp_max(w, threadIdx.x) - m);
     st.row_max(threadIdx.x) = m;
     st.row_sum(threadIdx.x) = l;
   }
@@ -258,7 +251,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h;
-        const float w = m_run[h] == neg_inf() ? 0.f : fast_exp2(m_run[h] - st.row_max(row));
+        const float w = m_run[h] == neg_inf() ? 0.f : math::exp2_approx(m_run[h] - st.row_max(row));
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           float2* at = reinterpret_cast<float2*>(so + row * D + 8 * n + 2 * (lane % 4));
@@ -300,7 +293,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     float m = neg_inf(), total = 0.f;
     for (int s = 0; s < splits; ++s) m = fmaxf(m, st.weight(threadIdx.x, s));
     for (int s = 0; s < splits; ++s) {
-      const float w = m == neg_inf() ? 0.f : fast_exp2(st.weight(threadIdx.x, s) - m);
+      const float w = m == neg_inf() ? 0.f : math::exp2_approx(st.weight(threadIdx.x, s) - m);
       st.weight(threadIdx.x, s) = w;
       total += w;
     }

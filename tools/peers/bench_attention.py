@@ -40,6 +40,26 @@ DECODE_COLUMNS = ["group", "page", "batch", "context", "best_peer", "cold GB/s",
 DECODE_TOKENS = 1 << 21  # batch x context at most: 8 GiB of K+V a layout at 8 kv heads, head dim 128
 
 
+def _cold_and_warm(fns: dict, repeats: int):
+    """(mode, rounds) of ``fns`` timed both ways, in turn: every call after an L2 flush
+    ("cold"), and back to back ("warm")."""
+    yield "cold", bench.rounds(fns, repeats=repeats, warmup=2, flush_l2=True)
+    yield "warm", bench.rounds(fns, repeats=repeats, warmup=2, batch=5)
+
+
+def _tflops_cells(fns: dict, flop: float, repeats: int, row: dict) -> list[str]:
+    """Both timings of ``fns`` in TFLOP/s, tmaflow's against the fastest peer (neither tmaflow
+    nor cp.async), recorded in ``row``; one printed cell a timing."""
+    cells = []
+    for mode, got in _cold_and_warm(fns, repeats):
+        tflops = {name: flop / got[name].median / 1e12 for name in fns}
+        best = max((n for n in fns if n not in ("tmaflow", "cp.async")), key=lambda n: tflops[n])
+        ratio = got.ratio("tmaflow", best).median
+        row.update({f"{mode} tflops": tflops, "best_peer": best, f"{mode} ratio": ratio})
+        cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in fns) + f" ratio to {best} {ratio:.3f}")
+    return cells
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
@@ -91,16 +111,7 @@ def main():
                 flop = 4.0 * batch * heads * seq * seq * d / (2 if causal else 1)
                 row = {"dtype": args.dtype, "d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal,
                        "rel_err_vs_peer": err}
-                cells = []
-                for mode, got in (("cold", bench.rounds(available, repeats=args.repeats, warmup=2, flush_l2=True)),
-                                  ("warm", bench.rounds(available, repeats=args.repeats, warmup=2, batch=5))):
-                    tflops = {name: flop / got[name].median / 1e12 for name in available}
-                    peers = [n for n in available if n not in ("tmaflow", "cp.async")]
-                    best = max(peers, key=lambda n: tflops[n])
-                    ratio = got.ratio("tmaflow", best).median
-                    row.update({f"{mode} tflops": tflops, "best_peer": best, f"{mode} ratio": ratio})
-                    cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in available)
-                                 + f" ratio to {best} {ratio:.3f}")
+                cells = _tflops_cells(available, flop, args.repeats, row)
                 rows.append(row)
                 print(f"{'fp16' if args.dtype == 'float16' else 'bf16'} d{d:<4d} seq {seq:6d} b{batch:<3d} "
                       f"{'causal' if causal else 'full  '} " + " | ".join(cells) + f"  TFLOP/s  err {err:.1e}", flush=True)
@@ -154,14 +165,7 @@ def _backward_row(torch, args, d: int, heads: int, seq: int, causal: bool) -> di
     flop = 2.5 * 4.0 * batch * heads * seq * seq * d / (2 if causal else 1)
     row = {"dtype": args.dtype, "d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal,
            "rel_err_vs_peer": err}
-    cells = []
-    for mode, got in (("cold", bench.rounds(fns, repeats=args.repeats, warmup=2, flush_l2=True)),
-                      ("warm", bench.rounds(fns, repeats=args.repeats, warmup=2, batch=5))):
-        tflops = {name: flop / got[name].median / 1e12 for name in fns}
-        best = max((n for n in fns if n != "tmaflow"), key=lambda n: tflops[n])
-        ratio = got.ratio("tmaflow", best).median
-        row.update({f"{mode} tflops": tflops, "best_peer": best, f"{mode} ratio": ratio})
-        cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in fns) + f" ratio to {best} {ratio:.3f}")
+    cells = _tflops_cells(fns, flop, args.repeats, row)
     print(f"bwd {'fp16' if args.dtype == 'float16' else 'bf16'} d{d:<4d} seq {seq:6d} b{batch:<3d} "
           f"{'causal' if causal else 'full  '} " + " | ".join(cells) + f"  TFLOP/s  dq err {err:.1e}", flush=True)
     return row
@@ -228,8 +232,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int) -> dic
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
            "rel_err_vs_peer": err}
     cells = []
-    for mode, got in (("cold", bench.rounds(available, repeats=args.repeats, warmup=2, flush_l2=True)),
-                      ("warm", bench.rounds(available, repeats=args.repeats, warmup=2, batch=5))):
+    for mode, got in _cold_and_warm(available, args.repeats):
         gbs = {n: kv_bytes * (2 if n == "memcpy" else 1) / got[n].median / 1e9 for n in available}
         best = max(peers, key=lambda n: gbs[n])
         row.update({f"{mode} GB/s": gbs["tmaflow"], f"{mode} all GB/s": gbs, "best_peer": best,
