@@ -83,6 +83,31 @@ def _attention(gen):
     return lambda stream=None: kernels.attention(q, k, v, causal=True, stream=stream)
 
 
+def _attention_backward(gen):
+    # seq 200 (not a multiple of the 64-row blocks), GQA 2:1; deterministic: bit-exact by design
+    q = _bf16(gen, 1, 4, 200, 64)
+    k, v = _bf16(gen, 1, 2, 200, 64), _bf16(gen, 1, 2, 200, 64)
+    out, lse = kernels.attention(q, k, v, causal=True, return_lse=True)
+    dout = _bf16(gen, 1, 4, 200, 64)
+
+    def call(stream=None):
+        grads = kernels.attention_backward(q, k, v, out, dout, lse, causal=True, deterministic=True,
+                                           stream=stream)
+        return torch.cat([g.flatten() for g in grads])
+    return call
+
+
+def _decode(gen):
+    # ragged lengths (not page multiples, one of 1), shuffled pages, splits from the heuristic
+    # (their partials and counters are per stream)
+    batch, pages, page = 3, 48, 16
+    q = _bf16(gen, batch, 8, 128)
+    k_cache, v_cache = _bf16(gen, pages, page, 2, 128), _bf16(gen, pages, page, 2, 128)
+    table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).reshape(batch, pages // batch)
+    lens = torch.tensor([77, 1, 250], dtype=torch.int32, device="cuda")
+    return lambda stream=None: kernels.attention_decode(q, k_cache, v_cache, table, lens, stream=stream)
+
+
 def _softmax(gen):
     x = torch.randn(64, 1024, device="cuda", generator=gen)
     return lambda stream=None: kernels.softmax(x, stream=stream)
@@ -108,6 +133,8 @@ CASES = {
     "grouped device offsets": _grouped(False),
     "grouped host offsets": _grouped(True),
     "attention": _attention,
+    "attention backward": _attention_backward,
+    "attention decode": _decode,
     "softmax": _softmax,
     "copy": _copy,
     "transpose": _transpose,
