@@ -75,6 +75,7 @@ if [ -n "${PEERS:-}" ]; then
               "bench_attention.py --quick --json $OUT/results/attention.json" \
               "bench_attention.py --decode --quick --json $OUT/results/attention_decode.json" \
               "bench_attention.py --backward --quick --json $OUT/results/attention_backward.json" \
+              "train_block.py --json $OUT/results/attention_training.json" \
               "bench_autotune.py --json $OUT/results/autotune.json"; do
     name=$(echo "$peer" | tr -s ' ' '_' | tr -cd '[:alnum:]_.-' | cut -c1-60)
     timeout "${PEER_BUDGET:-400}" python3 tools/peers/$peer > "$OUT/peer_$name.log" 2>&1
