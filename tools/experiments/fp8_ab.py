@@ -69,6 +69,8 @@ def main():
     p.add_argument("--only", default="", help="substrings (| between) of the variant labels to run")
     p.add_argument("--base", default="", help="a variant label: every row also gives its ratio against it")
     args = p.parse_args()
+    if args.base and not any(args.base == v[0] and selected(v[0], args.only) for v in VARIANTS):
+        p.error(f"--base {args.base!r} is not a label --only selects")
     import torch  # optional dependency: --help works without it
 
     shapes = bench.parse_shapes(args.shape, [(4096, 7168, 16384), (8192, 8192, 8192)])
