@@ -67,6 +67,16 @@ namespace L = tmaflow_layout;
 #ifndef SPLIT_TAIL
 #define SPLIT_TAIL 0  // 1: the last wave's tiles are split along K in `splits` parts (above)
 #endif
+// How the consumers release a stage of gathered (row-major) block scales, which their lanes read
+// with ld.shared after warp 1's cp.async: 1 every lane arrives on this CTA's empty barrier
+// (Pipeline::consumer_release_lanes: compute-sanitizer's racecheck credits each lane's release
+// of its own reads); 0 one lane per CTA after __syncwarp (consumer_release_warp, the release
+// before: racecheck reports the next cp.async into the stage as a hazard); 2 one lane per quad
+// reads the quad's scales, hands them on with shuffles and arrives (8 arrivals a warp). The plan
+// counts release 1's arrivals; 0 and 2 are A/B twins that init the empty barriers for their own.
+#ifndef SCALE_RELEASE
+#define SCALE_RELEASE (BLOCK_SCALES && !SCALES_TMA)
+#endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
 #endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
@@ -90,6 +100,15 @@ static_assert(!FP8 || !B_N_MAJOR, "fp8 wgmma reads both operands K-major: layout
 static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulators: BN 128 or 192");
 static_assert(!(SPLIT_TAIL && (SPLIT_K || GROUPED)), "tail splits are for ungrouped products not split-K");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
+// A consumer warp's arrivals on its own CTA's empty barrier per release: the plan counts every
+// lane's (consumer_lanes) where the scales are gathered, one elsewhere; the twins arrive less.
+constexpr bool kGatheredScales = BLOCK_SCALES && !SCALES_TMA;
+static_assert(L::ab::consumer_lanes == (kGatheredScales ? 32 : 1), "plan: consumer_lanes 32 with gathered scales, else 1");
+static_assert(SCALE_RELEASE == 0 || (kGatheredScales && (SCALE_RELEASE == 1 || SCALE_RELEASE == 2)),
+              "SCALE_RELEASE 1 or 2 takes gathered (row-major) block scales");
+constexpr uint32_t kOwnArrivals = SCALE_RELEASE == 1   ? L::ab::consumer_lanes
+                                  : SCALE_RELEASE == 2 ? L::ab::consumer_lanes / 4  // one lane of each quad
+                                                       : 1;
 
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
 TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
@@ -301,6 +320,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
+  pipe.empty_arrivals -= L::ab::consumers * (L::ab::consumer_lanes - kOwnArrivals);  // 0 unless an A/B twin
   using Cursor = decltype(pipe)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   // Which M tile of the cluster's group. Unclustered, a constant: the compiler then drops the
@@ -465,19 +485,40 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if SCALES_TMA
           const float* sa = static_cast<const float*>(S.ab_s(c.stage));
           sb = __ldg(scales_b + size_t(tn) * k_blocks + kb);
-#else
-          const float* sa = static_cast<const float*>(S.scales()) + c.stage * kScaleStride;
-          sb = sa[BM];
-#endif
           s0 = sa[r];
           s1 = sa[r + 8];
+#else
+          const float* sa = static_cast<const float*>(S.scales()) + c.stage * kScaleStride;
+#if SCALE_RELEASE == 2
+          // lane 4q reads row q's scales (and B's) for its quad: only readers release
+          float q0 = 0.f, q1 = 0.f, qb = 0.f;
+          if (lane % 4 == 0) {
+            q0 = sa[r];
+            q1 = sa[r + 8];
+            qb = sa[BM];
+          }
+          s0 = __shfl_sync(0xffffffffu, q0, lane & ~3);
+          s1 = __shfl_sync(0xffffffffu, q1, lane & ~3);
+          sb = __shfl_sync(0xffffffffu, qb, lane & ~3);
+#else
+          sb = sa[BM];
+          s0 = sa[r];
+          s1 = sa[r + 8];
+#endif
+#endif
           at = c;
           c.advance();
         };
         // After the wait for its wgmmas: release the stage, add the scaled k-block to total.
         auto retire = [&](float (&d)[kAcc], float s0, float s1, float sb, const Cursor& at) {
           wgmma::fence_operands(d);
+#if SCALE_RELEASE == 1
+          pipe.consumer_release_lanes(at);  // each lane releases its reads of the scales
+#elif SCALE_RELEASE == 2
+          pipe.consumer_release_lanes(at, lane % 4 == 0);  // the quads' readers
+#else
           pipe.consumer_release_warp(at);  // one arrival per consumer warp and CTA
+#endif
           s0 *= sb;
           s1 *= sb;
 #pragma unroll
