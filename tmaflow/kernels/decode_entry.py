@@ -205,14 +205,25 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
                           evict_first=checks.flag(optional=True))
 
 
-def _decode_state(Q, p: Problem, num_splits, evict_first, stream) -> SimpleNamespace:
-    b, d, hkv, context = p.batch, p.head_dim, p.heads_kv, p.max_pages * p.page_size
-    on_current_device("attention_decode", Q)
-    spec, layout, ctas_per_sm = decode_plan(d, p.page_size)
-    device = current_device()
-    splits = num_splits or choose_splits(b, hkv, context, device.sm_count, ctas_per_sm)
+def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
+                   num_splits: int | None = None, evict_first: bool | None = None, device=None) -> tuple[int, bool]:
+    """(splits, evict_first) a call plans on ``device`` (the current one by default): the
+    given values, else choose_splits and evict_first_default's (bf16 and fp16 alike)."""
+    device = device or current_device()
+    ctas_per_sm = decode_plan(head_dim, page_size)[2]
+    splits = num_splits or choose_splits(batch, heads_kv, max_context, device.sm_count, ctas_per_sm)
     if evict_first is None:
-        evict_first = evict_first_default(b, hkv, d, context, 2, device.l2_bytes)
+        evict_first = evict_first_default(batch, heads_kv, head_dim, max_context, 2, device.l2_bytes)
+    return splits, evict_first
+
+
+def _decode_state(Q, p: Problem, num_splits, evict_first, stream) -> SimpleNamespace:
+    b, d, hkv = p.batch, p.head_dim, p.heads_kv
+    on_current_device("attention_decode", Q)
+    spec, layout, _ = decode_plan(d, p.page_size)
+    device = current_device()
+    splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size, num_splits,
+                                         evict_first, device)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
                **({"EVICT_FIRST": 1} if evict_first else {})}
