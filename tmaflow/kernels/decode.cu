@@ -345,7 +345,9 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
     if (with_lse) bulk::load(lse, part_lse + first * kRows, splits * kRows * 4, bar);
     bulk::load(parts, part + (first + s0) * rows * D, n * split_bytes, bar);
   };
-  fence::proxy_async_shared_cta();  // this CTA's own writes to stage 0 before the copies' writes
+  // This CTA's own writes before the copies: stage 0's (the warps' merge) and its partials.
+  fence::proxy_async_shared_cta();
+  fence::proxy_async_global();
   named_barrier::sync(1, kConsumers);
   if (threadIdx.x == 0) fetch(0, min(per_round, splits), true);
   phase.wait(debug::Site{merged.name, -1, 0});

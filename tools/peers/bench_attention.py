@@ -4,7 +4,7 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
     PYTHONPATH=. python3 tools/peers/bench_attention.py [--json FILE] [--repeats N] [--quick] [--dims D ...]
         [--seqs S ...] [--dtype bfloat16|float16]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --decode | --decode-sweep [--json FILE] [--repeats N]
-        [--quick]
+        [--quick] [--clean]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --backward [--json FILE] [--repeats N] [--quick]
         [--dims D ...] [--seqs S ...] [--dtype bfloat16|float16] [--deterministic]
 
@@ -22,9 +22,11 @@ GB/s of K+V read (the copy: read + written) and the ratios; back to back, each f
 samples follow an untimed call of its own. Head dim 128, 8 kv heads, GQA 4:1 and 8:1, pages 16
 and 64, batch 1, 4, 16, 64, 128 x context 1k, 8k, 32k, 128k up to 4M tokens a row (68 rows);
 each row prints the plan (splits, evict-first); ``--quick``: batch 1 and 16, context 8k and
-32k, GQA 4:1 (under a minute).
+32k, GQA 4:1 (under a minute); ``--clean``: also cold after a read of 2x L2 instead of a write
+(the write leaves the whole L2 dirty, and a call after it writes that back as it reads).
 ``--decode-sweep``: the same shapes at page 16, the automatic plan against other split counts
-and the other L2 priority, with the copy, in the same rounds: the best per row.
+and the other L2 priority, with the copy, in the same rounds (cold, clean and back to back):
+the best per row.
 
 ``--backward``: kernels.attention_backward (dq, dk, dv from the forward's out and log-sum-exp)
 against the backward of torch SDPA's cuDNN and flash backends (autograd.grad through an SDPA
@@ -43,7 +45,8 @@ COLUMNS = ["dtype", "d", "seq", "batch", "causal", "best_peer", "cold ratio", "w
 DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "best_peer", "cold GB/s", "cold ratio",
                   "cold vs memcpy", "warm ratio", "warm vs memcpy", "rel_err_vs_peer"]
 DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "cold GB/s", "cold vs memcpy",
-                        "cold best", "cold best vs auto", "warm best", "warm best vs auto"]
+                        "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
+                        "warm best vs auto"]
 DECODE_TOKENS = 1 << 22  # batch x context at most: 16 GiB of K+V a layout at 8 kv heads, head dim 128
 
 
@@ -79,6 +82,7 @@ def main():
     p.add_argument("--decode", action="store_true", help="paged-KV decode against SDPA and the copy ceiling")
     p.add_argument("--decode-sweep", action="store_true",
                    help="paged-KV decode: split counts and L2 priority against the automatic plan")
+    p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
     p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
     p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
     args = p.parse_args()
@@ -199,20 +203,23 @@ def decode(args):
     import torch  # optional dependency, as in main
 
     rows = []
-    for group in ((4,) if args.quick else (4, 8)):
-        for page in (16, 64):
-            for batch, ctx in _decode_shapes(args):
-                rows.append(_decode_row(torch, args, group, page, batch, ctx))
-                torch.cuda.empty_cache()  # the row's caches are gone: room for the next, larger one
-    if args.json:
-        bench.records.write(args.json, "attention_decode", "Paged-KV decode against torch SDPA and the copy ceiling",
-                            DECODE_COLUMNS, rows, repeats=args.repeats)
+    combos = [(4, 16)] if args.quick else [(4, 16), (4, 64), (8, 16), (8, 64)]  # the first the most telling
+    for group, page in combos:
+        for batch, ctx in _decode_shapes(args):
+            rows.append(_decode_row(torch, args, group, page, batch, ctx))
+            torch.cuda.empty_cache()  # the row's caches are gone: room for the next, larger one
+            if args.json:  # after every row: a run stopped by a time limit keeps what it measured
+                columns = DECODE_COLUMNS + (["clean ratio", "clean vs memcpy"] if args.clean else [])
+                bench.records.write(args.json, "attention_decode",
+                                    "Paged-KV decode against torch SDPA and the copy ceiling", columns, rows,
+                                    repeats=args.repeats)
 
 
 def decode_sweep(args):
     """Per row, the automatic plan against every split count worth trying (powers of two up to
     a tile a split and four waves of CTAs) and against its own evict-first choice flipped,
-    with the copy ceiling, in the same rounds: the best split per row, cold and back to back."""
+    with the copy ceiling, in the same rounds: the best split per row, cold (after the usual
+    write of 2x L2, and after a read of it: a clean L2) and back to back."""
     import torch  # optional dependency, as in main
 
     rows = []
@@ -220,9 +227,38 @@ def decode_sweep(args):
         for batch, ctx in _decode_shapes(args):
             rows.append(_decode_row(torch, args, group, 16, batch, ctx, sweep=True))
             torch.cuda.empty_cache()
-    if args.json:
-        bench.records.write(args.json, "attention_decode_sweep", "Paged-KV decode: split counts and L2 priority",
-                            DECODE_SWEEP_COLUMNS, rows, repeats=args.repeats)
+            if args.json:
+                bench.records.write(args.json, "attention_decode_sweep", "Paged-KV decode: split counts and L2 priority",
+                                    DECODE_SWEEP_COLUMNS, rows, repeats=args.repeats)
+
+
+def _clean_cold(torch, fns: dict, repeats: int) -> bench.Rounds:
+    """Rounds of ``fns`` (as bench.rounds), each call after a read of bench.flush_bytes() (a
+    sum): the previous work's lines leave L2, written back if dirty, before the timing starts,
+    and what L2 holds then is clean, as after a layer that read its weights. bench.rounds'
+    cold flush is a write: a call after it also writes back up to the whole L2 of dirty lines."""
+    buf, total = torch.zeros(bench.flush_bytes() // 4, device="cuda"), torch.zeros((), device="cuda")
+    got: dict = {name: [] for name in fns}
+    with bench.EventPair() as events:  # the legacy default stream, torch's default too
+        for fn in list(fns.values()) * 2:
+            fn()
+        torch.cuda.synchronize()
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                torch.sum(buf, dim=0, out=total)
+                events.start()
+                fn()
+                got[name].append(events.stop())
+    return bench.Rounds(got)
+
+
+def _decode_modes(torch, fns: dict, repeats: int, clean: bool):
+    """(mode, rounds): "cold" and "warm" as the other benches (back to back from each
+    function's own L2 state), and with ``clean`` "clean" (cold after a read: no dirty line)."""
+    for mode, got in _cold_and_warm(fns, repeats, settle=1):
+        yield mode, got
+        if mode == "cold" and clean:
+            yield "clean", _clean_cold(torch, fns, repeats)
 
 
 def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
@@ -301,7 +337,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
            "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
     cells = []
-    for mode, got in _cold_and_warm(available, args.repeats, settle=1):
+    for mode, got in _decode_modes(torch, available, args.repeats, clean=sweep or args.clean):
         gbs = {n: kv_bytes * (2 if n == "memcpy" else 1) / got[n].median / 1e9 for n in available}
         row.update({f"{mode} GB/s": gbs[main], f"{mode} all GB/s": gbs, f"{mode} vs memcpy": gbs[main] / gbs["memcpy"]})
         if sweep:
