@@ -21,14 +21,15 @@
 #include <stdint.h>
 #include <string.h>
 #if PY_VERSION_HEX < 0x030C0000
-#include <structmember.h> /* T_OBJECT_EX, READ_RESTRICTED before 3.12's Py_ names */
+#include <structmember.h> /* T_OBJECT(_EX), READ_RESTRICTED before 3.12's Py_ names */
 #define Py_T_OBJECT_EX T_OBJECT_EX
+#define _Py_T_OBJECT T_OBJECT
 #define Py_AUDIT_READ READ_RESTRICTED
 #endif
 
 /* Bumped whenever the Plan constructor or the module's interface changes: native.py refuses
  * (and rebuilds) a cached build that reports another number. */
-#define ABI 4
+#define ABI 5
 
 /* The CUDA 12.1+ parameter space (params.MAX_PARAM_BYTES) */
 #define MAX_PARAM_BYTES 32764
@@ -108,7 +109,8 @@ static void slot_learn(Slot *slot, PyTypeObject *type, PyObject *name) {
     slot->version = type->tp_version_tag; /* after the lookup, which assigns it */
     if (descr == NULL || slot->version == 0 || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return;
     PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-    if (member->type == Py_T_OBJECT_EX && !(member->flags & Py_AUDIT_READ))
+    /* an object member (NULL: unset, or None for T_OBJECT; either is then read by name) */
+    if ((member->type == Py_T_OBJECT_EX || member->type == _Py_T_OBJECT) && !(member->flags & Py_AUDIT_READ))
         slot->offset = member->offset;
 }
 
@@ -564,6 +566,8 @@ fail:
     return NULL;
 }
 
+#include "_launch_entry.c" /* Kernel.launch's lookup (Entry) */
+
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "tmaflow.native.Plan",
@@ -610,6 +614,7 @@ static int module_exec(PyObject *m) {
         return -1;
     }
     if (PyModule_AddIntConstant(m, "MAX_PARAM_BYTES", MAX_PARAM_BYTES) < 0) return -1;
+    if (entry_exec(m) < 0) return -1;
     Py_INCREF(&PlanType);
     if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
         Py_DECREF(&PlanType);
