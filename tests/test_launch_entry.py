@@ -162,3 +162,14 @@ def test_the_entry_calls_the_kernels_method_for_the_rest(monkeypatch):
 
 def test_these_tests_pass_under_address_sanitizer(tmp_path):
     under_address_sanitizer(tmp_path, __file__)
+
+
+def test_a_subclass_with_its_own_launch_keeps_it():
+    class Mine(Kernel):
+        def launch(self, *args, **kw):
+            return ("mine", args, kw)
+
+    k = Mine.__new__(Mine)
+    k._launchers = {}
+    k._install_entry()
+    assert "launch" not in k.__dict__ and k.launch(1, grid=1, block=32) == ("mine", (1,), dict(grid=1, block=32))

@@ -394,8 +394,9 @@ class Kernel:
         """Let ``self.launch`` find its launcher in C (``native.Entry``, in the instance dict,
         where it shadows the method): the lookup below, without its Python. Calls it does not
         take (other devices, stream objects, a key not cached) reach this method unchanged."""
-        if "launch" in self.__dict__ or Kernel.launch.__kwdefaults__ != _LAUNCH_DEFAULTS:
-            return
+        if "launch" in self.__dict__ or type(self).launch is not Kernel.launch or \
+                Kernel.launch.__kwdefaults__ != _LAUNCH_DEFAULTS:
+            return  # installed, a subclass's own launch, or keywords the entry does not know
         built = native.module()
         if built is not None:
             self.__dict__["launch"] = built.Entry(self._launchers, _switched, Launcher._retired_call,
