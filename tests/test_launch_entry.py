@@ -142,6 +142,7 @@ def test_a_kernel_installs_its_entry_once_it_has_a_launcher(monkeypatch):
     k._launchers[key()] = run
     k.launch(7, 8, grid=1, block=32)
     assert launched(run) == [(7, 8)]
+    assert inspect.signature(k.launch) == inspect.signature(Kernel.launch.__get__(k))  # help() too
     other = Kernel.__new__(Kernel)
     other._launchers = {}
     monkeypatch.setenv("TMAFLOW_NATIVE", "0")

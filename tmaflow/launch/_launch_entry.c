@@ -152,6 +152,18 @@ static PyObject *entry_vectorcall(PyObject *self, PyObject *const *args, size_t 
     return entry_call(self, args, nargsf, kwnames);
 }
 
+/* inspect.signature and help() follow it to the Python method */
+static PyObject *entry_wrapped(PyObject *self, void *closure) {
+    (void)closure;
+    PyObject *slow = ((Entry *)self)->slow;
+    return Py_NewRef(slow ? slow : Py_None);
+}
+
+static PyGetSetDef entry_getset[] = {
+    {"__wrapped__", entry_wrapped, NULL, "the Python method this entry stands in for", NULL},
+    {NULL},
+};
+
 /* Entry(launchers, switched, retired, slow, cluster) */
 static PyObject *entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *launchers, *switched, *retired, *slow, *cluster;
@@ -189,6 +201,7 @@ static PyTypeObject EntryType = {
     .tp_call = PyVectorcall_Call,
     .tp_new = entry_new,
     .tp_dealloc = entry_dealloc,
+    .tp_getset = entry_getset,
     .tp_doc = "Kernel.launch's lookup of a launcher, for one kernel (the Python method does the rest).",
 };
 
