@@ -6,7 +6,7 @@
 #      PEERS=1 (the peer-benchmark set: tools/peers/*, every row cold and back to back, bench records in $OUT/results), PEER_BUDGET (seconds each),
 #      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR),
 #      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster),
-#      RESET_PROBE=1 (torch, planted hangs that reset the context, then saved traces + store sweep in one process).
+#      FAULTS_BUDGET (seconds, the fault files' process), RESET_PROBE=1 (torch, planted hangs that reset the context, then saved traces + store sweep in one process).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last. On a copied tree
 # (the device tool), write the commit to COMMIT (git ignores it) and carry it: records and the
 # table name it; the copy's own git HEAD can be stale.
@@ -37,7 +37,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
     ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
   if [ -n "${PYTEST_JOBS:-}" ]; then
-    timeout 240 python3 -m pytest $FAULTS -m gpu -q -p no:cacheprovider --timeout=90 ${K:+-k "$K"} -rfE \
+    timeout "${FAULTS_BUDGET:-240}" python3 -m pytest $FAULTS -m gpu -q -p no:cacheprovider --timeout=90 ${K:+-k "$K"} -rfE \
       > "$OUT/pytest_gpu_faults.log" 2>&1
     echo "pytest (planted faults, no xdist) exit $?"
   fi
