@@ -67,7 +67,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                            "both are batch + 1 prefix sums")
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, O), ordinal)
-    CQ, CK = (_upload(c, Q.device, stream) if isinstance(c, np.ndarray) else c for c in (CQ, CK))
+    if isinstance(CQ, np.ndarray) or isinstance(CK, np.ndarray):  # refused elsewhere before any upload
+        on_current_device(WHO, Q)
+        CQ, CK = (_upload(c, Q.device, stream) if isinstance(c, np.ndarray) else c for c in (CQ, CK))
     if O is not None:
         checks.no_aliasing(WHO, O, (("q", Q), ("k", K), ("v", V), ("cu_seqlens_q", CQ), ("cu_seqlens_k", CK)))
     key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, stream, pdl, Q.device, ordinal, debug,
@@ -125,28 +127,35 @@ def _check(Q, K, V) -> tuple:
     return tq, hq, d, tk, hkv, dv
 
 
-def _host_values(value):
-    """The values of a host sequence (list, tuple, numpy array, CPU torch tensor) as a numpy
-    array, or None for a device array."""
+def _host_values(name: str, value):
+    """The values of host lengths (a sequence or generator of ints, a numpy array, a CPU
+    tensor) as a numpy array, or None for a device array."""
     if isinstance(value, np.ndarray):
         return value
-    if isinstance(value, (list, tuple)):
-        try:
-            return np.asarray(value)
-        except (TypeError, ValueError, OverflowError):
-            return np.asarray(value, dtype=object)
     device = getattr(value, "device", None)
     if getattr(device, "type", None) == "cpu" and hasattr(value, "numpy"):
         return value.numpy()
-    return None
+    if isinstance(value, DeviceArray) or device is not None or hasattr(value, "__cuda_array_interface__") or \
+            hasattr(value, "__dlpack__"):
+        return None
+    if isinstance(value, (str, bytes, dict, set)) or not hasattr(value, "__iter__"):
+        raise TmaflowError(f"{WHO}: {name}={value!r} must be batch + 1 int32 prefix sums: a device array, or "
+                           "host ints")
+    try:
+        return np.asarray(list(value))
+    except (TypeError, ValueError, OverflowError):
+        return np.asarray(list(value), dtype=object)
 
 
 def _cu_seqlens(name: str, value, total: int, max_len: int, Q):
     """``name`` as batch + 1 int32 prefix sums: a device array as given (its values are the
     kernel's to clamp), or host values checked, as an int32 numpy array to upload."""
-    host = _host_values(value)
+    host = _host_values(name, value)
     if host is None:
-        arr = packed(as_array(value))
+        try:
+            arr = packed(as_array(value))
+        except TmaflowError as exc:
+            raise TmaflowError(f"{WHO}: {name}: {exc}") from None
         if arr.dtype.name != "int32" or arr.ndim != 1 or arr.shape[0] == 0:
             raise TmaflowError(f"{WHO}: {name} must be a 1-D int32 array of batch + 1 prefix sums (got "
                                f"{arr.shape} {arr.dtype.name})")
