@@ -157,8 +157,12 @@ struct Tiles {
     }
     return false;
   }
+  // Tiles there can be at most, whatever the lengths (the grid's size, attention_varlen_entry):
+  // a CTA's last tile needs no walk to the end of the batch to know it is the last.
+  TMAFLOW_DEVICE long long bound() const { return heads * ((total_q + batch * (BM - 1LL)) / BM); }
   TMAFLOW_DEVICE bool find(int t, Tile& w) {
     const int lane = threadIdx.x % 32;
+    if (t >= bound()) return false;
     while (first < batch) {
       const int b = first + lane;
       int q0 = 0, len = 0;
