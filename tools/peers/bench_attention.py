@@ -19,7 +19,7 @@ the others refuse V's head dim). At head dims 64 and 128 the pre-Hopper kernel k
 
 ``--varlen``: kernels.attention_varlen over 16k packed tokens (head dim 128, 16 heads): four
 sequences of 4096 (its time against the dense kernel on batch 4 x 4096 is the varlen path's
-own cost), eight ragged ones (512 to 5120) and 128 short ones (32 to 224), each against the
+own cost), eight ragged ones (256 to 5120) and 128 short ones (32 to 224), each against the
 dense kernel at the same token count (batch x seq = 16k, ratio of TFLOP/s: the FLOPs differ)
 and torch's flash varlen (``torch.nn.attention.varlen.varlen_attn``, where torch has it), cold
 and back to back (about 30 s).
