@@ -1,6 +1,6 @@
 """The entry points and their configurations as rows of the hostile-input table (run by
 tests/test_hostile.py): every option of ``kernels.gemm`` (bf16 and fp8 scales),
-``grouped_gemm``, ``attention``, ``attention_cp_async``, ``copy``, ``transpose``, ``softmax``
+``grouped_gemm``, ``attention``, ``attention_cp_async``, ``attention_varlen``, ``copy``, ``transpose``, ``softmax``
 (and its plan), ``reduce_add``, ``broadcast_scale``, ``axpb``, and every field of
 ``GemmConfig`` and ``SkinnyConfig``.
 
@@ -87,6 +87,19 @@ PARAMS += options("attention", _attention, causal=FLAGS, scale=NUMBERS | OPTIONA
                   **LAUNCH)
 _cp_async = _entry(kernels.attention_cp_async, lambda: (fake(_QKV), fake(_QKV), fake(_QKV)))
 PARAMS += options("attention_cp_async", _cp_async, causal=FLAGS, scale=NUMBERS | OPTIONAL)
+
+
+def _packed():
+    return fake((300, 4, 64)), fake((300, 2, 64)), fake((300, 2, 64)), fake((3,), "int32"), fake((3,), "int32")
+
+
+_varlen = _entry(kernels.attention_varlen, _packed, max_seqlen_q=256, max_seqlen_k=256)
+PARAMS += options("attention_varlen", _varlen, causal=FLAGS, scale=NUMBERS | OPTIONAL, return_lse=FLAGS,
+                  max_seqlen_q=INTS | {"zero"}, max_seqlen_k=INTS | {"zero"}, **LAUNCH)
+# host lengths: batch + 1 ints within the 300 tokens; no hostile kind is such a sequence
+PARAMS.append(row("attention_varlen", "cu_seqlens_q",
+                  lambda value: kernels.attention_varlen(*_packed()[:3], value, fake((3,), "int32"), 256, 256),
+                  field=r"cu_seqlens_q"))
 
 # --- the example kernels ---------------------------------------------------------------------------
 _copy = _entry(kernels.copy, lambda: (fake((64, 256), "float32"),), stages=16)

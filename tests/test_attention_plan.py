@@ -1,11 +1,15 @@
-"""kernels.attention's argument checks and plan (no GPU)."""
+"""kernels.attention's and kernels.attention_varlen's argument checks and plans, and every
+forward variant compiled (no GPU)."""
 import itertools
+import re
 
+import numpy as np
 import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.attention_entry import attention_plan
+from tmaflow.kernels.attention_entry import HEAD_DIMS, attention_kernel, attention_plan, keys_per_tile, swizzle_span
+from tmaflow.launch import compiler
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 from tmaflow.runtime.memory import DeviceArray
 
@@ -24,7 +28,12 @@ def arr(shape, dtype="bfloat16", strides=None):
     (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128), "float16"), {}, r"v is float16 but q is bfloat16"),
     (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 65, 128)), {}, r"k \(1, 2, 64, 128\) and v \(1, 2, 65, 128\)"),
     (arr((1, 3, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {}, r"3 query heads must be a multiple of the 2"),
-    (arr((1, 2, 64, 96)), arr((1, 2, 64, 96)), arr((1, 2, 64, 96)), {}, r"head_dim=96 is not supported"),
+    (arr((1, 2, 64, 72)), arr((1, 2, 64, 72)), arr((1, 2, 64, 72)), {},
+     r"head_dim=72 is not supported; use a multiple of 16 from 32 to 256"),
+    (arr((1, 2, 64, 16)), arr((1, 2, 64, 16)), arr((1, 2, 64, 16)), {}, r"head_dim=16 is not supported"),
+    (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 264)), {}, r"v's head_dim=264 is not supported"),
+    (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 1, 64, 96)), {},
+     r"k \(1, 2, 64, 128\) and v \(1, 1, 64, 96\) must have one batch, heads and seq"),
     (arr((1, 2, 64, 128)), arr((1, 2, 0, 128)), arr((1, 2, 0, 128)), {}, r"k and v have no keys"),
     (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {"scale": float("inf")}, r"scale=inf must be a positive finite float"),
     (arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), arr((1, 2, 64, 128)), {"scale": -0.1}, r"scale=-0.1 must be a positive"),
@@ -42,10 +51,67 @@ def test_attention_refuses_bad_arguments_by_name(q, k, v, kw, match):
                           (256, False, 64, 3, 2)])
 def test_attention_plan_fits_shared_memory_with_several_stages(d, causal, keys, k_stages, v_stages):
     """Separate K and V pipelines with equal stages (up to four), K taking any bytes left over;
-    176-key tiles at head dim 128 without a causal mask."""
-    spec_q, spec_kv, layout = attention_plan(d, causal)
-    assert layout.total_bytes <= HOPPER_SMEM_LIMIT and spec_kv.box == (1, keys, 64)
-    assert [(p.name, p.stages) for p in layout.items[:3]] == [("qp", 1), ("kp", k_stages), ("vp", v_stages)]
+    176-key tiles at head dim 128 without a causal mask (the measured head dims' plans)."""
+    plan = attention_plan(d, causal)
+    assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT and plan.spec_k.box == (1, keys, 64) and plan.keys == keys
+    assert [(p.name, p.stages) for p in plan.layout.items[:3]] == [("qp", 1), ("kp", k_stages), ("vp", v_stages)]
+
+
+DIMS = [(d, d) for d in HEAD_DIMS] + [(192, 128), (128, 64), (64, 256), (256, 128)]
+
+
+@pytest.mark.parametrize("d,dv", DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
+    """Boxes one swizzle span wide (64, 32 or 16 columns) tile the head dims exactly, so shared
+    memory holds no padding; Q plus two K and two V stages fit; keys a multiple of 16 (the
+    P V GEMM's k-step), at most 128 causal and 176 not; dense and varlen plans alike."""
+    plan = attention_plan(d, causal, dv)
+    for spec, dim in ((plan.spec_q, d), (plan.spec_k, d), (plan.spec_v, dv)):
+        span = swizzle_span(dim)
+        assert spec.swizzle == f"{span}B" and spec.box[-1] * 2 == span and dim % spec.box[-1] == 0
+    stages = {p.name: p.stages for p in plan.layout.items}
+    assert stages["qp"] == 1 and stages["kp"] >= stages["vp"] >= 2
+    assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
+    assert plan.keys % 16 == 0 and 16 <= plan.keys <= (128 if causal else 176) and plan.keys == keys_per_tile(d, causal, dv)
+    varlen = attention_plan(d, causal, dv, varlen=True)
+    assert varlen.layout.header() == plan.layout.header() and varlen.defines == {**plan.defines, "VARLEN": 1}
+
+
+def test_swizzle_spans_and_the_measured_tiles():
+    assert [swizzle_span(d) for d in (32, 48, 64, 80, 96, 128, 160, 192, 240, 256)] == \
+        [64, 32, 128, 32, 64, 128, 64, 128, 32, 128]
+    assert [keys_per_tile(d, c) for d in (64, 128, 256) for c in (False, True)] == [128, 128, 176, 128, 64, 64]
+    assert keys_per_tile(192, False, 128) == 128 and keys_per_tile(192, False) == 112  # MLA's 192 / 128; FA3's 112
+
+
+def _compiled_widths(kernel) -> set:
+    return {int(n) for n in re.findall(r"HGMMA\.64x(\d+)x16", kernel.sass())}
+
+
+@pytest.mark.parametrize("d,dv,causal,varlen",
+                         [(d, dv, causal, True) for d, dv in DIMS for causal in (False, True)] +
+                         [(d, dv, causal, False) for d, dv in ((32, 32), (80, 80), (192, 128), (240, 240))
+                          for causal in (False, True)])
+def test_every_forward_variant_compiles_without_spills(d, dv, causal, varlen):
+    """Each head-dim pair, causal or not, varlen (its walk and per-tile bounds take registers the
+    dense build's constants do not; a few dense ones too; bf16; tools/attention_variants.py
+    prints the whole table): no local memory, no wgmma serialised by ptxas, and the two GEMMs
+    at their widths (S: keys a tile; P V: v's head dim)."""
+    plan = attention_plan(d, causal, dv, varlen)
+    kernel = attention_kernel(plan, "bfloat16")
+    assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, causal, varlen, kernel.resources)
+    assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
+    assert _compiled_widths(kernel) == {plan.keys, dv}
+
+
+@pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (80, 80)])
+def test_fp16_variants_compile_without_spills(d, dv):
+    for causal, varlen in ((False, True), (True, False)):
+        kernel = attention_kernel(attention_plan(d, causal, dv, varlen), "float16")
+        assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, kernel.resources)
+        mma = [line for line in kernel.sass().splitlines() if "HGMMA.64x" in line]
+        assert mma and not any(".BF16" in line for line in mma)  # fp16 operands: no .BF16 suffix
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -73,3 +139,59 @@ def test_attention_refuses_an_out_that_is_not_4_byte_aligned(entry, rng):
     with pytest.raises(tf.TmaflowError, match=rf"{entry}: out must be contiguous and 4-byte aligned "
                                               rf"\(strides .* at 0x{out.ptr:x}\)"):
         getattr(kernels, entry)(q, k, v, out)
+
+
+def _cu(*values):
+    return np.array(values, np.int32)
+
+
+_Q, _K = (700, 4, 128), (900, 2, 128)
+_CU = arr((4,), "int32")
+
+
+@pytest.mark.parametrize("q,k,v,cu_q,cu_k,kw,match", [
+    (arr((1, 700, 4, 128)), arr(_K), arr(_K), _CU, _CU, {}, r"attention_varlen: q must be 3-D \(tokens, heads, head_dim\)"),
+    (arr(_Q, "float32"), arr(_K), arr(_K), _CU, _CU, {}, r"q must be bfloat16 or float16 \(got float32\)"),
+    (arr(_Q), arr(_K, "float16"), arr(_K), _CU, _CU, {}, r"k is float16 but q is bfloat16"),
+    (arr(_Q), arr(_K), arr((900, 1, 128)), _CU, _CU, {}, r"k \(900, 2, 128\) and v \(900, 1, 128\) must have one token"),
+    (arr(_Q), arr((900, 2, 96)), arr(_K), _CU, _CU, {}, r"q's head_dim=128 but k's is 96"),
+    (arr((700, 3, 128)), arr(_K), arr(_K), _CU, _CU, {}, r"3 query heads must be a multiple of the 2"),
+    (arr((700, 4, 72)), arr((900, 2, 72)), arr((900, 2, 72)), _CU, _CU, {},
+     r"q and k's head_dim=72 is not supported; use a multiple of 16 from 32 to 256"),
+    (arr(_Q), arr(_K), arr((900, 2, 8)), _CU, _CU, {}, r"v's head_dim=8 is not supported"),
+    (arr(_Q), arr((0, 2, 128)), arr((0, 2, 128)), _CU, _CU, {}, r"k and v have no tokens"),
+    (arr(_Q, strides=(4 * 256 * 2, 256 * 2, 2)), arr(_K), arr(_K), _CU, _CU, {},
+     r"q must be contiguous \(tokens, heads, head_dim\) at a 16-byte boundary"),
+    (arr(_Q), arr(_K), arr(_K), arr((4,), "int64"), _CU, {}, r"cu_seqlens_q must be a 1-D int32 array of batch \+ 1"),
+    (arr(_Q), arr(_K), arr(_K), _CU, arr((2, 2), "int32"), {}, r"cu_seqlens_k must be a 1-D int32 array"),
+    (arr(_Q), arr(_K), arr(_K), _CU, arr((4,), "int32", strides=(8,)), {}, r"cu_seqlens_k must be contiguous"),
+    (arr(_Q), arr(_K), arr(_K), [0, 5, 3], [0, 5, 9], {}, r"cu_seqlens_q must never decrease; cu_seqlens_q\[2\]=3 "
+     r"is below cu_seqlens_q\[1\]=5"),
+    (arr(_Q), arr(_K), arr(_K), _cu(0, 300, 701), _cu(0, 1, 2), {}, r"cu_seqlens_q runs from 0 to 701; it must stay "
+     r"within the 700 tokens of its tensor"),
+    (arr(_Q), arr(_K), arr(_K), _cu(0, 1), _cu(-1, 2), {}, r"cu_seqlens_k runs from -1 to 2"),
+    (arr(_Q), arr(_K), arr(_K), [0, 10, 20], [0, 5, 205], {"max_seqlen_k": 100},
+     r"sequence 1 of cu_seqlens_k has 200 tokens, more than max_seqlen_k=100"),
+    (arr(_Q), arr(_K), arr(_K), [0.0, 1.5], [0, 1], {}, r"cu_seqlens_q must be batch \+ 1 int32 prefix sums \(got "
+     r"\(2,\) float64\)"),
+    (arr(_Q), arr(_K), arr(_K), [0, 1, 2], [0, 1], {}, r"cu_seqlens_q has 3 values but cu_seqlens_k has 2"),
+    (arr(_Q), arr(_K), arr(_K), _CU, _CU, {"max_seqlen_q": -1}, r"max_seqlen_q=-1 must be"),
+    (arr(_Q), arr(_K), arr(_K), _CU, _CU, {"max_seqlen_k": 2.0}, r"max_seqlen_k=2.0 must be an int"),
+    (arr(_Q), arr(_K), arr(_K), _CU, _CU, {"causal": "yes"}, r"attention_varlen: causal='yes' must be True or False"),
+    (arr(_Q), arr(_K), arr(_K), _CU, _CU, {"scale": 0.0}, r"attention_varlen: scale=0.0 must be a positive"),
+    (arr(_Q), arr(_K), arr(_K), _CU, _CU, {"out": arr((700, 4, 64))}, r"out must be a \(700, 4, 128\) bfloat16 array"),
+])
+def test_attention_varlen_refuses_bad_arguments_by_name(q, k, v, cu_q, cu_k, kw, match):
+    kw = {"max_seqlen_q": 512, "max_seqlen_k": 512, **kw}
+    with pytest.raises(tf.TmaflowError, match=match):
+        kernels.attention_varlen(q, k, v, cu_q, cu_k, kw.pop("max_seqlen_q"), kw.pop("max_seqlen_k"), **kw)
+
+
+def test_attention_varlen_out_takes_v_head_dim_and_4_byte_alignment(rng):
+    q, k, v = arr((100, 4, 192)), arr((100, 2, 192)), arr((100, 2, 128))
+    with pytest.raises(tf.TmaflowError, match=r"out must be a \(100, 4, 128\) bfloat16 array"):
+        kernels.attention_varlen(q, k, v, [0, 100], [0, 100], 100, 100, arr((100, 4, 192)))
+    out = DeviceArray(next(_FAKE) + 2 + 4 * int(rng.integers(0, 4)), (100, 4, 128), "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=rf"attention_varlen: out must be contiguous and 4-byte aligned "
+                                              rf"\(strides .* at 0x{out.ptr:x}\)"):
+        kernels.attention_varlen(q, k, v, [0, 100], [0, 100], 100, 100, out)

@@ -137,6 +137,9 @@ def test_attention_inside_torch_compile_runs_the_custom_op(device):
     assert torch.equal(got, want)
     meta = torch.empty(2, 4, 100, 64, device="meta", dtype=torch.bfloat16)
     assert torch.ops.tmaflow.attention(meta, meta, meta).shape == (2, 4, 100, 64)
-    with pytest.raises(Exception, match=r"tmaflow.attention: head_dim 96 must be one of"):
-        m96 = torch.empty(1, 1, 8, 96, device="meta", dtype=torch.bfloat16)
-        torch.ops.tmaflow.attention(m96, m96, m96)
+    m192, m128 = (torch.empty(2, 4, 100, d, device="meta", dtype=torch.bfloat16) for d in (192, 128))
+    assert torch.ops.tmaflow.attention(m192, m192, m128).shape == (2, 4, 100, 128)  # v's head dim
+    with pytest.raises(Exception, match=r"tmaflow.attention: head_dim 72 \(the same in k\) and v's 72 must be a "
+                                        r"multiple of 16 from 32 to 256"):
+        m72 = torch.empty(1, 1, 8, 72, device="meta", dtype=torch.bfloat16)
+        torch.ops.tmaflow.attention(m72, m72, m72)

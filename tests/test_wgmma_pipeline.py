@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from tmaflow.launch import compiler
-from tmaflow.kernels.attention_entry import attention_plan
+from tmaflow.kernels.attention_entry import attention_kernel, attention_plan
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, gemm_plan, skinny_plan
 from tmaflow.kernels.registry import get_kernel
 
@@ -46,13 +46,12 @@ KERNELS = {
                                                 defines=skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).defines,
                                                 file="skinny"))
        for m in (1, 16, 128)},
-    **{f"attention d{d}{' causal' if c else ''}": (lambda d=d, c=c: get_kernel(
-        "attention_fwd", attention_plan(d, bool(c))[2], defines={"HEAD_DIM": d, "CAUSAL": c}, file="attention"))
-       for d in (64, 128, 256) for c in (0, 1)},
-    **{f"attention fp16 d{d}{' causal' if c else ''}": (lambda d=d, c=c: get_kernel(
-        "attention_fwd", attention_plan(d, bool(c))[2], defines={"HEAD_DIM": d, "CAUSAL": c, "FP16": 1},
-        file="attention"))
-       for d in (64, 128, 256) for c in (0, 1)},
+    **{f"attention{' fp16' if fp16 else ''} d{d}{' causal' if c else ''}": (
+        lambda d=d, c=c, fp16=fp16: attention_kernel(attention_plan(d, bool(c)), "float16" if fp16 else "bfloat16"))
+       for d in (64, 128, 256) for c in (0, 1) for fp16 in (0, 1)},
+    **{f"attention varlen d{d}/{dv}{' causal' if c else ''}": (
+        lambda d=d, dv=dv, c=c: attention_kernel(attention_plan(d, bool(c), dv, varlen=True), "bfloat16"))
+       for d, dv in ((128, 128), (96, 96), (192, 128)) for c in (0, 1)},
 }
 
 

@@ -2,7 +2,7 @@
 and CUDA graphs like any torch operator.
 
     import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, gemm_block_scaled, attention,
-                          #   attention_lse, attention_backward, attention_decode, append_kv,
+                          #   attention_lse, attention_backward, attention_varlen, attention_decode, append_kv,
                           #   all_gather_gemm, gemm_reduce_scatter}
     y = torch.ops.tmaflow.softmax(x)
 
@@ -14,8 +14,8 @@ and CUDA graphs like any torch operator.
 
 A fake (meta) implementation gives torch the output's shape, dtype and strides without
 running anything: torch.compile traces with it. Once this module is imported,
-``kernels.copy / softmax / gemm / attention / attention_backward / attention_decode / append_kv`` called
-inside a compiled function become these ops too (their default forms: no ``out=`` or tuning options
+``kernels.copy / softmax / gemm / attention / attention_backward / attention_varlen / attention_decode /
+append_kv`` called inside a compiled function become these ops too (their default forms: no ``out=`` or tuning options
 there). ``kernels.attention`` on tensors that require grad becomes ``attention_lse`` (out and the
 log-sum-exp, saved for ``attention_backward``): gradients flow, eagerly and compiled (training
 steps under ``torch.compile(fullgraph=True)``); with ``torch.use_deterministic_algorithms(True)``
@@ -28,10 +28,11 @@ from __future__ import annotations
 import torch
 
 from .errors import TmaflowError
-from .kernels import attention_backward_entry, attention_entry, decode_entry, entry, examples, matmul
+from .kernels import (attention_backward_entry, attention_entry, attention_varlen_entry, decode_entry, entry,
+                      examples, matmul)
 
 __all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention", "attention_lse", "attention_backward",
-           "attention_decode", "append_kv", "all_gather_gemm", "gemm_reduce_scatter"]
+           "attention_varlen", "attention_decode", "append_kv", "all_gather_gemm", "gemm_reduce_scatter"]
 
 
 def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
@@ -126,13 +127,18 @@ def gemm_block_scaled(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor,
 
 def _attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: float | None = None) -> torch.Tensor:
-    _check("attention", q.dim() == 4 and k.dim() == 4 and k.shape == v.shape and
+    _check("attention", q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and k.shape[:3] == v.shape[:3] and
            q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16),
-           f"needs 4-D bfloat16 or float16 q, k, v of one dtype, k and v of one shape (got "
+           f"needs 4-D bfloat16 or float16 q, k, v of one dtype, k and v of one batch, heads and seq (got "
            f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype})")
-    _check("attention", q.shape[-1] in attention_entry.HEAD_DIMS and k.shape[-1] == q.shape[-1],
-           f"head_dim {q.shape[-1]} must be one of {attention_entry.HEAD_DIMS}, the same in k")
-    return q.new_empty(q.shape)
+    _head_dims("attention", q, k, v)
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def _head_dims(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    dims = attention_entry.HEAD_DIMS
+    _check(name, q.shape[-1] in dims and k.shape[-1] == q.shape[-1] and v.shape[-1] in dims,
+           f"head_dim {q.shape[-1]} (the same in k) and v's {v.shape[-1]} must be {attention_entry.dims_rule(dims)}")
 
 
 @op("tmaflow::attention", fake=_attention_fake,
@@ -213,6 +219,34 @@ def _attention_backward_recomputing(ctx, dout):
 
 attention_lse.register_autograd(_attention_lse_backward, setup_context=_save_lse)
 attention.register_autograd(_attention_backward_recomputing, setup_context=_save_inputs)
+
+
+def _attention_varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                           scale: float | None = None) -> torch.Tensor:
+    _check("attention_varlen", q.dim() == 3 and k.dim() == 3 and v.dim() == 3 and k.shape[:2] == v.shape[:2] and
+           q.dtype == k.dtype == v.dtype and q.dtype in (torch.bfloat16, torch.float16),
+           f"needs packed (tokens, heads, head_dim) bfloat16 or float16 q, k, v of one dtype, k and v of one "
+           f"token and head count (got {tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} "
+           f"{v.dtype})")
+    _head_dims("attention_varlen", q, k, v)
+    _check("attention_varlen", cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32 and cu_seqlens_q.dim() == 1
+           and cu_seqlens_q.shape == cu_seqlens_k.shape, f"needs cu_seqlens_q and cu_seqlens_k as 1-D int32 tensors "
+           f"of batch + 1 values (got {tuple(cu_seqlens_q.shape)} {cu_seqlens_q.dtype}, {tuple(cu_seqlens_k.shape)} "
+           f"{cu_seqlens_k.dtype})")
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+
+
+@op("tmaflow::attention_varlen", fake=_attention_varlen_fake,
+    schema="(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+           "int max_seqlen_k, bool causal=False, float? scale=None) -> Tensor")
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                     scale: float | None = None) -> torch.Tensor:
+    """``kernels.attention_varlen(...)``: attention over packed sequences, bf16 or fp16 (forward
+    only: no autograd formula yet, so a backward through it raises)."""
+    return attention_varlen_entry.attention_varlen.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                           max_seqlen_k, causal=causal, scale=scale)()
 
 
 def _attention_decode_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -308,7 +342,7 @@ def _as_op(name: str, args: tuple, kwargs: dict) -> bool:
     attention, while autograd records a tensor that requires grad (the op has the backward)."""
     if torch.compiler.is_compiling():
         return True
-    return name == "attention" and torch.is_grad_enabled() and any(
+    return name in ("attention", "attention_varlen") and torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
 
 
@@ -348,6 +382,12 @@ def _attention_backward_call(q, k, v, out, dout, lse, *, causal: bool = False, s
     return attention_backward(q, k, v, out, dout, lse, causal, scale, deterministic)
 
 
+def _attention_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=None, *,
+                           causal: bool = False, scale: float | None = None, **options):
+    _only("attention_varlen", {"out": out, **options})
+    return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+
+
 def _attention_decode_call(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
                            num_splits: int | None = None, evict_first: bool | None = None, **options):
     _only("attention_decode", options)
@@ -359,9 +399,11 @@ def _append_kv_call(k_cache, v_cache, block_table, seq_lens, k_new, v_new, **opt
     return append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new)
 
 
-# kernels.copy / softmax / gemm / attention / attention_backward / attention_decode / append_kv called
-# while torch.compile traces become these ops (and kernels.attention on tensors that require grad).
+# kernels.copy / softmax / gemm / attention / attention_backward / attention_varlen / attention_decode /
+# append_kv called while torch.compile traces become these ops (and kernels.attention and
+# attention_varlen on tensors that require grad: the latter's backward raises).
 entry.torch_route = _as_op
 entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call,
                         "attention": _attention_call, "attention_backward": _attention_backward_call,
+                        "attention_varlen": _attention_varlen_call,
                         "attention_decode": _attention_decode_call, "append_kv": _append_kv_call})

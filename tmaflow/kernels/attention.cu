@@ -15,6 +15,15 @@
 // tensor cores finish tile j-1, and the two warpgroups take turns issuing (FlashAttention-3's
 // ping-pong). Maps are 3-D (batch x heads, sequence, head dim), so loads past a head's
 // sequence read zeros, never the next head's rows; such keys are masked to -inf.
+//   VARLEN: packed sequences (flash_attn_varlen_func's layout): q (tokens, heads, HEAD_DIM), k
+//   and v (tokens, kv heads, ...), sequence b's tokens cu_q[b] .. cu_q[b+1] (cu_k for keys),
+//   read on the device. Maps are (tokens, heads, head dim), so a tile near a sequence's end
+//   loads the next sequence's rows: its keys are masked like keys past the end, its query rows
+//   are never stored. Work tiles are numbered over the non-empty sequences (each warp finds
+//   its tile's sequence by a walk over cu_q, 32 sequences a step).
+//   HEAD_DIM (Q and K) and HEAD_DIM_V (V and O) are multiples of 16 from 32 to 256. A box is
+//   one swizzle span wide: 64 columns (128B swizzle) when the head dim is a multiple of 64, else
+//   32 (64B) or 16 (32B), so no column of shared memory is padding; BLOCK_N keys a tile.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned, as torch's is_causal);
 //   key tiles past a work tile's last row are skipped.
 //   Grouped-query attention: query head h reads key/value head h / group.
@@ -28,67 +37,205 @@ namespace L = tmaflow_layout;
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
+#ifndef HEAD_DIM_V
+#define HEAD_DIM_V HEAD_DIM
+#endif
 #ifndef CAUSAL
 #define CAUSAL 0
+#endif
+#ifndef VARLEN
+#define VARLEN 0
 #endif
 #ifndef FP16
 #define FP16 0  // 1: fp16 Q, K, V and O instead of bf16
 #endif
-constexpr int D = HEAD_DIM, kBoxes = D / 64;
-// Keys a tile: 64 at head dim 256 (its O takes 128 registers a thread); 176 at head dim 128
-// without a causal mask (fewer, longer softmax steps, as FlashAttention-3 chooses), else 128.
-constexpr int BM = 128, BN = D == 256 ? 64 : D == 128 && !CAUSAL ? 176 : 128;
+// Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
+// thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
+// FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
+#ifndef BLOCK_N
+#define BLOCK_N (HEAD_DIM == 256 ? 64 : HEAD_DIM == 128 && !CAUSAL ? 176 : 128)
+#endif
+constexpr int DQK = HEAD_DIM, DV = HEAD_DIM_V, BM = 128, BN = BLOCK_N;
+// A box's row: the widest swizzle span (128, 64 or 32 B) that divides the head dim's bytes.
+constexpr int kSpanQK = DQK % 64 == 0 ? 128 : DQK % 32 == 0 ? 64 : 32;
+constexpr int kSpanV = DV % 64 == 0 ? 128 : DV % 32 == 0 ? 64 : 32;
+constexpr int kColsQK = kSpanQK / 2, kColsV = kSpanV / 2;  // head-dim columns a box
+constexpr int kBoxesQK = DQK / kColsQK, kBoxesV = DV / kColsV;
 constexpr int kS = BN / 2;  // S accumulators per thread: 64 x BN / 128
-constexpr int kO = D / 2;   // O accumulators per thread: 64 x D / 128
-constexpr uint32_t kBoxBytes = BN * 128;  // a (1, BN, 64) K or V box: BN rows of 128 B
+constexpr int kO = DV / 2;  // O accumulators per thread: 64 x DV / 128
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
-static_assert(D == 64 || D == 128 || D == 256, "HEAD_DIM is 64, 128 or 256");
-static_assert(L::kp::k_boxes == kBoxes && L::kp::k_bytes == BN * D * 2, "plan does not match HEAD_DIM");
+static_assert(DQK % 16 == 0 && DV % 16 == 0 && DQK >= 32 && DV >= 32 && DQK <= 256 && DV <= 256,
+              "HEAD_DIM and HEAD_DIM_V are multiples of 16 from 32 to 256");
+static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N is a multiple of 16 up to 256");
+static_assert(L::qp::q_boxes == kBoxesQK && L::kp::k_boxes == kBoxesQK && L::vp::v_boxes == kBoxesV &&
+              L::kp::k_bytes == BN * DQK * 2 && L::vp::v_bytes == BN * DV * 2,
+              "plan does not match HEAD_DIM, HEAD_DIM_V and BLOCK_N");
 
 #if FP16
 using elem_t = __half;
-#define TF_MMA(shape) wgmma::mma_##shape##_f16
-#define TF_MMA_RS(shape) wgmma::mma_##shape##_f16_rs
+#define TF_MMA wgmma::mma_k16_f16
+#define TF_MMA_RS wgmma::mma_k16_rs_f16
 TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::f16x2(lo, hi); }
 #else
 using elem_t = __nv_bfloat16;
-#define TF_MMA(shape) wgmma::mma_##shape##_bf16
-#define TF_MMA_RS(shape) wgmma::mma_##shape##_bf16_rs
+#define TF_MMA wgmma::mma_k16_bf16
+#define TF_MMA_RS wgmma::mma_k16_rs_bf16
 TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::bf16x2(lo, hi); }
 #endif
 
-TMAFLOW_DEVICE void mma_pv(float (&o)[kO], const uint32_t (&a)[4], uint64_t dv) {
-#if HEAD_DIM == 64
-  TF_MMA_RS(m64n64k16)<1>(o, a, dv, 1);
-#elif HEAD_DIM == 128
-  TF_MMA_RS(m64n128k16)<1>(o, a, dv, 1);
-#else
-  TF_MMA_RS(m64n256k16)<1>(o, a, dv, 1);
-#endif
-}
-
-template <int N>  // N = kS: BN / 2 accumulators
-TMAFLOW_DEVICE void mma_qk(float (&s)[N], uint64_t dq, uint64_t dk, uint32_t scale_d) {
-  if constexpr (N == 32) TF_MMA(m64n64k16)<0>(s, dq, dk, scale_d);
-  else if constexpr (N == 88) TF_MMA(m64n176k16)<0>(s, dq, dk, scale_d);
-  else TF_MMA(m64n128k16)<0>(s, dq, dk, scale_d);
-}
-
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
 
-// Key tiles a CTA whose first query row is m0 reads.
-TMAFLOW_DEVICE int key_tiles(int m0, int seq_q, int seq_kv) {
-  int tiles = (seq_kv + BN - 1) / BN;
+// A work tile: query rows m0 .. m0 + BM - 1 of one (sequence, head), the sequence's lengths,
+// and where its rows sit in the tensor maps (Tiles::out_row: in out and lse).
+struct Tile {
+  int m0, len_q, len_k;
+  int q_head, kv_head;  // the maps' head coordinate: dense, the (batch x heads) row; varlen, the head
+  int q_base, k_base;   // varlen: the sequence's first token in q and in k / v (dense: 0)
+};
+
+// Key tiles a work tile reads (at least one: a varlen sequence without keys reads one tile, all
+// masked, and stores zeros).
+TMAFLOW_DEVICE int key_tiles(const Tile& w) {
+  int tiles = (w.len_k + BN - 1) / BN;
 #if CAUSAL
-  tiles = min(tiles, (min(m0 + BM, seq_q) - 1) / BN + 1);
+  tiles = min(tiles, (min(w.m0 + BM, w.len_q) - 1) / BN + 1);
 #endif
-  return tiles;
+  return VARLEN ? max(tiles, 1) : tiles;
 }
+
+// A box of `map` rows row .. on head `head`: maps are (batch x heads, seq, head dim), or with
+// VARLEN (tokens, heads, head dim); coordinates innermost first.
+TMAFLOW_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, int col, int row, int head) {
+#if VARLEN
+  tma::load(dst, map, bar, col, head, row);
+#else
+  tma::load(dst, map, bar, col, row, head);
+#endif
+}
+
+#if VARLEN
+// Work tiles of packed sequences: sequence b has ceil(len_q / BM) row blocks a head, numbered
+// head by head (causal: later blocks first, as dense tiles), sequence after sequence; a tile
+// number past the last says so. Each warp walks cu_q from where its last tile was (tile numbers
+// only grow), a warp prefix sum of tile counts a step: 32 sequences a step, 128 in a CTA's first
+// walk (skip_to). Offsets are clamped into the tensors, so bad device values give wrong rows,
+// never stores outside out.
+struct Tiles {
+  const int* cu_q;
+  const int* cu_k;
+  int total_q, total_k, batch, heads, group;
+  int first = 0, before = 0;  // the walk: sequences from `first` on hold tiles from `before` on
+  // A CTA's first walk, before the producer gives up registers: to the sequences holding tile
+  // t, 128 sequences (4 a lane) a round of loads; false when t is past the last tile.
+  TMAFLOW_DEVICE bool skip_to(int t) {
+    const int lane = threadIdx.x % 32;
+    while (first < batch) {
+      const int b0 = first + 4 * lane;
+      int start[5], mine = 0;  // the first tokens of sequences b0 .. b0 + 4; their tiles
+#pragma unroll
+      for (int i = 0; i < 5; ++i) start[i] = b0 + i <= batch ? min(max(__ldg(cu_q + b0 + i), 0), total_q) : 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        start[i + 1] = max(start[i + 1], start[i]);  // as find's clamps
+        mine += b0 + i < batch ? (start[i + 1] - start[i] + BM - 1) / BM * heads : 0;
+      }
+      int upto = mine;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int x = __shfl_up_sync(0xffffffffu, upto, d);
+        if (lane >= d) upto += x;
+      }
+      const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
+      if (past != 0) {
+        const int l = __ffs(past) - 1;
+        before += __shfl_sync(0xffffffffu, upto - mine, l);
+        first += 4 * l;
+        return true;
+      }
+      before += __shfl_sync(0xffffffffu, upto, 31);
+      first += 128;
+    }
+    return false;
+  }
+  // Tiles there can be at most, whatever the lengths (the grid's size, attention_varlen_entry):
+  // a CTA's last tile needs no walk to the end of the batch to know it is the last.
+  TMAFLOW_DEVICE long long bound() const { return heads * ((total_q + batch * (BM - 1LL)) / BM); }
+  TMAFLOW_DEVICE bool find(int t, Tile& w) {
+    const int lane = threadIdx.x % 32;
+    if (t >= bound()) return false;
+    while (first < batch) {
+      const int b = first + lane;
+      int q0 = 0, len = 0;
+      if (b < batch) {
+        q0 = min(max(__ldg(cu_q + b), 0), total_q);
+        len = min(max(__ldg(cu_q + b + 1), q0), total_q) - q0;
+      }
+      const int blocks = (len + BM - 1) / BM, n = blocks * heads;
+      int upto = n;  // tiles of sequences first .. b
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int x = __shfl_up_sync(0xffffffffu, upto, d);
+        if (lane >= d) upto += x;
+      }
+      const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
+      if (past != 0) {
+        const int l = __ffs(past) - 1, seq = first + l;
+        const int mb = __shfl_sync(0xffffffffu, blocks, l);
+        const int local = t - before - __shfl_sync(0xffffffffu, upto - n, l);
+        const int i = local % mb, h = local / mb;
+        w.m0 = (CAUSAL ? mb - 1 - i : i) * BM;
+        w.q_base = __shfl_sync(0xffffffffu, q0, l);
+        w.len_q = __shfl_sync(0xffffffffu, len, l);
+        w.k_base = min(max(__ldg(cu_k + seq), 0), total_k);
+        w.len_k = min(max(__ldg(cu_k + seq + 1), w.k_base), total_k) - w.k_base;
+        w.q_head = h;
+        w.kv_head = h / group;
+        return true;
+      }
+      before += __shfl_sync(0xffffffffu, upto, 31);
+      first += 32;
+    }
+    return false;
+  }
+  TMAFLOW_DEVICE bool last(int t) {  // is t this CTA's last tile?
+    Tile next;
+    return !find(t + gridDim.x, next);
+  }
+  // Rows of out (of DV elements) and of lse ((heads, tokens)) of query row `row`.
+  TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return size_t(w.q_base + row) * heads + w.q_head; }
+  TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * total_q + w.q_base + row; }
+};
+#else
+// Work tile t of batch x heads x row blocks: query rows from m0 of (batch x heads) row bh.
+// Causal tiles of later rows read more keys: they go first (blocks start in index order), so
+// the short ones fill the tail.
+struct Tiles {
+  int seq_q, seq_kv, heads, group, m_blocks, work;
+  TMAFLOW_DEVICE bool find(int t, Tile& w) const {  // false past the last tile
+    if (t >= work) return false;
+    w.m0 = (CAUSAL ? m_blocks - 1 - t % m_blocks : t % m_blocks) * BM;
+    const int bh = t / m_blocks;
+    w.q_head = bh;
+    w.kv_head = (bh / heads) * (heads / group) + (bh % heads) / group;
+    w.len_q = seq_q, w.len_k = seq_kv;
+    w.q_base = w.k_base = 0;
+    return true;
+  }
+  TMAFLOW_DEVICE bool last(int t) const { return t + gridDim.x >= work; }
+  TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
+  TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
+};
+#endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-              const __grid_constant__ CUtensorMap tv, elem_t* out, float* lse, int seq_q,
-              int seq_kv, int batch_heads, int heads, int group, float scale_log2) {
+              const __grid_constant__ CUtensorMap tv, elem_t* out, float* lse,
+#if VARLEN
+              const int* cu_q, const int* cu_k, int total_q, int total_k, int batch,
+#else
+              int seq_q, int seq_kv, int batch_heads,
+#endif
+              int heads, int group, float scale_log2) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto qp = S.qp();
@@ -98,15 +245,12 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   using KCursor = decltype(kp)::Cursor;
   using VCursor = decltype(vp)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  const int m_blocks = (seq_q + BM - 1) / BM, work = m_blocks * batch_heads;
-  // Work tile t: query rows from m0, (batch x heads) row bh, key/value head kvh.
-  // Causal tiles of later rows read more keys: they go first (blocks start in index order), so
-  // the short ones fill the tail.
-  auto coords = [&](int t, int& m0, int& bh, int& kvh) {
-    m0 = (CAUSAL ? m_blocks - 1 - t % m_blocks : t % m_blocks) * BM;
-    bh = t / m_blocks;
-    kvh = (bh / heads) * (heads / group) + (bh % heads) / group;
-  };
+#if VARLEN
+  Tiles tiles{cu_q, cu_k, total_q, total_k, batch, heads, group};
+#else
+  const int m_blocks = (seq_q + BM - 1) / BM;
+  Tiles tiles{seq_q, seq_kv, heads, group, m_blocks, m_blocks * batch_heads};
+#endif
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tq);
     tma::prefetch_descriptor(&tk);
@@ -117,47 +261,55 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   }
   griddep::wait();
   griddep::launch_dependents();
+#if VARLEN
+  {  // the grid is sized for the longest sequences: CTAs past the last tile leave at once
+    if (!tiles.skip_to(blockIdx.x)) return;
+  }
+#endif
   __syncthreads();
 
   if (wg == 0) {
     warp::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
+    // One thread issues; with VARLEN its whole warp walks the sequences beside it.
+    if (VARLEN ? threadIdx.x < 32 : threadIdx.x == 0) {
+      const bool issuer = !VARLEN || lane == 0;
       // In the order the consumers need them: Q and K_0, then K_j ahead of V_(j-1) (S_j and
       // P V_(j-1) are issued together).
       QCursor cq;
       KCursor ck;
       VCursor cv;
-      auto load_k = [&](int j, int kvh) {
+      Tile w;
+      auto load_k = [&](int j) {
         kp.producer_acquire(ck);
         kp.producer_commit(ck);
 #pragma unroll
-        for (int box = 0; box < kBoxes; ++box)
-          tma::load(S.kp_k(ck.stage, box), &tk, kp.barrier(ck), box * 64, j * BN, kvh);
+        for (int box = 0; box < kBoxesQK; ++box)
+          load_box(S.kp_k(ck.stage, box), &tk, kp.barrier(ck), box * kColsQK, w.k_base + j * BN, w.kv_head);
         ck.advance();
       };
-      auto load_v = [&](int j, int kvh) {
+      auto load_v = [&](int j) {
         vp.producer_acquire(cv);
         vp.producer_commit(cv);
 #pragma unroll
-        for (int box = 0; box < kBoxes; ++box)
-          tma::load(S.vp_v(cv.stage, box), &tv, vp.barrier(cv), box * 64, j * BN, kvh);
+        for (int box = 0; box < kBoxesV; ++box)
+          load_box(S.vp_v(cv.stage, box), &tv, vp.barrier(cv), box * kColsV, w.k_base + j * BN, w.kv_head);
         cv.advance();
       };
-      for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance()) {
-        int m0, bh, kvh;
-        coords(t, m0, bh, kvh);
-        qp.producer_acquire(cq);
-        qp.producer_commit(cq);
+      for (int t = blockIdx.x; tiles.find(t, w); t += gridDim.x, cq.advance()) {
+        if (issuer) {
+          qp.producer_acquire(cq);
+          qp.producer_commit(cq);
 #pragma unroll
-        for (int box = 0; box < kBoxes; ++box)
-          tma::load(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * 64, m0, bh);
-        const int tiles = key_tiles(m0, seq_q, seq_kv);
-        load_k(0, kvh);
-        for (int j = 1; j < tiles; ++j) {
-          load_k(j, kvh);
-          load_v(j - 1, kvh);
+          for (int box = 0; box < kBoxesQK; ++box)
+            load_box(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * kColsQK, w.q_base + w.m0, w.q_head);
+          const int n = key_tiles(w);
+          load_k(0);
+          for (int j = 1; j < n; ++j) {
+            load_k(j);
+            load_v(j - 1);
+          }
+          load_v(n - 1);
         }
-        load_v(tiles - 1, kvh);
       }
     }
     return;
@@ -165,7 +317,8 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   warp::setmaxnreg_inc<kConsumerRegs>();
   const int cw = wg - 1, wq = (threadIdx.x % 128) / 32;
   const int col = 2 * (lane % 4);  // this thread's columns: col and col + 1 in every 8-column chunk
-  int m0, bh, kvh, row0;           // row0: this thread's rows are row0 and row0 + 8
+  Tile w;
+  int row0;                        // this thread's rows are row0 and row0 + 8
   float o[kO];
   float m_run[2], l_run[2];        // log2 domain; l per thread
   QCursor cq;
@@ -181,12 +334,13 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     wgmma::fence_operands(s);
     wgmma::fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {  // 16 head-dim columns a step: 32 B into a 128 B box row
-      const int box = ks / 4;
-      const uint64_t dq =
-          wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) + cw * 64 * 128);
-      const uint64_t dk = wgmma::desc_k_major_sw128(S.kp_k(ck.stage, box));
-      mma_qk(s, dq + 2 * (ks % 4), dk + 2 * (ks % 4), ks > 0);
+    for (int ks = 0; ks < DQK / 16; ++ks) {  // 16 head-dim columns a step: 32 B into a box row
+      constexpr int kSteps = kSpanQK / 32;   // k-steps a box row holds
+      const int box = ks / kSteps;
+      const uint64_t dq = wgmma::desc_k_major<kSpanQK>(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) +
+                                                       cw * 64 * kSpanQK);
+      const uint64_t dk = wgmma::desc_k_major<kSpanQK>(S.kp_k(ck.stage, box));
+      TF_MMA<0>(s, dq + 2 * (ks % kSteps), dk + 2 * (ks % kSteps), ks > 0);
     }
     wgmma::commit_group();
   };
@@ -196,21 +350,21 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
       for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
-    const uint64_t dv = wgmma::desc_mn_major_sw128(S.vp_v(cv.stage, 0), kBoxBytes);
+    const uint64_t dv = wgmma::desc_mn_major<kSpanV>(S.vp_v(cv.stage, 0), L::vp::v_box_stride);
     wgmma::fence_operands(o);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys of 128 B rows a step
-      mma_pv(o, p[kk], dv + kk * (2048 >> 4));
+    for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys of kSpanV-byte rows a step
+      TF_MMA_RS<1>(o, p[kk], dv + kk * (16 * kSpanV >> 4), 1);
     wgmma::commit_group();
   };
   // Online softmax of key tile j in place (s becomes P in fp32), alpha the rescale of older sums.
   auto softmax = [&](int j) {
     // Masks cost a compare and a select per score: only tiles that reach past the sequence or
     // (causal) past this warpgroup's first row need them (a warp-uniform test).
-    bool need_mask = (j + 1) * BN > seq_kv;
+    bool need_mask = (j + 1) * BN > w.len_k;
 #if CAUSAL
-    need_mask = need_mask || (j + 1) * BN - 1 > m0 + cw * 64;
+    need_mask = need_mask || (j + 1) * BN - 1 > w.m0 + cw * 64;
 #endif
     if (need_mask) {
 #pragma unroll
@@ -218,7 +372,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = j * BN + 8 * jj + col + (e & 1);
-          bool masked = key >= seq_kv;
+          bool masked = key >= w.len_k;
 #if CAUSAL
           masked = masked || key > row0 + 8 * (e >> 1);
 #endif
@@ -252,32 +406,31 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #pragma unroll
       for (int r = 0; r < 4; ++r) p[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
   };
-  // O / l of the finished work tile, clipped at the sequence; the log-sum-exp (natural log of
-  // sum exp(scale * s)).
+  // O / l of the finished work tile, clipped at the sequence (query rows past it, another
+  // sequence's with VARLEN, are never stored); the log-sum-exp (natural log of sum exp(scale *
+  // s)).
   auto store = [&]() {
-    const int bh_row = bh * seq_q;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
       const float l = warp::quad_sum(l_run[h]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      if (row < seq_q) {
-        elem_t* dst = out + size_t(bh_row + row) * D + col;
+      if (row < w.len_q) {
+        elem_t* dst = out + tiles.out_row(w, row) * DV + col;
 #pragma unroll
-        for (int jj = 0; jj < D / 8; ++jj)
+        for (int jj = 0; jj < DV / 8; ++jj)
           *reinterpret_cast<uint32_t*>(dst + 8 * jj) = pack2(o[4 * jj + 2 * h] * inv, o[4 * jj + 2 * h + 1] * inv);
         if (lse != nullptr && lane % 4 == 0)
-          lse[bh_row + row] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
+          lse[tiles.lse_row(w, row)] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
       }
     }
   };
-  auto begin_work = [&](int t) {  // a work tile's coordinates and fresh sums
-    coords(t, m0, bh, kvh);
-    row0 = m0 + cw * 64 + wq * 16 + lane / 4;
+  auto begin_work = [&]() {  // this thread's rows and fresh sums
+    row0 = w.m0 + cw * 64 + wq * 16 + lane / 4;
     for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.f;
 #pragma unroll
     for (int i = 0; i < kO; ++i) o[i] = 0.f;
-    return key_tiles(m0, seq_q, seq_kv);
+    return key_tiles(w);
   };
   // Turns (FlashAttention-3's ping-pong): the two consumer warpgroups take turns issuing their
   // GEMMs, so one's softmax runs while the other's GEMMs keep the tensor cores busy. Warpgroup
@@ -288,19 +441,19 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     if (!(last && cw == 1)) named_barrier::arrive(2 - cw, 256);
   };
   // Q goes back to the producer once the work tile's last S is done, K_j once S_j is.
-  auto scores_done = [&](int j, int tiles) {
+  auto scores_done = [&](int j, int n) {
     wgmma::fence_operands(s);
     if (lane == 0) {
       kp.consumer_release(ck);
-      if (j == tiles - 1) qp.consumer_release(cq);
+      if (j == n - 1) qp.consumer_release(cq);
     }
     ck.advance();
   };
   // Tile j+1's K and tile j's V are waited for right after tile j's GEMMs are issued, while
   // the thread would wait for S_j anyway: an mbarrier wait at the top of a tile sat on the
   // critical path (4-10% at every head dim), though the loads had landed long before.
-  auto wait_ahead = [&](int j, int tiles) {
-    if (j + 1 < tiles) {
+  auto wait_ahead = [&](int j, int n) {
+    if (j + 1 < n) {
       KCursor next = ck;
       next.advance();
       kp.consumer_wait(next);
@@ -310,26 +463,26 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     vp.consumer_wait(next_v);
   };
   if (cw == 1) named_barrier::arrive(1, 256);
-  for (int t = blockIdx.x; t < work; t += gridDim.x, cq.advance()) {
-    const int tiles = begin_work(t);
+  for (int t = blockIdx.x; tiles.find(t, w); t += gridDim.x, cq.advance()) {
+    const int n = begin_work();
     qp.consumer_wait(cq);
     kp.consumer_wait(ck);
     turn_begin();
     issue_s();
     turn_end(false);
-    wait_ahead(0, tiles);
+    wait_ahead(0, n);
     wgmma::wait_group<0>();
-    scores_done(0, tiles);
+    scores_done(0, n);
     softmax(0);
     convert();
-    for (int j = 1; j < tiles; ++j) {
+    for (int j = 1; j < n; ++j) {
       turn_begin();
       issue_s();
       issue_pv();
       turn_end(false);
-      wait_ahead(j, tiles);
+      wait_ahead(j, n);
       wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
-      scores_done(j, tiles);
+      scores_done(j, n);
       softmax(j);
       wgmma::wait_group<0>();
       wgmma::fence_operands(o);
@@ -337,7 +490,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       cv.advance();
       convert();
     }
-    const bool last = t + gridDim.x >= work;
+    const bool last = tiles.last(t);
     turn_begin();
     issue_pv();
     turn_end(last);

@@ -8,6 +8,7 @@ import functools
 import math
 from threading import get_ident
 from types import SimpleNamespace
+from typing import NamedTuple
 
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
@@ -23,43 +24,114 @@ from .entry import (STATES, cached_state, contiguous_strides, entry_point, given
 from .registry import get_kernel
 
 BM = 128                  # query rows a work tile
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = range(32, 257, 16)  # multiples of 16 (wgmma's k-step) for Q / K and for V
 DTYPES = ("bfloat16", "float16")
 _BARRIER_RESERVE = 256
+_BUDGET = HOPPER_SMEM_LIMIT - _BARRIER_RESERVE
+# Keys a tile measured on H100 / H200 (docs/history.md, session 6), by (head dim, causal).
+_MEASURED_KEYS = {(64, False): 128, (64, True): 128, (128, False): 176, (128, True): 128,
+                  (256, False): 64, (256, True): 64}
+# Per consumer thread, 232 registers hold O (head_dim_v / 2), S (keys / 2), P (keys / 4) and
+# about 36 more (indices, sums, addresses): head dim 128 with 176 keys is the measured limit.
+_TILE_REGISTERS = 196
+# Where that sum is not enough, by v's head dim: the rule's 128 keys at 176 spill 8-16 B in the
+# varlen build, 80 keys at 240 spill 36 B (tests/test_attention_plan.py compiles every variant).
+_KEY_CAPS = {176: 112, 240: 64}
 
 
-def keys_per_tile(head_dim: int, causal: bool) -> int:
-    """64 at head dim 256 (its O accumulators take 128 registers a thread); 176 at head dim 128
-    without a causal mask (as attention.cu's BN), else 128."""
-    return 64 if head_dim == 256 else 176 if head_dim == 128 and not causal else 128
+def swizzle_span(head_dim: int) -> int:
+    """Bytes of a box row (attention.cu's kSpanQK, kSpanV): the widest swizzle span that divides the
+    head dim's bytes, so boxes hold no padding columns (64 columns with the 128B swizzle, else
+    32 with 64B or 16 with 32B)."""
+    return 128 if head_dim % 64 == 0 else 64 if head_dim % 32 == 0 else 32
 
 
-@functools.lru_cache(maxsize=16)
-def attention_plan(head_dim: int, causal: bool = False) -> tuple:
-    """(Q box spec, K/V box spec, shared layout) for a head dimension; the shapes (and the
-    dtype: fp16 has bf16's bytes) in the specs are placeholders (the layout needs only box bytes;
-    calls bind maps of the real shapes and dtype).
+def keys_per_tile(head_dim: int, causal: bool, head_dim_v: int | None = None) -> int:
+    """Keys a tile (attention.cu's BLOCK_N). Measured for head dims 64, 128 and 256 (Q, K and V
+    alike): 128, 176 without a causal mask at 128 (fewer, longer softmax steps, as
+    FlashAttention-3 chooses) and 64 at 256 (its O accumulators take 128 registers a thread).
+    Other head dims (a guess, not measured): the most keys, a multiple of 16 up to 128 causal
+    or 176 not, whose O, S and P fit the consumers' registers (compiled without spills) and
+    whose Q and two K and V stages fit shared memory."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    if dv == head_dim and (head_dim, causal) in _MEASURED_KEYS:
+        return _MEASURED_KEYS[(head_dim, causal)]
+    keys = min(128 if causal else 176, (_TILE_REGISTERS - dv // 2) * 4 // 3 // 16 * 16)
+    keys = min(keys, _KEY_CAPS.get(dv, keys))
+    while keys > 16 and BM * head_dim * 2 + 2 * keys * (head_dim + dv) * 2 > _BUDGET:
+        keys -= 16
+    return keys
+
+
+class AttentionPlan(NamedTuple):
+    """What one forward variant compiles and binds: the box specs of Q, K and V (placeholder
+    shapes: the layout needs only box bytes, calls bind maps of the real shapes and dtype), the
+    shared layout, keys a tile and the kernel's defines."""
+
+    spec_q: TensorMapSpec
+    spec_k: TensorMapSpec
+    spec_v: TensorMapSpec
+    layout: SharedLayout
+    keys: int
+    defines: dict
+
+
+def _box_spec(rows: int, head_dim: int) -> TensorMapSpec:
+    span = swizzle_span(head_dim)
+    return TensorMapSpec.tiled("bfloat16", (1, rows, head_dim), (1, rows, span // 2), swizzle=f"{span}B")
+
+
+@functools.lru_cache(maxsize=64)
+def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None = None,
+                   varlen: bool = False) -> AttentionPlan:
+    """The plan of a head dim (Q and K; ``head_dim_v`` for V and O, default the same), with or
+    without a causal mask, dense or ``varlen`` (packed sequences: the same layout, other maps).
 
     K and V are separate pipelines (K_j is needed a step before V_j, and each goes back as
-    soon as its GEMM is done); they take equal stages, up to four, and K any bytes left over."""
-    if head_dim not in HEAD_DIMS:
-        raise TmaflowError(f"attention: head dim {head_dim} is not supported; use one of {HEAD_DIMS}")
-    box = {"swizzle": "128B"}
-    spec_q = TensorMapSpec.tiled("bfloat16", (1, BM, head_dim), (1, BM, 64), **box)
-    bn = keys_per_tile(head_dim, causal)
-    spec_kv = TensorMapSpec.tiled("bfloat16", (1, bn, head_dim), (1, bn, 64), **box)
-    boxes = head_dim // 64
-    q_bytes, kv_bytes = boxes * spec_q.smem_bytes, boxes * spec_kv.smem_bytes
-    budget = HOPPER_SMEM_LIMIT - _BARRIER_RESERVE
-    pairs = min(4, (budget - q_bytes) // (2 * kv_bytes))
-    k_stages = pairs + (pairs < 4 and budget - q_bytes - 2 * pairs * kv_bytes >= kv_bytes)
-    layout = SharedLayout([Pipeline("qp", stages=1, tiles={"q": (spec_q, boxes)}, consumers=8),
-                           Pipeline("kp", stages=k_stages, tiles={"k": (spec_kv, boxes)}, consumers=8),
-                           Pipeline("vp", stages=pairs, tiles={"v": (spec_kv, boxes)}, consumers=8)])
-    return spec_q, spec_kv, layout
+    soon as its GEMM is done); they take equal stages, up to four, and K one more when its
+    bytes are left over."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    for name, d in (("head dim", head_dim), ("head dim of v", dv)):
+        if d not in HEAD_DIMS:
+            raise TmaflowError(f"attention: {name} {d} is not supported; use a multiple of 16 from 32 to 256")
+    keys = keys_per_tile(head_dim, causal, dv)
+    spec_q, spec_k, spec_v = _box_spec(BM, head_dim), _box_spec(keys, head_dim), _box_spec(keys, dv)
+    qk_boxes, v_boxes = head_dim // spec_q.box[-1], dv // spec_v.box[-1]
+    q_bytes, k_bytes, v_bytes = BM * head_dim * 2, keys * head_dim * 2, keys * dv * 2
+    pairs = min(4, (_BUDGET - q_bytes) // (k_bytes + v_bytes))
+    k_stages = pairs + (pairs < 4 and _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) >= k_bytes)
+    layout = SharedLayout([Pipeline("qp", stages=1, tiles={"q": (spec_q, qk_boxes)}, consumers=8),
+                           Pipeline("kp", stages=k_stages, tiles={"k": (spec_k, qk_boxes)}, consumers=8),
+                           Pipeline("vp", stages=pairs, tiles={"v": (spec_v, v_boxes)}, consumers=8)])
+    defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
+               **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {})}
+    return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 
 
-def _check(q, k, v, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
+def attention_kernel(plan: AttentionPlan, dtype: str, debug=None, trace: bool = False):
+    """The compiled forward kernel of ``plan`` for bfloat16 or float16 operands."""
+    defines = {**plan.defines, **({"FP16": 1} if dtype == "float16" else {})}
+    return get_kernel("attention_fwd", plan.layout, defines=defines, file="attention", debug=debug, trace=trace)
+
+
+def map_template(dtype: str, shape: tuple, spec: TensorMapSpec, varlen: bool = False) -> MapTemplate:
+    """A map of ``spec``'s box over ``shape`` (dense: (batch x heads, seq, head dim); varlen:
+    (tokens, heads, head dim), whose box spans rows of tokens of one head)."""
+    shape = tuple(max(n, 1) for n in shape)
+    box = (spec.box[1], 1, spec.box[2]) if varlen else spec.box
+    return MapTemplate(TensorMapSpec.tiled(dtype, shape, box, swizzle=spec.swizzle))
+
+
+def dims_rule(head_dims) -> str:
+    """How an error message states the head dims a kernel takes."""
+    if isinstance(head_dims, range):
+        return f"a multiple of {head_dims.step} from {head_dims.start} to {head_dims.stop - 1}"
+    return f"one of {tuple(head_dims)}"
+
+
+def _check(q, k, v, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES, v_head_dims=None):
+    """(batch, heads, seq_q, head_dim, kv_heads, seq_kv) after the rules. v's head dim is k's
+    unless ``v_head_dims`` says which others it may take."""
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if len(arr.shape) != 4:
             raise TmaflowError(f"{who}: {name} must be 4-D (batch, heads, seq, head_dim); got shape {arr.shape}")
@@ -72,8 +144,10 @@ def _check(q, k, v, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
             raise TmaflowError(f"{who}: {name} must be contiguous (batch, heads, seq, head_dim); "
                                f"strides {arr.strides} B")
     b, hq, sq, d = q.shape
-    if k.shape != v.shape:
+    if v_head_dims is None and k.shape != v.shape:
         raise TmaflowError(f"{who}: k {k.shape} and v {v.shape} must have one shape")
+    if k.shape[:3] != v.shape[:3]:
+        raise TmaflowError(f"{who}: k {k.shape} and v {v.shape} must have one batch, heads and seq")
     bk, hkv, skv, dk = k.shape
     if bk != b or dk != d:
         raise TmaflowError(f"{who}: q is {q.shape} but k is {k.shape}; batch and head_dim must match")
@@ -81,7 +155,9 @@ def _check(q, k, v, head_dims=HEAD_DIMS, who="attention", dtypes=DTYPES):
         raise TmaflowError(f"{who}: {hq} query heads must be a multiple of the {hkv} key/value heads "
                            "(grouped-query attention)")
     if d not in head_dims:
-        raise TmaflowError(f"{who}: head_dim={d} is not supported; use one of {head_dims}")
+        raise TmaflowError(f"{who}: head_dim={d} is not supported; use {dims_rule(head_dims)}")
+    if v_head_dims is not None and v.shape[3] not in v_head_dims:
+        raise TmaflowError(f"{who}: v's head_dim={v.shape[3]} is not supported; use {dims_rule(v_head_dims)}")
     if skv == 0 and sq > 0:
         raise TmaflowError(f"{who}: k and v have no keys (seq 0); softmax over nothing is undefined")
     return b, hq, sq, d, hkv, skv
@@ -94,13 +170,15 @@ def _scale(scale, d: int, who: str = "attention") -> float:
                                  "row maxima of the unscaled scores)")
 
 
-def _given_out(out, like, who: str = "attention", field: str = "out", align: int = 4):
-    """``out`` (or the output ``field``) checked: ``like``'s shape and dtype, contiguous, at an
-    ``align``-byte boundary (the kernels store two elements as one 4-byte word, or more)."""
+def _given_out(out, like, who: str = "attention", field: str = "out", align: int = 4, shape=None):
+    """``out`` (or the output ``field``) checked: ``like``'s dtype and shape (or ``shape``),
+    contiguous, at an ``align``-byte boundary (the kernels store two elements as one 4-byte word,
+    or more)."""
     if out is None:
         return None
-    O = packed(given_output(who, out, like.shape, like.dtype, field=field))
-    if O.strides != contiguous_strides(like.shape, 2) or O.ptr % align:
+    shape = like.shape if shape is None else shape
+    O = packed(given_output(who, out, shape, like.dtype, field=field))
+    if O.strides != contiguous_strides(shape, 2) or O.ptr % align:
         raise TmaflowError(f"{who}: {field} must be contiguous and {align}-byte aligned (strides "
                            f"{O.strides} B, at 0x{O.ptr:x})")
     return O
@@ -111,21 +189,25 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
               return_lse: bool = False, stream=None, pdl: bool = False, debug: bool | None = None,
               trace: bool = False):
     """softmax(scale * q @ k^T) @ v for bfloat16 or float16 (batch, heads, seq, head_dim) arrays,
-    head_dim 64, 128 or 256; k and v may have fewer heads (grouped-query attention: query head h
-    reads key/value head h // (heads / kv_heads)). ``causal``: query i sees keys j <= i (as
-    torch's ``is_causal``). ``scale`` defaults to 1 / sqrt(head_dim). Returns out (of q's kind),
-    and with ``return_lse`` also the (batch, heads, seq) float32 log-sum-exp of the scaled scores."""
+    head_dim a multiple of 16 from 32 to 256; v's head dim may differ from q's and k's (as
+    multi-head latent attention's 192 / 128), out has v's. k and v may have fewer heads
+    (grouped-query attention: query head h reads key/value head h // (heads / kv_heads)).
+    ``causal``: query i sees keys j <= i (as torch's ``is_causal``). ``scale`` defaults to 1 /
+    sqrt(head_dim). Returns out (of q's kind), and with ``return_lse`` also the (batch, heads,
+    seq) float32 log-sum-exp of the scaled scores."""
     if (type(causal), type(pdl), type(debug), type(trace)) not in _OPTIONS.plain:
         causal, pdl, debug, trace = _OPTIONS.check(causal, pdl, debug, trace)
     if type(return_lse) is not bool:  # a flag: any bool is valid, not part of the key
         (return_lse,) = _RETURN_LSE.check(return_lse)
     Q, K, V = packed(as_array(q)), packed(as_array(k)), packed(as_array(v))
-    b, hq, sq, d, hkv, skv = _check(Q, K, V)
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, v_head_dims=HEAD_DIMS)
+    dv = V.shape[3]
     scale = _scale(scale, d)
-    O = _given_out(out, Q)
+    out_shape = Q.shape if dv == d else (b, hq, sq, dv)
+    O = _given_out(out, Q, shape=out_shape)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, O), ordinal)
-    key = ("attention", Q.dtype.name, Q.shape, K.shape, O is None, causal, stream, pdl, Q.device,
+    key = ("attention", Q.dtype.name, Q.shape, K.shape, dv, O is None, causal, stream, pdl, Q.device,
            ordinal, debug, trace, get_ident())
     try:
         st, windows = STATES[key]
@@ -134,8 +216,8 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     if O is not None and not checks.apart(O.ptr, (Q.ptr, K.ptr, V.ptr), windows):
         windows = checks.no_aliasing("attention", O, (("q", Q), ("k", K), ("v", V)))
     if st is None:
-        st, _ = cached_state(key, lambda: (_state(Q, K, causal, stream, pdl, debug, trace), windows))
-    result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
+        st, _ = cached_state(key, lambda: (_state(Q, K, dv, causal, stream, pdl, debug, trace), windows))
+    result, O = (out, O) if O is not None else new_output(q, Q, out_shape, None, stream)
     lse_out, lse = (None, 0)
     if return_lse:
         lse_out, lse = new_output(q, Q, (b, hq, sq), as_dtype("float32"), stream)
@@ -146,7 +228,7 @@ def attention(q, k, v, out=None, *, causal: bool = False, scale: float | None = 
     # strides are the last three of theirs.
     args = (st.tq.bind(Q._as((b * hq, sq, d), Q.strides[1:])),
             st.tk.bind(K._as((b * hkv, skv, d), K.strides[1:])),
-            st.tv.bind(V._as((b * hkv, skv, d), V.strides[1:])),
+            st.tv.bind(V._as((b * hkv, skv, dv), V.strides[1:])),
             O, lse, sq, skv, b * hq, hq, hq // hkv, float(scale) * math.log2(math.e))
     return st.launcher, args, ret
 
@@ -156,25 +238,22 @@ _OPTIONS = checks.Options("attention", causal=checks.flag(), pdl=checks.flag(), 
 _RETURN_LSE = checks.Options("attention", return_lse=checks.flag())
 
 
-def _state(Q, K, causal, stream, pdl, debug, trace) -> SimpleNamespace:
+def _state(Q, K, dv, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     _OPTIONS.check(causal, pdl, debug, trace)
     on_current_device("attention", Q)
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
-    spec_q, spec_kv, layout = attention_plan(d, causal)
-    defines = {"HEAD_DIM": d, "CAUSAL": int(causal), **({"FP16": 1} if Q.dtype.name == "float16" else {})}
-    kern = get_kernel("attention_fwd", layout, defines=defines, file="attention", debug=debug, trace=trace)
+    plan = attention_plan(d, causal, dv)
+    launcher_of = attention_kernel(plan, Q.dtype.name, debug, trace).launcher
     # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).
     # Causal ones differ in length: one CTA a tile, so the hardware's block scheduler balances.
     work = max(1, math.ceil(sq / BM) * b * hq)
     grid = work if causal else min(work, current_device().sm_count)
-    launcher = kern.launcher(grid=grid, block=384, stream=stream, pdl=pdl)
-
-    def template(rows, seq, spec):
-        return MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (max(rows, 1), max(seq, 1), d), spec.box,
-                                               swizzle="128B"))
-    return SimpleNamespace(launcher=launcher, tq=template(b * hq, sq, spec_q), tk=template(b * hkv, skv, spec_kv),
-                  tv=template(b * hkv, skv, spec_kv))
+    dt = Q.dtype.name
+    return SimpleNamespace(launcher=launcher_of(grid=grid, block=384, stream=stream, pdl=pdl),
+                           tq=map_template(dt, (b * hq, sq, d), plan.spec_q),
+                           tk=map_template(dt, (b * hkv, skv, d), plan.spec_k),
+                           tv=map_template(dt, (b * hkv, skv, dv), plan.spec_v))
 
 
 CP_ASYNC_HEAD_DIMS = (64, 128)

@@ -1,18 +1,29 @@
 """kernels.attention against torch's scaled_dot_product_attention with the cuDNN and the flash
 backends, in one run: TFLOP/s and the ratio to the better backend, causal and not.
 
-    PYTHONPATH=. python3 tools/peers/bench_attention.py [--json FILE] [--repeats N] [--quick] [--dims D ...]
+    PYTHONPATH=. python3 tools/peers/bench_attention.py [--json FILE] [--repeats N] [--quick] [--dims D|D/DV ...]
         [--seqs S ...] [--dtype bfloat16|float16]
+    PYTHONPATH=. python3 tools/peers/bench_attention.py --varlen [--json FILE] [--repeats N] [--dtype ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --decode | --decode-sweep [--json FILE] [--repeats N]
         [--quick] [--clean]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --backward [--json FILE] [--repeats N] [--quick]
         [--dims D ...] [--seqs S ...] [--dtype bfloat16|float16] [--deterministic]
 
 Shapes keep 16k tokens a batch (batch = 16384 / seq) at head dim 64 (32 heads), 128 (16
-heads) and 256 (8 heads). The three run in interleaved rounds, timed twice: cold (each call
-after a write that evicts L2) and back to back; the ratio is the median of per-round ratios. FLOPs: 4 * batch * heads * seq^2 * head_dim, half of it
-causal. Each row also checks our output against the cuDNN one. At head dims 64 and 128 the
-pre-Hopper kernel kept from seed 002 (kernels.attention_cp_async) runs in the same rounds.
+heads) and 256 (8 heads); other head dims (``--dims 96 192/128``: Q/K's over V's) keep heads x
+head dim at 2048. The three run in interleaved rounds, timed twice: cold (each call after a
+write that evicts L2) and back to back; the ratio is the median of per-round ratios. FLOPs:
+2 * batch * heads * seq^2 * (head_dim + head_dim_v), half of it causal. Each row also checks
+our output against the first peer's (cuDNN, flash, or torch's memory-efficient backend where
+the others refuse V's head dim). At head dims 64 and 128 the pre-Hopper kernel kept from seed
+002 (kernels.attention_cp_async) runs in the same rounds.
+
+``--varlen``: kernels.attention_varlen over 16k packed tokens (head dim 128, 16 heads): four
+sequences of 4096 (its time against the dense kernel on batch 4 x 4096 is the varlen path's
+own cost), eight ragged ones (256 to 5120) and 128 short ones (32 to 224), each against the
+dense kernel at the same token count (batch x seq = 16k, ratio of TFLOP/s: the FLOPs differ)
+and torch's flash varlen (``torch.nn.attention.varlen.varlen_attn``, where torch has it), cold
+and back to back (about 30 s).
 
 ``--decode``: kernels.attention_decode over a paged cache (random block tables, every request
 at the full context) against torch SDPA (the fastest backend that takes q_len 1 with GQA) over
@@ -48,6 +59,12 @@ DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_fi
                         "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
                         "warm best vs auto"]
 DECODE_TOKENS = 1 << 22  # batch x context at most: 16 GiB of K+V a layout at 8 kv heads, head dim 128
+VARLEN_COLUMNS = ["dtype", "case", "causal", "cold tflops", "cold vs dense", "cold vs flash varlen", "warm vs dense",
+                  "warm vs flash varlen", "rel_err_vs_peer"]
+# Packed batches of 16k tokens: (sequence lengths, the dense (batch, seq) of as many tokens).
+VARLEN_CASES = {"equal 4x4096": ([4096] * 4, (4, 4096)),
+                "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048)),
+                "short 128": ([32, 96, 160, 224] * 32, (128, 128))}
 
 
 def _cold_and_warm(fns: dict, repeats: int, settle: int = 0):
@@ -60,15 +77,27 @@ def _cold_and_warm(fns: dict, repeats: int, settle: int = 0):
 
 def _tflops_cells(fns: dict, flop: float, repeats: int, row: dict) -> list[str]:
     """Both timings of ``fns`` in TFLOP/s, tmaflow's against the fastest peer (neither tmaflow
-    nor cp.async), recorded in ``row``; one printed cell a timing."""
+    nor cp.async; none when every backend refused the shape), recorded in ``row``; one printed
+    cell a timing."""
     cells = []
     for mode, got in _cold_and_warm(fns, repeats):
         tflops = {name: flop / got[name].median / 1e12 for name in fns}
-        best = max((n for n in fns if n not in ("tmaflow", "cp.async")), key=lambda n: tflops[n])
-        ratio = got.ratio("tmaflow", best).median
+        best = max((n for n in fns if n not in ("tmaflow", "cp.async")), key=lambda n: tflops[n], default=None)
+        ratio = got.ratio("tmaflow", best).median if best is not None else None
         row.update({f"{mode} tflops": tflops, "best_peer": best, f"{mode} ratio": ratio})
-        cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in fns) + f" ratio to {best} {ratio:.3f}")
+        cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in fns) +
+                     (f" ratio to {best} {ratio:.3f}" if best is not None else " (no peer)"))
     return cells
+
+
+def _head_dims(text: str) -> tuple[int, int]:
+    """--dims entries: "D" (Q, K and V alike) or "D/DV"."""
+    d, _, dv = text.partition("/")
+    return int(d), int(dv or d)
+
+
+def _heads(d: int) -> int:
+    return {64: 32, 128: 16, 256: 8}.get(d, max(1, 2048 // d))
 
 
 def main():
@@ -76,7 +105,8 @@ def main():
     p.add_argument("--json")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="seq 1k and 4k only (--decode: 4 shapes a page size)")
-    p.add_argument("--dims", type=int, nargs="+", default=[64, 128, 256], help="head dims to run")
+    p.add_argument("--dims", type=_head_dims, nargs="+", default=[(64, 64), (128, 128), (256, 256)],
+                   help="head dims to run: D, or D/DV for V's apart from Q's and K's (e.g. 96 192/128)")
     p.add_argument("--seqs", type=int, nargs="+", help="sequence lengths (default 512 to 16k)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--decode", action="store_true", help="paged-KV decode against SDPA and the copy ceiling")
@@ -85,6 +115,7 @@ def main():
     p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
     p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
     p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
+    p.add_argument("--varlen", action="store_true", help="packed sequences against the dense kernel and flash varlen")
     args = p.parse_args()
     if args.decode_sweep:
         return decode_sweep(args)
@@ -92,17 +123,21 @@ def main():
         return decode(args)
     if args.backward:
         return backward(args)
+    if args.varlen:
+        return varlen(args)
     import torch  # optional dependency, before the driver is touched: --help works without it
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     seqs = args.seqs or ((1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384))
     rows = []
-    for d, heads in ((d, h) for d, h in ((64, 32), (128, 16), (256, 8)) if d in args.dims):
+    for d, dv in args.dims:
+        heads = _heads(d)
         for seq in seqs:
             batch = max(1, 16384 // seq)
-            q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=getattr(torch, args.dtype))
-                       for _ in range(3))
-            out = torch.empty_like(q)
+            dt = getattr(torch, args.dtype)
+            q, k = (torch.randn(batch, heads, seq, d, device="cuda", dtype=dt) for _ in range(2))
+            v = torch.randn(batch, heads, seq, dv, device="cuda", dtype=dt)
+            out = torch.empty(batch, heads, seq, dv, device="cuda", dtype=dt)
             for causal in (False, True):
                 def sdpa(backend):
                     def run():
@@ -111,38 +146,119 @@ def main():
                     return run
                 fns = {"tmaflow": kernels.attention.prepare(q, k, v, out, causal=causal),
                        "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
-                if d in CP_ASYNC_HEAD_DIMS and args.dtype == "bfloat16":  # seed 002's schedule, for scale
+                if dv != d:  # the backend that takes V's own head dim when the others refuse it
+                    fns["efficient"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
+                if d == dv and d in CP_ASYNC_HEAD_DIMS and args.dtype == "bfloat16":  # seed 002's schedule, for scale
                     fns["cp.async"] = kernels.attention_cp_async.prepare(q, k, v, torch.empty_like(q), causal=causal)
-                available = {}
-                for name, fn in fns.items():
-                    try:
-                        fn()
-                        available[name] = fn
-                    except RuntimeError as exc:  # a backend that does not take this shape
-                        print(f"  {name} unavailable: {str(exc).splitlines()[0][:100]}")
+                available = _available(fns)
                 torch.cuda.synchronize()
-                peer = available.get("cudnn") or available.get("flash")
-                ref = peer().float()
-                err = (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item()
-                flop = 4.0 * batch * heads * seq * seq * d / (2 if causal else 1)
-                row = {"dtype": args.dtype, "d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal,
-                       "rel_err_vs_peer": err}
+                peer = next((available[n] for n in ("cudnn", "flash", "efficient") if n in available), None)
+                err = None
+                if peer is not None:
+                    ref = peer().float()
+                    err = (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item()
+                flop = 2.0 * batch * heads * seq * seq * (d + dv) / (2 if causal else 1)
+                row = {"dtype": args.dtype, "d": d if d == dv else f"{d}/{dv}", "seq": seq, "batch": batch,
+                       "heads": heads, "causal": causal, "rel_err_vs_peer": err}
                 cells = _tflops_cells(available, flop, args.repeats, row)
                 rows.append(row)
-                print(f"{'fp16' if args.dtype == 'float16' else 'bf16'} d{d:<4d} seq {seq:6d} b{batch:<3d} "
-                      f"{'causal' if causal else 'full  '} " + " | ".join(cells) + f"  TFLOP/s  err {err:.1e}", flush=True)
+                print(f"{'fp16' if args.dtype == 'float16' else 'bf16'} d{row['d']!s:<7} seq {seq:6d} b{batch:<3d} "
+                      f"{'causal' if causal else 'full  '} " + " | ".join(cells) + f"  TFLOP/s  err {_fmt(err, '.1e')}", flush=True)
     if args.json:
         bench.records.write(args.json, "attention", "Attention against torch SDPA (cuDNN, flash)", COLUMNS, rows,
                             repeats=args.repeats)
+
+
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _available(fns: dict) -> dict:
+    """The functions of ``fns`` that run (a backend may refuse a shape), each run once."""
+    available = {}
+    for name, fn in fns.items():
+        try:
+            fn()
+            available[name] = fn
+        except RuntimeError as exc:  # a backend that does not take this shape
+            print(f"  {name} unavailable: {str(exc).splitlines()[0][:100]}")
+    return available
+
+
+def varlen(args):
+    import torch  # optional dependency, as in main
+
+    rows = []
+    for case, (lengths, dense) in VARLEN_CASES.items():
+        for causal in (False, True):
+            rows.append(_varlen_row(torch, args, case, lengths, dense, causal))
+    if args.json:
+        bench.records.write(args.json, "attention_varlen", "Packed sequences against the dense kernel and flash varlen",
+                            VARLEN_COLUMNS, rows, repeats=args.repeats)
+
+
+def _flash_varlen(torch):
+    """torch's flash varlen forward as f(q, k, v, cu, max_len, causal), or None without one
+    (torch.nn.attention.varlen: is_causal until 2.10, a (left, right) window after)."""
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    if "is_causal" in inspect.signature(varlen_attn).parameters:
+        return lambda q, k, v, cu, n, causal: varlen_attn(q, k, v, cu, cu, n, n, is_causal=causal)
+    return lambda q, k, v, cu, n, causal: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0 if causal else -1))
+
+
+def _varlen_row(torch, args, case: str, lengths: list, dense: tuple, causal: bool) -> dict:
+    import itertools
+
+    d, heads, dt = 128, 16, getattr(torch, args.dtype)
+    total, longest, (batch, seq) = sum(lengths), max(lengths), dense
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=dt) for _ in range(3))
+    dq, dk, dv = (torch.randn(batch, heads, seq, d, device="cuda", dtype=dt) for _ in range(3))
+    out, dense_out = torch.empty_like(q), torch.empty_like(dq)
+    fns = {"tmaflow": kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, out, causal=causal),
+           "dense": kernels.attention.prepare(dq, dk, dv, dense_out, causal=causal)}
+    flash = _flash_varlen(torch)
+    if flash is not None:
+        fns["flash varlen"] = lambda: flash(q, k, v, cu, longest, causal)
+    available = _available(fns)
+    torch.cuda.synchronize()
+    err = None
+    if "flash varlen" in available:
+        ref = available["flash varlen"]().float()
+        err = (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item()
+    half = 2 if causal else 1
+    flop = {"tmaflow": 4.0 * heads * d * sum(n * n for n in lengths) / half,
+            "dense": 4.0 * batch * heads * seq * seq * d / half}
+    flop["flash varlen"] = flop["tmaflow"]
+    row = {"dtype": args.dtype, "case": case, "causal": causal, "tokens": total, "rel_err_vs_peer": err}
+    cells = []
+    for mode, got in _cold_and_warm(available, args.repeats):
+        tflops = {n: flop[n] / got[n].median / 1e12 for n in available}
+        row[f"{mode} tflops"] = tflops["tmaflow"]
+        row[f"{mode} all tflops"] = tflops
+        # TFLOP/s ratios: the dense kernel's batch does other FLOPs at the same token count
+        row[f"{mode} vs dense"] = got.ratio("tmaflow", "dense").median * flop["tmaflow"] / flop["dense"]
+        row[f"{mode} vs flash varlen"] = (got.ratio("tmaflow", "flash varlen").median if "flash varlen" in available
+                                          else None)
+        cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in available) +
+                     f" vs dense {row[f'{mode} vs dense']:.3f} vs flash {_fmt(row[f'{mode} vs flash varlen'], '.3f')}")
+    print(f"varlen {case:<13} {'causal' if causal else 'full  '} " + " | ".join(cells) +
+          f"  TFLOP/s  err {_fmt(err, '.1e')}", flush=True)
+    return row
 
 
 def backward(args):
     import torch  # optional dependency, as in main
 
     seqs = args.seqs or ((1024, 4096) if args.quick else (512, 1024, 2048, 4096, 8192, 16384))
-    dims = [d for d in args.dims if d in (64, 128)] if args.quick else args.dims
+    dims = [d for d, dv in args.dims if d == dv and (d in (64, 128) or not args.quick)]
     rows = []
-    for d, heads in ((d, h) for d, h in ((64, 32), (128, 16), (256, 8)) if d in dims):
+    for d, heads in ((d, _heads(d)) for d in dims):
         for seq in seqs:
             for causal in (False, True):
                 rows.append(_backward_row(torch, args, d, heads, seq, causal))

@@ -1,0 +1,219 @@
+"""kernels.attention_varlen (packed sequences, flash_attn_varlen_func's layout) against float64
+and against kernels.attention run on each sequence, and both kernels at the head dims beyond
+64 / 128 / 256 (Q / K and V head dims apart, as multi-head latent attention's 192 / 128): ragged
+lengths with empty sequences and sequences of one token, causal and not, grouped-query heads,
+poisoned outputs (rows outside every sequence must stay poisoned), device and host lengths,
+a CUDA graph replayed with new lengths."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.testing import poison, rel_error
+
+from attention_reference import attention_forward
+
+pytestmark = pytest.mark.gpu
+
+
+def _bf16(rng, shape):
+    bits = bf16_bits(rng.standard_normal(shape))
+    return tf.from_numpy(bits, dtype="bfloat16"), bf16_to_float32(bits).astype(np.float64)
+
+
+def _operands(rng, tokens_q, tokens_k, hq, hkv, d, dv, dtype="bfloat16"):
+    """Packed q, k, v on the device and their float64 values."""
+    shapes = ((tokens_q, hq, d), (tokens_k, hkv, d), (tokens_k, hkv, dv))
+    if dtype == "bfloat16":
+        return tuple(zip(*(_bf16(rng, s) for s in shapes)))
+    host = tuple(rng.standard_normal(s).astype(np.float16) for s in shapes)
+    return tuple(tf.from_numpy(h) for h in host), tuple(h.astype(np.float64) for h in host)
+
+
+def _float(arr):
+    host = arr.numpy()
+    return bf16_to_float32(host).astype(np.float64) if arr.dtype.name == "bfloat16" else host.astype(np.float64)
+
+
+def _cu(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def _reference(q, k, v, cu_q, cu_k, causal, scale):
+    """(out, lse) in float64, sequence by sequence; NaN outside every sequence, zeros and -inf
+    for queries of a sequence without keys."""
+    tq, hq, _ = q.shape
+    out, lse = np.full((tq, hq, v.shape[2]), np.nan), np.full((hq, tq), np.nan)
+    for b in range(len(cu_q) - 1):
+        (q0, q1), (k0, k1) = cu_q[b:b + 2], cu_k[b:b + 2]
+        if q1 == q0:
+            continue
+        if k1 == k0:
+            out[q0:q1], lse[:, q0:q1] = 0.0, -np.inf
+            continue
+        per_head = [x[None].transpose(0, 2, 1, 3) for x in (q[q0:q1], k[k0:k1], v[k0:k1])]
+        o, m = attention_forward(*per_head, causal, scale)
+        out[q0:q1], lse[:, q0:q1] = o[0].transpose(1, 0, 2), m[0]
+    return out, lse
+
+
+def _check(got, got_lse, ref, ref_lse, tol, what):
+    inside = ~np.isnan(ref[:, 0, 0])
+    assert np.isnan(got[~inside]).all(), f"{what}: rows outside every sequence were written"
+    assert not np.isnan(got[inside]).any(), f"{what}: rows of a sequence left unwritten"
+    assert rel_error(got[inside], ref[inside]) < tol, (what, rel_error(got[inside], ref[inside]))
+    if got_lse is not None:
+        cols = inside & np.isfinite(ref_lse[0])
+        np.testing.assert_allclose(got_lse[:, cols], ref_lse[:, cols], rtol=1e-3, atol=1e-3, err_msg=what)
+        assert (got_lse[:, inside & ~np.isfinite(ref_lse[0])] == -np.inf).all(), what
+
+
+RAGGED = [0, 1, 300, 17, 129, 128, 0, 513, 2]  # empty, one token, tile edges, over four tiles
+
+
+def _run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, pad=5, host=False, dtype="bfloat16", tol=None):
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    (q, k, v), (qf, kf, vf) = _operands(rng, int(cu_q[-1]) + pad, int(cu_k[-1]) + pad, hq, hkv, d, dv, dtype)
+    out = poison(tf.empty((q.shape[0], hq, dv), dtype))
+    lens = (cu_q.tolist(), cu_k.tolist()) if host else (tf.from_numpy(cu_q), tf.from_numpy(cu_k))
+    _, lse = kernels.attention_varlen(q, k, v, *lens, max(lens_q), max(lens_k), out, causal=causal,
+                                      return_lse=True)
+    ref, ref_lse = _reference(qf, kf, vf, cu_q, cu_k, causal, 1 / np.sqrt(d))
+    _check(_float(out), lse.numpy(), ref, ref_lse, tol or (1e-2 if dtype == "bfloat16" else 5e-3),
+           (lens_q, lens_k, hq, hkv, d, dv, causal, host, dtype))
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (192, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_against_float64(device, rng, d, dv, causal):
+    """Self-attention over ragged sequences (0 and 1 token among them), GQA 2:1, padding tokens
+    after the last sequence (never written), device lengths."""
+    _run(rng, RAGGED, RAGGED, 4, 2, d, dv, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_queries_and_keys_of_other_lengths(device, rng, causal):
+    """Sequence b's queries and keys differ in length (keys of the next sequence sit right after
+    a short one's), a sequence with queries and no keys gives zeros, lengths given on the host."""
+    _run(rng, [5, 200, 0, 64, 3, 130], [300, 1, 7, 0, 129, 250], 6, 2, 128, 128, causal, host=True)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_matches_the_dense_kernel_on_each_sequence(device, rng, d, causal):
+    """The same tiles in the same order: each sequence's rows are bit-identical to
+    kernels.attention on that sequence alone (keys of the next sequence, masked, count as the
+    zeros past a dense sequence's end)."""
+    lens = [300, 1, 128, 0, 77, 257]
+    cu = _cu(lens)
+    hq, hkv = 4, 2
+    (q, k, v), _ = _operands(rng, int(cu[-1]), int(cu[-1]), hq, hkv, d, d)
+    out, lse = kernels.attention_varlen(q, k, v, tf.from_numpy(cu), tf.from_numpy(cu), max(lens), max(lens),
+                                        causal=causal, return_lse=True)
+    got, got_lse = out.numpy(), lse.numpy()
+    host = [x.numpy() for x in (q, k, v)]
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        rows = slice(cu[b], cu[b + 1])
+        dense = [tf.from_numpy(np.ascontiguousarray(x[rows].transpose(1, 0, 2)[None]), dtype="bfloat16")
+                 for x in host]
+        o, m = kernels.attention(*dense, causal=causal, return_lse=True)
+        assert np.array_equal(got[rows], o.numpy()[0].transpose(1, 0, 2)), (d, causal, b)
+        assert np.array_equal(got_lse[:, rows], m.numpy()[0]), (d, causal, b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_walks_many_sequences_and_strides_over_tiles(device, rng, causal):
+    """300 sequences (each warp's walk crosses 128-sequence rounds) of 0 to 40 tokens, then
+    three long ones: more tiles than SMs, so non-causal CTAs stride over several, crossing
+    sequences and heads."""
+    lens = rng.integers(0, 41, 300).tolist() + [700, 390, 1000]
+    _run(rng, lens, lens, 8, 8, 64, 64, causal, pad=0)
+
+
+NEW_DIMS = [(32, 32), (48, 48), (80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (224, 224), (240, 240)]
+
+
+@pytest.mark.parametrize("d,dv", NEW_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense_head_dims_against_float64(device, rng, d, dv, causal):
+    """Head dims that are not multiples of 64 (boxes of 32 or 16 columns, 64B / 32B swizzles)
+    and V's head dim apart from Q's and K's, at odd sequence lengths; out has V's head dim."""
+    b, hq, hkv, sq, skv = 2, 4, 2, 77, (333 if not causal else 77)
+    q, qf = _bf16(rng, (b, hq, sq, d))
+    k, kf = _bf16(rng, (b, hkv, skv, d))
+    v, vf = _bf16(rng, (b, hkv, skv, dv))
+    ref, ref_lse = attention_forward(qf, kf, vf, causal, 1 / np.sqrt(d))
+    out = poison(tf.empty((b, hq, sq, dv), "bfloat16"))
+    _, lse = kernels.attention(q, k, v, out, causal=causal, return_lse=True)
+    got = _float(out)
+    assert not np.isnan(got).any()
+    assert rel_error(got, ref) < 1e-2, (d, dv, causal, rel_error(got, ref))
+    np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("d,dv", NEW_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_head_dims_against_float64(device, rng, d, dv, causal):
+    _run(rng, [77, 0, 1, 200], [77, 0, 1, 200], 4, 1, d, dv, causal)
+
+
+@pytest.mark.parametrize("d,dv", [(96, 96), (192, 128)])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fp16_head_dims_against_float64(device, rng, d, dv, varlen):
+    if varlen:
+        _run(rng, RAGGED, RAGGED, 4, 2, d, dv, True, dtype="float16")
+        return
+    shapes = ((1, 4, 300, d), (1, 2, 300, d), (1, 2, 300, dv))
+    host = [rng.standard_normal(s).astype(np.float16) for s in shapes]
+    ref, _ = attention_forward(*(h.astype(np.float64) for h in host), False, 1 / np.sqrt(d))
+    out = poison(tf.empty((1, 4, 300, dv), "float16"))
+    kernels.attention(*(tf.from_numpy(h) for h in host), out)
+    got = out.numpy()
+    assert got.dtype == np.float16 and not np.isnan(got).any()
+    assert rel_error(got, ref) < 5e-3, rel_error(got, ref)
+
+
+def test_varlen_graph_replay_reads_new_lengths(device, rng):
+    """Lengths live on the device: a captured call replayed after the lengths changed in place
+    computes the new sequences (rows no sequence covers stay as they were)."""
+    torch = pytest.importorskip("torch")
+    hq, d, total = 4, 128, 700
+    q, k, v = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor(_cu([300, 400]), device="cuda")
+    out = torch.empty(total, hq, d, device="cuda", dtype=torch.bfloat16)
+    kernels.attention_varlen(q, k, v, cu, cu, 1024, 1024, out)  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.attention_varlen(q, k, v, cu, cu, 1024, 1024, out)
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    for lens in ([1, 699], [0, 700], [350, 200]):
+        new = _cu(lens)
+        cu.copy_(torch.tensor(new, device="cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = _reference(*host, new, new, False, 1 / np.sqrt(d))
+        _check(out.float().cpu().numpy().astype(np.float64), None, ref, None, 1e-2, lens)
+
+
+def test_varlen_inside_torch_compile_runs_the_custom_op(device):
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  registers torch.ops.tmaflow.attention_varlen
+
+    cu = torch.tensor(_cu([100, 0, 37]), device="cuda")
+
+    def f(q, k, v):
+        return kernels.attention_varlen(q * 1.0, k, v, cu, cu, 100, 100, causal=True) + 1.0
+
+    q, k, v = (torch.randn(137, 4, 96, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    got, want = torch.compile(f, fullgraph=True)(q, k, v), f(q, k, v)
+    assert torch.equal(got, want)
+    meta = torch.empty(50, 4, 192, device="meta", dtype=torch.bfloat16)
+    meta_v = torch.empty(50, 2, 128, device="meta", dtype=torch.bfloat16)
+    cu_meta = torch.empty(3, device="meta", dtype=torch.int32)
+    assert torch.ops.tmaflow.attention_varlen(meta, meta[:, :2], meta_v, cu_meta, cu_meta, 25, 25).shape == (50, 4, 128)
+    with pytest.raises(Exception, match=r"tmaflow.attention_varlen: needs cu_seqlens_q and cu_seqlens_k as 1-D int32"):
+        torch.ops.tmaflow.attention_varlen(meta, meta, meta, cu_meta.long(), cu_meta.long(), 25, 25)

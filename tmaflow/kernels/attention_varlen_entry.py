@@ -1,0 +1,220 @@
+"""Attention forward over packed sequences of different lengths (``attention.cu`` built with
+VARLEN, the layout of ``flash_attn_varlen_func``): the entry point ``kernels.attention_varlen``.
+The plan is the dense kernel's (``attention_entry.attention_plan``); the maps are 3-D
+(tokens, heads, head dim) and the sequences' bounds are read on the device."""
+from __future__ import annotations
+
+import math
+from threading import get_ident
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..dtypes import as_dtype
+from ..errors import TmaflowError
+from ..launch.config import resolve_stream
+from ..runtime import driver
+from ..runtime.device import current_device, current_ordinal
+from ..runtime.graph import capturing
+from ..runtime.memory import DeviceArray, as_array, empty, from_numpy
+from . import checks
+from .attention_entry import (BM, DTYPES, HEAD_DIMS, _given_out, _scale, attention_kernel, attention_plan,
+                              dims_rule, map_template)
+from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device, packed
+from .matmul.splitk import _foreign_capture
+
+WHO = "attention_varlen"
+
+
+@entry_point
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, out=None, *,
+                     causal: bool = False, scale: float | None = None, return_lse: bool = False, stream=None,
+                     pdl: bool = False, debug: bool | None = None, trace: bool = False):
+    """Attention of each sequence of a packed batch, as ``flash_attn_varlen_func``: q (total_q,
+    heads, head_dim), k (total_k, kv_heads, head_dim) and v (total_k, kv_heads, head_dim_v),
+    bfloat16 or float16, head dims multiples of 16 from 32 to 256; sequence b's queries are
+    rows cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q, its keys and values those rows of
+    cu_seqlens_k in k and v, and out (total_q, heads, head_dim_v) gets
+    softmax(scale * q_b k_b^T) v_b in q_b's rows (rows outside every sequence are not written).
+    Query head h reads kv head h // (heads / kv_heads). ``causal``: query i of a sequence sees
+    its keys j <= i (top-left aligned, as ``kernels.attention`` and torch's ``is_causal``;
+    flash-attn aligns bottom-right when a sequence has more keys than queries). A query with no
+    key gets zeros (log-sum-exp -inf).
+
+    cu_seqlens_q / cu_seqlens_k: batch + 1 int32 prefix sums. A device array is read by the
+    kernel (a captured graph serves any lengths; values are clamped into the tensors, so wrong
+    ones give wrong rows, never stores outside out); host values (a list, numpy array or CPU
+    tensor) are checked (never decreasing, within the tensors, no sequence longer than
+    max_seqlen_q / max_seqlen_k) and uploaded at each call. The kernel sizes its grid from the
+    token count and the batch, not from max_seqlen, so a length past it still computes.
+    Returns out (of q's kind), and with ``return_lse`` also the (heads, total_q) float32
+    log-sum-exp of the scaled scores."""
+    if (type(causal), type(pdl), type(debug), type(trace)) not in _OPTIONS.plain:
+        causal, pdl, debug, trace = _OPTIONS.check(causal, pdl, debug, trace)
+    if type(return_lse) is not bool:
+        (return_lse,) = _RETURN_LSE.check(return_lse)
+    Q, K, V = packed(as_array(q)), packed(as_array(k)), packed(as_array(v))
+    tq, hq, d, tk, hkv, dv = _check(Q, K, V)
+    max_q = checks.as_int(f"{WHO}: max_seqlen_q", max_seqlen_q, 0, (1 << 31) - 1)
+    max_k = checks.as_int(f"{WHO}: max_seqlen_k", max_seqlen_k, 0, (1 << 31) - 1)
+    scale = _scale(scale, d, WHO)
+    O = _given_out(out, Q, WHO, shape=(tq, hq, dv))
+    CQ = _cu_seqlens("cu_seqlens_q", cu_seqlens_q, tq, max_q, Q)
+    CK = _cu_seqlens("cu_seqlens_k", cu_seqlens_k, tk, max_k, Q)
+    batch = CQ.shape[0] - 1
+    if CK.shape[0] != batch + 1:
+        raise TmaflowError(f"{WHO}: cu_seqlens_q has {batch + 1} values but cu_seqlens_k has {CK.shape[0]}; "
+                           "both are batch + 1 prefix sums")
+    ordinal = current_ordinal()
+    stream = resolve_stream(stream, (Q, K, V, O), ordinal)
+    if isinstance(CQ, np.ndarray) or isinstance(CK, np.ndarray):  # refused elsewhere before any upload
+        on_current_device(WHO, Q)
+        CQ, CK = (_upload(c, Q.device, stream) if isinstance(c, np.ndarray) else c for c in (CQ, CK))
+    if O is not None:
+        checks.no_aliasing(WHO, O, (("q", Q), ("k", K), ("v", V), ("cu_seqlens_q", CQ), ("cu_seqlens_k", CK)))
+    key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, stream, pdl, Q.device, ordinal, debug,
+           trace, get_ident())
+    try:
+        st = STATES[key]
+    except (KeyError, TypeError):
+        st = cached_state(key, lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace))
+    result, O = (out, O) if O is not None else new_output(q, Q, (tq, hq, dv), None, stream)
+    lse_out, lse = (None, 0)
+    if return_lse:
+        lse_out, lse = new_output(q, Q, (hq, tq), as_dtype("float32"), stream)
+    ret = (result, lse_out) if return_lse else result
+    if batch * tq * hq == 0:
+        return None, (), ret
+    args = (st.tq.bind(Q), st.tk.bind(K), st.tv.bind(V), O, lse, CQ, CK, tq, tk, batch, hq, hq // hkv,
+            float(scale) * math.log2(math.e))
+    return st.launcher, args, ret
+
+
+_OPTIONS = checks.Options(WHO, causal=checks.flag(), pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
+_RETURN_LSE = checks.Options(WHO, return_lse=checks.flag())
+
+
+def _check(Q, K, V) -> tuple:
+    """(total_q, heads, head_dim, total_k, kv_heads, head_dim_v) after the rules."""
+    for name, arr in (("q", Q), ("k", K), ("v", V)):
+        if arr.ndim != 3:
+            raise TmaflowError(f"{WHO}: {name} must be 3-D (tokens, heads, head_dim), the packed layout; got "
+                               f"shape {arr.shape}")
+        if arr.dtype.name not in DTYPES:
+            raise TmaflowError(f"{WHO}: {name} must be {' or '.join(DTYPES)} (got {arr.dtype.name})")
+        if arr.dtype is not Q.dtype:
+            raise TmaflowError(f"{WHO}: {name} is {arr.dtype.name} but q is {Q.dtype.name}; q, k and v must "
+                               "have one dtype")
+        if arr.strides != contiguous_strides(arr.shape, 2) or arr.ptr % 16:
+            raise TmaflowError(f"{WHO}: {name} must be contiguous (tokens, heads, head_dim) at a 16-byte "
+                               f"boundary (TMA reads it); strides {arr.strides} B at 0x{arr.ptr:x}")
+    (tq, hq, d), (tk, hkv, dk), dv = Q.shape, K.shape, V.shape[2]
+    if V.shape[:2] != K.shape[:2]:
+        raise TmaflowError(f"{WHO}: k {K.shape} and v {V.shape} must have one token count and head count")
+    if dk != d:
+        raise TmaflowError(f"{WHO}: q's head_dim={d} but k's is {dk}; they must match")
+    if hkv == 0 or hq % hkv:
+        raise TmaflowError(f"{WHO}: {hq} query heads must be a multiple of the {hkv} key/value heads "
+                           "(grouped-query attention)")
+    for name, dim in (("q and k's head_dim", d), ("v's head_dim", dv)):
+        if dim not in HEAD_DIMS:
+            raise TmaflowError(f"{WHO}: {name}={dim} is not supported; use {dims_rule(HEAD_DIMS)}")
+    if tk == 0 and tq > 0:
+        raise TmaflowError(f"{WHO}: k and v have no tokens; softmax over nothing is undefined")
+    if max(tq, tk) * max(hq, 1) >= 1 << 31:
+        raise TmaflowError(f"{WHO}: {max(tq, tk)} tokens x {hq} heads must stay below 2^31 (the kernel "
+                           "indexes rows and the log-sum-exp with 32-bit ints)")
+    return tq, hq, d, tk, hkv, dv
+
+
+def _host_values(name: str, value):
+    """The values of host lengths (a sequence or generator of ints, a numpy array, a CPU
+    tensor) as a numpy array, or None for a device array."""
+    if isinstance(value, np.ndarray):
+        return value
+    device = getattr(value, "device", None)
+    if getattr(device, "type", None) == "cpu" and hasattr(value, "numpy"):
+        return value.numpy()
+    if isinstance(value, DeviceArray) or device is not None or hasattr(value, "__cuda_array_interface__") or \
+            hasattr(value, "__dlpack__"):
+        return None
+    if isinstance(value, (str, bytes, dict, set)) or not hasattr(value, "__iter__"):
+        raise TmaflowError(f"{WHO}: {name}={value!r} must be batch + 1 int32 prefix sums: a device array, or "
+                           "host ints")
+    try:
+        return np.asarray(list(value))
+    except (TypeError, ValueError, OverflowError):
+        return np.asarray(list(value), dtype=object)
+
+
+def _cu_seqlens(name: str, value, total: int, max_len: int, Q):
+    """``name`` as batch + 1 int32 prefix sums: a device array as given (its values are the
+    kernel's to clamp), or host values checked, as an int32 numpy array to upload."""
+    host = _host_values(name, value)
+    if host is None:
+        try:
+            arr = packed(as_array(value))
+        except TmaflowError as exc:
+            raise TmaflowError(f"{WHO}: {name}: {exc}") from None
+        if arr.dtype.name != "int32" or arr.ndim != 1 or arr.shape[0] == 0:
+            raise TmaflowError(f"{WHO}: {name} must be a 1-D int32 array of batch + 1 prefix sums (got "
+                               f"{arr.shape} {arr.dtype.name})")
+        if arr.strides != (4,) and arr.shape[0] > 1:
+            raise TmaflowError(f"{WHO}: {name} must be contiguous (strides {arr.strides} B): the kernel "
+                               "reads packed int32 values")
+        if arr.device is not None and Q.device is not None and arr.device.ordinal != Q.device.ordinal:
+            raise TmaflowError(f"{WHO}: {name} lives on device {arr.device.ordinal} but q on device "
+                               f"{Q.device.ordinal}; every operand must be on one device")
+        if not arr.alive:
+            raise TmaflowError(f"{WHO}: {name} {arr!r} was freed")
+        return arr
+    if host.ndim != 1 or host.size == 0 or host.dtype.kind not in "iu":
+        raise TmaflowError(f"{WHO}: {name} must be batch + 1 int32 prefix sums (got {host.shape} {host.dtype})")
+    wide = host.astype(np.int64)  # compared as given, before the narrowing to int32
+    drops = np.flatnonzero(np.diff(wide) < 0)
+    if drops.size:
+        b = int(drops[0])
+        raise TmaflowError(f"{WHO}: {name} must never decrease; {name}[{b + 1}]={wide[b + 1]} is below "
+                           f"{name}[{b}]={wide[b]}")
+    if wide[0] < 0 or wide[-1] > total:
+        raise TmaflowError(f"{WHO}: {name} runs from {wide[0]} to {wide[-1]}; it must stay within the "
+                           f"{total} tokens of its tensor")
+    lengths = np.diff(wide)
+    if lengths.size and lengths.max() > max_len:
+        b = int(np.argmax(lengths))
+        raise TmaflowError(f"{WHO}: sequence {b} of {name} has {lengths[b]} tokens, more than "
+                           f"max_seqlen_{name[-1]}={max_len}")
+    return wide.astype(np.int32)
+
+
+def _upload(host: np.ndarray, device, stream: int) -> DeviceArray:
+    """``host`` in memory allocated and filled in order on ``stream`` (pageable memory is
+    staged at once), so its free, also on ``stream``, waits for the launch reading it. While a
+    tf.Graph captures: eagerly, as the graph's own array."""
+    if capturing() is not None:
+        return from_numpy(host, device=device)
+    if _foreign_capture(stream):
+        raise TmaflowError(f"{WHO}: cu_seqlens given as host values are uploaded at each call, which a "
+                           "CUDA graph capture cannot hold; pass them as device int32 tensors (a replay "
+                           "then reads their new values)")
+    arr = empty(host.shape, "int32", device, stream=stream)
+    driver.call("cuMemcpyHtoDAsync", arr.ptr, host.ctypes.data, arr.nbytes, stream)
+    return arr
+
+
+def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespace:
+    _OPTIONS.check(causal, pdl, debug, trace)
+    on_current_device(WHO, Q)
+    tq, hq, d = Q.shape
+    tk, hkv = K.shape[:2]
+    plan = attention_plan(d, causal, dv, varlen=True)
+    kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
+    # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
+    # in all, whatever the lengths on the device. CTAs past the last tile leave at once.
+    tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
+    grid = tiles if causal else min(tiles, current_device().sm_count)
+    dt = Q.dtype.name
+    return SimpleNamespace(launcher=kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl),
+                           tq=map_template(dt, (tq, hq, d), plan.spec_q, varlen=True),
+                           tk=map_template(dt, (tk, hkv, d), plan.spec_k, varlen=True),
+                           tv=map_template(dt, (tk, hkv, dv), plan.spec_v, varlen=True))
