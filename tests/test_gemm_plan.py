@@ -40,6 +40,10 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
     (dict(split_k=0), r"split_k=0 must be in \[1, 64\]"),
     (dict(split_tail=1), r"split_tail=1 must be True or False"),
     (dict(split_tail=True, split_k=2), r"split_tail=True splits only the last wave's tiles; it takes split_k=1 \(got split_k=2\)"),
+    (dict(cluster_m=1, cluster_k=3), r"cluster_k=3 must be 1, 2 or 4"),
+    (dict(cluster_k=2), r"cluster_k=2 splits each tile's K among the CTAs of a cluster; it takes cluster_m=1 \(got cluster_m=2\)"),
+    (dict(cluster_m=1, cluster_k=4, split_k=2), r"cluster_k=4 .* it takes split_k=1 \(got split_k=2\)"),
+    (dict(cluster_m=1, cluster_k=2, split_tail=True), r"cluster_k=2 .* it takes split_tail=False \(got split_tail=True\)"),
 ])
 def test_gemm_config_rules(kw, msg):
     with pytest.raises(tf.TmaflowError, match=msg):
@@ -68,6 +72,39 @@ def test_gemm_plan_bytes(layout, bn, cm):
     hdr = plan.layout.header()
     assert f"constexpr int b_boxes = {b_boxes};" in hdr
     assert plan.defines["B_N_MAJOR"] == (layout == "nn") and plan.defines["BN"] == bn
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("ck", [2, 4])
+@pytest.mark.parametrize("bn", [64, 128, 192, 256])
+def test_gemm_plan_cluster_k(layout, ck, bn):
+    """Cluster K-splits: each CTA owns 128 / ck rows of the tile, takes the other ck - 1 ranks'
+    fp32 partials of them in its `red` slots (bytes the red_full barrier expects), is released
+    by every owning warp of the others (red_freed) and stores only its rows (C boxes of that
+    many rows, at most 64)."""
+    epi = 128 if bn in (128, 256) else 64
+    plan = gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=1, cluster_k=ck, epi_cols=epi))
+    own = 128 // ck
+    slots = (ck - 1) * own * bn * 4
+    items = {getattr(item, "name", None): item for item in plan.layout.items}
+    assert items["red"].nbytes == slots
+    assert (items["red_full"].arrivals, items["red_full"].tx_bytes) == (1, slots)
+    assert items["red_freed"].arrivals == (ck - 1) * own // 16
+    assert items["c"].nbytes == own * epi * 2
+    assert plan.spec_c.box == (min(64, own), 64)
+    assert plan.defines["CLUSTER_K"] == ck and plan.defines["CLUSTER_M"] == 1 and plan.defines["SPLIT_K"] == 0
+    assert plan.layout.cluster is None  # no multicast: the A/B pipeline is each CTA's own
+    assert 2 <= plan.config.stages and plan.layout.total_bytes <= 227 * 1024
+    assert "red_full()" in plan.layout.header() and "red_freed()" in plan.layout.header()
+    assert "CLUSTER_K" not in gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=1, epi_cols=epi)).defines
+
+
+def test_cluster_k_refuses_what_it_does_not_run():
+    with pytest.raises(tf.TmaflowError, match=r"gemm: cluster_k=2 is for bfloat16 operands \(got float8_e4m3fn\)"):
+        gemm_plan(512, 512, 2048, "nt", GemmConfig(bn=128, cluster_m=1, cluster_k=2), "float8_e4m3fn")
+    with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: cluster_k=4 is for single products"):
+        kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10],
+                             config=GemmConfig(cluster_m=1, cluster_k=4))
 
 
 def test_choose_config():

@@ -23,6 +23,9 @@ LAYOUTS = ("nt", "nn")
 _BARRIER_RESERVE = 256  # full/empty mbarriers after the tiles
 
 
+CLUSTER_K = (1, 2, 4)  # GemmConfig.cluster_k: K splits within a cluster (gemm.cu's CLUSTER_K)
+
+
 SCALE_STRIDE = BM + 4  # fp32 block scales per stage: A's BM rows, then B's, padded to 16 B
 
 
@@ -46,6 +49,9 @@ class GemmConfig:
     l2_promotion: str = "256B"  # of the A and B loads: L2 fetches whole 256 B from DRAM
     promote: int = 4         # fp8: k-blocks (of 128) the tensor cores sum before fp32 registers do (0: never)
     split_tail: bool = False  # split a last, partly idle wave's tiles along K (``tail_splits``)
+    # CTAs of a cluster computing one tile, each over 1/cluster_k of K; their fp32 partials meet
+    # in the owners' shared memory (bf16, cluster_m=1: a cluster splits K or shares B, not both)
+    cluster_k: int = 1
 
     def __post_init__(self):
         who = "GemmConfig"
@@ -57,7 +63,8 @@ class GemmConfig:
                split_k=as_int(f"{who}: split_k", self.split_k, 1, 64),
                l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
                promote=as_int(f"{who}: promote", self.promote, 0, 64),
-               split_tail=as_bool(f"{who}: split_tail", self.split_tail))
+               split_tail=as_bool(f"{who}: split_tail", self.split_tail),
+               cluster_k=int_in(f"{who}: cluster_k", self.cluster_k, CLUSTER_K))
         if self.epi_cols % 64 or self.bn % self.epi_cols:
             raise TmaflowError(f"GemmConfig: epi_cols={self.epi_cols} must be a multiple of 64 "
                                f"dividing bn={self.bn}")
@@ -67,6 +74,14 @@ class GemmConfig:
         if self.split_tail and self.split_k > 1:
             raise TmaflowError(f"GemmConfig: split_tail=True splits only the last wave's tiles; it "
                                f"takes split_k=1 (got split_k={self.split_k})")
+        if self.cluster_k > 1:
+            other = {"cluster_m": (self.cluster_m, 1), "split_k": (self.split_k, 1),
+                     "split_tail": (self.split_tail, False)}
+            for name, (got, want) in other.items():
+                if got != want:
+                    raise TmaflowError(f"GemmConfig: cluster_k={self.cluster_k} splits each tile's K "
+                                       f"among the CTAs of a cluster; it takes {name}={want} "
+                                       f"(got {name}={got})")
 
 
 SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
