@@ -31,7 +31,11 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(bn=160), r"bn=160 must be 64, 128, 192 or 256"),
+    (dict(bn=120), r"bn=120 must be a multiple of 16 from 64 to 256"),
+    (dict(bn=48), r"bn=48 must be a multiple of 16 from 64 to 256"),
+    (dict(bn=272), r"bn=272 must be a multiple of 16 from 64 to 256"),
+    (dict(bn=96), r"epi_cols=128 must be a multiple of 64 dividing bn=96's 64 columns in whole 64-column boxes"),
+    (dict(bn=224), r"epi_cols=128 must be a multiple of 64 dividing bn=224's 192 columns in whole 64-column boxes"),
     (dict(bn=192), r"epi_cols=128 must be a multiple of 64 dividing bn=192"),
     (dict(cluster_m=4), r"cluster_m=4 must be 1 or 2"),
     (dict(epi_cols=96), r"epi_cols=96 must be a multiple of 64 dividing bn=256"),
@@ -97,6 +101,37 @@ def test_gemm_plan_cluster_k(layout, ck, bn):
     assert 2 <= plan.config.stages and plan.layout.total_bytes <= 227 * 1024
     assert "red_full()" in plan.layout.header() and "red_freed()" in plan.layout.header()
     assert "CLUSTER_K" not in gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=1, epi_cols=epi)).defines
+
+
+@pytest.mark.parametrize("bn", [80, 96, 112, 144, 160, 176, 208, 224, 240])
+@pytest.mark.parametrize("cm", [1, 2])
+def test_gemm_plan_odd_widths(bn, cm):
+    """A width that is no multiple of 64: B's boxes (a row slice each in a cluster) keep whole
+    1024-byte swizzle atoms, C's whole 64-column boxes leave in EPI_COLS rounds and the last
+    bn % 64 columns through a map of boxes that narrow (EPI_REM_MAP)."""
+    plan = gemm_plan(1000, 3000, 520, "nt", GemmConfig(bn=bn, cluster_m=cm, epi_cols=64))
+    pipe = plan.layout.items[0]
+    assert pipe.tx_bytes == (128 + bn) * 64 * 2
+    assert plan.spec_b.box == (bn // cm, 64) and (bn // cm * 128) % 1024 == 0
+    assert plan.spec_c.box == (64, 64) and plan.spec_c_rem.box == (64, bn % 64)
+    assert plan.spec_c_rem.swizzle == "128B"
+    assert plan.defines["BN"] == bn and plan.defines["EPI_REM_MAP"] == 1
+    assert plan.layout.total_bytes <= 227 * 1024 and plan.config.stages >= 2
+    ck = gemm_plan(512, 512, 2048, "nt", GemmConfig(bn=bn, cluster_m=1, cluster_k=4, epi_cols=64))
+    assert ck.spec_c_rem.box == (32, bn % 64)  # with cluster K-splits a CTA stores its rows only
+    assert "EPI_REM_MAP" not in gemm_plan(1000, 3000, 520, "nt", GemmConfig(bn=bn - bn % 64 or 64, cluster_m=cm,
+                                                                           epi_cols=64)).defines
+
+
+def test_odd_widths_refuse_what_they_do_not_run():
+    with pytest.raises(tf.TmaflowError, match=r"gemm: bn=160 \(no multiple of 64\) is for bfloat16 'nt' "
+                                              r"products \(got bfloat16, layout 'nn'\)"):
+        gemm_plan(512, 512, 512, "nn", GemmConfig(bn=160, epi_cols=64))
+    with pytest.raises(tf.TmaflowError, match=r"bn=176 \(no multiple of 64\) is for bfloat16 'nt' products "
+                                              r"\(got float8_e4m3fn"):
+        gemm_plan(512, 512, 512, "nt", GemmConfig(bn=176, epi_cols=64), "float8_e4m3fn")
+    with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: bn=96 \(no multiple of 64\) is for single products"):
+        kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10], config=GemmConfig(bn=96, epi_cols=64))
 
 
 def test_cluster_k_refuses_what_it_does_not_run():

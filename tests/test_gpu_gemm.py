@@ -125,6 +125,27 @@ def test_gemm_cluster_k_is_deterministic_and_repeats(device, rng):
             assert (got == first[i]).all(), ("cluster-k not deterministic", ref.shape, rep)
 
 
+# Widths that are no multiple of 64 ("nt" bf16): each with another schedule, so every width and
+# every schedule runs; N = 1000 leaves a last tile whose last columns are partly (or wholly)
+# past N, where the narrow boxes' stores must clip.
+ODD_WIDTH_CONFIGS = [GemmConfig(bn=80, cluster_m=2, epi_cols=64), GemmConfig(bn=96, cluster_m=1, epi_cols=64, split_k=2),
+                     GemmConfig(bn=112, cluster_m=1, epi_cols=64, cluster_k=4),
+                     GemmConfig(bn=144, cluster_m=2, epi_cols=64, split_tail=True),
+                     GemmConfig(bn=160, cluster_m=2, epi_cols=128), GemmConfig(bn=176, cluster_m=1, epi_cols=64, cluster_k=2),
+                     GemmConfig(bn=208, cluster_m=2, epi_cols=64), GemmConfig(bn=224, cluster_m=1, epi_cols=64, split_k=3),
+                     GemmConfig(bn=240, cluster_m=1, epi_cols=64)]
+
+
+@pytest.mark.parametrize("config", ODD_WIDTH_CONFIGS, ids=_config_id)
+def test_gemm_odd_widths_against_float64(device, rng, config):
+    for m, n, k in [(600, 1000, 1000), (129, 264, 72), (1000, 3000, 520)]:
+        A, B, ref = _operands(rng, m, n, k, "nt")
+        for debug in (True, False) if (m, n, k) == (600, 1000, 1000) else (False,):
+            out = poison(tf.empty((m, n), "bfloat16"))
+            kernels.gemm(A, B, out, config=config, debug=debug)
+            _check(out, ref, (m, n, k, config, debug))
+
+
 def test_gemm_many_tiles_per_cta(device, rng):
     # More work items than resident clusters: each CTA loops over several tiles.
     m, n, k = 4096, 4096, 256

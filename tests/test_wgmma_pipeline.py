@@ -26,6 +26,10 @@ KERNELS = {
     **{f"gemm bf16 {bn} cluster-K {ck}": (lambda bn=bn, ck=ck: _gemm("bfloat16", GemmConfig(
         bn=bn, cluster_m=1, cluster_k=ck, epi_cols=64)))
        for bn in (64, 128, 256) for ck in (2, 4)},
+    **{f"gemm bf16 {bn} c{cm}": (lambda bn=bn, cm=cm: _gemm("bfloat16", GemmConfig(bn=bn, cluster_m=cm, epi_cols=64)))
+       for bn, cm in ((80, 2), (96, 1), (112, 2), (144, 1), (160, 2), (176, 1), (208, 2), (224, 1), (240, 2))},
+    "gemm bf16 160 split-K": lambda: _gemm("bfloat16", GemmConfig(bn=160, cluster_m=1, epi_cols=64, split_k=2)),
+    "gemm bf16 240 cluster-K 4": lambda: _gemm("bfloat16", GemmConfig(bn=240, cluster_m=1, cluster_k=4, epi_cols=64)),
     "gemm fp8 promoted": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128)),
     "gemm fp8 fast 256": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=256, promote=0)),
     "gemm fp8 promoted 192": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=192, cluster_m=1, epi_cols=64)),
@@ -105,3 +109,20 @@ def test_cluster_k_keeps_the_k_loop_and_the_partials_in_the_cluster(bn, ck):
     ops = _opcodes(kernel)
     assert "STAS" in ops and not ops & {"STG", "LDG", "ATOMG", "REDG", "ATOM", "RED"}, sorted(ops)
     assert {"STG", "ATOMG"} <= _opcodes(_gemm("bfloat16", GemmConfig(bn=bn, cluster_m=1, epi_cols=64, split_k=2)))
+
+
+@pytest.mark.parametrize("bn", [96, 160, 240])
+def test_odd_width_keeps_the_k_loop_and_stores_its_last_columns_apart(bn):
+    """A width that is no multiple of 64 runs the same k-loop as the next multiple of 64 (one
+    wgmma of N = bn per k-step) and stores a tile in one more round than its whole 64-column
+    boxes take: a tensor-map store more than the kernel of bn - bn % 64 columns."""
+    def stores(kernel):
+        return sum("UTMASTG" in line for line in kernel.sass().splitlines())
+
+    config = GemmConfig(bn=bn, cluster_m=1, epi_cols=64)
+    near = _mma_loop(_gemm("bfloat16", replace(config, bn=bn - bn % 64 + 64)))
+    kernel = _gemm("bfloat16", config)
+    loop = _mma_loop(kernel)
+    assert len(loop) <= len(near) + 2, (len(near), len(loop))
+    assert sum(f"64x{bn}x16" in t for t in loop) == 4 and not any("GMMA" in t and f"64x{bn}x16" not in t for t in loop)
+    assert stores(kernel) == stores(_gemm("bfloat16", replace(config, bn=bn - bn % 64))) + 1

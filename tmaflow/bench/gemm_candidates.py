@@ -11,11 +11,15 @@ import math
 from dataclasses import dataclass
 
 from ..errors import TmaflowError
+from ..kernels.matmul.config import WIDTHS
 from ..kernels.matmul import (BK, BM, GemmConfig, SKINNY_M, SkinnyConfig, choose_config, gemm_plan,
                               skinny_plan, tail_splits)
 
-# Relative speed of a tile's k-blocks by width (heuristics' table: H200, full waves)
-WIDTH_SPEED = {256: 1.0, 192: 0.98, 128: 0.96, 64: 0.85}
+# Relative speed of a tile's k-blocks by width: the heuristics' table (H200, full waves) for
+# multiples of 64, interpolated for the widths between (not yet measured)
+_MEASURED = {64: 0.85, 128: 0.96, 192: 0.98, 256: 1.0}
+WIDTH_SPEED = {w: _MEASURED.get(w) or _MEASURED[w - w % 64] + (_MEASURED[w - w % 64 + 64] - _MEASURED[w - w % 64])
+               * (w % 64) / 64 for w in WIDTHS}
 
 # Modeled costs, in k-blocks of a 128 x 256 tile (about 0.5 us at full clocks): an item's
 # prologue and epilogue, global split-K's partial round trip (history: a split tail's part cost
@@ -41,18 +45,21 @@ class Candidate:
 
 def _epi_cols(bn: int, cluster_m: int) -> int:
     """The heuristics' epilogue rounds: 128 columns for 128-column and clustered 256-column
-    tiles, 64 otherwise."""
+    tiles, 64 otherwise (every width's whole 64-column boxes)."""
     return 128 if bn == 128 or (bn == 256 and cluster_m == 2) else 64
 
 
-def dense_configs(m: int, n: int, k: int, sms: int) -> list[GemmConfig]:
-    """Every dense-kernel configuration worth timing: tile widths, clusters of two along M,
+def dense_configs(m: int, n: int, k: int, sms: int, layout: str = "nt") -> list[GemmConfig]:
+    """Every dense-kernel configuration worth timing: tile widths (those that are no multiple
+    of 64 for "nt" products only), clusters of two along M,
     global K splits, cluster K-splits and split tails (only where a tail would be split), at
     the heuristics' epilogue width and as many stages as fit (the other fields have not
     mattered below 8192^3)."""
     tiles_m, k_blocks = math.ceil(m / BM), math.ceil(k / BK)
     out = []
     for bn in WIDTH_SPEED:
+        if bn % 64 and layout != "nt":
+            continue
         for cm in (1, 2) if tiles_m > 1 else (1,):
             base = dict(bn=bn, cluster_m=cm, epi_cols=_epi_cols(bn, cm))
             out += [GemmConfig(**base, split_k=split) for split in SPLITS if split == 1 or k_blocks >= 2 * split]
@@ -114,7 +121,7 @@ def family(config) -> str:
         return f"skinny rows{config.rows} c{config.cluster} k{config.split_k or 'auto'}"
     kind = ("tail" if config.split_tail else f"ck{config.cluster_k}" if config.cluster_k > 1
             else f"k{config.split_k}" if config.split_k > 1 else "whole")
-    return f"bn{config.bn} c{config.cluster_m} {kind}"
+    return f"{'odd' if config.bn % 64 else 'whole'} boxes c{config.cluster_m} {kind}"
 
 
 def normalized(config, m: int, n: int, k: int, layout: str, sms: int):
@@ -158,7 +165,7 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int, limit: int | None 
         for cfg in skinny_configs(m, n, k, sms):
             take(cost_of(cfg), cfg)
     dense_limit = limit or (len(chosen) + 4 if skinny else 5 if 2.0 * m * n * k > LARGE_FLOP else 10)
-    pool = sorted(((dense_cost(cfg, m, n, k, sms), i, cfg) for i, cfg in enumerate(dense_configs(m, n, k, sms))),
+    pool = sorted(((dense_cost(cfg, m, n, k, sms), i, cfg) for i, cfg in enumerate(dense_configs(m, n, k, sms, layout))),
                   key=lambda item: item[:2])
     families = {c.family for c in chosen}
     for cost, _, cfg in pool:  # the cheapest of each family first

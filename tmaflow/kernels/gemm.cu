@@ -12,7 +12,8 @@
 //   consumers read B's from global memory. Each warpgroup alternates two accumulator sets, so
 //   the next k-block's wgmmas run while the last one is promoted.
 //
-// One CTA computes a BM x BN tile with three warpgroups: warpgroup 0 produces (one thread
+// One CTA computes a BM x BN tile (BN a multiple of 16, 64 to 256; fp8 and B N-major: a multiple
+// of 64) with three warpgroups: warpgroup 0 produces (one thread
 // issues TMA, with row-major block scales warp 1 gathers them; registers given away with
 // setmaxnreg),
 // warpgroups 1 and 2 each own 64 rows and issue wgmma m64nBNk16. CLUSTER_M CTAs of a cluster
@@ -75,6 +76,9 @@ namespace L = tmaflow_layout;
 #ifndef CLUSTER_K
 #define CLUSTER_K 1  // CTAs of a cluster splitting each tile's K, their partials summed in shared memory
 #endif
+#ifndef EPI_REM_MAP
+#define EPI_REM_MAP 0  // 1: BN is no multiple of 64 (the kernel takes tcr; the host defines it)
+#endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
 #endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
@@ -89,9 +93,14 @@ constexpr uint32_t kProducerRegs = BLOCK_SCALES ? 56 : 40, kConsumerRegs = BLOCK
 // A launch gives each of the 384 threads 168 registers (65536 / 384, rounded down to 8); the
 // consumers' setmaxnreg.inc waits forever unless the producer's decrease frees enough.
 static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setmaxnreg split would hang");
-static_assert(BN == 64 || BN == 128 || BN == 192 || BN == 256, "BN is 64, 128, 192 or 256");
-static_assert(!FP8 || BN >= 128, "fp8 tiles are 128, 192 or 256 columns");
-static_assert(EPI_COLS % 64 == 0 && BN % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN");
+// C leaves in 64-column boxes, EPI_COLS columns a round; a BN that is no multiple of 64 ends with
+// one round of its last EPI_REM columns through a map of EPI_REM-column boxes (tcr).
+constexpr int EPI_REM = BN % 64, EPI_FULL = BN - EPI_REM;
+static_assert(EPI_REM_MAP == (EPI_REM > 0), "EPI_REM_MAP: 1 exactly when BN is no multiple of 64");
+static_assert(BN % 16 == 0 && BN >= 64 && BN <= 256, "BN is a multiple of 16 from 64 to 256");
+static_assert(!FP8 || (BN >= 128 && EPI_REM == 0), "fp8 tiles are 128, 192 or 256 columns");
+static_assert(!(B_N_MAJOR || GROUPED) || EPI_REM == 0, "B N-major and grouped tiles: a multiple of 64 columns");
+static_assert(EPI_COLS % 64 == 0 && EPI_FULL % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN's whole boxes");
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
 static_assert(!FP8 || !B_N_MAJOR, "fp8 wgmma reads both operands K-major: layout nt");
 static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulators: BN 128 or 192");
@@ -224,6 +233,8 @@ struct Schedule {
 #endif
 };
 
+#define TMAFLOW_GEMM_MMA_BF16_(N) wgmma::mma_m64n##N##k16_bf16
+#define TMAFLOW_GEMM_MMA_BF16(N) TMAFLOW_GEMM_MMA_BF16_(N)  // BN expanded first
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t scale_d = 1) {
 #if FP8 && BN == 256
   wgmma::mma_m64n256k32_e4m3(acc, da, db, scale_d);
@@ -231,14 +242,8 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t s
   wgmma::mma_m64n192k32_e4m3(acc, da, db, scale_d);
 #elif FP8
   wgmma::mma_m64n128k32_e4m3(acc, da, db, scale_d);
-#elif BN == 256
-  wgmma::mma_m64n256k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
-#elif BN == 192
-  wgmma::mma_m64n192k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
-#elif BN == 64
-  wgmma::mma_m64n64k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
 #else
-  wgmma::mma_m64n128k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);
+  TMAFLOW_GEMM_MMA_BF16(BN)<B_N_MAJOR>(acc, da, db, scale_d);  // wgmma::mma_m64n<BN>k16_bf16
 #endif
 }
 
@@ -294,7 +299,7 @@ TMAFLOW_DEVICE bool partials_last(const Partials& p, float (&acc)[kAcc], int row
     for (int s = pair ? 1 - p.piece : 0; s < (pair ? 2 - p.piece : p.pieces); ++s) {
       const float* src = p.base + s * p.plane + at;
 #pragma unroll
-      for (int j = j0; j < j0 + kChunk; ++j) {
+      for (int j = j0; j < j0 + kChunk && j < BN / 8; ++j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if (row_ok[h] && col0 + 8 * j < p.cols) {
@@ -384,6 +389,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if SCALES_TMA
           , const __grid_constant__ CUtensorMap tsa
 #endif
+#if EPI_REM_MAP
+          , const __grid_constant__ CUtensorMap tcr  // C in 64 x EPI_REM boxes: each tile's last columns
+#endif
           ) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
@@ -424,6 +432,9 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     tma::prefetch_descriptor(&ta);
     tma::prefetch_descriptor(&tb);
     tma::prefetch_descriptor(&tc);
+#if EPI_REM_MAP
+    tma::prefetch_descriptor(&tcr);
+#endif
 #if SCALES_TMA
     tma::prefetch_descriptor(&tsa);
 #endif
@@ -705,28 +716,38 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       }
 #endif
       // Epilogue, EPI_COLS columns a round: registers -> swizzled boxes -> TMA store.
+#if FP8
+      const float f = scale;  // the operands' scales, applied once to the fp32 sum
+#else
+      constexpr float f = 1.f;
+#endif
 #pragma unroll
-      for (int r = 0; r < BN / EPI_COLS; ++r) {
+      for (int r = 0; r < EPI_FULL / EPI_COLS + (EPI_REM > 0); ++r) {
+        const bool rem = r == EPI_FULL / EPI_COLS;  // the last EPI_REM columns (a compile-time test)
         if (gt == 0) tma::wait_group_read<0>();  // the previous store has read the buffer
         named_barrier::sync(1 + group, kEpiThreads);
 #pragma unroll
-        for (int jj = 0; jj < EPI_COLS / 8; ++jj) {  // 8-column blocks, fragment as mma.m16n8
+        for (int jj = 0; jj < (rem ? EPI_REM : EPI_COLS) / 8; ++jj) {  // 8-column blocks, fragment as mma.m16n8
           const int j = r * (EPI_COLS / 8) + jj;
+          // an EPI_REM-column box lies in shared memory as the first columns of a 64-column one
+          // (TMA pads rows narrower than the 128-byte swizzle span to it)
           const uint32_t at = (jj / 8) * kEpiBoxBytes + ((jj % 8) ^ (erow % 8)) * 16 + (lane % 4) * 4;
-#if FP8
-          const float f = scale;  // the operands' scales, applied once to the fp32 sum
-#else
-          constexpr float f = 1.f;
-#endif
           *reinterpret_cast<uint32_t*>(cbuf + at + erow * 128) = wgmma::bf16x2(f * acc[4 * j], f * acc[4 * j + 1]);
           *reinterpret_cast<uint32_t*>(cbuf + at + (erow + 8) * 128) = wgmma::bf16x2(f * acc[4 * j + 2], f * acc[4 * j + 3]);
         }
         fence::proxy_async_shared_cta();  // generic-proxy writes visible to the TMA store
         named_barrier::sync(1 + group, kEpiThreads);
         if (gt == 0) {
+          if (!rem) {
 #pragma unroll
-          for (int box = 0; box < EPI_COLS / 64; ++box)
-            tma::store(out_map, cbuf + box * kEpiBoxBytes, tn * BN + r * EPI_COLS + box * 64, it.c_row + group * kEpiRows);
+            for (int box = 0; box < EPI_COLS / 64; ++box)
+              tma::store(out_map, cbuf + box * kEpiBoxBytes, tn * BN + r * EPI_COLS + box * 64, it.c_row + group * kEpiRows);
+          }
+#if EPI_REM_MAP
+          else {
+            tma::store(&tcr, cbuf, tn * BN + EPI_FULL, it.c_row + group * kEpiRows);
+          }
+#endif
           tma::commit_group();
         }
       }

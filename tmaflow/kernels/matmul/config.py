@@ -23,6 +23,18 @@ LAYOUTS = ("nt", "nn")
 _BARRIER_RESERVE = 256  # full/empty mbarriers after the tiles
 
 
+# GemmConfig.bn: any multiple of 16 from 64 to 256 (wgmma's N); widths that are no multiple of
+# 64 (DeepGEMM's way of filling 132 SMs with whole waves) run bf16 "nt" products only
+WIDTHS = tuple(range(64, 257, 16))
+
+
+def _width(field: str, value) -> int:
+    width = as_int(field, value)
+    if width not in WIDTHS:
+        raise TmaflowError(f"{field}={width} must be a multiple of 16 from 64 to 256")
+    return width
+
+
 CLUSTER_K = (1, 2, 4)  # GemmConfig.cluster_k: K splits within a cluster (gemm.cu's CLUSTER_K)
 
 
@@ -40,7 +52,7 @@ SCALE_MODES = {"row_major": 0, "m_major": 1}
 class GemmConfig:
     """Tile and schedule choices. ``stages=None`` takes as many as shared memory holds."""
 
-    bn: int = 256            # tile columns (tile rows are 128: two consumer warpgroups of 64)
+    bn: int = 256            # tile columns (rows: 128, two consumer warpgroups of 64): WIDTHS
     cluster_m: int = 2       # CTAs per cluster, on consecutive M tiles sharing B by multicast
     epi_cols: int = 128      # epilogue columns per round (its buffer is 2 x 64 x epi_cols bf16)
     group_m: int = 16        # M tiles per band of the grouped (L2-friendly) tile order
@@ -55,7 +67,7 @@ class GemmConfig:
 
     def __post_init__(self):
         who = "GemmConfig"
-        settle(self, bn=int_in(f"{who}: bn", self.bn, (64, 128, 192, 256)),
+        settle(self, bn=_width(f"{who}: bn", self.bn),
                cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2)),
                epi_cols=as_int(f"{who}: epi_cols", self.epi_cols, 64, 256),
                group_m=as_int(f"{who}: group_m", self.group_m, 1, 1 << 16),
@@ -65,9 +77,11 @@ class GemmConfig:
                promote=as_int(f"{who}: promote", self.promote, 0, 64),
                split_tail=as_bool(f"{who}: split_tail", self.split_tail),
                cluster_k=int_in(f"{who}: cluster_k", self.cluster_k, CLUSTER_K))
-        if self.epi_cols % 64 or self.bn % self.epi_cols:
+        whole = self.bn - self.bn % 64  # columns in whole 64-column boxes; the rest leave in one round
+        if self.epi_cols % 64 or whole % self.epi_cols:
+            rest = "" if whole == self.bn else f"'s {whole} columns in whole 64-column boxes"
             raise TmaflowError(f"GemmConfig: epi_cols={self.epi_cols} must be a multiple of 64 "
-                               f"dividing bn={self.bn}")
+                               f"dividing bn={self.bn}{rest}")
         if self.group_m % self.cluster_m:
             raise TmaflowError(f"GemmConfig: group_m={self.group_m} must be a multiple of "
                                f"cluster_m={self.cluster_m}")

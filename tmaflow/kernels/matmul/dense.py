@@ -81,6 +81,8 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
                 *(blocks or (0, 0)))
     if st.ts is not None:
         args += (st.ts.bind(_scale_map_view(blocks[0], mode)),)
+    if st.tc is not None and st.tr is not None:  # a width that is no multiple of 64: its last columns' map
+        args += (st.tr.bind(C),)
     return st.launcher, args, result
 
 
@@ -122,6 +124,7 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
                       workspace_sizes=sizes,
+                      tr=_template(C, plan.spec_c_rem, "store") if plan.spec_c_rem else None,
                       ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 

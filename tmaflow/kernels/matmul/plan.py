@@ -31,6 +31,7 @@ class GemmPlan:
     defines: dict
     config: GemmConfig
     spec_s: TensorMapSpec | None = None  # one stage's box of A's block scales (their TMA modes)
+    spec_c_rem: TensorMapSpec | None = None  # a tile's last bn % 64 columns of C (one box)
 
 
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
@@ -55,6 +56,9 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
         raise TmaflowError(f"gemm: block scales are applied at every k-block: fp8 operands with bn=128 "
                            f"and promote=1 (got {dtype}, bn={config.bn}, promote={config.promote})")
+    if config.bn % 64 and (fp8 or layout != "nt"):
+        raise TmaflowError(f"gemm: bn={config.bn} (no multiple of 64) is for bfloat16 'nt' products (got "
+                           f"{dtype}, layout {layout!r}); use 64, 128, 192 or 256 columns")
     if fp8 and config.cluster_k > 1:
         raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 operands (got {dtype}); "
                            "split an fp8 product's K with split_k")
@@ -71,6 +75,9 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     # only the BM / ck rows it owns (32-row boxes when that is a quarter)
     stored_rows = BM // ck
     spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (min(64, stored_rows), 64), swizzle="128B")
+    # a width that is no multiple of 64 stores its last columns through boxes that narrow
+    rem = bn % 64
+    spec_c_rem = TensorMapSpec.tiled("bfloat16", (m, n), (min(64, stored_rows), rem), swizzle="128B") if rem else None
     epilogue = Buffer("c", stored_rows * config.epi_cols * 2, align=1024)
     reduce = _cluster_reduce(ck, bn)
     spec_s = _m_major_scales_spec(m, k, bk, BM) if block_scales == "m_major" else None
@@ -94,12 +101,14 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
                "SPLIT_TAIL": int(config.split_tail)}
     if ck > 1:
         defines["CLUSTER_K"] = ck
+    if rem:
+        defines["EPI_REM_MAP"] = 1
     if fp8:
         defines.update(FP8=1, PROMOTE=config.promote)
     if block_scales:
         defines.update(BLOCK_SCALES=1, SCALES_TMA=SCALE_MODES[block_scales])
     return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split),
-                    spec_s)
+                    spec_s, spec_c_rem)
 
 
 def _cluster_reduce(ck: int, bn: int) -> list:
