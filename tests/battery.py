@@ -7,6 +7,7 @@ docs/bad-input-battery.md.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -516,10 +517,36 @@ def _file(name: str, content: bytes | None = None) -> str:
 
 def _npz(**arrays) -> str:
     path = _file("t.npz")
-    # compressed, as Trace.save writes: numpy 2.5.2 read zeros for the headers of stored
-    # (uncompressed) members of such files inside pytest-xdist workers on the GPU machine
-    np.savez_compressed(path, **arrays)
+    np.savez_compressed(path, **arrays)  # compressed, as Trace.save writes
+    _check_round_trip(path, arrays)
     return path
+
+
+def _check_round_trip(path: str, arrays: dict) -> None:
+    """Read the archive back before the case uses it. Inside pytest-xdist workers on the GPU
+    machine (numpy 2.5.2), members just written read back with null bytes in their headers;
+    this says whether the bytes on disk or the reading went wrong, instead of failing later
+    as an unrelated tokenizer error."""
+    import io
+    import zipfile
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    for name, want in arrays.items():
+        with zipfile.ZipFile(io.BytesIO(raw)) as z:
+            member = z.read(f"{name}.npy")
+        head = member[:10 + int.from_bytes(member[8:10], "little")]  # magic, version 1.0, length
+        if b"\0" in head[10:] or not head.startswith(b"\x93NUMPY\x01\x00"):
+            where = next((p for p in ("/proc/mounts",) if os.path.exists(p)), None)
+            mounts = open(where).read() if where else ""
+            fs = [line for line in mounts.splitlines() if " /tmp " in line or " / " in line]
+            raise AssertionError(f"np.savez_compressed({path!r}) wrote member {name!r} whose header "
+                                 f"reads {head[:96]!r} (file {len(raw)} B, {os.stat(path).st_size} B "
+                                 f"on disk; numpy {np.__version__}; filesystems {fs})")
+        got = np.lib.format.read_array(io.BytesIO(member), allow_pickle=want.dtype.hasobject)
+        if not want.dtype.hasobject and (got.dtype != want.dtype or got.tobytes() != want.tobytes()):
+            raise AssertionError(f"np.savez_compressed({path!r}): member {name!r} read back as "
+                                 f"{got!r}, written as {want!r}")
 
 
 def _truncated_trace() -> str:

@@ -15,6 +15,7 @@ def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, scale):
         return paged_decode_reference(q[:, None], k_cache, v_cache, block_table, seq_lens, scale)[:, 0]
     batch, tokens, heads_q, head_dim = q.shape
     page_size, heads_kv = k_cache.shape[1], k_cache.shape[2]
+    group = heads_q // heads_kv
     out = np.zeros(q.shape)
     for b in range(batch):
         for i in range(tokens):
@@ -22,11 +23,11 @@ def paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, scale):
             if keys.size == 0:
                 continue
             pages, rows = block_table[b, keys // page_size], keys % page_size
-            k = np.repeat(k_cache[pages, rows], heads_q // heads_kv, axis=1)  # (keys, heads_q, head_dim)
-            v = np.repeat(v_cache[pages, rows], heads_q // heads_kv, axis=1)
-            s = np.einsum("hd,nhd->hn", q[b, i], k) * scale
-            p = np.exp(s - s.max(1, keepdims=True))
-            out[b, i] = np.einsum("hn,nhd->hd", p / p.sum(1, keepdims=True), v)
+            k, v = k_cache[pages, rows], v_cache[pages, rows]  # (keys, heads_kv, head_dim)
+            for h in range(heads_kv):  # its query heads together: no copy of the keys a query head
+                s = q[b, i, h * group:(h + 1) * group] @ k[:, h].T * scale  # (group, keys)
+                p = np.exp(s - s.max(1, keepdims=True))
+                out[b, i, h * group:(h + 1) * group] = p / p.sum(1, keepdims=True) @ v[:, h]
     return out
 
 

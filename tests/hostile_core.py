@@ -97,6 +97,7 @@ PARAMS += [
     row("Pipeline", "tiles", _pipeline("tiles"), L, field=r"\btiles(\[[^]]+\])?="),
     row("Pipeline", "consumers", _pipeline("consumers"), L, INTS),
     row("Pipeline", "producers", _pipeline("producers"), L, INTS),
+    row("Pipeline", "consumer_lanes", _pipeline("consumer_lanes"), L, INTS),
     # (8, 8) is 64 CTAs: over the 16-CTA cluster limit, refused by name
     row("Pipeline", "cluster", _pipeline("cluster"), L, INTS),
     row("Pipeline", "multicast", _pipeline("multicast"), L, {"none"}),

@@ -1,5 +1,6 @@
 """Compilation to CUBIN with no GPU: libcu++ under NVRTC, errors, the cache, SASS checks."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -238,6 +239,34 @@ def test_all_example_and_seed_kernels_compile():
                  "with_specialized_staging_unified<2>", "add_one_kernel", "kernel", "kernel_ptx",
                  "dsmem_kernel", "tma_multicast_kernel"]:
         assert tf.Kernel(source("seeds"), name, filename="seeds.cu").cubin[:4] == b"\x7fELF"
+
+
+def test_handoff_probes_compile_and_every_sanitize_set_reaches_one():
+    """tools/sanitize.sh's hand-off sets run tools/sanitize_examples.py with flags it reads, on
+    probe kernels that compile; the lanes probe releases as gemm.cu does (a local arrival by
+    whole warps, remote ones by single lanes) and the one-lane control as before."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = open(os.path.join(root, "tools", "sanitize.sh")).read()
+    tool = open(os.path.join(root, "tools", "sanitize_examples.py")).read()
+    sets = dict(re.findall(r"\n\s+(handoff[\w-]*)\) echo \"python3 tools/sanitize_examples.py ([^\"]*)\"", script))
+    assert {"handoff", "handoff-warp", "handoff-named", "handoff-lanes", "handoff-quads", "handoff-lanes-warp"} <= set(sets)
+    for flags in sets.values():
+        assert all(f'"{flag}"' in tool for flag in flags.split()), flags
+    for name in ("cp_async_noinc_handoff", "cp_async_lanes_handoff"):
+        sass = disassemble(tf.Kernel(source("probe"), name, filename="probe.cu").cubin)
+        assert "LDGSTS" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass, name
+    assert "SYNCS.ARRIVE.TRANS64.RED.A1T0" in sass and "SYNCS.ARRIVE.TRANS64.A1T0" in sass
+
+
+def test_every_sanitize_library_id_names_a_test():
+    """tools/sanitize.sh runs the ids of tools/sanitize_library.txt; a renamed test or parameter
+    would drop out of the sanitizers silently (pytest reports 'not found' in a log)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "tools", "sanitize_library.txt")) as f:
+        ids = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *ids],
+                       capture_output=True, text=True, cwd=root, timeout=300)
+    assert r.returncode == 0 and f"{len(ids)} tests collected" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
 
 
 def test_missing_nvrtc_says_how_to_install(monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import MAX_SPLITS, choose_splits, decode_plan
+from tmaflow.kernels.decode_entry import MAX_SPLITS, choose_splits, decode_plan, evict_first_default
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -61,6 +61,8 @@ def decode_args(**change):
     ({"num_splits": 0}, rf"attention_decode: num_splits=0 must be .*{MAX_SPLITS}"),
     ({"num_splits": MAX_SPLITS + 1}, rf"num_splits={MAX_SPLITS + 1} must be"),
     ({"num_splits": 2.5}, r"num_splits=2.5"),
+    ({"evict_first": "yes"}, r"attention_decode: evict_first='yes' must be"),
+    ({"evict_first": 1}, r"attention_decode: evict_first=1 must be"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
     ({"out": arr((2, 8, 128), offset=2)}, r"attention_decode: out must be contiguous and 16-byte aligned \(strides \(2048, 256, 2\) B, at 0x[0-9a-f]+2\)"),
 ])
@@ -119,25 +121,54 @@ def test_decode_plan_fits_shared_memory(d, page, ctas, stages):
     (64, 8, 8192, 1),         # 512 CTAs fill two waves of 264
     (16, 8, 8192, 2),         # 256 of 264 slots; three splits would leave a second wave half empty
     (4, 8, 8192, 8),
-    (1, 8, 300, 2),           # no split shorter than 256 keys
+    (4, 8, 1024, 8),          # 256 CTAs of two tiles each
+    (1, 8, 1024, 8),          # two tiles a split at least: 64 CTAs, each with its copies in flight at once
+    (1, 8, 300, 3),           # no split shorter than 128 keys
     (1, 8, 16, 1),
+    (128, 8, 1024, 1),        # 1024 CTAs: four waves, 97% full
 ])
 def test_choose_splits_fills_the_gpu(batch, heads_kv, context, splits):
     assert choose_splits(batch, heads_kv, context, 132, 2) == splits
 
 
-@pytest.mark.parametrize("d,page,fp16", [(64, 16, 0), (128, 64, 1), (128, 16, 0), (256, 256, 0), (96, 32, 0),
-                                         (32, 16, 1), (192, 128, 0)])
-def test_decode_kernel_compiles_for_sm90a_without_spills(d, page, fp16):
-    """mma.sync and ldmatrix on TMA-loaded pages, no local memory."""
+@pytest.mark.parametrize("d,page,fp16,evict_first", [(64, 16, 0, 1), (128, 64, 1, 0), (128, 16, 0, 1),
+                                                     (256, 256, 0, 0), (96, 32, 0, 1), (32, 16, 1, 0),
+                                                     (192, 128, 0, 1)])
+def test_decode_kernel_compiles_for_sm90a_without_spills(d, page, fp16, evict_first):
+    """mma.sync and ldmatrix on TMA-loaded pages (with an L2 policy when evict-first), the
+    splits' merge by bulk copies after one acquire-release count, no local memory."""
     _, layout, _ = decode_plan(d, page)
     k = get_kernel("attention_decode", layout, file="decode",
                    defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS,
-                            **({"FP16": 1} if fp16 else {})})
+                            **({"FP16": 1} if fp16 else {}), **({"EVICT_FIRST": 1} if evict_first else {})})
     sass = k.sass()
     assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
-    assert "HMMA" in sass and "LDSM" in sass and "UTMALDG" in sass
+    assert "HMMA" in sass and "LDSM" in sass and "UBLKCP.S.G" in sass
+    loads = [line for line in sass.splitlines() if "UTMALDG.3D" in line]
+    assert loads and all(("desc[" in line) == bool(evict_first) for line in loads), loads
+    assert "MEMBAR.SC.GPU" not in sass and sass.count("ATOMG.E.ADD") == 1  # no sequentially consistent fence
     assert len(k.params) == 14
+
+
+@pytest.mark.parametrize("context,batch,expected", [
+    (8192, 1, False),     # 33.5 MB of K+V at 8 kv heads: kept in a 50 MB L2 for the next call
+    (32768, 1, True),     # 134 MB
+    (1024, 4, False),
+    (1024, 16, True),     # 67 MB
+])
+def test_evict_first_once_the_caches_outgrow_the_l2(context, batch, expected):
+    assert evict_first_default(batch, 8, 128, context, 2, 50 * 1024 * 1024) is expected
+    assert evict_first_default(batch, 8, 128, context, 2, 4 * 2 * batch * 8 * 128 * context) is False
+
+
+def test_every_decode_plan_keeps_the_merge_region_whole():
+    """The splits' merge reuses the K tiles of every stage and then the V tiles as one region:
+    the plan refuses a layout where they are apart (it would be a wrong merge, not an error)."""
+    for d, page in itertools.product(range(32, 257, 16), (16, 32, 64, 128, 256)):
+        _, layout, _ = decode_plan(d, page)
+        pipe = layout.items[0]
+        assert layout.offset("kv_v") == layout.offset("kv_k") + pipe.stages * pipe.stage_stride(0)
+        assert pipe.stages * (pipe.stage_stride(0) + pipe.stage_stride(1)) >= MAX_SPLITS * 64 + 16 * d * 4
 
 
 def test_append_kv_kernel_compiles():

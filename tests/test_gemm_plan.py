@@ -142,6 +142,29 @@ def test_cluster_k_refuses_what_it_does_not_run():
                              config=GemmConfig(cluster_m=1, cluster_k=4))
 
 
+@pytest.mark.parametrize("fields", [dict(), dict(split_k=3), dict(split_tail=True), dict(epi_cols=64)])
+@pytest.mark.parametrize("cm", [1, 2])
+@pytest.mark.parametrize("mode", [None, "row_major", "m_major"])
+def test_gemm_plan_arrival_counts(mode, cm, fields):
+    """Gathered (row-major) block scales are read by every consumer lane, and each lane releases
+    its own reads on its CTA's empty barrier: 8 warps x 32 lanes there, plus one per warp of the
+    other CTA of the cluster. Everything else releases one per warp and CTA of the mask."""
+    dtype = "float8_e4m3fn" if mode else "bfloat16"
+    config = GemmConfig(bn=128, cluster_m=cm, promote=1 if mode else 4, **fields)
+    plan = gemm_plan(4096, 7168, 16384, "nt", config, dtype, mode)
+    pipe = plan.layout.items[0]
+    peers = cm - 1  # B is multicast along the cluster, A and the scales are each CTA's own
+    assert bin(pipe.release_mask(0)).count("1") == 1 + peers
+    if mode == "row_major":
+        assert (pipe.empty_arrivals, pipe.consumer_lanes, pipe.full_arrivals) == (8 * 32 + 8 * peers, 32, 33)
+        assert (pipe.empty_arrivals, cm) in ((256, 1), (264, 2))
+    else:
+        assert (pipe.empty_arrivals, pipe.consumer_lanes, pipe.full_arrivals) == (8 * cm, 1, 1)
+    hdr = plan.layout.header()
+    assert f"constexpr uint32_t empty_arrivals = {pipe.empty_arrivals};" in hdr
+    assert f"constexpr uint32_t consumer_lanes = {pipe.consumer_lanes};" in hdr
+
+
 def test_choose_config():
     assert choose_config(8192, 8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
     assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=256, cluster_m=1, epi_cols=64)  # one wave: unclustered

@@ -1,8 +1,10 @@
 """kernels.attention_decode and append_kv against the float64 paged reference: ragged lengths
 (0, 1, not multiples of a page), random non-contiguous block tables with NaN in every row no
 request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too), bf16 and fp16, one and
-several splits, 1-8 new tokens a request, poisoned outputs; a torch CUDA graph replayed with
-new lengths; append then decode; both under torch.compile."""
+several splits (up to 64, merged in several rounds), K and V at normal or evict-first L2
+priority, 1-8 new tokens a request, one request of 128k keys, poisoned outputs and split
+workspace; a torch CUDA graph replayed with new lengths; append then decode; both under
+torch.compile."""
 import numpy as np
 import pytest
 
@@ -100,7 +102,80 @@ def test_decode_of_one_long_request_splits_and_matches(device, rng):
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 
 
-def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng):
+ACCEPTANCE = [  # lens, heads_q, heads_kv, page_size: GQA 4:1 and 8:1 at head dim 128, the benchmark's
+    ([0, 1, 2, 15, 16, 17, 130, 1999], 32, 8, 16),
+    ([1, 0, 700, 64, 65, 4096], 32, 4, 64),
+    ([5000, 1, 0, 257], 16, 4, 256),
+    ([3, 2500, 1], 64, 8, 64),
+]
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,page", ACCEPTANCE)
+@pytest.mark.parametrize("num_splits", [None, 2, 64])
+@pytest.mark.parametrize("evict_first", [False, True])
+def test_decode_of_the_benchmark_shapes_against_float64(device, rng, lens, heads_q, heads_kv, page, num_splits,
+                                                       evict_first):
+    """64 splits of 4 or 8 rows take two or three merge rounds (as many splits as fit the stages
+    a round); the L2 priority changes nothing but speed; two runs give the same bits."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, 128, page, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for _ in range(2):
+        out = poison(tf.empty(q.shape, "bfloat16"))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first, out=out)
+        results.append(out.numpy())
+    got = _download(out, "bfloat16")
+    assert rel_error(got, ref) < 1e-2, (lens, heads_q, heads_kv, page, num_splits, evict_first, rel_error(got, ref))
+    assert not got[host_lens == 0].any(), "a request of length 0 gives zeros"
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+@pytest.mark.parametrize("d,num_splits", [(256, 64), (128, 40), (64, 13)])
+def test_decode_merges_sixteen_rows_of_many_splits_in_rounds(device, rng, d, num_splits):
+    """2 new tokens x 8 query heads: 16 rows a kv head, 16 x d x 4 bytes a split's O; the
+    merge takes the splits a stage area holds at a time (11 at head dim 256: six rounds)."""
+    lens = [3000, 0, 1, 64 * 64 + 5, 2]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, 16, 2, d, 64, "bfloat16", tokens=2)
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, out=out)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    got = _download(out, "bfloat16")
+    assert rel_error(got, ref) < 1e-2, (d, num_splits, rel_error(got, ref))
+    assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+
+
+def test_decode_reads_no_stale_slot_of_a_poisoned_split_workspace(device, rng):
+    """The merge copies every split's 16 log-sum-exp slots and uses only the rows it has: NaN
+    everywhere in the workspace's floats (the counters stay zero) changes nothing."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, [900, 17, 0, 2048], 12, 3, 128, 16, "bfloat16")
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    prepared = kernels.attention_decode.prepare(Q, K, V, T, L, num_splits=24, out=out)
+    prepared()
+    before = out.numpy()
+    partials = prepared.args[6]  # the split workspace's float view: partial O, then log-sum-exps
+    poison(partials)
+    out.fill_bytes(0xFF)
+    prepared()
+    np.testing.assert_array_equal(out.numpy().view(np.uint16), before.view(np.uint16))
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
+@pytest.mark.parametrize("num_splits,evict_first", [(None, None), (16, False)])
+def test_decode_of_one_request_of_128k_keys(device, rng, num_splits, evict_first):
+    """131072 keys on one kv head, GQA 8:1: the automatic plan spreads it over 64 splits of
+    2048 keys, evict-first (67 MB of K+V outgrow the L2); the merge stays exact to bf16."""
+    (q, k, v, table, lens), (Q, K, V, T, L) = _problem(rng, [1 << 17], 8, 1, 128, 64, "bfloat16")
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first, out=out, scale=0.1)
+    ref = paged_decode_reference(q, k, v, table, lens, 0.1)
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
+@pytest.mark.parametrize("num_splits,evict_first", [(5, None), (None, True)])
+def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first):
+    """Captured at the table's full width (the block-table window loaded with the length is
+    the right one), replayed at lengths where it is not."""
     torch = pytest.importorskip("torch")
     width, page = 40, 16
     (q, k, v, table, lens), _ = _problem(rng, [width * page] * 5, 32, 8, 128, page, "bfloat16")
@@ -112,11 +187,11 @@ def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up outside the capture: the split workspace is made here
-        kernels.attention_decode(Q, K, V, T, L, num_splits=5)
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
-        out = kernels.attention_decode(Q, K, V, T, L, num_splits=5)
+        out = kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first)
     for replay in range(4):
         new = rng.integers(0, width * page + 1, size=5).astype(np.int32)
         new[replay] = [0, 1, 17, width * page][replay]

@@ -29,6 +29,46 @@ def test_pipeline_producers_count_on_the_full_barrier():
             tf.Pipeline("ab", stages=2, tiles=[A], producers=bad)
 
 
+@pytest.mark.parametrize("cluster,multicast,peers", [
+    ((1, 1, 1), None, 0), ((2, 1, 1), ["x"], 1), ((4, 1, 1), ["x"], 3), ((2, 2, 1), ["x", "y"], 2),
+    ((4, 2, 1), ["x", None], 3)])
+def test_consumer_lanes_count_only_on_their_own_cta(cluster, multicast, peers):
+    """Every lane of a consumer warp releases on its own CTA's barrier, one per warp on each
+    other CTA of the release mask: 8 warps x 32 lanes + 8 per peer."""
+    tiles = [A, B][:len(multicast)] if multicast else [A]
+    p = tf.Pipeline("ab", stages=2, tiles=tiles, consumers=8, cluster=cluster, multicast=multicast,
+                    consumer_lanes=32)
+    assert p.empty_arrivals == 8 * 32 + 8 * peers
+    assert bin(p.release_mask(0)).count("1") == 1 + peers
+    one = tf.Pipeline("ab", stages=2, tiles=tiles, consumers=8, cluster=cluster, multicast=multicast)
+    assert one.consumer_lanes == 1 and one.empty_arrivals == 8 * (1 + peers)  # as before
+    hdr = tf.SharedLayout([p]).header()
+    assert f"constexpr uint32_t empty_arrivals = {8 * 32 + 8 * peers};" in hdr
+    assert "constexpr uint32_t consumer_lanes = 32;" in hdr
+
+
+@pytest.mark.parametrize("cluster", [(2, 1, 1), (4, 1, 1), (2, 2, 1), (4, 2, 1)])
+def test_generated_peer_mask_is_the_release_mask_without_this_cta(cluster):
+    p = tf.Pipeline("ab", stages=2, tiles={"a": A, "b": B}, cluster=cluster, consumer_lanes=32,
+                    multicast=["x", "y" if cluster[1] > 1 else None])
+    hdr = tf.SharedLayout([p]).header()
+    assert "uint32_t peer_mask(uint32_t rank) { return release_mask(rank) & ~(1u << rank); }" in hdr
+    # one read of the rank feeds both masks of the device Pipeline
+    assert ("const uint32_t r = tmaflow::cluster::rank(); return {" in hdr and
+            "ab::empty_arrivals, ab::release_mask(r), ab::peer_mask(r), " in hdr)
+    alone = tf.SharedLayout([tf.Pipeline("ab", stages=2, tiles=[A])]).header()
+    assert "ab::empty_arrivals, 0, 0, " in alone and "peer_mask(uint32_t) { return 0; }" in alone
+
+
+def test_consumer_lanes_are_checked():
+    for bad in (0, 1025, True, 2.0):
+        with pytest.raises(tf.LayoutError, match=rf"Pipeline 'ab': consumer_lanes={bad!r} must be an int in \[1, 1024\]"):
+            tf.Pipeline("ab", stages=2, tiles=[A], consumer_lanes=bad)
+    with pytest.raises(tf.LayoutError, match=r"consumers=1024 x consumer_lanes=1024 .* make 1048576 arrivals per "
+                                             r"phase, over the mbarrier limit of 2\^20-1"):
+        tf.Pipeline("ab", stages=2, tiles=[A], consumers=1024, consumer_lanes=1024)
+
+
 def test_layout_offsets_and_alignment():
     pipe = tf.Pipeline("ab", stages=3, tiles={"a": A, "s": SMALL})
     layout = tf.SharedLayout([tf.Buffer("epi", 100, align=16), pipe, tf.Barrier("done", arrivals=3)])

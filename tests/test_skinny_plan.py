@@ -209,7 +209,9 @@ def test_block_scale_plan_gives_each_stage_its_scales():
     plan = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn", block_scales="row_major")
     assert plan.defines["SCALES_TMA"] == 0 and plan.spec_s is None and plan.config.stages == 6
     pipe = plan.layout.items[0]
-    assert pipe.full_arrivals == 33 and pipe.empty_arrivals == 16 and pipe.tx_bytes == stage
+    # 33 producers (TMA thread, gathering warp); every consumer lane releases on its own CTA (8 x
+    # 32), one per warp on the other (8)
+    assert pipe.full_arrivals == 33 and pipe.empty_arrivals == 264 and pipe.tx_bytes == stage
     scales = next(p for p in plan.layout.placements if p.name == "scales")
     assert scales.nbytes == 6 * SCALE_STRIDE * 4 and scales.offset % 16 == 0
     with pytest.raises(tf.TmaflowError, match=r"block scales .* fp8 operands with bn=128 and promote=1 \(got bfloat16"):

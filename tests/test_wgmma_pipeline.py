@@ -36,6 +36,19 @@ KERNELS = {
     **{f"gemm fp8 block scales {mode}": (lambda mode=mode: _gemm("float8_e4m3fn", GemmConfig(bn=128, promote=1),
                                                                 block_scales=mode))
        for mode in ("row_major", "m_major")},
+    **{f"gemm fp8 block scales row_major {name}": (lambda fields=fields, extra=extra: _gemm(
+        "float8_e4m3fn", GemmConfig(bn=128, promote=1, **fields), extra, block_scales="row_major"))
+       for name, fields, extra in [("c1", dict(cluster_m=1), None), ("split-K", dict(split_k=2), None),
+                                   ("c1 split-K", dict(cluster_m=1, split_k=3), None),
+                                   ("tail split", dict(split_tail=True), None),
+                                   ("release warp", {}, {"SCALE_RELEASE": 0}),
+                                   ("release quads", {}, {"SCALE_RELEASE": 2})]},
+    "gemm fp8 block scales m_major c1": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128, promote=1, cluster_m=1),
+                                                      block_scales="m_major"),
+    **{f"skinny fp8 block scales M={m} {name}": (lambda m=m, cfg=cfg: get_kernel(
+        "gemm_skinny_bf16", skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", "m_major").layout,
+        defines=skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", "m_major").defines, file="skinny"))
+       for m, name, cfg in [(16, "rows64", SkinnyConfig()), (128, "rows128 c2", SkinnyConfig(rows=128, cluster=2))]},
     **{f"skinny M={m}": (lambda m=m: get_kernel("gemm_skinny_bf16", skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).layout,
                                                 defines=skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).defines,
                                                 file="skinny"))
@@ -126,3 +139,30 @@ def test_odd_width_keeps_the_k_loop_and_stores_its_last_columns_apart(bn):
     assert len(loop) <= len(near) + 2, (len(near), len(loop))
     assert sum(f"64x{bn}x16" in t for t in loop) == 4 and not any("GMMA" in t and f"64x{bn}x16" not in t for t in loop)
     assert stores(kernel) == stores(_gemm("bfloat16", replace(config, bn=bn - bn % 64))) + 1
+
+
+def _arrivals(loop: list[str]) -> tuple[list[str], list[str]]:
+    """The k-loop's arrivals on this CTA's barriers and on other CTAs' (SYNCS ... .RED)."""
+    arrive = [t for t in loop if "SYNCS.ARRIVE" in t]
+    return [t for t in arrive if ".RED" not in t], [t for t in arrive if ".RED" in t]
+
+
+@pytest.mark.parametrize("cm", [1, 2])
+def test_gathered_scales_are_released_by_every_lane(cm):
+    """Row-major block scales: every consumer lane reads them with ld.shared after warp 1's
+    cp.async, so every lane arrives on its own CTA's empty barrier (racecheck credits a release
+    only to the thread that makes it); the other CTA of a cluster gets one arrival per warp. Per
+    k-block (the loop holds two): one unpredicated local SYNCS.ARRIVE for the whole warp and, in
+    clusters, one predicated remote one; the warp release before (SCALE_RELEASE=0) had a single
+    predicated arrival. The lane release costs no uniform registers (an unprovable `peer_mask
+    != 0` branch around __syncwarp once cost 32 R2UR moves and 56 instructions)."""
+    config = GemmConfig(bn=128, promote=1, cluster_m=cm)
+    lanes = _mma_loop(_gemm("float8_e4m3fn", config, block_scales="row_major"))
+    warp = _mma_loop(_gemm("float8_e4m3fn", config, {"SCALE_RELEASE": 0}, block_scales="row_major"))
+    local, remote = _arrivals(lanes)
+    assert len(local) == 2 and not any(t.startswith("@") for t in local), local
+    assert len(remote) == (2 if cm == 2 else 0) and all(t.startswith("@") for t in remote), remote
+    local, remote = _arrivals(warp)
+    assert len(local + remote) == 2 and all(t.startswith("@") for t in local + remote), local + remote
+    assert len(lanes) <= len(warp) + 8, (len(lanes), len(warp))
+    assert sum(t.startswith("R2UR") for t in lanes) <= sum(t.startswith("R2UR") for t in warp)

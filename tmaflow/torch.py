@@ -217,7 +217,7 @@ attention.register_autograd(_attention_backward_recomputing, setup_context=_save
 
 def _attention_decode_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_table: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
-                           num_splits: int | None = None) -> torch.Tensor:
+                           num_splits: int | None = None, evict_first: bool | None = None) -> torch.Tensor:
     _check("attention_decode", q.dim() in (3, 4) and k_cache.dim() == 4 and k_cache.shape == v_cache.shape
            and k_cache.shape[-1] == q.shape[-1] and q.dtype == k_cache.dtype == v_cache.dtype,
            f"needs q (batch, [tokens,] heads_q, head_dim) and caches (pages, page_size, heads_kv, head_dim) "
@@ -227,12 +227,13 @@ def _attention_decode_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 @op("tmaflow::attention_decode", fake=_attention_decode_fake,
     schema="(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor seq_lens, "
-           "float? scale=None, int? num_splits=None) -> Tensor")
+           "float? scale=None, int? num_splits=None, bool? evict_first=None) -> Tensor")
 def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, scale: float | None = None, num_splits: int | None = None) -> torch.Tensor:
+                     seq_lens: torch.Tensor, scale: float | None = None, num_splits: int | None = None,
+                     evict_first: bool | None = None) -> torch.Tensor:
     """``kernels.attention_decode(...)``: one decode step over a paged KV cache."""
     return decode_entry.attention_decode(q, k_cache, v_cache, block_table, seq_lens, scale=scale,
-                                         num_splits=num_splits)
+                                         num_splits=num_splits, evict_first=evict_first)
 
 
 def _append_kv_fake(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -348,9 +349,9 @@ def _attention_backward_call(q, k, v, out, dout, lse, *, causal: bool = False, s
 
 
 def _attention_decode_call(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
-                           num_splits: int | None = None, **options):
+                           num_splits: int | None = None, evict_first: bool | None = None, **options):
     _only("attention_decode", options)
-    return attention_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    return attention_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, evict_first)
 
 
 def _append_kv_call(k_cache, v_cache, block_table, seq_lens, k_new, v_new, **options):

@@ -5,7 +5,8 @@
 #      BENCH_ARGS, GEMM_BUDGET, GEMM_ARGS (tools/peers/bench_gemm.py, e.g. --sweep), SANITIZE=1 (compute-sanitizer over the examples and seeds),
 #      PEERS=1 (the peer-benchmark set: tools/peers/*, every row cold and back to back, bench records in $OUT/results), PEER_BUDGET (seconds each),
 #      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR),
-#      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster).
+#      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster),
+#      RESET_PROBE=1 (torch, planted hangs that reset the context, then saved traces + store sweep in one process).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last. On a copied tree
 # (the device tool), write the commit to COMMIT (git ignores it) and carry it: records and the
 # table name it; the copy's own git HEAD can be stale.
@@ -22,28 +23,33 @@ export TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache} TMAFLOW_REPORT
 } | tee "$OUT/env.txt"
 K=${1:-}
 if [ -z "${SKIP_TESTS:-}" ]; then
-  # With xdist, two groups run apart, each in one plain process of its own:
-  # - the battery: inside an xdist worker on the GPU image (numpy 2.5.2), reading back the npz
-  #   archives its saved-trace cases just wrote fails with a tokenizer error (the same cases pass
-  #   in a plain process, and in CI); not understood yet;
-  # - the files that plant kernel faults (traps, deadlocks) and recover with Device.reset():
-  #   once a worker had run torch tests first, a planted fault's context could not be reset
-  #   (CUDA_ERROR_LAUNCH_FAILED kept), failing every later test of that worker.
+  # With xdist, the files that plant kernel faults (traps, deadlocks) and recover with
+  # Device.reset() run apart, in one plain process of their own: a reset also destroys the
+  # context torch shares, so once a worker had run torch tests first, a planted fault's context
+  # could not be reset (CUDA_ERROR_LAUNCH_FAILED kept), failing every later test of that worker.
+  # (The battery ran apart too until session 15: its saved-trace cases failed inside xdist
+  # workers, whose files then also held the in-process resets; RESET_PROBE=1 tells the two apart.)
   FAULTS="tests/test_gpu_trace.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py"
-  apart="--ignore=tests/test_battery.py"
+  apart=""
   for f in $FAULTS; do apart="$apart --ignore=$f"; done
   timeout "${TEST_BUDGET:-330}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
     --maxfail=${MAXFAIL:-15} ${PYTEST_JOBS:+-n "$PYTEST_JOBS" --dist loadfile $apart} \
     ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
   if [ -n "${PYTEST_JOBS:-}" ]; then
-    timeout 120 python3 -m pytest tests/test_battery.py -m gpu -q -p no:cacheprovider ${K:+-k "$K"} -rfE \
-      > "$OUT/pytest_gpu_battery.log" 2>&1
-    echo "pytest (battery, no xdist) exit $?"
     timeout 240 python3 -m pytest $FAULTS -m gpu -q -p no:cacheprovider --timeout=90 ${K:+-k "$K"} -rfE \
       > "$OUT/pytest_gpu_faults.log" 2>&1
     echo "pytest (planted faults, no xdist) exit $?"
   fi
+fi
+if [ -n "${RESET_PROBE:-}" ]; then
+  # One plain process: torch initialises CUDA, planted hangs reset the context it shares, then
+  # the saved-trace battery cases and the store-model sweep run. Failures here and none in the
+  # xdist run say the in-process resets, not xdist, broke them.
+  timeout 240 python3 -m pytest -p no:cacheprovider -q -m gpu --timeout=90 -rfE \
+    tests/test_gpu_dlpack.py tests/test_gpu_watchdog.py tests/test_battery.py tests/test_gpu_store_model.py \
+    -k "dlpack or planted or saved or store" > "$OUT/pytest_reset_probe.log" 2>&1
+  echo "reset probe exit $?"
 fi
 if [ -z "${SKIP_DEMO:-}" ]; then
   timeout 120 python3 -m tmaflow demo > "$OUT/demo.log" 2>&1
@@ -69,6 +75,7 @@ if [ -n "${PEERS:-}" ]; then
               "bench_attention.py --quick --json $OUT/results/attention.json" \
               "bench_attention.py --decode --quick --json $OUT/results/attention_decode.json" \
               "bench_attention.py --backward --quick --json $OUT/results/attention_backward.json" \
+              "train_block.py --json $OUT/results/attention_training.json" \
               "bench_autotune.py --json $OUT/results/autotune.json"; do
     name=$(echo "$peer" | tr -s ' ' '_' | tr -cd '[:alnum:]_.-' | cut -c1-60)
     timeout "${PEER_BUDGET:-400}" python3 tools/peers/$peer > "$OUT/peer_$name.log" 2>&1
@@ -94,11 +101,11 @@ if [ -n "${CUDA12_WHEELS:-}" ]; then
 fi
 echo "== failures =="
 [ -f "$OUT/pytest_gpu.log" ] && grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/pytest_gpu.log" | head -40
-[ -f "$OUT/pytest_gpu_battery.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_battery.log" | head -20
+[ -f "$OUT/pytest_reset_probe.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_reset_probe.log" | head -20
 [ -f "$OUT/pytest_gpu_faults.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_faults.log" | head -20
 echo "== summary =="
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 3 "$OUT/pytest_gpu.log"
-[ -f "$OUT/pytest_gpu_battery.log" ] && echo "battery: $(tail -n 1 "$OUT/pytest_gpu_battery.log")"
+[ -f "$OUT/pytest_reset_probe.log" ] && echo "reset probe: $(tail -n 1 "$OUT/pytest_reset_probe.log")"
 [ -f "$OUT/pytest_gpu_faults.log" ] && echo "planted faults: $(tail -n 1 "$OUT/pytest_gpu_faults.log")"
 [ -f "$OUT/pytest_gpu_cuda12.log" ] && echo "CUDA 12: $(tail -n 1 "$OUT/pytest_gpu_cuda12.log")"
 [ -f "$OUT/sanitize.txt" ] && cat "$OUT/sanitize.txt"

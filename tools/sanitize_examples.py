@@ -1,7 +1,8 @@
 """Run every example kernel (or, with --seeds, every seed kernel) once, small, on initialised
 data, for compute-sanitizer:
 
-    compute-sanitizer --tool memcheck python3 tools/sanitize_examples.py [--seeds | --handoff [--warp-release | --named-release]]
+    compute-sanitizer --tool memcheck python3 tools/sanitize_examples.py [--seeds | --handoff [HOW]]
+    HOW: --warp-release | --named-release | --lanes-release [--quads | --one-lane]
 
 Outputs are pre-zeroed: initcheck does not count TMA (async-proxy) stores as initialising
 global memory, so a TMA-written output copied to the host would be flagged otherwise.
@@ -98,9 +99,21 @@ def seeds(rng, check, bad) -> int:
 
 def handoff(rng, check, bad) -> int:
     """tests/kernels/probe.cu's cp_async_noinc_handoff: does racecheck model a cp.async
-    arrival on an mbarrier (the row-major block-scale gather's hand-off)?"""
+    arrival on an mbarrier (the row-major block-scale gather's hand-off)? With --lanes-release,
+    cp_async_lanes_handoff: the GEMM's hand-off in clusters of 2, released as gemm.cu releases it
+    (every lane on its own CTA; --quads: one reading lane per quad; --one-lane: the warp release)."""
     text = (Path(__file__).resolve().parents[1] / "tests" / "kernels" / "probe.cu").read_text()
     rounds = 8
+    if "--lanes-release" in sys.argv:
+        release = 2 if "--quads" in sys.argv else 0 if "--one-lane" in sys.argv else 1  # gemm.cu's SCALE_RELEASE
+        kernel = tf.Kernel(text, "cp_async_lanes_handoff", filename="probe.cu")
+        src = rng.standard_normal((2, rounds, 32)).astype(np.float32)
+        out = tf.zeros((2, 2, rounds, 32), "float32")
+        kernel.launch(tf.from_numpy(src), out, rounds, release, grid=2, block=96, cluster=(2, 1, 1))
+        want = np.broadcast_to(src[:, None], out.shape)  # each CTA's two consumer warps read its rounds
+        check(f"cp_async_lanes_handoff release={release}", np.array_equal(out.numpy(), want))
+        print(f"{len(bad)} wrong" if bad else "all results correct")
+        return 1 if bad else 0
     kernel = tf.Kernel(text, "cp_async_noinc_handoff", filename="probe.cu")
     # 0: every lane releases; 1: one lane after __syncwarp; 2: one lane after a named barrier
     warp_release = 2 if "--named-release" in sys.argv else int("--warp-release" in sys.argv)

@@ -128,3 +128,53 @@ extern "C" __global__ void cp_async_noinc_handoff(const float* src, float* out, 
     }
   }
 }
+
+// The row-major block-scale GEMM's hand-off in clusters of 2, through tmaflow::Pipeline as
+// gemm.cu releases it (SCALE_RELEASE): in each CTA warp 0 gathers 32 floats a round into a stage
+// with cp.async (arrive.noinc on the full barrier, 32 producers); two consumer warps wait, read
+// the stage with ld.shared and release it. release 1: Pipeline::consumer_release_lanes, every
+// lane arrives on its own CTA's empty barrier and one lane per warp on the other CTA's (the
+// default); 2: one lane per quad reads its quad's floats and hands them on with shuffles, only
+// readers arrive on their own CTA's; 0: consumer_release_warp, __syncwarp then one lane per CTA
+// (the release before). out[cta][warp][round][lane] = src[cta][round][lane].
+extern "C" __global__ void cp_async_lanes_handoff(const float* src, float* out, int rounds, int release) {
+  constexpr int kStages = 2, kConsumerWarps = 2;
+  __shared__ __align__(16) float stage[kStages][32];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t rank = cluster::rank(), peers = cluster::size() - 1;
+  const uint32_t mask = (1u << cluster::size()) - 1u;
+  const uint32_t readers = release == 1 ? 32 : release == 2 ? 8 : 1;  // own arrivals a warp
+  const Pipeline<kStages> pipe{full, empty, 0, 32, kConsumerWarps * (readers + peers), mask, mask & ~(1u << rank),
+                               "handoff.full", "handoff.empty"};
+  if (threadIdx.x == 0) pipe.init();
+  cluster::sync();  // both CTAs' barriers exist before the other's releases reach them
+  const float* mine = src + size_t(rank) * rounds * 32;
+  Pipeline<kStages>::Cursor c;
+  for (int r = 0; r < rounds; ++r, c.advance()) {
+    if (warp == 0) {
+      pipe.producer_acquire(c);
+      cp_async::copy4(&stage[c.stage][lane], mine + r * 32 + lane);
+      cp_async::arrive_on(pipe.barrier(c));
+    } else {
+      pipe.consumer_wait(c);
+      float v;
+      if (release == 2) {
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (lane % 4 == 0) q = *reinterpret_cast<const float4*>(&stage[c.stage][lane]);
+        const float x = __shfl_sync(0xffffffffu, q.x, lane & ~3), y = __shfl_sync(0xffffffffu, q.y, lane & ~3);
+        const float z = __shfl_sync(0xffffffffu, q.z, lane & ~3), w = __shfl_sync(0xffffffffu, q.w, lane & ~3);
+        v = lane % 4 == 0 ? x : lane % 4 == 1 ? y : lane % 4 == 2 ? z : w;
+      } else {
+        v = stage[c.stage][lane];
+      }
+      out[((size_t(rank) * kConsumerWarps + warp - 1) * rounds + r) * 32 + lane] = v;
+      if (release == 0) {
+        pipe.consumer_release_warp(c);
+      } else {
+        pipe.consumer_release_lanes(c, release == 1 || lane % 4 == 0);
+      }
+    }
+  }
+  cluster::sync();  // no CTA leaves while the other's releases may still reach it
+}

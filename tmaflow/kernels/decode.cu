@@ -11,7 +11,8 @@
 // its own online softmax (m, l, O) over them; the CTA merges its warps through shared memory.
 // One split: the CTA writes the output. Several: each writes its normalised O (fp32) and
 // log-sum-exp (log2 domain) to the workspace, and the last CTA of a (request, kv head), found by
-// an atomic counter it then resets, merges them.
+// an atomic counter it then resets, merges them: bulk copies bring every split's partials into
+// the free stages at once, and the sum runs over the splits in order (deterministic).
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
 // [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
 // i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
@@ -34,6 +35,9 @@ namespace L = tmaflow_layout;
 #ifndef MAX_SPLITS
 #define MAX_SPLITS 64
 #endif
+#ifndef EVICT_FIRST
+#define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
+#endif
 constexpr int D = HEAD_DIM, kKeys = 64, kWarps = 4, kConsumers = 32 * kWarps;
 // Columns a K or V tile holds: whole 64-column boxes (128B swizzle). TMA fills the columns past
 // D with zeros, which the math never reads (k-steps and output blocks stop at D).
@@ -43,8 +47,13 @@ constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces a
 constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
 static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
-static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * ((2 * kWarps + 2) * kRows + kRows * MAX_SPLITS),
-              "the merge's O and statistics fit stage 0");
+static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (2 * kWarps + 2) * kRows,
+              "the warps' merge (O and statistics) fits stage 0");
+// The splits' merge: the K and V tiles of every stage (contiguous: decode_plan checks it) hold
+// the log-sum-exps (kRows slots a split) and as many splits' O as fit.
+constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
+constexpr uint32_t kLseBytes = MAX_SPLITS * kRows * 4;
+static_assert(kMergeBytes >= kLseBytes + kRows * D * 4, "the merge holds every log-sum-exp and a split");
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
               "plan does not match HEAD_DIM and PAGE_SIZE");
 
@@ -62,20 +71,28 @@ TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2bfloat16_rn(x); }
 
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
 
+// One more split counted: releases the CTA's partials (bar.sync orders them before it) and
+// acquires the earlier splits'. Returns the count before.
+// ptx: atom.acq_rel.gpu.global.add.u32
+TMAFLOW_DEVICE uint32_t count_split(uint32_t* at) {
+  uint32_t before;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(at) : "memory");
+  return before;
+}
+
 // Chunk `chunk` (8 elements) of key `key` in a K or V tile: 64-column boxes of kKeys rows of
 // 128 B, each 128B-swizzled by TMA (16-byte chunk c of row r at c ^ (r % 8)).
 TMAFLOW_DEVICE uint8_t* tile_at(void* tile, int key, int chunk) {
   return static_cast<uint8_t*>(tile) + (chunk / 8) * (kKeys * 128) + key * 128 + (((chunk % 8) ^ (key % 8)) << 4);
 }
 
-// Shared statistics (floats): warp maxima and sums per row, the CTA's per row, merge weights.
+// Shared statistics (floats): warp maxima and sums per row, the CTA's per row.
 struct Stats {
   float* base;
   TMAFLOW_DEVICE float& warp_max(int w, int row) { return base[w * kRows + row]; }
   TMAFLOW_DEVICE float& warp_sum(int w, int row) { return base[(kWarps + w) * kRows + row]; }
   TMAFLOW_DEVICE float& row_max(int row) { return base[2 * kWarps * kRows + row]; }
   TMAFLOW_DEVICE float& row_sum(int row) { return base[(2 * kWarps + 1) * kRows + row]; }
-  TMAFLOW_DEVICE float& weight(int row, int split) { return base[(2 * kWarps + 2) * kRows + row * MAX_SPLITS + split]; }
 };
 
 extern "C" __global__ void __launch_bounds__(kConsumers + 32)
@@ -90,24 +107,45 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = q_len * group, heads_q = heads_kv * group;
-  const int len = min(max(seq_lens[b], 0), max_pages * PAGE_SIZE);
-  const int tiles = (len + kKeys - 1) / kKeys, per_split = (tiles + splits - 1) / splits;
-  const int t_begin = min(split * per_split, tiles), t_end = min(t_begin + per_split, tiles);
+  const int full = max_pages * PAGE_SIZE;
+  const int given_len = seq_lens[b];
+  auto first_tile = [&](int n) {  // this split's first tile, and past its last, of n keys
+    const int tiles = (n + kKeys - 1) / kKeys, per_split = (tiles + splits - 1) / splits;
+    const int begin = min(split * per_split, tiles);
+    return make_int2(begin, min(begin + per_split, tiles));
+  };
+  // The producer's block-table window if the request fills the table (the common case), loaded
+  // while the length is on its way: one DRAM trip before the first copy instead of two.
+  const int* table = block_table + size_t(b) * max_pages;
+  const int guess = first_tile(full).x * kKeys / PAGE_SIZE;
+  int guess_cur = 0, guess_next = 0;
+  if (warp == kWarps) {
+    if (guess + lane < max_pages) guess_cur = table[guess + lane];
+    if (guess + 32 + lane < max_pages) guess_next = table[guess + 32 + lane];
+  }
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tk);
     tma::prefetch_descriptor(&tv);
-    kv.init();
+    S.merged().init();
+    kv.init();  // its fences cover the merge barrier's init too
   }
   __syncthreads();
+  const int len = min(max(given_len, 0), full);
+  const int2 range = first_tile(len);
+  const int t_begin = range.x, t_end = range.y;
 
   if (warp == kWarps) {
     // The block table, 32 entries at a time, one a lane (the next 32 already on their way):
     // lane 0 issues the copies, the warp shuffles it the page of each piece.
-    const int* table = block_table + size_t(b) * max_pages;
     const int pages = (len + PAGE_SIZE - 1) / PAGE_SIZE;
     auto entry = [&](int i) { return i < pages ? table[i] : 0; };
     int window = t_begin * kKeys / PAGE_SIZE;
-    int cur = entry(window + lane), next = entry(window + 32 + lane);
+    // Entries past `pages` are never used (the pieces stop at the length).
+    int cur = guess_cur, next = guess_next;
+    if (window != guess) cur = entry(window + lane), next = entry(window + 32 + lane);
+#if EVICT_FIRST
+    const uint64_t policy = tma::make_policy_evict_first();
+#endif
     Cursor c;
     for (int t = t_begin; t < t_end; ++t, c.advance()) {
       // The last tile loads only the pieces holding keys: the block table may end there.
@@ -128,8 +166,13 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
           const int row = page * PAGE_SIZE + key % PAGE_SIZE;
 #pragma unroll
           for (int box = 0; box < kTileCols / 64; ++box) {
+#if EVICT_FIRST
+            tma::load_hint(S.kv_k(c.stage, box * kPieces + piece), &tk, kv.barrier(c), policy, box * 64, kvh, row);
+            tma::load_hint(S.kv_v(c.stage, box * kPieces + piece), &tv, kv.barrier(c), policy, box * 64, kvh, row);
+#else
             tma::load(S.kv_k(c.stage, box * kPieces + piece), &tk, kv.barrier(c), box * 64, kvh, row);
             tma::load(S.kv_v(c.stage, box * kPieces + piece), &tv, kv.barrier(c), box * 64, kvh, row);
+#endif
           }
         }
       }
@@ -275,43 +318,93 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   for (int i = threadIdx.x; i < rows * D; i += kConsumers) part[(first + split) * rows * D + i] = normalised(i);
   if (threadIdx.x < rows) {
     const float l = st.row_sum(threadIdx.x);
-    part_lse[(first + split) * rows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
+    part_lse[(first + split) * kRows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
   }
-  // Publish the partials, then count: the CTA that makes the count `splits` merges.
-  __threadfence();
+  // Publish the partials, then count: the CTA that makes the count `splits` merges. Only
+  // thread 0 reads the other splits' partials (by bulk copies): its acquire is the CTA's.
   named_barrier::sync(1, kConsumers);
   bool last = false;
-  if (threadIdx.x == 0) last = atomicAdd(counters + b * heads_kv + kvh, 1u) == uint32_t(splits - 1);
+  if (threadIdx.x == 0) last = count_split(counters + b * heads_kv + kvh) == uint32_t(splits - 1);
   if (!named_barrier::sync_or(1, kConsumers, last)) return;
-  // The merge reads L2 (other SMs wrote it) with every load it can issue at once: the splits'
-  // log-sum-exps into shared memory together, then four columns a thread, eight splits a step.
-  // A loop of dependent loads here cost as much as reading the keys of a 128k context.
-  __threadfence();
-  for (int i = threadIdx.x; i < splits * rows; i += kConsumers) st.weight(i % rows, i / rows) = __ldcg(part_lse + first * rows + i);
+  if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
+
+  // The merge reads what other SMs wrote (in L2) by bulk copies into the free stages, a round
+  // in flight at once: every log-sum-exp and as many splits' O as fit, then the next splits
+  // (a loop of loads waits an L2 round trip per few splits, and the GPU is idle meanwhile).
+  float* lse = reinterpret_cast<float*>(S.kv_k(0));  // [split][kRows], then weights in place
+  float* parts = lse + MAX_SPLITS * kRows;            // [split of the round][row][D]
+  float* row_stat = static_cast<float*>(S.q());       // kRows maxima, then kRows 1 / sums
+  const uint32_t split_bytes = rows * D * 4;
+  const int per_round = (kMergeBytes - kLseBytes) / split_bytes;
+  const auto merged = S.merged();
+  uint64_t* bar = merged.bar;
+  mbarrier::Phase phase{bar, 0};
+  auto fetch = [&](int s0, int n, bool with_lse) {  // splits s0 .. s0 + n - 1, by one thread
+    fence::proxy_async_global();  // partials acquired through the count, read by the async proxy
+    mbarrier::arrive_expect_tx(bar, n * split_bytes + (with_lse ? splits * kRows * 4 : 0));
+    if (with_lse) bulk::load(lse, part_lse + first * kRows, splits * kRows * 4, bar);
+    bulk::load(parts, part + (first + s0) * rows * D, n * split_bytes, bar);
+  };
+  // This CTA's own writes before the copies: stage 0's (the warps' merge) and its partials.
+  fence::proxy_async_shared_cta();
+  fence::proxy_async_global();
+  named_barrier::sync(1, kConsumers);
+  if (threadIdx.x == 0) fetch(0, min(per_round, splits), true);
+  phase.wait(debug::Site{merged.name, -1, 0});
+  // Weights 2^(lse - row max) over the splits, normalised: a row no split saw gets zeros.
+  if (threadIdx.x < rows) {
+    float m = neg_inf();
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + threadIdx.x]);
+    row_stat[threadIdx.x] = m;
+  }
+  named_barrier::sync(1, kConsumers);
+  for (int i = threadIdx.x; i < splits * kRows; i += kConsumers) {
+    const float m = row_stat[i % kRows];
+    if (i % kRows < rows) lse[i] = m == neg_inf() ? 0.f : math::exp2_approx(lse[i] - m);
+  }
   named_barrier::sync(1, kConsumers);
   if (threadIdx.x < rows) {
-    float m = neg_inf(), total = 0.f;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, st.weight(threadIdx.x, s));
-    for (int s = 0; s < splits; ++s) {
-      const float w = m == neg_inf() ? 0.f : math::exp2_approx(st.weight(threadIdx.x, s) - m);
-      st.weight(threadIdx.x, s) = w;
-      total += w;
-    }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    for (int s = 0; s < splits; ++s) st.weight(threadIdx.x, s) *= inv;
+    float total = 0.f;
+    for (int s = 0; s < splits; ++s) total += lse[s * kRows + threadIdx.x];
+    row_stat[kRows + threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
   }
   named_barrier::sync(1, kConsumers);
-  const float4* parts = reinterpret_cast<const float4*>(part + first * rows * D);  // [split][row][D / 4]
-  for (int i = threadIdx.x; i < rows * D / 4; i += kConsumers) {
-    const int r = i / (D / 4);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) {
-      const float w = st.weight(r, s);
-      const float4 x = __ldcg(parts + size_t(s) * rows * (D / 4) + i);
-      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+  // Four columns of O a thread a column group, splits summed in order.
+  constexpr int kGroups = (kRows * D / 4 + kConsumers - 1) / kConsumers;
+  const int columns = rows * D / 4;
+  float4 acc[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < splits; s0 += per_round) {
+    const int n = min(per_round, splits - s0);
+    if (s0 > 0) {  // the next round's copies overwrite this one's: every thread is done with it
+      fence::proxy_async_shared_cta();
+      named_barrier::sync(1, kConsumers);
+      if (threadIdx.x == 0) fetch(s0, n, false);
+      phase.wait(debug::Site{merged.name, -1, 0});
     }
-    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) = make_uint2(pack2(acc.x, acc.y), pack2(acc.z, acc.w));
+    const float4* x = reinterpret_cast<const float4*>(parts);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int i = threadIdx.x + g * kConsumers;
+      if (i < columns) {
+        const int r = i / (D / 4);
+        for (int s = 0; s < n; ++s) {
+          const float w = lse[(s0 + s) * kRows + r];
+          const float4 v = x[s * columns + i];
+          acc[g].x += w * v.x, acc[g].y += w * v.y, acc[g].z += w * v.z, acc[g].w += w * v.w;
+        }
+      }
+    }
   }
-  if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int i = threadIdx.x + g * kConsumers;
+    if (i < columns) {
+      const int r = i / (D / 4);
+      const float inv = row_stat[kRows + r];
+      *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
+          make_uint2(pack2(acc[g].x * inv, acc[g].y * inv), pack2(acc[g].z * inv, acc[g].w * inv));
+    }
+  }
 }

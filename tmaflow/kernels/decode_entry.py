@@ -13,7 +13,7 @@ from ..errors import TmaflowError
 from ..launch.config import resolve_stream
 from ..runtime.device import current_device, current_ordinal
 from ..runtime.memory import as_array
-from ..tma.layout import HOPPER_SMEM_LIMIT, Buffer, Pipeline, SharedLayout
+from ..tma.layout import HOPPER_SMEM_LIMIT, Barrier, Buffer, Pipeline, SharedLayout
 from ..tma.spec import TensorMapSpec
 from ..tma.tensormap import MapTemplate
 from . import checks
@@ -28,8 +28,8 @@ HEAD_DIMS = range(32, 257, 16)  # multiples of 16: the mma's k-step; tiles pad t
 PAGE_SIZES = (16, 32, 64, 128, 256)
 MAX_ROWS = 16             # new tokens x query heads per kv head: the 16 rows of an mma.sync
 MAX_TOKENS = 8            # new tokens a request (speculative decoding)
-MAX_SPLITS = 64           # splits of one request (the merge weights' shared memory)
-MIN_KEYS_PER_SPLIT = 256  # shorter splits cost more in merging than they gain in parallelism
+MAX_SPLITS = 64           # splits of one request (the merge's log-sum-exps in shared memory)
+MIN_KEYS_PER_SPLIT = 128  # two tiles: a split's copies all in flight at once (three stages hold them)
 THREADS = 160             # four consumer warps and a producer warp
 _TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, halved
 _MAX_STAGES = 8
@@ -41,19 +41,23 @@ def decode_plan(head_dim: int, page_size: int) -> tuple[TensorMapSpec, SharedLay
     (or a 64-key tile's part of one) by 64 columns (the last one reaching past the head dim when
     it is not a multiple of 64: TMA fills zeros); a stage holds a tile of K and of V. Stages
     fill half the shared memory when two fit there (two CTAs an SM overlap one's start and end
-    with the other's loads), else all of it. The spec's shape is a placeholder."""
+    with the other's loads), else all of it. The K tiles of every stage, then the V tiles, are
+    one region: the splits' merge reuses it whole. The spec's shape is a placeholder."""
     box_keys = min(page_size, KEYS_PER_TILE)
     spec = TensorMapSpec.tiled("bfloat16", (box_keys, 1, head_dim), (box_keys, 1, 64), swizzle="128B")
     tile_cols = -(-head_dim // 64) * 64
     boxes = (tile_cols // 64) * (KEYS_PER_TILE // box_keys)
-    q = Buffer("q", MAX_ROWS * (head_dim * 2 + 16))  # the merge at the end reuses stage 0
+    q = Buffer("q", MAX_ROWS * (head_dim * 2 + 16))  # then the splits' merge's row statistics
     fixed_bytes = q.total_bytes + 1024
     stage_bytes = 2 * KEYS_PER_TILE * tile_cols * 2
     ctas = 2 if (_TWO_CTAS - fixed_bytes) // stage_bytes >= 2 else 1
     budget = _TWO_CTAS if ctas == 2 else HOPPER_SMEM_LIMIT
     stages = min(_MAX_STAGES, (budget - fixed_bytes) // stage_bytes)
-    layout = SharedLayout([Pipeline("kv", stages=stages, tiles={"k": (spec, boxes), "v": (spec, boxes)},
-                                    consumers=4), q], limit=budget)
+    pipe = Pipeline("kv", stages=stages, tiles={"k": (spec, boxes), "v": (spec, boxes)}, consumers=4)
+    layout = SharedLayout([pipe, q, Barrier("merged")], limit=budget)
+    if layout.offset("kv_v") != layout.offset("kv_k") + stages * pipe.stage_stride(0):
+        raise TmaflowError(f"decode_plan({head_dim}, {page_size}): the V tiles do not follow the K tiles; "
+                           "the splits' merge needs them as one region")
     return spec, layout, ctas
 
 
@@ -70,6 +74,17 @@ def choose_splits(batch: int, heads_kv: int, max_context: int, sm_count: int, ct
         ctas = pairs * splits
         return ctas / (-(-ctas // slots) * slots)
     return next((s for s in counts if filled(s) >= 0.95), max(counts, key=filled))
+
+
+def evict_first_default(batch: int, heads_kv: int, head_dim: int, max_context: int, itemsize: int,
+                        l2_bytes: int) -> bool:
+    """Whether K and V pass through L2 at evict-first priority when the call does not say: when
+    the keys and values a call may read (every request at the block table's full width) are
+    more than the L2 holds. Such a cache cannot stay in L2 from one call to the next, and read
+    at normal priority its lines push out everything else there, dirty lines written back to
+    DRAM on the way (a cold benchmark's flush leaves the whole L2 dirty: up to 50 MB more DRAM
+    traffic a call). A smaller cache keeps normal priority, so a second read of it hits L2."""
+    return 2 * batch * heads_kv * head_dim * max_context * itemsize > l2_bytes
 
 
 class Problem(NamedTuple):
@@ -136,7 +151,7 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
 
 @entry_point
 def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
-                     num_splits: int | None = None, out=None, stream=None):
+                     num_splits: int | None = None, evict_first: bool | None = None, out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -153,10 +168,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     device memory, read by the kernel (so a captured graph serves any lengths), clamped to [0,
     max_pages_per_seq x page_size]. A token that sees no key (a request of length 0) gets
     zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding); None picks it from
-    the batch, kv heads, SM count and the block table's width. Returns out,
-    q's shape, of q's kind."""
-    if num_splits is not None:  # checked on every call: it sizes the workspace
-        (num_splits,) = _OPTIONS.check(num_splits)
+    the batch, kv heads, SM count and the block table's width. ``evict_first``: K and V pass
+    through L2 at evict-first priority (read once a step, they push nothing else out); None:
+    when the caches a call may read (the block table's width for every request) exceed the
+    L2. Returns out, q's shape, of q's kind."""
+    if num_splits is not None or evict_first is not None:  # num_splits sizes the workspace
+        num_splits, evict_first = _OPTIONS.check(num_splits, evict_first)
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
@@ -167,11 +184,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                                     ("seq_lens", L)))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
-    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, stream, Q.device, ordinal, get_ident())
+    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, stream, Q.device, ordinal,
+           get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, stream))
+        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, stream))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -183,25 +201,42 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     return st.launcher, args, result
 
 
-_OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True))
+_OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True),
+                          evict_first=checks.flag(optional=True))
 
 
-def _decode_state(Q, p: Problem, num_splits, stream) -> SimpleNamespace:
+def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
+                   num_splits: int | None = None, evict_first: bool | None = None, device=None) -> tuple[int, bool]:
+    """(splits, evict_first) a call plans on ``device`` (the current one by default): the
+    given values, else choose_splits and evict_first_default's (bf16 and fp16 alike)."""
+    device = device or current_device()
+    ctas_per_sm = decode_plan(head_dim, page_size)[2]
+    splits = num_splits or choose_splits(batch, heads_kv, max_context, device.sm_count, ctas_per_sm)
+    if evict_first is None:
+        evict_first = evict_first_default(batch, heads_kv, head_dim, max_context, 2, device.l2_bytes)
+    return splits, evict_first
+
+
+def _decode_state(Q, p: Problem, num_splits, evict_first, stream) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
-    spec, layout, ctas_per_sm = decode_plan(d, p.page_size)
+    spec, layout, _ = decode_plan(d, p.page_size)
     device = current_device()
-    splits = num_splits or choose_splits(b, hkv, p.max_pages * p.page_size, device.sm_count, ctas_per_sm)
+    splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size, num_splits,
+                                         evict_first, device)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
-               **({"FP16": 1} if Q.dtype.name == "float16" else {})}
+               **({"FP16": 1} if Q.dtype.name == "float16" else {}),
+               **({"EVICT_FIRST": 1} if evict_first else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     launcher = kern.launcher(grid=(splits, hkv, max(b, 1)), block=THREADS, stream=stream)
     launcher, workspace = _with_split_k(launcher, splits > 1, device, stream)
-    rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) and a log-sum-exp each
+    rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
+    lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
                                                swizzle="128B"))
-    return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, partial_floats=rows * d,
-                           workspace_sizes=(b * hkv, rows * (d + 1)), tk=template, tv=template)
+    return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, evict_first=evict_first,
+                           partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
+                           tk=template, tv=template)
 
 
 @entry_point

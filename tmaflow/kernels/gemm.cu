@@ -79,6 +79,16 @@ namespace L = tmaflow_layout;
 #ifndef EPI_REM_MAP
 #define EPI_REM_MAP 0  // 1: BN is no multiple of 64 (the kernel takes tcr; the host defines it)
 #endif
+// How the consumers release a stage of gathered (row-major) block scales, which their lanes read
+// with ld.shared after warp 1's cp.async: 1 every lane arrives on this CTA's empty barrier
+// (Pipeline::consumer_release_lanes: compute-sanitizer's racecheck credits each lane's release
+// of its own reads); 0 one lane per CTA after __syncwarp (consumer_release_warp, the release
+// before: racecheck reports the next cp.async into the stage as a hazard); 2 one lane per quad
+// reads the quad's scales, hands them on with shuffles and arrives (8 arrivals a warp). The plan
+// counts release 1's arrivals; 0 and 2 are A/B twins that init the empty barriers for their own.
+#ifndef SCALE_RELEASE
+#define SCALE_RELEASE (BLOCK_SCALES && !SCALES_TMA)
+#endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
 #endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
@@ -115,6 +125,15 @@ static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !G
 constexpr int kEpiRows = CLUSTER_K == 4 ? BM / 4 : 64;
 constexpr int kEpiWarps = kEpiRows / 16, kEpiThreads = 32 * kEpiWarps;
 constexpr int kEpiBoxBytes = kEpiRows * 128;  // a kEpiRows-row box of 128-byte (64 x bf16) rows
+// A consumer warp's arrivals on its own CTA's empty barrier per release: the plan counts every
+// lane's (consumer_lanes) where the scales are gathered, one elsewhere; the twins arrive less.
+constexpr bool kGatheredScales = BLOCK_SCALES && !SCALES_TMA;
+static_assert(L::ab::consumer_lanes == (kGatheredScales ? 32 : 1), "plan: consumer_lanes 32 with gathered scales, else 1");
+static_assert(SCALE_RELEASE == 0 || (kGatheredScales && (SCALE_RELEASE == 1 || SCALE_RELEASE == 2)),
+              "SCALE_RELEASE 1 or 2 takes gathered (row-major) block scales");
+constexpr uint32_t kOwnArrivals = SCALE_RELEASE == 1   ? L::ab::consumer_lanes
+                                  : SCALE_RELEASE == 2 ? L::ab::consumer_lanes / 4  // one lane of each quad
+                                                       : 1;
 
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
 TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
@@ -396,6 +415,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.ab();
+  pipe.empty_arrivals -= L::ab::consumers * (L::ab::consumer_lanes - kOwnArrivals);  // 0 unless an A/B twin
   using Cursor = decltype(pipe)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
   // Which M tile of the cluster's group. Unclustered, a constant: the compiler then drops the
@@ -522,7 +542,6 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     // (from threadIdx.x alone: 70 instructions a k-block against 63 unsplit; now 66).
     const int gw = cw * 4 + wq;
     const int group = CLUSTER_K > 1 ? __shfl_sync(0xffffffffu, gw / kEpiWarps, 0) : cw, gt = t % kEpiThreads;
-    const int erow = (kEpiWarps == 4 ? wq : wq % kEpiWarps) * 16 + lane / 4;  // and erow + 8: its row in the group
     // with cluster K-splits, only the group this rank owns stores
     uint8_t* cbuf = static_cast<uint8_t*>(S.c()) + (CLUSTER_K > 1 ? 0 : group) * (kEpiRows * EPI_COLS * 2);
     Cursor c, prev;
@@ -587,19 +606,40 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #if SCALES_TMA
           const float* sa = static_cast<const float*>(S.ab_s(c.stage));
           sb = __ldg(scales_b + size_t(tn) * k_blocks + kb);
-#else
-          const float* sa = static_cast<const float*>(S.scales()) + c.stage * kScaleStride;
-          sb = sa[BM];
-#endif
           s0 = sa[r];
           s1 = sa[r + 8];
+#else
+          const float* sa = static_cast<const float*>(S.scales()) + c.stage * kScaleStride;
+#if SCALE_RELEASE == 2
+          // lane 4q reads row q's scales (and B's) for its quad: only readers release
+          float q0 = 0.f, q1 = 0.f, qb = 0.f;
+          if (lane % 4 == 0) {
+            q0 = sa[r];
+            q1 = sa[r + 8];
+            qb = sa[BM];
+          }
+          s0 = __shfl_sync(0xffffffffu, q0, lane & ~3);
+          s1 = __shfl_sync(0xffffffffu, q1, lane & ~3);
+          sb = __shfl_sync(0xffffffffu, qb, lane & ~3);
+#else
+          sb = sa[BM];
+          s0 = sa[r];
+          s1 = sa[r + 8];
+#endif
+#endif
           at = c;
           c.advance();
         };
         // After the wait for its wgmmas: release the stage, add the scaled k-block to total.
         auto retire = [&](float (&d)[kAcc], float s0, float s1, float sb, const Cursor& at) {
           wgmma::fence_operands(d);
+#if SCALE_RELEASE == 1
+          pipe.consumer_release_lanes(at);  // each lane releases its reads of the scales
+#elif SCALE_RELEASE == 2
+          pipe.consumer_release_lanes(at, lane % 4 == 0);  // the quads' readers
+#else
           pipe.consumer_release_warp(at);  // one arrival per consumer warp and CTA
+#endif
           s0 *= sb;
           s1 *= sb;
 #pragma unroll
@@ -678,6 +718,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 
       trace::mark(1);  // the tile's k-blocks are summed (trace builds only)
       const int row = wq * 16 + lane / 4;   // and row + 8; the swizzle depends on row % 8
+      const int erow = kEpiWarps == 4 ? row : (wq % kEpiWarps) * 16 + lane / 4;  // and erow + 8, in the group
 #if CLUSTER_K > 1
       // This rank's K split is summed. Warps holding rows another rank owns send them there and
       // go on; the owning warps add the other ranks' partials and store the rows.

@@ -36,7 +36,7 @@ typename union unsigned using virtual void volatile wchar_t while xor""".split()
 _GENERATED = frozenset({"Smem", "tmaflow_layout", "tmaflow", "total_bytes", "align", "base",
                         "uint8_t", "uint16_t", "uint32_t", "uint64_t"})
 PIPELINE_NAMES = ("stages", "tx_bytes", "full_arrivals", "empty_arrivals", "consumers",
-                  "cluster_x", "cluster_y", "release_mask")
+                  "consumer_lanes", "cluster_x", "cluster_y", "release_mask", "peer_mask")
 TILE_SUFFIXES = ("_bytes", "_stride", "_boxes", "_box_stride", "_index", "_mask", "_leader",
                  "_group_size", "_slice")
 
@@ -192,6 +192,10 @@ class Pipeline:
     in several pieces, or split among the CTAs of a multicast group).
     ``consumers``: arrivals on an empty barrier per CTA per release (e.g. one elected thread
     per consumer warp, or every thread for a unified pipeline).
+    ``consumer_lanes``: arrivals of each consumer on its own CTA's empty barrier (default 1).
+    32 for consumer warps whose every lane releases its own reads of the stage
+    (``Pipeline::consumer_release_lanes``: a tool like racecheck credits a release only to the
+    thread that made it); their releases to the other CTAs of the mask stay one per warp.
     ``producers``: arrivals on a full barrier per stage: the thread announcing the bytes, plus
     threads that fill part of the stage themselves and arrive when their copies land
     (``cp_async::arrive_on``).
@@ -209,8 +213,10 @@ class Pipeline:
     tile_names: tuple = field(default=(), compare=False)
     boxes: tuple = ()
     producers: int = 1
+    consumer_lanes: int = 1
 
-    def __init__(self, name, stages, tiles, consumers=1, multicast=None, cluster=(1, 1, 1), producers=1):
+    def __init__(self, name, stages, tiles, consumers=1, multicast=None, cluster=(1, 1, 1), producers=1,
+                 consumer_lanes=1):
         _check_name("Pipeline", name)
         names, entries = _tile_entries(name, tiles)
         for n in names:
@@ -224,6 +230,7 @@ class Pipeline:
         stages = _count("Pipeline", name, "stages", stages, 1, 32)
         consumers = _count("Pipeline", name, "consumers", consumers, 1, 1024)
         producers = _count("Pipeline", name, "producers", producers, 1, 1024)
+        consumer_lanes = _count("Pipeline", name, "consumer_lanes", consumer_lanes, 1, 1024)
         cluster = _cluster(name, cluster)
         if math.prod(cluster) > 16 or cluster[2] != 1 and multicast:
             raise LayoutError(f"Pipeline {name!r}: cluster={cluster} must have at most 16 CTAs "
@@ -247,11 +254,16 @@ class Pipeline:
         object.__setattr__(self, "boxes", boxes)
         object.__setattr__(self, "consumers", consumers)
         object.__setattr__(self, "producers", producers)
+        object.__setattr__(self, "consumer_lanes", consumer_lanes)
         object.__setattr__(self, "cluster", cluster)
         object.__setattr__(self, "multicast", multicast)
         if self.tx_bytes > (1 << 20) - 1:
             raise LayoutError(f"Pipeline {name!r}: one stage carries {self.tx_bytes} B, over the "
                               "mbarrier tx-count limit of 2^20-1; use smaller boxes")
+        if self.empty_arrivals > (1 << 20) - 1:
+            raise LayoutError(f"Pipeline {name!r}: consumers={consumers} x consumer_lanes={consumer_lanes} "
+                              f"(plus the other CTAs' releases) make {self.empty_arrivals} arrivals per "
+                              "phase, over the mbarrier limit of 2^20-1")
 
     @property
     def tx_bytes(self) -> int:
@@ -302,9 +314,11 @@ class Pipeline:
 
     @property
     def empty_arrivals(self) -> int:
-        """Arrivals that complete an empty barrier's phase: ``consumers`` from every CTA that
-        releases to it."""
-        return self.consumers * bin(self.release_mask(0)).count("1")
+        """Arrivals that complete an empty barrier's phase: ``consumers x consumer_lanes`` from
+        the CTA itself and ``consumers`` from each other CTA that releases to it (the CTAs of its
+        release mask: multicast groups are symmetric)."""
+        peers = bin(self.release_mask(0)).count("1") - 1
+        return self.consumers * (self.consumer_lanes + peers)
 
     @property
     def uses_cluster(self) -> bool:
@@ -458,6 +472,7 @@ class SharedLayout:
                 L.append(f"constexpr uint32_t full_arrivals = {item.full_arrivals};")
                 L.append(f"constexpr uint32_t empty_arrivals = {item.empty_arrivals};")
                 L.append(f"constexpr uint32_t consumers = {item.consumers};")
+                L.append(f"constexpr uint32_t consumer_lanes = {item.consumer_lanes};")
                 L.append(f"constexpr uint32_t cluster_x = {item.cluster[0]}, cluster_y = {item.cluster[1]};")
                 for t, (tname, spec) in enumerate(zip(item.tile_names, item.tiles)):
                     L.append(f"constexpr uint32_t {tname}_bytes = {item.boxes[t] * spec.tx_bytes};")
@@ -482,11 +497,12 @@ class SharedLayout:
                 for tname in item.tile_names:
                     L.append(f"  TMAFLOW_DEVICE void* {n}_{tname}(uint32_t stage, uint32_t box = 0) const {{ return base + "
                              f"{self.offset(f'{n}_{tname}')} + stage * {n}::{tname}_stride + box * {n}::{tname}_box_stride; }}")
-                rm = f"{n}::release_mask(tmaflow::cluster::rank())" if item.uses_cluster else "0"
-                L.append(f"  TMAFLOW_DEVICE tmaflow::Pipeline<{item.stages}> {n}() const {{ return {{"
+                rank = "const uint32_t r = tmaflow::cluster::rank(); " if item.uses_cluster else ""
+                masks = f"{n}::release_mask(r), {n}::peer_mask(r)" if item.uses_cluster else "0, 0"
+                L.append(f"  TMAFLOW_DEVICE tmaflow::Pipeline<{item.stages}> {n}() const {{ {rank}return {{"
                          f"reinterpret_cast<uint64_t*>(base + {self.offset(f'{n}_full')}), "
                          f"reinterpret_cast<uint64_t*>(base + {self.offset(f'{n}_empty')}), "
-                         f"{n}::tx_bytes, {n}::full_arrivals, {n}::empty_arrivals, {rm}, "
+                         f"{n}::tx_bytes, {n}::full_arrivals, {n}::empty_arrivals, {masks}, "
                          f"\"{n}.full\", \"{n}.empty\"}}; }}")
             elif isinstance(item, Barrier):
                 L.append(f"  TMAFLOW_DEVICE tmaflow::Barrier {item.name}() const {{ return {{"
@@ -528,6 +544,9 @@ def _mask_functions(pipe: Pipeline) -> list[str]:
     if pipe.uses_cluster:
         ors = " | ".join(f"{tname}_mask(rank)" for tname in pipe.tile_names)
         L.append(f"TMAFLOW_DEVICE uint32_t release_mask(uint32_t rank) {{ return {ors}; }}")
+        L.append("// The other CTAs of the release mask (they count one arrival per consumer).")
+        L.append("TMAFLOW_DEVICE uint32_t peer_mask(uint32_t rank) { return release_mask(rank) & ~(1u << rank); }")
     else:
         L.append("TMAFLOW_DEVICE uint32_t release_mask(uint32_t) { return 0; }")
+        L.append("TMAFLOW_DEVICE uint32_t peer_mask(uint32_t) { return 0; }")
     return L

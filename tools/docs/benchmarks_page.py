@@ -34,6 +34,8 @@ AREAS = [
      "python tools/peers/bench_attention.py --backward --json bench/results/attention_backward.json"),
     ("attention_decode", "Attention decode (paged KV cache)",
      "python tools/peers/bench_attention.py --decode --json bench/results/attention_decode.json"),
+    ("attention_training", "Attention in training (2-layer transformer, 100 steps)",
+     "python tools/peers/train_block.py --json bench/results/attention_training.json"),
     ("autotune", "Autotune", "python tools/peers/bench_autotune.py --json bench/results/autotune.json"),
     ("tracing", "Tracing cost", "python tools/experiments/trace_overhead.py"),
     ("sanitizers", "Sanitizers", "SANITIZE=1 bash tools/gpu_check.sh"),

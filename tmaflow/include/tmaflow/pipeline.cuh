@@ -48,8 +48,9 @@ struct Pipeline {
   uint64_t* empty;          // Stages barriers: "the stage may be refilled"
   uint32_t tx_bytes;        // bytes landing in this CTA per stage (every tile, multicast included)
   uint32_t full_arrivals;   // tf.Pipeline producers
-  uint32_t empty_arrivals;  // consumers x CTAs whose releases reach this CTA
+  uint32_t empty_arrivals;  // consumers x consumer_lanes, plus consumers per other CTA releasing to this one
   uint32_t release_mask;    // CTAs (bit per cluster rank) a release must reach; 0: this CTA only
+  uint32_t peer_mask;       // release_mask without this CTA: the others (0 without a cluster)
   const char* full_name;
   const char* empty_name;
 
@@ -123,8 +124,9 @@ struct Pipeline {
   // mapa.shared::cluster.u32 + mbarrier.arrive.shared::cluster.b64 (lane r, each rank r of the mask)
   // who: all 32 lanes of a warp, converged, together
   // order: the warp syncs first: one lane's arrival (a CTA-scope release) then orders every
-  // lane's reads of the stage before the producer's next writes (compute-sanitizer's racecheck
-  // flagged the cp.async scale gather overwriting scales other lanes had read).
+  // lane's reads of the stage before the producer's next writes. compute-sanitizer's racecheck
+  // does not credit the sync: it reports the producer's next cp.async into a stage that other
+  // lanes read as a hazard (consumer_release_lanes releases each lane's reads itself).
   TMAFLOW_DEVICE void consumer_release_warp(const Cursor& c) const {
     const uint32_t lane = threadIdx.x % 32u;
     __syncwarp();
@@ -132,6 +134,31 @@ struct Pipeline {
       if (lane == 0) mbarrier::arrive(empty + c.stage);
     } else if ((release_mask >> lane) & 1u) {
       mbarrier::arrive_cluster(empty + c.stage, lane);
+    }
+  }
+  // One release by the lanes of a (converged) warp that read the stage themselves: each lane
+  // that `read` arrives on this CTA's empty barrier, releasing its own reads; then the warp
+  // syncs and lane r arrives on CTA r for each other CTA r of the release mask (those gate only
+  // their multicasts into this CTA, whose data the warp's wgmmas read, not its lanes). Plan
+  // consumers = the warps, consumer_lanes = the lanes of a warp that read (32: all of them).
+  // compute-sanitizer's racecheck credits a release only to the thread that arrives (no
+  // __syncwarp or named barrier before another lane's arrival), so a stage that lanes read with
+  // ld.shared and a producer refills with cp.async reports no hazard only when released so.
+  // ptx: mbarrier.arrive.shared::cta.b64 (each reading lane), then with a cluster bar.warp.sync
+  // and mapa.shared::cluster.u32 + mbarrier.arrive.shared::cluster.b64 (lane r, each rank r of
+  // peer_mask)
+  // who: all 32 lanes of a warp, converged, together
+  // order: each lane's arrival is a CTA-scope release of its own reads of the stage; the other
+  // CTAs' arrivals follow the warp sync, after every lane's wgmma wait, as consumer_release_warp's.
+  TMAFLOW_DEVICE void consumer_release_lanes(const Cursor& c, bool read = true) const {
+    if (read) mbarrier::arrive(empty + c.stage);
+    // release_mask, not peer_mask: the compiler proves a cluster's nonzero and drops the test; a
+    // real branch around __syncwarp cost the fp8 k-loop its uniform descriptors (280 instructions
+    // a k-block pair against 227)
+    if (release_mask != 0) {
+      const uint32_t lane = threadIdx.x % 32u;
+      __syncwarp();
+      if ((peer_mask >> lane) & 1u) mbarrier::arrive_cluster(empty + c.stage, lane);
     }
   }
   // One release by one thread: an arrival on the empty barrier of every CTA of the mask.

@@ -41,6 +41,10 @@ CLUSTER_K = (1, 2, 4)  # GemmConfig.cluster_k: K splits within a cluster (gemm.c
 SCALE_STRIDE = BM + 4  # fp32 block scales per stage: A's BM rows, then B's, padded to 16 B
 
 
+WARP = 32  # lanes
+CONSUMER_WARPS = 2 * 4  # gemm.cu's consumers: two warpgroups of four warps
+
+
 # How A's block scales reach shared memory, by their layout (the value: the kernel's SCALES_TMA).
 # "row_major" (M, KB): a producer warp gathers a stage's BM scales 4 bytes apart with cp.async
 # (a TMA box would be 16 bytes wide, 4 k-blocks, and run no faster on H200). "m_major" (M, KB)

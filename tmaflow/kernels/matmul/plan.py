@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from ...errors import TmaflowError
 from ...tma.layout import Barrier, Buffer, HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
 from ...tma.spec import TensorMapSpec
-from .config import (BK, BM, FP8_BK, GemmConfig, LAYOUTS, SCALE_MODES, SCALE_STRIDE,
-                     SKINNY_FP8_PROMOTE, SKINNY_MP, SkinnyConfig, _BARRIER_RESERVE,
+from .config import (BK, BM, CONSUMER_WARPS, FP8_BK, GemmConfig, LAYOUTS, SCALE_MODES, SCALE_STRIDE,
+                     SKINNY_FP8_PROMOTE, SKINNY_MP, SkinnyConfig, WARP, _BARRIER_RESERVE,
                      _SKINNY_FP8_MIN_K_BLOCKS)
 from .heuristics import _nonempty_splits, skinny_splits
 
@@ -87,12 +87,15 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     reduce_bytes = sum(item.nbytes for item in reduce if isinstance(item, Buffer))
     stages = config.stages or min(8, (HOPPER_SMEM_LIMIT - epilogue.nbytes - reduce_bytes - _BARRIER_RESERVE)
                                   // stage_bytes)
-    # consumers: one arrival per consumer warp (2 warpgroups x 4 warps) per release.
-    # producers: the TMA thread, and with gathered block scales the 32 lanes gathering them.
+    # consumers: one arrival per consumer warp and CTA per release. Gathered block scales are
+    # read by every lane with ld.shared after a cp.async, and each lane releases its own reads on
+    # its CTA's barrier (racecheck credits no warp sync): consumer_lanes = the warp's lanes.
+    # producers: the TMA thread, and with gathered block scales the lanes gathering them.
+    gathered = block_scales == "row_major"
     tiles = {"a": spec_a, "b": (spec_b, b_boxes), **({"s": spec_s} if spec_s else {})}
-    pipe = Pipeline("ab", stages=stages, tiles=tiles, consumers=8, cluster=(cm, 1, 1),
+    pipe = Pipeline("ab", stages=stages, tiles=tiles, consumers=CONSUMER_WARPS, cluster=(cm, 1, 1),
                     multicast=[None, "x"] + [None] * bool(spec_s) if cm > 1 else None,
-                    producers=33 if block_scales == "row_major" else 1)
+                    producers=1 + WARP if gathered else 1, consumer_lanes=WARP if gathered else 1)
     extra = [Buffer("scales", stages * scale_bytes, align=16)] if scale_bytes else []
     smem = SharedLayout([pipe, epilogue, *extra, *reduce])
     split = _nonempty_splits(math.ceil(k / bk), config.split_k)
