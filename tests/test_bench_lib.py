@@ -131,7 +131,7 @@ def test_gemm_candidates(m, n, k, layout):
     """The sweep's candidates: the default first, each plannable and distinct once normalised,
     bounded in number; skinny shapes keep every skinny choice, small products try cluster
     K-splits."""
-    from tmaflow.bench.gemm_candidates import LARGE_FLOP, candidates, normalized
+    from tmaflow.bench.gemm_candidates import LARGE_FLOP, SMALL_FLOP, candidates, normalized
     from tmaflow.kernels.matmul import SKINNY_M, SkinnyConfig, choose_config
 
     got = candidates(m, n, k, layout, 132)
@@ -140,7 +140,11 @@ def test_gemm_candidates(m, n, k, layout):
     keys = [normalized(c.config, m, n, k, layout, 132) for c in got]
     assert len(set(keys)) == len(keys)
     skinny = layout == "nt" and m <= SKINNY_M
-    assert len(got) <= (16 if skinny else 5 if 2.0 * m * n * k > LARGE_FLOP else 10)
+    flop = 2.0 * m * n * k
+    assert len(got) <= (16 if skinny else 5 if flop > LARGE_FLOP else 12 if flop < SMALL_FLOP else 10)
+    default = got[0].config
+    if not skinny and (default.split_k > 1 or default.cluster_k > 1):  # its unsplit twin is timed too
+        assert got[1].config == type(default)(**{**default.__dict__, "split_k": 1, "cluster_k": 1, "split_tail": False})
     if skinny:
         assert sum(isinstance(c.config, SkinnyConfig) for c in got) >= 6
     if 2.0 * m * n * k < 5e9 and m > SKINNY_M and k >= 4 * 64:

@@ -25,7 +25,8 @@ CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
 
 
 def _config_id(c):
-    return f"bn{c.bn}-c{c.cluster_m}-e{c.epi_cols}-s{c.stages}-k{c.split_k}" + (f"-ck{c.cluster_k}" if c.cluster_k > 1 else "")
+    return (f"bn{c.bn}-c{c.cluster_m}-e{c.epi_cols}-s{c.stages}-k{c.split_k}" + (f"-ck{c.cluster_k}" if c.cluster_k > 1 else "")
+            + ("-tail" if c.split_tail else ""))
 
 
 def _bf16(x):

@@ -8,7 +8,7 @@ cost per item and the fix-up of a split. It only orders and prunes; the sweep me
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import TmaflowError
 from ..kernels.matmul.config import WIDTHS
@@ -133,14 +133,17 @@ def normalized(config, m: int, n: int, k: int, layout: str, sms: int):
 
 
 LARGE_FLOP = 2e11  # above this (about 0.3 ms) the heuristics' tiles already match cuBLAS: fewer candidates
+SMALL_FLOP = 1e10  # below this (about 20 us) a candidate costs little to time: more of them
 
 
 def candidates(m: int, n: int, k: int, layout: str, sms: int, limit: int | None = None) -> list[Candidate]:
-    """The configurations to time for an (m, n, k) bf16 product, the default first. Skinny
-    shapes ("nt", M <= SKINNY_M): every skinny choice, then the 4 cheapest dense ones by
-    modeled cost. Others: the cheapest dense configuration of each family, then the cheapest
-    left, ``limit`` in all (default 10, 5 above LARGE_FLOP). Equal configurations (once
-    normalised) are timed once; ones whose plan does not fit are left out."""
+    """The configurations to time for an (m, n, k) bf16 product, the default first, then its
+    unsplit twin where it splits K (history: 512x512x2048 in two K splits ran 0.69x cuBLAS,
+    unsplit 0.79x). Skinny shapes ("nt", M <= SKINNY_M): every skinny choice, then the 4
+    cheapest dense ones by modeled cost. Others: the cheapest dense configuration of each
+    family, then the cheapest left, ``limit`` in all (default 10; 12 below SMALL_FLOP, 5 above
+    LARGE_FLOP). Equal configurations (once normalised) are timed once; ones whose plan does
+    not fit are left out."""
     default = choose_config(m, n, k, sms, layout)
     chosen: list[Candidate] = []
     seen: set = set()
@@ -160,11 +163,15 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int, limit: int | None 
         return skinny_cost(cfg, m, n, k, sms) if isinstance(cfg, SkinnyConfig) else dense_cost(cfg, m, n, k, sms)
 
     take(cost_of(default), default, True)
+    if isinstance(default, GemmConfig) and (default.split_k > 1 or default.cluster_k > 1 or default.split_tail):
+        whole = replace(default, split_k=1, cluster_k=1, split_tail=False)
+        take(cost_of(whole), whole)
     skinny = layout == "nt" and m <= SKINNY_M
     if skinny:
         for cfg in skinny_configs(m, n, k, sms):
             take(cost_of(cfg), cfg)
-    dense_limit = limit or (len(chosen) + 4 if skinny else 5 if 2.0 * m * n * k > LARGE_FLOP else 10)
+    flop = 2.0 * m * n * k
+    dense_limit = limit or (len(chosen) + 4 if skinny else 5 if flop > LARGE_FLOP else 12 if flop < SMALL_FLOP else 10)
     pool = sorted(((dense_cost(cfg, m, n, k, sms), i, cfg) for i, cfg in enumerate(dense_configs(m, n, k, sms, layout))),
                   key=lambda item: item[:2])
     families = {c.family for c in chosen}
