@@ -118,6 +118,14 @@ def test_split_calls_reads_a_marked_session():
         split_calls(events, ["a", "b", "c", "d"], 2)
 
 
+def test_gemm_candidates_refuse_what_the_tma_kernel_cannot_run():
+    from tmaflow.bench.gemm_candidates import candidates
+
+    with pytest.raises(tf.TmaflowError, match=r"gemm candidates: the TMA kernel cannot run 4097x4099x4104 as "
+                                              r"given .* N and K are multiples of 8"):
+        candidates(4097, 4099, 4104, "nt", 132)
+
+
 def test_call_times_without_torch_says_so(monkeypatch):
     import sys
 
@@ -126,7 +134,8 @@ def test_call_times_without_torch_says_so(monkeypatch):
         bench.call_times({"f": lambda: None})
 
 
-@pytest.mark.parametrize("m,n,k,layout", gemm_shapes.SUITE_30 + [(512, 512, 2048, "nn"), (300, 1000, 64, "nt")])
+@pytest.mark.parametrize("m,n,k,layout", gemm_shapes.SUITE_30 + [(512, 512, 2048, "nn"), (300, 1000, 64, "nt"),
+                                         (16, 64, 65536, "nt"), (8, 8, 8, "nt")])
 def test_gemm_candidates(m, n, k, layout):
     """The sweep's candidates: the default first, each plannable and distinct once normalised,
     bounded in number; skinny shapes keep every skinny choice, small products try cluster
@@ -146,6 +155,6 @@ def test_gemm_candidates(m, n, k, layout):
     if not skinny and (default.split_k > 1 or default.cluster_k > 1):  # its unsplit twin is timed too
         assert got[1].config == type(default)(**{**default.__dict__, "split_k": 1, "cluster_k": 1, "split_tail": False})
     if skinny:
-        assert sum(isinstance(c.config, SkinnyConfig) for c in got) >= 6
+        assert sum(isinstance(c.config, SkinnyConfig) for c in got) >= (6 if k >= 8 * 64 else 4)
     if 2.0 * m * n * k < 5e9 and m > SKINNY_M and k >= 4 * 64:
         assert any(getattr(c.config, "cluster_k", 1) > 1 for c in got)

@@ -101,7 +101,7 @@ def skinny_configs(m: int, n: int, k: int, sms: int) -> list[SkinnyConfig]:
     for rows in (64, 128):
         for cl in (1, 2):
             auto = skinny_plan(m, n, k, SkinnyConfig(rows=rows, cluster=cl), sms).config.split_k or 1
-            out += [SkinnyConfig(rows=rows, cluster=cl, split_k=split) for split in (None, 1, 2 * auto)]
+            out += [SkinnyConfig(rows=rows, cluster=cl, split_k=split) for split in (None, 1, min(64, 2 * auto))]
     return out
 
 
@@ -162,6 +162,11 @@ def candidates(m: int, n: int, k: int, layout: str, sms: int, limit: int | None 
     def cost_of(cfg) -> float:
         return skinny_cost(cfg, m, n, k, sms) if isinstance(cfg, SkinnyConfig) else dense_cost(cfg, m, n, k, sms)
 
+    try:
+        normalized(default, m, n, k, layout, sms)
+    except TmaflowError as exc:
+        raise TmaflowError(f"gemm candidates: the TMA kernel cannot run {m}x{n}x{k} as given ({exc}); the "
+                           "sweep takes shapes whose N and K are multiples of 8 (others take the edge path)") from None
     take(cost_of(default), default, True)
     if isinstance(default, GemmConfig) and (default.split_k > 1 or default.cluster_k > 1 or default.split_tail):
         whole = replace(default, split_k=1, cluster_k=1, split_tail=False)
