@@ -554,8 +554,8 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "-k", "not sanitizer", sys
 """
 
 
-def test_the_dry_plan_tests_pass_under_address_sanitizer(tmp_path):
-    """This file's tests again, with _launch.c built with ASan and every Python allocation
+def under_address_sanitizer(tmp_path, test_file):
+    """``test_file``'s tests again, with _launch.c built with ASan and every Python allocation
     through malloc (so a plan used after its free is reported)."""
     cc = native._compiler()
     libasan = subprocess.run([*cc, "-print-file-name=libasan.so"], capture_output=True,
@@ -568,7 +568,11 @@ def test_the_dry_plan_tests_pass_under_address_sanitizer(tmp_path):
                     "-fPIC", f"-I{include}", str(native.SOURCE), "-o", str(built)], check=True)
     env = dict(os.environ, LD_PRELOAD=libasan, PYTHONMALLOC="malloc",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=0", PYTHONPATH=os.pathsep.join(sys.path))
-    done = subprocess.run([sys.executable, "-c", ASAN_CHILD, str(built), __file__], env=env,
+    done = subprocess.run([sys.executable, "-c", ASAN_CHILD, str(built), test_file], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert " passed" in done.stdout and "AddressSanitizer" not in done.stderr
+
+
+def test_the_dry_plan_tests_pass_under_address_sanitizer(tmp_path):
+    under_address_sanitizer(tmp_path, __file__)

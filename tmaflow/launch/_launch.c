@@ -20,13 +20,21 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#if PY_VERSION_HEX < 0x030C0000
+#include <structmember.h> /* T_OBJECT(_EX), READ_RESTRICTED before 3.12's Py_ names */
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define _Py_T_OBJECT T_OBJECT
+#define Py_AUDIT_READ READ_RESTRICTED
+#endif
 
 /* Bumped whenever the Plan constructor or the module's interface changes: native.py refuses
  * (and rebuilds) a cached build that reports another number. */
-#define ABI 4
+#define ABI 5
 
 /* The CUDA 12.1+ parameter space (params.MAX_PARAM_BYTES) */
 #define MAX_PARAM_BYTES 32764
+/* a CUtensorMap parameter */
+#define MAP_BYTES 128
 /* parameter storage on the C stack up to this size, else a heap block for the call */
 #define STACK_PARAM_BYTES 4096
 
@@ -46,11 +54,25 @@ typedef int (*LaunchFn)(const LaunchConfig *, void *, void **, void **);
 /* args.PLAN_KINDS, in this order */
 enum Kind { ARRAY, TENSORMAP, TORCH, CUPY, SIGNED, UNSIGNED, FLOAT, NONE };
 
+/* Where one attribute of objects of one type lies: CPython's own LOAD_ATTR_SLOT, for the C
+ * plan. The offset holds while the type keeps the version tag it had when the attribute was
+ * looked up (assigning any attribute of the class or of a base clears the tag), the type's
+ * attribute access is the generic one, and the attribute is a __slots__ member (a data
+ * descriptor: an instance __dict__ cannot shadow it). `type` is borrowed: it is compared with
+ * the type of a live object before it is read. */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;     /* type->tp_version_tag at the lookup; 0: no tag, offset -1 */
+    Py_ssize_t offset;        /* -1: not a slot of `type` (read it by name) */
+} Slot;
+
 typedef struct {
     int kind, offset, size;
     PyObject *type; /* the argument's exact type (NULL for NONE) */
     PyObject *live, *live_anywhere; /* ARRAY / TENSORMAP: the two tokens ``arg._alloc.live``
                                      * may be (memory.live_tokens: this device, or unnamed) */
+    Slot alloc, live_slot, value; /* ARRAY / TENSORMAP: arg._alloc, arg._alloc.live, and
+                                   * arg.ptr or arg._bytes */
 } Field;
 
 typedef struct {
@@ -61,6 +83,7 @@ typedef struct {
     void *function;
     LaunchConfig config;
     int size;                 /* bytes of parameter storage: every field lies inside it */
+    int padded;               /* whether some of those bytes are no field's (zeroed per call) */
     unsigned long long launches; /* calls that launched (dry: that reached the launch) */
     PyObject *current_stream; /* ordinal -> stream handle, or NULL for the config's stream */
     PyObject *ordinal;
@@ -77,15 +100,83 @@ static PyObject *s_alloc, *s_live, *s_ptr, *s_bytes, *s_data, *s_device_id, *s_g
     *s_data_ptr, *s_dispatch, *s_checked, *attributes;
 static PyObject *not_fast; /* the exceptions that hand a call to the checked path */
 
-/* Write a new reference's value as 8 bytes at `at` (the reference is released): 1, or -1
- * with an exception set (NULL in, not an int, out of range). */
+/* Learn where `name` lies in objects of `type` (a slot, or -1: read by name). Runs no Python
+ * code: _PyType_Lookup only walks the MRO's dicts (and gives the type a version tag). */
+static void slot_learn(Slot *slot, PyTypeObject *type, PyObject *name) {
+    slot->type = type;
+    slot->offset = -1;
+    PyObject *descr = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
+    slot->version = type->tp_version_tag; /* after the lookup, which assigns it */
+    if (descr == NULL || slot->version == 0 || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return;
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    /* an object member (NULL: unset, or None for T_OBJECT; either is then read by name) */
+    if ((member->type == Py_T_OBJECT_EX || member->type == _Py_T_OBJECT) && !(member->flags & Py_AUDIT_READ))
+        slot->offset = member->offset;
+}
+
+/* obj.name borrowed from its slot, or NULL (no exception) where `slot` cannot read it: not a
+ * slot of obj's type as that type is now, or unset. Runs no Python code, so what it gives
+ * stays alive until the caller runs some; the caller reads by name where it gives NULL. */
+static inline PyObject *slot_peek(Slot *slot, PyObject *obj, PyObject *name) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type != slot->type || type->tp_version_tag != slot->version) slot_learn(slot, type, name);
+    return slot->offset < 0 ? NULL : *(PyObject **)((char *)obj + slot->offset);
+}
+
+/* Whether arg._alloc.live is one of the field's tokens (live, of the plan's origin, on its
+ * device or an unnamed one): 1, 0, or -1 with an exception set. Slots are read in place and
+ * borrowed (no reference counting: an increment followed at once by a decrement of the same
+ * count stalls the store-to-load forwarding of 3.12's split counts); anything else by name,
+ * where properties, __getattr__ or finalizers may run. */
+static int field_live(Field *f, PyObject *arg) {
+    PyObject *alloc = slot_peek(&f->alloc, arg, s_alloc), *live;
+    if (alloc != NULL && (live = slot_peek(&f->live_slot, alloc, s_live)) != NULL)
+        return live == f->live || live == f->live_anywhere;
+    if ((alloc = PyObject_GetAttr(arg, s_alloc)) == NULL) return -1;
+    PyObject *owned = NULL;
+    live = slot_peek(&f->live_slot, alloc, s_live);
+    if (live == NULL && (live = owned = PyObject_GetAttr(alloc, s_live)) == NULL) {
+        Py_DECREF(alloc);
+        return -1;
+    }
+    int ok = live == f->live || live == f->live_anywhere;
+    Py_XDECREF(owned);
+    Py_DECREF(alloc);
+    return ok;
+}
+
+/* A map's 128 bytes from its ``_bytes``: 1, or 0 (not bytes of that size) */
+static int put_map(char *at, PyObject *raw) {
+    if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != MAP_BYTES) return 0;
+    memcpy(at, PyBytes_AS_STRING(raw), MAP_BYTES); /* a constant size: inlined, no libc call */
+    return 1;
+}
+
+/* The low `size` bytes of `value` (little-endian), each size a constant copy */
+static void put_low(char *at, unsigned long long value, int size) {
+    switch (size) {
+    case 1: memcpy(at, &value, 1); break;
+    case 2: memcpy(at, &value, 2); break;
+    case 4: memcpy(at, &value, 4); break;
+    default: memcpy(at, &value, 8);
+    }
+}
+
+/* Write an int's value as 8 bytes at `at`: 1, or -1 with an exception set (not an int, out
+ * of range). Runs no Python code (no __index__). */
 static int put_u64(char *at, PyObject *obj) {
-    if (obj == NULL) return -1;
     unsigned long long value = PyLong_AsUnsignedLongLong(obj);
-    Py_DECREF(obj);
     if (value == (unsigned long long)-1 && PyErr_Occurred()) return -1;
     memcpy(at, &value, 8);
     return 1;
+}
+
+/* put_u64 of a new reference, which it releases (NULL in: -1, the exception is set) */
+static int put_u64_new(char *at, PyObject *obj) {
+    if (obj == NULL) return -1;
+    int ok = put_u64(at, obj);
+    Py_DECREF(obj);
+    return ok;
 }
 
 /* Whether a new reference to a device ordinal is the plan's (the reference is released): 1, 0,
@@ -99,7 +190,7 @@ static int on_device(const Plan *plan, PyObject *ordinal) {
 }
 
 /* 1: written at `buffer`; 0: a check failed (no exception); -1: an exception is set */
-static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) {
+static int write_field(Plan *plan, Field *f, PyObject *arg, char *buffer) {
     char *at = buffer + f->offset;
     if (f->kind == NONE) {
         if (arg != Py_None) return 0;
@@ -110,36 +201,26 @@ static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) 
     switch (f->kind) {
     case ARRAY:
     case TENSORMAP: {
-        PyObject *alloc = PyObject_GetAttr(arg, s_alloc);
-        if (alloc == NULL) return -1;
-        PyObject *live = PyObject_GetAttr(alloc, s_live);
-        Py_DECREF(alloc);
-        if (live == NULL) return -1;
-        Py_DECREF(live);
-        /* one identity test: live, of the plan's origin, on the plan's device (or unnamed) */
-        if (live != f->live && live != f->live_anywhere) return 0;
-        if (f->kind == TENSORMAP) {
-            PyObject *raw = PyObject_GetAttr(arg, s_bytes);
-            if (raw == NULL) return -1;
-            if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != f->size) {
-                Py_DECREF(raw);
-                return 0;
-            }
-            memcpy(at, PyBytes_AS_STRING(raw), (size_t)f->size);
-            Py_DECREF(raw);
-            return 1;
-        }
-        return put_u64(at, PyObject_GetAttr(arg, s_ptr));
+        int ok = field_live(f, arg);
+        if (ok < 1) return ok;
+        PyObject *name = f->kind == TENSORMAP ? s_bytes : s_ptr;
+        PyObject *value = slot_peek(&f->value, arg, name);
+        if (value != NULL) /* borrowed: nothing below runs Python code */
+            return f->kind == TENSORMAP ? put_map(at, value) : put_u64(at, value);
+        if ((value = PyObject_GetAttr(arg, name)) == NULL) return -1;
+        ok = f->kind == TENSORMAP ? put_map(at, value) : put_u64(at, value);
+        Py_DECREF(value);
+        return ok;
     }
     case TORCH: {
         int ok = on_device(plan, PyObject_CallMethodNoArgs(arg, s_get_device));
-        return ok < 1 ? ok : put_u64(at, PyObject_CallMethodNoArgs(arg, s_data_ptr));
+        return ok < 1 ? ok : put_u64_new(at, PyObject_CallMethodNoArgs(arg, s_data_ptr));
     }
     case CUPY: {
         PyObject *data = PyObject_GetAttr(arg, s_data);
         if (data == NULL) return -1;
         int ok = on_device(plan, PyObject_GetAttr(data, s_device_id));
-        if (ok == 1) ok = put_u64(at, PyObject_GetAttr(data, s_ptr));
+        if (ok == 1) ok = put_u64_new(at, PyObject_GetAttr(data, s_ptr));
         Py_DECREF(data);
         return ok;
     }
@@ -149,7 +230,7 @@ static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) 
         if (value == -1 && PyErr_Occurred()) return -1;
         long long hi = f->size == 8 ? LLONG_MAX : (1LL << (8 * f->size - 1)) - 1;
         if (overflow || value > hi || value < -hi - 1) return 0; /* the checked path names it */
-        memcpy(at, &value, (size_t)f->size); /* little-endian: the low bytes */
+        put_low(at, (unsigned long long)value, f->size);
         return 1;
     }
     case UNSIGNED: {
@@ -160,7 +241,7 @@ static int write_field(Plan *plan, const Field *f, PyObject *arg, char *buffer) 
             return 0;
         }
         if (f->size < 8 && value >> (8 * f->size)) return 0;
-        memcpy(at, &value, (size_t)f->size);
+        put_low(at, value, f->size);
         return 1;
     }
     case FLOAT: {
@@ -210,7 +291,7 @@ static int record_dry_call(Plan *plan, const LaunchConfig *config, const char *p
 /* Pack `args` into `params` (plan->size bytes) and `pointers` (one per field), then launch. */
 static PyObject *pack_and_launch(Plan *plan, PyObject *launcher, PyObject *const *args,
                                  Py_ssize_t n, char *params, void **pointers) {
-    memset(params, 0, (size_t)plan->size); /* padding as the Python paths write it */
+    if (plan->padded) memset(params, 0, (size_t)plan->size); /* as the Python paths write it */
     for (Py_ssize_t i = 0; i < n; i++) {
         int ok = write_field(plan, &plan->fields[i], args[i], params);
         if (ok < 0) {
@@ -255,7 +336,9 @@ static PyObject *pack_and_launch(Plan *plan, PyObject *launcher, PyObject *const
 
 static PyObject *call_held(Plan *plan, PyObject *launcher, PyObject *const *args, Py_ssize_t n) {
     if (plan->capturing == NULL) return hand_back(launcher, s_checked, args, n); /* cleared */
-    int capturing = PyObject_IsTrue(plan->capturing);
+    /* graph.ACTIVE, a list: non-empty while any graph captures */
+    int capturing = PyList_CheckExact(plan->capturing) ? PyList_GET_SIZE(plan->capturing) != 0
+                                                       : PyObject_IsTrue(plan->capturing);
     if (capturing < 0) return NULL;
     if (capturing) return hand_back(launcher, s_checked, args, n);
     if (n != Py_SIZE(plan)) return hand_back(launcher, s_dispatch, args, n);
@@ -363,7 +446,7 @@ static PyTypeObject PlanType;
 /* Whether a field's kind and size are a parameter a plan writes */
 static int field_ok(const Field *f) {
     switch (f->kind) {
-    case TENSORMAP: return f->size == 128;
+    case TENSORMAP: return f->size == MAP_BYTES;
     case SIGNED:
     case UNSIGNED: return f->size == 1 || f->size == 2 || f->size == 4 || f->size == 8;
     case FLOAT: return f->size == 4 || f->size == 8;
@@ -373,6 +456,21 @@ static int field_ok(const Field *f) {
     case NONE: return f->size == 8;
     }
     return 0;
+}
+
+/* Whether the fields write every byte of the parameter storage (each writes `size` bytes at
+ * `offset`): then a call zeroes nothing first. */
+static int fields_cover(const Plan *plan) {
+    char *written = PyMem_Calloc((size_t)plan->size + 1, 1);
+    if (written == NULL) {
+        PyErr_Clear();
+        return 0; /* zero every call: right either way */
+    }
+    for (Py_ssize_t i = 0; i < Py_SIZE(plan); i++)
+        memset(written + plan->fields[i].offset, 1, (size_t)plan->fields[i].size);
+    int all = memchr(written, 0, (size_t)plan->size) == NULL;
+    PyMem_Free(written);
+    return all;
 }
 
 /* Plan(dry, launch, function, config, size, fields, current_stream, ordinal, capturing,
@@ -410,8 +508,11 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     Py_ssize_t n = PyTuple_GET_SIZE(fields);
     Plan *plan = PyObject_GC_NewVar(Plan, &PlanType, n);
     if (plan == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++)
-        plan->fields[i].type = plan->fields[i].live = plan->fields[i].live_anywhere = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Field *f = &plan->fields[i];
+        f->type = f->live = f->live_anywhere = NULL;
+        f->alloc = f->live_slot = f->value = (Slot){NULL, 0, -1}; /* learnt at the first call */
+    }
     plan->current_stream = plan->ordinal = plan->capturing = plan->on_error = plan->keep = NULL;
     plan->last_stream = plan->last_params = NULL;
     plan->vectorcall = plan_call;
@@ -457,12 +558,15 @@ static PyObject *plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
             f->live_anywhere = Py_NewRef(live);
         }
     }
+    plan->padded = !fields_cover(plan);
     PyObject_GC_Track((PyObject *)plan);
     return (PyObject *)plan;
 fail:
     Py_DECREF(plan);
     return NULL;
 }
+
+#include "_launch_entry.c" /* Kernel.launch's lookup (Entry) */
 
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -510,6 +614,7 @@ static int module_exec(PyObject *m) {
         return -1;
     }
     if (PyModule_AddIntConstant(m, "MAX_PARAM_BYTES", MAX_PARAM_BYTES) < 0) return -1;
+    if (entry_exec(m) < 0) return -1;
     Py_INCREF(&PlanType);
     if (PyModule_AddObject(m, "Plan", (PyObject *)&PlanType) < 0) {
         Py_DECREF(&PlanType);

@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import threading
+import types
 import warnings
 import weakref
 from threading import get_ident
@@ -19,7 +20,7 @@ from ..errors import LaunchError, TmaflowError, TmaflowWarning
 from ..runtime import driver
 from ..runtime.device import (Device, _switched, as_device, current_device, current_ordinal,
                               on_reset, stream_handle)
-from . import compiler
+from . import compiler, native
 from .config import LaunchConfig, PORTABLE_CLUSTER
 from .launcher import Launcher
 from .params import ArgPacker, Param, param_table
@@ -28,6 +29,9 @@ from .sass import disassemble
 log = logging.getLogger("tmaflow.kernel")
 
 STATIC_SMEM_LIMIT = 48 * 1024
+# Kernel.launch's keyword defaults, which native.Entry builds its keys with (it is installed only
+# while they are these)
+_LAUNCH_DEFAULTS = {"cluster": (1, 1, 1), "smem": None, "stream": None, "pdl": False}
 _loaded: weakref.WeakSet = weakref.WeakSet()  # the _Modules whose launchers a reset retires
 
 
@@ -383,11 +387,27 @@ class Kernel:
             if len(cache) > 256:
                 cache.clear()
             cache[key] = launcher
+            self._install_entry()
         return launcher
+
+    def _install_entry(self) -> None:
+        """Let ``self.launch`` find its launcher in C (``native.Entry``, in the instance dict,
+        where it shadows the method): the lookup below, without its Python. Calls it does not
+        take (other devices, stream objects, a key not cached) reach this method unchanged."""
+        if "launch" in self.__dict__ or type(self).launch is not Kernel.launch or \
+                Kernel.launch.__kwdefaults__ != _LAUNCH_DEFAULTS:
+            return  # installed, a subclass's own launch, or keywords the entry does not know
+        built = native.module()
+        if built is not None:
+            self.__dict__["launch"] = built.Entry(self._launchers, _switched, Launcher._retired_call,
+                                                  types.MethodType(Kernel.launch, self),
+                                                  _LAUNCH_DEFAULTS["cluster"])
 
     def launch(self, *args, grid, block, cluster=(1, 1, 1), smem: int | None = None,
                stream=None, pdl: bool = False) -> None:
-        """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it."""
+        """Launch on the current device. ``grid`` counts blocks; ``cluster`` must divide it.
+        Once the kernel has a launcher, ``kernel.launch`` is its C lookup (``native.Entry``),
+        which calls this method for every call it does not take."""
         if stream is not None and type(stream) is not int:  # one key per handle (1.0 == 1 == True)
             stream = stream_handle(stream)
         try:  # the launcher() lookup, inlined: this is the hot path of k.launch
@@ -404,7 +424,7 @@ class Kernel:
         """Unload this kernel's modules from every device (a later launch loads it again)."""
         with self._lock:
             modules, self._modules = self._modules, {}
-            self._launchers = {}
+            self._launchers.clear()  # the same dict: a native.Entry reads it
         for mod in modules.values():
             mod.unload()
 

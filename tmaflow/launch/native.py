@@ -43,7 +43,8 @@ from .args import PLAN_ATTRIBUTES
 log = logging.getLogger("tmaflow.native")
 
 SOURCE = Path(__file__).with_name("_launch.c")
-ABI = 4  # _launch.c's ABI: a build that reports another number is rebuilt
+SOURCES = (SOURCE, SOURCE.with_name("_launch_entry.c"))  # the second is #included by the first
+ABI = 5  # _launch.c's ABI: a build that reports another number is rebuilt
 
 _lock = threading.Lock()
 # "module" or "reason"; "rebuilt" (why a cached build was replaced); "launch" (the driver's
@@ -66,7 +67,7 @@ def _compiler() -> list[str]:
 
 def _tag(command: list[str]) -> str:
     """What a build depends on: the source, the ABI, Python, the machine, the compiler."""
-    parts = (SOURCE.read_bytes(), str(ABI).encode(), sys.version.encode(), platform.machine().encode(),
+    parts = (*(path.read_bytes() for path in SOURCES), str(ABI).encode(), sys.version.encode(), platform.machine().encode(),
              (sysconfig.get_config_var("EXT_SUFFIX") or "").encode(), repr(command).encode())
     return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 

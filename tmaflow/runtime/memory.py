@@ -157,6 +157,10 @@ class DeviceArray:
     ``owner`` keeps the memory alive (a tmaflow allocation or the foreign object viewed).
     """
 
+    # Slots: the launch plans (_launch.c) read ``_alloc`` and ``ptr`` in place, not by name
+    __slots__ = ("dtype", "shape", "strides", "ptr", "owner", "device", "_origin", "_alloc",
+                 "__weakref__")
+
     def __init__(self, ptr: int, shape, dtype, strides=None, owner=None, device: Device | None = None):
         self.dtype: DType = as_dtype(dtype)
         self.shape = tuple(int(n) for n in shape)
