@@ -73,7 +73,7 @@ PARAMS.append(row("grouped_gemm", "offsets",
                   field=r"offsets"))
 
 _GEMM_CONFIG = dict(bn=(), cluster_m=(), epi_cols=(), group_m=INTS, stages=INTS | OPTIONAL,
-                    split_k=INTS, l2_promotion=(), promote=INTS | {"zero"}, split_tail=FLAGS)
+                    split_k=INTS, l2_promotion=(), promote=INTS | {"zero"}, split_tail=FLAGS, cluster_k=())
 PARAMS += [row("GemmConfig", name, lambda value, name=name: kernels.GemmConfig(**{name: value}), valid=kinds)
            for name, kinds in _GEMM_CONFIG.items()]
 _SKINNY_CONFIG = dict(rows=(), split_k=INTS | OPTIONAL, stages=INTS | OPTIONAL, l2_promotion=(), cluster=())

@@ -100,3 +100,61 @@ def test_a_records_commit_is_the_carried_commit_file_first(tmp_path):
     assert records.commit(tmp_path) == "abc1234"
     (tmp_path / "COMMIT").unlink()
     assert records.commit(tmp_path) != "abc1234"  # git's answer for tmp_path, or "unknown"
+
+
+def test_split_calls_reads_a_marked_session():
+    """call_times' session: a marker before each function's calls; a call's time is the sum of
+    its kernels, memsets (the L2 flush) and copies left out; events may come in any order."""
+    from tmaflow.bench.cupti import MARKER, split_calls
+
+    events = [(0, 1.0, MARKER), (1, 5.0, "gemm_bf16"), (2, 80.0, "Memset (Device)"), (3, 6.0, "gemm_bf16"),
+              (4, 1.0, MARKER), (5, 3.0, "nvjet_a"), (6, 1.0, "nvjet_reduce"), (7, 2.0, "nvjet_a"),
+              (8, 2.0, "nvjet_reduce"), (9, 1.0, MARKER)]
+    got = split_calls(list(reversed(events)), ["ours", "peer"], 2)
+    assert got == {"ours": (5.0, 6.0), "peer": (4.0, 4.0)}
+    with pytest.raises(tf.TmaflowError, match=r"'ours' launched 2 kernels in 3 calls; each call must launch"):
+        split_calls(events, ["ours", "peer"], 3)
+    with pytest.raises(tf.TmaflowError, match=r"found 3 marker-separated segments for 4 functions"):
+        split_calls(events, ["a", "b", "c", "d"], 2)
+
+
+def test_gemm_candidates_refuse_what_the_tma_kernel_cannot_run():
+    from tmaflow.bench.gemm_candidates import candidates
+
+    with pytest.raises(tf.TmaflowError, match=r"gemm candidates: the TMA kernel cannot run 4097x4099x4104 as "
+                                              r"given .* N and K are multiples of 8"):
+        candidates(4097, 4099, 4104, "nt", 132)
+
+
+def test_call_times_without_torch_says_so(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(tf.TmaflowError, match="call_times needs torch"):
+        bench.call_times({"f": lambda: None})
+
+
+@pytest.mark.parametrize("m,n,k,layout", gemm_shapes.SUITE_30 + [(512, 512, 2048, "nn"), (300, 1000, 64, "nt"),
+                                         (16, 64, 65536, "nt"), (8, 8, 8, "nt")])
+def test_gemm_candidates(m, n, k, layout):
+    """The sweep's candidates: the default first, each plannable and distinct once normalised,
+    bounded in number; skinny shapes keep every skinny choice, small products try cluster
+    K-splits."""
+    from tmaflow.bench.gemm_candidates import LARGE_FLOP, SMALL_FLOP, candidates, normalized
+    from tmaflow.kernels.matmul import SKINNY_M, SkinnyConfig, choose_config
+
+    got = candidates(m, n, k, layout, 132)
+    assert got[0].default and got[0].config == choose_config(m, n, k, 132, layout)
+    assert sum(c.default for c in got) == 1
+    keys = [normalized(c.config, m, n, k, layout, 132) for c in got]
+    assert len(set(keys)) == len(keys)
+    skinny = layout == "nt" and m <= SKINNY_M
+    flop = 2.0 * m * n * k
+    assert len(got) <= (16 if skinny else 5 if flop > LARGE_FLOP else 12 if flop < SMALL_FLOP else 10)
+    default = got[0].config
+    if not skinny and (default.split_k > 1 or default.cluster_k > 1):  # its unsplit twin is timed too
+        assert got[1].config == type(default)(**{**default.__dict__, "split_k": 1, "cluster_k": 1, "split_tail": False})
+    if skinny:
+        assert sum(isinstance(c.config, SkinnyConfig) for c in got) >= (6 if k >= 8 * 64 else 4)
+    if 2.0 * m * n * k < 5e9 and m > SKINNY_M and k >= 4 * 64:
+        assert any(getattr(c.config, "cluster_k", 1) > 1 for c in got)

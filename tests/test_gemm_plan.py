@@ -31,7 +31,11 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(bn=160), r"bn=160 must be 64, 128, 192 or 256"),
+    (dict(bn=120), r"bn=120 must be a multiple of 16 from 64 to 256"),
+    (dict(bn=48), r"bn=48 must be a multiple of 16 from 64 to 256"),
+    (dict(bn=272), r"bn=272 must be a multiple of 16 from 64 to 256"),
+    (dict(bn=96), r"epi_cols=128 must be a multiple of 64 dividing bn=96's 64 columns in whole 64-column boxes"),
+    (dict(bn=224), r"epi_cols=128 must be a multiple of 64 dividing bn=224's 192 columns in whole 64-column boxes"),
     (dict(bn=192), r"epi_cols=128 must be a multiple of 64 dividing bn=192"),
     (dict(cluster_m=4), r"cluster_m=4 must be 1 or 2"),
     (dict(epi_cols=96), r"epi_cols=96 must be a multiple of 64 dividing bn=256"),
@@ -40,6 +44,10 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
     (dict(split_k=0), r"split_k=0 must be in \[1, 64\]"),
     (dict(split_tail=1), r"split_tail=1 must be True or False"),
     (dict(split_tail=True, split_k=2), r"split_tail=True splits only the last wave's tiles; it takes split_k=1 \(got split_k=2\)"),
+    (dict(cluster_m=1, cluster_k=3), r"cluster_k=3 must be 1, 2 or 4"),
+    (dict(cluster_k=2), r"cluster_k=2 splits each tile's K among the CTAs of a cluster; it takes cluster_m=1 \(got cluster_m=2\)"),
+    (dict(cluster_m=1, cluster_k=4, split_k=2), r"cluster_k=4 .* it takes split_k=1 \(got split_k=2\)"),
+    (dict(cluster_m=1, cluster_k=2, split_tail=True), r"cluster_k=2 .* it takes split_tail=False \(got split_tail=True\)"),
 ])
 def test_gemm_config_rules(kw, msg):
     with pytest.raises(tf.TmaflowError, match=msg):
@@ -68,6 +76,70 @@ def test_gemm_plan_bytes(layout, bn, cm):
     hdr = plan.layout.header()
     assert f"constexpr int b_boxes = {b_boxes};" in hdr
     assert plan.defines["B_N_MAJOR"] == (layout == "nn") and plan.defines["BN"] == bn
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("ck", [2, 4])
+@pytest.mark.parametrize("bn", [64, 128, 192, 256])
+def test_gemm_plan_cluster_k(layout, ck, bn):
+    """Cluster K-splits: each CTA owns 128 / ck rows of the tile, takes the other ck - 1 ranks'
+    fp32 partials of them in its `red` slots (bytes the red_full barrier expects), is released
+    by every owning warp of the others (red_freed) and stores only its rows (C boxes of that
+    many rows, at most 64)."""
+    epi = 128 if bn in (128, 256) else 64
+    plan = gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=1, cluster_k=ck, epi_cols=epi))
+    own = 128 // ck
+    slots = (ck - 1) * own * bn * 4
+    items = {getattr(item, "name", None): item for item in plan.layout.items}
+    assert items["red"].nbytes == slots
+    assert (items["red_full"].arrivals, items["red_full"].tx_bytes) == (1, slots)
+    assert items["red_freed"].arrivals == (ck - 1) * own // 16
+    assert items["c"].nbytes == own * epi * 2
+    assert plan.spec_c.box == (min(64, own), 64)
+    assert plan.defines["CLUSTER_K"] == ck and plan.defines["CLUSTER_M"] == 1 and plan.defines["SPLIT_K"] == 0
+    assert plan.layout.cluster is None  # no multicast: the A/B pipeline is each CTA's own
+    assert 2 <= plan.config.stages and plan.layout.total_bytes <= 227 * 1024
+    assert "red_full()" in plan.layout.header() and "red_freed()" in plan.layout.header()
+    assert "CLUSTER_K" not in gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=1, epi_cols=epi)).defines
+
+
+@pytest.mark.parametrize("bn", [80, 96, 112, 144, 160, 176, 208, 224, 240])
+@pytest.mark.parametrize("cm", [1, 2])
+def test_gemm_plan_odd_widths(bn, cm):
+    """A width that is no multiple of 64: B's boxes (a row slice each in a cluster) keep whole
+    1024-byte swizzle atoms, C's whole 64-column boxes leave in EPI_COLS rounds and the last
+    bn % 64 columns through a map of boxes that narrow (EPI_REM_MAP)."""
+    plan = gemm_plan(1000, 3000, 520, "nt", GemmConfig(bn=bn, cluster_m=cm, epi_cols=64))
+    pipe = plan.layout.items[0]
+    assert pipe.tx_bytes == (128 + bn) * 64 * 2
+    assert plan.spec_b.box == (bn // cm, 64) and (bn // cm * 128) % 1024 == 0
+    assert plan.spec_c.box == (64, 64) and plan.spec_c_rem.box == (64, bn % 64)
+    assert plan.spec_c_rem.swizzle == "128B"
+    assert plan.defines["BN"] == bn and plan.defines["EPI_REM_MAP"] == 1
+    assert plan.layout.total_bytes <= 227 * 1024 and plan.config.stages >= 2
+    ck = gemm_plan(512, 512, 2048, "nt", GemmConfig(bn=bn, cluster_m=1, cluster_k=4, epi_cols=64))
+    assert ck.spec_c_rem.box == (32, bn % 64)  # with cluster K-splits a CTA stores its rows only
+    assert "EPI_REM_MAP" not in gemm_plan(1000, 3000, 520, "nt", GemmConfig(bn=bn - bn % 64 or 64, cluster_m=cm,
+                                                                           epi_cols=64)).defines
+
+
+def test_odd_widths_refuse_what_they_do_not_run():
+    with pytest.raises(tf.TmaflowError, match=r"gemm: bn=160 \(no multiple of 64\) is for bfloat16 'nt' "
+                                              r"products \(got bfloat16, layout 'nn'\)"):
+        gemm_plan(512, 512, 512, "nn", GemmConfig(bn=160, epi_cols=64))
+    with pytest.raises(tf.TmaflowError, match=r"bn=176 \(no multiple of 64\) is for bfloat16 'nt' products "
+                                              r"\(got float8_e4m3fn"):
+        gemm_plan(512, 512, 512, "nt", GemmConfig(bn=176, epi_cols=64), "float8_e4m3fn")
+    with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: bn=96 \(no multiple of 64\) is for single products"):
+        kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10], config=GemmConfig(bn=96, epi_cols=64))
+
+
+def test_cluster_k_refuses_what_it_does_not_run():
+    with pytest.raises(tf.TmaflowError, match=r"gemm: cluster_k=2 is for bfloat16 operands \(got float8_e4m3fn\)"):
+        gemm_plan(512, 512, 2048, "nt", GemmConfig(bn=128, cluster_m=1, cluster_k=2), "float8_e4m3fn")
+    with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: cluster_k=4 is for single products"):
+        kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10],
+                             config=GemmConfig(cluster_m=1, cluster_k=4))
 
 
 @pytest.mark.parametrize("fields", [dict(), dict(split_k=3), dict(split_tail=True), dict(epi_cols=64)])

@@ -19,7 +19,14 @@ CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
            GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
            GemmConfig(bn=128, cluster_m=1, split_k=3), GemmConfig(bn=256, cluster_m=2, split_k=2),
            GemmConfig(bn=192, cluster_m=1, epi_cols=64), GemmConfig(bn=192, cluster_m=2, epi_cols=64, split_k=2),
-           GemmConfig(bn=64, cluster_m=1, epi_cols=64), GemmConfig(bn=64, cluster_m=2, epi_cols=64, split_k=2)]
+           GemmConfig(bn=64, cluster_m=1, epi_cols=64), GemmConfig(bn=64, cluster_m=2, epi_cols=64, split_k=2),
+           GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4), GemmConfig(bn=128, cluster_m=1, cluster_k=2),
+           GemmConfig(bn=256, cluster_m=1, cluster_k=4), GemmConfig(bn=192, cluster_m=1, epi_cols=64, cluster_k=2)]
+
+
+def _config_id(c):
+    return (f"bn{c.bn}-c{c.cluster_m}-e{c.epi_cols}-s{c.stages}-k{c.split_k}" + (f"-ck{c.cluster_k}" if c.cluster_k > 1 else "")
+            + ("-tail" if c.split_tail else ""))
 
 
 def _bf16(x):
@@ -53,7 +60,7 @@ def test_gemm_against_float64(device, rng, m, n, k, layout):
 
 
 @pytest.mark.parametrize("layout", ["nt", "nn"])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"bn{c.bn}-c{c.cluster_m}-e{c.epi_cols}-s{c.stages}-k{c.split_k}")
+@pytest.mark.parametrize("config", CONFIGS, ids=_config_id)
 def test_gemm_every_config(device, rng, config, layout):
     # 5 M tiles: an odd count, so with clusters of two the last CTA's tile is all out of bounds.
     # 2 full waves of work items at most: the persistent loop and the stage ring both wrap.
@@ -84,6 +91,60 @@ def test_gemm_split_k_is_deterministic(device, rng):
         kernels.gemm(A, B, out, config=GemmConfig(bn=128, cluster_m=1, split_k=16))
         outs.append(out.numpy())
     assert all((o == outs[0]).all() for o in outs[1:])
+
+
+# Cluster K-splits: K shorter than the cluster (ranks with no k-block send zeros), ragged M, N
+# and K, one tile per cluster, and many (the reduction barriers' phases wrap every item).
+CLUSTER_K_SHAPES = [(129, 264, 72), (8, 8, 8), (1000, 760, 520), (16, 4096, 4096), (4096, 2048, 256)]
+
+
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c.cluster_k > 1], ids=_config_id)
+def test_gemm_cluster_k_against_float64(device, rng, config, layout):
+    for m, n, k in CLUSTER_K_SHAPES:
+        A, B, ref = _operands(rng, m, n, k, layout)
+        for debug in (True, False) if (m, n, k) in ((129, 264, 72), (4096, 2048, 256)) else (False,):
+            out = poison(tf.empty((m, n), "bfloat16"))
+            kernels.gemm(A, B, out, layout=layout, config=config, debug=debug)
+            _check(out, ref, (m, n, k, config, layout, debug))
+
+
+def test_gemm_cluster_k_is_deterministic_and_repeats(device, rng):
+    # Each tile's rows are summed by their owner in a fixed order: repeats are bit-identical,
+    # also with two shapes alternating through the same kernel.
+    config = GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)
+    cases = [_operands(rng, 512, 512, 2048, "nt"), _operands(rng, 300, 1000, 1000, "nt")]
+    first = []
+    for rep in range(3):
+        for i, (A, B, ref) in enumerate(cases):
+            out = poison(tf.empty(ref.shape, "bfloat16"))
+            kernels.gemm(A, B, out, config=config)
+            got = out.numpy()
+            if rep == 0:
+                _check(out, ref, ("cluster-k repeat", ref.shape))
+                first.append(got)
+            assert (got == first[i]).all(), ("cluster-k not deterministic", ref.shape, rep)
+
+
+# Widths that are no multiple of 64 ("nt" bf16): each with another schedule, so every width and
+# every schedule runs; N = 1000 leaves a last tile whose last columns are partly (or wholly)
+# past N, where the narrow boxes' stores must clip.
+ODD_WIDTH_CONFIGS = [GemmConfig(bn=80, cluster_m=2, epi_cols=64), GemmConfig(bn=96, cluster_m=1, epi_cols=64, split_k=2),
+                     GemmConfig(bn=112, cluster_m=1, epi_cols=64, cluster_k=4),
+                     GemmConfig(bn=144, cluster_m=2, epi_cols=64, split_tail=True),
+                     GemmConfig(bn=160, cluster_m=2, epi_cols=128), GemmConfig(bn=176, cluster_m=1, epi_cols=64, cluster_k=2),
+                     GemmConfig(bn=208, cluster_m=2, epi_cols=64), GemmConfig(bn=224, cluster_m=1, epi_cols=64, split_k=3),
+                     GemmConfig(bn=240, cluster_m=1, epi_cols=64)]
+
+
+@pytest.mark.parametrize("config", ODD_WIDTH_CONFIGS, ids=_config_id)
+def test_gemm_odd_widths_against_float64(device, rng, config):
+    for m, n, k in [(600, 1000, 1000), (129, 264, 72), (1000, 3000, 520)]:
+        A, B, ref = _operands(rng, m, n, k, "nt")
+        for debug in (True, False) if (m, n, k) == (600, 1000, 1000) else (False,):
+            out = poison(tf.empty((m, n), "bfloat16"))
+            kernels.gemm(A, B, out, config=config, debug=debug)
+            _check(out, ref, (m, n, k, config, debug))
 
 
 def test_gemm_many_tiles_per_cta(device, rng):

@@ -130,7 +130,7 @@ def fake_states(monkeypatch):
             built.append((stream, ws))
             t = Template()
             return types.SimpleNamespace(launcher=launcher, ta=t, tb=t, tc=t, tq=t, tk=t, tv=t,
-                                         src=t, dst=t, extra=(), flat=False, tail=(), ts=None,
+                                         src=t, dst=t, extra=(), flat=False, tail=(), ts=None, tr=None,
                                          workspace=None, split=1, slots=types.SimpleNamespace(array=0))
         return build
 

@@ -23,6 +23,13 @@ KERNELS = {
     "gemm bf16 192": lambda: _gemm("bfloat16", GemmConfig(bn=192, cluster_m=1, epi_cols=64)),
     "gemm bf16 64": lambda: _gemm("bfloat16", GemmConfig(bn=64, cluster_m=1, epi_cols=64)),
     "gemm bf16 grouped": lambda: _gemm("bfloat16", GemmConfig(), {"GROUPED": 1}),
+    **{f"gemm bf16 {bn} cluster-K {ck}": (lambda bn=bn, ck=ck: _gemm("bfloat16", GemmConfig(
+        bn=bn, cluster_m=1, cluster_k=ck, epi_cols=64)))
+       for bn in (64, 128, 256) for ck in (2, 4)},
+    **{f"gemm bf16 {bn} c{cm}": (lambda bn=bn, cm=cm: _gemm("bfloat16", GemmConfig(bn=bn, cluster_m=cm, epi_cols=64)))
+       for bn, cm in ((80, 2), (96, 1), (112, 2), (144, 1), (160, 2), (176, 1), (208, 2), (224, 1), (240, 2))},
+    "gemm bf16 160 split-K": lambda: _gemm("bfloat16", GemmConfig(bn=160, cluster_m=1, epi_cols=64, split_k=2)),
+    "gemm bf16 240 cluster-K 4": lambda: _gemm("bfloat16", GemmConfig(bn=240, cluster_m=1, cluster_k=4, epi_cols=64)),
     "gemm fp8 promoted": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128)),
     "gemm fp8 fast 256": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=256, promote=0)),
     "gemm fp8 promoted 192": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=192, cluster_m=1, epi_cols=64)),
@@ -86,6 +93,51 @@ def test_cluster_release_adds_no_loop_bloat(dtype, config, block_scales):
     assert len(paired) <= len(alone) + 8, (len(alone), len(paired))
     moves = [sum(t.startswith("R2UR") for t in body) for body in (alone, paired)]
     assert moves[1] <= moves[0] + 1, moves  # vector-to-uniform moves: descriptors left uniform registers
+
+
+def _opcodes(kernel) -> set[str]:
+    """The SASS opcodes (without modifiers) of a kernel."""
+    import re
+
+    found = (re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)", line) for line in kernel.sass().splitlines())
+    return {m.group(1) for m in found if m}
+
+
+@pytest.mark.parametrize("bn", [64, 128, 256])
+@pytest.mark.parametrize("ck", [2, 4])
+def test_cluster_k_keeps_the_k_loop_and_the_partials_in_the_cluster(bn, ck):
+    """Cluster K-splits send warps down different paths by epilogue group. With the group taken
+    from threadIdx.x alone, ptxas could not prove it warp-uniform: the k-loop kept its stage
+    cursor in vector registers and moved all 8 descriptors into uniform ones every k-block (70
+    instructions against 63 unsplit). Through a shuffle it stays within 4 of the unsplit loop.
+    The partials travel by st.async into the owners' shared memory: no global load, store or
+    atomic in the kernel (split-K's partials and counters go through global memory)."""
+    alone = _mma_loop(_gemm("bfloat16", GemmConfig(bn=bn, cluster_m=1, epi_cols=64)))
+    kernel = _gemm("bfloat16", GemmConfig(bn=bn, cluster_m=1, cluster_k=ck, epi_cols=64))
+    split = _mma_loop(kernel)
+    assert len(split) <= len(alone) + 4, (len(alone), len(split))
+    moves = [sum(t.startswith("R2UR") for t in body) for body in (alone, split)]
+    assert moves[1] <= moves[0], moves
+    ops = _opcodes(kernel)
+    assert "STAS" in ops and not ops & {"STG", "LDG", "ATOMG", "REDG", "ATOM", "RED"}, sorted(ops)
+    assert {"STG", "ATOMG"} <= _opcodes(_gemm("bfloat16", GemmConfig(bn=bn, cluster_m=1, epi_cols=64, split_k=2)))
+
+
+@pytest.mark.parametrize("bn", [96, 160, 240])
+def test_odd_width_keeps_the_k_loop_and_stores_its_last_columns_apart(bn):
+    """A width that is no multiple of 64 runs the same k-loop as the next multiple of 64 (one
+    wgmma of N = bn per k-step) and stores a tile in one more round than its whole 64-column
+    boxes take: a tensor-map store more than the kernel of bn - bn % 64 columns."""
+    def stores(kernel):
+        return sum("UTMASTG" in line for line in kernel.sass().splitlines())
+
+    config = GemmConfig(bn=bn, cluster_m=1, epi_cols=64)
+    near = _mma_loop(_gemm("bfloat16", replace(config, bn=bn - bn % 64 + 64)))
+    kernel = _gemm("bfloat16", config)
+    loop = _mma_loop(kernel)
+    assert len(loop) <= len(near) + 2, (len(near), len(loop))
+    assert sum(f"64x{bn}x16" in t for t in loop) == 4 and not any("GMMA" in t and f"64x{bn}x16" not in t for t in loop)
+    assert stores(kernel) == stores(_gemm("bfloat16", replace(config, bn=bn - bn % 64))) + 1
 
 
 def _arrivals(loop: list[str]) -> tuple[list[str], list[str]]:

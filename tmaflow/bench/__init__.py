@@ -5,7 +5,7 @@ against a peer, both ways), CUPTI kernel times, shape parsing, random operands a
 from __future__ import annotations
 
 from . import cublas, cupti, records
-from .cupti import kernel_times
+from .cupti import call_times, kernel_times
 from .bandwidth import memcpy_bandwidth
 from . import gemm_shapes
 from .events import EventPair, L2Flush, flush_bytes
@@ -17,7 +17,7 @@ from .peers import Versus, versus
 from .result import Result, ratios
 from .timing import Rounds, Sampler, do_bench, host_rounds, per_call_host, rounds
 
-__all__ = ["EventPair", "L2Flush", "Result", "Rounds", "Sampler", "Versus", "block_scales", "cublas", "cuda_call", "cuda_driver", "cupti", "gemm_shapes",
+__all__ = ["EventPair", "L2Flush", "Result", "Rounds", "Sampler", "Versus", "block_scales", "call_times", "cublas", "cuda_call", "cuda_driver", "cupti", "gemm_shapes",
            "do_bench", "flush_bytes", "memcpy_bandwidth", "host_rounds", "kernel_times", "nt_operands", "parse_gemm_shape",
            "parse_shape", "parse_shapes", "per_call_host", "random_array", "ratios", "records",
            "rel_error", "rounds", "versus"]

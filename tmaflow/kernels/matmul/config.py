@@ -23,6 +23,21 @@ LAYOUTS = ("nt", "nn")
 _BARRIER_RESERVE = 256  # full/empty mbarriers after the tiles
 
 
+# GemmConfig.bn: any multiple of 16 from 64 to 256 (wgmma's N); widths that are no multiple of
+# 64 (DeepGEMM's way of filling 132 SMs with whole waves) run bf16 "nt" products only
+WIDTHS = tuple(range(64, 257, 16))
+
+
+def _width(field: str, value) -> int:
+    width = as_int(field, value)
+    if width not in WIDTHS:
+        raise TmaflowError(f"{field}={width} must be a multiple of 16 from 64 to 256")
+    return width
+
+
+CLUSTER_K = (1, 2, 4)  # GemmConfig.cluster_k: K splits within a cluster (gemm.cu's CLUSTER_K)
+
+
 SCALE_STRIDE = BM + 4  # fp32 block scales per stage: A's BM rows, then B's, padded to 16 B
 
 
@@ -41,7 +56,7 @@ SCALE_MODES = {"row_major": 0, "m_major": 1}
 class GemmConfig:
     """Tile and schedule choices. ``stages=None`` takes as many as shared memory holds."""
 
-    bn: int = 256            # tile columns (tile rows are 128: two consumer warpgroups of 64)
+    bn: int = 256            # tile columns (rows: 128, two consumer warpgroups of 64): WIDTHS
     cluster_m: int = 2       # CTAs per cluster, on consecutive M tiles sharing B by multicast
     epi_cols: int = 128      # epilogue columns per round (its buffer is 2 x 64 x epi_cols bf16)
     group_m: int = 16        # M tiles per band of the grouped (L2-friendly) tile order
@@ -50,10 +65,13 @@ class GemmConfig:
     l2_promotion: str = "256B"  # of the A and B loads: L2 fetches whole 256 B from DRAM
     promote: int = 4         # fp8: k-blocks (of 128) the tensor cores sum before fp32 registers do (0: never)
     split_tail: bool = False  # split a last, partly idle wave's tiles along K (``tail_splits``)
+    # CTAs of a cluster computing one tile, each over 1/cluster_k of K; their fp32 partials meet
+    # in the owners' shared memory (bf16, cluster_m=1: a cluster splits K or shares B, not both)
+    cluster_k: int = 1
 
     def __post_init__(self):
         who = "GemmConfig"
-        settle(self, bn=int_in(f"{who}: bn", self.bn, (64, 128, 192, 256)),
+        settle(self, bn=_width(f"{who}: bn", self.bn),
                cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2)),
                epi_cols=as_int(f"{who}: epi_cols", self.epi_cols, 64, 256),
                group_m=as_int(f"{who}: group_m", self.group_m, 1, 1 << 16),
@@ -61,16 +79,27 @@ class GemmConfig:
                split_k=as_int(f"{who}: split_k", self.split_k, 1, 64),
                l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
                promote=as_int(f"{who}: promote", self.promote, 0, 64),
-               split_tail=as_bool(f"{who}: split_tail", self.split_tail))
-        if self.epi_cols % 64 or self.bn % self.epi_cols:
+               split_tail=as_bool(f"{who}: split_tail", self.split_tail),
+               cluster_k=int_in(f"{who}: cluster_k", self.cluster_k, CLUSTER_K))
+        whole = self.bn - self.bn % 64  # columns in whole 64-column boxes; the rest leave in one round
+        if self.epi_cols % 64 or whole % self.epi_cols:
+            rest = "" if whole == self.bn else f"'s {whole} columns in whole 64-column boxes"
             raise TmaflowError(f"GemmConfig: epi_cols={self.epi_cols} must be a multiple of 64 "
-                               f"dividing bn={self.bn}")
+                               f"dividing bn={self.bn}{rest}")
         if self.group_m % self.cluster_m:
             raise TmaflowError(f"GemmConfig: group_m={self.group_m} must be a multiple of "
                                f"cluster_m={self.cluster_m}")
         if self.split_tail and self.split_k > 1:
             raise TmaflowError(f"GemmConfig: split_tail=True splits only the last wave's tiles; it "
                                f"takes split_k=1 (got split_k={self.split_k})")
+        if self.cluster_k > 1:
+            other = {"cluster_m": (self.cluster_m, 1), "split_k": (self.split_k, 1),
+                     "split_tail": (self.split_tail, False)}
+            for name, (got, want) in other.items():
+                if got != want:
+                    raise TmaflowError(f"GemmConfig: cluster_k={self.cluster_k} splits each tile's K "
+                                       f"among the CTAs of a cluster; it takes {name}={want} "
+                                       f"(got {name}={got})")
 
 
 SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to

@@ -81,6 +81,8 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
                 *(blocks or (0, 0)))
     if st.ts is not None:
         args += (st.ts.bind(_scale_map_view(blocks[0], mode)),)
+    if st.tc is not None and st.tr is not None:  # a width that is no multiple of 64: its last columns' map
+        args += (st.tr.bind(C),)
     return st.launcher, args, result
 
 
@@ -106,10 +108,11 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     plan = gemm_plan(m, n, k, layout, config, dtype, block_scales)
     kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm", debug=debug, trace=trace)
     cm, split = plan.config.cluster_m, plan.config.split_k
+    size = cm * plan.config.cluster_k  # CTAs a cluster: M tiles sharing B, or K splits of one tile
     # (cm M tiles, N tile) groups: one cluster's work item per K split
     tile_groups = math.ceil(math.ceil(m / BM) / cm) * math.ceil(n / plan.config.bn)
-    clusters = max(1, min(tile_groups * split, _resident_clusters(kern, cm, device.ordinal)))
-    launcher = kern.launcher(grid=cm * clusters, block=384, cluster=(cm, 1, 1), stream=stream,
+    clusters = max(1, min(tile_groups * split, _resident_clusters(kern, size, device.ordinal)))
+    launcher = kern.launcher(grid=size * clusters, block=384, cluster=(size, 1, 1), stream=stream,
                              pdl=pdl)
     sizes = (tile_groups * cm, split * m * n)
     if plan.config.split_tail:  # each tail tile's CTA owns a counter and a slot per part
@@ -121,6 +124,7 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), tail=tail, plan=plan, workspace=ws,
                       workspace_sizes=sizes,
+                      tr=_template(C, plan.spec_c_rem, "store") if plan.spec_c_rem else None,
                       ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 
@@ -142,8 +146,8 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
 
 
 @functools.lru_cache(maxsize=32)
-def _resident_clusters(kern, cluster_m: int, ordinal: int) -> int:
-    """Clusters that run at once: a persistent grid any larger would leave CTAs waiting for
-    a second wave."""
-    probe = kern.bind(grid=cluster_m, block=384, cluster=(cluster_m, 1, 1))
+def _resident_clusters(kern, size: int, ordinal: int) -> int:
+    """Clusters of ``size`` CTAs that run at once: a persistent grid any larger would leave
+    CTAs waiting for a second wave."""
+    probe = kern.bind(grid=size, block=384, cluster=(size, 1, 1))
     return probe.max_active_clusters()

@@ -42,6 +42,12 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
         pdl, debug, trace = _GROUPED_OPTIONS.check(pdl, debug, trace)
     if config is not None and not isinstance(config, GemmConfig):
         raise TmaflowError(f"grouped_gemm: config={config!r} must be None or a kernels.GemmConfig")
+    if config is not None and config.cluster_k > 1:
+        raise TmaflowError(f"grouped_gemm: cluster_k={config.cluster_k} is for single products "
+                           "(gemm); split a grouped product's K with split_k")
+    if config is not None and config.bn % 64:
+        raise TmaflowError(f"grouped_gemm: bn={config.bn} (no multiple of 64) is for single products "
+                           "(gemm); use 64, 128, 192 or 256 columns")
     A, B = as_array(a), as_array(b)
     if A.ndim != 2 or B.ndim != 3 or A.dtype.name != "bfloat16" or B.dtype.name != "bfloat16":
         raise TmaflowError(f"grouped_gemm: a must be (T, K) and b (G, N, K), both bfloat16 (got "

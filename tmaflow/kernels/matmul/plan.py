@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ...errors import TmaflowError
-from ...tma.layout import Buffer, HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
+from ...tma.layout import Barrier, Buffer, HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
 from ...tma.spec import TensorMapSpec
 from .config import (BK, BM, CONSUMER_WARPS, FP8_BK, GemmConfig, LAYOUTS, SCALE_MODES, SCALE_STRIDE,
                      SKINNY_FP8_PROMOTE, SKINNY_MP, SkinnyConfig, WARP, _BARRIER_RESERVE,
@@ -31,6 +31,7 @@ class GemmPlan:
     defines: dict
     config: GemmConfig
     spec_s: TensorMapSpec | None = None  # one stage's box of A's block scales (their TMA modes)
+    spec_c_rem: TensorMapSpec | None = None  # a tile's last bn % 64 columns of C (one box)
 
 
 @functools.lru_cache(maxsize=64)  # plans are pure: build each once
@@ -55,7 +56,13 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
         raise TmaflowError(f"gemm: block scales are applied at every k-block: fp8 operands with bn=128 "
                            f"and promote=1 (got {dtype}, bn={config.bn}, promote={config.promote})")
-    bn, cm, bk = config.bn, config.cluster_m, FP8_BK if fp8 else BK
+    if config.bn % 64 and (fp8 or layout != "nt"):
+        raise TmaflowError(f"gemm: bn={config.bn} (no multiple of 64) is for bfloat16 'nt' products (got "
+                           f"{dtype}, layout {layout!r}); use 64, 128, 192 or 256 columns")
+    if fp8 and config.cluster_k > 1:
+        raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 operands (got {dtype}); "
+                           "split an fp8 product's K with split_k")
+    bn, cm, ck, bk = config.bn, config.cluster_m, config.cluster_k, FP8_BK if fp8 else BK
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
     spec_a = TensorMapSpec.tiled(dtype, (m, k), (BM, bk), **l2)
     if layout == "nt":  # B is n x k: bn rows of 128 B, split in row slices among the cluster
@@ -64,13 +71,22 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     else:               # B is k x n: boxes of 64 k-rows x 64 columns (128 B), bn / 64 of them
         spec_b = TensorMapSpec.tiled(dtype, (k, n), (BK, 64), **l2)
         b_boxes = bn // 64
-    spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (64, 64), swizzle="128B")
-    epilogue = Buffer("c", 2 * 64 * config.epi_cols * 2, align=1024)
+    # C leaves in 64 x 64 boxes, 64 rows a consumer warpgroup; with cluster K-splits a CTA stores
+    # only the BM / ck rows it owns (32-row boxes when that is a quarter)
+    stored_rows = BM // ck
+    spec_c = TensorMapSpec.tiled("bfloat16", (m, n), (min(64, stored_rows), 64), swizzle="128B")
+    # a width that is no multiple of 64 stores its last columns through boxes that narrow
+    rem = bn % 64
+    spec_c_rem = TensorMapSpec.tiled("bfloat16", (m, n), (min(64, stored_rows), rem), swizzle="128B") if rem else None
+    epilogue = Buffer("c", stored_rows * config.epi_cols * 2, align=1024)
+    reduce = _cluster_reduce(ck, bn)
     spec_s = _m_major_scales_spec(m, k, bk, BM) if block_scales == "m_major" else None
     scale_bytes = SCALE_STRIDE * 4 if block_scales == "row_major" else 0
     stage_bytes = (spec_a.smem_bytes + b_boxes * spec_b.smem_bytes + scale_bytes +
                    (spec_s.smem_bytes if spec_s else 0))
-    stages = config.stages or min(8, (HOPPER_SMEM_LIMIT - epilogue.nbytes - _BARRIER_RESERVE) // stage_bytes)
+    reduce_bytes = sum(item.nbytes for item in reduce if isinstance(item, Buffer))
+    stages = config.stages or min(8, (HOPPER_SMEM_LIMIT - epilogue.nbytes - reduce_bytes - _BARRIER_RESERVE)
+                                  // stage_bytes)
     # consumers: one arrival per consumer warp and CTA per release. Gathered block scales are
     # read by every lane with ld.shared after a cp.async, and each lane releases its own reads on
     # its CTA's barrier (racecheck credits no warp sync): consumer_lanes = the warp's lanes.
@@ -81,17 +97,33 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
                     multicast=[None, "x"] + [None] * bool(spec_s) if cm > 1 else None,
                     producers=1 + WARP if gathered else 1, consumer_lanes=WARP if gathered else 1)
     extra = [Buffer("scales", stages * scale_bytes, align=16)] if scale_bytes else []
-    smem = SharedLayout([pipe, epilogue, *extra])
+    smem = SharedLayout([pipe, epilogue, *extra, *reduce])
     split = _nonempty_splits(math.ceil(k / bk), config.split_k)
     defines = {"BN": bn, "EPI_COLS": config.epi_cols, "B_N_MAJOR": int(layout == "nn"),
                "CLUSTER_M": cm, "GROUP_M": config.group_m, "SPLIT_K": int(split > 1),
                "SPLIT_TAIL": int(config.split_tail)}
+    if ck > 1:
+        defines["CLUSTER_K"] = ck
+    if rem:
+        defines["EPI_REM_MAP"] = 1
     if fp8:
         defines.update(FP8=1, PROMOTE=config.promote)
     if block_scales:
         defines.update(BLOCK_SCALES=1, SCALES_TMA=SCALE_MODES[block_scales])
     return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split),
-                    spec_s)
+                    spec_s, spec_c_rem)
+
+
+def _cluster_reduce(ck: int, bn: int) -> list:
+    """Where a cluster's K splits meet (gemm.cu's ClusterReduce): each CTA owns BM / ck rows
+    of the tile and takes the other ck - 1 ranks' fp32 partials of them in ``red``; ``red_full``
+    completes when their bytes landed, ``red_freed`` when the ranks this CTA sent to have read
+    theirs (one arrival per owning warp, BM / ck / 16 of them, in each of the ck - 1 others)."""
+    if ck == 1:
+        return []
+    slots = (ck - 1) * (BM // ck) * bn * 4
+    return [Buffer("red", slots, align=128), Barrier("red_full", 1, slots),
+            Barrier("red_freed", (ck - 1) * (BM // ck // 16))]
 
 
 @dataclass(frozen=True)
