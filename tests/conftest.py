@@ -28,3 +28,13 @@ def rng():
     seed = int(np.random.SeedSequence().entropy % (2**32))
     print(f"rng seed {seed}")
     return np.random.default_rng(seed)
+
+
+def pytest_runtest_logreport(report):
+    """Each failure's text as it happens, into $TMAFLOW_REPORT_DIR/failures.txt (the GPU
+    script's report folder): a run stopped at its time limit still says why its tests failed."""
+    folder = os.environ.get("TMAFLOW_REPORT_DIR")
+    if folder and report.failed:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(folder, f"failures-{worker}.txt"), "a") as f:
+            f.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

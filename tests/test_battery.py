@@ -1,5 +1,7 @@
 """The bad-input battery (tests/battery.py): every case raises a TmaflowError with a message
 naming the problem; on a GPU, a correct launch still works after each one."""
+import io
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,11 @@ from battery import CASES
 from kernel_sources import source
 
 IDS = [f"{c.area}: {c.what}" for c in CASES]
+
+# Long-lived host memory with a known pattern: a case that let the device (or a copy) write
+# into host memory shows up here, named, instead of as a later, unrelated failure.
+_CANARY = np.arange(1 << 18, dtype=np.uint32) * np.uint32(2654435761)
+_CANARY_SUM = int(_CANARY.sum(dtype=np.uint64))
 
 
 def test_battery_is_large():
@@ -41,3 +48,19 @@ def test_case_then_a_correct_launch(case, device, rng):
     i = np.arange(256, dtype=np.uint64)
     want = (((255 - i) * 2654435761) & 0xFFFFFFFF).astype(np.uint32) ^ np.uint32(seed)
     np.testing.assert_array_equal(out.numpy(), want)
+    _host_memory_is_intact(case)
+
+
+def _host_memory_is_intact(case):
+    """After the case: host memory it never owned is unchanged, and an archive written now reads
+    back as written (the saved-trace cases once failed inside xdist workers on the GPU machine,
+    reading null bytes from archives just written)."""
+    assert int(_CANARY.sum(dtype=np.uint64)) == _CANARY_SUM, \
+        f"after {case.area}: {case.what}: host memory changed under the canary"
+    buf = io.BytesIO()
+    arrays = {"a": np.arange(5.0), "b": np.array("{}")}
+    np.savez_compressed(buf, **arrays)
+    with np.load(io.BytesIO(buf.getvalue())) as f:
+        back = {k: f[k] for k in f.files}
+    assert all(np.array_equal(back[k], v) for k, v in arrays.items()), \
+        f"after {case.area}: {case.what}: an in-memory archive reads back as {back}"

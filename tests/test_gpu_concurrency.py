@@ -6,6 +6,7 @@ explicitly, threads each on its own stream, a tf.Graph captured while a thread l
 torch CUDA graph replayed beside eager launches), at least 100 launches a stream, each
 compared with ``torch.equal`` against a reference computed first on the default stream. A
 subset runs again on the generated Python launch path. Small shapes: seconds in all."""
+import contextlib
 import threading
 
 import pytest
@@ -93,7 +94,9 @@ def _attention_backward(gen):
     def call(stream=None):
         grads = kernels.attention_backward(q, k, v, out, dout, lse, causal=True, deterministic=True,
                                            stream=stream)
-        return torch.cat([g.flatten() for g in grads])
+        # the gradients are written on the launch stream: join them there, not on the current one
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return torch.cat([g.flatten() for g in grads])
     return call
 
 

@@ -125,6 +125,7 @@ def _run_batch(k, cases, rng):
     specs = [_spec(c) for c in cases]
     image_at = np.cumsum([0] + [s.smem_bytes for s in specs])
     images = rng.integers(0, 256, size=int(image_at[-1]), dtype=np.uint8)
+    image_hash = hash(images.tobytes())
     dev_images = tf.from_numpy(images)
     coords = np.zeros((len(cases), 5), np.int32)
     for i, case in enumerate(cases):
@@ -144,6 +145,9 @@ def _run_batch(k, cases, rng):
                      len(case["shape"]), case["base_offset"], tmap.spec.smem_bytes,
                      grid=1, block=128, smem=SMEM)
     got = arena.numpy()  # the one synchronize of the batch
+    if hash(images.tobytes()) != image_hash:
+        raise AssertionError("the host copy of the shared-memory images changed after the upload "
+                             "(host memory written by something else in this process)")
     return poison, got, addr.numpy(), starts, [images[image_at[i]:image_at[i + 1]] for i in
                                                range(len(cases))], [m.spec for m in maps]
 
@@ -192,7 +196,7 @@ def test_tma_store_model_is_byte_exact_with_spill(device, rng):
                                  # to tell a host-side model difference from a device one
                                  "poison": poison[region][bad[:8]].tolist(),
                                  "model_again": again[region][bad[:8]].tolist(),
-                                 "image": images[i].tolist() if images[i].size <= 4096 else None})
+                                 "image": images[i].tolist() if images[i].size <= 1 << 16 else None})
     summary = {**seen, "failures": len(failures)}
     print("store model sweep", summary)
     out = os.environ.get("TMAFLOW_REPORT_DIR")

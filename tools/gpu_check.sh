@@ -103,6 +103,9 @@ echo "== failures =="
 [ -f "$OUT/pytest_gpu.log" ] && grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/pytest_gpu.log" | head -40
 [ -f "$OUT/pytest_reset_probe.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_reset_probe.log" | head -20
 [ -f "$OUT/pytest_gpu_faults.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_faults.log" | head -20
+for f in "$OUT"/failures-*.txt; do  # written as each test fails (tests/conftest.py)
+  [ -f "$f" ] && grep -E "^=== |^E  " "$f" | cut -c1-240 | head -40
+done
 echo "== summary =="
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 3 "$OUT/pytest_gpu.log"
 [ -f "$OUT/pytest_reset_probe.log" ] && echo "reset probe: $(tail -n 1 "$OUT/pytest_reset_probe.log")"
