@@ -22,6 +22,19 @@ def pytest_configure(config):
         config.pluginmanager.register(tmaflow.testing, "tmaflow")
 
 
+_ONE_BYTE = bytes(range(256))
+
+
+@pytest.fixture(autouse=True)
+def _shared_bytes_intact():
+    """CPython shares one object per one-byte ``bytes``; C code writing into a ``bytes`` buffer
+    it was given can change it for the whole process (NVRTC once wrote an empty log's NUL into
+    ``b" "``). Fail the test after which any of them changed, by name."""
+    yield
+    bad = [c for c in range(256) if bytes(_ONE_BYTE[c:c + 1])[0] != c]
+    assert not bad, f"the shared one-byte bytes objects for {bad[:8]} changed during this test"
+
+
 @pytest.fixture
 def rng():
     # Fresh inputs each run; the seed is printed on failure so a case can be replayed.
@@ -34,6 +47,8 @@ def pytest_runtest_logreport(report):
     """Each failure's text as it happens, into $TMAFLOW_REPORT_DIR/failures.txt (the GPU
     script's report folder): a run stopped at its time limit still says why its tests failed."""
     folder = os.environ.get("TMAFLOW_REPORT_DIR")
+    if getattr(report, "node", None) is not None:  # the xdist controller, echoing a worker's report
+        return
     if folder and report.failed:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(os.path.join(folder, f"failures-{worker}.txt"), "a") as f:

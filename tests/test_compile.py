@@ -432,3 +432,20 @@ def test_gemm_tail_split_compiles_without_spills(dtype, config):
     sass = disassemble(k.cubin)
     assert "ATOMG.E.ADD" in sass and "BAR.RED.OR" in sass
     assert k.resources.spills == 0 and k.resources.stack_frame == 0
+
+
+def test_nvrtc_output_leaves_the_shared_one_byte_bytes_alone():
+    """An empty log is one byte (its NUL): read into ``b" " * 1``, CPython's shared ``b" "``,
+    NVRTC's NUL turned every ``b" "`` of the process into ``b"\\0"``."""
+    from tmaflow.launch.compiler import nvrtc_output
+    from tmaflow.runtime import driver
+
+    nv = driver.nvrtc()
+    err, prog = nv.nvrtcCreateProgram(b'extern "C" __global__ void k() {}', b"k.cu", 0, [], [])
+    try:
+        assert int(nv.nvrtcCompileProgram(prog, 1, [b"--gpu-architecture=sm_90a"])[0]) == 0
+        assert nvrtc_output(nv, "nvrtcGetProgramLog", prog) == b"\0"  # the empty log
+        assert nvrtc_output(nv, "nvrtcGetCUBIN", prog)[:4] == b"\x7fELF"
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+    assert bytes([32]) == b" " and (b" " * 3) == b"   "

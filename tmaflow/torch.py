@@ -181,17 +181,18 @@ def _attention_backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
                        lse: torch.Tensor, causal: bool = False, scale: float | None = None,
                        deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``kernels.attention_backward(...)``: (dq, dk, dv)."""
+    """``kernels.attention_backward(...)``: (dq, dk, dv). ``dout`` may have any layout: autograd
+    hands over expanded scalars' gradients and slices of a concatenation's, and the kernels read
+    16-byte pieces, so it is copied where it is not contiguous and 16-byte aligned (here, where
+    the tensors are real: under torch.compile the caller only traces)."""
+    dout = dout.contiguous()
+    if dout.data_ptr() % 16:
+        dout = dout.clone()
     return attention_backward_entry.attention_backward(q, k, v, out, dout, lse, causal=causal, scale=scale,
                                                        deterministic=deterministic)
 
 
 def _grads(q, k, v, out, lse, dout, causal, scale) -> tuple:
-    # dout from autograd may be any layout (an expanded scalar's, say) or a contiguous view at
-    # any element (a slice of a concatenation's gradient): the kernels read 16-byte pieces.
-    dout = dout.contiguous()
-    if dout.data_ptr() % 16:
-        dout = dout.clone()
     return attention_backward(q, k, v, out, dout, lse, causal, scale, torch.are_deterministic_algorithms_enabled())
 
 

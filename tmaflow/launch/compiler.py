@@ -253,6 +253,19 @@ def check_options(options) -> tuple[str, ...]:
     return options
 
 
+def nvrtc_output(nv, getter: str, prog) -> bytes:
+    """What NVRTC's ``getter`` (``nvrtcGetProgramLog``, ``nvrtcGetCUBIN``, ``nvrtcGetPTX``)
+    writes, read through a fresh ``bytearray``. Never through a ``bytes`` buffer: NVRTC writes
+    into the object it is given, and ``b" " * 1`` (an empty log is one byte, its NUL) is
+    CPython's shared one-byte ``b" "``, whose byte the NUL zeroed for the whole process: every
+    later ``b" "`` (numpy's .npy header padding, a one-byte ``tobytes()`` of a space) read as
+    ``b"\\0"``. Seen on the GPU machine as archives with null bytes and a wrong store-model byte."""
+    size = driver.check(f"{getter}Size", getattr(nv, f"{getter}Size")(prog))
+    buf = bytearray(size)
+    driver.check(getter, getattr(nv, getter)(prog, buf))
+    return bytes(buf)
+
+
 def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
                     arch: str = DEFAULT_ARCH, headers: dict[str, str] | None = None,
                     filename: str = "kernel.cu") -> Program:
@@ -276,10 +289,7 @@ def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
         driver.check("nvrtcAddNameExpression", nv.nvrtcAddNameExpression(prog, name.encode()))
         opts = [o.encode() for o in full_opts]
         (err,) = nv.nvrtcCompileProgram(prog, len(opts), opts)
-        size = driver.check("nvrtcGetProgramLogSize", nv.nvrtcGetProgramLogSize(prog))
-        buf = b" " * size
-        driver.check("nvrtcGetProgramLog", nv.nvrtcGetProgramLog(prog, buf))
-        log_text = buf.rstrip(b"\0 ").decode(errors="replace")
+        log_text = nvrtc_output(nv, "nvrtcGetProgramLog", prog).rstrip(b"\0 ").decode(errors="replace")
         if int(err) != 0:
             raise _compile_error(source, name, log_text, filename, headers)
         try:
@@ -291,11 +301,8 @@ def compile_program(source: str, name: str, *, options: tuple[str, ...] = (),
         if not size:
             raise CompileError(f"NVRTC compiled {filename} but produced no CUBIN (options "
                                f"{list(options)}); an option asked for another output", log=log_text)
-        cubin = b" " * size
-        driver.check("nvrtcGetCUBIN", nv.nvrtcGetCUBIN(prog, cubin))
-        size = driver.check("nvrtcGetPTXSize", nv.nvrtcGetPTXSize(prog))
-        ptx = b" " * size
-        driver.check("nvrtcGetPTX", nv.nvrtcGetPTX(prog, ptx))
+        cubin = nvrtc_output(nv, "nvrtcGetCUBIN", prog)
+        ptx = nvrtc_output(nv, "nvrtcGetPTX", prog)
     finally:
         nv.nvrtcDestroyProgram(prog)
     seconds = time.perf_counter() - t0
