@@ -177,7 +177,11 @@ def test_choose_config():
     # 64 tiles of 128 columns or 128 of 64 columns: one wave either way, the narrow ones half the math
     assert choose_config(1024, 1024, 1024, 132) == GemmConfig(bn=64, cluster_m=1, epi_cols=64)  # 16 k-blocks: no split
     assert choose_config(768, 768, 768, 132).bn == 64
-    assert choose_config(512, 512, 2048, 132).split_k == 2                          # 16 k-blocks a split
+    # 32 tiles under half the SMs: a cluster of two splits each tile's K in shared memory
+    small = choose_config(512, 512, 2048, 132)
+    assert (small.bn, small.cluster_k, small.split_k, small.cluster_m) == (64, 2, 1, 1)
+    assert choose_config(512, 512, 512, 132).cluster_k == 2                        # 8 k-blocks
+    assert choose_config(256, 256, 256, 132).cluster_k == 1                        # 4 k-blocks: none
     narrow = dense_config(16, 4096, 4096, 132)
     assert narrow.cluster_m == 1 and narrow.bn == 128                              # one M tile: no partner
     assert narrow.split_k == 4                                                     # 32 tiles x 4 splits fill 128 SMs

@@ -18,7 +18,8 @@ from typing import Callable
 
 from ..errors import TmaflowError
 from ..runtime.device import current_ordinal, on_reset
-from ..runtime.memory import DeviceArray, _contiguous_strides as contiguous_strides, as_array, empty
+from ..runtime.memory import (ZERO_SCRATCH, DeviceArray, _contiguous_strides as contiguous_strides, as_array,
+                              empty, zero_for_sanitizer)
 
 
 class Prepared:
@@ -113,21 +114,25 @@ def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: in
     """(object returned to the caller, its DeviceArray view): a new contiguous array of
     ``like``'s kind; tmaflow's allocated in order on ``stream``, the call's resolved stream
     (torch's and cupy's by their allocators, on their current stream). The view is built
-    directly: its layout is known."""
+    directly: its layout is known. Zeroed under TMAFLOW_ZERO_SCRATCH (compute-sanitizer's
+    initcheck does not count the TMA stores that write it as initialising it)."""
     dt = dtype or like_arr.dtype
     shape = tuple(shape)
     origin = like_arr._origin
     if origin == "torch":
         obj = like.new_empty(shape) if dt is like_arr.dtype else like.new_empty(shape, dtype=_torch_dtype(dt))
-        return obj, DeviceArray._view(obj.data_ptr(), shape, dt, contiguous_strides(shape, dt.itemsize),
-                                      obj, like_arr.device, "torch")
-    if origin == "cupy" and dt.name != "bfloat16":
+        view = DeviceArray._view(obj.data_ptr(), shape, dt, contiguous_strides(shape, dt.itemsize),
+                                 obj, like_arr.device, "torch")
+    elif origin == "cupy" and dt.name != "bfloat16":
         import cupy
 
         obj = cupy.empty(shape, dtype=dt.numpy)
-        return obj, as_array(obj)
-    arr = empty(shape, dt, like_arr.device, stream=stream)
-    return arr, arr
+        view = as_array(obj)
+    else:
+        obj = view = empty(shape, dt, like_arr.device, stream=stream)
+    if ZERO_SCRATCH:
+        zero_for_sanitizer(view, stream)
+    return obj, view
 
 
 def given_output(name: str, out, shape: tuple, dtype, bits_only: bool = False,

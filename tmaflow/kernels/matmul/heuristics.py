@@ -90,8 +90,15 @@ def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     # against 23.89 us; K = 64: 4.90 against 5.06 us); clustered 256-column tiles keep 128
     # (8192^3: 1.024x against 1.052x cuBLAS)
     epi_cols = 128 if bn == 128 or (bn == 256 and cluster_m == 2) else 64
-    return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=epi_cols,
-                      split_k=_filling_splits(tiles, math.ceil(k / BK), sm_count))
+    k_blocks = math.ceil(k / BK)
+    split = _filling_splits(tiles, k_blocks, sm_count)
+    # A grid under half the SMs with K to share: a cluster of two splits each tile's K and sums
+    # the partials in shared memory, no global round trip (H200, tools/peers/gemm_sweep.py,
+    # cold / back to back: 512x512x2048 1.38x / 1.35x over two global splits, 512^3 1.09x /
+    # 1.04x over none; 256^3, 4 k-blocks, gained nothing). Not measured against 3-4 global splits.
+    cluster_k = 2 if 2 * tiles <= sm_count and k_blocks >= 8 and split <= 2 and cluster_m == 1 else 1
+    return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=epi_cols, cluster_k=cluster_k,
+                      split_k=1 if cluster_k > 1 else split)
 
 
 def _cheapest_width(tiles_m: int, n: int, sm_count: int, speed: dict, widths=None) -> int:
