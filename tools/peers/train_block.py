@@ -49,6 +49,7 @@ def build(torch, args, attend):
         def __init__(self):
             super().__init__()
             self.emb = nn.Embedding(args.vocab, args.dim)
+            nn.init.normal_(self.emb.weight, std=0.02)  # tied to the head: logits start near 0
             self.blocks = nn.ModuleList(Block() for _ in range(2))
             self.norm = nn.RMSNorm(args.dim)
 
@@ -139,7 +140,8 @@ def main() -> int:
                      "ms / step": round(ms, 2)})
     noise = rows[1]["max |loss - cudnn|"]
     bound = max(2 * noise, 0.02)
-    learned = rows[2]["last loss"] < 0.5 * rows[2]["first loss"]
+    # from about ln(vocab), the repeated phrases let a causal model fall well below it
+    learned = rows[2]["last loss"] < 0.5 * math.log(args.vocab) and rows[2]["first loss"] < 1.5 * math.log(args.vocab)
     ok = rows[2]["max |loss - cudnn|"] <= bound and learned and all(math.isfinite(r["last loss"]) for r in rows)
     print("  ".join(f"{c:>18s}" for c in COLUMNS))
     for r in rows:
