@@ -2,7 +2,8 @@
 initial weights on the same batches: attention by torch SDPA's cuDNN backend, by its flash
 backend, and by ``torch.ops.tmaflow.attention`` (forward and backward through autograd). The two
 SDPA runs differ only by their kernels' rounding, so their gap is the run's bf16 noise; tmaflow
-passes when its losses stay as close to cuDNN's as flash's do (within 2x that gap, or 0.02).
+passes when its losses stay as close to cuDNN's as flash's do (within 2x that gap, or 0.02) and
+the loss falls (by 15% at least: the runs compare real training).
 
     PYTHONPATH=. python3 tools/peers/train_block.py [--steps 100] [--seq 1024] [--batch 8]
         [--dim 1024] [--heads 8] [--kv-heads 2] [--compile] [--json FILE]
@@ -16,6 +17,7 @@ import time
 
 from tmaflow import bench
 
+WARMUP_STEPS = 5  # steps left out of ms / step
 COLUMNS = ["run", "first loss", "last loss", "max |loss - cudnn|", "mean |loss - cudnn|", "ms / step"]
 
 
@@ -89,10 +91,11 @@ def train(torch, args, attend, data) -> tuple[list[float], float]:
     if args.compile:
         step_fn = torch.compile(model, fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    losses = []
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for seq in data:
+    losses, start = [], None
+    for step, seq in enumerate(data):
+        if step == WARMUP_STEPS:  # compiles, cuDNN plans and allocations stay out of the time
+            torch.cuda.synchronize()
+            start = time.perf_counter()
         logits = step_fn(seq[:, :-1])
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), seq[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -100,7 +103,8 @@ def train(torch, args, attend, data) -> tuple[list[float], float]:
         opt.step()
         losses.append(loss.item())
     torch.cuda.synchronize()
-    return losses, (time.perf_counter() - start) * 1e3 / len(data)
+    timed = len(data) - WARMUP_STEPS
+    return losses, (time.perf_counter() - start) * 1e3 / timed if start is not None and timed else float("nan")
 
 
 def main() -> int:
@@ -146,17 +150,18 @@ def main() -> int:
                      "ms / step": round(ms, 2)})
     noise = rows[1]["max |loss - cudnn|"]
     bound = max(2 * noise, 0.02)
-    # from about ln(vocab), the fixed successor of each token lets the loss fall well below it
-    learned = rows[2]["last loss"] < 0.7 * math.log(args.vocab) and rows[2]["first loss"] < 1.5 * math.log(args.vocab)
-    ok = rows[2]["max |loss - cudnn|"] <= bound and learned and all(math.isfinite(r["last loss"]) for r in rows)
+    tracks = rows[2]["max |loss - cudnn|"] <= bound
+    learns = rows[2]["last loss"] < 0.85 * rows[2]["first loss"]  # the runs compare real training
+    ok = tracks and learns and all(math.isfinite(r["last loss"]) for r in rows)
     print("  ".join(f"{c:>18s}" for c in COLUMNS))
     for r in rows:
         print("  ".join(f"{r[c]!s:>18s}" for c in COLUMNS))
-    print(f"noise (flash vs cudnn) {noise:.5f}; bound {bound:.5f}; tmaflow "
-          f"{'tracks' if ok else 'DOES NOT track'} SDPA over {args.steps} steps")
+    print(f"noise (flash vs cudnn) {noise:.5f}; bound {bound:.5f}; tmaflow {'tracks' if tracks else 'DOES NOT track'} "
+          f"SDPA over {args.steps} steps; its loss {'falls' if learns else 'does not fall'} from "
+          f"{rows[2]['first loss']} to {rows[2]['last loss']}")
     if args.json:
         bench.records.write(args.json, "attention_training", "2-layer transformer trained with each attention",
-                            COLUMNS, rows, noise=noise, bound=bound, tracks=ok,
+                            COLUMNS, rows, noise=noise, bound=bound, tracks=tracks, learns=learns,
                             losses={name: r[0] for name, r in results.items()})
     return 0 if ok else 1
 
