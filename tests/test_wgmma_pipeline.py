@@ -163,5 +163,6 @@ def test_gathered_scales_are_released_by_every_lane(cm):
     assert len(remote) == (2 if cm == 2 else 0) and all(t.startswith("@") for t in remote), remote
     local, remote = _arrivals(warp)
     assert len(local + remote) == 2 and all(t.startswith("@") for t in local + remote), local + remote
-    assert len(lanes) <= len(warp) + 8, (len(lanes), len(warp))
+    # NVRTC 13.5: 227 against 224 instructions in clusters of two; 13.0 (the GPU image's): 230 / 221
+    assert len(lanes) <= len(warp) + 12, (len(lanes), len(warp))
     assert sum(t.startswith("R2UR") for t in lanes) <= sum(t.startswith("R2UR") for t in warp)

@@ -25,6 +25,8 @@ by torch (``torch.cuda.graph``, ``mode="reduce-overhead"``) captures the kernel 
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .errors import TmaflowError
@@ -295,7 +297,8 @@ def _distributed():
 def _group(group_name: str):
     from torch.distributed.distributed_c10d import _resolve_process_group  # torch-private, stable since 2.2
 
-    return _resolve_process_group(group_name)
+    resolve: Any = _resolve_process_group  # newer torch types its argument as GroupName, a str
+    return resolve(group_name)
 
 
 def _all_gather_gemm_fake(a_shard: torch.Tensor, b: torch.Tensor, group_name: str, m: int,

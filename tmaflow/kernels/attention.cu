@@ -139,12 +139,7 @@ struct Tiles {
         start[i + 1] = max(start[i + 1], start[i]);  // as find's clamps
         mine += b0 + i < batch ? (start[i + 1] - start[i] + BM - 1) / BM * heads : 0;
       }
-      int upto = mine;
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int x = __shfl_up_sync(0xffffffffu, upto, d);
-        if (lane >= d) upto += x;
-      }
+      const int upto = warp::inclusive_sum(mine);
       const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
       if (past != 0) {
         const int l = __ffs(past) - 1;
@@ -171,12 +166,7 @@ struct Tiles {
         len = min(max(__ldg(cu_q + b + 1), q0), total_q) - q0;
       }
       const int blocks = (len + BM - 1) / BM, n = blocks * heads;
-      int upto = n;  // tiles of sequences first .. b
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const int x = __shfl_up_sync(0xffffffffu, upto, d);
-        if (lane >= d) upto += x;
-      }
+      const int upto = warp::inclusive_sum(n);  // tiles of sequences first .. b
       const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
       if (past != 0) {
         const int l = __ffs(past) - 1, seq = first + l;

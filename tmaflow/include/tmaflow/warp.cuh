@@ -52,6 +52,19 @@ TMAFLOW_DEVICE float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
+// Inclusive prefix sum over the warp: lane l gets x of lanes 0 .. l (Hillis-Steele, 5 steps).
+// ptx: shfl.sync.up.b32 (x5), add.s32
+// who: all 32 lanes of a warp, converged
+// order: none
+TMAFLOW_DEVICE int inclusive_sum(int x) {
+  const uint32_t l = threadIdx.x & 31;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int y = __shfl_up_sync(0xffffffffu, x, d);
+    if (l >= uint32_t(d)) x += y;
+  }
+  return x;
+}
 }  // namespace warp
 namespace named_barrier {
 // Barrier `id` (1-15; 0 is __syncthreads) among `threads` threads (a multiple of 32), e.g.
