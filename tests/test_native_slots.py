@@ -191,3 +191,28 @@ def test_bytes_no_field_writes_are_zero_whatever_the_stack_held(dry, rng):
 
 def test_these_tests_pass_under_address_sanitizer(tmp_path):
     under_address_sanitizer(tmp_path, __file__)
+
+
+class FarSlots:
+    """A slotted class whose last member lies far past the end of a DeviceArray."""
+    __slots__ = tuple(f"p{i}" for i in range(4000)) + ("x",)
+
+
+def test_another_class_s_member_on_the_class_is_refused_as_python_refuses_it(dry):
+    """A slot descriptor of an unrelated class assigned as a class attribute names an offset in
+    that class's objects: the plan must read by name (the descriptor raises TypeError), never
+    at that offset (it read 32 kB past the array: a segfault)."""
+    run = dry()
+    arr = owned_array(0x1000)
+    tm = owned_map(arr)
+    run(tm, arr, 1, 2.0)
+    run(tm, arr, 1, 2.0)  # the plan has learnt where DeviceArray keeps ptr
+    saved = memory.DeviceArray.__dict__["ptr"]
+    memory.DeviceArray.ptr = FarSlots.__dict__["x"]
+    try:
+        with pytest.raises(TypeError, match="descriptor 'x' for 'FarSlots' objects doesn't apply"):
+            run(tm, arr, 1, 2.0)
+    finally:
+        memory.DeviceArray.ptr = saved
+    run(tm, arr, 3, 4.0)
+    assert packed(run) == checked_pack(run, (tm, arr, 3, 4.0))

@@ -389,7 +389,11 @@ def _attention_backward_call(q, k, v, out, dout, lse, *, causal: bool = False, s
 def _attention_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=None, *,
                            causal: bool = False, scale: float | None = None, **options):
     _only("attention_varlen", {"out": out, **options})
-    return attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    # the op's schema takes tensors: host lengths (a list, numpy) become a CPU int32 tensor,
+    # which the entry point uploads as it uploads them given directly
+    cu_q, cu_k = (c if isinstance(c, torch.Tensor) else torch.as_tensor(c, dtype=torch.int32)
+                  for c in (cu_seqlens_q, cu_seqlens_k))
+    return attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale)
 
 
 def _attention_decode_call(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,

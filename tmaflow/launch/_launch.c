@@ -108,6 +108,9 @@ static void slot_learn(Slot *slot, PyTypeObject *type, PyObject *name) {
     PyObject *descr = type->tp_getattro == PyObject_GenericGetAttr ? _PyType_Lookup(type, name) : NULL;
     slot->version = type->tp_version_tag; /* after the lookup, which assigns it */
     if (descr == NULL || slot->version == 0 || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) return;
+    /* a member of this type or a base: another class's descriptor (assigned to a class
+     * attribute) names an offset in objects of that class, which the descriptor itself refuses */
+    if (!PyType_IsSubtype(type, ((PyDescrObject *)descr)->d_type)) return;
     PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
     /* an object member (NULL: unset, or None for T_OBJECT; either is then read by name) */
     if ((member->type == Py_T_OBJECT_EX || member->type == _Py_T_OBJECT) && !(member->flags & Py_AUDIT_READ))

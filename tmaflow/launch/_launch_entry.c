@@ -32,10 +32,18 @@ typedef struct {
 
 /* Remember `launcher` as the one for these key objects in this thread (NULL: forget) */
 static void entry_remember(Entry *e, PyObject *launcher, PyObject *const *key, unsigned long thread) {
-    Py_XSETREF(e->last, Py_XNewRef(launcher));
-    for (int i = 0; i < KEY_PARTS; i++)
-        Py_XSETREF(e->last_key[i], launcher == NULL ? NULL : Py_NewRef(key[i]));
+    /* every field is set before any old reference goes: releasing one may run Python code
+     * (a key's __del__) that switches threads, and another thread must never see the new
+     * launcher beside the old key or thread */
+    PyObject *old[KEY_PARTS + 1];
+    old[0] = e->last;
+    e->last = Py_XNewRef(launcher);
+    for (int i = 0; i < KEY_PARTS; i++) {
+        old[i + 1] = e->last_key[i];
+        e->last_key[i] = launcher == NULL ? NULL : Py_NewRef(key[i]);
+    }
     e->last_thread = thread;
+    for (int i = 0; i <= KEY_PARTS; i++) Py_XDECREF(old[i]);
 }
 
 static int entry_same_key(const Entry *e, PyObject *const *key, unsigned long thread) {
