@@ -29,7 +29,6 @@ import types
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # numpy's idle BLAS threads spin beside the timing
 
 # (this layout, the flat one before the subpackages): module, attribute
 _WHERE = {"native": (("tmaflow.launch.native", None), ("tmaflow.native", None)),
@@ -333,6 +332,9 @@ def compare(opts) -> None:
 
 
 def main() -> None:
+    # the processes it starts: numpy's idle BLAS threads spin beside the timing (this one has
+    # loaded numpy already, with the package)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=15)

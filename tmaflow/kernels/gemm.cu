@@ -252,8 +252,6 @@ struct Schedule {
 #endif
 };
 
-#define TMAFLOW_GEMM_MMA_BF16_(N) wgmma::mma_m64n##N##k16_bf16
-#define TMAFLOW_GEMM_MMA_BF16(N) TMAFLOW_GEMM_MMA_BF16_(N)  // BN expanded first
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t scale_d = 1) {
 #if FP8 && BN == 256
   wgmma::mma_m64n256k32_e4m3(acc, da, db, scale_d);
@@ -262,7 +260,7 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t s
 #elif FP8
   wgmma::mma_m64n128k32_e4m3(acc, da, db, scale_d);
 #else
-  TMAFLOW_GEMM_MMA_BF16(BN)<B_N_MAJOR>(acc, da, db, scale_d);  // wgmma::mma_m64n<BN>k16_bf16
+  wgmma::mma_k16_bf16<B_N_MAJOR>(acc, da, db, scale_d);  // m64n<BN>k16: the accumulator count picks it
 #endif
 }
 

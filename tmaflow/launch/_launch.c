@@ -569,6 +569,9 @@ fail:
     return NULL;
 }
 
+/* a module-exec step of this file and the one it includes: an interned name, or return -1 */
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
+
 #include "_launch_entry.c" /* Kernel.launch's lookup (Entry) */
 
 static PyTypeObject PlanType = {
@@ -590,7 +593,6 @@ static PyTypeObject PlanType = {
 static int module_exec(PyObject *m) {
     if (PyType_Ready(&PlanType) < 0) return -1;
     if (s_alloc == NULL) { /* process-wide: the type and these names are static */
-#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
         INTERN(s_alloc, "_alloc");
         INTERN(s_live, "live");
         INTERN(s_ptr, "ptr");

@@ -217,7 +217,6 @@ static PyTypeObject EntryType = {
 static int entry_exec(PyObject *m) {
     if (PyType_Ready(&EntryType) < 0) return -1;
     if (s_grid == NULL) {
-#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1
         INTERN(s_grid, "grid");
         INTERN(s_block, "block");
         INTERN(s_cluster, "cluster");
@@ -225,7 +224,6 @@ static int entry_exec(PyObject *m) {
         INTERN(s_stream, "stream");
         INTERN(s_pdl, "pdl");
         INTERN(s_func, "func");
-#undef INTERN
     }
     Py_INCREF(&EntryType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) {
