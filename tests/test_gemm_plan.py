@@ -171,7 +171,12 @@ def test_choose_config():
     # whole waves: 384 tiles of 192 columns take 3 waves of 132, nearly full; 288 of 256 columns
     # also 3, the last a fifth full; 576 of 128 columns 5
     assert choose_config(3072, 3072, 3072, 132) == GemmConfig(bn=192, cluster_m=1, epi_cols=64)
-    assert choose_config(1000, 3000, 520, 132).bn == 192  # 128 tiles of 192 columns: one wave
+    # 128 tiles of 192 columns: one wave; 9 k-blocks: pairs share B by multicast
+    assert choose_config(1000, 3000, 520, 132) == GemmConfig(bn=192, cluster_m=2, epi_cols=64)
+    assert choose_config(768, 768, 768, 132).cluster_m == 1  # 64-column pairs measured slower
+    # 352 tiles of 192 columns in 3 waves, 384 of 176 in 3: the narrower is 8% cheaper
+    assert choose_config(4096, 2112, 7168, 132) == GemmConfig(bn=176, cluster_m=1, epi_cols=64)
+    assert choose_config(4096, 2048, 7168, 132).bn == 256  # whole waves already: no odd width
     assert choose_config(2304, 4608, 1024, 132).bn == 128  # 5 waves of 128 columns beat 4 of 192
     assert choose_config(4096, 7168, 16384, 132) == GemmConfig(bn=256, cluster_m=2)
     # 64 tiles of 128 columns or 128 of 64 columns: one wave either way, the narrow ones half the math

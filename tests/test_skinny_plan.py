@@ -29,8 +29,9 @@ def test_splits_fill_one_wave_and_keep_four_k_blocks(n, k):
 
 def test_choose_config_takes_the_skinny_path_for_few_rows_of_nt():
     for dtype in ("bfloat16", "float8_e4m3fn"):
-        assert isinstance(choose_config(SKINNY_M, 4096, 4096, 132, "nt", dtype), SkinnyConfig)
+        assert isinstance(choose_config(SKINNY_M, 2048, 4096, 132, "nt", dtype), SkinnyConfig)
         assert isinstance(choose_config(SKINNY_M + 1, 4096, 4096, 132, "nt", dtype), GemmConfig)
+    assert isinstance(choose_config(64, 4096, 4096, 132, "nt", "float8_e4m3fn"), SkinnyConfig)
     assert isinstance(choose_config(16, 4096, 4096, 132, "nn"), GemmConfig)
 
 
@@ -261,3 +262,26 @@ def test_block_scales_the_kernels_cannot_read_are_staged(sa_strides, sb_strides)
     assert _scales(a8, b8, sa, sb)[2] == STAGED
     with pytest.raises(tf.TmaflowError, match=r"scale_a must be \(301, 16\) \(1 x 128 blocks of a\), got \(301, 8\)"):
         _scales(a8, b8, DeviceArray(0, (301, 8), "float32", (4, 1204)), sb)
+
+
+@pytest.mark.parametrize("m,n,k,want", [
+    (128, 4096, 7168, (64, 2)),    # 64 tiles, K split in pairs: 128 CTAs
+    (128, 7168, 7168, (112, 2)),   # 64 tiles of 112 columns in pairs
+    (128, 8192, 8192, (64, 1)),    # 128 tiles; 64 of 128 in pairs tie: no split wins
+    (65, 4096, 4096, (64, 2)),
+])
+def test_one_m_tile_of_bf16_takes_dense_tiles_that_fill_the_sms(m, n, k, want):
+    cfg = choose_config(m, n, k, 132)
+    assert isinstance(cfg, GemmConfig) and (cfg.bn, cfg.cluster_k) == want and cfg.split_k == 1
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 4096), (128, 2048, 4096), (128, 4096, 512), (128, 3072, 4096)])
+def test_one_m_tile_keeps_the_skinny_path_when_dense_tiles_leave_sms_idle(m, n, k):
+    """64 rows or fewer, short K, or too few columns to fill 80% of the SMs: the skinny path."""
+    assert isinstance(choose_config(m, n, k, 132), SkinnyConfig)
+
+
+def test_skinny_rows_double_when_64_row_tiles_outnumber_the_sms():
+    assert choose_config(64, 14336, 4096, 132) == SkinnyConfig(rows=128)
+    assert choose_config(16, 14336, 4096, 132) == SkinnyConfig(rows=64)  # MP 16: a light tile
+    assert choose_config(64, 4096, 4096, 132, "nt", "float8_e4m3fn") == SkinnyConfig(rows=64)

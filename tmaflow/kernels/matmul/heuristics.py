@@ -19,15 +19,47 @@ def skinny_splits(n: int, k: int, rows: int, sm_count: int, bk: int = BK, min_k_
 def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
                   dtype: str = "bfloat16") -> GemmConfig | SkinnyConfig:
     """The skinny path for "nt" products of at most SKINNY_M rows, bf16 or fp8 (H200, fp8 decode
-    shapes: median 0.97-0.99x _scaled_mm against 0.75x in dense tiles). Otherwise
+    shapes: median 0.97-0.99x _scaled_mm against 0.75x in dense tiles), except bf16 ones of one
+    full M tile that dense tiles spread over the SMs (``one_m_tile_config``). Otherwise
     ``dense_config``: the tile width whose whole waves take least time, wide tiles in clusters
     of two from two waves on, K split among several CTAs when the tiles leave most SMs idle and
     K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.)"""
     if layout == "nt" and m <= SKINNY_M:
-        return SkinnyConfig()
+        one_tile = one_m_tile_config(m, n, k, sm_count) if dtype == "bfloat16" else None
+        return one_tile or skinny_config(m, n, sm_count)
     if dtype == "float8_e4m3fn":
         return fp8_config(m, n, k, sm_count)
     return dense_config(m, n, k, sm_count)
+
+
+def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:
+    """64 rows of B a CTA, or 128 when M fills the MMA's 64 columns and 64-row tiles alone
+    outnumber the SMs (H200, gemm_sweep: 64x14336x4096 1.044x / 1.073x cold / back to back;
+    at fewer tiles 64 rows won, as on 11 of the 12 decode shapes before)."""
+    return SkinnyConfig(rows=128 if m > 32 and math.ceil(n / 64) > sm_count else 64)
+
+
+_ONE_TILE_FILL = 0.8  # the dense path must keep this share of the SMs busy to beat the skinny one
+
+
+def one_m_tile_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig | None:
+    """bf16 "nt" products of 65-128 rows (one M tile) in dense tiles when a width (a multiple of
+    16) and a K split inside a cluster of at most two give nearly one CTA an SM: the most CTAs
+    up to the SM count, then no K split, then the wider tile (H200, gemm_sweep, over the skinny
+    path cold / back to back: 128x4096x7168 bn64 ck2 1.163 / 1.235, 128x7168x7168 bn112 ck2
+    1.021 / 1.016, 128x8192x8192 bn64 1.036 / 1.024). None (the skinny path, whose K splits
+    fill the GPU) for fewer rows, short K or narrow N."""
+    k_blocks = math.ceil(k / BK)
+    if m <= 64 or k_blocks < 16:
+        return None
+    fits = [(math.ceil(n / bn) * ck, -ck, bn, ck) for bn in range(64, 257, 16) for ck in (1, 2)
+            if math.ceil(n / bn) * ck <= sm_count]
+    if not fits:
+        return None
+    ctas, _, bn, ck = max(fits)
+    if ctas < _ONE_TILE_FILL * sm_count:
+        return None
+    return GemmConfig(bn=bn, cluster_m=1, epi_cols=128 if bn == 128 else 64, cluster_k=ck)
 
 
 # fp8 promoted every 4 k-blocks, relative speed of a tile's math (H200, full waves)
@@ -83,14 +115,20 @@ def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     # 64-column tiles only with two M tiles or more (one M tile is the split-K path's, measured
     # with 128 columns)
     widths = [w for w in _TILE_SPEED if w != 64 or tiles_m > 1]
-    bn = _cheapest_width(tiles_m, n, sm_count, _TILE_SPEED, widths)
+    bn = _fuller_last_wave(tiles_m, n, sm_count, _cheapest_width(tiles_m, n, sm_count, _TILE_SPEED, widths))
     tiles = tiles_m * math.ceil(n / bn)
+    k_blocks = math.ceil(k / BK)
     cluster_m = 2 if bn == 256 and tiles_m > 1 and tiles > sm_count else 1
+    # One nearly full wave over a short K: pairs sharing B by multicast halve its loads, which
+    # is most of a tile's time (H200, 1000x3000x520, 128 tiles of 192 columns, 9 k-blocks:
+    # 1.076x / 1.098x cold / back to back; pairs of 64-column tiles were slower: 256^3, 512^3,
+    # 1024^3)
+    if bn >= 128 and tiles_m > 1 and 2 * tiles >= sm_count and tiles <= sm_count and k_blocks <= 12:
+        cluster_m = 2
     # 64-column epilogue rounds for 64, 192 and unclustered 256-column tiles (H200, 2048^3: 23.67
     # against 23.89 us; K = 64: 4.90 against 5.06 us); clustered 256-column tiles keep 128
     # (8192^3: 1.024x against 1.052x cuBLAS)
     epi_cols = 128 if bn == 128 or (bn == 256 and cluster_m == 2) else 64
-    k_blocks = math.ceil(k / BK)
     split = _filling_splits(tiles, k_blocks, sm_count)
     # A grid under half the SMs with K to share: a cluster of two splits each tile's K and sums
     # the partials in shared memory, no global round trip (H200, tools/peers/gemm_sweep.py,
@@ -108,6 +146,35 @@ def _cheapest_width(tiles_m: int, n: int, sm_count: int, speed: dict, widths=Non
         return math.ceil(tiles_m * math.ceil(n / bn) / sm_count) * bn / speed[bn]
 
     return min(widths or speed, key=lambda width: (cost(width), -width))
+
+
+# Relative speed of the widths between the measured ones, for _fuller_last_wave: linear
+def _width_speed(bn: int) -> float:
+    known = sorted(_TILE_SPEED)
+    lo = max(w for w in known if w <= bn)
+    hi = min(w for w in known if w >= bn)
+    if lo == hi:
+        return _TILE_SPEED[lo]
+    return _TILE_SPEED[lo] + (_TILE_SPEED[hi] - _TILE_SPEED[lo]) * (bn - lo) / (hi - lo)
+
+
+_NARROWER_WORTH = 0.95  # an odd width must cut the modelled time by 5% to be taken
+
+
+def _fuller_last_wave(tiles_m: int, n: int, sm_count: int, bn: int) -> int:
+    """``bn``, or a width up to 32 columns narrower (a multiple of 16) whose tiles fill their
+    waves at least 5% cheaper in the model of ``_cheapest_width``, for grids of one to three
+    waves (under one, narrower tiles only change the split-K and cluster choices measured with
+    the standard widths; beyond three, a wave's fill matters little) (H200, 4096x2112x7168: 384 tiles of 176 columns in 3 waves
+    1.073x / 1.090x over 352 of 192 columns in 3, cold / back to back)."""
+    def cost(width):
+        return math.ceil(tiles_m * math.ceil(n / width) / sm_count) * width / _width_speed(width)
+
+    narrower = range(max(64, bn - 32), bn, 16)
+    if not narrower or not sm_count <= tiles_m * math.ceil(n / bn) <= 3 * sm_count:
+        return bn
+    best = min(narrower, key=lambda width: (cost(width), -width))
+    return best if cost(best) <= _NARROWER_WORTH * cost(bn) else bn
 
 
 def _filling_splits(tiles: int, k_blocks: int, sm_count: int) -> int:
