@@ -177,6 +177,7 @@ def test_choose_config():
     # 352 tiles of 192 columns in 3 waves, 384 of 176 in 3: the narrower is 8% cheaper
     assert choose_config(4096, 2112, 7168, 132) == GemmConfig(bn=176, cluster_m=1, epi_cols=64)
     assert choose_config(4096, 2048, 7168, 132).bn == 256  # whole waves already: no odd width
+    assert choose_config(4096, 2112, 7168, 132, "nn").bn == 192  # odd widths: "nt" only
     assert choose_config(2304, 4608, 1024, 132).bn == 128  # 5 waves of 128 columns beat 4 of 192
     assert choose_config(4096, 7168, 16384, 132) == GemmConfig(bn=256, cluster_m=2)
     # 64 tiles of 128 columns or 128 of 64 columns: one wave either way, the narrow ones half the math

@@ -13,7 +13,10 @@ from tmaflow.testing import poison, rel_error
 pytestmark = pytest.mark.gpu
 
 SHAPES = [(256, 256, 64), (128, 128, 1024), (1000, 760, 520), (300, 4096, 136), (16, 4096, 4096),
-          (4096, 16, 4096), (1024, 1024, 1024), (8, 8, 8), (129, 264, 72)]  # TMA: rows are 16 B multiples
+          (4096, 16, 4096), (1024, 1024, 1024), (8, 8, 8), (129, 264, 72),  # TMA: rows are 16 B multiples
+          # the heuristics' own choices (nt): one M tile in dense tiles, K split in pairs (bn64 /
+          # bn112); an odd width filling its waves (bn176); pairs over a short K (bn192, c2)
+          (100, 4096, 1024), (128, 7168, 1024), (4096, 2112, 136), (1000, 3000, 520)]
 CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
            GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1, epi_cols=64),
            GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),

@@ -29,7 +29,7 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
         return one_tile or skinny_config(m, n, sm_count)
     if dtype == "float8_e4m3fn":
         return fp8_config(m, n, k, sm_count)
-    return dense_config(m, n, k, sm_count)
+    return dense_config(m, n, k, sm_count, layout)
 
 
 def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:
@@ -104,7 +104,7 @@ def block_scale_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
 _TILE_SPEED = {256: 1.0, 192: 0.98, 128: 0.96, 64: 0.85}
 
 
-def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
+def dense_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> GemmConfig:
     """The dense kernel's tiles for this shape (``choose_config`` without the skinny path): the
     width (64, 128, 192 or 256 columns) whose whole waves of tiles take least time (a last wave
     a fifth full costs a whole wave: H200, 3072^3, 128 x 256 tiles in 3 waves 0.75x cuBLAS,
@@ -115,7 +115,9 @@ def dense_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     # 64-column tiles only with two M tiles or more (one M tile is the split-K path's, measured
     # with 128 columns)
     widths = [w for w in _TILE_SPEED if w != 64 or tiles_m > 1]
-    bn = _fuller_last_wave(tiles_m, n, sm_count, _cheapest_width(tiles_m, n, sm_count, _TILE_SPEED, widths))
+    bn = _cheapest_width(tiles_m, n, sm_count, _TILE_SPEED, widths)
+    if layout == "nt":  # widths that are no multiple of 64 run "nt" products only
+        bn = _fuller_last_wave(tiles_m, n, sm_count, bn)
     tiles = tiles_m * math.ceil(n / bn)
     k_blocks = math.ceil(k / BK)
     cluster_m = 2 if bn == 256 and tiles_m > 1 and tiles > sm_count else 1
