@@ -135,8 +135,12 @@ def test_odd_widths_refuse_what_they_do_not_run():
 
 
 def test_cluster_k_refuses_what_it_does_not_run():
-    with pytest.raises(tf.TmaflowError, match=r"gemm: cluster_k=2 is for bfloat16 operands \(got float8_e4m3fn\)"):
-        gemm_plan(512, 512, 2048, "nt", GemmConfig(bn=128, cluster_m=1, cluster_k=2), "float8_e4m3fn")
+    with pytest.raises(tf.TmaflowError, match=r"gemm: cluster_k=2 is for bfloat16 and per-tensor fp8 "
+                                              r"products \(got block scales\)"):
+        gemm_plan(512, 512, 2048, "nt", GemmConfig(bn=128, cluster_m=1, cluster_k=2, promote=1), "float8_e4m3fn",
+                  "m_major")
+    fp8 = gemm_plan(128, 4096, 4096, "nt", GemmConfig(bn=128, cluster_m=1, cluster_k=4), "float8_e4m3fn")
+    assert fp8.defines["CLUSTER_K"] == 4 and fp8.defines["FP8"] == 1
     with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: cluster_k=4 is for single products"):
         kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10],
                              config=GemmConfig(cluster_m=1, cluster_k=4))

@@ -39,8 +39,12 @@ def _check_gemm(A, B, ref, config, **scales):
                                     GemmConfig(bn=128, cluster_m=1, promote=1),
                                     GemmConfig(bn=128, cluster_m=2, split_k=3),
                                     GemmConfig(bn=192, cluster_m=2, epi_cols=64),
-                                    GemmConfig(bn=192, cluster_m=1, epi_cols=64, split_k=2)],
-                         ids=["auto", "bn256-nopromote", "promote1", "split3", "bn192", "bn192-split2"])
+                                    GemmConfig(bn=192, cluster_m=1, epi_cols=64, split_k=2),
+                                    GemmConfig(bn=128, cluster_m=1, cluster_k=2),
+                                    GemmConfig(bn=128, cluster_m=1, cluster_k=4, promote=0),
+                                    GemmConfig(bn=192, cluster_m=1, epi_cols=64, cluster_k=2, promote=1)],
+                         ids=["auto", "bn256-nopromote", "promote1", "split3", "bn192", "bn192-split2",
+                              "ck2", "ck4-nopromote", "bn192-ck2-promote1"])
 def test_fp8_against_float64(device, rng, m, n, k, config):
     A, B, sa, sb, ref = _operands(rng, m, n, k)
     _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)

@@ -117,8 +117,8 @@ static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulator
 static_assert(!(SPLIT_TAIL && (SPLIT_K || GROUPED)), "tail splits are for ungrouped products not split-K");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
 static_assert(CLUSTER_K == 1 || CLUSTER_K == 2 || CLUSTER_K == 4, "CLUSTER_K is 1, 2 or 4");
-static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !GROUPED && !FP8),
-              "cluster K-splits: bf16, one tile per cluster, no other split");
+static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !GROUPED && !BLOCK_SCALES),
+              "cluster K-splits: one tile per cluster, no other split, no block scales");
 // Epilogue groups: the consumer warps that store rows of C together, kEpiRows rows (a warp holds
 // 16). Each warpgroup is one; with CLUSTER_K, the rows a rank owns (32 of them when it owns a
 // quarter of the tile).

@@ -31,7 +31,10 @@ COLUMNS = ["shape", "layout", "dtype", "config", "peer", "cold_ours_tflops", "co
 # issue 16's fp8 shapes (M x N x K): per-tensor scales against torch._scaled_mm (cuBLAS fp8)
 FP8_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384), (4096, 2112, 7168), (64, 7168, 16384), (2048, 2048, 2048)]
 # --fp8 --skinny --sweep: the skinny path's choices and the dense kernel ("dense": fp8_config's)
-FP8_SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(split_k=1), SkinnyConfig(rows=128), SkinnyConfig(cluster=2), "dense"]
+FP8_SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(split_k=1), SkinnyConfig(rows=128), SkinnyConfig(cluster=2), "dense",
+                    # one M tile in dense tiles, K split inside a cluster (as bf16's one_m_tile_config)
+                    GemmConfig(bn=128, cluster_m=1, cluster_k=2), GemmConfig(bn=128, cluster_m=1, cluster_k=4),
+                    GemmConfig(bn=192, cluster_m=1, epi_cols=64, cluster_k=2)]
 FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, cluster_m=2, promote=8),
              GemmConfig(bn=128, cluster_m=2, promote=0), GemmConfig(bn=192, cluster_m=2, epi_cols=64),
              GemmConfig(bn=192, cluster_m=1, epi_cols=64)]

@@ -59,9 +59,9 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if config.bn % 64 and (fp8 or layout != "nt"):
         raise TmaflowError(f"gemm: bn={config.bn} (no multiple of 64) is for bfloat16 'nt' products (got "
                            f"{dtype}, layout {layout!r}); use 64, 128, 192 or 256 columns")
-    if fp8 and config.cluster_k > 1:
-        raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 operands (got {dtype}); "
-                           "split an fp8 product's K with split_k")
+    if block_scales and config.cluster_k > 1:
+        raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 and per-tensor fp8 products "
+                           "(got block scales); split a block-scaled product's K with split_k")
     bn, cm, ck, bk = config.bn, config.cluster_m, config.cluster_k, FP8_BK if fp8 else BK
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
     spec_a = TensorMapSpec.tiled(dtype, (m, k), (BM, bk), **l2)
