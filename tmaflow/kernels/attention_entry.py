@@ -91,7 +91,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     soon as its GEMM is done); they take equal stages, up to four, and K one more when its
     bytes are left over. Dense plans take a second Q stage where its bytes are left over after
     that (head dims up to 64 or so: a CTA's next work tile's Q loads while this one runs, not
-    after its last S); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare)."""
+    after its last S); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
+    second stage takes its bytes first, K and V stages get what is left)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     for name, d in (("head dim", head_dim), ("head dim of v", dv)):
         if d not in HEAD_DIMS:
@@ -100,13 +101,14 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     spec_q, spec_k, spec_v = _box_spec(BM, head_dim), _box_spec(keys, head_dim), _box_spec(keys, dv)
     qk_boxes, v_boxes = head_dim // spec_q.box[-1], dv // spec_v.box[-1]
     q_bytes, k_bytes, v_bytes = BM * head_dim * 2, keys * head_dim * 2, keys * dv * 2
-    pairs = min(4, (_BUDGET - q_bytes) // (k_bytes + v_bytes))
-    k_stages = pairs + (pairs < 4 and _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) >= k_bytes)
+    if q_stages not in (None, 1, 2):
+        raise TmaflowError(f"attention: q_stages={q_stages!r} must be 1 or 2")
+    q_total = q_bytes * (q_stages or 1)  # a forced second Q stage may cost K and V stages
+    pairs = min(4, (_BUDGET - q_total) // (k_bytes + v_bytes))
+    k_stages = pairs + (pairs < 4 and _BUDGET - q_total - pairs * (k_bytes + v_bytes) >= k_bytes)
     if q_stages is None:
         left = _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) - (k_stages - pairs) * k_bytes
         q_stages = 2 if not varlen and left >= q_bytes else 1
-    elif q_stages not in (1, 2):
-        raise TmaflowError(f"attention: q_stages={q_stages!r} must be 1 or 2")
     layout = SharedLayout([Pipeline("qp", stages=q_stages, tiles={"q": (spec_q, qk_boxes)}, consumers=8),
                            Pipeline("kp", stages=k_stages, tiles={"k": (spec_k, qk_boxes)}, consumers=8),
                            Pipeline("vp", stages=pairs, tiles={"v": (spec_v, v_boxes)}, consumers=8)])
