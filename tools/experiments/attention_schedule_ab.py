@@ -2,9 +2,10 @@
 persistent over pairs of row blocks, a second Q buffer where shared memory has room), the
 schedule before it (one CTA a causal tile, one Q buffer), at head dim 64 the pairs with one
 Q buffer (what each change adds), and where a forced second Q buffer leaves two K and V
-stages (head dim 128 causal: 2 / 3 / 2 instead of 1 / 3 / 3) that candidate ("2q"). The benchmark's shapes (16k tokens a batch: head dim
-64 x 32 heads, 128 x 16, 256 x 8); interleaved rounds, cold (L2 flushed before each call)
-and back to back; TFLOP/s and the median per-round ratio to cuDNN.
+stages that candidate ("2q"; head dim 128 causal: 2 / 3 / 2 stages instead of 1 / 3 / 3).
+The benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16, 256 x 8);
+interleaved rounds, cold (L2 flushed before each call) and back to back; TFLOP/s and, in
+parentheses, the median per-round ratio to cuDNN (above 1: faster).
 
     PYTHONPATH=. python3 tools/experiments/attention_schedule_ab.py [--dims 64 128] [--seqs 1024 2048 4096]
         [--extra 256:1024] [--repeats N]
@@ -15,6 +16,7 @@ import argparse
 
 from tmaflow import bench, kernels
 from tmaflow.kernels.registry import extra_defines
+
 
 def _variants(d: int, causal: bool) -> list:
     """(label, extra defines) of the variants that differ at this head dim, "new" (what a call
