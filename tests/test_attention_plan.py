@@ -46,15 +46,25 @@ def test_attention_refuses_bad_arguments_by_name(q, k, v, kw, match):
         kernels.attention(q, k, v, **kw)
 
 
-@pytest.mark.parametrize("d,causal,keys,k_stages,v_stages",
-                         [(64, False, 128, 4, 4), (128, False, 176, 2, 2), (128, True, 128, 3, 3),
-                          (256, False, 64, 3, 2)])
-def test_attention_plan_fits_shared_memory_with_several_stages(d, causal, keys, k_stages, v_stages):
-    """Separate K and V pipelines with equal stages (up to four), K taking any bytes left over;
-    176-key tiles at head dim 128 without a causal mask (the measured head dims' plans)."""
+@pytest.mark.parametrize("d,causal,keys,q_stages,k_stages,v_stages",
+                         [(64, False, 128, 2, 4, 4), (64, True, 128, 2, 4, 4), (128, False, 176, 1, 2, 2),
+                          (128, True, 128, 1, 3, 3), (256, False, 64, 1, 3, 2)])
+def test_attention_plan_fits_shared_memory_with_several_stages(d, causal, keys, q_stages, k_stages, v_stages):
+    """Separate K and V pipelines with equal stages (up to four), K taking any bytes left over,
+    then a second Q stage if its bytes are left; 176-key tiles at head dim 128 without a causal
+    mask (the measured head dims' plans). Causal dense plans pair row blocks (PAIRED)."""
     plan = attention_plan(d, causal)
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT and plan.spec_k.box == (1, keys, 64) and plan.keys == keys
-    assert [(p.name, p.stages) for p in plan.layout.items[:3]] == [("qp", 1), ("kp", k_stages), ("vp", v_stages)]
+    assert [(p.name, p.stages) for p in plan.layout.items[:3]] == [("qp", q_stages), ("kp", k_stages),
+                                                                   ("vp", v_stages)]
+    assert plan.defines["Q_STAGES"] == q_stages and plan.defines.get("PAIRED", 0) == int(causal)
+
+
+def test_attention_plan_q_stages_forced_and_refused():
+    one = attention_plan(64, True, q_stages=1)
+    assert [p.stages for p in one.layout.items[:3]] == [1, 4, 4] and one.defines["Q_STAGES"] == 1
+    with pytest.raises(tf.TmaflowError, match=r"attention: q_stages=3 must be 1 or 2"):
+        attention_plan(64, True, q_stages=3)
 
 
 DIMS = [(d, d) for d in HEAD_DIMS] + [(192, 128), (128, 64), (64, 256), (256, 128)]
@@ -71,11 +81,15 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
         span = swizzle_span(dim)
         assert spec.swizzle == f"{span}B" and spec.box[-1] * 2 == span and dim % spec.box[-1] == 0
     stages = {p.name: p.stages for p in plan.layout.items}
-    assert stages["qp"] == 1 and stages["kp"] >= stages["vp"] >= 2
+    assert stages["qp"] in (1, 2) and stages["kp"] >= stages["vp"] >= 2
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
     assert plan.keys % 16 == 0 and 16 <= plan.keys <= (128 if causal else 176) and plan.keys == keys_per_tile(d, causal, dv)
+    # varlen: one Q stage (the dense plan's second costs no K or V stage) and no pairs
+    one_q = attention_plan(d, causal, dv, q_stages=1)
+    assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
     varlen = attention_plan(d, causal, dv, varlen=True)
-    assert varlen.layout.header() == plan.layout.header() and varlen.defines == {**plan.defines, "VARLEN": 1}
+    dense_defines = {k: v for k, v in one_q.defines.items() if k != "PAIRED"}
+    assert varlen.layout.header() == one_q.layout.header() and varlen.defines == {**dense_defines, "VARLEN": 1}
 
 
 def test_swizzle_spans_and_the_measured_tiles():

@@ -15,13 +15,13 @@ pytestmark = pytest.mark.gpu
 def _reference(q, k, v, causal, scale):
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    s = (q @ k.swapaxes(-1, -2)) * scale  # matmul, not einsum: BLAS keeps large cases quick
     if causal:
         s = np.where(np.triu(np.ones(s.shape[-2:], bool), 1), -np.inf, s)
     m = s.max(-1, keepdims=True)
     p = np.exp(s - m)
     total = p.sum(-1, keepdims=True)
-    return np.einsum("bhqk,bhkd->bhqd", p / total, v), (m + np.log(total))[..., 0]
+    return (p / total) @ v, (m + np.log(total))[..., 0]
 
 
 def _bf16(rng, shape):
@@ -82,6 +82,42 @@ def test_attention_persistent_ctas_cross_heads_and_blocks(device, rng, d):
     assert not np.isnan(got).any()
     assert rel_error(got, ref) < 1e-2, rel_error(got, ref)
     np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+# Schedules beside the default (attention.cu's PAIRED and Q_STAGES), through extra defines.
+# name -> (defines, head dims, causal or not)
+_SCHEDULES = {"default": ({}, (64, 128, 256), (True, False)),
+              "one CTA a causal tile": ({"PAIRED": 0}, (64, 128, 256), (True,)),
+              "one Q buffer": ({"Q_STAGES": 1}, (64,), (True, False)),
+              "two Q buffers, fewer K and V": ({"Q_STAGES": 2}, (128,), (True,))}
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_attention_schedules_against_float64(device, rng, d):
+    """Every schedule, causal and not, on shapes that cross its edges: more pairs of row blocks
+    than SMs (CTAs take several, the next one's Q loading under the last), an odd number of row
+    blocks (the middle one has no partner), rows and keys not multiples of the tiles, fewer keys
+    than queries and more."""
+    from tmaflow.kernels.registry import extra_defines
+
+    shapes = [(3, 12, 4, 1000, 1000), (2, 4, 2, 300, 300), (1, 2, 1, 520, 300), (1, 2, 1, 77, 513)]
+    assert -(-1000 // 256) * 3 * 12 > device.sm_count  # more pairs than SMs
+    for b, hq, hkv, sq, skv in shapes:
+        q, qf = _bf16(rng, (b, hq, sq, d))
+        k, kf = _bf16(rng, (b, hkv, skv, d))
+        v, vf = _bf16(rng, (b, hkv, skv, d))
+        for causal in (True, False):
+            ref, ref_lse = _reference(qf, kf, vf, causal, 1 / np.sqrt(d))
+            for name, (defines, dims, modes) in _SCHEDULES.items():
+                if d not in dims or causal not in modes:
+                    continue
+                with extra_defines(defines):
+                    out = poison(tf.empty((b, hq, sq, d), "bfloat16"))
+                    _, lse = kernels.attention(q, k, v, out, causal=causal, return_lse=True)
+                got = bf16_to_float32(out.numpy())
+                assert not np.isnan(got).any(), (name, b, hq, sq, skv, causal)
+                assert rel_error(got, ref) < 1e-2, (name, b, hq, sq, skv, causal, rel_error(got, ref))
+                np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("b,hq,hkv,sq,skv", [(1, 2, 2, 128, 128), (2, 4, 2, 300, 300), (1, 2, 1, 77, 513),

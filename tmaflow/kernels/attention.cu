@@ -26,6 +26,11 @@
 //   32 (64B) or 16 (32B), so no column of shared memory is padding; BLOCK_N keys a tile.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned, as torch's is_causal);
 //   key tiles past a work tile's last row are skipped.
+//   PAIRED (dense causal): CTAs persist over pairs of row blocks of one head, i and m - 1 - i
+//   (m blocks), whose key tiles add up to m + 1 whatever i: equal units, so a stride over them
+//   balances as the non-causal tiles do, and a CTA's next Q and K load under its last P V.
+//   Without it a causal CTA runs one tile (the block scheduler balances, every tile pays its
+//   loads' latency).
 //   Grouped-query attention: query head h reads key/value head h / group.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -49,6 +54,13 @@ namespace L = tmaflow_layout;
 #ifndef FP16
 #define FP16 0  // 1: fp16 Q, K, V and O instead of bf16
 #endif
+#ifndef PAIRED
+#define PAIRED 0
+#endif
+static_assert(!PAIRED || (CAUSAL && !VARLEN), "PAIRED is a schedule of dense causal tiles");
+#ifndef Q_STAGES
+#define Q_STAGES 1  // Q buffers (attention_plan: 2 where shared memory has room for a second)
+#endif
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -70,6 +82,7 @@ static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N is a multiple of 1
 static_assert(L::qp::q_boxes == kBoxesQK && L::kp::k_boxes == kBoxesQK && L::vp::v_boxes == kBoxesV &&
               L::kp::k_bytes == BN * DQK * 2 && L::vp::v_bytes == BN * DV * 2,
               "plan does not match HEAD_DIM, HEAD_DIM_V and BLOCK_N");
+static_assert(L::qp::stages == Q_STAGES, "plan does not match Q_STAGES");
 
 #if FP16
 using elem_t = __half;
@@ -187,6 +200,8 @@ struct Tiles {
     }
     return false;
   }
+  TMAFLOW_DEVICE int first_tile() const { return blockIdx.x; }
+  TMAFLOW_DEVICE int next_tile(int t) const { return t + gridDim.x; }
   TMAFLOW_DEVICE bool last(int t) {  // is t this CTA's last tile?
     Tile next;
     return !find(t + gridDim.x, next);
@@ -198,20 +213,38 @@ struct Tiles {
 #else
 // Work tile t of batch x heads x row blocks: query rows from m0 of (batch x heads) row bh.
 // Causal tiles of later rows read more keys: they go first (blocks start in index order), so
-// the short ones fill the tail.
+// the short ones fill the tail. PAIRED: t = 2 u + 0 or 1, unit u's later or earlier row block
+// (units pair blocks p and m - 1 - p of one head; work counts both halves of every unit; an odd
+// m's middle unit has one tile, its second half is skipped).
 struct Tiles {
   int seq_q, seq_kv, heads, group, m_blocks, work;
   TMAFLOW_DEVICE bool find(int t, Tile& w) const {  // false past the last tile
     if (t >= work) return false;
+#if PAIRED
+    const int units = (m_blocks + 1) / 2, u = t >> 1, p = u % units;
+    w.m0 = (t & 1 ? p : m_blocks - 1 - p) * BM;
+    const int bh = u / units;
+#else
     w.m0 = (CAUSAL ? m_blocks - 1 - t % m_blocks : t % m_blocks) * BM;
     const int bh = t / m_blocks;
+#endif
     w.q_head = bh;
     w.kv_head = (bh / heads) * (heads / group) + (bh % heads) / group;
     w.len_q = seq_q, w.len_k = seq_kv;
     w.q_base = w.k_base = 0;
     return true;
   }
-  TMAFLOW_DEVICE bool last(int t) const { return t + gridDim.x >= work; }
+#if PAIRED
+  TMAFLOW_DEVICE int first_tile() const { return 2 * blockIdx.x; }
+  TMAFLOW_DEVICE int next_tile(int t) const {
+    const int units = (m_blocks + 1) / 2, p = (t >> 1) % units;
+    return t % 2 == 0 && 2 * p + 1 != m_blocks ? t + 1 : 2 * ((t >> 1) + gridDim.x);
+  }
+#else
+  TMAFLOW_DEVICE int first_tile() const { return blockIdx.x; }
+  TMAFLOW_DEVICE int next_tile(int t) const { return t + gridDim.x; }
+#endif
+  TMAFLOW_DEVICE bool last(int t) const { return next_tile(t) >= work; }
   TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
   TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
 };
@@ -239,7 +272,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   Tiles tiles{cu_q, cu_k, total_q, total_k, batch, heads, group};
 #else
   const int m_blocks = (seq_q + BM - 1) / BM;
-  Tiles tiles{seq_q, seq_kv, heads, group, m_blocks, m_blocks * batch_heads};
+  Tiles tiles{seq_q, seq_kv, heads, group, m_blocks, (PAIRED ? (m_blocks + 1) / 2 * 2 : m_blocks) * batch_heads};
 #endif
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tq);
@@ -285,7 +318,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
           load_box(S.vp_v(cv.stage, box), &tv, vp.barrier(cv), box * kColsV, w.k_base + j * BN, w.kv_head);
         cv.advance();
       };
-      for (int t = blockIdx.x; tiles.find(t, w); t += gridDim.x, cq.advance()) {
+      for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
         if (issuer) {
           qp.producer_acquire(cq);
           qp.producer_commit(cq);
@@ -453,7 +486,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     vp.consumer_wait(next_v);
   };
   if (cw == 1) named_barrier::arrive(1, 256);
-  for (int t = blockIdx.x; tiles.find(t, w); t += gridDim.x, cq.advance()) {
+  for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
     const int n = begin_work();
     qp.consumer_wait(cq);
     kp.consumer_wait(ck);

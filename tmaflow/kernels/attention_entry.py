@@ -83,13 +83,16 @@ def _box_spec(rows: int, head_dim: int) -> TensorMapSpec:
 
 @functools.lru_cache(maxsize=64)
 def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None = None,
-                   varlen: bool = False) -> AttentionPlan:
+                   varlen: bool = False, q_stages: int | None = None) -> AttentionPlan:
     """The plan of a head dim (Q and K; ``head_dim_v`` for V and O, default the same), with or
     without a causal mask, dense or ``varlen`` (packed sequences: the same layout, other maps).
 
     K and V are separate pipelines (K_j is needed a step before V_j, and each goes back as
     soon as its GEMM is done); they take equal stages, up to four, and K one more when its
-    bytes are left over."""
+    bytes are left over. Dense plans take a second Q stage where its bytes are left over after
+    that (head dims up to 64 or so: a CTA's next work tile's Q loads while this one runs, not
+    after its last S); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
+    second stage takes its bytes first, K and V stages get what is left)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     for name, d in (("head dim", head_dim), ("head dim of v", dv)):
         if d not in HEAD_DIMS:
@@ -98,13 +101,20 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     spec_q, spec_k, spec_v = _box_spec(BM, head_dim), _box_spec(keys, head_dim), _box_spec(keys, dv)
     qk_boxes, v_boxes = head_dim // spec_q.box[-1], dv // spec_v.box[-1]
     q_bytes, k_bytes, v_bytes = BM * head_dim * 2, keys * head_dim * 2, keys * dv * 2
-    pairs = min(4, (_BUDGET - q_bytes) // (k_bytes + v_bytes))
-    k_stages = pairs + (pairs < 4 and _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) >= k_bytes)
-    layout = SharedLayout([Pipeline("qp", stages=1, tiles={"q": (spec_q, qk_boxes)}, consumers=8),
+    if q_stages not in (None, 1, 2):
+        raise TmaflowError(f"attention: q_stages={q_stages!r} must be 1 or 2")
+    q_total = q_bytes * (q_stages or 1)  # a forced second Q stage may cost K and V stages
+    pairs = min(4, (_BUDGET - q_total) // (k_bytes + v_bytes))
+    k_stages = pairs + (pairs < 4 and _BUDGET - q_total - pairs * (k_bytes + v_bytes) >= k_bytes)
+    if q_stages is None:
+        left = _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) - (k_stages - pairs) * k_bytes
+        q_stages = 2 if not varlen and left >= q_bytes else 1
+    layout = SharedLayout([Pipeline("qp", stages=q_stages, tiles={"q": (spec_q, qk_boxes)}, consumers=8),
                            Pipeline("kp", stages=k_stages, tiles={"k": (spec_k, qk_boxes)}, consumers=8),
                            Pipeline("vp", stages=pairs, tiles={"v": (spec_v, v_boxes)}, consumers=8)])
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
-               **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {})}
+               **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
+               **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 
 
@@ -244,11 +254,19 @@ def _state(Q, K, dv, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
     plan = attention_plan(d, causal, dv)
-    launcher_of = attention_kernel(plan, Q.dtype.name, debug, trace).launcher
+    kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
+    if kernel.defines["Q_STAGES"] != plan.defines["Q_STAGES"]:  # extra_defines forced the other count
+        plan = attention_plan(d, causal, dv, q_stages=int(kernel.defines["Q_STAGES"]))
+        kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
+    launcher_of = kernel.launcher
     # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).
-    # Causal ones differ in length: one CTA a tile, so the hardware's block scheduler balances.
-    work = max(1, math.ceil(sq / BM) * b * hq)
-    grid = work if causal else min(work, current_device().sm_count)
+    # Causal ones differ in length: one CTA an SM striding over pairs of row blocks (PAIRED,
+    # equal units: attention.cu), or without it (kernels.registry.extra_defines, to compare)
+    # one CTA a tile, so the hardware's block scheduler balances.
+    blocks = math.ceil(sq / BM)
+    units = (blocks + 1) // 2 if kernel.defines.get("PAIRED") else blocks
+    work = max(1, units * b * hq)
+    grid = work if causal and not kernel.defines.get("PAIRED") else min(work, current_device().sm_count)
     dt = Q.dtype.name
     return SimpleNamespace(launcher=launcher_of(grid=grid, block=384, stream=stream, pdl=pdl),
                            tq=map_template(dt, (b * hq, sq, d), plan.spec_q),

@@ -1,0 +1,88 @@
+"""The forward attention's schedules in one run, beside cuDNN: the default (causal CTAs
+persistent over pairs of row blocks, a second Q buffer where shared memory has room), the
+schedule before it (one CTA a causal tile, one Q buffer), at head dim 64 the pairs with one
+Q buffer (what each change adds), and where a forced second Q buffer leaves two K and V
+stages that candidate ("2q"; head dim 128 causal: 2 / 3 / 2 stages instead of 1 / 3 / 3).
+The benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16, 256 x 8);
+interleaved rounds, cold (L2 flushed before each call) and back to back; TFLOP/s and, in
+parentheses, the median per-round ratio to cuDNN (above 1: faster).
+
+    PYTHONPATH=. python3 tools/experiments/attention_schedule_ab.py [--dims 64 128] [--seqs 1024 2048 4096]
+        [--extra 256:1024] [--repeats N]
+"""
+from __future__ import annotations
+
+import argparse
+
+from tmaflow import bench, kernels
+from tmaflow.kernels.registry import extra_defines
+
+
+def _variants(d: int, causal: bool) -> list:
+    """(label, extra defines) of the variants that differ at this head dim, "new" (what a call
+    plans) first: a second Q buffer fits only up to about head dim 64, PAIRED changes only
+    causal plans."""
+    from tmaflow.kernels.attention_entry import attention_plan
+
+    two_q = attention_plan(d, causal).defines["Q_STAGES"] == 2
+    keep = [("new", {})]
+    if causal or two_q:
+        keep.append(("old", {"PAIRED": 0, "Q_STAGES": 1}))
+    if causal and two_q:
+        keep.append(("pairs 1q", {"Q_STAGES": 1}))
+    forced = attention_plan(d, causal, q_stages=2)
+    if not two_q and min(p.stages for p in forced.layout.items[1:3]) >= 2:  # a candidate: 2 Q, fewer K / V
+        keep.append(("2q", {"Q_STAGES": 2}))
+    return keep
+
+
+def row(torch, d: int, seq: int, causal: bool, repeats: int):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads = {64: 32, 128: 16, 256: 8}[d]
+    batch = max(1, 16384 // seq)
+    q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    fns, outs = {}, {}
+    for label, defines in _variants(d, causal):
+        outs[label] = torch.empty_like(q)
+        with extra_defines(defines):
+            fns[label] = kernels.attention.prepare(q, k, v, outs[label], causal=causal)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    fns["cudnn"] = cudnn
+    for fn in fns.values():
+        fn()
+    ref = cudnn().float()
+    errs = {label: (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item() for label, out in outs.items()}
+    flop = 4.0 * batch * heads * seq * seq * d / (2 if causal else 1)
+    cells = []
+    for mode, got in (("cold", bench.rounds(fns, repeats=repeats, warmup=2, flush_l2=True)),
+                      ("warm", bench.rounds(fns, repeats=repeats, warmup=2, batch=5))):
+        cells.append(f"{mode} cudnn {flop / got['cudnn'].median / 1e12:5.0f} " +
+                     " ".join(f"{label} {flop / got[label].median / 1e12:5.0f} ({got.ratio(label, 'cudnn').median:.3f})"
+                              for label in outs))
+    print(f"d{d:<4d} seq {seq:5d} b{batch:<3d} {'causal' if causal else 'full  '} " + " | ".join(cells) +
+          "  TFLOP/s (x cuDNN)  err " + " ".join(f"{e:.1e}" for e in errs.values()), flush=True)
+    worst = max(errs.values())
+    assert worst < 2e-2, f"d{d} seq {seq} causal={causal}: relative error {worst:.2e} against cuDNN"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096])
+    p.add_argument("--extra", nargs="*", default=["256:1024"], help="more d:seq rows")
+    p.add_argument("--repeats", type=int, default=10)
+    args = p.parse_args()
+    import torch  # optional dependency (--help works without it), before the driver is touched
+
+    shapes = [(d, s) for d in args.dims for s in args.seqs] + [tuple(int(x) for x in e.split(":")) for e in args.extra]
+    for d, seq in shapes:
+        for causal in (True, False):
+            row(torch, d, seq, causal, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
