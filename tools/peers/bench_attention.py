@@ -58,7 +58,7 @@ from tmaflow import bench, kernels
 
 CP_ASYNC_HEAD_DIMS = (64, 128)  # the head dims kernels.attention_cp_async takes
 COLUMNS = ["dtype", "d", "seq", "batch", "causal", "best_peer", "cold ratio", "warm ratio", "rel_err_vs_peer"]
-DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "best_peer", "cold GB/s", "cold ratio",
+DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "persistent", "best_peer", "cold GB/s", "cold ratio",
                   "cold vs memcpy", "warm ratio", "warm vs memcpy", "rel_err_vs_peer"]
 DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "cold GB/s", "cold vs memcpy",
                         "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
@@ -331,17 +331,30 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
             for b in DECODE_BATCHES for c in DECODE_CONTEXTS if b * c <= DECODE_TOKENS]
 
 
+def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool]:
+    """(splits, evict_first, persistent) a call plans at head dim 128 on the current device."""
+    from tmaflow.kernels.decode_entry import decode_choices, decode_plan, persistent_default
+    from tmaflow.runtime.device import current_device
+
+    splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx)
+    persistent = persistent_default(batch, heads_kv, 128, splits, current_device().sm_count, decode_plan(128, page)[2])
+    return splits, evict_first, persistent
+
+
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
-    """name -> (num_splits, evict_first) timed beside the plan in the quick grid's rows: the
-    other L2 priority, and at batch 1 twice the splits (down to one 64-key tile a split)."""
-    from tmaflow.kernels.decode_entry import MAX_SPLITS, decode_choices
+    """name -> (num_splits, evict_first, persistent) timed beside the plan in the quick grid's
+    rows: the other L2 priority, at batch 1 twice the splits (down to one 64-key tile a split),
+    and a persistent plan's one CTA an item."""
+    from tmaflow.kernels.decode_entry import MAX_SPLITS
 
     if not (args.quick or args.decode_grid == "quick"):
         return {}
-    splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx)
-    alts = {f"ef{int(not evict_first)}": (splits, not evict_first)}
+    splits, evict_first, persistent = _decode_plan(batch, ctx, heads_kv, page)
+    alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent)}
     if batch == 1 and 2 * splits <= min(MAX_SPLITS, ctx // 64):
-        alts[f"s{2 * splits}"] = (2 * splits, evict_first)
+        alts[f"s{2 * splits}"] = (2 * splits, evict_first, False)
+    if persistent:
+        alts["p0"] = (splits, evict_first, False)
     return alts
 
 
@@ -427,7 +440,6 @@ def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
 def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep: bool = False) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tmaflow.kernels.decode_entry import decode_choices
 
     dt, d, heads_kv = getattr(torch, args.dtype), 128, 8
     k, v = (torch.randn(batch, heads_kv, ctx, d, device="cuda", dtype=dt) for _ in "kv")
@@ -453,11 +465,11 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     def memcpy():
         k_copy.copy_(k), v_copy.copy_(v)
 
-    def ours(num_splits=None, evict_first=None):
+    def ours(num_splits=None, evict_first=None, persistent=None):
         return kernels.attention_decode.prepare(q[:, :, 0], k_cache, v_cache, table, lens, num_splits=num_splits,
-                                                evict_first=evict_first,
+                                                evict_first=evict_first, persistent=persistent,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
-    splits, evict_first = decode_choices(batch, heads_kv, d, page, ctx)
+    splits, evict_first, persistent = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
     if sweep:
         fns = {name: ours(*choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
@@ -481,7 +493,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     err = max((torch.linalg.norm(fn.out.float() - ref) / torch.linalg.norm(ref)).item() for fn in fns.values())
     kv_bytes = 2 * k.numel() * k.element_size()
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
-           "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "rel_err_vs_peer": err}
+           "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "persistent": persistent,
+           "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
     cells = []
     for mode, got in _decode_modes(torch, available, args.repeats, clean=sweep or args.clean):
@@ -504,7 +517,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
                     alt_cells += f" {name} x{row[f'{mode} {name} over plan']:.3f}"
             cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
                          f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}{alt_cells}")
-    print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} " + " | ".join(cells)
+    print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
+          + " | ".join(cells)
           + f"  err {err:.1e}", flush=True)
     return row
 
