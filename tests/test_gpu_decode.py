@@ -1,10 +1,10 @@
 """kernels.attention_decode and append_kv against the float64 paged reference: ragged lengths
 (0, 1, not multiples of a page), random non-contiguous block tables with NaN in every row no
-request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too), bf16 and fp16, one and
-several splits (up to 64, merged in several rounds), persistent CTAs walking several requests
-(bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8 new tokens a request, one request of 128k keys, poisoned outputs and split
-workspace; a torch CUDA graph replayed with new lengths; append then decode; both under
-torch.compile."""
+request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too), bf16 and fp16,
+one and several splits (up to 64, merged in several rounds), persistent CTAs walking several
+requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
+new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
+CUDA graph replayed with new lengths; append then decode; both under torch.compile."""
 import numpy as np
 import pytest
 

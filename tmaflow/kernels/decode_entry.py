@@ -1,6 +1,6 @@
 """Decode attention over a paged KV cache (``decode.cu``, flash-decoding): the plan (a 3-D tensor
-map over each cache, a K+V pipeline sized for two CTAs an SM, the split count) and the entry
-points ``kernels.attention_decode`` and ``kernels.append_kv`` (``paged_kv.cu``)."""
+map over each cache, a K+V pipeline sized for two CTAs an SM, the split count, persistent CTAs)
+and the entry points ``kernels.attention_decode`` and ``kernels.append_kv`` (``paged_kv.cu``)."""
 from __future__ import annotations
 
 import functools

@@ -440,7 +440,6 @@ def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
 def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep: bool = False) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
     dt, d, heads_kv = getattr(torch, args.dtype), 128, 8
     k, v = (torch.randn(batch, heads_kv, ctx, d, device="cuda", dtype=dt) for _ in "kv")
     q = torch.randn(batch, heads_kv * group, 1, d, device="cuda", dtype=dt)
