@@ -314,10 +314,10 @@ DECODE_BATCHES, DECODE_CONTEXTS = (1, 4, 16, 64, 128), (1024, 8192, 32768, 13107
 DECODE_GROUPS, DECODE_PAGES = (4, 8), (16, 64)
 # The weak corners (group, page, batch, context), most telling first: batch 1 at every context
 # (too few requests to fill the GPU without splits), page 16, GQA 8:1, many short requests.
-DECODE_QUICK = [(8, 16, 1, 1024), (8, 16, 1, 8192), (8, 16, 1, 32768), (8, 16, 1, 131072),
+DECODE_QUICK = [(8, 16, 1, 1024), (8, 16, 1, 8192), (8, 16, 1, 32768), (8, 16, 1, 131072), (8, 16, 128, 1024),
                 (4, 16, 1, 1024), (4, 16, 1, 8192), (4, 16, 1, 32768), (4, 64, 1, 8192), (4, 64, 1, 131072),
-                (8, 16, 128, 1024), (4, 64, 128, 1024), (4, 16, 64, 1024), (8, 16, 16, 32768),
-                (4, 16, 16, 8192), (8, 64, 4, 8192), (8, 64, 64, 8192)]
+                (4, 64, 128, 1024), (4, 16, 64, 1024), (8, 16, 16, 32768), (4, 16, 16, 8192), (8, 64, 4, 8192),
+                (8, 64, 64, 8192)]
 
 
 def _decode_grid(args) -> list[tuple[int, int, int, int]]:
