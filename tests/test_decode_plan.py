@@ -8,7 +8,8 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import MAX_SPLITS, choose_splits, decode_plan, evict_first_default
+from tmaflow.kernels.decode_entry import (MAX_SPLITS, choose_splits, decode_plan, evict_first_default,
+                                          persistent_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -63,6 +64,8 @@ def decode_args(**change):
     ({"num_splits": 2.5}, r"num_splits=2.5"),
     ({"evict_first": "yes"}, r"attention_decode: evict_first='yes' must be"),
     ({"evict_first": 1}, r"attention_decode: evict_first=1 must be"),
+    ({"persistent": "no"}, r"attention_decode: persistent='no' must be"),
+    ({"persistent": True, "num_splits": 2}, r"attention_decode: num_splits=2 with persistent=True; .* give num_splits None or 1"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
     ({"out": arr((2, 8, 128), offset=2)}, r"attention_decode: out must be contiguous and 16-byte aligned \(strides \(2048, 256, 2\) B, at 0x[0-9a-f]+2\)"),
 ])
@@ -147,7 +150,36 @@ def test_decode_kernel_compiles_for_sm90a_without_spills(d, page, fp16, evict_fi
     loads = [line for line in sass.splitlines() if "UTMALDG.3D" in line]
     assert loads and all(("desc[" in line) == bool(evict_first) for line in loads), loads
     assert "MEMBAR.SC.GPU" not in sass and sass.count("ATOMG.E.ADD") == 1  # no sequentially consistent fence
-    assert len(k.params) == 14
+    assert len(k.params) == 15
+
+
+@pytest.mark.parametrize("d,page,fp16,evict_first", [(128, 16, 0, 1), (128, 64, 1, 0), (64, 16, 0, 0),
+                                                     (96, 32, 0, 1), (32, 256, 1, 1)])
+def test_persistent_decode_kernel_compiles_without_spills_or_a_split_merge(d, page, fp16, evict_first):
+    """One split: no count, no bulk copies of partials; the warps merge in their own buffer,
+    and two CTAs still fit an SM with the stages of the one-CTA-an-item plan."""
+    _, layout, ctas = decode_plan(d, page, persistent=True)
+    _, plain, plain_ctas = decode_plan(d, page)
+    assert (ctas, layout.items[0].stages) == (plain_ctas, plain.items[0].stages) == (2, plain.items[0].stages)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "PERSISTENT": 1,
+                            **({"FP16": 1} if fp16 else {}), **({"EVICT_FIRST": 1} if evict_first else {})})
+    sass = k.sass()
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    assert "HMMA" in sass and "UTMALDG.3D" in sass
+    assert "ATOMG" not in sass and "UBLKCP" not in sass
+    assert len(k.params) == 15
+
+
+@pytest.mark.parametrize("batch,heads_kv,d,splits,expected", [
+    (128, 8, 128, 1, True),    # 1024 items in 264 slots
+    (33, 8, 128, 1, False),    # 264: one wave
+    (34, 8, 128, 1, True),
+    (64, 8, 128, 2, False),    # split requests merge across CTAs
+    (128, 8, 192, 1, False),   # one CTA an SM at head dim 192 with the warps' buffer
+])
+def test_persistent_once_one_split_leaves_several_waves(batch, heads_kv, d, splits, expected):
+    assert persistent_default(batch, heads_kv, d, splits, 132, 2) is expected
 
 
 @pytest.mark.parametrize("context,batch,expected", [

@@ -1,10 +1,10 @@
 """kernels.attention_decode and append_kv against the float64 paged reference: ragged lengths
 (0, 1, not multiples of a page), random non-contiguous block tables with NaN in every row no
-request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too), bf16 and fp16, one and
-several splits (up to 64, merged in several rounds), K and V at normal or evict-first L2
-priority, 1-8 new tokens a request, one request of 128k keys, poisoned outputs and split
-workspace; a torch CUDA graph replayed with new lengths; append then decode; both under
-torch.compile."""
+request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too), bf16 and fp16,
+one and several splits (up to 64, merged in several rounds), persistent CTAs walking several
+requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
+new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
+CUDA graph replayed with new lengths; append then decode; both under torch.compile."""
 import numpy as np
 import pytest
 
@@ -157,6 +157,49 @@ def test_decode_reads_no_stale_slot_of_a_poisoned_split_workspace(device, rng):
     out.fill_bytes(0xFF)
     prepared()
     np.testing.assert_array_equal(out.numpy().view(np.uint16), before.view(np.uint16))
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
+@pytest.mark.parametrize("heads_q,heads_kv,d,page,tokens,dtype", [
+    (16, 2, 128, 16, None, "bfloat16"),   # GQA 8:1, page 16
+    (8, 2, 128, 64, None, "bfloat16"),    # 4:1, page 64
+    (8, 2, 64, 32, 2, "float16"),         # 2 new tokens x 4 query heads
+])
+def test_persistent_decode_walks_many_requests_bit_for_bit_as_one_cta_each(device, rng, heads_q, heads_kv, d, page,
+                                                                        tokens, dtype):
+    """300 requests x 2 kv heads: 600 items over at most the CTAs that fit at once, so a CTA
+    walks two or three of them (lengths 0, 1, a page and one past it, ragged to 400; NaN in
+    every row no request owns). Each item's math and order are the grid's own: the bits equal
+    one split without walking, run to run."""
+    lens = rng.integers(0, 401, size=300)
+    lens[:8] = [0, 1, page - 1, page, page + 1, 64, 65, 0]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for persistent in (True, True, False):
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=1 if persistent is False else None, persistent=persistent,
+                                 out=out)
+        results.append(out.numpy())
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (persistent, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[2].view(np.uint16))
+
+
+def test_decode_plans_persistent_for_many_short_requests(device, rng):
+    """128 requests x 8 kv heads of up to 320 keys: one split, 1024 items in the CTA slots of
+    two waves or more, so the automatic plan walks them (the benchmark's batch 128 at 1k)."""
+    lens = rng.integers(1, 321, size=128)
+    lens[:3] = [1, 320, 17]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, 32, 8, 128, 16, "bfloat16", width=20)
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    prepared = kernels.attention_decode.prepare(Q, K, V, T, L, out=out)
+    prepared()
+    assert prepared.args[-1] == 128 and prepared.launcher.grid[0] < 1024, prepared.launcher.grid
     ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 

@@ -13,6 +13,10 @@
 // log-sum-exp (log2 domain) to the workspace, and the last CTA of a (request, kv head), found by
 // an atomic counter it then resets, merges them: bulk copies bring every split's partials into
 // the free stages at once, and the sum runs over the splits in order (deterministic).
+// PERSISTENT (one split only): a grid of at most the CTAs that fit at once, each walking the
+// (request, kv head) items blockIdx.x, + gridDim.x, ...: the producer runs on into the next
+// item's tiles while the consumers finish one (no SM sits idle between a CTA's last copy and the
+// next CTA's first), and the warps merge in their own buffer, not in stage 0.
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
 // [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
 // i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
@@ -35,6 +39,9 @@ namespace L = tmaflow_layout;
 #ifndef MAX_SPLITS
 #define MAX_SPLITS 64
 #endif
+#ifndef PERSISTENT
+#define PERSISTENT 0
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -47,8 +54,11 @@ constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces a
 constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
 static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
-static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (2 * kWarps + 2) * kRows,
+constexpr int kStatsFloats = (2 * kWarps + 2) * kRows;
+#if !PERSISTENT  // persistent: decode_plan sizes the "warps" buffer to kRows x (D + kStatsFloats / kRows) floats
+static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * kStatsFloats,
               "the warps' merge (O and statistics) fits stage 0");
+#endif
 // The splits' merge: the K and V tiles of every stage (contiguous: decode_plan checks it) hold
 // the log-sum-exps (kRows slots a split) and as many splits' O as fit.
 constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
@@ -95,43 +105,30 @@ struct Stats {
   TMAFLOW_DEVICE float& row_sum(int row) { return base[(2 * kWarps + 1) * kRows + row]; }
 };
 
-extern "C" __global__ void __launch_bounds__(kConsumers + 32)
-attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
-                 const elem_t* q, elem_t* out, const int* block_table, const int* seq_lens,
-                 float* part, float* part_lse, uint32_t* counters, int heads_kv, int group,
-                 int q_len, int max_pages, float scale_log2) {
-  extern __shared__ __align__(1024) uint8_t smem[];
-  L::Smem S(smem);
+// ptx: prefetch.global.L2
+TMAFLOW_DEVICE void prefetch_l2(const void* at) { asm volatile("prefetch.global.L2 [%0];" :: "l"(at)); }
+
+// This split's first tile, and past its last, of n keys.
+TMAFLOW_DEVICE int2 split_tiles(int n, int split, int splits) {
+  const int tiles = (n + kKeys - 1) / kKeys, per_split = (tiles + splits - 1) / splits;
+  const int begin = min(split * per_split, tiles);
+  return make_int2(begin, min(begin + per_split, tiles));
+}
+
+// One (split, kv head, request) of the grid, or (persistent) one item of a CTA's walk; the
+// caller loaded the request's length and (producer warp) its guessed block-table window.
+template <class Cursor>
+TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, const CUtensorMap& tv,
+                                const elem_t* q, elem_t* out, const int* table, float* part, float* part_lse,
+                                uint32_t* counters, int heads_kv, int group, int q_len, int max_pages,
+                                float scale_log2, int split, int splits, int kvh, int b, int given_len,
+                                int guess, int guess_cur, int guess_next) {
   auto kv = S.kv();
-  using Cursor = decltype(kv)::Cursor;
-  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows = q_len * group, heads_q = heads_kv * group;
   const int full = max_pages * PAGE_SIZE;
-  const int given_len = seq_lens[b];
-  auto first_tile = [&](int n) {  // this split's first tile, and past its last, of n keys
-    const int tiles = (n + kKeys - 1) / kKeys, per_split = (tiles + splits - 1) / splits;
-    const int begin = min(split * per_split, tiles);
-    return make_int2(begin, min(begin + per_split, tiles));
-  };
-  // The producer's block-table window if the request fills the table (the common case), loaded
-  // while the length is on its way: one DRAM trip before the first copy instead of two.
-  const int* table = block_table + size_t(b) * max_pages;
-  const int guess = first_tile(full).x * kKeys / PAGE_SIZE;
-  int guess_cur = 0, guess_next = 0;
-  if (warp == kWarps) {
-    if (guess + lane < max_pages) guess_cur = table[guess + lane];
-    if (guess + 32 + lane < max_pages) guess_next = table[guess + 32 + lane];
-  }
-  if (threadIdx.x == 0) {
-    tma::prefetch_descriptor(&tk);
-    tma::prefetch_descriptor(&tv);
-    S.merged().init();
-    kv.init();  // its fences cover the merge barrier's init too
-  }
-  __syncthreads();
   const int len = min(max(given_len, 0), full);
-  const int2 range = first_tile(len);
+  const int2 range = split_tiles(len, split, splits);
   const int t_begin = range.x, t_end = range.y;
 
   if (warp == kWarps) {
@@ -146,7 +143,6 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
 #if EVICT_FIRST
     const uint64_t policy = tma::make_policy_evict_first();
 #endif
-    Cursor c;
     for (int t = t_begin; t < t_end; ++t, c.advance()) {
       // The last tile loads only the pieces holding keys: the block table may end there.
       const int pieces = min(kPieces, (len - t * kKeys + kBoxKeys - 1) / kBoxKeys);
@@ -186,6 +182,9 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   };
   // Q rows, zero past the last.
   uint8_t* sq = static_cast<uint8_t*>(S.q());
+#if PERSISTENT
+  named_barrier::sync(1, kConsumers);  // every consumer is past the last item's Q and merge
+#endif
   for (int i = threadIdx.x; i < kRows * D / 8; i += kConsumers) {
     const int r = i / (D / 8), c = i % (D / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
@@ -202,7 +201,6 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   int hidden[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) hidden[h] = lane / 4 + 8 * h < rows ? q_len - 1 - (lane / 4 + 8 * h) / group : 0;
-  Cursor c;
   for (int t = t_begin; t < t_end; ++t, c.advance()) {
     const int k0 = t * kKeys + 16 * warp, valid = len - k0;  // this warp's keys that exist
     kv.consumer_wait(c);
@@ -269,10 +267,16 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
 
   // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order). Every
   // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
-  // the statistics in its V tile.
+  // the statistics in its V tile; persistent, the producer is filling the stages with the next
+  // item's tiles, and the merge has its own buffer.
   named_barrier::sync(1, kConsumers);
+#if PERSISTENT
+  float* so = static_cast<float*>(S.warps());  // kRows x D, then the statistics
+  Stats st{so + kRows * D};
+#else
   Stats st{static_cast<float*>(S.kv_v(0))};
   float* so = static_cast<float*>(S.kv_k(0));  // kRows x D
+#endif
   const int row0 = lane / 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -407,4 +411,67 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
           make_uint2(pack2(acc[g].x * inv, acc[g].y * inv), pack2(acc[g].z * inv, acc[g].w * inv));
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(kConsumers + 32)
+attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__ CUtensorMap tv,
+                 const elem_t* q, elem_t* out, const int* block_table, const int* seq_lens,
+                 float* part, float* part_lse, uint32_t* counters, int heads_kv, int group,
+                 int q_len, int max_pages, float scale_log2, int batch) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  L::Smem S(smem);
+  auto kv = S.kv();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // An item's length, and the producer's block-table window if the request fills the table
+  // (the common case), loaded together: one DRAM trip before the first copy instead of two.
+  auto load_item = [&](int split, int splits, int b, int4& got) {  // (length, guess, window)
+    const int* table = block_table + size_t(b) * max_pages;
+    got.x = seq_lens[b];
+    got.y = split_tiles(max_pages * PAGE_SIZE, split, splits).x * kKeys / PAGE_SIZE;
+    got.z = got.w = 0;
+    if (warp == kWarps) {
+      if (got.y + lane < max_pages) got.z = table[got.y + lane];
+      if (got.y + 32 + lane < max_pages) got.w = table[got.y + 32 + lane];
+    }
+  };
+#if PERSISTENT
+  const int split = 0, splits = 1;
+  int item = blockIdx.x;
+  int4 got;
+  if (item < heads_kv * batch) load_item(split, splits, item / heads_kv, got);
+#else
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
+  int4 got;
+  load_item(split, splits, b, got);  // on its way while the barriers are set up
+#endif
+  if (threadIdx.x == 0) {
+    tma::prefetch_descriptor(&tk);
+    tma::prefetch_descriptor(&tv);
+    S.merged().init();
+    kv.init();  // its fences cover the merge barrier's init too
+  }
+  __syncthreads();
+  decltype(kv)::Cursor c;  // the pipeline's position: one walk over every item's tiles
+#if PERSISTENT
+  for (; item < heads_kv * batch; item += gridDim.x) {
+    const int kvh = item % heads_kv, b = item / heads_kv;  // a request's kv heads side by side
+    const int4 now = got;
+    const int next = item + gridDim.x;
+    if (next < heads_kv * batch) {
+      load_item(split, splits, next / heads_kv, got);
+      // The next item's Q rows into L2: its consumers start on them while its tiles arrive.
+      const int lines = (D * 2 + 127) / 128, next_b = next / heads_kv, next_kvh = next % heads_kv;
+      for (int i = threadIdx.x; i < q_len * group * lines && threadIdx.x < kConsumers; i += kConsumers) {
+        const int r = i / lines;
+        prefetch_l2(q + ((size_t(next_b) * q_len + r / group) * heads_kv + next_kvh) * group * D + (r % group) * D +
+                    (i % lines) * 64);
+      }
+    }
+    decode_item(S, c, tk, tv, q, out, block_table + size_t(b) * max_pages, part, part_lse, counters, heads_kv,
+                group, q_len, max_pages, scale_log2, split, splits, kvh, b, now.x, now.y, now.z, now.w);
+  }
+#else
+  decode_item(S, c, tk, tv, q, out, block_table + size_t(b) * max_pages, part, part_lse, counters, heads_kv,
+              group, q_len, max_pages, scale_log2, split, splits, kvh, b, got.x, got.y, got.z, got.w);
+#endif
 }

@@ -1,6 +1,6 @@
 """Decode attention over a paged KV cache (``decode.cu``, flash-decoding): the plan (a 3-D tensor
-map over each cache, a K+V pipeline sized for two CTAs an SM, the split count) and the entry
-points ``kernels.attention_decode`` and ``kernels.append_kv`` (``paged_kv.cu``)."""
+map over each cache, a K+V pipeline sized for two CTAs an SM, the split count, persistent CTAs)
+and the entry points ``kernels.attention_decode`` and ``kernels.append_kv`` (``paged_kv.cu``)."""
 from __future__ import annotations
 
 import functools
@@ -36,25 +36,27 @@ _MAX_STAGES = 8
 
 
 @functools.lru_cache(maxsize=32)
-def decode_plan(head_dim: int, page_size: int) -> tuple[TensorMapSpec, SharedLayout, int]:
+def decode_plan(head_dim: int, page_size: int, persistent: bool = False) -> tuple[TensorMapSpec, SharedLayout, int]:
     """(K/V box spec, shared layout, CTAs an SM) for a head dim and page size. A box is one page
     (or a 64-key tile's part of one) by 64 columns (the last one reaching past the head dim when
     it is not a multiple of 64: TMA fills zeros); a stage holds a tile of K and of V. Stages
     fill half the shared memory when two fit there (two CTAs an SM overlap one's start and end
     with the other's loads), else all of it. The K tiles of every stage, then the V tiles, are
-    one region: the splits' merge reuses it whole. The spec's shape is a placeholder."""
+    one region: the splits' merge reuses it whole. ``persistent``: the warps' merge has its own
+    buffer (the stages hold the next item's tiles meanwhile). The spec's shape is a placeholder."""
     box_keys = min(page_size, KEYS_PER_TILE)
     spec = TensorMapSpec.tiled("bfloat16", (box_keys, 1, head_dim), (box_keys, 1, 64), swizzle="128B")
     tile_cols = -(-head_dim // 64) * 64
     boxes = (tile_cols // 64) * (KEYS_PER_TILE // box_keys)
     q = Buffer("q", MAX_ROWS * (head_dim * 2 + 16))  # then the splits' merge's row statistics
-    fixed_bytes = q.total_bytes + 1024
+    warps = [Buffer("warps", 4 * MAX_ROWS * (head_dim + 2 * 4 + 2))] if persistent else []  # O, statistics
+    fixed_bytes = q.total_bytes + sum(w.total_bytes for w in warps) + 1024
     stage_bytes = 2 * KEYS_PER_TILE * tile_cols * 2
     ctas = 2 if (_TWO_CTAS - fixed_bytes) // stage_bytes >= 2 else 1
     budget = _TWO_CTAS if ctas == 2 else HOPPER_SMEM_LIMIT
     stages = min(_MAX_STAGES, (budget - fixed_bytes) // stage_bytes)
     pipe = Pipeline("kv", stages=stages, tiles={"k": (spec, boxes), "v": (spec, boxes)}, consumers=4)
-    layout = SharedLayout([pipe, q, Barrier("merged")], limit=budget)
+    layout = SharedLayout([pipe, q, *warps, Barrier("merged")], limit=budget)
     if layout.offset("kv_v") != layout.offset("kv_k") + stages * pipe.stage_stride(0):
         raise TmaflowError(f"decode_plan({head_dim}, {page_size}): the V tiles do not follow the K tiles; "
                            "the splits' merge needs them as one region")
@@ -74,6 +76,16 @@ def choose_splits(batch: int, heads_kv: int, max_context: int, sm_count: int, ct
         ctas = pairs * splits
         return ctas / (-(-ctas // slots) * slots)
     return next((s for s in counts if filled(s) >= 0.95), max(counts, key=filled))
+
+
+def persistent_default(batch: int, heads_kv: int, head_dim: int, splits: int, sm_count: int,
+                       ctas_per_sm: int) -> bool:
+    """Whether CTAs walk several (request, kv head) items instead of one each: with one split
+    and more items than CTA slots (several waves), at head dims to 128 (the plans that keep two
+    CTAs an SM with the warps' own merge buffer). A wave's CTAs start and end together, and
+    between one's last copy and the next one's first (its length, block table, first tile: a
+    few microseconds) the SM reads nothing; a walking CTA's producer runs on into the next item."""
+    return splits == 1 and head_dim <= 128 and batch * heads_kv > sm_count * ctas_per_sm
 
 
 def evict_first_default(batch: int, heads_kv: int, head_dim: int, max_context: int, itemsize: int,
@@ -151,7 +163,8 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
 
 @entry_point
 def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
-                     num_splits: int | None = None, evict_first: bool | None = None, out=None, stream=None):
+                     num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
+                     out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -171,9 +184,14 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     the batch, kv heads, SM count and the block table's width. ``evict_first``: K and V pass
     through L2 at evict-first priority (read once a step, they push nothing else out); None:
     when the caches a call may read (the block table's width for every request) exceed the
-    L2. Returns out, q's shape, of q's kind."""
-    if num_splits is not None or evict_first is not None:  # num_splits sizes the workspace
-        num_splits, evict_first = _OPTIONS.check(num_splits, evict_first)
+    L2. ``persistent``: at most as many CTAs as run at once, each walking whole (request, kv
+    head) items (one split: num_splits None or 1); None: when one split leaves more items than
+    CTA slots. Returns out, q's shape, of q's kind."""
+    if num_splits is not None or evict_first is not None or persistent is not None:  # num_splits sizes the workspace
+        num_splits, evict_first, persistent = _OPTIONS.check(num_splits, evict_first, persistent)
+        if persistent and num_splits not in (None, 1):
+            raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
+                               "CTA walks whole requests: give num_splits None or 1")
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
@@ -184,12 +202,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                                     ("seq_lens", L)))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
-    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, stream, Q.device, ordinal,
-           get_ident())
+    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, stream, Q.device,
+           ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, stream))
+        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, stream))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -197,12 +215,13 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     part_lse = part.ptr + 4 * st.partial_floats if st.workspace is not None else 0
     cache = (p.pages * p.page_size, p.heads_kv, p.head_dim)  # the maps' view: all rows of all pages
     args = (st.tk.bind(K._as(cache, K.strides[1:])), st.tv.bind(V._as(cache, V.strides[1:])), Q, O, T, L,
-            part, part_lse, counters, p.heads_kv, p.group, p.tokens, p.max_pages, float(scale) * math.log2(math.e))
+            part, part_lse, counters, p.heads_kv, p.group, p.tokens, p.max_pages, float(scale) * math.log2(math.e),
+            p.batch)
     return st.launcher, args, result
 
 
 _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True),
-                          evict_first=checks.flag(optional=True))
+                          evict_first=checks.flag(optional=True), persistent=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -217,24 +236,29 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
     return splits, evict_first
 
 
-def _decode_state(Q, p: Problem, num_splits, evict_first, stream) -> SimpleNamespace:
+def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, stream) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
-    spec, layout, _ = decode_plan(d, p.page_size)
     device = current_device()
-    splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size, num_splits,
-                                         evict_first, device)
+    splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size,
+                                         1 if persistent else num_splits, evict_first, device)
+    ctas_per_sm = decode_plan(d, p.page_size)[2]
+    if persistent is None:
+        persistent = persistent_default(b, hkv, d, splits, device.sm_count, ctas_per_sm)
+    spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
-               **({"EVICT_FIRST": 1} if evict_first else {})}
+               **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
-    launcher = kern.launcher(grid=(splits, hkv, max(b, 1)), block=THREADS, stream=stream)
+    grid = (max(1, min(b * hkv, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, hkv, max(b, 1))
+    launcher = kern.launcher(grid=grid, block=THREADS, stream=stream)
     launcher, workspace = _with_split_k(launcher, splits > 1, device, stream)
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
                                                swizzle="128B"))
     return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, evict_first=evict_first,
+                           persistent=persistent,
                            partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
                            tk=template, tv=template)
 

@@ -5,7 +5,7 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
         [--seqs S ...] [--dtype bfloat16|float16]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --varlen [--json FILE] [--repeats N] [--dtype ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --decode | --decode-sweep [--json FILE] [--repeats N]
-        [--quick] [--clean]
+        [--decode-grid acceptance|quick] [--quick] [--clean]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --backward [--json FILE] [--repeats N] [--quick]
         [--dims D ...] [--seqs S ...] [--dtype bfloat16|float16] [--deterministic]
 
@@ -30,10 +30,15 @@ at the full context) against torch SDPA (the fastest backend that takes q_len 1 
 the same keys and values in a contiguous (batch, heads_kv, context, head_dim) cache, and
 against a device-to-device copy of the K+V bytes (two copies: K, then V), in the same rounds:
 GB/s of K+V read (the copy: read + written) and the ratios; back to back, each function's
-samples follow an untimed call of its own. Head dim 128, 8 kv heads, GQA 4:1 and 8:1, pages 16
-and 64, batch 1, 4, 16, 64, 128 x context 1k, 8k, 32k, 128k up to 4M tokens a row (68 rows);
-each row prints the plan (splits, evict-first); ``--quick``: batch 1 and 16, context 8k and
-32k, GQA 4:1 (under a minute); ``--clean``: also cold after a read of 2x L2 instead of a write
+samples follow an untimed call of its own. Head dim 128, 8 kv heads. ``--decode-grid
+acceptance`` (the default): issue 32's grid, GQA 4:1 and 8:1 x pages 16 and 64 x batch 1, 4,
+16, 64, 128 x context 1k, 8k, 32k, 128k, less the rows whose three caches (paged, contiguous,
+the copy's destination) pass ~60 GB (batch x context over 4M tokens: batch 64 and 128 stop
+at 32k), 72 rows; ``--decode-grid quick`` (or ``--quick``): 16 rows at the weak corners (batch
+1 at every context, page 16, GQA 8:1, batch 128 at 1k; under a minute on an H200), each also
+timing our call with the other L2 priority and (batch 1) twice the splits in the same rounds
+("alt" cells: their time over the plan's, above 1 = the plan is faster). Each row prints the
+plan (splits, evict-first); ``--clean``: also cold after a read of 2x L2 instead of a write
 (the write leaves the whole L2 dirty, and a call after it writes that back as it reads).
 ``--decode-sweep``: the same shapes at page 16, the automatic plan against other split counts
 and the other L2 priority, with the copy, in the same rounds (cold, clean and back to back):
@@ -53,7 +58,7 @@ from tmaflow import bench, kernels
 
 CP_ASYNC_HEAD_DIMS = (64, 128)  # the head dims kernels.attention_cp_async takes
 COLUMNS = ["dtype", "d", "seq", "batch", "causal", "best_peer", "cold ratio", "warm ratio", "rel_err_vs_peer"]
-DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "best_peer", "cold GB/s", "cold ratio",
+DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "persistent", "best_peer", "cold GB/s", "cold ratio",
                   "cold vs memcpy", "warm ratio", "warm vs memcpy", "rel_err_vs_peer"]
 DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "cold GB/s", "cold vs memcpy",
                         "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
@@ -112,6 +117,8 @@ def main():
     p.add_argument("--decode", action="store_true", help="paged-KV decode against SDPA and the copy ceiling")
     p.add_argument("--decode-sweep", action="store_true",
                    help="paged-KV decode: split counts and L2 priority against the automatic plan")
+    p.add_argument("--decode-grid", choices=["acceptance", "quick"], default="acceptance",
+                   help="--decode/--decode-sweep rows: issue 32's acceptance grid (72 rows) or its weak corners (16)")
     p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
     p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
     p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
@@ -304,48 +311,84 @@ def _backward_row(torch, args, d: int, heads: int, seq: int, causal: bool) -> di
 
 
 DECODE_BATCHES, DECODE_CONTEXTS = (1, 4, 16, 64, 128), (1024, 8192, 32768, 131072)
+DECODE_GROUPS, DECODE_PAGES = (4, 8), (16, 64)
+# The weak corners (group, page, batch, context), most telling first: batch 1 at every context
+# (too few requests to fill the GPU without splits), page 16, GQA 8:1, many short requests.
+DECODE_QUICK = [(8, 16, 1, 1024), (8, 16, 1, 8192), (8, 16, 1, 32768), (8, 16, 1, 131072), (8, 16, 128, 1024),
+                (4, 16, 1, 1024), (4, 16, 1, 8192), (4, 16, 1, 32768), (4, 64, 1, 8192), (4, 64, 1, 131072),
+                (4, 64, 128, 1024), (4, 16, 64, 1024), (8, 16, 16, 32768), (4, 16, 16, 8192), (8, 64, 4, 8192),
+                (8, 64, 64, 8192)]
 
 
-def _decode_shapes(args) -> list[tuple[int, int]]:
-    """(batch, context) of the acceptance grid that fit: 4M tokens a row at most (17 GB of K+V
-    a layout at 8 kv heads, head dim 128; the paged cache, SDPA's contiguous one and the copy's
-    destination make 52 GB), so batch 128 stops at 32k and batch 64 at 32k."""
-    if args.quick:
-        return [(b, c) for b in (1, 16) for c in (8192, 32768)]
-    return [(b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS if b * c <= DECODE_TOKENS]
+def _decode_grid(args) -> list[tuple[int, int, int, int]]:
+    """(group, page, batch, context) rows, GQA 4:1 page 16 first. The acceptance grid keeps the
+    rows whose caches fit: 4M tokens a row at most (17 GB of K+V a layout at 8 kv heads, head
+    dim 128; the paged cache, SDPA's contiguous one and the copy's destination make 52 GB), so
+    batch 64 and 128 stop at 32k."""
+    if args.quick or args.decode_grid == "quick":
+        return list(DECODE_QUICK)
+    return [(group, page, b, c) for group in DECODE_GROUPS for page in DECODE_PAGES
+            for b in DECODE_BATCHES for c in DECODE_CONTEXTS if b * c <= DECODE_TOKENS]
+
+
+def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool]:
+    """(splits, evict_first, persistent) a call plans at head dim 128 on the current device."""
+    from tmaflow.kernels.decode_entry import decode_choices, decode_plan, persistent_default
+    from tmaflow.runtime.device import current_device
+
+    splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx)
+    persistent = persistent_default(batch, heads_kv, 128, splits, current_device().sm_count, decode_plan(128, page)[2])
+    return splits, evict_first, persistent
+
+
+def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
+    """name -> (num_splits, evict_first, persistent) timed beside the plan in the quick grid's
+    rows: the other L2 priority, at batch 1 twice the splits (down to one 64-key tile a split),
+    and a persistent plan's one CTA an item."""
+    from tmaflow.kernels.decode_entry import MAX_SPLITS
+
+    if not (args.quick or args.decode_grid == "quick"):
+        return {}
+    splits, evict_first, persistent = _decode_plan(batch, ctx, heads_kv, page)
+    alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent)}
+    if batch == 1 and 2 * splits <= min(MAX_SPLITS, ctx // 64):
+        alts[f"s{2 * splits}"] = (2 * splits, evict_first, False)
+    if persistent:
+        alts["p0"] = (splits, evict_first, False)
+    return alts
 
 
 def decode(args):
     import torch  # optional dependency, as in main
 
     rows = []
-    combos = [(4, 16)] if args.quick else [(4, 16), (4, 64), (8, 16), (8, 64)]  # the first the most telling
-    for group, page in combos:
-        for batch, ctx in _decode_shapes(args):
-            rows.append(_decode_row(torch, args, group, page, batch, ctx))
-            torch.cuda.empty_cache()  # the row's caches are gone: room for the next, larger one
-            if args.json:  # after every row: a run stopped by a time limit keeps what it measured
-                columns = DECODE_COLUMNS + (["clean ratio", "clean vs memcpy"] if args.clean else [])
-                bench.records.write(args.json, "attention_decode",
-                                    "Paged-KV decode against torch SDPA and the copy ceiling", columns, rows,
-                                    repeats=args.repeats)
+    for group, page, batch, ctx in _decode_grid(args):
+        rows.append(_decode_row(torch, args, group, page, batch, ctx))
+        torch.cuda.empty_cache()  # the row's caches are gone: room for the next, larger one
+        if args.json:  # after every row: a run stopped by a time limit keeps what it measured
+            columns = DECODE_COLUMNS + (["clean ratio", "clean vs memcpy"] if args.clean else [])
+            bench.records.write(args.json, "attention_decode",
+                                "Paged-KV decode against torch SDPA and the copy ceiling", columns, rows,
+                                repeats=args.repeats, grid="quick" if args.quick else args.decode_grid)
 
 
 def decode_sweep(args):
     """Per row, the automatic plan against every split count worth trying (powers of two up to
     a tile a split and four waves of CTAs) and against its own evict-first choice flipped,
     with the copy ceiling, in the same rounds: the best split per row, cold (after the usual
-    write of 2x L2, and after a read of it: a clean L2) and back to back."""
+    write of 2x L2, and after a read of it: a clean L2) and back to back. Page 16 rows of the
+    grid only."""
     import torch  # optional dependency, as in main
 
     rows = []
-    for group in ((4,) if args.quick else (4, 8)):
-        for batch, ctx in _decode_shapes(args):
-            rows.append(_decode_row(torch, args, group, 16, batch, ctx, sweep=True))
-            torch.cuda.empty_cache()
-            if args.json:
-                bench.records.write(args.json, "attention_decode_sweep", "Paged-KV decode: split counts and L2 priority",
-                                    DECODE_SWEEP_COLUMNS, rows, repeats=args.repeats)
+    for group, page, batch, ctx in _decode_grid(args):
+        if page != 16:
+            continue
+        rows.append(_decode_row(torch, args, group, page, batch, ctx, sweep=True))
+        torch.cuda.empty_cache()
+        if args.json:
+            bench.records.write(args.json, "attention_decode_sweep", "Paged-KV decode: split counts and L2 priority",
+                                DECODE_SWEEP_COLUMNS, rows, repeats=args.repeats)
 
 
 def _clean_cold(torch, fns: dict, repeats: int) -> bench.Rounds:
@@ -397,8 +440,6 @@ def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
 def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep: bool = False) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tmaflow.kernels.decode_entry import decode_choices
-
     dt, d, heads_kv = getattr(torch, args.dtype), 128, 8
     k, v = (torch.randn(batch, heads_kv, ctx, d, device="cuda", dtype=dt) for _ in "kv")
     q = torch.randn(batch, heads_kv * group, 1, d, device="cuda", dtype=dt)
@@ -423,16 +464,17 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     def memcpy():
         k_copy.copy_(k), v_copy.copy_(v)
 
-    def ours(num_splits=None, evict_first=None):
+    def ours(num_splits=None, evict_first=None, persistent=None):
         return kernels.attention_decode.prepare(q[:, :, 0], k_cache, v_cache, table, lens, num_splits=num_splits,
-                                                evict_first=evict_first,
+                                                evict_first=evict_first, persistent=persistent,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
-    splits, evict_first = decode_choices(batch, heads_kv, d, page, ctx)
+    splits, evict_first, persistent = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
+    alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
     if sweep:
         fns = {name: ours(*choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
         peers = {"memcpy": memcpy}
     else:
-        fns = {"tmaflow": ours()}
+        fns = {"tmaflow": ours(), **{f"alt {name}": ours(*choice) for name, choice in alts.items()}}
         peers = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
                  "efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "memcpy": memcpy}
     available = dict(fns)
@@ -450,7 +492,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     err = max((torch.linalg.norm(fn.out.float() - ref) / torch.linalg.norm(ref)).item() for fn in fns.values())
     kv_bytes = 2 * k.numel() * k.element_size()
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
-           "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "rel_err_vs_peer": err}
+           "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "persistent": persistent,
+           "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
     cells = []
     for mode, got in _decode_modes(torch, available, args.repeats, clean=sweep or args.clean):
@@ -464,11 +507,17 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
                          f"(x{row[f'{mode} best vs auto']:.3f}, vs memcpy {row[f'{mode} best vs memcpy']:.2f}) "
                          + " ".join(f"{n}:{gbs[n]:.0f}" for n in fns if n not in ("auto", best)))
         else:
-            best = max((n for n in available if n not in ("tmaflow", "memcpy")), key=lambda n: gbs[n])
+            best = max((n for n in available if n not in fns and n != "memcpy"), key=lambda n: gbs[n])
             row.update({"best_peer": best, f"{mode} ratio": got.ratio("tmaflow", best).median})
+            alt_cells = ""
+            for name in fns:
+                if name != "tmaflow":  # the alternative's time over the plan's: above 1, the plan is faster
+                    row[f"{mode} {name} over plan"] = got.ratio("tmaflow", name).median
+                    alt_cells += f" {name} x{row[f'{mode} {name} over plan']:.3f}"
             cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
-                         f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}")
-    print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} " + " | ".join(cells)
+                         f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}{alt_cells}")
+    print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
+          + " | ".join(cells)
           + f"  err {err:.1e}", flush=True)
     return row
 
