@@ -14,7 +14,9 @@
 //   stores dS^T into shared memory, and after both warpgroups did, computes its half of the
 //   head dim of dQ = dS K (dS^T and K both MN-major) and adds it into the fp32 accumulator with
 //   vector reductions (DETERMINISTIC: in key-block order, each CTA waiting on a counter per
-//   query block).
+//   query block). OVERLAP (head dim 64): step t - 1's dQ is issued after step t's S and dP, so
+//   the softmax of step t runs while it is on the tensor cores (head dim 128 has no registers
+//   left for the dQ accumulators then).
 //   Maps are 3-D (batch x heads, seq, head dim): rows past a head's sequence load as zeros, so
 //   padded query rows give dS = 0 and P dO = 0; keys past the sequence are masked.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned); a key block starts at
@@ -40,6 +42,12 @@ using namespace tmaflow;
 #endif
 #ifndef STAGES
 #define STAGES 2
+#endif
+// 1: step t's S and dP are issued before step t - 1's dQ (registers: head dim 64 only, whose dK
+// and dV take half of 128's). Every step issues the same wgmmas (the first a dQ it never adds):
+// a wgmma issued on one path of a branch makes ptxas serialize them all (C7515).
+#ifndef OVERLAP
+#define OVERLAP (HEAD_DIM == 64)
 #endif
 constexpr int D = HEAD_DIM, BM = 64, BN = 128;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
@@ -189,146 +197,201 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   const uint64_t desc_v = wgmma::desc_k_major<kSpanKV>(smem + kOffV + cw * 64 * kSpanKV);
   // dQ's B: K's box cw (this warpgroup's D / 2 columns), MN-major, all BN keys.
   const uint64_t desc_kt = wgmma::desc_mn_major<kSpanKV>(smem + cw * kKVBox, kKVBox);
-  mbarrier::wait(kv_bar, 0);
-  uint32_t stage = 0, phase = 0, buf = 0;
-  for (int g = 0; g < group; ++g) {
-    const int bh = b * heads + kvh * group + g;
-    for (int i = i_first; i < q_blocks; ++i, buf ^= 1u) {
-      const int m0 = i * BM;
-      uint8_t* sQ = smem + kOffQ + stage * kQBytes;
-      uint8_t* sdO = smem + kOffDO + stage * kQBytes;
-      const float* sLse = sRow + 2 * BM * stage;
-      const float* sDelta = sLse + BM;
-      mbarrier::wait(full + stage, phase);
-      float s[BM / 2], dp[BM / 2];
-      wgmma::fence_operands(s);
-      wgmma::fence_operands(dp);
-      wgmma::fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {  // k-steps of 16 head-dim columns
-        constexpr int kStepsKV = kSpanKV / 32, kStepsQ = 4;
-        const uint64_t a = desc_k + ((ks / kStepsKV) * kKVBox >> 4) + 2 * (ks % kStepsKV);
-        const uint64_t bq = wgmma::desc_k_major<128>(sQ + (ks / kStepsQ) * kQBox) + 2 * (ks % kStepsQ);
-        TF_MMA<0>(s, a, bq, ks > 0);
-      }
-      wgmma::commit_group();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        constexpr int kStepsKV = kSpanKV / 32, kStepsQ = 4;
-        const uint64_t a = desc_v + ((ks / kStepsKV) * kKVBox >> 4) + 2 * (ks % kStepsKV);
-        const uint64_t bo = wgmma::desc_k_major<128>(sdO + (ks / kStepsQ) * kQBox) + 2 * (ks % kStepsQ);
-        TF_MMA<0>(dp, a, bo, ks > 0);
-      }
-      wgmma::commit_group();
-      wgmma::wait_group<1>();
-      wgmma::fence_operands(s);
-      // Element x of s / dp: key krow + 8 ((x >> 1) & 1), query m0 + 8 (x / 4) + col + (x & 1).
-      bool need_mask = key_lo + 64 > seq_kv;
-#if CAUSAL
-      need_mask = need_mask || key_lo + 63 > m0;
-#endif
-#pragma unroll
-      for (int x = 0; x < BM / 2; x += 2) {
-        const float2 l = *reinterpret_cast<const float2*>(sLse + 8 * (x / 4) + col);
-        s[x] = math::exp2_approx(fmaf(s[x], scale_log2, -l.x));
-        s[x + 1] = math::exp2_approx(fmaf(s[x + 1], scale_log2, -l.y));
-      }
-      if (need_mask) {
-#pragma unroll
-        for (int x = 0; x < BM / 2; ++x) {
-          const int key = key_lo + krow + 8 * ((x >> 1) & 1), query = m0 + 8 * (x / 4) + col + (x & 1);
-          bool masked = key >= seq_kv;
-#if CAUSAL
-          masked = masked || key > query;
-#endif
-          if (masked) s[x] = 0.f;
-        }
-      }
-      wgmma::wait_group<0>();
-      wgmma::fence_operands(dp);
-#pragma unroll
-      for (int x = 0; x < BM / 2; x += 2) {
-        const float2 dl = *reinterpret_cast<const float2*>(sDelta + 8 * (x / 4) + col);
-        dp[x] = s[x] * (dp[x] - dl.x);
-        dp[x + 1] = s[x + 1] * (dp[x + 1] - dl.y);
-      }
-      // dS^T into buffer `buf`: key rows of 128 B (64 queries), 128B-swizzled (16-byte chunk c of
-      // row r at c ^ (r % 8)), this warpgroup's 64 keys from row 64 cw.
-      uint8_t* sdS = smem + kOffDS + buf * kDSBytes;
-#pragma unroll
-      for (int x = 0; x < BM / 2; x += 2) {
-        const int r = 64 * cw + krow + 8 * ((x >> 1) & 1), c = 8 * (x / 4) + col;
-        *reinterpret_cast<uint32_t*>(sdS + r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) =
-            pack2(dp[x], dp[x + 1]);
-      }
-      // P^T and dS^T as 16-bit A fragments: queries 16 kk .. 16 kk + 15 are k-step kk.
-      uint32_t pa[BM / 16][4], dsa[BM / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-          dsa[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
-        }
-      // dV += P^T dO, dK += dS^T Q: B is dO / Q N-major (head dim contiguous), a k-step of 16
-      // query rows is 16 x 128 B into the boxes.
-      {
-        const uint64_t bo = wgmma::desc_mn_major<128>(sdO, kQBox);
-        const uint64_t bq = wgmma::desc_mn_major<128>(sQ, kQBox);
-        wgmma::fence_operands(dv_acc);
-        wgmma::fence_operands(dk_acc);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dv_acc, pa[kk], bo + kk * (16 * 128 >> 4), 1);
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dk_acc, dsa[kk], bq + kk * (16 * 128 >> 4), 1);
-        wgmma::commit_group();
-      }
-      fence::proxy_async_shared_cta();
-      named_barrier::sync(1, 256);  // both warpgroups' dS^T are in
-      // dQ (BM queries x this warpgroup's D / 2 columns) = dS K: A = dS^T rows (MN-major,
-      // k-steps of 16 keys = 16 x 128 B), B = K's box cw (MN-major, 16 x kSpanKV B a k-step).
-      float dq[D / 4];
-      {
-        const uint64_t a = wgmma::desc_mn_major<128>(sdS, kDSBytes);
-        wgmma::fence_operands(dq);
-        wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < BN / 16; ++ks)
-          TF_MMA_TN(dq, a + ks * (16 * 128 >> 4), desc_kt + ks * (16 * kSpanKV >> 4), ks > 0);
-        wgmma::commit_group();
-      }
-      wgmma::wait_group<0>();
-      wgmma::fence_operands(dq);
-      wgmma::fence_operands(dv_acc);
-      wgmma::fence_operands(dk_acc);
-      if (lane == 0) mbarrier::arrive(empty + stage);  // Q, dO, LSE and Delta are read
+  // The consumer's steps: the query blocks i_first .. q_blocks - 1 of each query head of the
+  // kv head, in the producer's order.
+  const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
+  auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
+  auto block_of = [&](int t) { return i_first + t % per_head; };
+  struct Cursor {
+    uint32_t stage = 0, phase = 0;
+    TMAFLOW_DEVICE void advance() {
       if (++stage == STAGES) stage = 0, phase ^= 1u;
-#if DETERMINISTIC
-      // Key block j adds its part of this query block after blocks 0 .. j - 1 (exactly those
-      // add before it, causal or not); they started earlier (blocks are scheduled in index order).
-      uint32_t* counter = chain + size_t(bh) * q_blocks + i;
-      if (threadIdx.x == 128)
-        while (load_acquire(counter) != uint32_t(j)) {
-        }
-      named_barrier::sync(2, 256);
-#endif
-      // dq element x: query m0 + krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + krow + 8 * h;
-        if (row < seq_q) {
-          float* at = dq_accum + (size_t(bh) * seq_q + row) * D + (D / 2) * cw + col;
-#pragma unroll
-          for (int n = 0; n < D / 16; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
-        }
-      }
-#if DETERMINISTIC
-      named_barrier::sync(2, 256);
-      if (threadIdx.x == 128) add_release(counter);
-#endif
     }
+  };
+  float s[BM / 2], dp[BM / 2], dq[D / 4];
+  uint32_t pa[BM / 16][4], dsa[BM / 16][4];
+  // S^T = K Q^T and dP^T = V dO^T of stage c, each its own group (S is needed first).
+  auto issue_s_dp = [&](Cursor c) {
+    const uint8_t* sQ = smem + kOffQ + c.stage * kQBytes;
+    const uint8_t* sdO = smem + kOffDO + c.stage * kQBytes;
+    mbarrier::wait(full + c.stage, c.phase);
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::fence();
+    constexpr int kStepsKV = kSpanKV / 32, kStepsQ = 4;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {  // k-steps of 16 head-dim columns
+      const uint64_t a = desc_k + ((ks / kStepsKV) * kKVBox >> 4) + 2 * (ks % kStepsKV);
+      const uint64_t bq = wgmma::desc_k_major<128>(sQ + (ks / kStepsQ) * kQBox) + 2 * (ks % kStepsQ);
+      TF_MMA<0>(s, a, bq, ks > 0);
+    }
+    wgmma::commit_group();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint64_t a = desc_v + ((ks / kStepsKV) * kKVBox >> 4) + 2 * (ks % kStepsKV);
+      const uint64_t bo = wgmma::desc_k_major<128>(sdO + (ks / kStepsQ) * kQBox) + 2 * (ks % kStepsQ);
+      TF_MMA<0>(dp, a, bo, ks > 0);
+    }
+    wgmma::commit_group();
+  };
+  // Element x of s / dp: key krow + 8 ((x >> 1) & 1), query m0 + 8 (x / 4) + col + (x & 1).
+  auto probabilities = [&](Cursor c, int m0) {  // s becomes P^T
+    wgmma::fence_operands(s);
+    const float* sLse = sRow + 2 * BM * c.stage;
+    bool need_mask = key_lo + 64 > seq_kv;
+#if CAUSAL
+    need_mask = need_mask || key_lo + 63 > m0;
+#endif
+#pragma unroll
+    for (int x = 0; x < BM / 2; x += 2) {
+      const float2 l = *reinterpret_cast<const float2*>(sLse + 8 * (x / 4) + col);
+      s[x] = math::exp2_approx(fmaf(s[x], scale_log2, -l.x));
+      s[x + 1] = math::exp2_approx(fmaf(s[x + 1], scale_log2, -l.y));
+    }
+    if (need_mask) {
+#pragma unroll
+      for (int x = 0; x < BM / 2; ++x) {
+        const int key = key_lo + krow + 8 * ((x >> 1) & 1), query = m0 + 8 * (x / 4) + col + (x & 1);
+        bool masked = key >= seq_kv;
+#if CAUSAL
+        masked = masked || key > query;
+#endif
+        if (masked) s[x] = 0.f;
+      }
+    }
+  };
+  auto score_grads = [&](Cursor c) {  // dp becomes dS^T = P^T (dP^T - Delta)
+    wgmma::fence_operands(dp);
+    const float* sDelta = sRow + 2 * BM * c.stage + BM;
+#pragma unroll
+    for (int x = 0; x < BM / 2; x += 2) {
+      const float2 dl = *reinterpret_cast<const float2*>(sDelta + 8 * (x / 4) + col);
+      dp[x] = s[x] * (dp[x] - dl.x);
+      dp[x + 1] = s[x + 1] * (dp[x + 1] - dl.y);
+    }
+  };
+  // dS^T into buffer `buf`: key rows of 128 B (64 queries), 128B-swizzled (16-byte chunk c of
+  // row r at c ^ (r % 8)), this warpgroup's 64 keys from row 64 cw; then P^T and dS^T as
+  // 16-bit A fragments (queries 16 kk .. 16 kk + 15 are k-step kk).
+  auto stage_ds = [&](uint32_t buf) {
+    uint8_t* sdS = smem + kOffDS + buf * kDSBytes;
+#pragma unroll
+    for (int x = 0; x < BM / 2; x += 2) {
+      const int r = 64 * cw + krow + 8 * ((x >> 1) & 1), c = 8 * (x / 4) + col;
+      *reinterpret_cast<uint32_t*>(sdS + r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) = pack2(dp[x], dp[x + 1]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        dsa[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      }
+  };
+  // dV += P^T dO, dK += dS^T Q: B is dO / Q N-major (head dim contiguous), a k-step of 16 query
+  // rows is 16 x 128 B into the boxes.
+  auto issue_dkv = [&](Cursor c) {
+    const uint64_t bo = wgmma::desc_mn_major<128>(smem + kOffDO + c.stage * kQBytes, kQBox);
+    const uint64_t bq = wgmma::desc_mn_major<128>(smem + kOffQ + c.stage * kQBytes, kQBox);
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dv_acc, pa[kk], bo + kk * (16 * 128 >> 4), 1);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dk_acc, dsa[kk], bq + kk * (16 * 128 >> 4), 1);
+    wgmma::commit_group();
+  };
+  // dQ (BM queries x this warpgroup's D / 2 columns) = dS K once both warpgroups' dS^T are in:
+  // A = dS^T rows (MN-major, k-steps of 16 keys = 16 x 128 B), B = K's box cw (MN-major).
+  auto issue_dq = [&](uint32_t buf) {
+    fence::proxy_async_shared_cta();
+    named_barrier::sync(1, 256);
+    const uint64_t a = wgmma::desc_mn_major<128>(smem + kOffDS + buf * kDSBytes, kDSBytes);
+    wgmma::fence_operands(dq);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks)
+      TF_MMA_TN(dq, a + ks * (16 * 128 >> 4), desc_kt + ks * (16 * kSpanKV >> 4), ks > 0);
+    wgmma::commit_group();
+  };
+  auto add_dq = [&](int t) {  // step t's dQ (waited for) into the accumulator
+    wgmma::fence_operands(dq);
+    const int bh = head_of(t), i = block_of(t), m0 = i * BM;
+#if DETERMINISTIC
+    // Key block j adds its part of this query block after blocks 0 .. j - 1 (exactly those
+    // add before it, causal or not); they started earlier (blocks are scheduled in index order).
+    uint32_t* counter = chain + size_t(bh) * q_blocks + i;
+    if (threadIdx.x == 128)
+      while (load_acquire(counter) != uint32_t(j)) {
+      }
+    named_barrier::sync(2, 256);
+#endif
+    // dq element x: query m0 + krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + krow + 8 * h;
+      if (row < seq_q) {
+        float* at = dq_accum + (size_t(bh) * seq_q + row) * D + (D / 2) * cw + col;
+#pragma unroll
+        for (int n = 0; n < D / 16; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
+      }
+    }
+#if DETERMINISTIC
+    named_barrier::sync(2, 256);
+    if (threadIdx.x == 128) add_release(counter);
+#endif
+  };
+  auto release = [&](Cursor c) {  // Q, dO, LSE and Delta of stage c are read
+    if (lane == 0) mbarrier::arrive(empty + c.stage);
+  };
+  mbarrier::wait(kv_bar, 0);
+#if OVERLAP
+  // Step t - 1's dQ is issued after step t's S and dP (the tensor cores run them in order), so
+  // step t's softmax runs while dQ_(t-1) is on the tensor cores.
+  Cursor cur;
+  for (int t = 0; t < steps; ++t) {
+    issue_s_dp(cur);
+    issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
+    wgmma::wait_group<1>();
+    probabilities(cur, block_of(t) * BM);
+    score_grads(cur);
+    wgmma::wait_group<0>();
+    if (t > 0) add_dq(t - 1);
+    stage_ds(t & 1);
+    issue_dkv(cur);
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    release(cur);
+    cur.advance();
   }
+  if (steps > 0) {
+    issue_dq((steps - 1) & 1);
+    wgmma::wait_group<0>();
+    add_dq(steps - 1);
+  }
+#else
+  Cursor cur;
+  for (int t = 0; t < steps; ++t) {
+    issue_s_dp(cur);
+    wgmma::wait_group<1>();
+    probabilities(cur, block_of(t) * BM);
+    wgmma::wait_group<0>();
+    score_grads(cur);
+    stage_ds(t & 1);
+    issue_dkv(cur);
+    issue_dq(t & 1);
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    release(cur);
+    add_dq(t);
+    cur.advance();
+  }
+#endif
+  wgmma::fence_operands(dv_acc);
+  wgmma::fence_operands(dk_acc);
   // dK (scaled: S = scale Q K^T) and dV rows of the warpgroup's keys.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

@@ -11,7 +11,7 @@ from .registry import get_kernel
 SM90_HEAD_DIMS = (64, 128)
 KEYS = 128      # keys a CTA (attention_backward_sm90.cu's BN): two consumer warpgroups of 64
 ROWS = 64       # query rows a step (BM)
-STAGES = 2      # Q / dO stages in flight
+STAGES = 3      # Q / dO stages in flight (a stage is refilled a step and more before its use)
 THREADS = 384   # a producer warpgroup and two consumers
 _PREP_ROWS = 8  # padded query rows a CTA of the prep kernel (a warp each)
 _DQ_GRID = 1024
