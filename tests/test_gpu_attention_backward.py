@@ -187,3 +187,23 @@ def test_attention_backward_matches_torch_sdpa_backward(device):
                                                          enable_gqa=True).backward(grad.float())
         for name, a, b in zip("qkv", ours, (q32.grad, k32.grad, v32.grad)):
             assert (torch.linalg.norm(a - b) / torch.linalg.norm(b)).item() < TOL, (name, dtype)
+
+
+@pytest.mark.parametrize("sq,skv", [(17, 17), (1000, 1000), (1023, 1023), (1023, 130), (64, 1000)])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_lengths_off_the_tiles(device, rng, sq, skv, d, causal):
+    """Lengths that end inside a 64-row query block and a 128-key block (the Hopper kernel's
+    tiles), more keys than queries and fewer, GQA 2:1."""
+    _run(rng, 1, 2, 1, sq, skv, d, causal)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_deterministic_multi_query(device, rng, d, causal):
+    """One kv head for four query heads, deterministic: bit-identical twice, fp16 too."""
+    inputs, first = _run(rng, 2, 4, 1, 700, 1000, d, causal, deterministic=True)
+    again = kernels.attention_backward(*inputs, causal=causal, deterministic=True)
+    for a, b in zip(first, again):
+        assert np.array_equal(a, _values(b, "bfloat16"))
+    _run(rng, 1, 4, 1, 300, 300, d, causal, dtype="float16", deterministic=True)

@@ -1,6 +1,8 @@
-"""Attention backward (``attention_backward.cu``): the entry point ``kernels.attention_backward``,
-three launches a call (Delta = rowsum(dO * O) with the fp32 dQ accumulator zeroed; dK, dV and
-dQ's partial sums per key block; dQ in the output dtype), and their shapes."""
+"""Attention backward: the entry point ``kernels.attention_backward``, three launches a call
+(Delta = rowsum(dO * O) with the fp32 dQ accumulator zeroed; dK, dV and dQ's partial sums per
+key block; dQ in the output dtype), and their shapes. Head dims 64 and 128 run
+``attention_backward_sm90.cu`` (TMA and wgmma, FlashAttention-3's schedule); the others
+``attention_backward.cu`` (mma.sync, any multiple of 16 up to 256)."""
 from __future__ import annotations
 
 import math
@@ -16,6 +18,7 @@ from . import checks
 from .attention_entry import _check, _given_out, _scale
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device,
                     packed)
+from .attention_backward_sm90 import SM90_HEAD_DIMS, Sm90Plan
 from .registry import get_kernel
 
 HEAD_DIMS = tuple(range(16, 257, 16))
@@ -99,8 +102,12 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
     DQ, DK, DV = (arr for _, arr in outs)
     if not st.launches:
         return None, (), result
-    # fp32 workspace, in order on the stream: dQ's accumulator, Delta, then the chain counters.
     rows = b * hq * sq
+    if st.sm90 is not None:
+        args = st.sm90.args(Q, K, V, O, G, L, DQ, DK, DV, float(scale), lambda n: new_output(
+            q, Q, (n,), as_dtype("float32"), stream)[1])
+        return st.run, args, result
+    # fp32 workspace, in order on the stream: dQ's accumulator, Delta, then the chain counters.
     _, ws = new_output(q, Q, (rows * (d + 1) + st.chain_count,), as_dtype("float32"), stream)
     accum, delta, chain = ws.ptr, ws.ptr + 4 * rows * d, ws.ptr + 4 * rows * (d + 1)
     args = ((O, G, delta, accum, chain, rows, st.chain_count),
@@ -125,6 +132,9 @@ def _state(Q, K, causal, deterministic, stream) -> SimpleNamespace:
     def launcher(name, defines, **config):  # each kernel built with the defines it reads
         return get_kernel(name, None, defines=defines, file="attention_backward").launcher(stream=stream, **config)
     rows = b * hq * sq
+    if d in SM90_HEAD_DIMS and rows:
+        plan = Sm90Plan(Q, K, causal, deterministic, stream)
+        return SimpleNamespace(launches=plan.launches, chain_count=0, run=_Run(plan.launches, True), sm90=plan)
     launches = []
     if rows:  # Delta and the zeroed accumulator
         launches.append(launcher("attention_bwd_prep", prep_defines, grid=-(-rows // _PREP_ROWS),
@@ -135,7 +145,7 @@ def _state(Q, K, causal, deterministic, stream) -> SimpleNamespace:
     if rows:
         launches.append(launcher("attention_bwd_dq", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256))
     chain_count = b * hq * -(-sq // BLOCK) * slices(d) if deterministic else 0
-    return SimpleNamespace(launches=launches, chain_count=chain_count, run=_Run(launches, rows > 0))
+    return SimpleNamespace(launches=launches, chain_count=chain_count, run=_Run(launches, rows > 0), sm90=None)
 
 
 class _Run:

@@ -1,0 +1,407 @@
+// Attention backward on Hopper's asynchronous units (FlashAttention-3's schedule) for head dims
+// 64 and 128: dQ, dK and dV of O = softmax(scale Q K^T) V, bf16 (FP16: fp16) in and out.
+//
+// attention_bwd_sm90_prep: per query row (rows padded to BM a head), Delta = rowsum(dO * O)
+//   and the log-sum-exp in the log2 domain (padding rows: 0, 0), the fp32 dQ accumulator and
+//   (DETERMINISTIC) the chain counters zeroed.
+// attention_bwd_sm90: a CTA is one (block of BN = 128 keys, kv head, batch). Warpgroup 0 issues
+//   TMA: K and V once, then per block of BM = 64 query rows (over the kv head's query heads,
+//   grouped-query attention) Q, dO, LSE and Delta into a multi-stage ring. Consumer warpgroups
+//   1 and 2 own keys 0-63 / 64-127 of the block. Per query block each computes
+//     S^T = K Q^T and dP^T = V dO^T (wgmma, K / V rows and Q / dO 128B-swizzled, K-major),
+//     P^T = 2^(S^T scale log2e - LSE), dS^T = P^T (dP^T - Delta) (fp32, in registers),
+//     dV += P^T dO and dK += dS^T Q (wgmma with P^T / dS^T from registers, dO / Q N-major),
+//   stores dS^T into shared memory, and after both warpgroups did, computes its half of the
+//   head dim of dQ = dS K (dS^T and K both MN-major) and adds it into the fp32 accumulator with
+//   vector reductions (DETERMINISTIC: in key-block order, each CTA waiting on a counter per
+//   query block). OVERLAP (head dim 64): step t - 1's dQ is issued after step t's S and dP, so
+//   the softmax of step t runs while it is on the tensor cores (head dim 128 has no registers
+//   left for the dQ accumulators then).
+//   Maps are 3-D (batch x heads, seq, head dim): rows past a head's sequence load as zeros, so
+//   padded query rows give dS = 0 and P dO = 0; keys past the sequence are masked.
+//   CAUSAL: key j is seen by query i when j <= i (top-left aligned); a key block starts at
+//   the first query block that sees one of its keys.
+// The fp32 dQ goes to the output dtype with attention_backward.cu's attention_bwd_dq.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <tmaflow.cuh>
+#include <tmaflow/wgmma_tn.cuh>
+using namespace tmaflow;
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef CAUSAL
+#define CAUSAL 0
+#endif
+#ifndef FP16
+#define FP16 0
+#endif
+#ifndef DETERMINISTIC
+#define DETERMINISTIC 0
+#endif
+#ifndef STAGES
+#define STAGES 2
+#endif
+// 1: step t's S and dP are issued before step t - 1's dQ (registers: head dim 64 only, whose dK
+// and dV take half of 128's). Every step issues the same wgmmas (the first a dQ it never adds):
+// a wgmma issued on one path of a branch makes ptxas serialize them all (C7515).
+#ifndef OVERLAP
+#define OVERLAP (HEAD_DIM == 64)
+#endif
+constexpr int D = HEAD_DIM, BM = 64, BN = 128;
+static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
+// K and V: two boxes of BN rows by D / 2 columns (a consumer's half of dQ's columns is one box,
+// a whole swizzle span: 128 B at head dim 128, 64 B at 64). Q and dO: boxes of BM rows by 64
+// columns (128B swizzle), D / 64 of them.
+constexpr int kSpanKV = D;                       // bytes of a K / V box row
+constexpr int kKVBox = BN * kSpanKV;             // bytes of a K / V box
+constexpr int kKVBytes = 2 * kKVBox;
+constexpr int kQBox = BM * 128, kQBoxes = D / 64;
+constexpr int kQBytes = kQBoxes * kQBox;
+constexpr int kDSBytes = BN * 128;               // dS^T: BN keys by BM queries (128 B rows)
+// Shared memory (from a 1024-byte aligned base): K, V, STAGES x (Q, dO), two dS^T buffers,
+// STAGES x (LSE, Delta), barriers.
+constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * kQBytes;
+constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffRow = kOffDS + 2 * kDSBytes;
+constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
+constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES) * 8;
+static_assert(kSmemBytes <= 227 * 1024, "STAGES do not fit shared memory");
+constexpr uint32_t kStageTx = 2 * kQBytes + 2 * BM * 4;
+constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+
+#if FP16
+using elem_t = __half;
+#define TF_MMA wgmma::mma_k16_f16
+#define TF_MMA_RS wgmma::mma_k16_rs_f16
+#define TF_MMA_TN wgmma::mma_k16_tn_f16
+TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::f16x2(lo, hi); }
+TMAFLOW_DEVICE float2 to_float2(uint32_t x) { return __half22float2(*reinterpret_cast<__half2*>(&x)); }
+#else
+using elem_t = __nv_bfloat16;
+#define TF_MMA wgmma::mma_k16_bf16
+#define TF_MMA_RS wgmma::mma_k16_rs_bf16
+#define TF_MMA_TN wgmma::mma_k16_tn_bf16
+TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::bf16x2(lo, hi); }
+TMAFLOW_DEVICE float2 to_float2(uint32_t x) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x)); }
+#endif
+
+// ptx: ld.acquire.gpu.global.u32
+TMAFLOW_DEVICE uint32_t load_acquire(const uint32_t* at) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
+  return v;
+}
+// ptx: fence.acq_rel.gpu + red.relaxed.gpu.global.add.u32
+TMAFLOW_DEVICE void add_release(uint32_t* at) {
+  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(at) : "memory");
+}
+
+// A warp a padded row: rows_padded = batch x heads x seq_pad.
+extern "C" __global__ void __launch_bounds__(256)
+attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse, float* lse2, float* delta,
+                        float* dq_accum, uint32_t* chain, int rows_padded, int seq, int seq_pad, int chain_count) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * 8 + threadIdx.x / 32;
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x;
+  if (DETERMINISTIC && tid < chain_count) chain[tid] = 0;
+  if (row >= rows_padded) return;
+  const int bh = row / seq_pad, s = row % seq_pad;
+  if (s >= seq) {
+    if (lane == 0) lse2[row] = 0.f, delta[row] = 0.f;
+    return;
+  }
+  const size_t r = size_t(bh) * seq + s;
+  const uint32_t* o = reinterpret_cast<const uint32_t*>(out + r * D);
+  const uint32_t* g = reinterpret_cast<const uint32_t*>(dout + r * D);
+  float sum = 0.f;
+  for (int c = lane; c < D / 2; c += 32) {
+    const float2 a = to_float2(o[c]), b = to_float2(g[c]);
+    sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+  }
+  for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + r * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int step = 16; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
+  if (lane == 0) {
+    delta[row] = sum;
+    lse2[row] = lse[r] * 1.44269504089f;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                   const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
+                   const float* lse2, const float* delta, float* dq_accum, uint32_t* chain, elem_t* dk, elem_t* dv,
+                   int seq_q, int seq_kv, int seq_pad, int heads, int group, float scale, float scale_log2) {
+  extern __shared__ __align__(1024) uint8_t smem[];  // the 128B swizzle needs 1024-byte boxes
+  uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
+  uint64_t* full = kv_bar + 1;
+  uint64_t* empty = full + STAGES;
+  float* sRow = reinterpret_cast<float*>(smem + kOffRow);  // stage s: LSE at 2 BM s, Delta after
+  const int j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int heads_kv = heads / group, q_blocks = (seq_q + BM - 1) / BM;
+  const int key0 = j * BN;
+  const int i_first = CAUSAL ? key0 / BM : 0;  // the first query block with a row >= key0
+  const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    tma::prefetch_descriptor(&tq);
+    tma::prefetch_descriptor(&tk);
+    tma::prefetch_descriptor(&tv);
+    tma::prefetch_descriptor(&tdo);
+    mbarrier::init(kv_bar, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbarrier::init(full + s, 1);
+      mbarrier::init(empty + s, 8);  // a lane of each consumer warp
+    }
+    fence::proxy_async_shared_cta();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    warp::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) {
+      const int kv_row = b * heads_kv + kvh;
+      mbarrier::arrive_expect_tx(kv_bar, 2 * kKVBytes);
+      for (int box = 0; box < 2; ++box) {
+        tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), key0, kv_row);
+        tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), key0, kv_row);
+      }
+      uint32_t stage = 0, phase = 0;
+      for (int g = 0; g < group; ++g) {
+        const int bh = b * heads + kvh * group + g;
+        for (int i = i_first; i < q_blocks; ++i) {
+          mbarrier::wait(empty + stage, phase ^ 1u);
+          mbarrier::arrive_expect_tx(full + stage, kStageTx);
+          for (int box = 0; box < kQBoxes; ++box) {
+            tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, i * BM, bh);
+            tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, i * BM, bh);
+          }
+          const size_t row = size_t(bh) * seq_pad + i * BM;
+          bulk::load(sRow + 2 * BM * stage, lse2 + row, BM * 4, full + stage);
+          bulk::load(sRow + 2 * BM * stage + BM, delta + row, BM * 4, full + stage);
+          if (++stage == STAGES) stage = 0, phase ^= 1u;
+        }
+      }
+    }
+    return;
+  }
+  warp::setmaxnreg_inc<kConsumerRegs>();
+  const int cw = wg - 1, wq = (threadIdx.x % 128) / 32;
+  const int col = 2 * (lane % 4);          // this thread's columns: col, col + 1 of each 8
+  const int krow = 16 * wq + lane / 4;     // this thread's keys (of the warpgroup's 64): krow, krow + 8
+  const int key_lo = key0 + 64 * cw;       // the warpgroup's first key
+  float dk_acc[D / 2], dv_acc[D / 2];
+#pragma unroll
+  for (int x = 0; x < D / 2; ++x) dk_acc[x] = 0.f, dv_acc[x] = 0.f;
+  const uint64_t desc_k = wgmma::desc_k_major<kSpanKV>(smem + cw * 64 * kSpanKV);
+  const uint64_t desc_v = wgmma::desc_k_major<kSpanKV>(smem + kOffV + cw * 64 * kSpanKV);
+  // dQ's B: K's box cw (this warpgroup's D / 2 columns), MN-major, all BN keys.
+  const uint64_t desc_kt = wgmma::desc_mn_major<kSpanKV>(smem + cw * kKVBox, kKVBox);
+  // The consumer's steps: the query blocks i_first .. q_blocks - 1 of each query head of the
+  // kv head, in the producer's order.
+  const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
+  auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
+  auto block_of = [&](int t) { return i_first + t % per_head; };
+  struct Cursor {
+    uint32_t stage = 0, phase = 0;
+    TMAFLOW_DEVICE void advance() {
+      if (++stage == STAGES) stage = 0, phase ^= 1u;
+    }
+  };
+  float s[BM / 2], dp[BM / 2], dq[D / 4];
+  uint32_t pa[BM / 16][4], dsa[BM / 16][4];
+  // S^T = K Q^T and dP^T = V dO^T of stage c, each its own group (S is needed first).
+  auto issue_s_dp = [&](Cursor c) {
+    const uint8_t* sQ = smem + kOffQ + c.stage * kQBytes;
+    const uint8_t* sdO = smem + kOffDO + c.stage * kQBytes;
+    mbarrier::wait(full + c.stage, c.phase);
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(dp);
+    wgmma::fence();
+    constexpr int kStepsKV = kSpanKV / 32, kStepsQ = 4;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {  // k-steps of 16 head-dim columns
+      const uint64_t a = desc_k + ((ks / kStepsKV) * kKVBox >> 4) + 2 * (ks % kStepsKV);
+      const uint64_t bq = wgmma::desc_k_major<128>(sQ + (ks / kStepsQ) * kQBox) + 2 * (ks % kStepsQ);
+      TF_MMA<0>(s, a, bq, ks > 0);
+    }
+    wgmma::commit_group();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const uint64_t a = desc_v + ((ks / kStepsKV) * kKVBox >> 4) + 2 * (ks % kStepsKV);
+      const uint64_t bo = wgmma::desc_k_major<128>(sdO + (ks / kStepsQ) * kQBox) + 2 * (ks % kStepsQ);
+      TF_MMA<0>(dp, a, bo, ks > 0);
+    }
+    wgmma::commit_group();
+  };
+  // Element x of s / dp: key krow + 8 ((x >> 1) & 1), query m0 + 8 (x / 4) + col + (x & 1).
+  auto probabilities = [&](Cursor c, int m0) {  // s becomes P^T
+    wgmma::fence_operands(s);
+    const float* sLse = sRow + 2 * BM * c.stage;
+    bool need_mask = key_lo + 64 > seq_kv;
+#if CAUSAL
+    need_mask = need_mask || key_lo + 63 > m0;
+#endif
+#pragma unroll
+    for (int x = 0; x < BM / 2; x += 2) {
+      const float2 l = *reinterpret_cast<const float2*>(sLse + 8 * (x / 4) + col);
+      s[x] = math::exp2_approx(fmaf(s[x], scale_log2, -l.x));
+      s[x + 1] = math::exp2_approx(fmaf(s[x + 1], scale_log2, -l.y));
+    }
+    if (need_mask) {
+#pragma unroll
+      for (int x = 0; x < BM / 2; ++x) {
+        const int key = key_lo + krow + 8 * ((x >> 1) & 1), query = m0 + 8 * (x / 4) + col + (x & 1);
+        bool masked = key >= seq_kv;
+#if CAUSAL
+        masked = masked || key > query;
+#endif
+        if (masked) s[x] = 0.f;
+      }
+    }
+  };
+  auto score_grads = [&](Cursor c) {  // dp becomes dS^T = P^T (dP^T - Delta)
+    wgmma::fence_operands(dp);
+    const float* sDelta = sRow + 2 * BM * c.stage + BM;
+#pragma unroll
+    for (int x = 0; x < BM / 2; x += 2) {
+      const float2 dl = *reinterpret_cast<const float2*>(sDelta + 8 * (x / 4) + col);
+      dp[x] = s[x] * (dp[x] - dl.x);
+      dp[x + 1] = s[x + 1] * (dp[x + 1] - dl.y);
+    }
+  };
+  // dS^T into buffer `buf`: key rows of 128 B (64 queries), 128B-swizzled (16-byte chunk c of
+  // row r at c ^ (r % 8)), this warpgroup's 64 keys from row 64 cw; then P^T and dS^T as
+  // 16-bit A fragments (queries 16 kk .. 16 kk + 15 are k-step kk).
+  auto stage_ds = [&](uint32_t buf) {
+    uint8_t* sdS = smem + kOffDS + buf * kDSBytes;
+#pragma unroll
+    for (int x = 0; x < BM / 2; x += 2) {
+      const int r = 64 * cw + krow + 8 * ((x >> 1) & 1), c = 8 * (x / 4) + col;
+      *reinterpret_cast<uint32_t*>(sdS + r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) = pack2(dp[x], dp[x + 1]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        dsa[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+      }
+  };
+  // dV += P^T dO, dK += dS^T Q: B is dO / Q N-major (head dim contiguous), a k-step of 16 query
+  // rows is 16 x 128 B into the boxes.
+  auto issue_dkv = [&](Cursor c) {
+    const uint64_t bo = wgmma::desc_mn_major<128>(smem + kOffDO + c.stage * kQBytes, kQBox);
+    const uint64_t bq = wgmma::desc_mn_major<128>(smem + kOffQ + c.stage * kQBytes, kQBox);
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dv_acc, pa[kk], bo + kk * (16 * 128 >> 4), 1);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dk_acc, dsa[kk], bq + kk * (16 * 128 >> 4), 1);
+    wgmma::commit_group();
+  };
+  // dQ (BM queries x this warpgroup's D / 2 columns) = dS K once both warpgroups' dS^T are in:
+  // A = dS^T rows (MN-major, k-steps of 16 keys = 16 x 128 B), B = K's box cw (MN-major).
+  auto issue_dq = [&](uint32_t buf) {
+    fence::proxy_async_shared_cta();
+    named_barrier::sync(1, 256);
+    const uint64_t a = wgmma::desc_mn_major<128>(smem + kOffDS + buf * kDSBytes, kDSBytes);
+    wgmma::fence_operands(dq);
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ++ks)
+      TF_MMA_TN(dq, a + ks * (16 * 128 >> 4), desc_kt + ks * (16 * kSpanKV >> 4), ks > 0);
+    wgmma::commit_group();
+  };
+  auto add_dq = [&](int t) {  // step t's dQ (waited for) into the accumulator
+    wgmma::fence_operands(dq);
+    const int bh = head_of(t), i = block_of(t), m0 = i * BM;
+#if DETERMINISTIC
+    // Key block j adds its part of this query block after blocks 0 .. j - 1 (exactly those
+    // add before it, causal or not); they started earlier (blocks are scheduled in index order).
+    uint32_t* counter = chain + size_t(bh) * q_blocks + i;
+    if (threadIdx.x == 128)
+      while (load_acquire(counter) != uint32_t(j)) {
+      }
+    named_barrier::sync(2, 256);
+#endif
+    // dq element x: query m0 + krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + krow + 8 * h;
+      if (row < seq_q) {
+        float* at = dq_accum + (size_t(bh) * seq_q + row) * D + (D / 2) * cw + col;
+#pragma unroll
+        for (int n = 0; n < D / 16; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
+      }
+    }
+#if DETERMINISTIC
+    named_barrier::sync(2, 256);
+    if (threadIdx.x == 128) add_release(counter);
+#endif
+  };
+  auto release = [&](Cursor c) {  // Q, dO, LSE and Delta of stage c are read
+    if (lane == 0) mbarrier::arrive(empty + c.stage);
+  };
+  mbarrier::wait(kv_bar, 0);
+#if OVERLAP
+  // Step t - 1's dQ is issued after step t's S and dP (the tensor cores run them in order), so
+  // step t's softmax runs while dQ_(t-1) is on the tensor cores.
+  Cursor cur;
+  for (int t = 0; t < steps; ++t) {
+    issue_s_dp(cur);
+    issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
+    wgmma::wait_group<1>();
+    probabilities(cur, block_of(t) * BM);
+    score_grads(cur);
+    wgmma::wait_group<0>();
+    if (t > 0) add_dq(t - 1);
+    stage_ds(t & 1);
+    issue_dkv(cur);
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    release(cur);
+    cur.advance();
+  }
+  if (steps > 0) {
+    issue_dq((steps - 1) & 1);
+    wgmma::wait_group<0>();
+    add_dq(steps - 1);
+  }
+#else
+  Cursor cur;
+  for (int t = 0; t < steps; ++t) {
+    issue_s_dp(cur);
+    wgmma::wait_group<1>();
+    probabilities(cur, block_of(t) * BM);
+    wgmma::wait_group<0>();
+    score_grads(cur);
+    stage_ds(t & 1);
+    issue_dkv(cur);
+    issue_dq(t & 1);
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    release(cur);
+    add_dq(t);
+    cur.advance();
+  }
+#endif
+  wgmma::fence_operands(dv_acc);
+  wgmma::fence_operands(dk_acc);
+  // dK (scaled: S = scale Q K^T) and dV rows of the warpgroup's keys.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = key_lo + krow + 8 * h;
+    if (key >= seq_kv) continue;
+    const size_t at = (size_t(b * heads_kv + kvh) * seq_kv + key) * D + col;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dk + at + 8 * n) = pack2(dk_acc[4 * n + 2 * h] * scale, dk_acc[4 * n + 2 * h + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + at + 8 * n) = pack2(dv_acc[4 * n + 2 * h], dv_acc[4 * n + 2 * h + 1]);
+    }
+  }
+}
