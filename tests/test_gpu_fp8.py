@@ -34,7 +34,7 @@ def _check_gemm(A, B, ref, config, **scales):
 
 
 @pytest.mark.parametrize("m,n,k", [(256, 256, 256), (1000, 760, 512), (300, 4096, 1040), (16, 4096, 4096),
-                                   (129, 264, 2048)])
+                                   (129, 264, 2048), (100, 1040, 2056)])  # the last: auto is bn128 ck2
 @pytest.mark.parametrize("config", [None, GemmConfig(bn=256, cluster_m=2, promote=0),
                                     GemmConfig(bn=128, cluster_m=1, promote=1),
                                     GemmConfig(bn=128, cluster_m=2, split_k=3),
