@@ -246,9 +246,9 @@ def test_grouped_gemm_rejects_strided_device_offsets(rng):
     (2048, 7168, 2048, 32, (256, 1, 1)),
 ])
 def test_grouped_tile_choice(t, n, k, g, want):
-    from tmaflow.kernels.matmul.heuristics import _grouped_config
+    from tmaflow.kernels.matmul.heuristics import grouped_dense_config
 
-    c = _grouped_config(t, n, k, g, 132)
+    c = grouped_dense_config(t, n, k, g, 132)
     assert (c.bn, c.cluster_m, c.split_k) == want
 
 
