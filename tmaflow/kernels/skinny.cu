@@ -51,7 +51,7 @@ namespace L = tmaflow_layout;
 constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows either way
 constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
-constexpr int kConsumerThreads = 128 * CONSUMERS;
+[[maybe_unused]] constexpr int kConsumerThreads = 128 * CONSUMERS;  // unused by the grouped kernel
 static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * 128, "plan does not match MP / CONSUMERS");
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
@@ -369,8 +369,10 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   }
   griddep::wait();  // under PDL: A, B and the offsets of the previous kernel are visible
   griddep::launch_dependents();
-  int work = 0;  // every CTA counts the items of all groups (G + 1 reads of offsets)
-  for (int g = 0; g < groups; ++g) work += (offsets[g + 1] - offsets[g] + MP - 1) / MP * tiles;
+  // Every warp counts the items of all groups, its lanes reading the offsets side by side.
+  int work = 0;
+  for (int g = threadIdx.x % 32; g < groups; g += 32) work += (offsets[g + 1] - offsets[g] + MP - 1) / MP * tiles;
+  work = __reduce_add_sync(0xffffffffu, work);
   __syncthreads();  // the barriers exist for every thread
   GroupedItems items{offsets, tiles, work, int(blockIdx.x), int(gridDim.x), 0, 0};
   int g, row0, rows, tile;

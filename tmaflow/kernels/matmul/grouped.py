@@ -140,7 +140,8 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, stream, pdl,
     if isinstance(config, SkinnyConfig):
         return _skinny_state(A, C, t, n, k, g, config, chunk, device, stream, pdl, debug, trace)
     plan = gemm_plan(max(t, 1), n, k, layout, config)
-    kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
+    patch = {"PATCH_ALL": 1} if config.patch_full_tiles else {}
+    kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, **patch), file="gemm",
                       debug=debug, trace=trace)
     cm = plan.config.cluster_m
     clusters = _resident_clusters(kern, cm, device.ordinal)
