@@ -48,7 +48,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
         raise TmaflowError(f"grouped_gemm: config={config!r} must be None, a kernels.GemmConfig or "
                            "a kernels.SkinnyConfig")
-    hint = as_optional_int("grouped_gemm: max_tokens_per_group", max_tokens_per_group, 1)
+    hint = as_optional_int("grouped_gemm: max_tokens_per_group", max_tokens_per_group, 1, 2**31 - 1)
     if isinstance(config, SkinnyConfig):
         _check_skinny(config, layout)
     if isinstance(config, GemmConfig) and config.cluster_k > 1:

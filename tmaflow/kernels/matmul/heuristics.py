@@ -242,7 +242,11 @@ def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = 
     offsets (T / G); ``max_rows`` (host offsets' largest group, or the caller's hint) only
     sizes the chunks (``grouped_chunk_rows``)."""
     if layout == "nt" and t <= GROUPED_SKINNY_ROWS * g and 2 * g * math.ceil(n / 64) >= sm_count:
-        return SkinnyConfig(split_k=1)
+        # Chunks of more than 16 rows are MMA work as much as weight traffic: two consumer
+        # warpgroups a CTA share each chunk of A, where 128-row tiles still give every SM four
+        # items (a guess to measure: the single skinny GEMM's 64-row CTAs were timed with few tiles)
+        wide = t > 16 * g and g * math.ceil(n / 128) >= 4 * sm_count
+        return SkinnyConfig(rows=128 if wide else 64, split_k=1)
     return grouped_dense_config(t, n, k, g, sm_count)
 
 
