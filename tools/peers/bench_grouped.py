@@ -13,7 +13,9 @@ and skewed (Pareto(1.2) expert loads, same total): 144 rows, any whose operands 
 N x K, balanced and skewed (under a minute on an H200). ``--grid history``: session 4's table.
 ``--compare`` also times the way before issue 33's changes in the same process: the dense
 kernel for rows the decode path now takes, the C map patched for every tile on the dense path
-(``GemmConfig(patch_full_tiles=True)``); its columns are "old ...".
+(``GemmConfig(patch_full_tiles=True)``); its columns are "old ...". On the dense path it also
+times kernels.gemm of one T x N x K product (the same work, expert 0 for every row: what the
+grouping costs) against the same torch call, "one-gemm ratio".
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ QUICK = [(8, 1, NK[0], False), (8, 16, NK[1], True), (8, 64, NK[1], False), (8, 
 
 COLUMNS = ["G", "N", "K", "tokens/expert", "skew", "path", "cold ours_ms", "cold peer_ms", "cold ratio",
            "warm ours_ms", "warm peer_ms", "warm ratio", "max rel diff"]
-OLD_COLUMNS = ["old path", "cold old ratio", "warm old ratio"]
+OLD_COLUMNS = ["old path", "cold old ratio", "warm old ratio", "cold one-gemm ratio", "warm one-gemm ratio"]
 
 
 def grid(name: str) -> list[tuple]:
@@ -117,6 +119,9 @@ def main():
         if old is not None:
             old_out = torch.empty_like(out)
             fns["old"] = lambda: kernels.grouped_gemm(a, b, offs, old_out, config=old)
+            if route(t, n, k, g, sm_count).startswith("dense"):
+                one_out = torch.empty_like(out)
+                fns["one"] = lambda: kernels.gemm(a, b[0], one_out)
         ref = fns["peer"]()
         for fn in fns.values():
             fn()
@@ -137,6 +142,10 @@ def main():
             row.update({"old path": route(t, n, k, g, sm_count, old),
                         **{f"{mode} old ratio": was.ratio(mode).median for mode in ("cold", "warm")}})
             line += f" | old ({row['old path']}) cold {row['cold old ratio']:.3f} b2b {row['warm old ratio']:.3f}"
+            if "one" in fns:
+                one = Versus(v.cold, v.warm, "one", "peer")
+                row.update({f"{mode} one-gemm ratio": one.ratio(mode).median for mode in ("cold", "warm")})
+                line += f" | one gemm cold {row['cold one-gemm ratio']:.3f} b2b {row['warm one-gemm ratio']:.3f}"
         rows.append(row)
         print(line + f" | max rel diff {diff:.1e}", flush=True)
         del a, out, offs, ends
