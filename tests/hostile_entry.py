@@ -66,14 +66,16 @@ _fp8 = _entry(kernels.gemm, lambda: (fake((256, 128), "float8_e4m3fn"), fake((25
 PARAMS += options("gemm (fp8)", _fp8, scale_a=NUMBERS | OPTIONAL, scale_b=NUMBERS | OPTIONAL)
 
 _grouped = _entry(kernels.grouped_gemm, lambda: (fake((256, 128)), fake((2, 128, 128)), fake((3,), "int32")))
-PARAMS += options("grouped_gemm", _grouped, layout=(), config=OPTIONAL, **LAUNCH)
+PARAMS += options("grouped_gemm", _grouped, layout=(), config=OPTIONAL, max_tokens_per_group=INTS | OPTIONAL,
+                  **LAUNCH)
 # host offsets: G + 1 = 3 ints from 0 to the 256 rows; no hostile kind is such a sequence
 PARAMS.append(row("grouped_gemm", "offsets",
                   lambda value: kernels.grouped_gemm(fake((256, 128)), fake((2, 128, 128)), value),
                   field=r"offsets"))
 
 _GEMM_CONFIG = dict(bn=(), cluster_m=(), epi_cols=(), group_m=INTS, stages=INTS | OPTIONAL,
-                    split_k=INTS, l2_promotion=(), promote=INTS | {"zero"}, split_tail=FLAGS, cluster_k=())
+                    split_k=INTS, l2_promotion=(), promote=INTS | {"zero"}, split_tail=FLAGS, cluster_k=(),
+                    patch_full_tiles=FLAGS)
 PARAMS += [row("GemmConfig", name, lambda value, name=name: kernels.GemmConfig(**{name: value}), valid=kinds)
            for name, kinds in _GEMM_CONFIG.items()]
 _SKINNY_CONFIG = dict(rows=(), split_k=INTS | OPTIONAL, stages=INTS | OPTIONAL, l2_promotion=(), cluster=())

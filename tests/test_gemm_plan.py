@@ -246,9 +246,9 @@ def test_grouped_gemm_rejects_strided_device_offsets(rng):
     (2048, 7168, 2048, 32, (256, 1, 1)),
 ])
 def test_grouped_tile_choice(t, n, k, g, want):
-    from tmaflow.kernels.matmul.heuristics import _grouped_config
+    from tmaflow.kernels.matmul.heuristics import grouped_dense_config
 
-    c = _grouped_config(t, n, k, g, 132)
+    c = grouped_dense_config(t, n, k, g, 132)
     assert (c.bn, c.cluster_m, c.split_k) == want
 
 
@@ -320,3 +320,66 @@ def test_tail_splits_only_where_they_pay():
     plan = gemm_plan(4096, 7168, 16384, "nt", GemmConfig(bn=128, promote=1, epi_cols=64, split_tail=True),
                      "float8_e4m3fn", "m_major")
     assert plan.defines["SPLIT_TAIL"] == 1 and plan.defines["SPLIT_K"] == 0
+
+
+# --- grouped decode path (skinny.cu's GROUPED): route, chunks, checks ---------------------------
+
+@pytest.mark.parametrize("t,n,g,layout,want", [
+    (8, 4096, 8, "nt", SkinnyConfig(rows=64, split_k=1)),        # a token an expert
+    (512, 7168, 8, "nt", SkinnyConfig(rows=64, split_k=1)),      # 64 a group, 8 x 56 wide tiles: too few
+    (8192, 4096, 128, "nt", SkinnyConfig(rows=128, split_k=1)),  # 64 a group, 4096 wide tiles
+    (2048, 4096, 128, "nt", SkinnyConfig(rows=64, split_k=1)),   # 16 a group: weight traffic
+    (520, 7168, 8, "nt", None),                                  # mean 65 rows: the dense kernel
+    (512, 7168, 8, "nn", None),                                  # "nn": the dense kernel
+    (4, 256, 2, "nt", None),                                     # 2 x 4 tiles would leave SMs idle
+])
+def test_grouped_route(t, n, g, layout, want):
+    from tmaflow.kernels.matmul.heuristics import grouped_config, grouped_dense_config
+
+    got = grouped_config(t, n, 2048, g, 132, layout)
+    assert got == (want or grouped_dense_config(t, n, 2048, g, 132))
+
+
+@pytest.mark.parametrize("t,g,max_rows,want", [
+    (8, 8, None, 8), (128, 8, None, 16), (130, 8, None, 32), (512, 8, None, 64), (4096, 8, None, 64),
+    (128, 8, 1, 8), (128, 8, 40, 64), (128, 8, 1000, 64), (0, 8, 0, 8),
+])
+def test_grouped_chunk_rows(t, g, max_rows, want):
+    """The largest group's rows when known, else the mean's, rounded up to a wgmma width, at most 64."""
+    from tmaflow.kernels.matmul.heuristics import grouped_chunk_rows
+
+    assert grouped_chunk_rows(t, g, max_rows) == want
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(config=SkinnyConfig(split_k=2)), r"SkinnyConfig split_k=2 is for single products \(gemm\); the "
+                                           r"grouped decode path takes split_k=1"),
+    (dict(config=SkinnyConfig(cluster=2)), r"SkinnyConfig cluster=2 is for single products"),
+    (dict(config=SkinnyConfig(), layout="nn"), r"a SkinnyConfig takes layout='nt' \(got 'nn'\)"),
+    (dict(config="skinny"), r"config='skinny' must be None, a kernels.GemmConfig or a kernels.SkinnyConfig"),
+    (dict(max_tokens_per_group=0), r"max_tokens_per_group=0 must be"),
+    (dict(max_tokens_per_group=2.5), r"max_tokens_per_group=2.5 must be an int"),
+    (dict(max_tokens_per_group=4), r"max_tokens_per_group=4 but group 0 has 5 rows \(offsets \[0, 5, 6, 10\]\)"),
+])
+def test_grouped_decode_arguments_are_checked(kw, msg):
+    b = arr((3, 64, 32)) if kw.get("layout") == "nn" else arr((3, 32, 64))
+    with pytest.raises(tf.TmaflowError, match=msg):
+        kernels.grouped_gemm(arr((10, 64)), b, [0, 5, 6, 10], **kw)
+
+
+def test_every_grouped_variant_compiles_without_spills():
+    """The decode kernel for every chunk width and tile height; the dense one with and without
+    patching every tile's C map."""
+    from tmaflow.kernels.matmul import skinny_plan
+    from tmaflow.kernels.registry import get_kernel
+
+    for mp in (8, 16, 32, 64, 128):
+        for rows in (64, 128):
+            plan = skinny_plan(mp, 8 * 4096, 7168, SkinnyConfig(rows=rows, split_k=1), 132)
+            k = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="skinny")
+            assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (mp, rows)
+    for config in (GemmConfig(), GemmConfig(bn=128, cluster_m=1, split_k=2)):
+        for patch in ({}, {"PATCH_ALL": 1}):
+            plan = gemm_plan(4096, 4096, 4096, "nt", config)
+            k = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, **patch), file="gemm")
+            assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (config, patch)

@@ -1,6 +1,8 @@
 """GPU tier: the M-grouped (MoE) GEMM on device-patched tensor maps. Every group, empty and
 ragged ones included, against a float64 reference; offsets from the host, tmaflow and torch;
 graph replays with group sizes changing on the device, bit-exact against eager calls."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -123,3 +125,95 @@ def test_grouped_gemm_split_k(device, rng, split):
         kernels.grouped_gemm(a, b, tf.from_numpy(offsets), out, config=config)
         np.testing.assert_allclose(out.numpy().astype(np.float64), reference(a64, b64, offsets),
                                    rtol=2e-2, atol=5e-2)
+
+
+# --- the decode path (skinny.cu's GROUPED) and the dense path's unpatched full tiles ----------
+
+@pytest.mark.parametrize("sizes,n,k", [
+    ((1,) * 8, 4096, 512),                           # a token an expert
+    ((0, 1, 0, 16, 3, 0, 64, 9), 384, 256),          # empty groups, 1-token groups, a full 64-row chunk
+    ((5, 0, 17, 33), 200, 136),                      # N and K ragged against the tiles
+    ((40, 2, 130, 0, 7), 512, 192),                  # groups larger than a chunk: several chunks
+    ((0, 0, 0, 12), 256, 64),                        # only the last group has rows
+])
+@pytest.mark.parametrize("rows", [64, 128])
+def test_grouped_decode_path_every_group(device, rng, sizes, n, k, rows):
+    """Host offsets size the chunks by the largest group; device offsets by the mean (larger
+    groups take several chunks); a hint of 8 rows forces 8-row chunks: all against float64."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    t, g = int(offsets[-1]), len(sizes)
+    a, a64 = bf16(rng, (t, k))
+    b, b64 = bf16(rng, (g, n, k))
+    want = reference(a64, b64, offsets)
+    config = kernels.SkinnyConfig(rows=rows, split_k=1)
+    for given, hint in (("host", None), ("device", None), ("device", 8)):
+        out = poison(tf.empty((t, n), "bfloat16"))
+        offs = offsets if given == "host" else tf.from_numpy(offsets)
+        kernels.grouped_gemm(a, b, offs, out, config=config, max_tokens_per_group=hint)
+        got = out.numpy().astype(np.float64)
+        assert not np.isnan(got).any(), f"rows left unwritten ({given} offsets, hint {hint})"
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.sqrt(k) / 4,
+                                   err_msg=f"{given} offsets, hint {hint}")
+
+
+def test_grouped_decode_path_is_the_default_for_few_tokens(device, rng):
+    """16 tokens an expert over 8 experts of 4096 x 512 take the decode path by default, and it
+    agrees bit for bit with the forced SkinnyConfig, whatever sizes the device offsets hold."""
+    from tmaflow.kernels.matmul.heuristics import grouped_config
+
+    g, t, n, k = 8, 128, 4096, 512
+    assert isinstance(grouped_config(t, n, k, g, tf.current_device().sm_count), kernels.SkinnyConfig)
+    a, a64 = bf16(rng, (t, k))
+    b, b64 = bf16(rng, (g, n, k))
+    host = np.concatenate([[0], np.sort(rng.integers(0, t + 1, g - 1)), [t]]).astype(np.int32)
+    default = kernels.grouped_gemm(a, b, tf.from_numpy(host)).numpy()
+    forced = kernels.grouped_gemm(a, b, tf.from_numpy(host), config=kernels.SkinnyConfig(split_k=1)).numpy()
+    assert np.array_equal(default.view(np.uint16), forced.view(np.uint16))
+    np.testing.assert_allclose(default.astype(np.float64), reference(a64, b64, host), rtol=2e-2, atol=2e-2)
+
+
+def test_grouped_decode_graph_replays_with_changing_group_sizes(device, rng):
+    """200 replays of the decode path; the sizes change on the device before each (empty groups
+    and groups past the chunk included), each replay bit-exact against an eager call."""
+    g, t, n, k = 8, 64, 512, 256
+    a, _ = bf16(rng, (t, k))
+    b, _ = bf16(rng, (g, n, k))
+    config = kernels.SkinnyConfig(split_k=1)
+    offsets = tf.from_numpy(np.linspace(0, t, g + 1).astype(np.int32))
+    eager_offsets = tf.from_numpy(np.linspace(0, t, g + 1).astype(np.int32))
+    out = tf.empty((t, n), "bfloat16")
+    kernels.grouped_gemm(a, b, offsets, out, config=config)  # warm: compiled, prepared
+    with tf.Graph() as graph:
+        with graph.capture():
+            kernels.grouped_gemm(a, b, offsets, out, config=config)
+        for replay in range(200):
+            host = np.concatenate([[0], np.sort(rng.integers(0, t + 1, g - 1)), [t]]).astype(np.int32)
+            offsets.copy_from(host)
+            eager_offsets.copy_from(host)
+            poison(out)
+            graph.replay()
+            eager = kernels.grouped_gemm(a, b, eager_offsets, config=config)
+            assert np.array_equal(out.numpy().view(np.uint16), eager.numpy().view(np.uint16)), \
+                f"replay {replay}, offsets {host.tolist()}"
+
+
+@pytest.mark.parametrize("sizes", [(0, 256, 128, 1, 383), (128,) * 4, (300, 0, 17, 640)])
+def test_grouped_dense_full_tiles_skip_the_patched_map(device, rng, sizes):
+    """Tiles wholly inside a group leave through the full C map: the same bits as patching every
+    tile's map (the first kernel's way), and right against float64, for clustered and split
+    configurations."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    t, g, n, k = int(offsets[-1]), len(sizes), 512, 1024
+    a, a64 = bf16(rng, (t, k))
+    b, b64 = bf16(rng, (g, n, k))
+    want = reference(a64, b64, offsets)
+    for config in (kernels.GemmConfig(), kernels.GemmConfig(bn=128, cluster_m=1, split_k=2)):
+        got = {}
+        for patch in (False, True):
+            out = poison(tf.empty((t, n), "bfloat16"))
+            cfg = dataclasses.replace(config, patch_full_tiles=patch)
+            kernels.grouped_gemm(a, b, tf.from_numpy(offsets), out, config=cfg)
+            got[patch] = out.numpy()
+            assert not np.isnan(got[patch].astype(np.float64)).any(), (config, patch)
+        assert np.array_equal(got[False].view(np.uint16), got[True].view(np.uint16)), config
+        np.testing.assert_allclose(got[False].astype(np.float64), want, rtol=2e-2, atol=5e-2)

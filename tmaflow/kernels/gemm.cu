@@ -92,6 +92,9 @@ namespace L = tmaflow_layout;
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE): rows offsets[g] .. offsets[g + 1] of A and C use B[g];
 #endif             // offsets, groups and c_slots (2 tensor-map slots per CTA) are read only then
+#ifndef PATCH_ALL
+#define PATCH_ALL 0  // grouped: every warpgroup's rows leave through its group's patched C map, not
+#endif               // only rows that cross the group's end (GemmConfig.patch_full_tiles, kept to compare)
 constexpr int BM = 128, BK = FP8 ? 128 : 64;  // BK elements: 128-byte rows either way
 constexpr int kAcc = BN / 2;                    // fp32 accumulators per thread: 64 x BN / 128
 constexpr int kScaleStride = BM + 4;            // fp32 block scales per stage: A's rows, then B's (SCALE_STRIDE)
@@ -428,9 +431,11 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   constexpr int kCluster = CLUSTER_M * CLUSTER_K;
   const int first = blockIdx.x / kCluster, step = gridDim.x / kCluster;
 #if GROUPED
-  int work = 0;  // every CTA counts the items of all groups (G reads of offsets)
-  for (int g = 0; g < groups; ++g)
-    work += cluster_rows(offsets[g + 1] - offsets[g]) * tiles_n * splits;
+  // Every warp counts the items of all groups, its lanes reading the offsets side by side (one
+  // thread reading them in turn waited an L2 round trip per group: tens of us at G = 128).
+  int work = 0;
+  for (int g = lane; g < groups; g += 32) work += cluster_rows(offsets[g + 1] - offsets[g]) * tiles_n * splits;
+  work = __reduce_add_sync(0xffffffffu, work);
   const Schedule plan{first, step, work, tiles_n, groups_m, k_blocks, kb_per_split, splits, M, N, K,
                       rank, offsets, groups, 0, 0};
 #elif SPLIT_TAIL
@@ -553,7 +558,6 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
     __shared__ alignas(128) CUtensorMap cmap[2];
     CUtensorMap* const slot = c_slots + 2 * blockIdx.x + cw;
     int patched = -1;
-    const CUtensorMap* const out_map = slot;
 #else
     const CUtensorMap* const out_map = &tc;
 #endif
@@ -741,7 +745,11 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       }
 #endif
 #if GROUPED
-      if (it.g != patched) {  // once per group and warpgroup
+      // Rows wholly inside the group leave through the full C map; a warpgroup whose rows cross
+      // the group's end (or lie past it) through the map clipped there, patched once per group.
+      const bool clipped = PATCH_ALL || it.c_row + (group + 1) * kEpiRows > it.row_end;
+      const CUtensorMap* const out_map = clipped ? slot : &tc;
+      if (clipped && it.g != patched) {  // once per group and warpgroup
         if (t == 0) tma::wait_group<0>();  // the stores through the old map are done with it
         named_barrier::sync(1 + cw, 128);
         if (t < 32) {

@@ -42,17 +42,21 @@ namespace L = tmaflow_layout;
 #ifndef BLOCK_SCALES
 #define BLOCK_SCALES 0
 #endif
+#ifndef GROUPED
+#define GROUPED 0  // 1: M-grouped (MoE) decode, persistent over (group, chunk of MP rows, N tile) items
+#endif
 #ifndef BLOCK_SCALE_SETS
 #define BLOCK_SCALE_SETS 1  // block scales: accumulator sets a warpgroup alternates (2: see below)
 #endif
 constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows either way
 constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
-constexpr int kConsumerThreads = 128 * CONSUMERS;
+[[maybe_unused]] constexpr int kConsumerThreads = 128 * CONSUMERS;  // unused by the grouped kernel
 static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * 128, "plan does not match MP / CONSUMERS");
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
 static_assert(BLOCK_SCALE_SETS == 1 || BLOCK_SCALE_SETS == 2, "one or two accumulator sets");
+static_assert(!GROUPED || (!FP8 && CLUSTER == 1), "grouped: bf16, unclustered");
 
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t scale_d) {
 #if FP8 && MP == 8
@@ -256,6 +260,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
       }
 }
 
+#if !GROUPED
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
                  __nv_bfloat16* C, int ldc, float* partial, uint32_t* counters, int M, int N, int K,
@@ -315,3 +320,104 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   cluster::sync();  // no CTA leaves while its partner may still multicast into it
 #endif
 }
+#endif  // !GROUPED
+
+#if GROUPED
+// Grouped (MoE) decode: rows offsets[g] .. offsets[g + 1] of C = those rows of A times B[g]^T, B
+// the experts one after another ((G x N) x K, map tw). Work items are (group g, chunk of MP of its
+// rows, tile of kRows columns of C), numbered group by group, chunk by chunk, tile fastest: CTAs
+// working at once share a chunk of A and read consecutive tiles of one expert, and a group's next
+// chunk re-reads those tiles soon after (from L2). A group of at most MP rows is one chunk; a
+// larger one takes several (correct for any sizes, the host's MP only decides the speed). Every CTA
+// reads the offsets on the device (graph replays see new sizes), walks the items persistently and
+// skips empty groups without loading anything. A chunk's box of A is MP rows from its first: rows
+// past the group's end (the next group's tokens, or zeros past T) are computed, never stored.
+struct GroupedItems {
+  const int* offsets;
+  int tiles, work;  // N tiles a chunk; items of all groups
+  int w, step, g, base;  // the next item; its group and that group's first item
+  TMAFLOW_DEVICE bool next(int& group, int& row0, int& rows, int& tile) {
+    if (w >= work) return false;
+    for (;;) {  // items come group by group; w only grows, so neither does g
+      const int chunks = (offsets[g + 1] - offsets[g] + MP - 1) / MP;
+      if (w < base + chunks * tiles) break;
+      base += chunks * tiles;
+      ++g;
+    }
+    const int r = w - base, chunk = r / tiles;
+    group = g;
+    tile = r - chunk * tiles;
+    row0 = offsets[g] + chunk * MP;
+    rows = min(MP, offsets[g + 1] - row0);
+    w += step;
+    return true;
+  }
+};
+
+extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
+gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
+                 __nv_bfloat16* C, int ldc, int N, int K, const int* offsets, int groups) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  L::Smem S(smem);
+  auto pipe = S.wx();
+  using Cursor = decltype(pipe)::Cursor;
+  const int tiles = (N + kRows - 1) / kRows, k_blocks = (K + BK - 1) / BK;
+  if (threadIdx.x == 0) {
+    tma::prefetch_descriptor(&tx);
+    tma::prefetch_descriptor(&tw);
+    pipe.init();
+  }
+  griddep::wait();  // under PDL: A, B and the offsets of the previous kernel are visible
+  griddep::launch_dependents();
+  // Every warp counts the items of all groups, its lanes reading the offsets side by side.
+  int work = 0;
+  for (int g = threadIdx.x % 32; g < groups; g += 32) work += (offsets[g + 1] - offsets[g] + MP - 1) / MP * tiles;
+  work = __reduce_add_sync(0xffffffffu, work);
+  __syncthreads();  // the barriers exist for every thread
+  GroupedItems items{offsets, tiles, work, int(blockIdx.x), int(gridDim.x), 0, 0};
+  int g, row0, rows, tile;
+  if (threadIdx.x < 128) {
+    if (threadIdx.x == 0) {
+      Cursor c;
+      while (items.next(g, row0, rows, tile)) {
+        for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+          pipe.producer_acquire(c);
+          pipe.producer_commit(c);
+#pragma unroll
+          for (int box = 0; box < CONSUMERS; ++box)  // rows past the expert's N: computed, not stored
+            tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, g * N + tile * kRows + box * 64);
+          tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, row0);
+        }
+      }
+    }
+    return;
+  }
+  const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
+  Cursor c, prev;
+  while (items.next(g, row0, rows, tile)) {
+    float acc[kAcc];
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      issue_k_block(S, pipe, c, cw, acc, kb > 0);  // k-block 0 overwrites acc
+      wgmma::wait_group<1>();  // keep this k-block's group in flight; the previous one is done
+      wgmma::fence_operands(acc);
+      if (kb > 0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp
+      prev = c;
+      c.advance();
+    }
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc);
+    if (lane == 0) pipe.consumer_release(prev);
+    // The fragment (as mma.m16n8): rows n0 and n0 + 8 of C^T, columns m0 + 8 j and m0 + 8 j + 1.
+    const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < MP / 8; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = 8 * j + m0 + e, n = n0 + 8 * h;
+          if (m < rows && n < N) C[size_t(row0 + m) * ldc + n] = __float2bfloat16_rn(acc[4 * j + 2 * h + e]);
+        }
+  }
+}
+#endif  // GROUPED

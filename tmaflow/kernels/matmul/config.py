@@ -68,6 +68,9 @@ class GemmConfig:
     # CTAs of a cluster computing one tile, each over 1/cluster_k of K; their fp32 partials meet
     # in the owners' shared memory (bf16, cluster_m=1: a cluster splits K or shares B, not both)
     cluster_k: int = 1
+    # grouped_gemm: every tile leaves through its group's C map patched on the device, as the first
+    # grouped kernel did (False: only a warpgroup's rows crossing a group's end; kept to compare)
+    patch_full_tiles: bool = False
 
     def __post_init__(self):
         who = "GemmConfig"
@@ -80,7 +83,8 @@ class GemmConfig:
                l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
                promote=as_int(f"{who}: promote", self.promote, 0, 64),
                split_tail=as_bool(f"{who}: split_tail", self.split_tail),
-               cluster_k=int_in(f"{who}: cluster_k", self.cluster_k, CLUSTER_K))
+               cluster_k=int_in(f"{who}: cluster_k", self.cluster_k, CLUSTER_K),
+               patch_full_tiles=as_bool(f"{who}: patch_full_tiles", self.patch_full_tiles))
         whole = self.bn - self.bn % 64  # columns in whole 64-column boxes; the rest leave in one round
         if self.epi_cols % 64 or whole % self.epi_cols:
             rest = "" if whole == self.bn else f"'s {whole} columns in whole 64-column boxes"

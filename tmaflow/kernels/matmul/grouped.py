@@ -9,6 +9,7 @@ from types import SimpleNamespace as _GemmState  # a prepared state's fields
 from dataclasses import replace
 from threading import get_ident
 
+from ...checks import as_optional_int
 from ...errors import TensorMapError, TmaflowError
 from ...launch.config import resolve_stream
 from ...launch.launcher import Launcher
@@ -20,32 +21,40 @@ from .. import checks, edge
 from ..entry import (STATES, cached_state, entry_point, given_output, new_output, on_current_device,
                      output_strides)
 from ..registry import get_kernel
-from .config import BM, GemmConfig, LAYOUTS
+from .config import BM, GemmConfig, LAYOUTS, SkinnyConfig
 from .dense import _resident_clusters
-from .heuristics import _grouped_config
-from .operands import _check_rows, _empty_product, _offsets, _template
-from .plan import gemm_plan
+from .heuristics import grouped_chunk_rows, grouped_config
+from .operands import _check_rows, _device_offsets, _empty_product, _offsets, _template, _upload
+from .plan import gemm_plan, skinny_plan
 from .splitk import _refuse_foreign_capture, _split_k_buffers, _with_split_k
 
 _GROUPED_OPTIONS = checks.Options("grouped_gemm", pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
 
 
 @entry_point
-def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmConfig | None = None,
+def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
+                 config: GemmConfig | SkinnyConfig | None = None, max_tokens_per_group: int | None = None,
                  stream=None, pdl: bool = False, debug: bool | None = None, trace: bool | str = False):
     """M-grouped GEMM (mixture of experts): for every group g, rows offsets[g] .. offsets[g+1]
     of C = those rows of A @ B[g]^T (``layout="nt"``: B is G x N x K) or of A @ B[g] (``"nn"``:
     B is G x K x N). A is T x K, bfloat16; C is T x N bfloat16, fp32 accumulation.
     ``offsets`` holds G + 1 ints: 0, then the running sums of the group sizes, T last (groups
-    may be empty); device or host offsets and the device-patched maps: docs/gemm.md."""
+    may be empty); device or host offsets and the device-patched maps: docs/gemm.md.
+    ``max_tokens_per_group``: the largest group's rows, if the caller knows a bound that device
+    offsets hide (it sizes the decode path's chunks; a larger group is still computed right).
+    A ``SkinnyConfig`` forces the decode path ("nt"), a ``GemmConfig`` the dense one."""
     if (type(pdl), type(debug), type(trace)) not in _GROUPED_OPTIONS.plain:
         pdl, debug, trace = _GROUPED_OPTIONS.check(pdl, debug, trace)
-    if config is not None and not isinstance(config, GemmConfig):
-        raise TmaflowError(f"grouped_gemm: config={config!r} must be None or a kernels.GemmConfig")
-    if config is not None and config.cluster_k > 1:
+    if config is not None and not isinstance(config, (GemmConfig, SkinnyConfig)):
+        raise TmaflowError(f"grouped_gemm: config={config!r} must be None, a kernels.GemmConfig or "
+                           "a kernels.SkinnyConfig")
+    hint = as_optional_int("grouped_gemm: max_tokens_per_group", max_tokens_per_group, 1, 2**31 - 1)
+    if isinstance(config, SkinnyConfig):
+        _check_skinny(config, layout)
+    if isinstance(config, GemmConfig) and config.cluster_k > 1:
         raise TmaflowError(f"grouped_gemm: cluster_k={config.cluster_k} is for single products "
                            "(gemm); split a grouped product's K with split_k")
-    if config is not None and config.bn % 64:
+    if isinstance(config, GemmConfig) and config.bn % 64:
         raise TmaflowError(f"grouped_gemm: bn={config.bn} (no multiple of 64) is for single products "
                            "(gemm); use 64, 128, 192 or 256 columns")
     A, B = as_array(a), as_array(b)
@@ -65,11 +74,22 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
     C = None if out is None else given_output("grouped_gemm", out, (t, n), A.dtype)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (A, B, C), ordinal)
-    offs = _offsets("grouped_gemm", offsets, g, t, A.device, stream)
+    if _device_offsets(offsets):
+        offs, known = _offsets("grouped_gemm", offsets, g, t, A.device, stream), hint
+    else:  # the host knows every group's size: the largest sizes the decode path's chunks
+        host = checks.host_offsets("grouped_gemm", offsets, g, t)
+        known = int(np.diff(host).max()) if g else 0
+        if hint is not None and known > hint:
+            group = int(np.argmax(np.diff(host)))
+            raise TmaflowError(f"grouped_gemm: max_tokens_per_group={hint} but group {group} has "
+                               f"{known} rows (offsets {host.tolist()}); pass a bound at least the "
+                               "largest group, or None")
+        offs = _upload(host, A.device, stream)
     # device offsets are the caller's array, which out must not overlap (host ones are uploaded)
     given = as_array(offs) if C is not None and offs is offsets else None
+    chunk = grouped_chunk_rows(t, g, known)  # the decode path's rows a chunk (a kernel variant)
     key = ("grouped_gemm", A.shape, A.strides, B.shape, B.strides, layout, C and C.strides,
-           given and given.strides, edge.aligned(A, B, C), config, stream, pdl,
+           given and given.strides, edge.aligned(A, B, C), config, chunk, stream, pdl,
            A.device, ordinal, debug, trace, get_ident())
     try:
         st, windows = STATES[key]
@@ -82,18 +102,31 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt", config: GemmCon
             return _empty_product(a, A, out, C, (t, n), k, stream)
         if not edge.grouped_takes_tma(A, B, C, n, layout):
             return edge.grouped_gemm(grouped_gemm.__wrapped__, a, A, B, offs, out, C, layout=layout,
-                                     options=dict(config=config, stream=stream, pdl=pdl, debug=debug,
-                                                  trace=trace))
+                                     options=dict(config=config, max_tokens_per_group=known or None,
+                                                  stream=stream, pdl=pdl, debug=debug, trace=trace))
         c_strides = output_strides(C, (t, n), 2)
-        st, _ = cached_state(key, lambda: (_grouped_state(A, c_strides, t, n, k, g, layout, config,
+        st, _ = cached_state(key, lambda: (_grouped_state(A, c_strides, t, n, k, g, layout, config, chunk,
                                                           stream, pdl, debug, trace), windows))
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
+    if st.tc is None:  # the decode path writes C through its pointer
+        return st.launcher, (st.ta.bind(A), st.tb.bind(B2), C, st.ldc, n, k, offs, g), result
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
                          st.split, offs, g, st.slots.array, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
 
 
-def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug, trace) -> _GemmState:
+def _check_skinny(config: SkinnyConfig, layout: str) -> None:
+    """The grouped decode kernel: "nt", no K splits, no clusters (skinny.cu's GROUPED)."""
+    if layout != "nt":
+        raise TmaflowError(f"grouped_gemm: a SkinnyConfig takes layout='nt' (got {layout!r}); use a "
+                           "GemmConfig or None")
+    for name, got, want in (("split_k", config.split_k, (None, 1)), ("cluster", config.cluster, (1,))):
+        if got not in want:
+            raise TmaflowError(f"grouped_gemm: SkinnyConfig {name}={got} is for single products (gemm); "
+                               f"the grouped decode path takes {name}={want[-1]}")
+
+
+def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, stream, pdl, debug, trace) -> _GemmState:
     _GROUPED_OPTIONS.check(pdl, debug, trace)
     on_current_device("grouped_gemm", A)
     C = DeviceArray(0, (t, n), "bfloat16", c_strides)
@@ -103,9 +136,12 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     if getattr(config, "split_tail", False):
         raise TmaflowError("grouped_gemm: split_tail=True is for single products (a group's tiles "
                            "change with its offsets); use split_k")
-    config = config or _grouped_config(t, n, k, g, device.sm_count)
+    config = config or grouped_config(t, n, k, g, device.sm_count, layout)
+    if isinstance(config, SkinnyConfig):
+        return _skinny_state(A, C, t, n, k, g, config, chunk, device, stream, pdl, debug, trace)
     plan = gemm_plan(max(t, 1), n, k, layout, config)
-    kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="gemm",
+    patch = {"PATCH_ALL": 1} if config.patch_full_tiles else {}
+    kern = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, **patch), file="gemm",
                       debug=debug, trace=trace)
     cm = plan.config.cluster_m
     clusters = _resident_clusters(kern, cm, device.ordinal)
@@ -124,6 +160,21 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, stream, pdl, debug,
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_a), tb=_template(B2, plan.spec_b),
                       tc=_template(C, plan.spec_c, "store"), plan=plan, slots=slots, split=split,
                       workspace=ws, workspace_sizes=(tiles, split * t * n))
+
+
+def _skinny_state(A, C, t, n, k, g, config, chunk, device, stream, pdl, debug, trace) -> _GemmState:
+    """The decode path: persistent CTAs over (group, chunk of ``chunk`` rows, 64-row tile of the
+    expert) items, counted on the device from the offsets (skinny.cu's GROUPED)."""
+    plan = skinny_plan(chunk, g * n, k, replace(config, split_k=1), device.sm_count)
+    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="skinny",
+                      debug=debug, trace=trace)
+    rows = plan.config.rows
+    items = (math.ceil(t / chunk) + g) * math.ceil(n / rows)  # at most: a group adds one partial chunk
+    launcher = kern.launcher(grid=max(1, min(items, device.sm_count)), block=128 * (1 + rows // 64),
+                             stream=stream, pdl=pdl)
+    B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2))
+    return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B2, plan.spec_w), tc=None,
+                      ldc=C.strides[0] // 2, plan=plan)
 
 
 class _ProvedSlots:

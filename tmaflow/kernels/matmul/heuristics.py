@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .config import BK, BM, FP8_BK, GemmConfig, SKINNY_M, SkinnyConfig
+from .config import BK, BM, FP8_BK, GemmConfig, SKINNY_M, SKINNY_MP, SkinnyConfig
 
 
 def skinny_splits(n: int, k: int, rows: int, sm_count: int, bk: int = BK, min_k_blocks: int = 4) -> int:
@@ -238,7 +238,39 @@ def tail_splits(items: int, clusters: int, k_blocks: int) -> int:
     return best
 
 
-def _grouped_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig:
+# The grouped skinny path's rows a chunk at most by default (skinny.cu's GROUPED): a mean group
+# of at most this many rows takes it
+GROUPED_SKINNY_ROWS = 64
+
+
+def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = "nt",
+                   max_rows: int | None = None) -> GemmConfig | SkinnyConfig:
+    """Decode-time MoE (mean group of at most 64 rows, "nt", tiles of 64 columns for at least
+    half the SMs): the grouped skinny kernel, whose CTAs read only their group's rows of A and
+    stream each expert's weights once (the dense path's 128-row tiles compute mostly padding
+    there and fill fewer SMs; H200 history: G = 8, 7168x2048, 64 rows a group, 0.74x
+    torch._grouped_mm). Otherwise ``grouped_dense_config``. The mean is known even with device
+    offsets (T / G); ``max_rows`` (host offsets' largest group, or the caller's hint) only
+    sizes the chunks (``grouped_chunk_rows``)."""
+    if layout == "nt" and t <= GROUPED_SKINNY_ROWS * g and 2 * g * math.ceil(n / 64) >= sm_count:
+        # Chunks of more than 16 rows are MMA work as much as weight traffic: two consumer
+        # warpgroups a CTA share each chunk of A, where 128-row tiles still give every SM four
+        # items (a guess to measure: the single skinny GEMM's 64-row CTAs were timed with few tiles)
+        wide = t > 16 * g and g * math.ceil(n / 128) >= 4 * sm_count
+        return SkinnyConfig(rows=128 if wide else 64, split_k=1)
+    return grouped_dense_config(t, n, k, g, sm_count)
+
+
+def grouped_chunk_rows(t: int, g: int, max_rows: int | None = None) -> int:
+    """Rows a grouped skinny chunk holds (the wgmma N, one of SKINNY_MP up to 64 by default):
+    the largest group's when it is known (host offsets, or the caller's max_tokens_per_group),
+    else the mean group's; a larger group runs in several chunks, each re-reading the expert's
+    tiles (mostly from L2)."""
+    rows = max_rows if max_rows is not None else -(-t // max(g, 1))
+    return next(p for p in SKINNY_MP if p >= min(max(rows, 1), GROUPED_SKINNY_ROWS))
+
+
+def grouped_dense_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig:
     """Wide tiles when all groups' tiles fill the GPU with them; clusters of two M tiles only
     when an average group has rows for both (a pair straddling a group end computes rows it
     throws away); K split as the dense GEMM does when even narrow tiles leave SMs idle."""

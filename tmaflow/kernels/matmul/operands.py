@@ -119,11 +119,16 @@ def _empty_product(a, A, out, C, shape: tuple, k: int, stream, dtype=None):
     return (*edge.empty_product(C, k, stream), result)
 
 
+def _device_offsets(offsets) -> bool:
+    """Offsets given as a device array (tmaflow, torch, cupy), not host values."""
+    return isinstance(offsets, DeviceArray) or hasattr(offsets, "data_ptr") or \
+        hasattr(offsets, "__cuda_array_interface__")  # last: hasattr builds the interface
+
+
 def _offsets(name: str, offsets, groups: int, rows: int, device, stream: int):
     """The offsets as a device int32 array: device arrays as given (their values are the
     caller's to keep right), host sequences checked and uploaded in order on ``stream``."""
-    if isinstance(offsets, DeviceArray) or hasattr(offsets, "data_ptr") or \
-            hasattr(offsets, "__cuda_array_interface__"):  # last: hasattr builds the interface
+    if _device_offsets(offsets):
         arr = as_array(offsets)
         if arr.shape != (groups + 1,) or arr.dtype.name != "int32":
             raise TmaflowError(f"{name}: offsets must be {groups + 1} int32 values (got "
