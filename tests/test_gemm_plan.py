@@ -340,15 +340,26 @@ def test_grouped_route(t, n, g, layout, want):
     assert got == (want or grouped_dense_config(t, n, 2048, g, 132))
 
 
-@pytest.mark.parametrize("t,g,max_rows,want", [
-    (8, 8, None, 8), (128, 8, None, 16), (130, 8, None, 32), (512, 8, None, 64), (4096, 8, None, 64),
-    (128, 8, 1, 8), (128, 8, 40, 64), (128, 8, 1000, 64), (0, 8, 0, 8),
+@pytest.mark.parametrize("max_rows,decode", [(None, True), (1, True), (64, True), (128, True), (129, False),
+                                             (1000, False)])
+def test_grouped_route_sends_a_known_hot_group_to_the_dense_path(max_rows, decode):
+    """16 rows a group on average; host offsets or the hint showing a group of more than 128 rows
+    take the dense path, whose 128-row tiles read the hot expert's weights half as often."""
+    from tmaflow.kernels.matmul.heuristics import grouped_config, grouped_dense_config
+
+    got = grouped_config(128, 7168, 2048, 8, 132, "nt", max_rows)
+    assert got == (SkinnyConfig(rows=64, split_k=1) if decode else grouped_dense_config(128, 7168, 2048, 8, 132))
+
+
+@pytest.mark.parametrize("max_rows,want", [
+    (None, 64), (1, 8), (8, 8), (9, 16), (16, 16), (17, 32), (40, 64), (64, 64), (65, 64), (1000, 64), (0, 8),
 ])
-def test_grouped_chunk_rows(t, g, max_rows, want):
-    """The largest group's rows when known, else the mean's, rounded up to a wgmma width, at most 64."""
+def test_grouped_chunk_rows(max_rows, want):
+    """The largest group's rows when known, rounded up to a wgmma width, at most 64; 64 when unknown
+    (device offsets may hide a hot expert)."""
     from tmaflow.kernels.matmul.heuristics import grouped_chunk_rows
 
-    assert grouped_chunk_rows(t, g, max_rows) == want
+    assert grouped_chunk_rows(max_rows) == want
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -368,16 +379,18 @@ def test_grouped_decode_arguments_are_checked(kw, msg):
 
 
 def test_every_grouped_variant_compiles_without_spills():
-    """The decode kernel for every chunk width and tile height; the dense one with and without
+    """The decode kernel for every chunk width and tile height, in both item orders; the dense one with and without
     patching every tile's C map."""
     from tmaflow.kernels.matmul import skinny_plan
     from tmaflow.kernels.registry import get_kernel
 
     for mp in (8, 16, 32, 64, 128):
         for rows in (64, 128):
-            plan = skinny_plan(mp, 8 * 4096, 7168, SkinnyConfig(rows=rows, split_k=1), 132)
-            k = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="skinny")
-            assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (mp, rows)
+            for order in ({}, {"TILE_FASTEST": 1}):
+                plan = skinny_plan(mp, 8 * 4096, 7168, SkinnyConfig(rows=rows, split_k=1), 132)
+                k = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, **order),
+                               file="skinny")
+                assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (mp, rows, order)
     for config in (GemmConfig(), GemmConfig(bn=128, cluster_m=1, split_k=2)):
         for patch in ({}, {"PATCH_ALL": 1}):
             plan = gemm_plan(4096, 4096, 4096, "nt", config)

@@ -80,7 +80,8 @@ def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
                                           ({"split_k": True}, r"split_k=True"),
                                           ({"stages": 1}, r"stages=1 must be in \[2, 16\]"),
                                           ({"cluster": 4}, r"cluster=4 must be 1 or 2"),
-                                          ({"l2_promotion": "512B"}, r"l2_promotion='512B'")])
+                                          ({"l2_promotion": "512B"}, r"l2_promotion='512B'"),
+                                          ({"tile_fastest": 1}, r"tile_fastest=1")])
 def test_bad_skinny_configs_are_named(kwargs, match):
     with pytest.raises(tf.TmaflowError, match=match):
         SkinnyConfig(**kwargs)
@@ -90,6 +91,9 @@ def test_skinny_config_is_refused_for_nn_and_more_rows():
     with pytest.raises(tf.TmaflowError, match=r"a SkinnyConfig takes layout='nt' \(got 'nn'\)"):
         kernels.gemm(tf.runtime.memory.DeviceArray(0, (16, 64), "bfloat16"), tf.runtime.memory.DeviceArray(0, (64, 64), "bfloat16"),
                      layout="nn", config=SkinnyConfig())
+    with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig tile_fastest=True orders grouped_gemm's decode items"):
+        kernels.gemm(tf.runtime.memory.DeviceArray(0, (16, 64), "bfloat16"), tf.runtime.memory.DeviceArray(0, (64, 64), "bfloat16"),
+                     config=SkinnyConfig(tile_fastest=True))
     with pytest.raises(tf.TmaflowError, match=r"takes M <= 128 \(got M=129\)"):
         skinny_plan(129, 64, 64, SkinnyConfig(), 132)
 

@@ -325,28 +325,41 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
 #if GROUPED
 // Grouped (MoE) decode: rows offsets[g] .. offsets[g + 1] of C = those rows of A times B[g]^T, B
 // the experts one after another ((G x N) x K, map tw). Work items are (group g, chunk of MP of its
-// rows, tile of kRows columns of C), numbered group by group, chunk by chunk, tile fastest: CTAs
-// working at once share a chunk of A and read consecutive tiles of one expert, and a group's next
-// chunk re-reads those tiles soon after (from L2). A group of at most MP rows is one chunk; a
-// larger one takes several (correct for any sizes, the host's MP only decides the speed). Every CTA
-// reads the offsets on the device (graph replays see new sizes), walks the items persistently and
-// skips empty groups without loading anything. A chunk's box of A is MP rows from its first: rows
-// past the group's end (the next group's tokens, or zeros past T) are computed, never stored.
+// rows, tile of kRows columns of C), numbered group by group, then tile by tile, chunk fastest:
+// the CTAs working on one tile's chunks run at the same time, so a hot expert's tile comes from
+// DRAM once and its other chunks read it from L2 while it is there (tile fastest, round 1's order,
+// re-read it an expert's worth of tiles later, mostly from DRAM again). A group of at most MP rows
+// is one chunk; a larger one takes several (correct for any sizes, the host's MP only decides the
+// speed). Every CTA reads the offsets on the device (graph replays see new sizes), walks the items
+// persistently and skips empty groups without loading anything. A chunk's A rows come in boxes of
+// 8 (map tx8) up to its last row, a whole chunk in one MP-row box (map tx): a wide MP costs a small
+// group only MMA work, whose columns are independent, so the rows of A left from an earlier chunk
+// (or past the group's end) only make columns that are never stored.
+#ifndef TILE_FASTEST
+#define TILE_FASTEST 0  // 1: round 1's items (tile fastest, A in whole MP-row boxes), kept to compare
+#endif
 struct GroupedItems {
   const int* offsets;
   int tiles, work;  // N tiles a chunk; items of all groups
   int w, step, g, base;  // the next item; its group and that group's first item
   TMAFLOW_DEVICE bool next(int& group, int& row0, int& rows, int& tile) {
     if (w >= work) return false;
+    int chunks;
     for (;;) {  // items come group by group; w only grows, so neither does g
-      const int chunks = (offsets[g + 1] - offsets[g] + MP - 1) / MP;
+      chunks = (offsets[g + 1] - offsets[g] + MP - 1) / MP;
       if (w < base + chunks * tiles) break;
       base += chunks * tiles;
       ++g;
     }
-    const int r = w - base, chunk = r / tiles;
-    group = g;
+    const int r = w - base;
+#if TILE_FASTEST
+    const int chunk = r / tiles;
     tile = r - chunk * tiles;
+#else
+    tile = r / chunks;
+    const int chunk = r - tile * chunks;
+#endif
+    group = g;
     row0 = offsets[g] + chunk * MP;
     rows = min(MP, offsets[g + 1] - row0);
     w += step;
@@ -355,8 +368,9 @@ struct GroupedItems {
 };
 
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
-gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tw,
-                 __nv_bfloat16* C, int ldc, int N, int K, const int* offsets, int groups) {
+gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tx8,
+                 const __grid_constant__ CUtensorMap tw, __nv_bfloat16* C, int ldc, int N, int K,
+                 const int* offsets, int groups) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.wx();
@@ -364,6 +378,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   const int tiles = (N + kRows - 1) / kRows, k_blocks = (K + BK - 1) / BK;
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tx);
+    tma::prefetch_descriptor(&tx8);
     tma::prefetch_descriptor(&tw);
     pipe.init();
   }
@@ -378,15 +393,25 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   int g, row0, rows, tile;
   if (threadIdx.x < 128) {
     if (threadIdx.x == 0) {
+      constexpr uint32_t kBox8 = 8 * BK * 2;  // bytes of an 8-row box of A (the 128B swizzle's atom)
+      static_assert(L::wx::x_bytes == MP / 8 * kBox8, "an MP-row box of A is MP / 8 boxes of 8 rows");
       Cursor c;
       while (items.next(g, row0, rows, tile)) {
+        const int boxes8 = TILE_FASTEST ? MP / 8 : (rows + 7) / 8;  // a whole chunk: one MP-row box
+        const uint32_t bytes = L::wx::w_bytes + boxes8 * kBox8;
         for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
           pipe.producer_acquire(c);
-          pipe.producer_commit(c);
+          mbarrier::arrive_expect_tx(pipe.barrier(c), bytes);  // producer_commit, for this chunk's bytes
 #pragma unroll
           for (int box = 0; box < CONSUMERS; ++box)  // rows past the expert's N: computed, not stored
             tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, g * N + tile * kRows + box * 64);
-          tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, row0);
+          if (boxes8 == MP / 8) {
+            tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, row0);
+          } else {  // 8-row boxes at 1024-byte steps land as the MP-row box would (the swizzle is by address)
+            for (int i = 0; i < boxes8; ++i)
+              tma::load(static_cast<uint8_t*>(S.wx_x(c.stage)) + i * kBox8, &tx8, pipe.barrier(c), kb * BK,
+                        row0 + 8 * i);
+          }
         }
       }
     }

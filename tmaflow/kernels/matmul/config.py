@@ -133,6 +133,9 @@ class SkinnyConfig:
     stages: int | None = None
     l2_promotion: str = "256B"
     cluster: int = 1
+    # grouped_gemm's decode path: round 1's items (tile fastest within a chunk, A in whole MP-row
+    # boxes; False: chunk fastest within a tile, A up to a chunk's last row), kept to compare
+    tile_fastest: bool = False
 
     def __post_init__(self):
         who = "SkinnyConfig"
@@ -140,7 +143,8 @@ class SkinnyConfig:
                split_k=as_optional_int(f"{who}: split_k", self.split_k, 1, 64),
                stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),
                l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
-               cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)))
+               cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)),
+               tile_fastest=as_bool(f"{who}: tile_fastest", self.tile_fastest))
 
 
 def _row_major(arr) -> bool:

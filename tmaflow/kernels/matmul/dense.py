@@ -36,6 +36,9 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
         raise TmaflowError(f"gemm: config={config!r} must be a kernels.GemmConfig or kernels.SkinnyConfig")
     if isinstance(config, SkinnyConfig) and layout != "nt":
         raise TmaflowError(f"gemm: a SkinnyConfig takes layout='nt' (got {layout!r})")
+    if isinstance(config, SkinnyConfig) and config.tile_fastest:
+        raise TmaflowError("gemm: SkinnyConfig tile_fastest=True orders grouped_gemm's decode items; "
+                           "a single product takes tile_fastest=False")
     if (type(pdl), type(debug), type(trace)) not in _LAUNCH_OPTIONS.plain:
         pdl, debug, trace = _LAUNCH_OPTIONS.check(pdl, debug, trace)
     A, B = as_array(a), as_array(b)

@@ -23,7 +23,7 @@ from ..entry import (STATES, cached_state, entry_point, given_output, new_output
 from ..registry import get_kernel
 from .config import BM, GemmConfig, LAYOUTS, SkinnyConfig
 from .dense import _resident_clusters
-from .heuristics import grouped_chunk_rows, grouped_config
+from .heuristics import GROUPED_HOT_ROWS, grouped_chunk_rows, grouped_config
 from .operands import _check_rows, _device_offsets, _empty_product, _offsets, _template, _upload
 from .plan import gemm_plan, skinny_plan
 from .splitk import _refuse_foreign_capture, _split_k_buffers, _with_split_k
@@ -87,9 +87,10 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
         offs = _upload(host, A.device, stream)
     # device offsets are the caller's array, which out must not overlap (host ones are uploaded)
     given = as_array(offs) if C is not None and offs is offsets else None
-    chunk = grouped_chunk_rows(t, g, known)  # the decode path's rows a chunk (a kernel variant)
+    chunk = grouped_chunk_rows(known)  # the decode path's rows a chunk (a kernel variant)
+    hot = known is not None and known > GROUPED_HOT_ROWS  # the default route takes the dense path
     key = ("grouped_gemm", A.shape, A.strides, B.shape, B.strides, layout, C and C.strides,
-           given and given.strides, edge.aligned(A, B, C), config, chunk, stream, pdl,
+           given and given.strides, edge.aligned(A, B, C), config, chunk, hot, stream, pdl,
            A.device, ordinal, debug, trace, get_ident())
     try:
         st, windows = STATES[key]
@@ -106,11 +107,11 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
                                                   stream=stream, pdl=pdl, debug=debug, trace=trace))
         c_strides = output_strides(C, (t, n), 2)
         st, _ = cached_state(key, lambda: (_grouped_state(A, c_strides, t, n, k, g, layout, config, chunk,
-                                                          stream, pdl, debug, trace), windows))
+                                                          known, stream, pdl, debug, trace), windows))
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     if st.tc is None:  # the decode path writes C through its pointer
-        return st.launcher, (st.ta.bind(A), st.tb.bind(B2), C, st.ldc, n, k, offs, g), result
+        return st.launcher, (st.ta.bind(A), st.ta8.bind(A), st.tb.bind(B2), C, st.ldc, n, k, offs, g), result
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
                          st.split, offs, g, st.slots.array, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
 
@@ -126,7 +127,8 @@ def _check_skinny(config: SkinnyConfig, layout: str) -> None:
                                f"the grouped decode path takes {name}={want[-1]}")
 
 
-def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, stream, pdl, debug, trace) -> _GemmState:
+def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, known, stream, pdl, debug,
+                   trace) -> _GemmState:
     _GROUPED_OPTIONS.check(pdl, debug, trace)
     on_current_device("grouped_gemm", A)
     C = DeviceArray(0, (t, n), "bfloat16", c_strides)
@@ -136,7 +138,7 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, stream, pdl,
     if getattr(config, "split_tail", False):
         raise TmaflowError("grouped_gemm: split_tail=True is for single products (a group's tiles "
                            "change with its offsets); use split_k")
-    config = config or grouped_config(t, n, k, g, device.sm_count, layout)
+    config = config or grouped_config(t, n, k, g, device.sm_count, layout, known)
     if isinstance(config, SkinnyConfig):
         return _skinny_state(A, C, t, n, k, g, config, chunk, device, stream, pdl, debug, trace)
     plan = gemm_plan(max(t, 1), n, k, layout, config)
@@ -166,15 +168,17 @@ def _skinny_state(A, C, t, n, k, g, config, chunk, device, stream, pdl, debug, t
     """The decode path: persistent CTAs over (group, chunk of ``chunk`` rows, 64-row tile of the
     expert) items, counted on the device from the offsets (skinny.cu's GROUPED)."""
     plan = skinny_plan(chunk, g * n, k, replace(config, split_k=1), device.sm_count)
-    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1), file="skinny",
-                      debug=debug, trace=trace)
+    order = {"TILE_FASTEST": 1} if config.tile_fastest else {}
+    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, **order),
+                      file="skinny", debug=debug, trace=trace)
     rows = plan.config.rows
     items = (math.ceil(t / chunk) + g) * math.ceil(n / rows)  # at most: a group adds one partial chunk
     launcher = kern.launcher(grid=max(1, min(items, device.sm_count)), block=128 * (1 + rows // 64),
                              stream=stream, pdl=pdl)
     B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2))
-    return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B2, plan.spec_w), tc=None,
-                      ldc=C.strides[0] // 2, plan=plan)
+    rows8 = replace(plan.spec_x, box=(8, plan.spec_x.box[1]))  # a partial chunk's A, 8 rows a box
+    return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), ta8=_template(A, rows8),
+                      tb=_template(B2, plan.spec_w), tc=None, ldc=C.strides[0] // 2, plan=plan)
 
 
 class _ProvedSlots:

@@ -241,6 +241,12 @@ def tail_splits(items: int, clusters: int, k_blocks: int) -> int:
 # The grouped skinny path's rows a chunk at most by default (skinny.cu's GROUPED): a mean group
 # of at most this many rows takes it
 GROUPED_SKINNY_ROWS = 64
+# A known group larger than this sends the product to the dense path: its 128-row tiles read an
+# expert's weights once for every 128 rows, the decode path's chunks once for every 64 and A as
+# often (H200, round 1, device offsets, skewed loads: G = 32, 4096 x 7168, 64 rows a group with
+# groups of 520 and 488 rows, 1.47x torch dense against 1.18x decode; G = 128, 2048 x 7168, 16 a
+# group with groups of 276 to 153, 1.32x against 0.96x)
+GROUPED_HOT_ROWS = 128
 
 
 def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = "nt",
@@ -249,10 +255,12 @@ def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = 
     half the SMs): the grouped skinny kernel, whose CTAs read only their group's rows of A and
     stream each expert's weights once (the dense path's 128-row tiles compute mostly padding
     there and fill fewer SMs; H200 history: G = 8, 7168x2048, 64 rows a group, 0.74x
-    torch._grouped_mm). Otherwise ``grouped_dense_config``. The mean is known even with device
-    offsets (T / G); ``max_rows`` (host offsets' largest group, or the caller's hint) only
-    sizes the chunks (``grouped_chunk_rows``)."""
-    if layout == "nt" and t <= GROUPED_SKINNY_ROWS * g and 2 * g * math.ceil(n / 64) >= sm_count:
+    torch._grouped_mm). Otherwise ``grouped_dense_config``, and also when ``max_rows`` (host
+    offsets' largest group, or the caller's hint) shows a group of more than GROUPED_HOT_ROWS.
+    The mean is known even with device offsets (T / G); ``max_rows`` also sizes the chunks
+    (``grouped_chunk_rows``)."""
+    hot = max_rows is not None and max_rows > GROUPED_HOT_ROWS
+    if layout == "nt" and t <= GROUPED_SKINNY_ROWS * g and 2 * g * math.ceil(n / 64) >= sm_count and not hot:
         # Chunks of more than 16 rows are MMA work as much as weight traffic: two consumer
         # warpgroups a CTA share each chunk of A, where 128-row tiles still give every SM four
         # items (a guess to measure: the single skinny GEMM's 64-row CTAs were timed with few tiles)
@@ -261,13 +269,16 @@ def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = 
     return grouped_dense_config(t, n, k, g, sm_count)
 
 
-def grouped_chunk_rows(t: int, g: int, max_rows: int | None = None) -> int:
+def grouped_chunk_rows(max_rows: int | None = None) -> int:
     """Rows a grouped skinny chunk holds (the wgmma N, one of SKINNY_MP up to 64 by default):
     the largest group's when it is known (host offsets, or the caller's max_tokens_per_group),
-    else the mean group's; a larger group runs in several chunks, each re-reading the expert's
-    tiles (mostly from L2)."""
-    rows = max_rows if max_rows is not None else -(-t // max(g, 1))
-    return next(p for p in SKINNY_MP if p >= min(max(rows, 1), GROUPED_SKINNY_ROWS))
+    else 64: device offsets may hide a hot expert (Pareto loads put 100+ rows of a 16-row mean in
+    one group), whose every chunk re-reads the expert's tiles. A wide chunk costs a small group
+    only MMA work, which the weights' traffic hides (the kernel loads A up to the chunk's last
+    row; H200, round 1: G = 8, 7168 x 2048, 16 rows a group, skewed: 0.73x torch in 16-row chunks)."""
+    if max_rows is None:
+        return GROUPED_SKINNY_ROWS
+    return next(p for p in SKINNY_MP if p >= min(max(max_rows, 1), GROUPED_SKINNY_ROWS))
 
 
 def grouped_dense_config(t: int, n: int, k: int, g: int, sm_count: int) -> GemmConfig:
