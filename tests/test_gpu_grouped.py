@@ -156,6 +156,53 @@ def test_grouped_decode_path_every_group(device, rng, sizes, n, k, rows):
                                    err_msg=f"{given} offsets, hint {hint}")
 
 
+@pytest.mark.parametrize("tile_fastest", [False, True])
+@pytest.mark.parametrize("rows", [64, 128])
+def test_grouped_decode_hot_groups_among_empty_ones(device, rng, rows, tile_fastest):
+    """Groups of 1, 63, 64, 65 and 200 rows among empty ones, in both item orders: chunks of 64
+    (host offsets and device ones without a hint), of 8 and 32 (hints: the 200-row group in 25
+    or 7 chunks, partial chunks' A in 8-row boxes); every row against float64, outputs poisoned."""
+    sizes = (0, 1, 0, 0, 63, 0, 64, 0, 65, 0, 0, 200, 0)
+    n, k = 320, 192  # 2.5 tiles of 128 rows
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    t, g = int(offsets[-1]), len(sizes)
+    a, a64 = bf16(rng, (t, k))
+    b, b64 = bf16(rng, (g, n, k))
+    want = reference(a64, b64, offsets)
+    config = kernels.SkinnyConfig(rows=rows, split_k=1, tile_fastest=tile_fastest)
+    for given, hint in (("host", None), ("host", 200), ("device", None), ("device", 8), ("device", 32)):
+        out = poison(tf.empty((t, n), "bfloat16"))
+        offs = offsets if given == "host" else tf.from_numpy(offsets)
+        kernels.grouped_gemm(a, b, offs, out, config=config, max_tokens_per_group=hint)
+        got = out.numpy().astype(np.float64)
+        assert not np.isnan(got).any(), f"rows left unwritten ({given} offsets, hint {hint})"
+        np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.sqrt(k) / 4,
+                                   err_msg=f"{given} offsets, hint {hint}")
+
+
+def test_grouped_known_hot_group_takes_the_dense_path(device, rng):
+    """8 experts, 16 rows a group on average: host offsets (or the hint) showing a 118-row group
+    keep the decode path, a 129-row one takes the dense path; right either way, bit-equal to the
+    forced configuration."""
+    from tmaflow.kernels.matmul.heuristics import grouped_dense_config
+
+    n, k, g = 4096, 256, 8
+    sm = tf.current_device().sm_count
+    for sizes, dense in (((118, 6, 4, 0, 0, 0, 0, 0), False), ((129, 0, 0, 0, 0, 0, 0, 0), True)):
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+        t = int(offsets[-1])
+        a, a64 = bf16(rng, (t, k))
+        b, b64 = bf16(rng, (g, n, k))
+        forced = grouped_dense_config(t, n, k, g, sm) if dense else kernels.SkinnyConfig(split_k=1)
+        want = kernels.grouped_gemm(a, b, offsets, config=forced).numpy()
+        for offs, hint in ((offsets, None), (tf.from_numpy(offsets), max(sizes))):
+            out = poison(tf.empty((t, n), "bfloat16"))
+            kernels.grouped_gemm(a, b, offs, out, max_tokens_per_group=hint)
+            assert np.array_equal(out.numpy().view(np.uint16), want.view(np.uint16)), (sizes, hint)
+        np.testing.assert_allclose(want.astype(np.float64), reference(a64, b64, offsets), rtol=2e-2,
+                                   atol=2e-2 * np.sqrt(k) / 4)
+
+
 def test_grouped_decode_path_is_the_default_for_few_tokens(device, rng):
     """16 tokens an expert over 8 experts of 4096 x 512 take the decode path by default, and it
     agrees bit for bit with the forced SkinnyConfig, whatever sizes the device offsets hold."""

@@ -4,7 +4,7 @@ call: the experts' weights come from DRAM, as in a model) and back to back; resu
 Offsets are given on the device to both (the host does not know the group sizes).
 
     PYTHONPATH=. python3 tools/peers/bench_grouped.py [--grid acceptance|quick|history] [--compare]
-        [--rounds N] [--json FILE]
+        [--add-rows G:NxK:TOKENS[s],...] [--rounds N] [--json FILE]
 
 ``--grid acceptance`` (default): issue 33's grid, G in {8, 32, 128} x tokens per expert in
 {1, 16, 64, 256, 1024, 4096} x N x K in {4096x7168, 7168x2048, 4096x4096, 2048x7168}, balanced
@@ -15,7 +15,12 @@ N x K, balanced and skewed (under a minute on an H200). ``--grid history``: sess
 kernel for rows the decode path now takes, the C map patched for every tile on the dense path
 (``GemmConfig(patch_full_tiles=True)``); its columns are "old ...". On the dense path it also
 times kernels.gemm of one T x N x K product (the same work, expert 0 for every row: what the
-grouping costs) against the same torch call, "one-gemm ratio".
+grouping costs) against the same torch call, "one-gemm ratio". On the decode path it also times
+round 1's decode items ("r1": tile fastest, chunks of the mean group's rows, A in whole boxes),
+the new items in chunks of the mean group's rows ("mean MP", where that is not 64) and the dense
+path (what host offsets showing a group of more than 128 rows now take).
+``--add-rows 128:7168x2048:64s,...`` appends rows of the acceptance grid (G, N x K, tokens per
+expert, ``s`` skewed) with the acceptance grid's loads, to any grid.
 """
 from __future__ import annotations
 
@@ -40,7 +45,9 @@ QUICK = [(8, 1, NK[0], False), (8, 16, NK[1], True), (8, 64, NK[1], False), (8, 
 
 COLUMNS = ["G", "N", "K", "tokens/expert", "skew", "path", "cold ours_ms", "cold peer_ms", "cold ratio",
            "warm ours_ms", "warm peer_ms", "warm ratio", "max rel diff"]
-OLD_COLUMNS = ["old path", "cold old ratio", "warm old ratio", "cold one-gemm ratio", "warm one-gemm ratio"]
+OLD_COLUMNS = ["old path", "cold old ratio", "warm old ratio", "cold one-gemm ratio", "warm one-gemm ratio",
+               "cold r1 ratio", "warm r1 ratio", "cold mean-mp ratio", "warm mean-mp ratio",
+               "cold dense ratio", "warm dense ratio"]
 
 
 def grid(name: str) -> list[tuple]:
@@ -61,13 +68,32 @@ def sizes_for(g: int, per: int, skew: bool, rng) -> list[int]:
     return s.tolist()
 
 
+def added_rows(spec: str | None) -> list[tuple]:
+    """``--add-rows``: (G, tokens, N x K, skewed, seed) of acceptance-grid rows, seeded as there."""
+    if not spec:
+        return []
+    every = grid("acceptance")
+    rows = []
+    for item in spec.split(","):
+        try:
+            g, nk, per = item.split(":")
+            n, k = (int(x) for x in nk.split("x"))
+            row = (int(g), int(per.rstrip("s")), (n, k), per.endswith("s"))
+            rows.append((*row, every.index(row)))
+        except ValueError:
+            raise SystemExit(f"--add-rows: {item!r} is no acceptance-grid row G:NxK:TOKENS[s] "
+                             f"(G in 8, 32, 128; N x K in {NK}; tokens in {PER})")
+    return rows
+
+
 def route(t: int, n: int, k: int, g: int, sm_count: int, config=None) -> str:
     """Which kernel grouped_gemm runs with device offsets (and ``config``), in words."""
     from tmaflow.kernels.matmul.heuristics import grouped_chunk_rows, grouped_config
 
     config = config or grouped_config(t, n, k, g, sm_count)
     if isinstance(config, kernels.SkinnyConfig):
-        return f"decode, {grouped_chunk_rows(t, g)}-row chunks"
+        order = ", tile fastest" if config.tile_fastest else ""
+        return f"decode, {grouped_chunk_rows(None)}-row chunks{order}"
     patch = ", every tile patched" if config.patch_full_tiles else ""
     return f"dense {config.bn} cols x {config.cluster_m}, split {config.split_k}{patch}"
 
@@ -79,11 +105,32 @@ def old_config(t: int, n: int, k: int, g: int, sm_count: int):
     return dataclasses.replace(grouped_dense_config(t, n, k, g, sm_count), patch_full_tiles=True)
 
 
+def decode_variants(a, b, offs, out, t: int, n: int, k: int, g: int, sm_count: int, torch) -> dict:
+    """The decode path's alternatives on one row, each into its own output: round 1's items in
+    the mean group's chunks, the new items in the mean group's chunks (where that is not 64),
+    and the dense path."""
+    from tmaflow.kernels.matmul.heuristics import grouped_chunk_rows, grouped_config, grouped_dense_config
+
+    config = grouped_config(t, n, k, g, sm_count)
+    mean = -(-t // g)
+    r1 = dataclasses.replace(config, tile_fastest=True)
+    variants = {"r1": (r1, mean), "dense": (grouped_dense_config(t, n, k, g, sm_count), None)}
+    if grouped_chunk_rows(mean) != grouped_chunk_rows(None):
+        variants["mean-mp"] = (config, mean)
+    fns = {}
+    for key, (cfg, hint) in variants.items():
+        dst = torch.empty_like(out)
+        fns[key] = lambda cfg=cfg, hint=hint, dst=dst: kernels.grouped_gemm(a, b, offs, dst, config=cfg,
+                                                                           max_tokens_per_group=hint)
+    return fns
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", choices=("acceptance", "quick", "history"), default="acceptance")
     p.add_argument("--quick", action="store_true", help="the same as --grid quick")
     p.add_argument("--compare", action="store_true", help="also time the way before issue 33's changes")
+    p.add_argument("--add-rows", help="acceptance-grid rows to append, G:NxK:TOKENS[s],... (s: skewed)")
     p.add_argument("--rounds", type=int, help="rounds a timing (default 7; quick 5)")
     p.add_argument("--json", help="write a bench record (bench/results/gemm_grouped.json)")
     args = p.parse_args()
@@ -97,8 +144,10 @@ def main():
     print(f"grid {name}, {rounds} rounds; ratio = torch time / tmaflow time (above 1: tmaflow faster)")
     print(f"{'G':>4s} {'N':>5s} {'K':>5s} {'tokens/expert':>14s} {'skew':>5s}  path / tmaflow vs torch._grouped_mm")
     experts = {}
-    for i, (g, per, (n, k), skew) in enumerate(grid(name)):
-        sizes = sizes_for(g, per, skew, np.random.default_rng(i))
+    rows_to_time = [(*row, i) for i, row in enumerate(grid(name))] + added_rows(args.add_rows)
+    added = set()  # ids of the rows --add-rows appended (kept out of the grid's medians)
+    for number, (g, per, (n, k), skew, seed) in enumerate(rows_to_time):
+        sizes = sizes_for(g, per, skew, np.random.default_rng(seed))
         t = sum(sizes)
         need = 2 * (t * k + g * n * k + 3 * t * n)  # a, b, ours, torch's and the old output
         if need > LIMIT_BYTES:
@@ -122,14 +171,15 @@ def main():
             if route(t, n, k, g, sm_count).startswith("dense"):
                 one_out = torch.empty_like(out)
                 fns["one"] = lambda: kernels.gemm(a, b[0], one_out)
+            else:
+                fns.update(decode_variants(a, b, offs, out, t, n, k, g, sm_count, torch))
         ref = fns["peer"]()
-        for fn in fns.values():
-            fn()
+        outs = {key: fn() for key, fn in fns.items() if key not in ("peer", "one")}
         torch.cuda.synchronize()
         scale = ref.float().abs().max()
         diff = ((out.float() - ref.float()).abs().max() / scale).item()
-        if old is not None:
-            diff = max(diff, ((old_out.float() - ref.float()).abs().max() / scale).item())
+        for key, got_out in outs.items():
+            diff = max(diff, ((got_out.float() - ref.float()).abs().max() / scale).item())
         del ref
         warm_batch = 3 if t * n * k > 4e12 else 10  # the largest take tens of ms a call
         v = bench.versus(fns, ours="ours", peer="peer", repeats=rounds, warm_batch=warm_batch)
@@ -146,17 +196,36 @@ def main():
                 one = Versus(v.cold, v.warm, "one", "peer")
                 row.update({f"{mode} one-gemm ratio": one.ratio(mode).median for mode in ("cold", "warm")})
                 line += f" | one gemm cold {row['cold one-gemm ratio']:.3f} b2b {row['warm one-gemm ratio']:.3f}"
+            for key, words in (("r1", "round 1 (tile fastest, mean's chunks)"), ("mean-mp", "mean's chunks"),
+                               ("dense", "dense")):
+                if key in fns:
+                    other = Versus(v.cold, v.warm, key, "peer")
+                    row.update({f"{mode} {key} ratio": other.ratio(mode).median for mode in ("cold", "warm")})
+                    line += f" | {words} cold {row[f'cold {key} ratio']:.3f} b2b {row[f'warm {key} ratio']:.3f}"
         rows.append(row)
+        if number >= len(grid(name)):
+            added.add(id(row))
+            line += " | added row"
         print(line + f" | max rel diff {diff:.1e}", flush=True)
         del a, out, offs, ends
+    in_grid = [r for r in rows if id(r) not in added]
     for mode in ("cold", "warm"):
-        got = [r[f"{mode} ratio"] for r in rows]
+        got = [r[f"{mode} ratio"] for r in in_grid]
         below = [f"G={r['G']} {r['N']}x{r['K']} {r['tokens/expert']}{'s' if r['skew'] else ''}"
-                 for r in rows if r[f"{mode} ratio"] < 1.0]
-        print(f"{mode}: median ratio {statistics.median(got):.3f}, min {min(got):.3f} over {len(rows)} rows; "
-              f"{len(below)} below 1.0{': ' + ', '.join(below) if below else ''}")
+                 for r in in_grid if r[f"{mode} ratio"] < 1.0]
+        print(f"{mode}: median ratio {statistics.median(got):.3f}, min {min(got):.3f} over {len(in_grid)} rows "
+              f"of the grid; {len(below)} below 1.0{': ' + ', '.join(below) if below else ''}")
         if args.compare:
-            print(f"{mode}, before issue 33's changes: median {statistics.median(r[f'{mode} old ratio'] for r in rows):.3f}")
+            print(f"{mode}, before issue 33's changes: median "
+                  f"{statistics.median(r[f'{mode} old ratio'] for r in in_grid):.3f}")
+            decode = [r for r in rows if f"{mode} r1 ratio" in r]  # the added rows too
+            if decode:
+                print(f"{mode}, decode rows ({len(decode)}): median {statistics.median(r[f'{mode} ratio'] for r in decode):.3f}, "
+                      f"round 1's items {statistics.median(r[f'{mode} r1 ratio'] for r in decode):.3f}, "
+                      f"dense {statistics.median(r[f'{mode} dense ratio'] for r in decode):.3f}; skewed: "
+                      + ", ".join(f"G={r['G']} {r['N']}x{r['K']} {r['tokens/expert']}s {r[f'{mode} ratio']:.3f} "
+                                  f"(r1 {r[f'{mode} r1 ratio']:.3f}, dense {r[f'{mode} dense ratio']:.3f})"
+                                  for r in decode if r["skew"]))
     for line in skipped:
         print("skipped (over ~40 GB):", line)
     if args.json:
