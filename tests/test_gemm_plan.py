@@ -324,27 +324,31 @@ def test_tail_splits_only_where_they_pay():
 
 # --- grouped decode path (skinny.cu's GROUPED): route, chunks, checks ---------------------------
 
-@pytest.mark.parametrize("t,n,g,layout,want", [
-    (8, 4096, 8, "nt", SkinnyConfig(rows=64, split_k=1)),        # a token an expert
-    (512, 7168, 8, "nt", SkinnyConfig(rows=64, split_k=1)),      # 64 a group, 8 x 56 wide tiles: too few
-    (8192, 4096, 128, "nt", SkinnyConfig(rows=128, split_k=1)),  # 64 a group, 4096 wide tiles
-    (2048, 4096, 128, "nt", SkinnyConfig(rows=64, split_k=1)),   # 16 a group: weight traffic
-    (520, 7168, 8, "nt", None),                                  # mean 65 rows: the dense kernel
-    (512, 7168, 8, "nn", None),                                  # "nn": the dense kernel
-    (4, 256, 2, "nt", None),                                     # 2 x 4 tiles would leave SMs idle
+@pytest.mark.parametrize("t,n,g,layout,max_rows,want", [
+    (8, 4096, 8, "nt", None, SkinnyConfig(rows=64, split_k=1)),        # a token an expert
+    (64, 4096, 8, "nt", None, SkinnyConfig(rows=64, split_k=1)),       # 8 a group, sizes unknown
+    (72, 4096, 8, "nt", None, None),                                   # 9 a group, unknown: maybe skewed
+    (512, 7168, 8, "nt", None, None),                                  # 64 a group, unknown: dense
+    (512, 7168, 8, "nt", 64, SkinnyConfig(rows=64, split_k=1)),        # 64 a group, none larger
+    (8192, 4096, 128, "nt", 64, SkinnyConfig(rows=128, split_k=1)),    # 64 a group, 4096 wide tiles
+    (2048, 4096, 128, "nt", 16, SkinnyConfig(rows=64, split_k=1)),     # 16 a group: weight traffic
+    (520, 7168, 8, "nt", 65, None),                                    # mean 65 rows: the dense kernel
+    (512, 7168, 8, "nn", 64, None),                                    # "nn": the dense kernel
+    (4, 256, 2, "nt", 2, None),                                        # 2 x 4 tiles would leave SMs idle
 ])
-def test_grouped_route(t, n, g, layout, want):
+def test_grouped_route(t, n, g, layout, max_rows, want):
     from tmaflow.kernels.matmul.heuristics import grouped_config, grouped_dense_config
 
-    got = grouped_config(t, n, 2048, g, 132, layout)
+    got = grouped_config(t, n, 2048, g, 132, layout, max_rows)
     assert got == (want or grouped_dense_config(t, n, 2048, g, 132))
 
 
-@pytest.mark.parametrize("max_rows,decode", [(None, True), (1, True), (64, True), (128, True), (129, False),
+@pytest.mark.parametrize("max_rows,decode", [(None, False), (1, True), (64, True), (128, True), (129, False),
                                              (1000, False)])
 def test_grouped_route_sends_a_known_hot_group_to_the_dense_path(max_rows, decode):
     """16 rows a group on average; host offsets or the hint showing a group of more than 128 rows
-    take the dense path, whose 128-row tiles read the hot expert's weights half as often."""
+    take the dense path, whose 128-row tiles read the hot expert's weights half as often; so do
+    unknown sizes (a hot expert may hide behind the mean)."""
     from tmaflow.kernels.matmul.heuristics import grouped_config, grouped_dense_config
 
     got = grouped_config(128, 7168, 2048, 8, 132, "nt", max_rows)

@@ -247,6 +247,11 @@ GROUPED_SKINNY_ROWS = 64
 # groups of 520 and 488 rows, 1.47x torch dense against 1.18x decode; G = 128, 2048 x 7168, 16 a
 # group with groups of 276 to 153, 1.32x against 0.96x)
 GROUPED_HOT_ROWS = 128
+# With device offsets and no hint the largest group is unknown: only a mean group of at most this
+# many rows takes the decode path (H200, round 2, quick grid, device offsets: 1 row a group
+# 1.46-1.65x torch on the decode path against 0.80-1.27x dense, skewed included; 16 and 64 rows a
+# group, skewed: decode 0.64-1.17x, dense 1.17-1.49x; balanced: dense 1.27-1.33x, decode 1.22-1.38x)
+GROUPED_BLIND_MEAN = 8
 
 
 def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = "nt",
@@ -257,10 +262,14 @@ def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = 
     there and fill fewer SMs; H200 history: G = 8, 7168x2048, 64 rows a group, 0.74x
     torch._grouped_mm). Otherwise ``grouped_dense_config``, and also when ``max_rows`` (host
     offsets' largest group, or the caller's hint) shows a group of more than GROUPED_HOT_ROWS.
-    The mean is known even with device offsets (T / G); ``max_rows`` also sizes the chunks
-    (``grouped_chunk_rows``)."""
-    hot = max_rows is not None and max_rows > GROUPED_HOT_ROWS
-    if layout == "nt" and t <= GROUPED_SKINNY_ROWS * g and 2 * g * math.ceil(n / 64) >= sm_count and not hot:
+    Without ``max_rows`` (device offsets, no hint) only a mean of at most GROUPED_BLIND_MEAN
+    rows takes the decode path: skewed loads of a larger mean run faster dense. ``max_rows``
+    also sizes the chunks (``grouped_chunk_rows``)."""
+    if max_rows is None:  # the largest group is unknown: a hot expert may hide behind the mean
+        small = t <= GROUPED_BLIND_MEAN * g
+    else:
+        small = t <= GROUPED_SKINNY_ROWS * g and max_rows <= GROUPED_HOT_ROWS
+    if layout == "nt" and small and 2 * g * math.ceil(n / 64) >= sm_count:
         # Chunks of more than 16 rows are MMA work as much as weight traffic: two consumer
         # warpgroups a CTA share each chunk of A, where 128-row tiles still give every SM four
         # items (a guess to measure: the single skinny GEMM's 64-row CTAs were timed with few tiles)
