@@ -17,6 +17,13 @@
 // (request, kv head) items blockIdx.x, + gridDim.x, ...: the producer runs on into the next
 // item's tiles while the consumers finish one (no SM sits idle between a CTA's last copy and the
 // next CTA's first), and the warps merge in their own buffer, not in stage 0.
+// CLUSTER_MERGE (2-16 splits): the splits of a (kv head, request) are one cluster; each keeps its
+// normalised O and log-sum-exp in shared memory, and after a cluster barrier every CTA merges
+// its share of the output columns, reading the splits' O through distributed shared memory:
+// no workspace write, no atomic counter and no L2 round trip for the partials (two round trips
+// off a short call's critical path). The sums run over the splits in order, as the counter's
+// merge does: the two give equal bits. All five warps (the producer's too) meet at both
+// cluster barriers.
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
 // [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
 // i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
@@ -42,6 +49,9 @@ namespace L = tmaflow_layout;
 #ifndef PERSISTENT
 #define PERSISTENT 0
 #endif
+#ifndef CLUSTER_MERGE
+#define CLUSTER_MERGE 0
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -56,7 +66,7 @@ constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall i
 static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
 constexpr int kStatsFloats = (2 * kWarps + 2) * kRows;
 #if !PERSISTENT  // persistent: decode_plan sizes the "warps" buffer to kRows x (D + kStatsFloats / kRows) floats
-static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * kStatsFloats,
+static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFloats + kRows),
               "the warps' merge (O and statistics) fits stage 0");
 #endif
 // The splits' merge: the K and V tiles of every stage (contiguous: decode_plan checks it) hold
@@ -64,6 +74,9 @@ static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * kStatsFlo
 constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
 constexpr uint32_t kLseBytes = MAX_SPLITS * kRows * 4;
 static_assert(kMergeBytes >= kLseBytes + kRows * D * 4, "the merge holds every log-sum-exp and a split");
+constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
+static_assert(!CLUSTER_MERGE || (!PERSISTENT && kRows * (D * 2 + 16) >= 4 * (kMaxCluster + 1) * kRows),
+              "the cluster merge's weights fit the Q rows");
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
               "plan does not match HEAD_DIM and PAGE_SIZE");
 
@@ -80,6 +93,11 @@ TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2bfloat16_rn(x); }
 #endif
 
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
+
+// acc += w * v, one fused multiply-add a lane: both merges round alike.
+TMAFLOW_DEVICE void add_weighted(float4& acc, float w, float4 v) {
+  acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y), acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
+}
 
 // One more split counted: releases the CTA's partials (bar.sync orders them before it) and
 // acquires the earlier splits'. Returns the count before.
@@ -114,6 +132,60 @@ TMAFLOW_DEVICE int2 split_tiles(int n, int split, int splits) {
   const int begin = min(split * per_split, tiles);
   return make_int2(begin, min(begin + per_split, tiles));
 }
+
+#if CLUSTER_MERGE
+// The splits' merge in a cluster (consumer warps; the producer warp meets the two cluster
+// barriers on its own): O (kRows x D, summed over the warps) and the statistics of this CTA's
+// warps' merge in stage 0. Weights and sums as the counter's merge computes them.
+template <class RowOffset>
+TMAFLOW_DEVICE void cluster_merge(L::Smem& S, Stats st, float* so, elem_t* out, int rows, int splits, int split,
+                                  RowOffset row_offset) {
+  float* lse = st.base + kStatsFloats;  // kRows: this split's log-sum-exps (log2 domain)
+  for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
+    const float l = st.row_sum(i / D);
+    so[i] = l > 0.f ? so[i] / l : 0.f;
+  }
+  if (threadIdx.x < rows) {
+    const float l = st.row_sum(threadIdx.x);
+    lse[threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
+  }
+  cluster::sync();  // every split's O and log-sum-exps are written
+  float* weight = static_cast<float*>(S.q());  // [split][kRows], then kRows 1 / sums
+  if (threadIdx.x < rows) {
+    float m = neg_inf();
+    for (int s = 0; s < splits; ++s) {
+      weight[s * kRows + threadIdx.x] = *cluster::map(lse + threadIdx.x, s);
+      m = fmaxf(m, weight[s * kRows + threadIdx.x]);
+    }
+    float total = 0.f;
+    for (int s = 0; s < splits; ++s) {
+      float& w = weight[s * kRows + threadIdx.x];
+      w = m == neg_inf() ? 0.f : math::exp2_approx(w - m);
+      total += w;
+    }
+    weight[kMaxCluster * kRows + threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
+  }
+  named_barrier::sync(1, kConsumers);
+  // This CTA's share of the output's 4-column groups; the splits' O read side by side.
+  const int columns = rows * D / 4, share = (columns + splits - 1) / splits;
+  const int end = min(columns, (split + 1) * share);
+  for (int i = split * share + threadIdx.x; i < end; i += kConsumers) {
+    const int r = i / (D / 4);
+    float4 v[kMaxCluster];
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) v[s] = *cluster::map(reinterpret_cast<const float4*>(so) + i, s);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) add_weighted(acc, weight[s * kRows + r], v[s]);
+    const float inv = weight[kMaxCluster * kRows + r];
+    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
+        make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
+  }
+  cluster::sync();  // no CTA leaves while another reads its shared memory
+}
+#endif
 
 // One (split, kv head, request) of the grid, or (persistent) one item of a CTA's walk; the
 // caller loaded the request's length and (producer warp) its guessed block-table window.
@@ -173,6 +245,9 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
         }
       }
     }
+#if CLUSTER_MERGE
+    if (splits > 1) cluster::sync(), cluster::sync();  // the consumers' two: the merge reads this CTA
+#endif
     return;
   }
 
@@ -318,6 +393,10 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     for (int i = threadIdx.x; i < rows * D; i += kConsumers) out[row_offset(i / D) + i % D] = to_elem(normalised(i));
     return;
   }
+#if CLUSTER_MERGE
+  cluster_merge(S, st, so, out, rows, splits, split, row_offset);
+  return;
+#endif
   const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
   for (int i = threadIdx.x; i < rows * D; i += kConsumers) part[(first + split) * rows * D + i] = normalised(i);
   if (threadIdx.x < rows) {
@@ -396,7 +475,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
         for (int s = 0; s < n; ++s) {
           const float w = lse[(s0 + s) * kRows + r];
           const float4 v = x[s * columns + i];
-          acc[g].x += w * v.x, acc[g].y += w * v.y, acc[g].z += w * v.z, acc[g].w += w * v.w;
+          add_weighted(acc[g], w, v);
         }
       }
     }
