@@ -24,6 +24,9 @@
 // off a short call's critical path). The sums run over the splits in order, as the counter's
 // merge does: the two give equal bits. All five warps (the producer's too) meet at both
 // cluster barriers.
+// Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
+// has the block table, 3 Q in shared memory, 4 the tiles read, 5 the splits' merge begins (the
+// partials published), 6 the output written.
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
 // [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
 // i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
@@ -150,6 +153,7 @@ TMAFLOW_DEVICE void cluster_merge(L::Smem& S, Stats st, float* so, elem_t* out, 
     lse[threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
   }
   cluster::sync();  // every split's O and log-sum-exps are written
+  trace::mark(5);
   float* weight = static_cast<float*>(S.q());  // [split][kRows], then kRows 1 / sums
   if (threadIdx.x < rows) {
     float m = neg_inf();
@@ -183,6 +187,7 @@ TMAFLOW_DEVICE void cluster_merge(L::Smem& S, Stats st, float* so, elem_t* out, 
     *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
         make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
   }
+  trace::mark(6);
   cluster::sync();  // no CTA leaves while another reads its shared memory
 }
 #endif
@@ -212,6 +217,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     // Entries past `pages` are never used (the pieces stop at the length).
     int cur = guess_cur, next = guess_next;
     if (window != guess) cur = entry(window + lane), next = entry(window + 32 + lane);
+    trace::mark(2);
 #if EVICT_FIRST
     const uint64_t policy = tma::make_policy_evict_first();
 #endif
@@ -267,6 +273,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     *reinterpret_cast<uint4*>(sq + r * kQStride + c * 16) = v;
   }
   named_barrier::sync(1, kConsumers);
+  trace::mark(3);
 
   float o[D / 8][4];
 #pragma unroll
@@ -344,6 +351,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
   // the statistics in its V tile; persistent, the producer is filling the stages with the next
   // item's tiles, and the merge has its own buffer.
+  trace::mark(4);
   named_barrier::sync(1, kConsumers);
 #if PERSISTENT
   float* so = static_cast<float*>(S.warps());  // kRows x D, then the statistics
@@ -391,6 +399,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   };
   if (splits == 1) {
     for (int i = threadIdx.x; i < rows * D; i += kConsumers) out[row_offset(i / D) + i % D] = to_elem(normalised(i));
+    trace::mark(6);
     return;
   }
 #if CLUSTER_MERGE
@@ -409,6 +418,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   bool last = false;
   if (threadIdx.x == 0) last = count_split(counters + b * heads_kv + kvh) == uint32_t(splits - 1);
   if (!named_barrier::sync_or(1, kConsumers, last)) return;
+  trace::mark(5);
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
 
   // The merge reads what other SMs wrote (in L2) by bulk copies into the free stages, a round
@@ -490,6 +500,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
           make_uint2(pack2(acc[g].x * inv, acc[g].y * inv), pack2(acc[g].z * inv, acc[g].w * inv));
     }
   }
+  trace::mark(6);
 }
 
 extern "C" __global__ void __launch_bounds__(kConsumers + 32)
@@ -498,6 +509,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
                  float* part, float* part_lse, uint32_t* counters, int heads_kv, int group,
                  int q_len, int max_pages, float scale_log2, int batch) {
   extern __shared__ __align__(1024) uint8_t smem[];
+  trace::mark(1);
   L::Smem S(smem);
   auto kv = S.kv();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
