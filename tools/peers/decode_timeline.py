@@ -7,9 +7,11 @@ per CTA (decode.cu's marks: 1 entry, 2 the producer has the block table, 3 Q in 
 
 Per shape and plan (batch 1, 8 kv heads, head dim 128, GQA 8:1, page 16 at 1k and 8k; the
 plan's merge and the other one), microseconds from the first CTA's entry: each step's
-earliest / median / latest CTA, then the last write of the output. The recorder costs time
-of its own (each event a few stores): the gaps between steps, not the totals, are the
-numbers to read. The plain call's cold time is printed beside it (median of --repeats)."""
+earliest / median / latest CTA, cold (after an L2 flush: code, table, pages and counters in
+DRAM) and warm (right after the same call). The recorder costs time of its own (each event a
+few stores): the gaps between steps, not the totals, are the numbers to read; a gap that
+does no memory access yet grows cold points at instruction fetches through a flushed L2.
+The plain call's cold time is printed beside it (median of --repeats)."""
 from __future__ import annotations
 
 import argparse
@@ -85,12 +87,15 @@ def main():
             traced = get_kernel("attention_decode", layout, defines=defines, file="decode", trace="all")
             run = traced.launcher(grid=config.grid, block=THREADS, cluster=config.cluster)
             run(*prepared.args)  # compile and warm the code path
-            flush()
-            run(*prepared.args)
-            steps = _steps(last_trace())
-            cells = " ".join(f"{step} {t.min():5.1f}/{np.median(t):5.1f}/{t.max():5.1f}" for step, t in steps.items())
-            print(f"b1 ctx {ctx:5d} {name:11s} s{splits:<2d} cl{int(cluster)} cold {cold[name].median * 1e6:6.1f} us | "
-                  f"traced (min/median/max µs from entry): {cells}", flush=True)
+            print(f"b1 ctx {ctx:5d} {name:11s} s{splits:<2d} cl{int(cluster)} plain call cold "
+                  f"{cold[name].median * 1e6:6.1f} us; traced, µs from the first entry (min/median/max CTA):")
+            for mode in ("cold", "warm"):  # warm: right after the same call (code and data in L2)
+                if mode == "cold":
+                    flush()
+                run(*prepared.args)
+                steps = _steps(last_trace())
+                print(f"  {mode} " + " ".join(f"{step} {t.min():.1f}/{np.median(t):.1f}/{t.max():.1f}"
+                                             for step, t in steps.items()), flush=True)
 
 
 if __name__ == "__main__":
