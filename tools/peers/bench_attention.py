@@ -36,12 +36,12 @@ acceptance`` (the default): issue 32's grid, GQA 4:1 and 8:1 x pages 16 and 64 x
 the copy's destination) pass ~60 GB (batch x context over 4M tokens: batch 64 and 128 stop
 at 32k), 72 rows; ``--decode-grid quick`` (or ``--quick``): 16 rows at the weak corners (batch
 1 at every context, page 16, GQA 8:1, batch 128 at 1k; under a minute on an H200), each also
-timing our call with the other L2 priority, (batch 1) twice the splits, at 2-16 splits the
-other merge of the splits (cl0: workspace and counter, cl1: a cluster through distributed
-shared memory) and (batch 1 past 16 splits) 16 splits in a cluster, in the same rounds ("alt"
-cells: their time over the plan's, above 1 = the plan is faster). Each row prints the plan
-(splits, evict-first, persistent, cluster merge); ``--clean``: also cold after a read of 2x L2 instead of a write
-(the write leaves the whole L2 dirty, and a call after it writes that back as it reads).
+timing our call with the other L2 priority, at 2-16 splits the other merge of the splits (cl0:
+workspace and counter, cl1: a cluster through distributed shared memory) and at batch 1 16
+splits in a cluster (s16cl), in the same rounds ("alt" cells: their time over the plan's,
+above 1 = the plan is faster). Each row prints the plan (splits, evict-first, persistent,
+cluster merge); ``--clean``: also cold after a read of 2x L2 instead of a write (the write
+leaves the whole L2 dirty, and a call after it writes that back as it reads).
 ``--decode-sweep``: the same shapes at page 16, the automatic plan against other split counts
 and the other L2 priority, with the copy, in the same rounds (cold, clean and back to back):
 the best per row.
@@ -347,18 +347,18 @@ def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, b
 
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
     """name -> (num_splits, evict_first, persistent, cluster_merge) timed beside the plan in the
-    quick grid's rows: the other L2 priority, at batch 1 twice the splits (down to one 64-key
-    tile a split), a persistent plan's one CTA an item, at 2-16 splits the other merge ("cl0":
-    workspace and counter, "cl1": a cluster), and at batch 1 past 16 splits 16 splits merged in
-    a cluster ("s16cl")."""
+    quick grid's rows: the other L2 priority, at batch 1 twice the splits merged in a cluster
+    (up to 16, down to one 64-key tile a split: "s16cl"), a persistent plan's one CTA an item,
+    at 2-16 splits the other merge ("cl0": workspace and counter, "cl1": a cluster), and at
+    batch 1 past 16 splits 16 splits merged in a cluster ("s16cl")."""
     from tmaflow.kernels.decode_entry import MAX_CLUSTER, MAX_SPLITS
 
     if not (args.quick or args.decode_grid == "quick"):
         return {}
     splits, evict_first, persistent, cluster = _decode_plan(batch, ctx, heads_kv, page)
     alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent, cluster)}
-    if batch == 1 and 2 * splits <= min(MAX_SPLITS, ctx // 64):
-        alts[f"s{2 * splits}"] = (2 * splits, evict_first, False, False)
+    if batch == 1 and 2 * splits <= min(MAX_CLUSTER, ctx // 64):  # (past 16: x1.26-1.37 slower, session 16)
+        alts[f"s{2 * splits}cl"] = (2 * splits, evict_first, False, True)
     if persistent:
         alts["p0"] = (splits, evict_first, False, False)
     if 2 <= splits <= MAX_CLUSTER:
