@@ -78,8 +78,7 @@ constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_str
 constexpr uint32_t kLseBytes = MAX_SPLITS * kRows * 4;
 static_assert(kMergeBytes >= kLseBytes + kRows * D * 4, "the merge holds every log-sum-exp and a split");
 constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
-static_assert(!CLUSTER_MERGE || (!PERSISTENT && kRows * (D * 2 + 16) >= 4 * (kMaxCluster + 1) * kRows),
-              "the cluster merge's weights fit the Q rows");
+static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
               "plan does not match HEAD_DIM and PAGE_SIZE");
 
@@ -137,11 +136,25 @@ TMAFLOW_DEVICE int2 split_tiles(int n, int split, int splits) {
 }
 
 #if CLUSTER_MERGE
+// 16 and 4 bytes of another CTA's shared memory (a map_shared address). Volatile: the compiler
+// keeps a run of them together, ahead of their uses (each is a trip through the cluster).
+// ptx: ld.shared::cluster.v4.f32, ld.shared::cluster.f32
+TMAFLOW_DEVICE float4 load_cluster(uint32_t at) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(at) : "memory");
+  return v;
+}
+TMAFLOW_DEVICE float load_cluster_f32(uint32_t at) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(at) : "memory");
+  return v;
+}
+
 // The splits' merge in a cluster (consumer warps; the producer warp meets the two cluster
 // barriers on its own): O (kRows x D, summed over the warps) and the statistics of this CTA's
-// warps' merge in stage 0. Weights and sums as the counter's merge computes them.
+// warps' merge in stage 0. Weights, sums and their order as in the counter's merge.
 template <class RowOffset>
-TMAFLOW_DEVICE void cluster_merge(L::Smem& S, Stats st, float* so, elem_t* out, int rows, int splits, int split,
+TMAFLOW_DEVICE void cluster_merge(Stats st, float* so, elem_t* out, int rows, int splits, int split,
                                   RowOffset row_offset) {
   float* lse = st.base + kStatsFloats;  // kRows: this split's log-sum-exps (log2 domain)
   for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
@@ -154,36 +167,29 @@ TMAFLOW_DEVICE void cluster_merge(L::Smem& S, Stats st, float* so, elem_t* out, 
   }
   cluster::sync();  // every split's O and log-sum-exps are written
   trace::mark(5);
-  float* weight = static_cast<float*>(S.q());  // [split][kRows], then kRows 1 / sums
-  if (threadIdx.x < rows) {
-    float m = neg_inf();
-    for (int s = 0; s < splits; ++s) {
-      weight[s * kRows + threadIdx.x] = *cluster::map(lse + threadIdx.x, s);
-      m = fmaxf(m, weight[s * kRows + threadIdx.x]);
-    }
-    float total = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      float& w = weight[s * kRows + threadIdx.x];
-      w = m == neg_inf() ? 0.f : math::exp2_approx(w - m);
-      total += w;
-    }
-    weight[kMaxCluster * kRows + threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
-  }
-  named_barrier::sync(1, kConsumers);
-  // This CTA's share of the output's 4-column groups; the splits' O read side by side.
+  // This CTA's share of the output's 4-column groups. A thread reads the splits' O and its
+  // row's log-sum-exps side by side (one trip through the cluster) and weighs them itself.
   const int columns = rows * D / 4, share = (columns + splits - 1) / splits;
   const int end = min(columns, (split + 1) * share);
   for (int i = split * share + threadIdx.x; i < end; i += kConsumers) {
     const int r = i / (D / 4);
     float4 v[kMaxCluster];
+    float w[kMaxCluster];
 #pragma unroll
     for (int s = 0; s < kMaxCluster; ++s)
-      if (s < splits) v[s] = *cluster::map(reinterpret_cast<const float4*>(so) + i, s);
+      if (s < splits) v[s] = load_cluster(cluster::map_shared(so + 4 * i, s)), w[s] = load_cluster_f32(cluster::map_shared(lse + r, s));
+    float m = neg_inf(), total = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) m = fmaxf(m, w[s]);
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) w[s] = m == neg_inf() ? 0.f : math::exp2_approx(w[s] - m), total += w[s];
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int s = 0; s < kMaxCluster; ++s)
-      if (s < splits) add_weighted(acc, weight[s * kRows + r], v[s]);
-    const float inv = weight[kMaxCluster * kRows + r];
+      if (s < splits) add_weighted(acc, w[s], v[s]);
+    const float inv = total > 0.f ? 1.f / total : 0.f;
     *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
         make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
   }
@@ -403,7 +409,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     return;
   }
 #if CLUSTER_MERGE
-  cluster_merge(S, st, so, out, rows, splits, split, row_offset);
+  cluster_merge(st, so, out, rows, splits, split, row_offset);
   return;
 #endif
   const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
