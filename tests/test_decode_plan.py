@@ -8,8 +8,8 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import (MAX_SPLITS, choose_splits, decode_plan, evict_first_default,
-                                          persistent_default)
+from tmaflow.kernels.decode_entry import (MAX_SPLITS, choose_splits, cluster_merge_default, decode_plan,
+                                          evict_first_default, persistent_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -169,6 +169,44 @@ def test_persistent_decode_kernel_compiles_without_spills_or_a_split_merge(d, pa
     assert "HMMA" in sass and "UTMALDG.3D" in sass
     assert "ATOMG" not in sass and "UBLKCP" not in sass
     assert len(k.params) == 15
+
+
+@pytest.mark.parametrize("d,page,fp16,evict_first", [(128, 16, 0, 0), (128, 64, 1, 1), (64, 16, 0, 1),
+                                                     (32, 256, 1, 0), (256, 16, 0, 0), (96, 32, 0, 1)])
+def test_cluster_merge_decode_kernel_compiles_without_spills_a_counter_or_a_workspace(d, page, fp16, evict_first):
+    """The splits merge through distributed shared memory: no atomic count, no bulk copy of
+    partials, no global store but the output's; two cluster barriers (each warp's arrive and wait)."""
+    _, layout, _ = decode_plan(d, page)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "CLUSTER_MERGE": 1,
+                            **({"FP16": 1} if fp16 else {}), **({"EVICT_FIRST": 1} if evict_first else {})})
+    sass = k.sass()
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    assert "HMMA" in sass and "UTMALDG.3D" in sass
+    assert "ATOMG" not in sass and "UBLKCP" not in sass
+    assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass
+    assert len(k.params) == 15
+
+
+@pytest.mark.parametrize("batch,heads_kv,splits,expected", [
+    (1, 8, 8, True),      # batch 1 at 1k: 64 CTAs
+    (2, 8, 8, True),      # 128 CTAs on 132 SMs
+    (4, 8, 8, False),     # 256 CTAs: clusters of 8 at two an SM may not all fit the GPCs at once
+    (1, 8, 32, False),    # over a portable cluster
+    (16, 8, 1, False),    # nothing to merge
+])
+def test_cluster_merge_when_few_ctas_split_in_portable_clusters(batch, heads_kv, splits, expected):
+    assert cluster_merge_default(batch, heads_kv, splits, 132) is expected
+
+
+def test_cluster_merge_needs_two_to_sixteen_splits():
+    args, _ = decode_args()
+    for extra in ({}, {"num_splits": 1}, {"num_splits": 17}, {"persistent": True}):
+        with pytest.raises(tf.TmaflowError, match=r"attention_decode: cluster_merge=True with num_splits=.* a cluster "
+                                                  r"merges 2 to 16 splits"):
+            kernels.attention_decode(*args.values(), cluster_merge=True, **extra)
+    with pytest.raises(tf.TmaflowError, match=r"attention_decode: cluster_merge='yes' must be"):
+        kernels.attention_decode(*args.values(), cluster_merge="yes")
 
 
 @pytest.mark.parametrize("batch,heads_kv,d,splits,expected", [

@@ -161,6 +161,51 @@ def test_decode_reads_no_stale_slot_of_a_poisoned_split_workspace(device, rng):
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 
 
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,num_splits", [
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", 8),   # GQA 8:1, page 16, portable cluster
+    ([1, 63, 64, 65, 333, 2049, 5], 16, 4, 128, 64, None, "bfloat16", 3),   # 4:1, page 64, an odd cluster
+    ([700, 0, 257, 3, 1500], 8, 2, 64, 16, None, "float16", 2),
+    ([1, 4000, 1023], 8, 1, 128, 64, None, "bfloat16", 16),                 # a non-portable cluster of 16
+    ([0, 1, 2, 3, 17, 80, 1000], 8, 2, 128, 16, 4, "bfloat16", 5),          # 4 new tokens x 4 query heads
+    ([129, 2000], 16, 2, 192, 32, None, "bfloat16", 7),
+    ([5, 77, 300, 1], 8, 2, 96, 16, None, "float16", 4),
+])
+def test_cluster_merge_decode_against_float64_and_bit_equal_to_the_counter_merge(device, rng, lens, heads_q, heads_kv,
+                                                                               d, page, tokens, dtype, num_splits):
+    """Splits merged through distributed shared memory (a cluster a (request, kv head)): against
+    float64 (ragged lengths, 0 and 1, NaN in every row no request owns, splits with no key),
+    the same bits run to run and as the workspace-and-counter merge of the same splits."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for cluster_merge in (True, True, False):
+        out = poison(tf.empty(q.shape, dtype))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, num_splits=num_splits, cluster_merge=cluster_merge,
+                                                    out=out)
+        prepared()
+        if cluster_merge:  # (the counter's launcher wraps the workspace)
+            assert prepared.launcher.config.cluster == (num_splits, 1, 1), prepared.launcher.config
+        results.append(out.numpy())
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (cluster_merge, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[2].view(np.uint16))
+
+
+def test_decode_plans_a_cluster_merge_for_one_short_request(device, rng):
+    """Batch 1 at 1k, 8 kv heads, GQA 8:1 (the benchmark's row): 8 splits x 8 kv heads = 64
+    CTAs, merged in clusters of 8 by default, against float64 and graph-free replays."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, [1024], 64, 8, 128, 16, "bfloat16")
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    prepared = kernels.attention_decode.prepare(Q, K, V, T, L, out=out)
+    prepared()
+    assert prepared.launcher.config.cluster == (8, 1, 1), prepared.launcher.config
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
 @pytest.mark.parametrize("heads_q,heads_kv,d,page,tokens,dtype", [
     (16, 2, 128, 16, None, "bfloat16"),   # GQA 8:1, page 16
     (8, 2, 128, 64, None, "bfloat16"),    # 4:1, page 64

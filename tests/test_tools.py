@@ -42,7 +42,7 @@ def test_docstring_gives_the_command_line(path):
 
 
 @pytest.mark.parametrize("name", ["bench_gemm", "bench_grouped", "bench_attention", "stream_gemm", "ncu_pair",
-                                  "bench_autotune", "bench_distributed", "gemm_sweep"])
+                                  "bench_autotune", "bench_distributed", "gemm_sweep", "decode_timeline"])
 def test_peer_tools_help_without_a_gpu_or_torch(name):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "peers" / f"{name}.py"), "--help"],
                        capture_output=True, text=True, env=ENV, timeout=120)

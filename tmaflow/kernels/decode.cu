@@ -17,6 +17,16 @@
 // (request, kv head) items blockIdx.x, + gridDim.x, ...: the producer runs on into the next
 // item's tiles while the consumers finish one (no SM sits idle between a CTA's last copy and the
 // next CTA's first), and the warps merge in their own buffer, not in stage 0.
+// CLUSTER_MERGE (2-16 splits): the splits of a (kv head, request) are one cluster; each keeps its
+// normalised O and log-sum-exp in shared memory, and after a cluster barrier every CTA merges
+// its share of the output columns, reading the splits' O through distributed shared memory:
+// no workspace write, no atomic counter and no L2 round trip for the partials (two round trips
+// off a short call's critical path). The sums run over the splits in order, as the counter's
+// merge does: the two give equal bits. All five warps (the producer's too) meet at both
+// cluster barriers.
+// Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
+// has the block table, 3 Q in shared memory, 4 the tiles read, 5 the splits' merge begins (the
+// partials published), 6 the output written.
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
 // [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
 // i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
@@ -42,6 +52,9 @@ namespace L = tmaflow_layout;
 #ifndef PERSISTENT
 #define PERSISTENT 0
 #endif
+#ifndef CLUSTER_MERGE
+#define CLUSTER_MERGE 0
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -56,7 +69,7 @@ constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall i
 static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
 constexpr int kStatsFloats = (2 * kWarps + 2) * kRows;
 #if !PERSISTENT  // persistent: decode_plan sizes the "warps" buffer to kRows x (D + kStatsFloats / kRows) floats
-static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * kStatsFloats,
+static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFloats + kRows),
               "the warps' merge (O and statistics) fits stage 0");
 #endif
 // The splits' merge: the K and V tiles of every stage (contiguous: decode_plan checks it) hold
@@ -64,6 +77,8 @@ static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * kStatsFlo
 constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
 constexpr uint32_t kLseBytes = MAX_SPLITS * kRows * 4;
 static_assert(kMergeBytes >= kLseBytes + kRows * D * 4, "the merge holds every log-sum-exp and a split");
+constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
+static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
               "plan does not match HEAD_DIM and PAGE_SIZE");
 
@@ -80,6 +95,11 @@ TMAFLOW_DEVICE elem_t to_elem(float x) { return __float2bfloat16_rn(x); }
 #endif
 
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000u); }
+
+// acc += w * v, one fused multiply-add a lane: both merges round alike.
+TMAFLOW_DEVICE void add_weighted(float4& acc, float w, float4 v) {
+  acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y), acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
+}
 
 // One more split counted: releases the CTA's partials (bar.sync orders them before it) and
 // acquires the earlier splits'. Returns the count before.
@@ -115,6 +135,69 @@ TMAFLOW_DEVICE int2 split_tiles(int n, int split, int splits) {
   return make_int2(begin, min(begin + per_split, tiles));
 }
 
+#if CLUSTER_MERGE
+// 16 and 4 bytes of another CTA's shared memory (a map_shared address). Volatile: the compiler
+// keeps a run of them together, ahead of their uses (each is a trip through the cluster).
+// ptx: ld.shared::cluster.v4.f32, ld.shared::cluster.f32
+TMAFLOW_DEVICE float4 load_cluster(uint32_t at) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(at) : "memory");
+  return v;
+}
+TMAFLOW_DEVICE float load_cluster_f32(uint32_t at) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(at) : "memory");
+  return v;
+}
+
+// The splits' merge in a cluster (consumer warps; the producer warp meets the two cluster
+// barriers on its own): O (kRows x D, summed over the warps) and the statistics of this CTA's
+// warps' merge in stage 0. Weights, sums and their order as in the counter's merge.
+template <class RowOffset>
+TMAFLOW_DEVICE void cluster_merge(Stats st, float* so, elem_t* out, int rows, int splits, int split,
+                                  RowOffset row_offset) {
+  float* lse = st.base + kStatsFloats;  // kRows: this split's log-sum-exps (log2 domain)
+  for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
+    const float l = st.row_sum(i / D);
+    so[i] = l > 0.f ? so[i] / l : 0.f;
+  }
+  if (threadIdx.x < rows) {
+    const float l = st.row_sum(threadIdx.x);
+    lse[threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
+  }
+  cluster::sync();  // every split's O and log-sum-exps are written
+  trace::mark(5);
+  // This CTA's share of the output's 4-column groups. A thread reads the splits' O and its
+  // row's log-sum-exps side by side (one trip through the cluster) and weighs them itself.
+  const int columns = rows * D / 4, share = (columns + splits - 1) / splits;
+  const int end = min(columns, (split + 1) * share);
+  for (int i = split * share + threadIdx.x; i < end; i += kConsumers) {
+    const int r = i / (D / 4);
+    float4 v[kMaxCluster];
+    float w[kMaxCluster];
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) v[s] = load_cluster(cluster::map_shared(so + 4 * i, s)), w[s] = load_cluster_f32(cluster::map_shared(lse + r, s));
+    float m = neg_inf(), total = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) m = fmaxf(m, w[s]);
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) w[s] = m == neg_inf() ? 0.f : math::exp2_approx(w[s] - m), total += w[s];
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kMaxCluster; ++s)
+      if (s < splits) add_weighted(acc, w[s], v[s]);
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
+        make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
+  }
+  trace::mark(6);
+  cluster::sync();  // no CTA leaves while another reads its shared memory
+}
+#endif
+
 // One (split, kv head, request) of the grid, or (persistent) one item of a CTA's walk; the
 // caller loaded the request's length and (producer warp) its guessed block-table window.
 template <class Cursor>
@@ -140,6 +223,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     // Entries past `pages` are never used (the pieces stop at the length).
     int cur = guess_cur, next = guess_next;
     if (window != guess) cur = entry(window + lane), next = entry(window + 32 + lane);
+    trace::mark(2);
 #if EVICT_FIRST
     const uint64_t policy = tma::make_policy_evict_first();
 #endif
@@ -173,6 +257,9 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
         }
       }
     }
+#if CLUSTER_MERGE
+    if (splits > 1) cluster::sync(), cluster::sync();  // the consumers' two: the merge reads this CTA
+#endif
     return;
   }
 
@@ -192,6 +279,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     *reinterpret_cast<uint4*>(sq + r * kQStride + c * 16) = v;
   }
   named_barrier::sync(1, kConsumers);
+  trace::mark(3);
 
   float o[D / 8][4];
 #pragma unroll
@@ -269,6 +357,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
   // the statistics in its V tile; persistent, the producer is filling the stages with the next
   // item's tiles, and the merge has its own buffer.
+  trace::mark(4);
   named_barrier::sync(1, kConsumers);
 #if PERSISTENT
   float* so = static_cast<float*>(S.warps());  // kRows x D, then the statistics
@@ -316,8 +405,13 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   };
   if (splits == 1) {
     for (int i = threadIdx.x; i < rows * D; i += kConsumers) out[row_offset(i / D) + i % D] = to_elem(normalised(i));
+    trace::mark(6);
     return;
   }
+#if CLUSTER_MERGE
+  cluster_merge(st, so, out, rows, splits, split, row_offset);
+  return;
+#endif
   const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
   for (int i = threadIdx.x; i < rows * D; i += kConsumers) part[(first + split) * rows * D + i] = normalised(i);
   if (threadIdx.x < rows) {
@@ -330,6 +424,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   bool last = false;
   if (threadIdx.x == 0) last = count_split(counters + b * heads_kv + kvh) == uint32_t(splits - 1);
   if (!named_barrier::sync_or(1, kConsumers, last)) return;
+  trace::mark(5);
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
 
   // The merge reads what other SMs wrote (in L2) by bulk copies into the free stages, a round
@@ -396,7 +491,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
         for (int s = 0; s < n; ++s) {
           const float w = lse[(s0 + s) * kRows + r];
           const float4 v = x[s * columns + i];
-          acc[g].x += w * v.x, acc[g].y += w * v.y, acc[g].z += w * v.z, acc[g].w += w * v.w;
+          add_weighted(acc[g], w, v);
         }
       }
     }
@@ -411,6 +506,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
           make_uint2(pack2(acc[g].x * inv, acc[g].y * inv), pack2(acc[g].z * inv, acc[g].w * inv));
     }
   }
+  trace::mark(6);
 }
 
 extern "C" __global__ void __launch_bounds__(kConsumers + 32)
@@ -419,6 +515,7 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
                  float* part, float* part_lse, uint32_t* counters, int heads_kv, int group,
                  int q_len, int max_pages, float scale_log2, int batch) {
   extern __shared__ __align__(1024) uint8_t smem[];
+  trace::mark(1);
   L::Smem S(smem);
   auto kv = S.kv();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

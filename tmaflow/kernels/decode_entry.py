@@ -29,6 +29,7 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 MAX_ROWS = 16             # new tokens x query heads per kv head: the 16 rows of an mma.sync
 MAX_TOKENS = 8            # new tokens a request (speculative decoding)
 MAX_SPLITS = 64           # splits of one request (the merge's log-sum-exps in shared memory)
+MAX_CLUSTER = 16          # splits a cluster merge takes (decode.cu's kMaxCluster; over 8: non-portable)
 MIN_KEYS_PER_SPLIT = 128  # two tiles: a split's copies all in flight at once (three stages hold them)
 THREADS = 160             # four consumer warps and a producer warp
 _TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, halved
@@ -86,6 +87,15 @@ def persistent_default(batch: int, heads_kv: int, head_dim: int, splits: int, sm
     between one's last copy and the next one's first (its length, block table, first tile: a
     few microseconds) the SM reads nothing; a walking CTA's producer runs on into the next item."""
     return splits == 1 and head_dim <= 128 and batch * heads_kv > sm_count * ctas_per_sm
+
+
+def cluster_merge_default(batch: int, heads_kv: int, splits: int, sm_count: int) -> bool:
+    """Whether the splits of a (request, kv head) merge in a cluster, through distributed shared
+    memory, when the call does not say: 2-8 splits (a portable cluster) and at most one CTA an
+    SM in all (every cluster fits at once whatever the GPCs' sizes). That is a short call (batch
+    1 at 1k: 8 splits x 8 kv heads), whose time is a chain of round trips: the counter's merge
+    adds a workspace write, an atomic (in DRAM after a cold flush) and a copy of the partials."""
+    return 2 <= splits <= 8 and batch * heads_kv * splits <= sm_count
 
 
 def evict_first_default(batch: int, heads_kv: int, head_dim: int, max_context: int, itemsize: int,
@@ -164,7 +174,7 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
 @entry_point
 def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
-                     out=None, stream=None):
+                     cluster_merge: bool | None = None, out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -186,12 +196,20 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     when the caches a call may read (the block table's width for every request) exceed the
     L2. ``persistent``: at most as many CTAs as run at once, each walking whole (request, kv
     head) items (one split: num_splits None or 1); None: when one split leaves more items than
-    CTA slots. Returns out, q's shape, of q's kind."""
-    if num_splits is not None or evict_first is not None or persistent is not None:  # num_splits sizes the workspace
-        num_splits, evict_first, persistent = _OPTIONS.check(num_splits, evict_first, persistent)
+    CTA slots. ``cluster_merge``: the splits of a (request, kv head) run as one thread-block
+    cluster and merge through distributed shared memory instead of a workspace and a counter
+    (2-16 splits: give num_splits); None: at 2-8 splits when the CTAs are at most the SMs.
+    Returns out, q's shape, of q's kind."""
+    if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None:
+        num_splits, evict_first, persistent, cluster_merge = _OPTIONS.check(num_splits, evict_first, persistent,
+                                                                            cluster_merge)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
+        if cluster_merge and (num_splits is None or not 2 <= num_splits <= MAX_CLUSTER or persistent):
+            raise TmaflowError(f"attention_decode: cluster_merge=True with num_splits={num_splits} and persistent="
+                               f"{persistent}; a cluster merges 2 to {MAX_CLUSTER} splits of one request: give "
+                               f"num_splits 2-{MAX_CLUSTER} and persistent None or False")
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
@@ -202,12 +220,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                                     ("seq_lens", L)))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
-    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, stream, Q.device,
-           ordinal, get_ident())
+    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge, stream,
+           Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, stream))
+        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge, stream))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -221,7 +239,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
 
 
 _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True),
-                          evict_first=checks.flag(optional=True), persistent=checks.flag(optional=True))
+                          evict_first=checks.flag(optional=True), persistent=checks.flag(optional=True),
+                          cluster_merge=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -236,7 +255,7 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
     return splits, evict_first
 
 
-def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, stream) -> SimpleNamespace:
+def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, stream) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
@@ -245,20 +264,24 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, stream) ->
     ctas_per_sm = decode_plan(d, p.page_size)[2]
     if persistent is None:
         persistent = persistent_default(b, hkv, d, splits, device.sm_count, ctas_per_sm)
+    if cluster_merge is None:
+        cluster_merge = not persistent and cluster_merge_default(b, hkv, splits, device.sm_count)
     spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
-               **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {})}
+               **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {}),
+               **({"CLUSTER_MERGE": 1} if cluster_merge else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     grid = (max(1, min(b * hkv, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, hkv, max(b, 1))
-    launcher = kern.launcher(grid=grid, block=THREADS, stream=stream)
-    launcher, workspace = _with_split_k(launcher, splits > 1, device, stream)
+    launcher = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
+                             stream=stream)
+    launcher, workspace = _with_split_k(launcher, splits > 1 and not cluster_merge, device, stream)
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
                                                swizzle="128B"))
     return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, evict_first=evict_first,
-                           persistent=persistent,
+                           persistent=persistent, cluster_merge=cluster_merge,
                            partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
                            tk=template, tv=template)
 

@@ -36,10 +36,12 @@ acceptance`` (the default): issue 32's grid, GQA 4:1 and 8:1 x pages 16 and 64 x
 the copy's destination) pass ~60 GB (batch x context over 4M tokens: batch 64 and 128 stop
 at 32k), 72 rows; ``--decode-grid quick`` (or ``--quick``): 16 rows at the weak corners (batch
 1 at every context, page 16, GQA 8:1, batch 128 at 1k; under a minute on an H200), each also
-timing our call with the other L2 priority and (batch 1) twice the splits in the same rounds
-("alt" cells: their time over the plan's, above 1 = the plan is faster). Each row prints the
-plan (splits, evict-first); ``--clean``: also cold after a read of 2x L2 instead of a write
-(the write leaves the whole L2 dirty, and a call after it writes that back as it reads).
+timing our call with the other L2 priority, at 2-16 splits the other merge of the splits (cl0:
+workspace and counter, cl1: a cluster through distributed shared memory) and at batch 1 16
+splits in a cluster (s16cl), in the same rounds ("alt" cells: their time over the plan's,
+above 1 = the plan is faster). Each row prints the plan (splits, evict-first, persistent,
+cluster merge); ``--clean``: also cold after a read of 2x L2 instead of a write (the write
+leaves the whole L2 dirty, and a call after it writes that back as it reads).
 ``--decode-sweep``: the same shapes at page 16, the automatic plan against other split counts
 and the other L2 priority, with the copy, in the same rounds (cold, clean and back to back):
 the best per row.
@@ -331,30 +333,38 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
             for b in DECODE_BATCHES for c in DECODE_CONTEXTS if b * c <= DECODE_TOKENS]
 
 
-def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool]:
-    """(splits, evict_first, persistent) a call plans at head dim 128 on the current device."""
-    from tmaflow.kernels.decode_entry import decode_choices, decode_plan, persistent_default
+def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool]:
+    """(splits, evict_first, persistent, cluster_merge) a call plans at head dim 128 on the current device."""
+    from tmaflow.kernels.decode_entry import cluster_merge_default, decode_choices, decode_plan, persistent_default
     from tmaflow.runtime.device import current_device
 
+    sm_count = current_device().sm_count
     splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx)
-    persistent = persistent_default(batch, heads_kv, 128, splits, current_device().sm_count, decode_plan(128, page)[2])
-    return splits, evict_first, persistent
+    persistent = persistent_default(batch, heads_kv, 128, splits, sm_count, decode_plan(128, page)[2])
+    cluster = not persistent and cluster_merge_default(batch, heads_kv, splits, sm_count)
+    return splits, evict_first, persistent, cluster
 
 
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
-    """name -> (num_splits, evict_first, persistent) timed beside the plan in the quick grid's
-    rows: the other L2 priority, at batch 1 twice the splits (down to one 64-key tile a split),
-    and a persistent plan's one CTA an item."""
-    from tmaflow.kernels.decode_entry import MAX_SPLITS
+    """name -> (num_splits, evict_first, persistent, cluster_merge) timed beside the plan in the
+    quick grid's rows: the other L2 priority, at batch 1 twice the splits merged in a cluster
+    (up to 16, down to one 64-key tile a split: "s16cl"), a persistent plan's one CTA an item,
+    at 2-16 splits the other merge ("cl0": workspace and counter, "cl1": a cluster), and at
+    batch 1 past 16 splits 16 splits merged in a cluster ("s16cl")."""
+    from tmaflow.kernels.decode_entry import MAX_CLUSTER, MAX_SPLITS
 
     if not (args.quick or args.decode_grid == "quick"):
         return {}
-    splits, evict_first, persistent = _decode_plan(batch, ctx, heads_kv, page)
-    alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent)}
-    if batch == 1 and 2 * splits <= min(MAX_SPLITS, ctx // 64):
-        alts[f"s{2 * splits}"] = (2 * splits, evict_first, False)
+    splits, evict_first, persistent, cluster = _decode_plan(batch, ctx, heads_kv, page)
+    alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent, cluster)}
+    if batch == 1 and 2 * splits <= min(MAX_CLUSTER, ctx // 64):  # (past 16: x1.26-1.37 slower, session 16)
+        alts[f"s{2 * splits}cl"] = (2 * splits, evict_first, False, True)
     if persistent:
-        alts["p0"] = (splits, evict_first, False)
+        alts["p0"] = (splits, evict_first, False, False)
+    if 2 <= splits <= MAX_CLUSTER:
+        alts[f"cl{int(not cluster)}"] = (splits, evict_first, False, not cluster)
+    if batch == 1 and splits > MAX_CLUSTER:
+        alts[f"s{MAX_CLUSTER}cl"] = (MAX_CLUSTER, evict_first, False, True)
     return alts
 
 
@@ -464,11 +474,12 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     def memcpy():
         k_copy.copy_(k), v_copy.copy_(v)
 
-    def ours(num_splits=None, evict_first=None, persistent=None):
+    def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None):
         return kernels.attention_decode.prepare(q[:, :, 0], k_cache, v_cache, table, lens, num_splits=num_splits,
                                                 evict_first=evict_first, persistent=persistent,
+                                                cluster_merge=cluster_merge,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
-    splits, evict_first, persistent = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
+    splits, evict_first, persistent, cluster = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
     if sweep:
         fns = {name: ours(*choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
@@ -493,6 +504,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     kv_bytes = 2 * k.numel() * k.element_size()
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
            "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "persistent": persistent,
+           "cluster_merge": cluster,
            "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
     cells = []
@@ -517,6 +529,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
             cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
                          f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}{alt_cells}")
     print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
+          f"cl{int(cluster)} "
           + " | ".join(cells)
           + f"  err {err:.1e}", flush=True)
     return row

@@ -1,0 +1,102 @@
+"""Where one short kernels.attention_decode call spends its time: a trace build (trace="all")
+of the call's own kernel, launched right after an L2 flush (cold), its marks and copies read
+per CTA (decode.cu's marks: 1 entry, 2 the producer has the block table, 3 Q in shared memory,
+4 the tiles read, 5 the splits' merge begins, 6 the output written).
+
+    PYTHONPATH=. python3 tools/peers/decode_timeline.py [--repeats N]
+
+Per shape and plan (batch 1, 8 kv heads, head dim 128, GQA 8:1, page 16 at 1k and 8k; the
+plan's merge and the other one), microseconds from the first CTA's entry: each step's
+earliest / median / latest CTA, cold (after an L2 flush: code, table, pages and counters in
+DRAM) and warm (right after the same call). The recorder costs time of its own (each event a
+few stores): the gaps between steps, not the totals, are the numbers to read; a gap that
+does no memory access yet grows cold points at instruction fetches through a flushed L2.
+The plain call's cold time is printed beside it (median of --repeats)."""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from tmaflow import bench, kernels
+from tmaflow.debug.trace import KIND
+from tmaflow.debug.trace import last as last_trace
+from tmaflow.kernels.decode_entry import THREADS, decode_plan
+from tmaflow.kernels.registry import get_kernel
+
+STEPS = (("entry", "mark", 1), ("table", "mark", 2), ("first copy", "TMA load", None), ("Q", "mark", 3),
+         ("first tile", "wait", None), ("tiles read", "mark", 4), ("merge", "mark", 5), ("out", "mark", 6))
+
+
+def _steps(trace) -> dict:
+    """step -> per-CTA times (µs from the first entry): each CTA's earliest such event (the
+    first tile: the end of its consumers' first wait; marks 4-6: the latest warp's)."""
+    ev = trace.events
+    t_min = int(ev["t0"][ev["kind"] == KIND["mark"]].min())
+    got = {}
+    for name, kind, mark in STEPS:
+        sel = ev[ev["kind"] == KIND[kind]]
+        if mark is not None:
+            sel = sel[sel["value"] == mark]
+        if name == "first tile":
+            sel = sel[sel["warp"] < 4]
+        if not len(sel):
+            continue
+        ends = sel["t0"].astype(np.int64) + (sel["dur"].astype(np.int64) if kind == "wait" else 0)
+        per_cta = {}
+        late = mark is not None and mark >= 4
+        for b, t in zip(sel["block"].tolist(), ends.tolist()):
+            per_cta[b] = max(per_cta.get(b, t), t) if late else min(per_cta.get(b, t), t)
+        got[name] = (np.array(list(per_cta.values())) - t_min) / 1e3
+    return got
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=20)
+    args = p.parse_args()
+    import torch  # optional dependency, as in the benches
+    dt, d, heads_kv, group, page = torch.bfloat16, 128, 8, 8, 16
+    flush = bench.L2Flush()
+    for ctx in (1024, 8192):
+        pages = ctx // page
+        k_cache, v_cache = (torch.randn(pages, page, heads_kv, d, device="cuda", dtype=dt) for _ in "kv")
+        table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(1, pages)
+        lens = torch.full((1,), ctx, device="cuda", dtype=torch.int32)
+        q = torch.randn(1, heads_kv * group, d, device="cuda", dtype=dt)
+        plans: dict = {"plan": {}}  # 1k: 8 splits in clusters; 8k: 32 splits and the counter
+        for name, options in (("counter s8", {"num_splits": 8, "cluster_merge": False}),
+                              ("cluster s8", {"num_splits": 8, "cluster_merge": True}),
+                              ("cluster s16", {"num_splits": 16, "cluster_merge": True})):
+            if ctx // options["num_splits"] >= 128 and not (ctx == 1024 and name == "cluster s8"):
+                plans[name] = options
+        fns = {name: kernels.attention_decode.prepare(q, k_cache, v_cache, table, lens, **options,
+                                                      out=torch.empty_like(q))
+               for name, options in plans.items()}
+        cold = bench.rounds(fns, repeats=args.repeats, warmup=2, flush_l2=True)
+        for name in plans:
+            prepared = fns[name]
+            launcher = prepared.launcher
+            launcher = getattr(launcher, "launcher", launcher)  # the counter merge's wraps its workspace
+            config = launcher.config
+            splits = config.grid[0]
+            cluster = config.cluster != (1, 1, 1)
+            _, layout, _ = decode_plan(d, page)
+            defines = {"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": 64,
+                       **({"CLUSTER_MERGE": 1} if cluster else {})}
+            traced = get_kernel("attention_decode", layout, defines=defines, file="decode", trace="all")
+            run = traced.launcher(grid=config.grid, block=THREADS, cluster=config.cluster)
+            run(*prepared.args)  # compile and warm the code path
+            print(f"b1 ctx {ctx:5d} {name:11s} s{splits:<2d} cl{int(cluster)} plain call cold "
+                  f"{cold[name].median * 1e6:6.1f} us; traced, µs from the first entry (min/median/max CTA):")
+            for mode in ("cold", "warm"):  # warm: right after the same call (code and data in L2)
+                if mode == "cold":
+                    flush()
+                run(*prepared.args)
+                steps = _steps(last_trace())
+                print(f"  {mode} " + " ".join(f"{step} {t.min():.1f}/{np.median(t):.1f}/{t.max():.1f}"
+                                             for step, t in steps.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
