@@ -60,6 +60,32 @@ def test_attention_plan_fits_shared_memory_with_several_stages(d, causal, keys, 
     assert plan.defines["Q_STAGES"] == q_stages and plan.defines.get("PAIRED", 0) == int(causal)
 
 
+@pytest.mark.parametrize("d,causal,keys,stages", [(128, False, 128, [1, 3, 3]), (256, False, 80, [1, 2, 2]),
+                                                  (128, True, 176, [1, 2, 2])])
+def test_attention_plan_keys_forced_and_refused(d, causal, keys, stages):
+    """``keys`` replaces keys_per_tile's choice (the A/B's BLOCK_N): the stages follow its
+    bytes; keys off the 16-key step or too many for shared memory are refused by name."""
+    plan = attention_plan(d, causal, keys=keys)
+    assert plan.keys == keys and plan.defines["BLOCK_N"] == keys and plan.spec_k.box == (1, keys, 64)
+    assert [p.stages for p in plan.layout.items[:3]] == stages and plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
+    for bad in (72, 0, 272, 256 if d == 256 else 512):
+        with pytest.raises(tf.TmaflowError, match=rf"attention: keys={bad} must be a multiple of 16 up to 256 "
+                                                  "whose Q tile and two K and V stages fit shared memory"):
+            attention_plan(d, causal, keys=bad)
+
+
+@pytest.mark.parametrize("d,causal,prefetch", [(64, False, 0), (64, True, 0), (128, False, 1), (128, True, 1),
+                                               (256, False, 1), (256, True, 1)])
+def test_dense_plans_of_one_q_buffer_prefetch_the_next_tile_into_l2(d, causal, prefetch):
+    """A second Q buffer loads the next work tile's Q a whole tile ahead; plans with one
+    prefetch it (and its first K and V) into L2 instead; varlen plans do neither."""
+    plan = attention_plan(d, causal)
+    assert plan.defines.get("L2_PREFETCH", 0) == prefetch and plan.defines["Q_STAGES"] == 2 - prefetch
+    assert "L2_PREFETCH" not in attention_plan(d, causal, varlen=True).defines
+    sass = attention_kernel(plan, "bfloat16").sass()
+    assert ("UTMAPF" in sass) == bool(prefetch)
+
+
 def test_attention_plan_q_stages_forced_and_refused():
     one = attention_plan(64, True, q_stages=1)
     assert [p.stages for p in one.layout.items[:3]] == [1, 4, 4] and one.defines["Q_STAGES"] == 1
@@ -88,7 +114,8 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     one_q = attention_plan(d, causal, dv, q_stages=1)
     assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
     varlen = attention_plan(d, causal, dv, varlen=True)
-    dense_defines = {k: v for k, v in one_q.defines.items() if k != "PAIRED"}
+    dense_defines = {k: v for k, v in one_q.defines.items() if k not in ("PAIRED", "L2_PREFETCH")}
+    assert one_q.defines["L2_PREFETCH"] == 1  # dense, one Q buffer: the next tile's Q prefetched into L2
     assert varlen.layout.header() == one_q.layout.header() and varlen.defines == {**dense_defines, "VARLEN": 1}
 
 

@@ -83,7 +83,7 @@ def _box_spec(rows: int, head_dim: int) -> TensorMapSpec:
 
 @functools.lru_cache(maxsize=64)
 def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None = None,
-                   varlen: bool = False, q_stages: int | None = None) -> AttentionPlan:
+                   varlen: bool = False, q_stages: int | None = None, keys: int | None = None) -> AttentionPlan:
     """The plan of a head dim (Q and K; ``head_dim_v`` for V and O, default the same), with or
     without a causal mask, dense or ``varlen`` (packed sequences: the same layout, other maps).
 
@@ -91,13 +91,21 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     soon as its GEMM is done); they take equal stages, up to four, and K one more when its
     bytes are left over. Dense plans take a second Q stage where its bytes are left over after
     that (head dims up to 64 or so: a CTA's next work tile's Q loads while this one runs, not
-    after its last S); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
-    second stage takes its bytes first, K and V stages get what is left)."""
+    after its last S; the others prefetch the next work tile's Q, first K and first V into L2:
+    L2_PREFETCH); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
+    second stage takes its bytes first, K and V stages get what is left); ``keys`` forces the
+    keys a tile (a multiple of 16 up to 256 whose Q and two K and V stages fit; the kernel's
+    BLOCK_N, to compare)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     for name, d in (("head dim", head_dim), ("head dim of v", dv)):
         if d not in HEAD_DIMS:
             raise TmaflowError(f"attention: {name} {d} is not supported; use a multiple of 16 from 32 to 256")
-    keys = keys_per_tile(head_dim, causal, dv)
+    if keys is None:
+        keys = keys_per_tile(head_dim, causal, dv)
+    elif type(keys) is not int or keys % 16 or not 16 <= keys <= 256 or \
+            BM * head_dim * 2 + 2 * keys * (head_dim + dv) * 2 > _BUDGET:
+        raise TmaflowError(f"attention: keys={keys!r} must be a multiple of 16 up to 256 whose Q tile and two "
+                           "K and V stages fit shared memory")
     spec_q, spec_k, spec_v = _box_spec(BM, head_dim), _box_spec(keys, head_dim), _box_spec(keys, dv)
     qk_boxes, v_boxes = head_dim // spec_q.box[-1], dv // spec_v.box[-1]
     q_bytes, k_bytes, v_bytes = BM * head_dim * 2, keys * head_dim * 2, keys * dv * 2
@@ -114,7 +122,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
                            Pipeline("vp", stages=pairs, tiles={"v": (spec_v, v_boxes)}, consumers=8)])
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
-               **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages}
+               **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages,
+               **({"L2_PREFETCH": 1} if q_stages == 1 and not varlen else {})}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 
 
@@ -255,8 +264,9 @@ def _state(Q, K, dv, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     hkv, skv = K.shape[1], K.shape[2]
     plan = attention_plan(d, causal, dv)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
-    if kernel.defines["Q_STAGES"] != plan.defines["Q_STAGES"]:  # extra_defines forced the other count
-        plan = attention_plan(d, causal, dv, q_stages=int(kernel.defines["Q_STAGES"]))
+    q_stages, keys = int(kernel.defines["Q_STAGES"]), int(kernel.defines["BLOCK_N"])
+    if (q_stages, keys) != (plan.defines["Q_STAGES"], plan.keys):  # extra_defines forced others
+        plan = attention_plan(d, causal, dv, q_stages=q_stages, keys=keys)
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     launcher_of = kernel.launcher
     # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).
