@@ -84,16 +84,17 @@ def test_attention_persistent_ctas_cross_heads_and_blocks(device, rng, d):
     np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
 
 
-# Schedules beside the default (attention.cu's PAIRED, Q_STAGES, L2_PREFETCH and BLOCK_N), through
-# extra defines.
+# Schedules beside the default (attention.cu's PAIRED, Q_STAGES, Q_SPLIT, L2_PREFETCH and BLOCK_N),
+# through extra defines.
 # name -> (defines, head dims, causal or not)
 _SCHEDULES = {"default": ({}, (64, 128, 256), (True, False)),
               "one CTA a causal tile": ({"PAIRED": 0}, (64, 128, 256), (True,)),
               "one Q buffer": ({"Q_STAGES": 1}, (64,), (True, False)),
               "two Q buffers, fewer K and V": ({"Q_STAGES": 2}, (128,), (True,)),
               "no L2 prefetch": ({"L2_PREFETCH": 0}, (128, 256), (True, False)),
+              "round 1: whole Q, no prefetch": ({"L2_PREFETCH": 0, "Q_SPLIT": 0}, (128, 256), (True, False)),
               "128 keys a tile": ({"BLOCK_N": 128}, (128,), (False,)),
-              "80 keys a tile": ({"BLOCK_N": 80}, (256,), (False,))}
+              "80 keys a tile, whole Q": ({"BLOCK_N": 80, "Q_SPLIT": 0}, (256,), (False,))}
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

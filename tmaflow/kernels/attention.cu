@@ -35,6 +35,9 @@
 //   CTA's next work tile's Q and first K and V tiles to be fetched into L2 (TMA prefetch, a
 //   hint): with one Q buffer the next Q is loaded only after this tile's last S, and the next
 //   tile's first S waits for it; from L2 rather than DRAM that wait is shorter (cold runs).
+//   Q_SPLIT: a Q buffer is two stages of 64 rows, warpgroup 1's and warpgroup 2's, each
+//   released when its own warpgroup's last S is done: the first warpgroup's next Q loads half
+//   a step earlier (the producer issues it, then the next K_0, then the second half).
 //   Grouped-query attention: query head h reads key/value head h / group.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -69,6 +72,9 @@ static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles
 #ifndef Q_STAGES
 #define Q_STAGES 1  // Q buffers (attention_plan: 2 where shared memory has room for a second)
 #endif
+#ifndef Q_SPLIT
+#define Q_SPLIT 0  // 1: each Q buffer is two pipeline stages of 64 rows, one a consumer warpgroup
+#endif
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -90,7 +96,9 @@ static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N is a multiple of 1
 static_assert(L::qp::q_boxes == kBoxesQK && L::kp::k_boxes == kBoxesQK && L::vp::v_boxes == kBoxesV &&
               L::kp::k_bytes == BN * DQK * 2 && L::vp::v_bytes == BN * DV * 2,
               "plan does not match HEAD_DIM, HEAD_DIM_V and BLOCK_N");
-static_assert(L::qp::stages == Q_STAGES, "plan does not match Q_STAGES");
+constexpr int kQRows = Q_SPLIT ? 64 : BM;  // query rows a Q stage
+static_assert(L::qp::stages == Q_STAGES * (Q_SPLIT ? 2 : 1) && L::qp::q_bytes == kQRows * DQK * 2,
+              "plan does not match Q_STAGES and Q_SPLIT");
 
 #if FP16
 using elem_t = __half;
@@ -332,22 +340,30 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
         Tile next;
         if (!tiles.find(tiles.next_tile(t), next)) return;
 #pragma unroll
-        for (int box = 0; box < kBoxesQK; ++box) tma::prefetch(&tq, box * kColsQK, next.m0, next.q_head);
+        for (int r = 0; r < BM; r += kQRows)  // boxes of a Q stage's rows
+#pragma unroll
+          for (int box = 0; box < kBoxesQK; ++box) tma::prefetch(&tq, box * kColsQK, next.m0 + r, next.q_head);
 #pragma unroll
         for (int box = 0; box < kBoxesQK; ++box) tma::prefetch(&tk, box * kColsQK, 0, next.kv_head);
 #pragma unroll
         for (int box = 0; box < kBoxesV; ++box) tma::prefetch(&tv, box * kColsV, 0, next.kv_head);
 #endif
       };
-      for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
-        if (issuer) {
-          qp.producer_acquire(cq);
-          qp.producer_commit(cq);
+      auto load_q = [&](int half) {  // rows m0 + half * kQRows .. of the work tile
+        qp.producer_acquire(cq);
+        qp.producer_commit(cq);
 #pragma unroll
-          for (int box = 0; box < kBoxesQK; ++box)
-            load_box(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * kColsQK, w.q_base + w.m0, w.q_head);
+        for (int box = 0; box < kBoxesQK; ++box)
+          load_box(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * kColsQK, w.q_base + w.m0 + half * kQRows,
+                   w.q_head);
+        cq.advance();
+      };
+      for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t)) {
+        if (issuer) {
+          load_q(0);
           const int n = key_tiles(w);
           load_k(0);
+          if (Q_SPLIT) load_q(1);
           for (int j = 1; j < n; ++j) {
             load_k(j);
             load_v(j - 1);
@@ -384,7 +400,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       constexpr int kSteps = kSpanQK / 32;   // k-steps a box row holds
       const int box = ks / kSteps;
       const uint64_t dq = wgmma::desc_k_major<kSpanQK>(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) +
-                                                       cw * 64 * kSpanQK);
+                                                       (Q_SPLIT ? 0 : cw * 64 * kSpanQK));
       const uint64_t dk = wgmma::desc_k_major<kSpanQK>(S.kp_k(ck.stage, box));
       TF_MMA<0>(s, dq + 2 * (ks % kSteps), dk + 2 * (ks % kSteps), ks > 0);
     }
@@ -509,6 +525,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     vp.consumer_wait(next_v);
   };
   if (cw == 1) named_barrier::arrive(1, 256);
+  if (Q_SPLIT && cw == 1) cq.advance();  // its half of each Q buffer is the second stage
   for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
     const int n = begin_work();
     qp.consumer_wait(cq);
@@ -545,5 +562,6 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     if (lane == 0) vp.consumer_release(cv);
     cv.advance();
     store();
+    if (Q_SPLIT) cq.advance();  // past the other warpgroup's half
   }
 }
