@@ -85,12 +85,16 @@ def test_attention_plan_keys_forced_and_refused(d, causal, keys, stages):
                                                (256, False, 1), (256, True, 1)])
 def test_dense_plans_of_one_q_buffer_prefetch_the_next_tile_into_l2(d, causal, prefetch):
     """A second Q buffer loads the next work tile's Q a whole tile ahead; plans with one
-    prefetch it (and its first K and V) into L2 instead; varlen plans do neither."""
+    prefetch it (and its first K and V) into L2 instead; varlen plans do neither, nor STORE16."""
     plan = attention_plan(d, causal)
     assert plan.defines.get("L2_PREFETCH", 0) == prefetch and plan.defines["Q_STAGES"] == 2 - prefetch
     assert "L2_PREFETCH" not in attention_plan(d, causal, varlen=True).defines
     sass = attention_kernel(plan, "bfloat16").sass()
     assert ("UTMAPF" in sass) == bool(prefetch)
+    # STORE16 (dense): O stored 16 B a lane, 8 columns of one row (d / 16 stores a thread),
+    # beside the 4-byte stores an out at a 4-byte boundary takes
+    assert plan.defines["STORE16"] == 1 and "STORE16" not in attention_plan(d, causal, varlen=True).defines
+    assert sass.count("STG.E.128") == d // 16 and "STG.E " in sass
 
 
 def test_attention_plan_q_split_refused_with_varlen():
@@ -131,7 +135,8 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     one_q = attention_plan(d, causal, dv, q_stages=1, q_split=False)
     assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
     varlen = attention_plan(d, causal, dv, varlen=True)
-    dense_defines = {k: v for k, v in one_q.defines.items() if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT")}
+    dense_defines = {k: v for k, v in one_q.defines.items()
+                     if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT", "STORE16")}
     assert one_q.defines["L2_PREFETCH"] == 1  # dense, one Q buffer: the next tile's Q prefetched into L2
     assert varlen.layout.header() == one_q.layout.header() and varlen.defines == {**dense_defines, "VARLEN": 1}
 

@@ -38,6 +38,9 @@
 //   Q_SPLIT: a Q buffer is two stages of 64 rows, warpgroup 1's and warpgroup 2's, each
 //   released when its own warpgroup's last S is done: the first warpgroup's next Q loads half
 //   a step earlier (the producer issues it, then the next K_0, then the second half).
+//   STORE16: O is stored 16 B a lane (two quad shuffles a chunk pair put 8 columns of one row in
+//   a lane: a warp's store writes whole 32 B sectors, a quarter of the instructions) where out
+//   is 16-byte aligned; else, and without it, a 4-byte word a column pair.
 //   Grouped-query attention: query head h reads key/value head h / group.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -71,6 +74,9 @@ static_assert(!PAIRED || (CAUSAL && !VARLEN), "PAIRED is a schedule of dense cau
 static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles");
 #ifndef Q_STAGES
 #define Q_STAGES 1  // Q buffers (attention_plan: 2 where shared memory has room for a second)
+#endif
+#ifndef STORE16
+#define STORE16 0  // 1: O stored 16 B a lane (quad shuffles) where out is 16-byte aligned
 #endif
 #ifndef Q_SPLIT
 #define Q_SPLIT 0  // 1: each Q buffer is two pipeline stages of 64 rows, one a consumer warpgroup
@@ -472,6 +478,42 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   // sequence's with VARLEN, are never stored); the log-sum-exp (natural log of sum exp(scale *
   // s)).
   auto store = [&]() {
+#if STORE16
+    if ((reinterpret_cast<size_t>(out) & 15) == 0) {  // else (out only 4-byte aligned) a word a column pair
+      float inv[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        const float l = warp::quad_sum(l_run[h]);
+        inv[h] = l > 0.f ? 1.f / l : 0.f;
+        if (row < w.len_q && lse != nullptr && lane % 4 == 0)
+          lse[tiles.lse_row(w, row)] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
+      }
+      // Two quad exchanges turn each chunk pair (16 columns of rows row0 and row0 + 8, a word
+      // of each a lane) into 16 B of one row a lane: lane c keeps row row0 + 8 (c & 1) and,
+      // of the pair, chunk c >> 1.
+      const int hr = lane & 1, a = (lane >> 1) & 1, row = row0 + 8 * hr;
+      elem_t* dst = out + tiles.out_row(w, min(row, w.len_q - 1)) * DV + 8 * a;
+#pragma unroll
+      for (int g = 0; g < DV / 16; ++g) {
+        uint32_t u[2][2];  // chunk 2g + i of row hr: columns 4a .. 4a + 3 of it, two words
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int jj = 2 * g + i;
+          const uint32_t w0 = pack2(o[4 * jj] * inv[0], o[4 * jj + 1] * inv[0]);
+          const uint32_t w1 = pack2(o[4 * jj + 2] * inv[1], o[4 * jj + 3] * inv[1]);
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, hr ? w0 : w1, 1);
+          u[i][0] = hr ? got : w0;
+          u[i][1] = hr ? w1 : got;
+        }
+        const uint32_t lo = __shfl_xor_sync(0xffffffffu, a ? u[0][0] : u[1][0], 2);
+        const uint32_t hi = __shfl_xor_sync(0xffffffffu, a ? u[0][1] : u[1][1], 2);
+        const uint4 v = a ? make_uint4(lo, hi, u[1][0], u[1][1]) : make_uint4(u[0][0], u[0][1], lo, hi);
+        if (row < w.len_q) *reinterpret_cast<uint4*>(dst + 16 * g) = v;
+      }
+      return;
+    }
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
@@ -487,6 +529,8 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       }
     }
   };
+
+
   auto begin_work = [&]() {  // this thread's rows and fresh sums
     row0 = w.m0 + cw * 64 + wq * 16 + lane / 4;
     for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.f;

@@ -98,7 +98,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     keys a tile (a multiple of 16 up to 256 whose Q and two K and V stages fit; the kernel's
     BLOCK_N, to compare). Plans of one Q buffer split it (Q_SPLIT, dense only: two stages of 64
     rows, each consumer warpgroup's released after its own last S, so the first one's next Q
-    loads half a step earlier); ``q_split`` forces it on or off."""
+    loads half a step earlier); ``q_split`` forces it on or off. Dense plans store O 16 B a lane
+    (STORE16)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     for name, d in (("head dim", head_dim), ("head dim of v", dv)):
         if d not in HEAD_DIMS:
@@ -133,7 +134,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
                **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages,
-               **({"L2_PREFETCH": 1} if q_stages == 1 and not varlen else {}), **({"Q_SPLIT": 1} if q_split else {})}
+               **({"L2_PREFETCH": 1} if q_stages == 1 and not varlen else {}), **({"Q_SPLIT": 1} if q_split else {}),
+               **({} if varlen else {"STORE16": 1})}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 
 

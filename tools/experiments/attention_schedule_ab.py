@@ -1,10 +1,11 @@
 """The forward attention's schedules in one run, beside cuDNN: the default ("new") and, where
 they differ, round 2's candidates against round 1's default:
-- "r1": round 1's default for plans of one Q buffer (head dims 128 and 256): the Q buffer whole
-  (released once both warpgroups' last S is done) and no L2 prefetch;
-- "no pf": the Q buffer split (Q_SPLIT: each warpgroup's 64 rows released after its own last S)
-  without L2_PREFETCH ("new" has both: the next work tile's Q, first K and first V fetched into
-  L2 under this one);
+- "r1": round 1's default: O stored a 4-byte word a lane and, for plans of one Q buffer (head
+  dims 128 and 256), the Q buffer whole (released once both warpgroups' last S is done) and no
+  L2 prefetch. "new" has STORE16 (O stored 16 B a lane after two quad shuffles) and, with one Q
+  buffer, Q_SPLIT (each warpgroup's 64 rows released after its own last S) and L2_PREFETCH (the
+  next work tile's Q, first K and first V fetched into L2 under this one);
+- "no pf" and "st4": "new" without L2_PREFETCH, and without STORE16;
 - "k128": head dim 128 non-causal with 128-key tiles (8 steps at 1k, 3 K and V stages) instead
   of 176 (6 steps, the last one ragged, 2 stages);
 - "k80": head dim 256 non-causal with 80-key tiles (FlashAttention-3's; 13 steps at 1k, 2 K
@@ -36,22 +37,21 @@ def _variants(d: int, causal: bool, round1: bool = False) -> list:
     two_q = plan.defines["Q_STAGES"] == 2
     keep = [("new", {})]
     if not round1:
-        if plan.defines.get("Q_SPLIT"):
-            keep.append(("r1", {"L2_PREFETCH": 0, "Q_SPLIT": 0}))
+        keep.append(("r1", {"L2_PREFETCH": 0, "Q_SPLIT": 0, "STORE16": 0}))
         if plan.defines.get("L2_PREFETCH"):
-            keep.append(("no pf", {"L2_PREFETCH": 0}))
+            keep += [("no pf", {"L2_PREFETCH": 0}), ("st4", {"STORE16": 0})]
         if (d, causal) == (128, False):
             keep.append(("k128", {"BLOCK_N": 128}))
-        if (d, causal) == (256, False):  # a split Q spills with 80 keys (12 B)
-            keep.append(("k80", {"BLOCK_N": 80, "Q_SPLIT": 0}))
+        if (d, causal) == (256, False):  # with 80 keys a split Q or STORE16 spill (12 and 40 B)
+            keep.append(("k80", {"BLOCK_N": 80, "Q_SPLIT": 0, "STORE16": 0}))
         return keep
     if causal or two_q:
-        keep.append(("old", {"PAIRED": 0, "Q_STAGES": 1, "L2_PREFETCH": 0, "Q_SPLIT": 0}))
+        keep.append(("old", {"PAIRED": 0, "Q_STAGES": 1, "L2_PREFETCH": 0, "Q_SPLIT": 0, "STORE16": 0}))
     if causal and two_q:
-        keep.append(("pairs 1q", {"Q_STAGES": 1, "L2_PREFETCH": 0}))
+        keep.append(("pairs 1q", {"Q_STAGES": 1, "L2_PREFETCH": 0, "STORE16": 0}))
     forced = attention_plan(d, causal, q_stages=2)
     if not two_q and min(p.stages for p in forced.layout.items[1:3]) >= 2:  # a candidate: 2 Q, fewer K / V
-        keep.append(("2q", {"Q_STAGES": 2, "Q_SPLIT": 0}))
+        keep.append(("2q", {"Q_STAGES": 2, "Q_SPLIT": 0, "STORE16": 0}))
     return keep
 
 
