@@ -37,9 +37,10 @@ def _variants(d: int, causal: bool, round1: bool = False) -> list:
     two_q = plan.defines["Q_STAGES"] == 2
     keep = [("new", {})]
     if not round1:
-        keep.append(("r1", {"L2_PREFETCH": 0, "Q_SPLIT": 0, "STORE16": 0}))
-        if plan.defines.get("L2_PREFETCH"):
-            keep += [("no pf", {"L2_PREFETCH": 0}), ("st4", {"STORE16": 0})]
+        if not plan.defines.get("L2_PREFETCH"):  # two Q buffers: round 1's differs by STORE16 alone
+            return keep + [("r1", {"STORE16": 0})]
+        keep += [("r1", {"L2_PREFETCH": 0, "Q_SPLIT": 0, "STORE16": 0}), ("no pf", {"L2_PREFETCH": 0}),
+                 ("st4", {"STORE16": 0})]
         if (d, causal) == (128, False):
             keep.append(("k128", {"BLOCK_N": 128}))
         if (d, causal) == (256, False):  # with 80 keys a split Q or STORE16 spill (12 and 40 B)
