@@ -31,16 +31,14 @@
 //   balances as the non-causal tiles do, and a CTA's next Q and K load under its last P V.
 //   Without it a causal CTA runs one tile (the block scheduler balances, every tile pays its
 //   loads' latency).
-//   L2_PREFETCH (dense): once a work tile's first K and V are issued, the producer asks for the
-//   CTA's next work tile's Q and first K and V tiles to be fetched into L2 (TMA prefetch, a
-//   hint): with one Q buffer the next Q is loaded only after this tile's last S, and the next
-//   tile's first S waits for it; from L2 rather than DRAM that wait is shorter (cold runs).
-//   Q_SPLIT: a Q buffer is two stages of 64 rows, warpgroup 1's and warpgroup 2's, each
-//   released when its own warpgroup's last S is done: the first warpgroup's next Q loads half
-//   a step earlier (the producer issues it, then the next K_0, then the second half).
-//   STORE16: O is stored 16 B a lane (two quad shuffles a chunk pair put 8 columns of one row in
-//   a lane: a warp's store writes whole 32 B sectors, a quarter of the instructions) where out
-//   is 16-byte aligned; else, and without it, a 4-byte word a column pair.
+//   One Q buffer (dense, head dims over 64 or so): its next Q loads only after this tile's last
+//   S, and the next tile's first S waits for it. L2_PREFETCH: once a tile's first K and V are
+//   issued, the CTA's next tile's Q, K_0 and V_0 are prefetched into L2 (a hint: cold runs).
+//   Q_SPLIT: a Q buffer is two stages of 64 rows, one a consumer warpgroup, each released after
+//   its own last S: the first warpgroup's next Q loads half a step earlier.
+//   STORE16: O stored 16 B a lane (two quad shuffles a chunk pair put 8 columns of one row in a
+//   lane: whole 32 B sectors, a quarter of the stores) where out is 16-byte aligned; else a
+//   4-byte word a column pair.
 //   Grouped-query attention: query head h reads key/value head h / group.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -69,9 +67,8 @@ namespace L = tmaflow_layout;
 #endif
 static_assert(!PAIRED || (CAUSAL && !VARLEN), "PAIRED is a schedule of dense causal tiles");
 #ifndef L2_PREFETCH
-#define L2_PREFETCH 0
+#define L2_PREFETCH 0  // 1 (dense): the next work tile's Q, K_0 and V_0 prefetched into L2
 #endif
-static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles");
 #ifndef Q_STAGES
 #define Q_STAGES 1  // Q buffers (attention_plan: 2 where shared memory has room for a second)
 #endif
@@ -81,6 +78,7 @@ static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles
 #ifndef Q_SPLIT
 #define Q_SPLIT 0  // 1: each Q buffer is two pipeline stages of 64 rows, one a consumer warpgroup
 #endif
+static_assert(!(L2_PREFETCH || Q_SPLIT) || !VARLEN, "L2_PREFETCH and Q_SPLIT are schedules of dense tiles");
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -351,7 +349,6 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
           for (int box = 0; box < kBoxesQK; ++box) tma::prefetch(&tq, box * kColsQK, next.m0 + r, next.q_head);
 #pragma unroll
         for (int box = 0; box < kBoxesQK; ++box) tma::prefetch(&tk, box * kColsQK, 0, next.kv_head);
-#pragma unroll
         for (int box = 0; box < kBoxesV; ++box) tma::prefetch(&tv, box * kColsV, 0, next.kv_head);
 #endif
       };
@@ -481,13 +478,11 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #if STORE16
     if ((reinterpret_cast<size_t>(out) & 15) == 0) {  // else (out only 4-byte aligned) a word a column pair
       float inv[2];
-#pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
         const float l = warp::quad_sum(l_run[h]);
         inv[h] = l > 0.f ? 1.f / l : 0.f;
-        if (row < w.len_q && lse != nullptr && lane % 4 == 0)
-          lse[tiles.lse_row(w, row)] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
+        if (row0 + 8 * h < w.len_q && lse != nullptr && lane % 4 == 0)
+          lse[tiles.lse_row(w, row0 + 8 * h)] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
       }
       // Two quad exchanges turn each chunk pair (16 columns of rows row0 and row0 + 8, a word
       // of each a lane) into 16 B of one row a lane: lane c keeps row row0 + 8 (c & 1) and,
