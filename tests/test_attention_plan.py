@@ -52,17 +52,64 @@ def test_attention_refuses_bad_arguments_by_name(q, k, v, kw, match):
 def test_attention_plan_fits_shared_memory_with_several_stages(d, causal, keys, q_stages, k_stages, v_stages):
     """Separate K and V pipelines with equal stages (up to four), K taking any bytes left over,
     then a second Q stage if its bytes are left; 176-key tiles at head dim 128 without a causal
-    mask (the measured head dims' plans). Causal dense plans pair row blocks (PAIRED)."""
+    mask (the measured head dims' plans). Causal dense plans pair row blocks (PAIRED). One Q
+    buffer is split in two stages of 64 rows (Q_SPLIT), one a consumer warpgroup, released by
+    its 4 warps."""
     plan = attention_plan(d, causal)
+    split = q_stages == 1
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT and plan.spec_k.box == (1, keys, 64) and plan.keys == keys
-    assert [(p.name, p.stages) for p in plan.layout.items[:3]] == [("qp", q_stages), ("kp", k_stages),
+    assert [(p.name, p.stages) for p in plan.layout.items[:3]] == [("qp", q_stages * (1 + split)), ("kp", k_stages),
                                                                    ("vp", v_stages)]
+    assert plan.spec_q.box == (1, 64 if split else 128, 64) and plan.layout.items[0].consumers == (4 if split else 8)
     assert plan.defines["Q_STAGES"] == q_stages and plan.defines.get("PAIRED", 0) == int(causal)
+    assert plan.defines.get("Q_SPLIT", 0) == int(split)
+    whole = attention_plan(d, causal, q_split=False)
+    assert [p.stages for p in whole.layout.items[:3]] == [q_stages, k_stages, v_stages] and "Q_SPLIT" not in whole.defines
+
+
+@pytest.mark.parametrize("d,causal,keys,stages", [(128, False, 128, [1, 3, 3]), (256, False, 80, [1, 2, 2]),
+                                                  (128, True, 176, [1, 2, 2])])
+def test_attention_plan_keys_forced_and_refused(d, causal, keys, stages):
+    """``keys`` replaces keys_per_tile's choice (the A/B's BLOCK_N): the stages follow its
+    bytes; keys off the 16-key step or too many for shared memory are refused by name."""
+    plan = attention_plan(d, causal, keys=keys)
+    assert plan.keys == keys and plan.defines["BLOCK_N"] == keys and plan.spec_k.box == (1, keys, 64)
+    assert [p.stages for p in plan.layout.items[1:3]] == stages[1:] and plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
+    for bad in (72, 0, 272, 256 if d == 256 else 512):
+        with pytest.raises(tf.TmaflowError, match=rf"attention: keys={bad} must be a multiple of 16 up to 256 "
+                                                  "whose Q tile and two K and V stages fit shared memory"):
+            attention_plan(d, causal, keys=bad)
+
+
+@pytest.mark.parametrize("d,causal,prefetch", [(64, False, 0), (64, True, 0), (128, False, 1), (128, True, 1),
+                                               (256, False, 1), (256, True, 1)])
+def test_dense_plans_of_one_q_buffer_prefetch_the_next_tile_into_l2(d, causal, prefetch):
+    """A second Q buffer loads the next work tile's Q a whole tile ahead; plans with one
+    prefetch it (and its first K and V) into L2 instead; varlen plans do neither, nor STORE16."""
+    plan = attention_plan(d, causal)
+    assert plan.defines.get("L2_PREFETCH", 0) == prefetch and plan.defines["Q_STAGES"] == 2 - prefetch
+    assert "L2_PREFETCH" not in attention_plan(d, causal, varlen=True).defines
+    sass = attention_kernel(plan, "bfloat16").sass()
+    assert ("UTMAPF" in sass) == bool(prefetch)
+    # STORE16 (dense): O stored 16 B a lane, 8 columns of one row (d / 16 stores a thread),
+    # beside the 4-byte stores an out at a 4-byte boundary takes
+    assert plan.defines["STORE16"] == 1 and "STORE16" not in attention_plan(d, causal, varlen=True).defines
+    assert sass.count("STG.E.128") == d // 16 and "STG.E " in sass
+
+
+def test_attention_plan_q_split_refused_with_varlen():
+    assert "Q_SPLIT" not in attention_plan(128, False, varlen=True).defines
+    with pytest.raises(tf.TmaflowError, match=r"attention: q_split=True must be True or False \(and False with varlen\)"):
+        attention_plan(128, False, varlen=True, q_split=True)
+    with pytest.raises(tf.TmaflowError, match=r"attention: q_split=1 must be True or False"):
+        attention_plan(128, False, q_split=1)
 
 
 def test_attention_plan_q_stages_forced_and_refused():
-    one = attention_plan(64, True, q_stages=1)
+    one = attention_plan(64, True, q_stages=1, q_split=False)
     assert [p.stages for p in one.layout.items[:3]] == [1, 4, 4] and one.defines["Q_STAGES"] == 1
+    halves = attention_plan(64, True, q_stages=1)  # one Q buffer: split by default
+    assert [p.stages for p in halves.layout.items[:3]] == [2, 4, 4] and halves.defines["Q_SPLIT"] == 1
     with pytest.raises(tf.TmaflowError, match=r"attention: q_stages=3 must be 1 or 2"):
         attention_plan(64, True, q_stages=3)
 
@@ -85,10 +132,12 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
     assert plan.keys % 16 == 0 and 16 <= plan.keys <= (128 if causal else 176) and plan.keys == keys_per_tile(d, causal, dv)
     # varlen: one Q stage (the dense plan's second costs no K or V stage) and no pairs
-    one_q = attention_plan(d, causal, dv, q_stages=1)
+    one_q = attention_plan(d, causal, dv, q_stages=1, q_split=False)
     assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
     varlen = attention_plan(d, causal, dv, varlen=True)
-    dense_defines = {k: v for k, v in one_q.defines.items() if k != "PAIRED"}
+    dense_defines = {k: v for k, v in one_q.defines.items()
+                     if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT", "STORE16")}
+    assert one_q.defines["L2_PREFETCH"] == 1  # dense, one Q buffer: the next tile's Q prefetched into L2
     assert varlen.layout.header() == one_q.layout.header() and varlen.defines == {**dense_defines, "VARLEN": 1}
 
 

@@ -84,12 +84,19 @@ def test_attention_persistent_ctas_cross_heads_and_blocks(device, rng, d):
     np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
 
 
-# Schedules beside the default (attention.cu's PAIRED and Q_STAGES), through extra defines.
+# Schedules beside the default (attention.cu's PAIRED, Q_STAGES, Q_SPLIT, L2_PREFETCH, STORE16 and
+# BLOCK_N), through extra defines.
 # name -> (defines, head dims, causal or not)
 _SCHEDULES = {"default": ({}, (64, 128, 256), (True, False)),
               "one CTA a causal tile": ({"PAIRED": 0}, (64, 128, 256), (True,)),
               "one Q buffer": ({"Q_STAGES": 1}, (64,), (True, False)),
-              "two Q buffers, fewer K and V": ({"Q_STAGES": 2}, (128,), (True,))}
+              "two Q buffers, fewer K and V": ({"Q_STAGES": 2}, (128,), (True,)),
+              "no L2 prefetch": ({"L2_PREFETCH": 0}, (128, 256), (True, False)),
+              "4-byte stores": ({"STORE16": 0}, (64, 128, 256), (True, False)),
+              "round 1: whole Q, no prefetch": ({"L2_PREFETCH": 0, "Q_SPLIT": 0, "STORE16": 0}, (128, 256),
+                                                (True, False)),
+              "128 keys a tile": ({"BLOCK_N": 128}, (128,), (False,)),
+              "80 keys a tile, whole Q": ({"BLOCK_N": 80, "Q_SPLIT": 0, "STORE16": 0}, (256,), (False,))}
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -118,6 +125,27 @@ def test_attention_schedules_against_float64(device, rng, d):
                 assert not np.isnan(got).any(), (name, b, hq, sq, skv, causal)
                 assert rel_error(got, ref) < 1e-2, (name, b, hq, sq, skv, causal, rel_error(got, ref))
                 np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_attention_out_only_4_byte_aligned_takes_word_stores(device, rng, d):
+    """STORE16 stores 16 B a lane only where out is 16-byte aligned: an out 4 bytes past such a
+    boundary (allowed) takes the word-a-column-pair stores; the bytes around it stay poisoned."""
+    b, hq, sq = 2, 3, 200
+    q, qf = _bf16(rng, (b, hq, sq, d))
+    k, kf = _bf16(rng, (b, hq, sq, d))
+    v, vf = _bf16(rng, (b, hq, sq, d))
+    n = b * hq * sq * d
+    for causal in (False, True):
+        ref, _ = _reference(qf, kf, vf, causal, 1 / np.sqrt(d))
+        base = poison(tf.empty((n + 8,), "bfloat16"))
+        out = tf.DeviceArray(base.ptr + 4, (b, hq, sq, d), "bfloat16", owner=base)
+        assert out.ptr % 16 == 4
+        kernels.attention(q, k, v, out, causal=causal)
+        whole = base.numpy().view(np.uint16)
+        assert (whole[:2] == 0xFFFF).all() and (whole[2 + n:] == 0xFFFF).all(), causal  # nothing outside out
+        got = bf16_to_float32(whole[2:2 + n].reshape(b, hq, sq, d))
+        assert rel_error(got, ref) < 1e-2, (d, causal, rel_error(got, ref))
 
 
 @pytest.mark.parametrize("b,hq,hkv,sq,skv", [(1, 2, 2, 128, 128), (2, 4, 2, 300, 300), (1, 2, 1, 77, 513),

@@ -31,6 +31,14 @@
 //   balances as the non-causal tiles do, and a CTA's next Q and K load under its last P V.
 //   Without it a causal CTA runs one tile (the block scheduler balances, every tile pays its
 //   loads' latency).
+//   One Q buffer (dense, head dims over 64 or so): its next Q loads only after this tile's last
+//   S, and the next tile's first S waits for it. L2_PREFETCH: once a tile's first K and V are
+//   issued, the CTA's next tile's Q, K_0 and V_0 are prefetched into L2 (a hint: cold runs).
+//   Q_SPLIT: a Q buffer is two stages of 64 rows, one a consumer warpgroup, each released after
+//   its own last S: the first warpgroup's next Q loads half a step earlier.
+//   STORE16: O stored 16 B a lane (two quad shuffles a chunk pair put 8 columns of one row in a
+//   lane: whole 32 B sectors, a quarter of the stores) where out is 16-byte aligned; else a
+//   4-byte word a column pair.
 //   Grouped-query attention: query head h reads key/value head h / group.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -58,9 +66,19 @@ namespace L = tmaflow_layout;
 #define PAIRED 0
 #endif
 static_assert(!PAIRED || (CAUSAL && !VARLEN), "PAIRED is a schedule of dense causal tiles");
+#ifndef L2_PREFETCH
+#define L2_PREFETCH 0  // 1 (dense): the next work tile's Q, K_0 and V_0 prefetched into L2
+#endif
 #ifndef Q_STAGES
 #define Q_STAGES 1  // Q buffers (attention_plan: 2 where shared memory has room for a second)
 #endif
+#ifndef STORE16
+#define STORE16 0  // 1: O stored 16 B a lane (quad shuffles) where out is 16-byte aligned
+#endif
+#ifndef Q_SPLIT
+#define Q_SPLIT 0  // 1: each Q buffer is two pipeline stages of 64 rows, one a consumer warpgroup
+#endif
+static_assert(!(L2_PREFETCH || Q_SPLIT) || !VARLEN, "L2_PREFETCH and Q_SPLIT are schedules of dense tiles");
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -82,7 +100,9 @@ static_assert(BN % 16 == 0 && BN >= 16 && BN <= 256, "BLOCK_N is a multiple of 1
 static_assert(L::qp::q_boxes == kBoxesQK && L::kp::k_boxes == kBoxesQK && L::vp::v_boxes == kBoxesV &&
               L::kp::k_bytes == BN * DQK * 2 && L::vp::v_bytes == BN * DV * 2,
               "plan does not match HEAD_DIM, HEAD_DIM_V and BLOCK_N");
-static_assert(L::qp::stages == Q_STAGES, "plan does not match Q_STAGES");
+constexpr int kQRows = Q_SPLIT ? 64 : BM;  // query rows a Q stage
+static_assert(L::qp::stages == Q_STAGES * (Q_SPLIT ? 2 : 1) && L::qp::q_bytes == kQRows * DQK * 2,
+              "plan does not match Q_STAGES and Q_SPLIT");
 
 #if FP16
 using elem_t = __half;
@@ -318,20 +338,42 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
           load_box(S.vp_v(cv.stage, box), &tv, vp.barrier(cv), box * kColsV, w.k_base + j * BN, w.kv_head);
         cv.advance();
       };
-      for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
-        if (issuer) {
-          qp.producer_acquire(cq);
-          qp.producer_commit(cq);
+      auto prefetch_next = [&](int t) {  // L2_PREFETCH: the next work tile's Q, K_0 and V_0 into L2
+        (void)t;
+#if L2_PREFETCH
+        Tile next;
+        if (!tiles.find(tiles.next_tile(t), next)) return;
 #pragma unroll
-          for (int box = 0; box < kBoxesQK; ++box)
-            load_box(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * kColsQK, w.q_base + w.m0, w.q_head);
+        for (int r = 0; r < BM; r += kQRows)  // boxes of a Q stage's rows
+#pragma unroll
+          for (int box = 0; box < kBoxesQK; ++box) tma::prefetch(&tq, box * kColsQK, next.m0 + r, next.q_head);
+#pragma unroll
+        for (int box = 0; box < kBoxesQK; ++box) tma::prefetch(&tk, box * kColsQK, 0, next.kv_head);
+        for (int box = 0; box < kBoxesV; ++box) tma::prefetch(&tv, box * kColsV, 0, next.kv_head);
+#endif
+      };
+      auto load_q = [&](int half) {  // rows m0 + half * kQRows .. of the work tile
+        qp.producer_acquire(cq);
+        qp.producer_commit(cq);
+#pragma unroll
+        for (int box = 0; box < kBoxesQK; ++box)
+          load_box(S.qp_q(cq.stage, box), &tq, qp.barrier(cq), box * kColsQK, w.q_base + w.m0 + half * kQRows,
+                   w.q_head);
+        cq.advance();
+      };
+      for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t)) {
+        if (issuer) {
+          load_q(0);
           const int n = key_tiles(w);
           load_k(0);
+          if (Q_SPLIT) load_q(1);
           for (int j = 1; j < n; ++j) {
             load_k(j);
             load_v(j - 1);
+            if (j == 1) prefetch_next(t);
           }
           load_v(n - 1);
+          if (n == 1) prefetch_next(t);
         }
       }
     }
@@ -361,7 +403,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       constexpr int kSteps = kSpanQK / 32;   // k-steps a box row holds
       const int box = ks / kSteps;
       const uint64_t dq = wgmma::desc_k_major<kSpanQK>(static_cast<uint8_t*>(S.qp_q(cq.stage, box)) +
-                                                       cw * 64 * kSpanQK);
+                                                       (Q_SPLIT ? 0 : cw * 64 * kSpanQK));
       const uint64_t dk = wgmma::desc_k_major<kSpanQK>(S.kp_k(ck.stage, box));
       TF_MMA<0>(s, dq + 2 * (ks % kSteps), dk + 2 * (ks % kSteps), ks > 0);
     }
@@ -433,6 +475,40 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   // sequence's with VARLEN, are never stored); the log-sum-exp (natural log of sum exp(scale *
   // s)).
   auto store = [&]() {
+#if STORE16
+    if ((reinterpret_cast<size_t>(out) & 15) == 0) {  // else (out only 4-byte aligned) a word a column pair
+      float inv[2];
+      for (int h = 0; h < 2; ++h) {
+        const float l = warp::quad_sum(l_run[h]);
+        inv[h] = l > 0.f ? 1.f / l : 0.f;
+        if (row0 + 8 * h < w.len_q && lse != nullptr && lane % 4 == 0)
+          lse[tiles.lse_row(w, row0 + 8 * h)] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
+      }
+      // Two quad exchanges turn each chunk pair (16 columns of rows row0 and row0 + 8, a word
+      // of each a lane) into 16 B of one row a lane: lane c keeps row row0 + 8 (c & 1) and,
+      // of the pair, chunk c >> 1.
+      const int hr = lane & 1, a = (lane >> 1) & 1, row = row0 + 8 * hr;
+      elem_t* dst = out + tiles.out_row(w, min(row, w.len_q - 1)) * DV + 8 * a;
+#pragma unroll
+      for (int g = 0; g < DV / 16; ++g) {
+        uint32_t u[2][2];  // chunk 2g + i of row hr: columns 4a .. 4a + 3 of it, two words
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int jj = 2 * g + i;
+          const uint32_t w0 = pack2(o[4 * jj] * inv[0], o[4 * jj + 1] * inv[0]);
+          const uint32_t w1 = pack2(o[4 * jj + 2] * inv[1], o[4 * jj + 3] * inv[1]);
+          const uint32_t got = __shfl_xor_sync(0xffffffffu, hr ? w0 : w1, 1);
+          u[i][0] = hr ? got : w0;
+          u[i][1] = hr ? w1 : got;
+        }
+        const uint32_t lo = __shfl_xor_sync(0xffffffffu, a ? u[0][0] : u[1][0], 2);
+        const uint32_t hi = __shfl_xor_sync(0xffffffffu, a ? u[0][1] : u[1][1], 2);
+        const uint4 v = a ? make_uint4(lo, hi, u[1][0], u[1][1]) : make_uint4(u[0][0], u[0][1], lo, hi);
+        if (row < w.len_q) *reinterpret_cast<uint4*>(dst + 16 * g) = v;
+      }
+      return;
+    }
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + 8 * h;
@@ -448,6 +524,8 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       }
     }
   };
+
+
   auto begin_work = [&]() {  // this thread's rows and fresh sums
     row0 = w.m0 + cw * 64 + wq * 16 + lane / 4;
     for (int h = 0; h < 2; ++h) m_run[h] = neg_inf(), l_run[h] = 0.f;
@@ -486,6 +564,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     vp.consumer_wait(next_v);
   };
   if (cw == 1) named_barrier::arrive(1, 256);
+  if (Q_SPLIT && cw == 1) cq.advance();  // its half of each Q buffer is the second stage
   for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
     const int n = begin_work();
     qp.consumer_wait(cq);
@@ -522,5 +601,6 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     if (lane == 0) vp.consumer_release(cv);
     cv.advance();
     store();
+    if (Q_SPLIT) cq.advance();  // past the other warpgroup's half
   }
 }

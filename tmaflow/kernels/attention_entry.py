@@ -83,7 +83,8 @@ def _box_spec(rows: int, head_dim: int) -> TensorMapSpec:
 
 @functools.lru_cache(maxsize=64)
 def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None = None,
-                   varlen: bool = False, q_stages: int | None = None) -> AttentionPlan:
+                   varlen: bool = False, q_stages: int | None = None, keys: int | None = None,
+                   q_split: bool | None = None) -> AttentionPlan:
     """The plan of a head dim (Q and K; ``head_dim_v`` for V and O, default the same), with or
     without a causal mask, dense or ``varlen`` (packed sequences: the same layout, other maps).
 
@@ -91,30 +92,50 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     soon as its GEMM is done); they take equal stages, up to four, and K one more when its
     bytes are left over. Dense plans take a second Q stage where its bytes are left over after
     that (head dims up to 64 or so: a CTA's next work tile's Q loads while this one runs, not
-    after its last S); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
-    second stage takes its bytes first, K and V stages get what is left)."""
+    after its last S; the others prefetch the next work tile's Q, first K and first V into L2:
+    L2_PREFETCH); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
+    second stage takes its bytes first, K and V stages get what is left); ``keys`` forces the
+    keys a tile (a multiple of 16 up to 256 whose Q and two K and V stages fit; the kernel's
+    BLOCK_N, to compare). Plans of one Q buffer split it (Q_SPLIT, dense only: two stages of 64
+    rows, each consumer warpgroup's released after its own last S, so the first one's next Q
+    loads half a step earlier); ``q_split`` forces it on or off. Dense plans store O 16 B a lane
+    (STORE16)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     for name, d in (("head dim", head_dim), ("head dim of v", dv)):
         if d not in HEAD_DIMS:
             raise TmaflowError(f"attention: {name} {d} is not supported; use a multiple of 16 from 32 to 256")
-    keys = keys_per_tile(head_dim, causal, dv)
-    spec_q, spec_k, spec_v = _box_spec(BM, head_dim), _box_spec(keys, head_dim), _box_spec(keys, dv)
-    qk_boxes, v_boxes = head_dim // spec_q.box[-1], dv // spec_v.box[-1]
-    q_bytes, k_bytes, v_bytes = BM * head_dim * 2, keys * head_dim * 2, keys * dv * 2
+    if keys is None:
+        keys = keys_per_tile(head_dim, causal, dv)
+    elif type(keys) is not int or keys % 16 or not 16 <= keys <= 256 or \
+            BM * head_dim * 2 + 2 * keys * (head_dim + dv) * 2 > _BUDGET:
+        raise TmaflowError(f"attention: keys={keys!r} must be a multiple of 16 up to 256 whose Q tile and two "
+                           "K and V stages fit shared memory")
     if q_stages not in (None, 1, 2):
         raise TmaflowError(f"attention: q_stages={q_stages!r} must be 1 or 2")
+    if (q_split is not None and type(q_split) is not bool) or (q_split and varlen):
+        raise TmaflowError(f"attention: q_split={q_split!r} must be True or False (and False with varlen)")
+    spec_k, spec_v = _box_spec(keys, head_dim), _box_spec(keys, dv)
+    qk_boxes, v_boxes = head_dim // spec_k.box[-1], dv // spec_v.box[-1]
+    q_bytes, k_bytes, v_bytes = BM * head_dim * 2, keys * head_dim * 2, keys * dv * 2
     q_total = q_bytes * (q_stages or 1)  # a forced second Q stage may cost K and V stages
     pairs = min(4, (_BUDGET - q_total) // (k_bytes + v_bytes))
     k_stages = pairs + (pairs < 4 and _BUDGET - q_total - pairs * (k_bytes + v_bytes) >= k_bytes)
     if q_stages is None:
         left = _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) - (k_stages - pairs) * k_bytes
         q_stages = 2 if not varlen and left >= q_bytes else 1
-    layout = SharedLayout([Pipeline("qp", stages=q_stages, tiles={"q": (spec_q, qk_boxes)}, consumers=8),
+    if q_split is None:
+        q_split = q_stages == 1 and not varlen
+    halves = 2 if q_split else 1  # a split Q stage is one warpgroup's 64 rows, released by its 4 warps
+    spec_q = _box_spec(BM // halves, head_dim)
+    layout = SharedLayout([Pipeline("qp", stages=q_stages * halves, tiles={"q": (spec_q, qk_boxes)},
+                                    consumers=8 // halves),
                            Pipeline("kp", stages=k_stages, tiles={"k": (spec_k, qk_boxes)}, consumers=8),
                            Pipeline("vp", stages=pairs, tiles={"v": (spec_v, v_boxes)}, consumers=8)])
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
-               **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages}
+               **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages,
+               **({"L2_PREFETCH": 1} if q_stages == 1 and not varlen else {}), **({"Q_SPLIT": 1} if q_split else {}),
+               **({} if varlen else {"STORE16": 1})}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 
 
@@ -255,8 +276,9 @@ def _state(Q, K, dv, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     hkv, skv = K.shape[1], K.shape[2]
     plan = attention_plan(d, causal, dv)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
-    if kernel.defines["Q_STAGES"] != plan.defines["Q_STAGES"]:  # extra_defines forced the other count
-        plan = attention_plan(d, causal, dv, q_stages=int(kernel.defines["Q_STAGES"]))
+    forced = (int(kernel.defines["Q_STAGES"]), int(kernel.defines["BLOCK_N"]), bool(kernel.defines.get("Q_SPLIT")))
+    if forced != (plan.defines["Q_STAGES"], plan.keys, bool(plan.defines.get("Q_SPLIT"))):  # extra_defines
+        plan = attention_plan(d, causal, dv, q_stages=forced[0], keys=forced[1], q_split=forced[2])
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     launcher_of = kernel.launcher
     # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).
