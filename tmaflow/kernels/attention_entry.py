@@ -92,8 +92,9 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     soon as its GEMM is done); they take equal stages, up to four, and K one more when its
     bytes are left over. Dense plans take a second Q stage where its bytes are left over after
     that (head dims up to 64 or so: a CTA's next work tile's Q loads while this one runs, not
-    after its last S; the others prefetch the next work tile's Q, first K and first V into L2:
-    L2_PREFETCH); ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
+    after its last S; the kernel's L2_PREFETCH, the next work tile's Q, first K and first V
+    prefetched into L2 for plans of one Q buffer, measured 1-3% slower on an H200 and is off);
+    ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
     second stage takes its bytes first, K and V stages get what is left); ``keys`` forces the
     keys a tile (a multiple of 16 up to 256 whose Q and two K and V stages fit; the kernel's
     BLOCK_N, to compare). Plans of one Q buffer split it (Q_SPLIT, dense only: two stages of 64
@@ -134,7 +135,7 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
                **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages,
-               **({"L2_PREFETCH": 1} if q_stages == 1 and not varlen else {}), **({"Q_SPLIT": 1} if q_split else {}),
+               **({"Q_SPLIT": 1} if q_split else {}),
                **({} if varlen else {"STORE16": 1})}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 

@@ -5,7 +5,7 @@ they differ, round 2's candidates against round 1's default:
   L2 prefetch. "new" has STORE16 (O stored 16 B a lane after two quad shuffles) and, with one Q
   buffer, Q_SPLIT (each warpgroup's 64 rows released after its own last S) and L2_PREFETCH (the
   next work tile's Q, first K and first V fetched into L2 under this one);
-- "no pf" and "st4": "new" without L2_PREFETCH, and without STORE16;
+- "pf" and "st4": "new" with L2_PREFETCH (off by default: 1-3% slower, H200), and without STORE16;
 - "k128": head dim 128 non-causal with 128-key tiles (8 steps at 1k, 3 K and V stages) instead
   of 176 (6 steps, the last one ragged, 2 stages);
 - "k80": head dim 256 non-causal with 80-key tiles (FlashAttention-3's; 13 steps at 1k, 2 K
@@ -37,10 +37,9 @@ def _variants(d: int, causal: bool, round1: bool = False) -> list:
     two_q = plan.defines["Q_STAGES"] == 2
     keep = [("new", {})]
     if not round1:
-        if not plan.defines.get("L2_PREFETCH"):  # two Q buffers: round 1's differs by STORE16 alone
+        if two_q:  # two Q buffers: round 1's differs by STORE16 alone
             return keep + [("r1", {"STORE16": 0})]
-        keep += [("r1", {"L2_PREFETCH": 0, "Q_SPLIT": 0, "STORE16": 0}), ("no pf", {"L2_PREFETCH": 0}),
-                 ("st4", {"STORE16": 0})]
+        keep += [("r1", {"Q_SPLIT": 0, "STORE16": 0}), ("pf", {"L2_PREFETCH": 1}), ("st4", {"STORE16": 0})]
         if (d, causal) == (128, False):
             keep.append(("k128", {"BLOCK_N": 128}))
         if (d, causal) == (256, False):  # with 80 keys a split Q or STORE16 spill (12 and 40 B)
