@@ -13,8 +13,8 @@
 //     dV += P^T dO and dK += dS^T Q (wgmma with P^T / dS^T from registers, dO / Q N-major),
 //   stores dS^T into shared memory, and after both warpgroups did, computes its half of the
 //   head dim of dQ = dS K (dS^T and K both MN-major) and adds it into the fp32 accumulator with
-//   vector reductions (DETERMINISTIC: in key-block order, each CTA waiting on a counter per
-//   query block). OVERLAP (head dim 64): step t - 1's dQ is issued after step t's S and dP, so
+//   vector reductions (DETERMINISTIC: in key-block order, each consumer warp waiting on a
+//   counter per query block, and the query blocks walked last to first). OVERLAP (head dim 64): step t - 1's dQ is issued after step t's S and dP, so
 //   the softmax of step t runs while it is on the tensor cores (head dim 128 has no registers
 //   left for the dQ accumulators then).
 //   Maps are 3-D (batch x heads, seq, head dim): rows past a head's sequence load as zeros, so
@@ -49,7 +49,22 @@ using namespace tmaflow;
 #ifndef OVERLAP
 #define OVERLAP (HEAD_DIM == 64)
 #endif
+// 1: query blocks are walked last to first (deterministic default). Every key block then
+// reaches a query block at the same step of its walk, so the chain that orders their dQ adds
+// costs a CTA one wait at its start; walked first to last under CAUSAL, key block j reaches
+// query block i two steps after key block j + 1 does, and waits that long at every step.
+#ifndef DESCENDING
+#define DESCENDING DETERMINISTIC
+#endif
+// DETERMINISTIC, 1: each consumer warp waits for the chain before its dQ adds (the wait issued
+// while its dQ wgmma runs) and releases it after its adds (the release fence, which waits for
+// the adds to land, deferred until the next step's S and dP are issued); 0: one thread of
+// the CTA waits and releases between two barriers of both consumer warpgroups.
+#ifndef WARP_CHAIN
+#define WARP_CHAIN 1
+#endif
 constexpr int D = HEAD_DIM, BM = 64, BN = 128;
+constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
 // K and V: two boxes of BN rows by D / 2 columns (a consumer's half of dQ's columns is one box,
 // a whole swizzle span: 128 B at head dim 128, 64 B at 64). Q and dO: boxes of BM rows by 64
@@ -169,7 +184,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       uint32_t stage = 0, phase = 0;
       for (int g = 0; g < group; ++g) {
         const int bh = b * heads + kvh * group + g;
-        for (int i = i_first; i < q_blocks; ++i) {
+        for (int n = 0; n < q_blocks - i_first; ++n) {
+          const int i = DESCENDING ? q_blocks - 1 - n : i_first + n;
           mbarrier::wait(empty + stage, phase ^ 1u);
           mbarrier::arrive_expect_tx(full + stage, kStageTx);
           for (int box = 0; box < kQBoxes; ++box) {
@@ -201,7 +217,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   // kv head, in the producer's order.
   const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
   auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
-  auto block_of = [&](int t) { return i_first + t % per_head; };
+  auto block_of = [&](int t) { return DESCENDING ? q_blocks - 1 - t % per_head : i_first + t % per_head; };
   struct Cursor {
     uint32_t stage = 0, phase = 0;
     TMAFLOW_DEVICE void advance() {
@@ -315,10 +331,29 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       TF_MMA_TN(dq, a + ks * (16 * 128 >> 4), desc_kt + ks * (16 * kSpanKV >> 4), ks > 0);
     wgmma::commit_group();
   };
+#if DETERMINISTIC && WARP_CHAIN
+  // Key block j adds its part of a query block after blocks 0 .. j - 1 (exactly those add
+  // before it, causal or not), whose warps each count one on its counter once theirs is in;
+  // they started earlier (blocks are scheduled in index order).
+  auto chain_of = [&](int t) { return chain + size_t(head_of(t)) * q_blocks + block_of(t); };
+  auto chain_wait = [&](int t) {
+    if (lane == 0 && j > 0)
+      while (load_acquire(chain_of(t)) < uint32_t(kConsumerWarps * j)) {
+      }
+    __syncwarp();
+  };
+  auto chain_release = [&](int t) {  // the warp's adds of step t are ordered before lane 0's
+    __syncwarp();
+    if (lane == 0) add_release(chain_of(t));
+  };
+#else
+  auto chain_wait = [](int) {};
+  auto chain_release = [](int) {};
+#endif
   auto add_dq = [&](int t) {  // step t's dQ (waited for) into the accumulator
     wgmma::fence_operands(dq);
     const int bh = head_of(t), i = block_of(t), m0 = i * BM;
-#if DETERMINISTIC
+#if DETERMINISTIC && !WARP_CHAIN
     // Key block j adds its part of this query block after blocks 0 .. j - 1 (exactly those
     // add before it, causal or not); they started earlier (blocks are scheduled in index order).
     uint32_t* counter = chain + size_t(bh) * q_blocks + i;
@@ -337,7 +372,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         for (int n = 0; n < D / 16; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
       }
     }
-#if DETERMINISTIC
+#if DETERMINISTIC && !WARP_CHAIN
     named_barrier::sync(2, 256);
     if (threadIdx.x == 128) add_release(counter);
 #endif
@@ -353,9 +388,11 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   for (int t = 0; t < steps; ++t) {
     issue_s_dp(cur);
     issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
+    if (t > 1) chain_release(t - 2);
     wgmma::wait_group<1>();
     probabilities(cur, block_of(t) * BM);
     score_grads(cur);
+    if (t > 0) chain_wait(t - 1);
     wgmma::wait_group<0>();
     if (t > 0) add_dq(t - 1);
     stage_ds(t & 1);
@@ -368,13 +405,17 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   }
   if (steps > 0) {
     issue_dq((steps - 1) & 1);
+    if (steps > 1) chain_release(steps - 2);
+    chain_wait(steps - 1);
     wgmma::wait_group<0>();
     add_dq(steps - 1);
+    chain_release(steps - 1);
   }
 #else
   Cursor cur;
   for (int t = 0; t < steps; ++t) {
     issue_s_dp(cur);
+    if (t > 0) chain_release(t - 1);
     wgmma::wait_group<1>();
     probabilities(cur, block_of(t) * BM);
     wgmma::wait_group<0>();
@@ -382,6 +423,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     stage_ds(t & 1);
     issue_dkv(cur);
     issue_dq(t & 1);
+    chain_wait(t);
     wgmma::wait_group<0>();
     wgmma::fence_operands(dv_acc);
     wgmma::fence_operands(dk_acc);
@@ -389,6 +431,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     add_dq(t);
     cur.advance();
   }
+  if (steps > 0) chain_release(steps - 1);
 #endif
   wgmma::fence_operands(dv_acc);
   wgmma::fence_operands(dk_acc);
