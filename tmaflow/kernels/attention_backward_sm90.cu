@@ -63,6 +63,13 @@ using namespace tmaflow;
 #ifndef WARP_CHAIN
 #define WARP_CHAIN 1
 #endif
+// 1: the consumers store dQ (fp32) into shared memory and a producer warp adds it into the
+// accumulator with bulk reductions (cp.reduce.async.bulk .add.f32, a row each; FA3's dQ), so
+// the consumers issue no global atomics; DETERMINISTIC: that warp waits on and releases the
+// chain. 0: each consumer thread adds its part with red.global.add.v2.f32.
+#ifndef DQ_BULK
+#define DQ_BULK 1
+#endif
 constexpr int D = HEAD_DIM, BM = 64, BN = 128;
 constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
@@ -78,9 +85,12 @@ constexpr int kDSBytes = BN * 128;               // dS^T: BN keys by BM queries 
 // Shared memory (from a 1024-byte aligned base): K, V, STAGES x (Q, dO), two dS^T buffers,
 // STAGES x (LSE, Delta), barriers.
 constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * kQBytes;
-constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffRow = kOffDS + 2 * kDSBytes;
+// dQ (DQ_BULK): BM rows of D fp32, each padded by 16 B (a warp's 8-byte stores of 8 rows then
+// spread over all 32 banks: two wavefronts, the least for 256 B).
+constexpr int kDQRow = 4 * D + 16, kDQBytes = DQ_BULK ? BM * kDQRow : 0;
+constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
-constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES) * 8;
+constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "STAGES do not fit shared memory");
 constexpr uint32_t kStageTx = 2 * kQBytes + 2 * BM * 4;
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
@@ -152,12 +162,19 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* full = kv_bar + 1;
   uint64_t* empty = full + STAGES;
+  uint64_t* dq_full = empty + STAGES;  // DQ_BULK: the consumers' dQ is in shared memory
+  uint64_t* dq_empty = dq_full + 1;    // DQ_BULK: ... and was read by the bulk reductions
   float* sRow = reinterpret_cast<float*>(smem + kOffRow);  // stage s: LSE at 2 BM s, Delta after
   const int j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int heads_kv = heads / group, q_blocks = (seq_q + BM - 1) / BM;
   const int key0 = j * BN;
   const int i_first = CAUSAL ? key0 / BM : 0;  // the first query block with a row >= key0
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  // The consumer's steps: the query blocks of each query head of the kv head, in the
+  // producer's order (DESCENDING: from the last).
+  const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
+  auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
+  auto block_of = [&](int t) { return DESCENDING ? q_blocks - 1 - t % per_head : i_first + t % per_head; };
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tq);
     tma::prefetch_descriptor(&tk);
@@ -166,8 +183,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     mbarrier::init(kv_bar, 1);
     for (int s = 0; s < STAGES; ++s) {
       mbarrier::init(full + s, 1);
-      mbarrier::init(empty + s, 8);  // a lane of each consumer warp
+      mbarrier::init(empty + s, kConsumerWarps);  // a lane of each consumer warp
     }
+    mbarrier::init(dq_full, kConsumerWarps);
+    mbarrier::init(dq_empty, 1);
     fence::proxy_async_shared_cta();
   }
   __syncthreads();
@@ -199,6 +218,39 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         }
       }
     }
+#if DQ_BULK
+    if (threadIdx.x / 32 == 1) {  // the dQ warp: step t's rows, a lane each, 2 rows a lane
+      for (int t = 0; t < steps; ++t) {
+        const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0);
+        mbarrier::wait(dq_full, t & 1);
+#if DETERMINISTIC
+        // Key block j adds its part of a query block after blocks 0 .. j - 1 (exactly those
+        // add before it, causal or not), each counting one once its adds are complete; they
+        // started earlier (blocks are scheduled in index order).
+        uint32_t* counter = chain + size_t(bh) * q_blocks + block_of(t);
+        if (lane == 0 && j > 0)
+          while (load_acquire(counter) < uint32_t(j)) {
+          }
+        __syncwarp();
+        fence::proxy_async_global();  // the acquire before this warp's bulk reductions
+#endif
+        for (int r = lane; r < rows; r += 32)
+          bulk::reduce_add(dq_accum + (size_t(bh) * seq_q + m0 + r) * D,
+                           reinterpret_cast<const float*>(smem + kOffDQ + r * kDQRow), D * 4);
+        tma::commit_group();
+        tma::wait_group_read<0>();
+        __syncwarp();
+        if (lane == 0) mbarrier::arrive(dq_empty);
+#if DETERMINISTIC
+        tma::wait_group<0>();  // the reductions are done in global memory
+        fence::proxy_async_global();
+        __syncwarp();
+        if (lane == 0) add_release(counter);
+#endif
+      }
+      tma::wait_group<0>();
+    }
+#endif
     return;
   }
   warp::setmaxnreg_inc<kConsumerRegs>();
@@ -213,11 +265,6 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   const uint64_t desc_v = wgmma::desc_k_major<kSpanKV>(smem + kOffV + cw * 64 * kSpanKV);
   // dQ's B: K's box cw (this warpgroup's D / 2 columns), MN-major, all BN keys.
   const uint64_t desc_kt = wgmma::desc_mn_major<kSpanKV>(smem + cw * kKVBox, kKVBox);
-  // The consumer's steps: the query blocks i_first .. q_blocks - 1 of each query head of the
-  // kv head, in the producer's order.
-  const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
-  auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
-  auto block_of = [&](int t) { return DESCENDING ? q_blocks - 1 - t % per_head : i_first + t % per_head; };
   struct Cursor {
     uint32_t stage = 0, phase = 0;
     TMAFLOW_DEVICE void advance() {
@@ -331,7 +378,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       TF_MMA_TN(dq, a + ks * (16 * 128 >> 4), desc_kt + ks * (16 * kSpanKV >> 4), ks > 0);
     wgmma::commit_group();
   };
-#if DETERMINISTIC && WARP_CHAIN
+#if DETERMINISTIC && WARP_CHAIN && !DQ_BULK
   // Key block j adds its part of a query block after blocks 0 .. j - 1 (exactly those add
   // before it, causal or not), whose warps each count one on its counter once theirs is in;
   // they started earlier (blocks are scheduled in index order).
@@ -350,6 +397,23 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   auto chain_wait = [](int) {};
   auto chain_release = [](int) {};
 #endif
+#if DQ_BULK
+  auto add_dq = [&](int t) {  // step t's dQ (waited for) into shared memory, for the dQ warp
+    wgmma::fence_operands(dq);
+    mbarrier::wait(dq_empty, (t & 1) ^ 1u);  // step t - 1's was read
+    // dq element x: row krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint8_t* at = smem + kOffDQ + (krow + 8 * h) * kDQRow + 4 * ((D / 2) * cw + col);
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n)
+        *reinterpret_cast<float2*>(at + 32 * n) = make_float2(dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
+    }
+    fence::proxy_async_shared_cta();
+    __syncwarp();
+    if (lane == 0) mbarrier::arrive(dq_full);
+  };
+#else
   auto add_dq = [&](int t) {  // step t's dQ (waited for) into the accumulator
     wgmma::fence_operands(dq);
     const int bh = head_of(t), i = block_of(t), m0 = i * BM;
@@ -377,6 +441,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     if (threadIdx.x == 128) add_release(counter);
 #endif
   };
+#endif
   auto release = [&](Cursor c) {  // Q, dO, LSE and Delta of stage c are read
     if (lane == 0) mbarrier::arrive(empty + c.stage);
   };
