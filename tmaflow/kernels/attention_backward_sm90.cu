@@ -83,14 +83,16 @@ constexpr int kQBox = BM * 128, kQBoxes = D / 64;
 constexpr int kQBytes = kQBoxes * kQBox;
 constexpr int kDSBytes = BN * 128;               // dS^T: BN keys by BM queries (128 B rows)
 // Shared memory (from a 1024-byte aligned base): K, V, STAGES x (Q, dO), two dS^T buffers,
-// STAGES x (LSE, Delta), barriers.
+// the dQ buffers (DQ_BULK), STAGES x (LSE, Delta), barriers (attention_backward_sm90.py's
+// sm90_smem is the same sum).
 constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * kQBytes;
 // dQ (DQ_BULK): BM rows of D fp32, each padded by 16 B (a warp's 8-byte stores of 8 rows then
-// spread over all 32 banks: two wavefronts, the least for 256 B).
-constexpr int kDQRow = 4 * D + 16, kDQBytes = DQ_BULK ? BM * kDQRow : 0;
+// spread over all 32 banks: two wavefronts, the least for 256 B); two buffers where they fit
+// (head dim 64), so step t's stores need not wait for step t - 1's reductions to be read.
+constexpr int kDQRow = 4 * D + 16, kDQBufs = D == 64 ? 2 : 1, kDQBytes = DQ_BULK ? kDQBufs * BM * kDQRow : 0;
 constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
-constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2) * 8;
+constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "STAGES do not fit shared memory");
 constexpr uint32_t kStageTx = 2 * kQBytes + 2 * BM * 4;
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
@@ -162,8 +164,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* full = kv_bar + 1;
   uint64_t* empty = full + STAGES;
-  uint64_t* dq_full = empty + STAGES;  // DQ_BULK: the consumers' dQ is in shared memory
-  uint64_t* dq_empty = dq_full + 1;    // DQ_BULK: ... and was read by the bulk reductions
+  uint64_t* dq_full = empty + STAGES;        // DQ_BULK, a dQ buffer: the consumers' dQ is in
+  uint64_t* dq_empty = dq_full + kDQBufs;    // ... and was read by the bulk reductions
   float* sRow = reinterpret_cast<float*>(smem + kOffRow);  // stage s: LSE at 2 BM s, Delta after
   const int j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int heads_kv = heads / group, q_blocks = (seq_q + BM - 1) / BM;
@@ -185,8 +187,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       mbarrier::init(full + s, 1);
       mbarrier::init(empty + s, kConsumerWarps);  // a lane of each consumer warp
     }
-    mbarrier::init(dq_full, kConsumerWarps);
-    mbarrier::init(dq_empty, 1);
+    for (int u = 0; u < kDQBufs; ++u) {
+      mbarrier::init(dq_full + u, kConsumerWarps);
+      mbarrier::init(dq_empty + u, 1);
+    }
     fence::proxy_async_shared_cta();
   }
   __syncthreads();
@@ -221,8 +225,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #if DQ_BULK
     if (threadIdx.x / 32 == 1) {  // the dQ warp: step t's rows, a lane each, 2 rows a lane
       for (int t = 0; t < steps; ++t) {
-        const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0);
-        mbarrier::wait(dq_full, t & 1);
+        const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0), u = t % kDQBufs;
+        mbarrier::wait(dq_full + u, (t / kDQBufs) & 1);
 #if DETERMINISTIC
         // Key block j adds its part of a query block after blocks 0 .. j - 1 (exactly those
         // add before it, causal or not), each counting one once its adds are complete; they
@@ -236,11 +240,11 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #endif
         for (int r = lane; r < rows; r += 32)
           bulk::reduce_add(dq_accum + (size_t(bh) * seq_q + m0 + r) * D,
-                           reinterpret_cast<const float*>(smem + kOffDQ + r * kDQRow), D * 4);
+                           reinterpret_cast<const float*>(smem + kOffDQ + (u * BM + r) * kDQRow), D * 4);
         tma::commit_group();
         tma::wait_group_read<0>();
         __syncwarp();
-        if (lane == 0) mbarrier::arrive(dq_empty);
+        if (lane == 0) mbarrier::arrive(dq_empty + u);
 #if DETERMINISTIC
         tma::wait_group<0>();  // the reductions are done in global memory
         fence::proxy_async_global();
@@ -400,18 +404,19 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #if DQ_BULK
   auto add_dq = [&](int t) {  // step t's dQ (waited for) into shared memory, for the dQ warp
     wgmma::fence_operands(dq);
-    mbarrier::wait(dq_empty, (t & 1) ^ 1u);  // step t - 1's was read
+    const int u = t % kDQBufs;
+    mbarrier::wait(dq_empty + u, ((t / kDQBufs) & 1) ^ 1u);  // step t - kDQBufs's was read
     // dq element x: row krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint8_t* at = smem + kOffDQ + (krow + 8 * h) * kDQRow + 4 * ((D / 2) * cw + col);
+      uint8_t* at = smem + kOffDQ + (u * BM + krow + 8 * h) * kDQRow + 4 * ((D / 2) * cw + col);
 #pragma unroll
       for (int n = 0; n < D / 16; ++n)
         *reinterpret_cast<float2*>(at + 32 * n) = make_float2(dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
     }
     fence::proxy_async_shared_cta();
     __syncwarp();
-    if (lane == 0) mbarrier::arrive(dq_full);
+    if (lane == 0) mbarrier::arrive(dq_full + u);
   };
 #else
   auto add_dq = [&](int t) {  // step t's dQ (waited for) into the accumulator
