@@ -12,11 +12,12 @@
 //     P^T = 2^(S^T scale log2e - LSE), dS^T = P^T (dP^T - Delta) (fp32, in registers),
 //     dV += P^T dO and dK += dS^T Q (wgmma with P^T / dS^T from registers, dO / Q N-major),
 //   stores dS^T into shared memory, and after both warpgroups did, computes its half of the
-//   head dim of dQ = dS K (dS^T and K both MN-major) and adds it into the fp32 accumulator with
-//   vector reductions (DETERMINISTIC: in key-block order, each consumer warp waiting on a
-//   counter per query block, and the query blocks walked last to first). OVERLAP (head dim 64): step t - 1's dQ is issued after step t's S and dP, so
-//   the softmax of step t runs while it is on the tensor cores (head dim 128 has no registers
-//   left for the dQ accumulators then).
+//   head dim of dQ = dS K (dS^T and K both MN-major), stores it into shared memory, and a
+//   producer warp adds it into the fp32 accumulator with bulk reductions (DETERMINISTIC: in a
+//   fixed key-block order, waiting on a counter per query block; SPT: causal key blocks run
+//   last first and chain in that order). OVERLAP (head dim 64): step t - 1's dQ is issued
+//   after step t's S and dP, so the softmax of step t runs while it is on the tensor cores
+//   (head dim 128 has no registers left for the dQ accumulators then).
 //   Maps are 3-D (batch x heads, seq, head dim): rows past a head's sequence load as zeros, so
 //   padded query rows give dS = 0 and P dO = 0; keys past the sequence are masked.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned); a key block starts at
@@ -49,12 +50,14 @@ using namespace tmaflow;
 #ifndef OVERLAP
 #define OVERLAP (HEAD_DIM == 64)
 #endif
-// 1: query blocks are walked last to first (deterministic default). Every key block then
-// reaches a query block at the same step of its walk, so the chain that orders their dQ adds
-// costs a CTA one wait at its start; walked first to last under CAUSAL, key block j reaches
-// query block i two steps after key block j + 1 does, and waits that long at every step.
-#ifndef DESCENDING
-#define DESCENDING DETERMINISTIC
+// 1 (CAUSAL and DETERMINISTIC by default; FA3's "shortest processing time first"): CTA x is
+// key block gridDim.x - 1 - x, and a query block's adds chain from its last key block down to
+// key block 0. Key block j reaches query block i (step i - 2j of its walk) two steps after
+// key block j + 1 does, so its predecessor is two steps ahead; in key-block order (0: key
+// block j, the CTA x = j, waits on j - 1) it is two steps behind and every step waits (round
+// 1: 0.47x the default mode at 4k).
+#ifndef SPT
+#define SPT (CAUSAL && DETERMINISTIC)
 #endif
 // DETERMINISTIC, 1: each consumer warp waits for the chain before its dQ adds (the wait issued
 // while its dQ wgmma runs) and releases it after its adds (the release fence, which waits for
@@ -167,16 +170,23 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   uint64_t* dq_full = empty + STAGES;        // DQ_BULK, a dQ buffer: the consumers' dQ is in
   uint64_t* dq_empty = dq_full + kDQBufs;    // ... and was read by the bulk reductions
   float* sRow = reinterpret_cast<float*>(smem + kOffRow);  // stage s: LSE at 2 BM s, Delta after
-  const int j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int j = SPT ? gridDim.x - 1 - blockIdx.x : blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int heads_kv = heads / group, q_blocks = (seq_q + BM - 1) / BM;
   const int key0 = j * BN;
   const int i_first = CAUSAL ? key0 / BM : 0;  // the first query block with a row >= key0
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
-  // The consumer's steps: the query blocks of each query head of the kv head, in the
-  // producer's order (DESCENDING: from the last).
+  // The consumer's steps: the query blocks i_first .. q_blocks - 1 of each query head of the
+  // kv head, in the producer's order.
   const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
   auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
-  auto block_of = [&](int t) { return DESCENDING ? q_blocks - 1 - t % per_head : i_first + t % per_head; };
+  auto block_of = [&](int t) { return i_first + t % per_head; };
+  // DETERMINISTIC: the key blocks that add their part of query block i before this one: 0 ..
+  // j - 1, or (SPT) j + 1 .. the last that sees query block i (a causal key block j' sees it
+  // when BN j' <= BM i + BM - 1). Exactly those add to it, causal or not, and all started
+  // earlier (CTAs are scheduled in index order).
+  auto chain_rank = [&](int i) {
+    return uint32_t(SPT ? min(int(gridDim.x) - 1, (i * BM + BM - 1) / BN) - j : j);
+  };
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tq);
     tma::prefetch_descriptor(&tk);
@@ -207,8 +217,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       uint32_t stage = 0, phase = 0;
       for (int g = 0; g < group; ++g) {
         const int bh = b * heads + kvh * group + g;
-        for (int n = 0; n < q_blocks - i_first; ++n) {
-          const int i = DESCENDING ? q_blocks - 1 - n : i_first + n;
+        for (int i = i_first; i < q_blocks; ++i) {
           mbarrier::wait(empty + stage, phase ^ 1u);
           mbarrier::arrive_expect_tx(full + stage, kStageTx);
           for (int box = 0; box < kQBoxes; ++box) {
@@ -228,12 +237,11 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0), u = t % kDQBufs;
         mbarrier::wait(dq_full + u, (t / kDQBufs) & 1);
 #if DETERMINISTIC
-        // Key block j adds its part of a query block after blocks 0 .. j - 1 (exactly those
-        // add before it, causal or not), each counting one once its adds are complete; they
-        // started earlier (blocks are scheduled in index order).
+        // After chain_rank key blocks, each counting one once its adds are complete.
         uint32_t* counter = chain + size_t(bh) * q_blocks + block_of(t);
-        if (lane == 0 && j > 0)
-          while (load_acquire(counter) < uint32_t(j)) {
+        const uint32_t rank = chain_rank(block_of(t));
+        if (lane == 0 && rank > 0)
+          while (load_acquire(counter) < rank) {
           }
         __syncwarp();
         fence::proxy_async_global();  // the acquire before this warp's bulk reductions
@@ -383,13 +391,12 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     wgmma::commit_group();
   };
 #if DETERMINISTIC && WARP_CHAIN && !DQ_BULK
-  // Key block j adds its part of a query block after blocks 0 .. j - 1 (exactly those add
-  // before it, causal or not), whose warps each count one on its counter once theirs is in;
-  // they started earlier (blocks are scheduled in index order).
+  // After chain_rank key blocks, whose warps each count one once theirs are in.
   auto chain_of = [&](int t) { return chain + size_t(head_of(t)) * q_blocks + block_of(t); };
   auto chain_wait = [&](int t) {
-    if (lane == 0 && j > 0)
-      while (load_acquire(chain_of(t)) < uint32_t(kConsumerWarps * j)) {
+    const uint32_t rank = chain_rank(block_of(t));
+    if (lane == 0 && rank > 0)
+      while (load_acquire(chain_of(t)) < kConsumerWarps * rank) {
       }
     __syncwarp();
   };
@@ -423,11 +430,9 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     wgmma::fence_operands(dq);
     const int bh = head_of(t), i = block_of(t), m0 = i * BM;
 #if DETERMINISTIC && !WARP_CHAIN
-    // Key block j adds its part of this query block after blocks 0 .. j - 1 (exactly those
-    // add before it, causal or not); they started earlier (blocks are scheduled in index order).
     uint32_t* counter = chain + size_t(bh) * q_blocks + i;
     if (threadIdx.x == 128)
-      while (load_acquire(counter) != uint32_t(j)) {
+      while (load_acquire(counter) != chain_rank(i)) {
       }
     named_barrier::sync(2, 256);
 #endif

@@ -1,9 +1,9 @@
 """The Hopper attention backward's dQ paths in one run, beside cuDNN: "bulk" (what a call plans:
 dQ through shared memory and per-row bulk reductions by a producer warp, DQ_BULK), "red" (the
 round-1 path: each consumer thread adds its dQ with red.global.add.v2.f32), and with
-``--deterministic`` the same in that mode ("det bulk", "det red": the per-warp chain with query
-blocks walked last to first, "det old": round 1's chain, one thread between two barriers, query
-blocks walked first to last). The benchmark's shapes (16k tokens a batch: head dim 64 x 32
+``--deterministic`` the same in that mode ("det bulk", "det red": the per-warp chain; both with
+causal key blocks run last first and chained in that order, SPT; "det old": round 1's chain,
+key-block order, one thread between two barriers). The benchmark's shapes (16k tokens a batch: head dim 64 x 32
 heads, 128 x 16); interleaved rounds, every call after an L2 flush; TFLOP/s (backward = 2.5 x
 the forward's FLOPs) and, in parentheses, the median per-round ratio to cuDNN; the
 deterministic variants also against "bulk" (the default mode's plan). Every variant's dq, dk,
@@ -28,7 +28,7 @@ from tmaflow.kernels.registry import extra_defines, get_kernel
 
 DEFAULT = [("bulk", False, {}), ("red", False, {"DQ_BULK": 0})]
 DETERMINISTIC = [("det bulk", True, {}), ("det red", True, {"DQ_BULK": 0}),
-                 ("det old", True, {"DQ_BULK": 0, "DESCENDING": 0, "WARP_CHAIN": 0})]
+                 ("det old", True, {"DQ_BULK": 0, "SPT": 0, "WARP_CHAIN": 0})]
 
 
 def row(torch, d: int, seq: int, causal: bool, deterministic: bool, repeats: int):
