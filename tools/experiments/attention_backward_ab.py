@@ -1,16 +1,16 @@
 """The Hopper attention backward's dQ paths in one run, beside cuDNN: "bulk" (what a call plans:
 dQ through shared memory and per-row bulk reductions by a producer warp, DQ_BULK), "red" (the
-round-1 path: each consumer thread adds its dQ with red.global.add.v2.f32), and with
-``--deterministic`` the same in that mode ("det bulk", "det red": the per-warp chain; both with
-causal key blocks run last first and chained in that order, SPT; "det old": round 1's chain,
-key-block order, one thread between two barriers). The benchmark's shapes (16k tokens a batch: head dim 64 x 32
-heads, 128 x 16); interleaved rounds, every call after an L2 flush; TFLOP/s (backward = 2.5 x
-the forward's FLOPs) and, in parentheses, the median per-round ratio to cuDNN; the
-deterministic variants also against "bulk" (the default mode's plan). Every variant's dq, dk,
-dv are checked against cuDNN's (relative error below 2e-2).
+round-1 path: each consumer thread adds its dQ with red.global.add.v2.f32), and at the
+``--deterministic-seqs`` the same in that mode ("det bulk", "det red": the per-warp chain; both
+with causal key blocks run last first and chained in that order, SPT; "det old": round 1's
+chain, key-block order, one thread between two barriers). The benchmark's shapes (16k tokens a
+batch: head dim 64 x 32 heads, 128 x 16); interleaved rounds, every call after an L2 flush;
+TFLOP/s (backward = 2.5 x the forward's FLOPs) and, in parentheses, the median per-round ratio
+to cuDNN; the deterministic variants also against "bulk" (the default mode's plan). Every
+variant's dq, dk, dv are checked against cuDNN's (relative error below 2e-2).
 
     PYTHONPATH=. python3 tools/experiments/attention_backward_ab.py [--dims 128 64]
-        [--seqs 1024 4096 16384] [--deterministic] [--repeats N]
+        [--seqs 1024 4096 16384] [--deterministic-seqs 4096] [--repeats N]
     PYTHONPATH=. python3 tools/experiments/attention_backward_ab.py --precompile
 
 ``--precompile`` (no GPU needed) compiles into the kernel cache, in parallel processes, every
@@ -93,7 +93,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dims", type=int, nargs="+", default=[128, 64])
     p.add_argument("--seqs", type=int, nargs="+", default=[1024, 4096, 16384])
-    p.add_argument("--deterministic", action="store_true", help="also the deterministic variants")
+    p.add_argument("--deterministic-seqs", type=int, nargs="*", default=[4096],
+                   help="rows at these lengths also time the deterministic variants")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--precompile", action="store_true", help="compile the variants (no GPU needed) and exit")
     args = p.parse_args()
@@ -104,7 +105,7 @@ def main():
     for d in args.dims:
         for seq in args.seqs:
             for causal in (False, True):
-                row(torch, d, seq, causal, args.deterministic, args.repeats)
+                row(torch, d, seq, causal, seq in args.deterministic_seqs, args.repeats)
 
 
 if __name__ == "__main__":
