@@ -12,11 +12,12 @@
 //     P^T = 2^(S^T scale log2e - LSE), dS^T = P^T (dP^T - Delta) (fp32, in registers),
 //     dV += P^T dO and dK += dS^T Q (wgmma with P^T / dS^T from registers, dO / Q N-major),
 //   stores dS^T into shared memory, and after both warpgroups did, computes its half of the
-//   head dim of dQ = dS K (dS^T and K both MN-major) and adds it into the fp32 accumulator with
-//   vector reductions (DETERMINISTIC: in key-block order, each CTA waiting on a counter per
-//   query block). OVERLAP (head dim 64): step t - 1's dQ is issued after step t's S and dP, so
-//   the softmax of step t runs while it is on the tensor cores (head dim 128 has no registers
-//   left for the dQ accumulators then).
+//   head dim of dQ = dS K (dS^T and K both MN-major), stores it into shared memory, and a
+//   producer warp adds it into the fp32 accumulator with bulk reductions (DETERMINISTIC: in a
+//   fixed key-block order, waiting on a counter per query block; SPT: causal key blocks run
+//   last first and chain in that order). OVERLAP (head dim 64): step t - 1's dQ is issued
+//   after step t's S and dP, so the softmax of step t runs while it is on the tensor cores
+//   (head dim 128 has no registers left for the dQ accumulators then).
 //   Maps are 3-D (batch x heads, seq, head dim): rows past a head's sequence load as zeros, so
 //   padded query rows give dS = 0 and P dO = 0; keys past the sequence are masked.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned); a key block starts at
@@ -49,7 +50,31 @@ using namespace tmaflow;
 #ifndef OVERLAP
 #define OVERLAP (HEAD_DIM == 64)
 #endif
+// 1 (CAUSAL and DETERMINISTIC by default; FA3's "shortest processing time first"): CTA x is
+// key block gridDim.x - 1 - x, and a query block's adds chain from its last key block down to
+// key block 0. Key block j reaches query block i (step i - 2j of its walk) two steps after
+// key block j + 1 does, so its predecessor is two steps ahead; in key-block order (0: key
+// block j, the CTA x = j, waits on j - 1) it is two steps behind and every step waits (round
+// 1: 0.47x the default mode at 4k).
+#ifndef SPT
+#define SPT (CAUSAL && DETERMINISTIC)
+#endif
+// DETERMINISTIC, 1: each consumer warp waits for the chain before its dQ adds (the wait issued
+// while its dQ wgmma runs) and releases it after its adds (the release fence, which waits for
+// the adds to land, deferred until the next step's S and dP are issued); 0: one thread of
+// the CTA waits and releases between two barriers of both consumer warpgroups.
+#ifndef WARP_CHAIN
+#define WARP_CHAIN 1
+#endif
+// 1: the consumers store dQ (fp32) into shared memory and a producer warp adds it into the
+// accumulator with bulk reductions (cp.reduce.async.bulk .add.f32, a row each; FA3's dQ), so
+// the consumers issue no global atomics; DETERMINISTIC: that warp waits on and releases the
+// chain. 0: each consumer thread adds its part with red.global.add.v2.f32.
+#ifndef DQ_BULK
+#define DQ_BULK 1
+#endif
 constexpr int D = HEAD_DIM, BM = 64, BN = 128;
+constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
 // K and V: two boxes of BN rows by D / 2 columns (a consumer's half of dQ's columns is one box,
 // a whole swizzle span: 128 B at head dim 128, 64 B at 64). Q and dO: boxes of BM rows by 64
@@ -61,11 +86,16 @@ constexpr int kQBox = BM * 128, kQBoxes = D / 64;
 constexpr int kQBytes = kQBoxes * kQBox;
 constexpr int kDSBytes = BN * 128;               // dS^T: BN keys by BM queries (128 B rows)
 // Shared memory (from a 1024-byte aligned base): K, V, STAGES x (Q, dO), two dS^T buffers,
-// STAGES x (LSE, Delta), barriers.
+// the dQ buffers (DQ_BULK), STAGES x (LSE, Delta), barriers (attention_backward_sm90.py's
+// sm90_smem is the same sum).
 constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * kQBytes;
-constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffRow = kOffDS + 2 * kDSBytes;
+// dQ (DQ_BULK): BM rows of D fp32, each padded by 16 B (a warp's 8-byte stores of 8 rows then
+// spread over all 32 banks: two wavefronts, the least for 256 B); two buffers where they fit
+// (head dim 64), so step t's stores need not wait for step t - 1's reductions to be read.
+constexpr int kDQRow = 4 * D + 16, kDQBufs = D == 64 ? 2 : 1, kDQBytes = DQ_BULK ? kDQBufs * BM * kDQRow : 0;
+constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
-constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES) * 8;
+constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "STAGES do not fit shared memory");
 constexpr uint32_t kStageTx = 2 * kQBytes + 2 * BM * 4;
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
@@ -137,12 +167,26 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* full = kv_bar + 1;
   uint64_t* empty = full + STAGES;
+  uint64_t* dq_full = empty + STAGES;        // DQ_BULK, a dQ buffer: the consumers' dQ is in
+  uint64_t* dq_empty = dq_full + kDQBufs;    // ... and was read by the bulk reductions
   float* sRow = reinterpret_cast<float*>(smem + kOffRow);  // stage s: LSE at 2 BM s, Delta after
-  const int j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int j = SPT ? gridDim.x - 1 - blockIdx.x : blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int heads_kv = heads / group, q_blocks = (seq_q + BM - 1) / BM;
   const int key0 = j * BN;
   const int i_first = CAUSAL ? key0 / BM : 0;  // the first query block with a row >= key0
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+  // The consumer's steps: the query blocks i_first .. q_blocks - 1 of each query head of the
+  // kv head, in the producer's order.
+  const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
+  auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
+  auto block_of = [&](int t) { return i_first + t % per_head; };
+  // DETERMINISTIC: the key blocks that add their part of query block i before this one: 0 ..
+  // j - 1, or (SPT) j + 1 .. the last that sees query block i (a causal key block j' sees it
+  // when BN j' <= BM i + BM - 1). Exactly those add to it, causal or not, and all started
+  // earlier (CTAs are scheduled in index order).
+  auto chain_rank = [&](int i) {
+    return uint32_t(SPT ? min(int(gridDim.x) - 1, (i * BM + BM - 1) / BN) - j : j);
+  };
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tq);
     tma::prefetch_descriptor(&tk);
@@ -151,7 +195,11 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     mbarrier::init(kv_bar, 1);
     for (int s = 0; s < STAGES; ++s) {
       mbarrier::init(full + s, 1);
-      mbarrier::init(empty + s, 8);  // a lane of each consumer warp
+      mbarrier::init(empty + s, kConsumerWarps);  // a lane of each consumer warp
+    }
+    for (int u = 0; u < kDQBufs; ++u) {
+      mbarrier::init(dq_full + u, kConsumerWarps);
+      mbarrier::init(dq_empty + u, 1);
     }
     fence::proxy_async_shared_cta();
   }
@@ -183,6 +231,38 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         }
       }
     }
+#if DQ_BULK
+    if (threadIdx.x / 32 == 1) {  // the dQ warp: step t's rows, a lane each, 2 rows a lane
+      for (int t = 0; t < steps; ++t) {
+        const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0), u = t % kDQBufs;
+        mbarrier::wait(dq_full + u, (t / kDQBufs) & 1);
+#if DETERMINISTIC
+        // After chain_rank key blocks, each counting one once its adds are complete.
+        uint32_t* counter = chain + size_t(bh) * q_blocks + block_of(t);
+        const uint32_t rank = chain_rank(block_of(t));
+        if (lane == 0 && rank > 0)
+          while (load_acquire(counter) < rank) {
+          }
+        __syncwarp();
+        fence::proxy_async_global();  // the acquire before this warp's bulk reductions
+#endif
+        for (int r = lane; r < rows; r += 32)
+          bulk::reduce_add(dq_accum + (size_t(bh) * seq_q + m0 + r) * D,
+                           reinterpret_cast<const float*>(smem + kOffDQ + (u * BM + r) * kDQRow), D * 4);
+        tma::commit_group();
+        tma::wait_group_read<0>();
+        __syncwarp();
+        if (lane == 0) mbarrier::arrive(dq_empty + u);
+#if DETERMINISTIC
+        tma::wait_group<0>();  // the reductions are done in global memory
+        fence::proxy_async_global();
+        __syncwarp();
+        if (lane == 0) add_release(counter);
+#endif
+      }
+      tma::wait_group<0>();
+    }
+#endif
     return;
   }
   warp::setmaxnreg_inc<kConsumerRegs>();
@@ -197,11 +277,6 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   const uint64_t desc_v = wgmma::desc_k_major<kSpanKV>(smem + kOffV + cw * 64 * kSpanKV);
   // dQ's B: K's box cw (this warpgroup's D / 2 columns), MN-major, all BN keys.
   const uint64_t desc_kt = wgmma::desc_mn_major<kSpanKV>(smem + cw * kKVBox, kKVBox);
-  // The consumer's steps: the query blocks i_first .. q_blocks - 1 of each query head of the
-  // kv head, in the producer's order.
-  const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
-  auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
-  auto block_of = [&](int t) { return i_first + t % per_head; };
   struct Cursor {
     uint32_t stage = 0, phase = 0;
     TMAFLOW_DEVICE void advance() {
@@ -315,15 +390,49 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       TF_MMA_TN(dq, a + ks * (16 * 128 >> 4), desc_kt + ks * (16 * kSpanKV >> 4), ks > 0);
     wgmma::commit_group();
   };
+#if DETERMINISTIC && WARP_CHAIN && !DQ_BULK
+  // After chain_rank key blocks, whose warps each count one once theirs are in.
+  auto chain_of = [&](int t) { return chain + size_t(head_of(t)) * q_blocks + block_of(t); };
+  auto chain_wait = [&](int t) {
+    const uint32_t rank = chain_rank(block_of(t));
+    if (lane == 0 && rank > 0)
+      while (load_acquire(chain_of(t)) < kConsumerWarps * rank) {
+      }
+    __syncwarp();
+  };
+  auto chain_release = [&](int t) {  // the warp's adds of step t are ordered before lane 0's
+    __syncwarp();
+    if (lane == 0) add_release(chain_of(t));
+  };
+#else
+  auto chain_wait = [](int) {};
+  auto chain_release = [](int) {};
+#endif
+#if DQ_BULK
+  auto add_dq = [&](int t) {  // step t's dQ (waited for) into shared memory, for the dQ warp
+    wgmma::fence_operands(dq);
+    const int u = t % kDQBufs;
+    mbarrier::wait(dq_empty + u, ((t / kDQBufs) & 1) ^ 1u);  // step t - kDQBufs's was read
+    // dq element x: row krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint8_t* at = smem + kOffDQ + (u * BM + krow + 8 * h) * kDQRow + 4 * ((D / 2) * cw + col);
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n)
+        *reinterpret_cast<float2*>(at + 32 * n) = make_float2(dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
+    }
+    fence::proxy_async_shared_cta();
+    __syncwarp();
+    if (lane == 0) mbarrier::arrive(dq_full + u);
+  };
+#else
   auto add_dq = [&](int t) {  // step t's dQ (waited for) into the accumulator
     wgmma::fence_operands(dq);
     const int bh = head_of(t), i = block_of(t), m0 = i * BM;
-#if DETERMINISTIC
-    // Key block j adds its part of this query block after blocks 0 .. j - 1 (exactly those
-    // add before it, causal or not); they started earlier (blocks are scheduled in index order).
+#if DETERMINISTIC && !WARP_CHAIN
     uint32_t* counter = chain + size_t(bh) * q_blocks + i;
     if (threadIdx.x == 128)
-      while (load_acquire(counter) != uint32_t(j)) {
+      while (load_acquire(counter) != chain_rank(i)) {
       }
     named_barrier::sync(2, 256);
 #endif
@@ -337,11 +446,12 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         for (int n = 0; n < D / 16; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
       }
     }
-#if DETERMINISTIC
+#if DETERMINISTIC && !WARP_CHAIN
     named_barrier::sync(2, 256);
     if (threadIdx.x == 128) add_release(counter);
 #endif
   };
+#endif
   auto release = [&](Cursor c) {  // Q, dO, LSE and Delta of stage c are read
     if (lane == 0) mbarrier::arrive(empty + c.stage);
   };
@@ -353,9 +463,11 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   for (int t = 0; t < steps; ++t) {
     issue_s_dp(cur);
     issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
+    if (t > 1) chain_release(t - 2);
     wgmma::wait_group<1>();
     probabilities(cur, block_of(t) * BM);
     score_grads(cur);
+    if (t > 0) chain_wait(t - 1);
     wgmma::wait_group<0>();
     if (t > 0) add_dq(t - 1);
     stage_ds(t & 1);
@@ -368,13 +480,17 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   }
   if (steps > 0) {
     issue_dq((steps - 1) & 1);
+    if (steps > 1) chain_release(steps - 2);
+    chain_wait(steps - 1);
     wgmma::wait_group<0>();
     add_dq(steps - 1);
+    chain_release(steps - 1);
   }
 #else
   Cursor cur;
   for (int t = 0; t < steps; ++t) {
     issue_s_dp(cur);
+    if (t > 0) chain_release(t - 1);
     wgmma::wait_group<1>();
     probabilities(cur, block_of(t) * BM);
     wgmma::wait_group<0>();
@@ -382,6 +498,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     stage_ds(t & 1);
     issue_dkv(cur);
     issue_dq(t & 1);
+    chain_wait(t);
     wgmma::wait_group<0>();
     wgmma::fence_operands(dv_acc);
     wgmma::fence_operands(dk_acc);
@@ -389,6 +506,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     add_dq(t);
     cur.advance();
   }
+  if (steps > 0) chain_release(steps - 1);
 #endif
   wgmma::fence_operands(dv_acc);
   wgmma::fence_operands(dk_acc);

@@ -18,11 +18,14 @@ _DQ_GRID = 1024
 
 
 def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
-    """Dynamic shared memory of ``attention_bwd_sm90`` (its kOffBar sum): K and V, the stages of Q
-    and dO, two dS^T buffers, the stages' LSE and Delta rows, the barriers."""
+    """Dynamic shared memory of ``attention_bwd_sm90`` (its kSmemBytes): K and V, the stages of
+    Q and dO, two dS^T buffers, the dQ buffers in fp32 (rows padded by 16 B; two at head dim
+    64, one at 128), the stages' LSE and Delta rows, the barriers."""
     kv = 2 * KEYS * head_dim
     q = ROWS * 2 * head_dim
-    return 2 * kv + 2 * stages * q + 2 * KEYS * 128 + stages * 2 * ROWS * 4 + (1 + 2 * stages) * 8
+    dq_bufs = 2 if head_dim == 64 else 1
+    dq = dq_bufs * ROWS * (4 * head_dim + 16)
+    return 2 * kv + 2 * stages * q + 2 * KEYS * 128 + dq + stages * 2 * ROWS * 4 + (1 + 2 * stages + 2 * dq_bufs) * 8
 
 
 def padded_rows(seq: int) -> int:
