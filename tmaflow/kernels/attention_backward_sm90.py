@@ -13,14 +13,20 @@ KEYS = 128      # keys a CTA (attention_backward_sm90.cu's BN): two consumer war
 ROWS = 64       # query rows a step (BM)
 STAGES = 3      # Q / dO stages in flight (a stage is refilled a step and more before its use)
 THREADS = 384   # a producer warpgroup and two consumers
+# Head dims whose dQ leaves through shared memory and bulk reductions (the kernel's DQ_BULK);
+# the others add it with red.global.add.v2.f32 (H200, same rounds, cold: head dim 128 bulk
+# 1.04-1.12x red at 1k-16k; head dim 64 bulk 0.74-0.83x red)
+DQ_BULK_HEAD_DIMS = (128,)
 _PREP_ROWS = 8  # padded query rows a CTA of the prep kernel (a warp each)
 _DQ_GRID = 1024
 
 
 def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
-    """Dynamic shared memory of ``attention_bwd_sm90`` (its kSmemBytes): K and V, the stages of
-    Q and dO, two dS^T buffers, the dQ buffers in fp32 (rows padded by 16 B; two at head dim
-    64, one at 128), the stages' LSE and Delta rows, the barriers."""
+    """Dynamic shared memory of ``attention_bwd_sm90`` with DQ_BULK (its kSmemBytes): K and V,
+    the stages of Q and dO, two dS^T buffers, the dQ buffers in fp32 (rows padded by 16 B; two
+    at head dim 64, one at 128), the stages' LSE and Delta rows, the barriers. Launches reserve
+    it whether DQ_BULK is on or not (the kernel without it uses less), so an override of the
+    define (kernels.registry.extra_defines) always fits."""
     kv = 2 * KEYS * head_dim
     q = ROWS * 2 * head_dim
     dq_bufs = 2 if head_dim == 64 else 1
@@ -55,7 +61,8 @@ class Sm90Plan:
         self.launches = [
             launcher("attention_bwd_sm90_prep", "attention_backward_sm90", defines,
                      grid=-(-self.rows_pad // _PREP_ROWS), block=32 * _PREP_ROWS),
-            launcher("attention_bwd_sm90", "attention_backward_sm90", {**defines, "CAUSAL": int(causal), "STAGES": STAGES},
+            launcher("attention_bwd_sm90", "attention_backward_sm90",
+                     {**defines, "CAUSAL": int(causal), "STAGES": STAGES, "DQ_BULK": int(d in DQ_BULK_HEAD_DIMS)},
                      grid=(-(-skv // KEYS), hkv, b), block=THREADS, smem=sm90_smem(d)),
             launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256),
         ]
