@@ -18,7 +18,8 @@ running anything: torch.compile traces with it. Once this module is imported,
 ``kernels.copy / softmax / gemm / attention / attention_backward / attention_varlen / attention_decode /
 append_kv`` called inside a compiled function become these ops too (their default forms: no ``out=`` or tuning options
 there). ``kernels.attention`` on tensors that require grad becomes ``attention_lse`` (out and the
-log-sum-exp, saved for ``attention_backward``): gradients flow, eagerly and compiled (training
+log-sum-exp, saved for ``attention_backward``), ``kernels.attention_varlen`` likewise
+``attention_varlen_lse`` (for ``attention_varlen_backward``): gradients flow, eagerly and compiled (training
 steps under ``torch.compile(fullgraph=True)``); with ``torch.use_deterministic_algorithms(True)``
 the backward sums dQ in a fixed order. The real implementation launches on the
 current torch stream (tmaflow's ``stream=None`` rule for torch tensors), so a graph captured
