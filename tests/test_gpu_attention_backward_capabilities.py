@@ -1,6 +1,6 @@
 """The backward beyond equal head dims and dense batches, against float64 gradients of the same
-bf16 inputs: v's head dim apart from q's (192 / 128, 96 / 64), causal and not, grouped-query
-heads; kernels.attention_varlen_backward over ragged sequences (empty ones, one token, tokens
+bf16 inputs: v's head dim apart from q's (192 / 128, 96 / 64; and 160, whose slices are now two
+of 80 columns), causal and not, grouped-query heads; kernels.attention_varlen_backward over ragged sequences (empty ones, one token, tokens
 before the first sequence and after the last), device and host lengths, deterministic runs,
 a CUDA graph replayed with new lengths; the attention_varlen op under torch autograd and
 torch.compile(fullgraph=True) against a float64 torch reference. Gradients are poisoned first."""
@@ -33,7 +33,7 @@ def _close(got, want, what):
     assert rel_error(got, want) < TOL, (what, rel_error(got, want))
 
 
-@pytest.mark.parametrize("d,dv", [(192, 128), (96, 64)])
+@pytest.mark.parametrize("d,dv", [(192, 128), (96, 64), (160, 160)])  # 160: two slices of 80 columns
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b,hq,hkv,sq,skv", [(2, 4, 2, 77, 130), (1, 2, 1, 200, 64)])
 def test_unequal_head_dims_against_float64(device, rng, d, dv, causal, b, hq, hkv, sq, skv):
