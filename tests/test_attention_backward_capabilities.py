@@ -105,3 +105,27 @@ def test_varlen_kernels_at_equal_head_dims_compile(d, causal):
     defines = main_defines(d, d, causal, False, "bfloat16", varlen=True)
     res = get_kernel("attention_bwd", None, defines=defines, file="attention_backward").program.resources
     assert res.registers <= 255 and res.stack_frame <= 16, res
+
+
+def test_varlen_ops_trace_and_differentiate_on_meta_tensors():
+    """torch.ops.tmaflow.attention_varlen_lse / attention_varlen_backward give torch their shapes
+    (lse (heads, total_q)), refuse a transposed lse by name, and kernels.attention_varlen on
+    tensors that require grad records an autograd node whose backward gives q, k and v grads
+    of their shapes (meta tensors: the fake implementations run, no GPU)."""
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  registers the ops
+
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(*shape, device="meta", dtype=dtype)
+    cu = meta(4, dtype=torch.int32)
+    q, k, v = meta(50, 4, 192), meta(50, 2, 192), meta(50, 2, 128)
+    out, lse = torch.ops.tmaflow.attention_varlen_lse(q, k, v, cu, cu, 25, 25)
+    assert out.shape == (50, 4, 128) and lse.shape == (4, 50) and lse.dtype == torch.float32
+    grads = torch.ops.tmaflow.attention_varlen_backward(q, k, v, out, out, lse, cu, cu, 25, 25, True)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    with pytest.raises(Exception, match=r"tmaflow.attention_varlen_backward: needs out and dout of \(50, 4, 128\) "
+                       r"and a float32 lse of \(4, 50\)"):
+        torch.ops.tmaflow.attention_varlen_backward(q, k, v, out, out, lse.t(), cu, cu, 25, 25)
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+    kernels.attention_varlen(*leaves, cu, cu, 25, 25, causal=True).sum().backward()
+    assert [x.grad.shape for x in leaves] == [q.shape, k.shape, v.shape]
