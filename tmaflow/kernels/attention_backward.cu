@@ -263,6 +263,10 @@ attention_bwd(const elem_t* q, const elem_t* k, const elem_t* v, const elem_t* d
 #else
   const size_t kv_first = (size_t(b) * heads_kv + kvh) * seq_kv + key0;
 #endif
+  // The epilogue's row base and key count, parked in shared memory over the loops (registers
+  // there are all taken: ptxas would spill them to the stack).
+  __shared__ size_t sKeyRows[2];
+  if (threadIdx.x == 0) sKeyRows[0] = kv_first, sKeyRows[1] = keys;
   load_rows<DQK>(sK, k + kv_first * DQK, kv_step * DQK, BN, keys);
   load_rows<DV>(sV, v + kv_first * DV, kv_step * DV, BN, keys);
   float dk_acc[DS / 8][4] = {}, dv_acc[DS / 8][4] = {};
@@ -364,13 +368,16 @@ attention_bwd(const elem_t* q, const elem_t* k, const elem_t* v, const elem_t* d
     }
   }
   // dK (scaled: S = scale Q K^T) and dV rows of the block's keys, this slice's columns.
+  __syncthreads();  // sKeyRows written (the loops may have run no block)
+  const size_t rows_from = *static_cast<volatile size_t*>(sKeyRows);
+  const int key_count = int(*static_cast<volatile size_t*>(sKeyRows + 1));
 #pragma unroll
   for (int n = 0; n < DS / 8; ++n)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int key = 16 * w + lane / 4 + 8 * hh, c = d0 + 8 * n + 2 * (lane % 4);
-      if (key >= keys) continue;
-      const size_t row = kv_first + key * kv_step;
+      if (key >= key_count) continue;
+      const size_t row = rows_from + key * kv_step;
       if (c < DQK)
         *reinterpret_cast<uint32_t*>(dk + row * DQK + c) = pack2(dk_acc[n][2 * hh] * scale, dk_acc[n][2 * hh + 1] * scale);
       if (c < DV) *reinterpret_cast<uint32_t*>(dv + row * DV + c) = pack2(dv_acc[n][2 * hh], dv_acc[n][2 * hh + 1]);
