@@ -2,7 +2,8 @@
 and CUDA graphs like any torch operator.
 
     import tmaflow.torch  # registers torch.ops.tmaflow.{copy, softmax, gemm, gemm_block_scaled, attention,
-                          #   attention_lse, attention_backward, attention_varlen, attention_decode, append_kv,
+                          #   attention_lse, attention_backward, attention_varlen, attention_varlen_lse,
+                          #   attention_varlen_backward, attention_decode, append_kv,
                           #   all_gather_gemm, gemm_reduce_scatter}
     y = torch.ops.tmaflow.softmax(x)
 
@@ -17,7 +18,8 @@ running anything: torch.compile traces with it. Once this module is imported,
 ``kernels.copy / softmax / gemm / attention / attention_backward / attention_varlen / attention_decode /
 append_kv`` called inside a compiled function become these ops too (their default forms: no ``out=`` or tuning options
 there). ``kernels.attention`` on tensors that require grad becomes ``attention_lse`` (out and the
-log-sum-exp, saved for ``attention_backward``): gradients flow, eagerly and compiled (training
+log-sum-exp, saved for ``attention_backward``), ``kernels.attention_varlen`` likewise
+``attention_varlen_lse`` (for ``attention_varlen_backward``): gradients flow, eagerly and compiled (training
 steps under ``torch.compile(fullgraph=True)``); with ``torch.use_deterministic_algorithms(True)``
 the backward sums dQ in a fixed order. The real implementation launches on the
 current torch stream (tmaflow's ``stream=None`` rule for torch tensors), so a graph captured
@@ -30,11 +32,12 @@ from typing import Any
 import torch
 
 from .errors import TmaflowError
-from .kernels import (attention_backward_entry, attention_entry, attention_varlen_entry, decode_entry, entry,
-                      examples, matmul)
+from .kernels import (attention_backward_entry, attention_entry, attention_varlen_backward_entry,
+                      attention_varlen_entry, decode_entry, entry, examples, matmul)
 
 __all__ = ["op", "copy", "softmax", "gemm", "gemm_block_scaled", "attention", "attention_lse", "attention_backward",
-           "attention_varlen", "attention_decode", "append_kv", "all_gather_gemm", "gemm_reduce_scatter"]
+           "attention_varlen", "attention_varlen_lse", "attention_varlen_backward", "attention_decode", "append_kv",
+           "all_gather_gemm", "gemm_reduce_scatter"]
 
 
 def op(qualname: str, *, fake, schema: str | None = None, mutates_args=()):
@@ -246,10 +249,95 @@ def _attention_varlen_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
                      scale: float | None = None) -> torch.Tensor:
-    """``kernels.attention_varlen(...)``: attention over packed sequences, bf16 or fp16 (forward
-    only: no autograd formula yet, so a backward through it raises)."""
+    """``kernels.attention_varlen(...)``: attention over packed sequences, bf16 or fp16.
+    Differentiable, at the cost of a second forward in the backward (for the log-sum-exp):
+    ``attention_varlen_lse`` saves it instead (``kernels.attention_varlen`` with grads takes that one)."""
     return attention_varlen_entry.attention_varlen.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                            max_seqlen_k, causal=causal, scale=scale)()
+
+
+def _attention_varlen_lse_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                               cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                               causal: bool = False, scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    out = _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@op("tmaflow::attention_varlen_lse", fake=_attention_varlen_lse_fake,
+    schema="(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+           "int max_seqlen_k, bool causal=False, float? scale=None) -> (Tensor, Tensor)")
+def attention_varlen_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                         scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``kernels.attention_varlen(..., return_lse=True)``: (out, the (heads, total_q) float32
+    log-sum-exp); gradients flow to q, k and v through out (lse takes none)."""
+    return attention_varlen_entry.attention_varlen.prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                           max_seqlen_k, causal=causal, scale=scale,
+                                                           return_lse=True)()
+
+
+def _attention_varlen_backward_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                                    dout: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                    causal: bool = False, scale: float | None = None,
+                                    deterministic: bool = False) -> tuple:
+    want = (q.shape[0], q.shape[1], v.shape[2])
+    _check("attention_varlen_backward", tuple(out.shape) == tuple(dout.shape) == want and
+           tuple(lse.shape) == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32,
+           f"needs out and dout of {want} and a float32 lse of {(q.shape[1], q.shape[0])} (got {tuple(out.shape)}, "
+           f"{tuple(dout.shape)}, {tuple(lse.shape)} {lse.dtype})")
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@op("tmaflow::attention_varlen_backward", fake=_attention_varlen_backward_fake,
+    schema="(Tensor q, Tensor k, Tensor v, Tensor out, Tensor dout, Tensor lse, Tensor cu_seqlens_q, "
+           "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, bool causal=False, float? scale=None, "
+           "bool deterministic=False) -> (Tensor, Tensor, Tensor)")
+def attention_varlen_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                              dout: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                              cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                              causal: bool = False, scale: float | None = None,
+                              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``kernels.attention_varlen_backward(...)``: (dq, dk, dv); ``dout`` of any layout (copied
+    where it is not contiguous and 16-byte aligned, as ``attention_backward``)."""
+    dout = dout.contiguous()
+    if dout.data_ptr() % 16:
+        dout = dout.clone()
+    return attention_varlen_backward_entry.attention_varlen_backward(
+        q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+        scale=scale, deterministic=deterministic)
+
+
+def _save_varlen_lse(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, *output)
+
+
+def _varlen_grads(ctx, q, k, v, cu_q, cu_k, out, lse, dout) -> tuple:
+    grads = attention_varlen_backward(q, k, v, out, dout, lse, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal,
+                                      ctx.scale, torch.are_deterministic_algorithms_enabled())
+    return (*grads, None, None, None, None, None, None)
+
+
+def _attention_varlen_lse_backward(ctx, dout, _dlse):
+    q, k, v, cu_q, cu_k, out, lse = ctx.saved_tensors
+    return _varlen_grads(ctx, q, k, v, cu_q, cu_k, out, lse, dout)
+
+
+def _save_varlen_inputs(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k)
+
+
+def _attention_varlen_backward_recomputing(ctx, dout):
+    q, k, v, cu_q, cu_k = ctx.saved_tensors
+    out, lse = attention_varlen_lse(q, k, v, cu_q, cu_k, ctx.max_q, ctx.max_k, ctx.causal, ctx.scale)
+    return _varlen_grads(ctx, q, k, v, cu_q, cu_k, out, lse, dout)
+
+
+attention_varlen_lse.register_autograd(_attention_varlen_lse_backward, setup_context=_save_varlen_lse)
+attention_varlen.register_autograd(_attention_varlen_backward_recomputing, setup_context=_save_varlen_inputs)
 
 
 def _attention_decode_fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -387,13 +475,23 @@ def _attention_backward_call(q, k, v, out, dout, lse, *, causal: bool = False, s
 
 
 def _attention_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out=None, *,
-                           causal: bool = False, scale: float | None = None, **options):
+                           causal: bool = False, scale: float | None = None, return_lse: bool = False,
+                           **options):
     _only("attention_varlen", {"out": out, **options})
     # the op's schema takes tensors: host lengths (a list, numpy) become a CPU int32 tensor,
     # which the entry point uploads as it uploads them given directly
     cu_q, cu_k = (c if isinstance(c, torch.Tensor) else torch.as_tensor(c, dtype=torch.int32)
                   for c in (cu_seqlens_q, cu_seqlens_k))
-    return attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    result = attention_varlen_lse(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, causal, scale)
+    return result if return_lse else result[0]
+
+
+def _attention_varlen_backward_call(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, *, causal: bool = False, scale: float | None = None,
+                                    deterministic: bool = False, **options):
+    _only("attention_varlen_backward", options)
+    return attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                     max_seqlen_k, causal, scale, deterministic)
 
 
 def _attention_decode_call(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
@@ -409,9 +507,10 @@ def _append_kv_call(k_cache, v_cache, block_table, seq_lens, k_new, v_new, **opt
 
 # kernels.copy / softmax / gemm / attention / attention_backward / attention_varlen / attention_decode /
 # append_kv called while torch.compile traces become these ops (and kernels.attention and
-# attention_varlen on tensors that require grad: the latter's backward raises).
+# attention_varlen on tensors that require grad: their _lse forms, whose backward runs the kernels').
 entry.torch_route = _as_op
 entry.TORCH_OPS.update({"copy": _copy_call, "softmax": _softmax_call, "gemm": _gemm_call,
                         "attention": _attention_call, "attention_backward": _attention_backward_call,
                         "attention_varlen": _attention_varlen_call,
+                        "attention_varlen_backward": _attention_varlen_backward_call,
                         "attention_decode": _attention_decode_call, "append_kv": _append_kv_call})

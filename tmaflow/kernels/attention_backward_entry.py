@@ -1,8 +1,8 @@
 """Attention backward: the entry point ``kernels.attention_backward``, three launches a call
 (Delta = rowsum(dO * O) with the fp32 dQ accumulator zeroed; dK, dV and dQ's partial sums per
-key block; dQ in the output dtype), and their shapes. Head dims 64 and 128 run
+key block; dQ in the output dtype), and their shapes. Head dims 64 and 128 (v's the same) run
 ``attention_backward_sm90.cu`` (TMA and wgmma, FlashAttention-3's schedule); the others
-``attention_backward.cu`` (mma.sync, any multiple of 16 up to 256)."""
+``attention_backward.cu`` (mma.sync, any multiples of 16 up to 256, v's apart from q's)."""
 from __future__ import annotations
 
 import math
@@ -29,31 +29,42 @@ _PREP_ROWS = 8  # query rows a CTA of the Delta kernel (a warp each)
 _DQ_GRID = 1024
 
 
-def backward_smem(head_dim: int) -> int:
-    """Dynamic shared memory of the main kernel: K, V, Q and dO tiles of padded rows, dS^T,
-    the log-sum-exp and Delta of a query block."""
-    row = head_dim + 8
-    return 4 * BLOCK * row * 2 + BLOCK * (BLOCK + 8) * 2 + 2 * BLOCK * 4
+def backward_smem(head_dim: int, head_dim_v: int | None = None) -> int:
+    """Dynamic shared memory of the main kernel: K and Q tiles of padded q/k rows, V and dO of
+    padded v rows, dS^T, the log-sum-exp and Delta of a query block."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    return 2 * BLOCK * (head_dim + 8) * 2 + 2 * BLOCK * (dv + 8) * 2 + BLOCK * (BLOCK + 8) * 2 + 2 * BLOCK * 4
 
 
-def slices(head_dim: int) -> int:
-    """The SLICE-column parts of the head dim the gradients are computed in (a CTA each)."""
-    return -(-head_dim // SLICE)
+def slices(head_dim: int, head_dim_v: int | None = None) -> int:
+    """The parts of at most SLICE columns the gradients are computed in (a CTA each): the wider
+    head dim's (each slice owns its columns of dQ and dK and of dV where they exist)."""
+    return -(-max(head_dim, head_dim_v or 0) // SLICE)
 
 
-def _check_grads(who, Q, K, V, out, dout, lse):
-    """out and dout: q's shape, dtype and layout; lse: (batch, heads, seq_q) float32."""
+def main_defines(head_dim: int, head_dim_v: int, causal: bool, deterministic: bool, dtype: str,
+                 varlen: bool = False) -> dict:
+    """The defines of ``attention_backward.cu``'s prep and main kernels."""
+    return {"HEAD_DIM": head_dim, "HEAD_DIM_V": head_dim_v, "DETERMINISTIC": int(deterministic),
+            "CAUSAL": int(causal), **({"VARLEN": 1} if varlen else {}), **({"FP16": 1} if dtype == "float16" else {})}
+
+
+def _check_grads(who, Q, K, V, out, dout, lse, lse_shape=None, lse_rule="(batch, heads, seq_q), as "
+                 "attention(..., return_lse=True) returns it"):
+    """out and dout: q's shape with v's head dim, q's dtype, contiguous; lse: ``lse_shape`` (q's
+    first three dims) float32."""
+    want = (*Q.shape[:-1], V.shape[-1])
+    lse_shape = Q.shape[:3] if lse_shape is None else lse_shape
     for name, arr in (("out", out), ("dout", dout)):
-        if arr.shape != Q.shape or arr.dtype != Q.dtype:
-            raise TmaflowError(f"{who}: {name} must be q's {Q.shape} {Q.dtype.name} (got {arr.shape} "
-                               f"{arr.dtype.name})")
+        if arr.shape != want or arr.dtype != Q.dtype:
+            raise TmaflowError(f"{who}: {name} must be {want} {Q.dtype.name}, q's shape with v's head_dim "
+                               f"(got {arr.shape} {arr.dtype.name})")
         if arr.strides != contiguous_strides(arr.shape, 2):
             raise TmaflowError(f"{who}: {name} must be contiguous; strides {arr.strides} B (call "
                                ".contiguous() first)")
-    if lse.shape != Q.shape[:3] or lse.dtype.name != "float32" or lse.strides != contiguous_strides(lse.shape, 4):
-        raise TmaflowError(f"{who}: lse must be a contiguous {Q.shape[:3]} float32 array (batch, heads, "
-                           f"seq_q), as attention(..., return_lse=True) returns it; got {lse.shape} "
-                           f"{lse.dtype.name}")
+    if lse.shape != lse_shape or lse.dtype.name != "float32" or lse.strides != contiguous_strides(lse.shape, 4):
+        raise TmaflowError(f"{who}: lse must be a contiguous {lse_shape} float32 array {lse_rule}; got "
+                           f"{lse.shape} {lse.dtype.name}")
     for name, arr in (("q", Q), ("k", K), ("v", V), ("out", out), ("dout", dout)):
         if arr.ptr % 16:
             raise TmaflowError(f"{who}: {name} at 0x{arr.ptr:x} must be 16-byte aligned (rows are read "
@@ -72,7 +83,8 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
                        deterministic: bool = False, dq=None, dk=None, dv=None, stream=None):
     """Gradients (dq, dk, dv) of ``out = attention(q, k, v, causal=causal, scale=scale)`` given
     ``dout``, the gradient of out, and ``lse``, the forward's log-sum-exp (``attention(...,
-    return_lse=True)``). bfloat16 or float16, head_dim any multiple of 16 from 16 to 256; k and
+    return_lse=True)``). bfloat16 or float16, head dims any multiples of 16 from 16 to 256 (v's
+    may differ from q's and k's, as in multi-head latent attention: out, dout and dv have v's); k and
     v may have fewer heads (grouped-query attention: dk and dv of a kv head sum over its query
     heads); seq_q and seq_k may differ (causal masks are top-left aligned, as the forward's and
     torch's ``is_causal``). dQ is summed in fp32 with atomics, in an order that varies from run
@@ -82,7 +94,8 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
     causal, deterministic = _OPTIONS(causal, deterministic)
     who = "attention_backward"
     Q, K, V, O, G, L = (packed(as_array(a)) for a in (q, k, v, out, dout, lse))
-    b, hq, sq, d, hkv, skv = _check(Q, K, V, HEAD_DIMS, who)
+    b, hq, sq, d, hkv, skv = _check(Q, K, V, HEAD_DIMS, who, v_head_dims=HEAD_DIMS)
+    d_v = V.shape[3]
     _check_grads(who, Q, K, V, O, G, L)
     scale = _scale(scale, d, who)
     inputs = tuple(zip(("q", "k", "v", "out", "dout", "lse"), (Q, K, V, O, G, L)))
@@ -91,11 +104,11 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
         given.append(_given(who, grad, name, like, inputs + tuple(zip(("dq", "dk"), given))))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, O, G, L, *given), ordinal)
-    key = (who, Q.dtype.name, Q.shape, K.shape, causal, deterministic, stream, Q.device, ordinal, get_ident())
+    key = (who, Q.dtype.name, Q.shape, K.shape, d_v, causal, deterministic, stream, Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _state(Q, K, causal, deterministic, stream))
+        st = cached_state(key, lambda: _state(Q, K, d_v, causal, deterministic, stream))
     outs = [(g, arr) if arr is not None else new_output(like, like_arr, like_arr.shape, None, stream)
             for g, arr, like, like_arr in zip((dq, dk, dv), given, (q, k, v), (Q, K, V))]
     result = tuple(o for o, _ in outs)
@@ -120,19 +133,20 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
 _OPTIONS = checks.Options("attention_backward", causal=checks.flag(), deterministic=checks.flag())
 
 
-def _state(Q, K, causal, deterministic, stream) -> SimpleNamespace:
+def _state(Q, K, dv, causal, deterministic, stream) -> SimpleNamespace:
     who = "attention_backward"
     _OPTIONS.check(causal, deterministic)
     on_current_device(who, Q)
     b, hq, sq, d = Q.shape
     hkv, skv = K.shape[1], K.shape[2]
     fp16 = {"FP16": 1} if Q.dtype.name == "float16" else {}
-    prep_defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), **fp16}
+    defines = main_defines(d, dv, causal, deterministic, Q.dtype.name)
+    prep_defines = {k: v for k, v in defines.items() if k != "CAUSAL"}
 
     def launcher(name, defines, **config):  # each kernel built with the defines it reads
         return get_kernel(name, None, defines=defines, file="attention_backward").launcher(stream=stream, **config)
     rows = b * hq * sq
-    if d in SM90_HEAD_DIMS and rows:
+    if d in SM90_HEAD_DIMS and dv == d and rows:
         plan = Sm90Plan(Q, K, causal, deterministic, stream)
         return SimpleNamespace(launches=plan.launches, chain_count=0, run=_Run(plan.launches, True), sm90=plan)
     launches = []
@@ -140,11 +154,11 @@ def _state(Q, K, causal, deterministic, stream) -> SimpleNamespace:
         launches.append(launcher("attention_bwd_prep", prep_defines, grid=-(-rows // _PREP_ROWS),
                                  block=32 * _PREP_ROWS))
     if b * hkv * skv:  # dK and dV (zero where no query sees a key), dQ's sums
-        launches.append(launcher("attention_bwd", {**prep_defines, "CAUSAL": int(causal)},
-                                 grid=(-(-skv // BLOCK), hkv * slices(d), b), block=THREADS, smem=backward_smem(d)))
+        launches.append(launcher("attention_bwd", defines, grid=(-(-skv // BLOCK), hkv * slices(d, dv), b),
+                                 block=THREADS, smem=backward_smem(d, dv)))
     if rows:
         launches.append(launcher("attention_bwd_dq", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256))
-    chain_count = b * hq * -(-sq // BLOCK) * slices(d) if deterministic else 0
+    chain_count = b * hq * -(-sq // BLOCK) * slices(d, dv) if deterministic else 0
     return SimpleNamespace(launches=launches, chain_count=chain_count, run=_Run(launches, rows > 0), sm90=None)
 
 

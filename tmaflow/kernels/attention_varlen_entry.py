@@ -94,40 +94,40 @@ _OPTIONS = checks.Options(WHO, causal=checks.flag(), pdl=checks.flag(), debug=ch
 _RETURN_LSE = checks.Options(WHO, return_lse=checks.flag())
 
 
-def _check(Q, K, V) -> tuple:
+def _check(Q, K, V, who: str = WHO) -> tuple:
     """(total_q, heads, head_dim, total_k, kv_heads, head_dim_v) after the rules."""
     for name, arr in (("q", Q), ("k", K), ("v", V)):
         if arr.ndim != 3:
-            raise TmaflowError(f"{WHO}: {name} must be 3-D (tokens, heads, head_dim), the packed layout; got "
+            raise TmaflowError(f"{who}: {name} must be 3-D (tokens, heads, head_dim), the packed layout; got "
                                f"shape {arr.shape}")
         if arr.dtype.name not in DTYPES:
-            raise TmaflowError(f"{WHO}: {name} must be {' or '.join(DTYPES)} (got {arr.dtype.name})")
+            raise TmaflowError(f"{who}: {name} must be {' or '.join(DTYPES)} (got {arr.dtype.name})")
         if arr.dtype is not Q.dtype:
-            raise TmaflowError(f"{WHO}: {name} is {arr.dtype.name} but q is {Q.dtype.name}; q, k and v must "
+            raise TmaflowError(f"{who}: {name} is {arr.dtype.name} but q is {Q.dtype.name}; q, k and v must "
                                "have one dtype")
         if arr.strides != contiguous_strides(arr.shape, 2) or arr.ptr % 16:
-            raise TmaflowError(f"{WHO}: {name} must be contiguous (tokens, heads, head_dim) at a 16-byte "
+            raise TmaflowError(f"{who}: {name} must be contiguous (tokens, heads, head_dim) at a 16-byte "
                                f"boundary (TMA reads it); strides {arr.strides} B at 0x{arr.ptr:x}")
     (tq, hq, d), (tk, hkv, dk), dv = Q.shape, K.shape, V.shape[2]
     if V.shape[:2] != K.shape[:2]:
-        raise TmaflowError(f"{WHO}: k {K.shape} and v {V.shape} must have one token count and head count")
+        raise TmaflowError(f"{who}: k {K.shape} and v {V.shape} must have one token count and head count")
     if dk != d:
-        raise TmaflowError(f"{WHO}: q's head_dim={d} but k's is {dk}; they must match")
+        raise TmaflowError(f"{who}: q's head_dim={d} but k's is {dk}; they must match")
     if hkv == 0 or hq % hkv:
-        raise TmaflowError(f"{WHO}: {hq} query heads must be a multiple of the {hkv} key/value heads "
+        raise TmaflowError(f"{who}: {hq} query heads must be a multiple of the {hkv} key/value heads "
                            "(grouped-query attention)")
     for name, dim in (("q and k's head_dim", d), ("v's head_dim", dv)):
         if dim not in HEAD_DIMS:
-            raise TmaflowError(f"{WHO}: {name}={dim} is not supported; use {dims_rule(HEAD_DIMS)}")
+            raise TmaflowError(f"{who}: {name}={dim} is not supported; use {dims_rule(HEAD_DIMS)}")
     if tk == 0 and tq > 0:
-        raise TmaflowError(f"{WHO}: k and v have no tokens; softmax over nothing is undefined")
+        raise TmaflowError(f"{who}: k and v have no tokens; softmax over nothing is undefined")
     if max(tq, tk) * max(hq, 1) >= 1 << 31:
-        raise TmaflowError(f"{WHO}: {max(tq, tk)} tokens x {hq} heads must stay below 2^31 (the kernel "
+        raise TmaflowError(f"{who}: {max(tq, tk)} tokens x {hq} heads must stay below 2^31 (the kernel "
                            "indexes rows and the log-sum-exp with 32-bit ints)")
     return tq, hq, d, tk, hkv, dv
 
 
-def _host_values(name: str, value):
+def _host_values(name: str, value, who: str = WHO):
     """The values of host lengths (a sequence or generator of ints, a numpy array, a CPU
     tensor) as a numpy array, or None for a device array."""
     if isinstance(value, np.ndarray):
@@ -139,7 +139,7 @@ def _host_values(name: str, value):
             hasattr(value, "__dlpack__"):
         return None
     if isinstance(value, (str, bytes, dict, set)) or not hasattr(value, "__iter__"):
-        raise TmaflowError(f"{WHO}: {name}={value!r} must be batch + 1 int32 prefix sums: a device array, or "
+        raise TmaflowError(f"{who}: {name}={value!r} must be batch + 1 int32 prefix sums: a device array, or "
                            "host ints")
     try:
         return np.asarray(list(value))
@@ -147,54 +147,54 @@ def _host_values(name: str, value):
         return np.asarray(list(value), dtype=object)
 
 
-def _cu_seqlens(name: str, value, total: int, max_len: int, Q):
+def _cu_seqlens(name: str, value, total: int, max_len: int, Q, who: str = WHO):
     """``name`` as batch + 1 int32 prefix sums: a device array as given (its values are the
     kernel's to clamp), or host values checked, as an int32 numpy array to upload."""
-    host = _host_values(name, value)
+    host = _host_values(name, value, who)
     if host is None:
         try:
             arr = packed(as_array(value))
         except TmaflowError as exc:
-            raise TmaflowError(f"{WHO}: {name}: {exc}") from None
+            raise TmaflowError(f"{who}: {name}: {exc}") from None
         if arr.dtype.name != "int32" or arr.ndim != 1 or arr.shape[0] == 0:
-            raise TmaflowError(f"{WHO}: {name} must be a 1-D int32 array of batch + 1 prefix sums (got "
+            raise TmaflowError(f"{who}: {name} must be a 1-D int32 array of batch + 1 prefix sums (got "
                                f"{arr.shape} {arr.dtype.name})")
         if arr.strides != (4,) and arr.shape[0] > 1:
-            raise TmaflowError(f"{WHO}: {name} must be contiguous (strides {arr.strides} B): the kernel "
+            raise TmaflowError(f"{who}: {name} must be contiguous (strides {arr.strides} B): the kernel "
                                "reads packed int32 values")
         if arr.device is not None and Q.device is not None and arr.device.ordinal != Q.device.ordinal:
-            raise TmaflowError(f"{WHO}: {name} lives on device {arr.device.ordinal} but q on device "
+            raise TmaflowError(f"{who}: {name} lives on device {arr.device.ordinal} but q on device "
                                f"{Q.device.ordinal}; every operand must be on one device")
         if not arr.alive:
-            raise TmaflowError(f"{WHO}: {name} {arr!r} was freed")
+            raise TmaflowError(f"{who}: {name} {arr!r} was freed")
         return arr
     if host.ndim != 1 or host.size == 0 or host.dtype.kind not in "iu":
-        raise TmaflowError(f"{WHO}: {name} must be batch + 1 int32 prefix sums (got {host.shape} {host.dtype})")
+        raise TmaflowError(f"{who}: {name} must be batch + 1 int32 prefix sums (got {host.shape} {host.dtype})")
     wide = host.astype(np.int64)  # compared as given, before the narrowing to int32
     drops = np.flatnonzero(np.diff(wide) < 0)
     if drops.size:
         b = int(drops[0])
-        raise TmaflowError(f"{WHO}: {name} must never decrease; {name}[{b + 1}]={wide[b + 1]} is below "
+        raise TmaflowError(f"{who}: {name} must never decrease; {name}[{b + 1}]={wide[b + 1]} is below "
                            f"{name}[{b}]={wide[b]}")
     if wide[0] < 0 or wide[-1] > total:
-        raise TmaflowError(f"{WHO}: {name} runs from {wide[0]} to {wide[-1]}; it must stay within the "
+        raise TmaflowError(f"{who}: {name} runs from {wide[0]} to {wide[-1]}; it must stay within the "
                            f"{total} tokens of its tensor")
     lengths = np.diff(wide)
     if lengths.size and lengths.max() > max_len:
         b = int(np.argmax(lengths))
-        raise TmaflowError(f"{WHO}: sequence {b} of {name} has {lengths[b]} tokens, more than "
+        raise TmaflowError(f"{who}: sequence {b} of {name} has {lengths[b]} tokens, more than "
                            f"max_seqlen_{name[-1]}={max_len}")
     return wide.astype(np.int32)
 
 
-def _upload(host: np.ndarray, device, stream: int) -> DeviceArray:
+def _upload(host: np.ndarray, device, stream: int, who: str = WHO) -> DeviceArray:
     """``host`` in memory allocated and filled in order on ``stream`` (pageable memory is
     staged at once), so its free, also on ``stream``, waits for the launch reading it. While a
     tf.Graph captures: eagerly, as the graph's own array."""
     if capturing() is not None:
         return from_numpy(host, device=device)
     if _foreign_capture(stream):
-        raise TmaflowError(f"{WHO}: cu_seqlens given as host values are uploaded at each call, which a "
+        raise TmaflowError(f"{who}: cu_seqlens given as host values are uploaded at each call, which a "
                            "CUDA graph capture cannot hold; pass them as device int32 tensors (a replay "
                            "then reads their new values)")
     arr = empty(host.shape, "int32", device, stream=stream)

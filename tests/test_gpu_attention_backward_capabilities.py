@@ -1,0 +1,181 @@
+"""The backward beyond equal head dims and dense batches, against float64 gradients of the same
+bf16 inputs: v's head dim apart from q's (192 / 128, 96 / 64; and 160, whose slices are now two
+of 80 columns), causal and not, grouped-query heads; kernels.attention_varlen_backward over ragged sequences (empty ones, one token, tokens
+before the first sequence and after the last), device and host lengths, deterministic runs,
+a CUDA graph replayed with new lengths; the attention_varlen op under torch autograd and
+torch.compile(fullgraph=True) against a float64 torch reference. Gradients are poisoned first."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.testing import poison, rel_error
+
+from attention_reference import attention_backward
+
+pytestmark = pytest.mark.gpu
+
+TOL = 1e-2  # as the dense backward's
+
+
+def _bf16(rng, shape):
+    bits = bf16_bits(rng.standard_normal(shape))
+    return tf.from_numpy(bits, dtype="bfloat16"), bf16_to_float32(bits).astype(np.float64)
+
+
+def _float(arr):
+    return bf16_to_float32(arr.numpy()).astype(np.float64)
+
+
+def _close(got, want, what):
+    assert np.isfinite(got).all(), what
+    assert rel_error(got, want) < TOL, (what, rel_error(got, want))
+
+
+@pytest.mark.parametrize("d,dv", [(192, 128), (96, 64), (160, 160)])  # 160: two slices of 80 columns
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,hq,hkv,sq,skv", [(2, 4, 2, 77, 130), (1, 2, 1, 200, 64)])
+def test_unequal_head_dims_against_float64(device, rng, d, dv, causal, b, hq, hkv, sq, skv):
+    shapes = ((b, hq, sq, d), (b, hkv, skv, d), (b, hkv, skv, dv), (b, hq, sq, dv))
+    (q, k, v, dout), (qf, kf, vf, gf) = zip(*(_bf16(rng, s) for s in shapes))
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    grads = [poison(tf.empty(x.shape, "bfloat16")) for x in (q, k, v)]
+    kernels.attention_backward(q, k, v, out, dout, lse, causal=causal, dq=grads[0], dk=grads[1], dv=grads[2])
+    want = attention_backward(qf, kf, vf, gf, causal, 1 / np.sqrt(d))
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+        _close(_float(g), w, (name, d, dv, causal, b, hq, hkv, sq, skv))
+
+
+def _cu(lengths, start=0):
+    return (start + np.concatenate([[0], np.cumsum(lengths)])).astype(np.int32)
+
+
+def _varlen_reference(q, k, v, dout, cu_q, cu_k, causal, scale):
+    """(dq, dk, dv) in float64 sequence by sequence; zeros outside every sequence and for
+    sequences without queries or keys."""
+    grads = [np.zeros(x.shape) for x in (q, k, v)]
+    for b in range(len(cu_q) - 1):
+        (q0, q1), (k0, k1) = cu_q[b:b + 2], cu_k[b:b + 2]
+        if q1 == q0 or k1 == k0:
+            continue
+        per_head = [x[None].transpose(0, 2, 1, 3) for x in (q[q0:q1], k[k0:k1], v[k0:k1], dout[q0:q1])]
+        dq, dk, dv = (x[0].transpose(1, 0, 2) for x in attention_backward(*per_head, causal, scale))
+        grads[0][q0:q1], grads[1][k0:k1], grads[2][k0:k1] = dq, dk, dv
+    return grads
+
+
+RAGGED_Q = [77, 0, 1, 130, 64, 5, 200]
+RAGGED_K = [77, 3, 1, 130, 0, 70, 1]  # a sequence of queries without keys, one of keys without queries
+
+
+def _varlen_run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, host=False, deterministic=False, before=3,
+                after=5):
+    cu_q, cu_k = _cu(lens_q, before), _cu(lens_k, before)
+    tq, tk = int(cu_q[-1]) + after, int(cu_k[-1]) + after
+    shapes = ((tq, hq, d), (tk, hkv, d), (tk, hkv, dv), (tq, hq, dv))
+    (q, k, v, dout), (qf, kf, vf, gf) = zip(*(_bf16(rng, s) for s in shapes))
+    lens = (cu_q.tolist(), cu_k.tolist()) if host else (tf.from_numpy(cu_q), tf.from_numpy(cu_k))
+    out, lse = kernels.attention_varlen(q, k, v, *lens, max(lens_q), max(lens_k), causal=causal, return_lse=True)
+    grads = [poison(tf.empty(x.shape, "bfloat16")) for x in (q, k, v)]
+    kernels.attention_varlen_backward(q, k, v, out, dout, lse, *lens, max(lens_q), max(lens_k), causal=causal,
+                                      deterministic=deterministic, dq=grads[0], dk=grads[1], dv=grads[2])
+    want = _varlen_reference(qf, kf, vf, gf, cu_q, cu_k, causal, 1 / np.sqrt(d))
+    got = [_float(g) for g in grads]
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        _close(g, w, (name, lens_q, lens_k, hq, hkv, d, dv, causal, host))
+        assert (g[:before] == 0).all() and (g[len(g) - after:] == 0).all(), (name, "rows outside every sequence")
+    return got, (q, k, v, out, dout, lse, lens)
+
+
+@pytest.mark.parametrize("d,dv", [(128, 128), (192, 128), (64, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_backward_against_float64(device, rng, d, dv, causal):
+    _varlen_run(rng, RAGGED_Q, RAGGED_K, 4, 2, d, dv, causal)
+
+
+def test_varlen_backward_host_lengths_and_many_sequences(device, rng):
+    """Host lengths are uploaded; 70 sequences take the key-block walk past 32 a step."""
+    lens = rng.integers(0, 40, 70).tolist()
+    _varlen_run(rng, lens, lens, 2, 1, 96, 64, True, host=True, before=0, after=0)
+
+
+def test_varlen_backward_deterministic_is_bit_identical(device, rng):
+    got, (q, k, v, out, dout, lse, lens) = _varlen_run(rng, RAGGED_Q, RAGGED_Q, 4, 1, 128, 128, False,
+                                                       deterministic=True)
+    for _ in range(2):
+        again = kernels.attention_varlen_backward(q, k, v, out, dout, lse, *lens, 200, 200, deterministic=True)
+        assert all(np.array_equal(_float(a), g) for a, g in zip(again, got))
+
+
+def test_varlen_backward_graph_replay_reads_new_lengths(device, rng):
+    """A captured backward replayed after the lengths changed in place computes the new
+    sequences' gradients (the grid is sized for any lengths)."""
+    torch = pytest.importorskip("torch")
+    hq, d, total = 2, 128, 700
+    q, k, v, dout = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    cu = torch.tensor(_cu([300, 400]), device="cuda")
+    out, lse = kernels.attention_varlen(q, k, v, cu, cu, 1024, 1024, return_lse=True)
+    grads = [torch.empty_like(x) for x in (q, k, v)]
+
+    def call():
+        kernels.attention_varlen(q, k, v, cu, cu, 1024, 1024, out, return_lse=False)
+        kernels.attention_varlen_backward(q, k, v, out, dout, lse, cu, cu, 1024, 1024, dq=grads[0], dk=grads[1],
+                                          dv=grads[2])
+    call()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.attention_varlen_backward(q, k, v, out, dout, lse, cu, cu, 1024, 1024, dq=grads[0], dk=grads[1],
+                                          dv=grads[2])
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v, dout)]
+    for lens in ([1, 699], [0, 700], [350, 200]):
+        new = _cu(lens)
+        cu.copy_(torch.tensor(new, device="cuda"))
+        _, lse_new = kernels.attention_varlen(q, k, v, cu, cu, 1024, 1024, out, return_lse=True)
+        lse.copy_(lse_new)
+        for g in grads:
+            g.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = _varlen_reference(*host, new, new, False, 1 / np.sqrt(d))
+        for name, g, w in zip(("dq", "dk", "dv"), grads, want):
+            _close(g.float().cpu().numpy().astype(np.float64), w, (name, lens))
+
+
+def test_varlen_autograd_and_compile_against_float64_torch(device):
+    """attention_varlen on tensors that require grad: gradients eagerly and in a
+    torch.compile(fullgraph=True) step, against torch autograd in float64 per sequence."""
+    torch = pytest.importorskip("torch")
+    import tmaflow.torch  # noqa: F401  registers the ops and their autograd
+
+    lens = [50, 0, 1, 130, 77]
+    cu = torch.tensor(_cu(lens), device="cuda")
+    total, hq, hkv, d, dv = int(cu[-1]), 4, 2, 192, 128
+    gen = torch.Generator(device="cuda").manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    q, k, v = (torch.randn(total, h, e, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for h, e in ((hq, d), (hkv, d), (hkv, dv)))
+    weight = torch.randn(total, hq, dv, device="cuda", generator=gen)
+
+    def loss(q, k, v):
+        return (kernels.attention_varlen(q, k, v, cu, cu, 130, 130, causal=True).float() * weight).sum()
+
+    ref = [x.double().requires_grad_() for x in (q, k, v)]
+    total_ref = 0.0
+    for b in range(len(lens)):
+        s, e = int(cu[b]), int(cu[b + 1])
+        if s == e:
+            continue
+        qq, kk, vv = (x[s:e].transpose(0, 1) for x in ref)
+        kk, vv = (x.repeat_interleave(hq // hkv, 0) for x in (kk, vv))
+        scores = (qq @ kk.transpose(1, 2)) / d ** 0.5
+        scores = scores.masked_fill(torch.ones(e - s, e - s, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+        o = torch.softmax(scores, -1) @ vv
+        total_ref = total_ref + (o.transpose(0, 1) * weight[s:e].double()).sum()
+    want = torch.autograd.grad(total_ref, ref)
+    for run in (loss, torch.compile(loss, fullgraph=True)):
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        for x in leaves:
+            x.grad = None
+        run(*leaves).backward()
+        for name, x, w in zip(("dq", "dk", "dv"), leaves, want):
+            _close(x.grad.double().cpu().numpy(), w.cpu().numpy(), (name, run))

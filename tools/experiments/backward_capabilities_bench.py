@@ -1,0 +1,67 @@
+"""One timing line each for the backward's new capabilities (H200, bf16, L2 warm, median of
+10): the varlen backward (mma.sync, VARLEN) beside the dense backward (the Hopper kernel at
+head dim 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads); the 192 / 128
+backward (multi-head latent attention's head dims: 4 x 4096, 16 heads) in TFLOP/s, beside
+torch's SDPA backends where they take v's head dim apart from q's.
+
+    PYTHONPATH=. python3 tools/experiments/backward_capabilities_bench.py
+"""
+from __future__ import annotations
+
+import torch
+
+from tmaflow import bench, kernels
+
+
+def _flops(tokens_q: int, seq_k: int, heads: int, d: int, dv: int, causal: bool) -> float:
+    """S, dP, dV, dK and dQ: 2 (3 d + 2 dv) a (query, key) pair, halved under a causal mask."""
+    return 2.0 * (3 * d + 2 * dv) * tokens_q * seq_k * heads * (0.5 if causal else 1.0)
+
+
+def _ms(fn) -> float:
+    return bench.do_bench(fn, warmup=3, repeats=10, return_mode="median") * 1e3
+
+
+def varlen_vs_dense(causal: bool) -> str:
+    b, s, h, d = 8, 2048, 16, 128
+    q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    dense = _ms(lambda: kernels.attention_backward(q, k, v, out, dout, lse, causal=causal))
+    packed = [x.transpose(1, 2).reshape(b * s, h, d).contiguous() for x in (q, k, v, dout)]
+    cu = torch.arange(0, b * s + 1, s, device="cuda", dtype=torch.int32)
+    pout, plse = kernels.attention_varlen(*packed[:3], cu, cu, s, s, causal=causal, return_lse=True)
+    varlen = _ms(lambda: kernels.attention_varlen_backward(*packed[:3], pout, packed[3], plse, cu, cu, s, s,
+                                                           causal=causal))
+    f = _flops(b * s, s, h, d, d, causal)
+    return (f"bwd varlen hd128 16k tokens (8 x 2048) h16 {'causal' if causal else 'full  '}: varlen "
+            f"{varlen:.3f} ms {f / varlen / 1e9:.0f} TFLOP/s | dense {dense:.3f} ms {f / dense / 1e9:.0f} TFLOP/s "
+            f"| varlen/dense time {varlen / dense:.2f}")
+
+
+def mla(causal: bool) -> str:
+    b, s, h, d, dv = 4, 4096, 16, 192, 128
+    q, k = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v, dout = (torch.randn(b, h, s, dv, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    ours = _ms(lambda: kernels.attention_backward(q, k, v, out, dout, lse, causal=causal))
+    f = _flops(b * s, s, h, d, dv, causal)
+    line = f"bwd 192/128 4 x 4096 h16 {'causal' if causal else 'full  '}: tmaflow {ours:.3f} ms {f / ours / 1e9:.0f} TFLOP/s"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            qs, ks, vs = (x.detach().requires_grad_() for x in (q, k, v))
+            with sdpa_kernel([backend]):
+                o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+            ms = _ms(lambda: torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True))
+            line += f" | {name} {ms:.3f} ms {f / ms / 1e9:.0f} TFLOP/s"
+        except Exception as exc:  # a backend that refuses unequal head dims
+            line += f" | {name} n/a ({type(exc).__name__})"
+    return line
+
+
+if __name__ == "__main__":
+    for causal in (False, True):
+        print(varlen_vs_dense(causal), flush=True)
+    for causal in (False, True):
+        print(mla(causal), flush=True)
