@@ -8,7 +8,8 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
-from tmaflow.kernels.attention_backward_sm90 import SM90_HEAD_DIMS, STAGES, padded_rows, sm90_smem
+from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, SM90_HEAD_DIMS, STAGES, kernel_smem,
+                                                     main_defines, padded_rows, sm90_smem, step_rows)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
 from tmaflow.runtime.memory import DeviceArray
@@ -118,14 +119,40 @@ def test_sm90_backward_compiles_without_spills(d, causal, deterministic, fp16):
     """Every variant of the Hopper kernel (head dims 64 and 128) fits its consumers' registers
     with nothing on the stack, ptxas keeps its wgmma pipeline (no C75xx note: a serialized one
     is correct and 20-40% slower), and its shared memory fits the SM."""
-    defines = {"HEAD_DIM": d, "CAUSAL": int(causal), "DETERMINISTIC": int(deterministic), "STAGES": STAGES,
-               **({"FP16": 1} if fp16 else {})}
+    defines = main_defines(d, causal, deterministic, fp16)
+    assert defines["BLOCK_M"] == step_rows(d) and defines["DQ_BULK"] == int(d in DQ_BULK_HEAD_DIMS)
     for name in ("attention_bwd_sm90", "attention_bwd_sm90_prep"):
-        program = get_kernel(name, None, defines=defines, file="attention_backward_sm90").program
-        assert program.resources.spills == 0 and program.resources.stack_frame == 0, (name, defines, program.resources)
-        assert compiler.wgmma_pipeline_notes(program.log) == [], (name, defines)
+        _assert_clean(get_kernel(name, None, defines=defines, file="attention_backward_sm90").program, defines)
     assert sm90_smem(d) <= HOPPER_SMEM_LIMIT
+
+
+def _assert_clean(program, defines):
+    assert program.resources.spills == 0 and program.resources.stack_frame == 0, (defines, program.resources)
+    assert compiler.wgmma_pipeline_notes(program.log) == [], defines
+
+
+@pytest.mark.parametrize("d,rows,dq_bulk,dq_early", [(64, 64, 0, 1), (64, 64, 1, 1), (64, 128, 0, 0), (128, 64, 0, 1),
+                                                   (128, 64, 1, 0)])
+@pytest.mark.parametrize("causal,deterministic", [(False, False), (True, True)])
+def test_sm90_backward_other_schedules_compile_and_fit_the_reserved_smem(d, rows, dq_bulk, dq_early, causal,
+                                                                         deterministic):
+    """The variants an A/B selects beside the plan (64-row steps at head dim 64, the other dQ
+    path, round 2's dQ after dK) compile clean and fit what every launch reserves."""
+    defines = {"HEAD_DIM": d, "CAUSAL": int(causal), "DETERMINISTIC": int(deterministic), "STAGES": STAGES,
+               "BLOCK_M": rows, "DQ_BULK": dq_bulk, "DQ_EARLY": dq_early}
+    _assert_clean(get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program,
+                  defines)
+    assert kernel_smem(d, rows, bool(dq_bulk)) <= sm90_smem(d) <= HOPPER_SMEM_LIMIT
+
+
+def test_sm90_wide_steps_without_room_for_the_dq_buffers_are_refused_at_compile_time():
+    defines = {"HEAD_DIM": 64, "STAGES": STAGES, "BLOCK_M": 128, "DQ_BULK": 1}
+    with pytest.raises(tf.TmaflowError, match="STAGES do not fit shared memory"):
+        get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
+    assert kernel_smem(64, 128, True) > HOPPER_SMEM_LIMIT
 
 
 def test_sm90_workspace_rows_are_whole_blocks():
     assert [padded_rows(n) for n in (1, 63, 64, 65, 1023)] == [64, 64, 64, 128, 1024]
+    assert [padded_rows(n, 128) for n in (1, 128, 129)] == [128, 128, 256]
+    assert [step_rows(d) for d in (64, 128)] == [128, 64]

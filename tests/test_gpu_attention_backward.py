@@ -8,6 +8,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
 from attention_reference import attention_backward, attention_forward
@@ -93,6 +94,26 @@ def test_attention_backward_deterministic_is_bit_identical(device, rng, causal):
     fast = kernels.attention_backward(*inputs, causal=causal)
     for a, b in zip(first, fast):
         assert rel_error(_values(b, "bfloat16"), a) < 1e-2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_head_dim_64_in_64_row_steps(device, rng, causal):
+    """Head dim 64's former schedule (BLOCK_M=64, the A/B's "red"; the plan takes 128-row
+    steps): lengths off the tiles, GQA, the deterministic mode bit-identical."""
+    for b, hq, hkv, sq, skv, det in ((1, 4, 2, 300, 513, False), (2, 4, 1, 333, 400, True)):
+        (q, k, v, dout), (qf, kf, vf, gf) = _inputs(rng, b, hq, hkv, sq, skv, 64, "bfloat16")
+        out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+        want = attention_backward(qf, kf, vf, gf, causal, 1 / 8)
+        runs = []
+        with extra_defines({"BLOCK_M": 64}):
+            for _ in range(1 + det):
+                grads = [poison(tf.empty(x.shape, "bfloat16")) for x in (q, k, v)]
+                kernels.attention_backward(q, k, v, out, dout, lse, causal=causal, deterministic=det,
+                                           dq=grads[0], dk=grads[1], dv=grads[2])
+                runs.append([_values(g, "bfloat16") for g in grads])
+        _check_grads(runs[0], want, (b, hq, hkv, sq, skv, causal, det))
+        for a, again in zip(runs[0], runs[-1]):
+            assert np.array_equal(a, again)
 
 
 def test_attention_backward_without_queries_zeroes_dk_and_dv(device, rng):

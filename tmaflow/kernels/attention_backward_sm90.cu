@@ -1,11 +1,11 @@
 // Attention backward on Hopper's asynchronous units (FlashAttention-3's schedule) for head dims
 // 64 and 128: dQ, dK and dV of O = softmax(scale Q K^T) V, bf16 (FP16: fp16) in and out.
 //
-// attention_bwd_sm90_prep: per query row (rows padded to BM a head), Delta = rowsum(dO * O)
+// attention_bwd_sm90_prep: per query row (rows padded to whole steps a head), Delta = rowsum(dO * O)
 //   and the log-sum-exp in the log2 domain (padding rows: 0, 0), the fp32 dQ accumulator and
 //   (DETERMINISTIC) the chain counters zeroed.
 // attention_bwd_sm90: a CTA is one (block of BN = 128 keys, kv head, batch). Warpgroup 0 issues
-//   TMA: K and V once, then per block of BM = 64 query rows (over the kv head's query heads,
+//   TMA: K and V once, then per block of BM = 64 (BLOCK_M) query rows (over the kv head's query heads,
 //   grouped-query attention) Q, dO, LSE and Delta into a multi-stage ring. Consumer warpgroups
 //   1 and 2 own keys 0-63 / 64-127 of the block. Per query block each computes
 //     S^T = K Q^T and dP^T = V dO^T (wgmma, K / V rows and Q / dO 128B-swizzled, K-major),
@@ -41,6 +41,13 @@ using namespace tmaflow;
 #ifndef DETERMINISTIC
 #define DETERMINISTIC 0
 #endif
+// Query rows a step (BM): 64, or 128 at head dim 64 (FA3's tile there: S^T and dP^T are
+// m64n128 wgmmas, whose B operand costs less shared-memory bandwidth a FLOP than n64's, and a
+// step's barriers and waits are paid once for twice the work). At 128 each consumer
+// warpgroup's dQ is its 64 query rows of the step by all head-dim columns.
+#ifndef BLOCK_M
+#define BLOCK_M 64
+#endif
 #ifndef STAGES
 #define STAGES 2
 #endif
@@ -48,7 +55,7 @@ using namespace tmaflow;
 // and dV take half of 128's). Every step issues the same wgmmas (the first a dQ it never adds):
 // a wgmma issued on one path of a branch makes ptxas serialize them all (C7515).
 #ifndef OVERLAP
-#define OVERLAP (HEAD_DIM == 64)
+#define OVERLAP (HEAD_DIM == 64 && BLOCK_M == 64)
 #endif
 // 1 (CAUSAL and DETERMINISTIC by default; FA3's "shortest processing time first"): CTA x is
 // key block gridDim.x - 1 - x, and a query block's adds chain from its last key block down to
@@ -63,6 +70,13 @@ using namespace tmaflow;
 // while its dQ wgmma runs) and releases it after its adds (the release fence, which waits for
 // the adds to land, deferred until the next step's S and dP are issued); 0: one thread of
 // the CTA waits and releases between two barriers of both consumer warpgroups.
+// 1 (where OVERLAP is 0): FA3's order, dV, dQ, dK, each its own group, so the dQ adds (or
+// stores) run while dK is on the tensor cores; 0: dV and dK, then dQ, all waited for before
+// the adds. (Issuing step t + 1's S and dP behind dK too, waited for in the next iteration,
+// makes ptxas serialize the wgmmas: C7514.)
+#ifndef DQ_EARLY
+#define DQ_EARLY 1
+#endif
 #ifndef WARP_CHAIN
 #define WARP_CHAIN 1
 #endif
@@ -73,9 +87,13 @@ using namespace tmaflow;
 #ifndef DQ_BULK
 #define DQ_BULK 1
 #endif
-constexpr int D = HEAD_DIM, BM = 64, BN = 128;
+constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
 constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
+static_assert(BM == 64 || (BM == 128 && D == 64), "BLOCK_M is 64, or 128 at head dim 64");
+// A consumer warpgroup's dQ: rows kDQRow0 cw .. + 63 of the step, columns kDQCol0 cw .. +
+// kDQCols - 1 (BM 64: all rows, its half of the columns; BM 128: its half of the rows).
+constexpr int kDQCols = BM == 128 ? D : D / 2, kDQRow0 = BM == 128 ? 64 : 0, kDQCol0 = BM == 128 ? 0 : D / 2;
 // K and V: two boxes of BN rows by D / 2 columns (a consumer's half of dQ's columns is one box,
 // a whole swizzle span: 128 B at head dim 128, 64 B at 64). Q and dO: boxes of BM rows by 64
 // columns (128B swizzle), D / 64 of them.
@@ -84,7 +102,8 @@ constexpr int kKVBox = BN * kSpanKV;             // bytes of a K / V box
 constexpr int kKVBytes = 2 * kKVBox;
 constexpr int kQBox = BM * 128, kQBoxes = D / 64;
 constexpr int kQBytes = kQBoxes * kQBox;
-constexpr int kDSBytes = BN * 128;               // dS^T: BN keys by BM queries (128 B rows)
+constexpr int kDSBox = BN * 128;                 // dS^T: BN keys by 64 queries (128 B rows) a box
+constexpr int kDSBytes = (BM / 64) * kDSBox;
 // Shared memory (from a 1024-byte aligned base): K, V, STAGES x (Q, dO), two dS^T buffers,
 // the dQ buffers (DQ_BULK), STAGES x (LSE, Delta), barriers (attention_backward_sm90.py's
 // sm90_smem is the same sum).
@@ -92,7 +111,7 @@ constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * 
 // dQ (DQ_BULK): BM rows of D fp32, each padded by 16 B (a warp's 8-byte stores of 8 rows then
 // spread over all 32 banks: two wavefronts, the least for 256 B); two buffers where they fit
 // (head dim 64), so step t's stores need not wait for step t - 1's reductions to be read.
-constexpr int kDQRow = 4 * D + 16, kDQBufs = D == 64 ? 2 : 1, kDQBytes = DQ_BULK ? kDQBufs * BM * kDQRow : 0;
+constexpr int kDQRow = 4 * D + 16, kDQBufs = D == 64 && BM == 64 ? 2 : 1, kDQBytes = DQ_BULK ? kDQBufs * BM * kDQRow : 0;
 constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
 constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
@@ -276,14 +295,15 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   const uint64_t desc_k = wgmma::desc_k_major<kSpanKV>(smem + cw * 64 * kSpanKV);
   const uint64_t desc_v = wgmma::desc_k_major<kSpanKV>(smem + kOffV + cw * 64 * kSpanKV);
   // dQ's B: K's box cw (this warpgroup's D / 2 columns), MN-major, all BN keys.
-  const uint64_t desc_kt = wgmma::desc_mn_major<kSpanKV>(smem + cw * kKVBox, kKVBox);
+  // (BM 128: both boxes, all D columns.)
+  const uint64_t desc_kt = wgmma::desc_mn_major<kSpanKV>(smem + (BM == 128 ? 0 : cw * kKVBox), kKVBox);
   struct Cursor {
     uint32_t stage = 0, phase = 0;
     TMAFLOW_DEVICE void advance() {
       if (++stage == STAGES) stage = 0, phase ^= 1u;
     }
   };
-  float s[BM / 2], dp[BM / 2], dq[D / 4];
+  float s[BM / 2], dp[BM / 2], dq[kDQCols / 2];
   uint32_t pa[BM / 16][4], dsa[BM / 16][4];
   // S^T = K Q^T and dP^T = V dO^T of stage c, each its own group (S is needed first).
   auto issue_s_dp = [&](Cursor c) {
@@ -345,15 +365,16 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       dp[x + 1] = s[x + 1] * (dp[x + 1] - dl.y);
     }
   };
-  // dS^T into buffer `buf`: key rows of 128 B (64 queries), 128B-swizzled (16-byte chunk c of
-  // row r at c ^ (r % 8)), this warpgroup's 64 keys from row 64 cw; then P^T and dS^T as
+  // dS^T into buffer `buf`: boxes of 64 queries, key rows of 128 B, 128B-swizzled (16-byte
+  // chunk c of row r at c ^ (r % 8)), this warpgroup's 64 keys from row 64 cw; then P^T and dS^T as
   // 16-bit A fragments (queries 16 kk .. 16 kk + 15 are k-step kk).
   auto stage_ds = [&](uint32_t buf) {
     uint8_t* sdS = smem + kOffDS + buf * kDSBytes;
 #pragma unroll
     for (int x = 0; x < BM / 2; x += 2) {
-      const int r = 64 * cw + krow + 8 * ((x >> 1) & 1), c = 8 * (x / 4) + col;
-      *reinterpret_cast<uint32_t*>(sdS + r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) = pack2(dp[x], dp[x + 1]);
+      const int r = 64 * cw + krow + 8 * ((x >> 1) & 1), c = (8 * (x / 4)) % 64 + col, box = x / 32;
+      *reinterpret_cast<uint32_t*>(sdS + box * kDSBox + r * 128 + (((c / 8) ^ (r % 8)) * 16) + (c % 8) * 2) =
+          pack2(dp[x], dp[x + 1]);
     }
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk)
@@ -365,24 +386,30 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   };
   // dV += P^T dO, dK += dS^T Q: B is dO / Q N-major (head dim contiguous), a k-step of 16 query
   // rows is 16 x 128 B into the boxes.
-  auto issue_dkv = [&](Cursor c) {
+  auto mma_dv = [&](Cursor c) {
     const uint64_t bo = wgmma::desc_mn_major<128>(smem + kOffDO + c.stage * kQBytes, kQBox);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dv_acc, pa[kk], bo + kk * (16 * 128 >> 4), 1);
+  };
+  auto mma_dk = [&](Cursor c) {
     const uint64_t bq = wgmma::desc_mn_major<128>(smem + kOffQ + c.stage * kQBytes, kQBox);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dk_acc, dsa[kk], bq + kk * (16 * 128 >> 4), 1);
+  };
+  auto issue_dkv = [&](Cursor c) {
     wgmma::fence_operands(dv_acc);
     wgmma::fence_operands(dk_acc);
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dv_acc, pa[kk], bo + kk * (16 * 128 >> 4), 1);
-#pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) TF_MMA_RS<1>(dk_acc, dsa[kk], bq + kk * (16 * 128 >> 4), 1);
+    mma_dv(c);
+    mma_dk(c);
     wgmma::commit_group();
   };
-  // dQ (BM queries x this warpgroup's D / 2 columns) = dS K once both warpgroups' dS^T are in:
-  // A = dS^T rows (MN-major, k-steps of 16 keys = 16 x 128 B), B = K's box cw (MN-major).
+  // dQ (this warpgroup's rows and columns) = dS K once both warpgroups' dS^T are in: A = dS^T
+  // rows (MN-major, k-steps of 16 keys = 16 x 128 B; BM 128: box cw), B = K (MN-major).
   auto issue_dq = [&](uint32_t buf) {
     fence::proxy_async_shared_cta();
     named_barrier::sync(1, 256);
-    const uint64_t a = wgmma::desc_mn_major<128>(smem + kOffDS + buf * kDSBytes, kDSBytes);
+    const uint64_t a = wgmma::desc_mn_major<128>(smem + kOffDS + buf * kDSBytes + (BM == 128 ? cw * kDSBox : 0), kDSBox);
     wgmma::fence_operands(dq);
     wgmma::fence();
 #pragma unroll
@@ -413,12 +440,12 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     wgmma::fence_operands(dq);
     const int u = t % kDQBufs;
     mbarrier::wait(dq_empty + u, ((t / kDQBufs) & 1) ^ 1u);  // step t - kDQBufs's was read
-    // dq element x: row krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
+    // dq element x: row kDQRow0 cw + krow + 8 ((x >> 1) & 1), column kDQCol0 cw + 8 (x / 4) + col.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint8_t* at = smem + kOffDQ + (u * BM + krow + 8 * h) * kDQRow + 4 * ((D / 2) * cw + col);
+      uint8_t* at = smem + kOffDQ + (u * BM + kDQRow0 * cw + krow + 8 * h) * kDQRow + 4 * (kDQCol0 * cw + col);
 #pragma unroll
-      for (int n = 0; n < D / 16; ++n)
+      for (int n = 0; n < kDQCols / 8; ++n)
         *reinterpret_cast<float2*>(at + 32 * n) = make_float2(dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
     }
     fence::proxy_async_shared_cta();
@@ -436,14 +463,14 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       }
     named_barrier::sync(2, 256);
 #endif
-    // dq element x: query m0 + krow + 8 ((x >> 1) & 1), column (D / 2) cw + 8 (x / 4) + col.
+    // dq element x: query m0 + kDQRow0 cw + krow + 8 ((x >> 1) & 1), column kDQCol0 cw + 8 (x / 4) + col.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = m0 + krow + 8 * h;
+      const int row = m0 + kDQRow0 * cw + krow + 8 * h;
       if (row < seq_q) {
-        float* at = dq_accum + (size_t(bh) * seq_q + row) * D + (D / 2) * cw + col;
+        float* at = dq_accum + (size_t(bh) * seq_q + row) * D + kDQCol0 * cw + col;
 #pragma unroll
-        for (int n = 0; n < D / 16; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
+        for (int n = 0; n < kDQCols / 8; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
       }
     }
 #if DETERMINISTIC && !WARP_CHAIN
@@ -486,6 +513,35 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     add_dq(steps - 1);
     chain_release(steps - 1);
   }
+#elif DQ_EARLY
+  Cursor cur;
+  for (int t = 0; t < steps; ++t) {
+    issue_s_dp(cur);
+    if (t > 0) chain_release(t - 1);
+    wgmma::wait_group<1>();
+    probabilities(cur, block_of(t) * BM);
+    wgmma::wait_group<0>();
+    score_grads(cur);
+    stage_ds(t & 1);
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence();
+    mma_dv(cur);
+    wgmma::commit_group();
+    issue_dq(t & 1);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence();
+    mma_dk(cur);
+    wgmma::commit_group();
+    chain_wait(t);
+    wgmma::wait_group<1>();  // dV and dQ
+    wgmma::fence_operands(dv_acc);
+    add_dq(t);
+    wgmma::wait_group<0>();  // dK: the stage is read
+    wgmma::fence_operands(dk_acc);
+    release(cur);
+    cur.advance();
+  }
+  if (steps > 0) chain_release(steps - 1);
 #else
   Cursor cur;
   for (int t = 0; t < steps; ++t) {

@@ -10,7 +10,10 @@ from .registry import get_kernel
 
 SM90_HEAD_DIMS = (64, 128)
 KEYS = 128      # keys a CTA (attention_backward_sm90.cu's BN): two consumer warpgroups of 64
-ROWS = 64       # query rows a step (BM)
+ROWS = 64       # query rows a step (BM, the kernel's BLOCK_M) ...
+# ... but 128 at these head dims (FA3's tile at 64: S^T and dP^T as m64n128 wgmmas, a step's
+# waits and barriers paid once for twice the work)
+WIDE_STEP_HEAD_DIMS = (64,)
 STAGES = 3      # Q / dO stages in flight (a stage is refilled a step and more before its use)
 THREADS = 384   # a producer warpgroup and two consumers
 # Head dims whose dQ leaves through shared memory and bulk reductions (the kernel's DQ_BULK);
@@ -21,22 +24,41 @@ _PREP_ROWS = 8  # padded query rows a CTA of the prep kernel (a warp each)
 _DQ_GRID = 1024
 
 
-def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
-    """Dynamic shared memory of ``attention_bwd_sm90`` with DQ_BULK (its kSmemBytes): K and V,
-    the stages of Q and dO, two dS^T buffers, the dQ buffers in fp32 (rows padded by 16 B; two
-    at head dim 64, one at 128), the stages' LSE and Delta rows, the barriers. Launches reserve
-    it whether DQ_BULK is on or not (the kernel without it uses less), so an override of the
-    define (kernels.registry.extra_defines) always fits."""
+def step_rows(head_dim: int) -> int:
+    """Query rows a step of the plan at ``head_dim`` (the kernel's BLOCK_M)."""
+    return 2 * ROWS if head_dim in WIDE_STEP_HEAD_DIMS else ROWS
+
+
+def kernel_smem(head_dim: int, rows: int = ROWS, dq_bulk: bool = True, stages: int = STAGES) -> int:
+    """Dynamic shared memory of ``attention_bwd_sm90`` (its kSmemBytes): K and V, the stages of
+    Q and dO, two dS^T buffers, the dQ buffers in fp32 (DQ_BULK; rows padded by 16 B; two at
+    head dim 64 with 64-row steps, else one), the stages' LSE and Delta rows, the barriers."""
     kv = 2 * KEYS * head_dim
-    q = ROWS * 2 * head_dim
-    dq_bufs = 2 if head_dim == 64 else 1
-    dq = dq_bufs * ROWS * (4 * head_dim + 16)
-    return 2 * kv + 2 * stages * q + 2 * KEYS * 128 + dq + stages * 2 * ROWS * 4 + (1 + 2 * stages + 2 * dq_bufs) * 8
+    q = rows * 2 * head_dim
+    dq_bufs = 2 if head_dim == 64 and rows == ROWS else 1
+    dq = dq_bufs * rows * (4 * head_dim + 16) if dq_bulk else 0
+    return (2 * kv + 2 * stages * q + 2 * KEYS * 2 * rows + dq + stages * 2 * rows * 4 +
+            (1 + 2 * stages + 2 * dq_bufs) * 8)
 
 
-def padded_rows(seq: int) -> int:
-    """Query rows a head in the LSE / Delta workspace: whole ROWS-row blocks (bulk copies)."""
-    return -(-seq // ROWS) * ROWS
+def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
+    """What launches reserve: the most any variant of the kernel that compiles at ``head_dim``
+    needs (64-row steps with DQ_BULK; head dim 64 also 128-row steps without it, the plan's),
+    so an override of BLOCK_M or DQ_BULK (kernels.registry.extra_defines) always fits."""
+    wide = [kernel_smem(head_dim, 2 * ROWS, False, stages)] if head_dim in WIDE_STEP_HEAD_DIMS else []
+    return max([kernel_smem(head_dim, ROWS, True, stages)] + wide)
+
+
+def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool) -> dict:
+    """The defines of the plan's ``attention_bwd_sm90`` (the prep kernel's are the first three)."""
+    return {"HEAD_DIM": head_dim, "DETERMINISTIC": int(deterministic), **({"FP16": 1} if fp16 else {}),
+            "CAUSAL": int(causal), "STAGES": STAGES, "BLOCK_M": step_rows(head_dim),
+            "DQ_BULK": int(head_dim in DQ_BULK_HEAD_DIMS)}
+
+
+def padded_rows(seq: int, rows: int = ROWS) -> int:
+    """Query rows a head in the LSE / Delta workspace: whole steps of ``rows`` (bulk copies)."""
+    return -(-seq // rows) * rows
 
 
 class Sm90Plan:
@@ -50,10 +72,13 @@ class Sm90Plan:
         dt = Q.dtype.name
         fp16 = {"FP16": 1} if dt == "float16" else {}
         defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), **fp16}
+        main = get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90",
+                          defines=main_defines(d, causal, deterministic, bool(fp16)))
+        step = int(main.defines["BLOCK_M"])  # the plan's, or an override's (extra_defines)
         self.shape = (b, hq, sq, d, hkv, skv)
-        self.seq_pad = padded_rows(sq)
+        self.seq_pad = padded_rows(sq, max(step, step_rows(d)))
         self.rows_pad = b * hq * self.seq_pad
-        self.chain_count = b * hq * (self.seq_pad // ROWS) if deterministic else 0
+        self.chain_count = b * hq * (self.seq_pad // step) if deterministic else 0
 
         def launcher(name, file, defs, **config):
             return get_kernel(name, None, defines=defs, file=file).launcher(stream=stream, **config)
@@ -61,12 +86,10 @@ class Sm90Plan:
         self.launches = [
             launcher("attention_bwd_sm90_prep", "attention_backward_sm90", defines,
                      grid=-(-self.rows_pad // _PREP_ROWS), block=32 * _PREP_ROWS),
-            launcher("attention_bwd_sm90", "attention_backward_sm90",
-                     {**defines, "CAUSAL": int(causal), "STAGES": STAGES, "DQ_BULK": int(d in DQ_BULK_HEAD_DIMS)},
-                     grid=(-(-skv // KEYS), hkv, b), block=THREADS, smem=sm90_smem(d)),
+            main.launcher(stream=stream, grid=(-(-skv // KEYS), hkv, b), block=THREADS, smem=sm90_smem(d)),
             launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256),
         ]
-        qspec = TensorMapSpec.tiled(dt, (b * hq, sq, d), (1, ROWS, 64), swizzle="128B")
+        qspec = TensorMapSpec.tiled(dt, (b * hq, sq, d), (1, step, 64), swizzle="128B")
         kspec = TensorMapSpec.tiled(dt, (b * hkv, skv, d), (1, KEYS, d // 2), swizzle=f"{d}B")
         self.tq, self.tdo = MapTemplate(qspec), MapTemplate(qspec)
         self.tk, self.tv = MapTemplate(kspec), MapTemplate(kspec)

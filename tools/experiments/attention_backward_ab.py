@@ -1,15 +1,14 @@
-"""The Hopper attention backward's dQ paths in one run, beside cuDNN: "bulk" (dQ through shared
-memory and per-row bulk reductions by a producer warp, DQ_BULK: what a call plans at head dim
-128), "red" (each consumer thread adds its dQ with red.global.add.v2.f32: what head dim 64
-plans), and at the
-``--deterministic-seqs`` the same in that mode ("det bulk", "det red": the per-warp chain; both
-with causal key blocks run last first and chained in that order, SPT; "det old": round 1's
-chain, key-block order, one thread between two barriers). The benchmark's shapes (16k tokens a
-batch: head dim 64 x 32 heads, 128 x 16); interleaved rounds, every call after an L2 flush;
-TFLOP/s (backward = 2.5 x the forward's FLOPs) and, in parentheses, the median per-round ratio
-to cuDNN; the deterministic variants also against "bulk" (the default mode's plan). Every
-variant's dq, dk, dv are checked against cuDNN's (relative error below 2e-2). Recorded in
-docs/history.md, session 16.
+"""The Hopper attention backward's schedules in one run, beside cuDNN: "new" (what a call plans:
+head dim 128 dQ through shared memory and bulk reductions, DQ_BULK, issued between dV and dK,
+DQ_EARLY, its stores while dK runs; head dim 64 128-row steps, BLOCK_M=128, dQ added with
+red.global, also between dV and dK), "r2" (round 2's plan: dQ after dK, DQ_EARLY=0; head dim
+64: 64-row steps, step t - 1's dQ after step t's S and dP, OVERLAP) and at head dim 64 "late"
+(128-row steps, dQ after dK: the two levers apart); at the ``--deterministic-seqs`` "det new"
+and "det r2" (those in the deterministic mode, against their default-mode selves). The
+benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16); interleaved rounds,
+every call after an L2 flush; TFLOP/s (backward = 2.5 x the forward's FLOPs) and, in
+parentheses, the median per-round ratio to cuDNN. Every variant's dq, dk, dv are checked
+against cuDNN's (relative error below 2e-2). Recorded in docs/history.md, session 16.
 
     PYTHONPATH=. python3 tools/experiments/attention_backward_ab.py [--dims 128 64]
         [--seqs 1024 4096 16384] [--deterministic-seqs 4096] [--repeats N]
@@ -17,7 +16,7 @@ docs/history.md, session 16.
 
 ``--precompile`` (no GPU needed) compiles into the kernel cache, in parallel processes, every
 variant of the sm90 backward's three kernels that the GPU tests (head dims 64 and 128, causal,
-deterministic, fp16) and these rows use, then exits.
+deterministic, fp16; 64-row steps at head dim 64) and these rows use, then exits.
 """
 from __future__ import annotations
 
@@ -26,11 +25,15 @@ import itertools
 import multiprocessing
 
 from tmaflow import bench, kernels
+from tmaflow.kernels.attention_backward_sm90 import main_defines
 from tmaflow.kernels.registry import extra_defines, get_kernel
 
-DEFAULT = [("bulk", False, {"DQ_BULK": 1}), ("red", False, {"DQ_BULK": 0})]
-DETERMINISTIC = [("det bulk", True, {"DQ_BULK": 1}), ("det red", True, {"DQ_BULK": 0}),
-                 ("det old", True, {"DQ_BULK": 0, "SPT": 0, "WARP_CHAIN": 0})]
+# (label, deterministic, defines over the plan's, the default-mode label a deterministic one is against)
+DEFAULT = {128: [("new", False, {}, None), ("r2", False, {"DQ_EARLY": 0}, None)],
+           64: [("new", False, {}, None), ("r2", False, {"BLOCK_M": 64}, None),
+                ("late", False, {"DQ_EARLY": 0}, None)]}
+DETERMINISTIC = {128: [("det new", True, {}, "new"), ("det r2", True, {"DQ_EARLY": 0}, "r2")],
+                 64: [("det new", True, {}, "new"), ("det r2", True, {"BLOCK_M": 64}, "r2")]}
 
 
 def row(torch, d: int, seq: int, causal: bool, deterministic: bool, repeats: int):
@@ -40,7 +43,8 @@ def row(torch, d: int, seq: int, causal: bool, deterministic: bool, repeats: int
     q, k, v, dout = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
     fns, grads = {}, {}
-    for label, det, defines in DEFAULT + (DETERMINISTIC if deterministic else []):
+    variants = DEFAULT[d] + (DETERMINISTIC[d] if deterministic else [])
+    for label, det, defines, _ in variants:
         grads[label] = [torch.empty_like(x) for x in (q, k, v)]
         with extra_defines(defines):
             fns[label] = kernels.attention_backward.prepare(q, k, v, out, dout, lse, causal=causal, deterministic=det,
@@ -61,8 +65,8 @@ def row(torch, d: int, seq: int, causal: bool, deterministic: bool, repeats: int
     cells = [f"cudnn {flop / got['cudnn'].median / 1e12:5.0f}"]
     cells += [f"{label} {flop / got[label].median / 1e12:5.0f} ({got.ratio(label, 'cudnn').median:.3f})" for label in grads]
     if deterministic:
-        cells.append("det/bulk " + " ".join(f"{label[4:]} {got.ratio(label, 'bulk').median:.3f}"
-                                            for label, _, _ in DETERMINISTIC))
+        cells.append("det/default " + " ".join(f"{label[4:]} {got.ratio(label, base).median:.3f}"
+                                               for label, _, _, base in DETERMINISTIC[d]))
     print(f"bwd d{d:<4d} seq {seq:5d} b{batch:<3d} {'causal' if causal else 'full  '} cold " + " ".join(cells) +
           "  TFLOP/s (x cuDNN)  err " + " ".join(f"{e:.1e}" for e in errs.values()), flush=True)
     worst = max(errs.values())
@@ -71,12 +75,12 @@ def row(torch, d: int, seq: int, causal: bool, deterministic: bool, repeats: int
 
 def _compile(job: tuple) -> str:
     extra, d, causal, det, fp16 = job
+    det = int(det)
     fp = {"FP16": 1} if fp16 else {}
     defines = {"HEAD_DIM": d, "DETERMINISTIC": det, **fp}
     with extra_defines(extra):
         for name, defs, file in (("attention_bwd_sm90_prep", defines, "attention_backward_sm90"),
-                                 ("attention_bwd_sm90", {**defines, "CAUSAL": causal, "STAGES": 3},
-                                  "attention_backward_sm90"),
+                                 ("attention_bwd_sm90", main_defines(d, causal, det, fp16), "attention_backward_sm90"),
                                  ("attention_bwd_dq", fp, "attention_backward")):
             get_kernel(name, None, defines=defs, file=file).program
     return f"{extra} d{d} causal {causal} det {det} fp16 {fp16}"
@@ -84,8 +88,9 @@ def _compile(job: tuple) -> str:
 
 def precompile():
     jobs = [({}, d, c, det, fp16) for d, c, det, fp16 in itertools.product((64, 128), (0, 1), (0, 1), (0, 1))]
-    jobs += [(extra, d, c, det, 0) for extra, det in ((DEFAULT[1][2], 0), (DEFAULT[1][2], 1), (DETERMINISTIC[2][2], 1))
-             for d, c in itertools.product((64, 128), (0, 1))]
+    jobs += [({"BLOCK_M": 64}, 64, c, det, 0) for c, det in itertools.product((0, 1), (0, 1))]  # a GPU test's
+    jobs += [(extra, d, c, det, 0) for d in (64, 128) for _, det, extra, _ in DEFAULT[d] + DETERMINISTIC[d]
+             if extra and extra != {"BLOCK_M": 64} for c in (0, 1)]
     with multiprocessing.get_context("fork").Pool(min(16, len(jobs))) as pool:
         done = pool.map(_compile, jobs)
     print(f"precompiled {len(done)} variants", flush=True)
