@@ -67,6 +67,7 @@ def decode_args(**change):
     ({"persistent": "no"}, r"attention_decode: persistent='no' must be"),
     ({"persistent": True, "num_splits": 2}, r"attention_decode: num_splits=2 with persistent=True; .* give num_splits None or 1"),
     ({"slice_merge": 1}, r"attention_decode: slice_merge=1 must be"),
+    ({"l2_promotion": "512B"}, r"attention_decode: l2_promotion='512B' must be"),
     ({"slice_merge": True, "num_splits": 1}, r"attention_decode: slice_merge=True with num_splits=1, .* give num_splits None or 2-64"),
     ({"slice_merge": True, "num_splits": 4, "cluster_merge": True}, r"attention_decode: slice_merge=True .*cluster_merge=True"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),

@@ -4,7 +4,8 @@ request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too),
 one and several splits (up to 64, merged in several rounds), persistent CTAs walking several
 requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
-CUDA graph replayed with new lengths; append then decode; both under torch.compile."""
+CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
+merged by slices (slice_merge) and the maps' L2 promotion, bit-equal to the default paths."""
 import numpy as np
 import pytest
 
@@ -222,6 +223,27 @@ def test_slice_merge_decode_against_float64_and_bit_equal_to_the_counter_merge(d
         assert not got[ref == 0].any(), "a token that sees no key gets zeros"
     for other in results[1:]:
         np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,num_splits", [
+    ([8192], 64, 8, 128, 16, None),                 # the b1 8k plan: 32 splits, the counter merge
+    ([300, 17, 0, 100] * 40, 16, 4, 128, 16, None),  # 640 items: persistent CTAs
+    ([129, 2000, 5], 16, 2, 96, 32, 3),             # head_dim 96: the last box reaches past the row
+])
+@pytest.mark.parametrize("l2_promotion", ["256B", "128B"])
+def test_decode_with_l2_promotion_gives_the_same_bits(device, rng, lens, heads_q, heads_kv, d, page, num_splits,
+                                                      l2_promotion):
+    """The maps' L2 promotion changes what DRAM fetches, not what lands in shared memory:
+    against float64 and bit-equal to the call without it."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for promotion in (l2_promotion, None):
+        out = poison(tf.empty(q.shape, "bfloat16"))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, l2_promotion=promotion, out=out)
+        results.append(out.numpy())
+        assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, promotion
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
 
 
 def test_slice_merge_refuses_more_ctas_than_fit_at_once(device, rng):

@@ -174,7 +174,8 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
 @entry_point
 def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
-                     cluster_merge: bool | None = None, slice_merge: bool | None = None, out=None, stream=None):
+                     cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
+                     out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -202,11 +203,13 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ``slice_merge``: the workspace-and-counter merge, but every split merges a share of the
     output's columns once all have counted (no last CTA reads every split); it waits on the
     other splits, so every CTA of the call must fit on the GPU at once. None: off.
+    ``l2_promotion``: the K/V maps' L2 promotion ("none", "64B", "128B", "256B": a box row's
+    miss fetches that much from DRAM; a kv head's key row is head_dim x 2 bytes); None: "none".
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
-            or slice_merge is not None:
-        num_splits, evict_first, persistent, cluster_merge, slice_merge = _OPTIONS.check(
-            num_splits, evict_first, persistent, cluster_merge, slice_merge)
+            or slice_merge is not None or l2_promotion is not None:
+        num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion = _OPTIONS.check(
+            num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -229,12 +232,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
-           slice_merge, stream, Q.device, ordinal, get_ident())
+           slice_merge, l2_promotion, stream, Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
-                                                          slice_merge, stream))
+                                                          slice_merge, l2_promotion, stream))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -249,7 +252,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
 
 _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True),
                           evict_first=checks.flag(optional=True), persistent=checks.flag(optional=True),
-                          cluster_merge=checks.flag(optional=True), slice_merge=checks.flag(optional=True))
+                          cluster_merge=checks.flag(optional=True), slice_merge=checks.flag(optional=True),
+                          l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -264,7 +268,7 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
     return splits, evict_first
 
 
-def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge,
+def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
                   stream) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
@@ -294,7 +298,7 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
-                                               swizzle="128B"))
+                                               swizzle="128B", l2_promotion=l2_promotion or "none"))
     return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, evict_first=evict_first,
                            persistent=persistent, cluster_merge=cluster_merge, slice_merge=slice_merge,
                            partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
