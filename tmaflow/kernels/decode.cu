@@ -228,7 +228,6 @@ TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part
     trace::mark(8);
     if (!last)
       while (load_acquire(counter) < uint32_t(splits)) {}
-    if (count_split(counter) == uint32_t(2 * splits - 1)) atomicExch(counter, 0u);
   }
   named_barrier::sync(1, kConsumers);  // thread 0's acquire is the CTA's
   trace::mark(5);
@@ -236,11 +235,25 @@ TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part
   float4* pieces = reinterpret_cast<float4*>(lse + MAX_SPLITS * kRows);  // [split][n]
   const int columns = rows * D / 4, share = (columns + splits - 1) / splits;
   const int c0 = min(columns, split * share), n = min(columns, c0 + share) - c0;
-  // Every load issued before any is used: one L2 round trip (.cg: other SMs wrote them).
-  for (int i = threadIdx.x; i < splits * n; i += kConsumers)
-    pieces[i] = __ldcg(reinterpret_cast<const float4*>(part + (first + i / n) * rows * D) + c0 + i % n);
-  for (int i = threadIdx.x; i < splits * rows; i += kConsumers)
-    lse[(i / rows) * kRows + i % rows] = __ldcg(part_lse + (first + i / rows) * kRows + i % rows);
+  // The pieces and log-sum-exps, kBatch of each a thread in flight before any is stored: one L2
+  // round trip at 32 splits (.cg: other SMs wrote them).
+  constexpr int kBatch = 4;
+  for (int i0 = threadIdx.x; i0 < splits * max(n, rows); i0 += kBatch * kConsumers) {
+    float4 v[kBatch];
+    float x[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kConsumers;
+      if (i < splits * n) v[k] = __ldcg(reinterpret_cast<const float4*>(part + (first + i / n) * rows * D) + c0 + i % n);
+      if (i < splits * rows) x[k] = __ldcg(part_lse + (first + i / rows) * kRows + i % rows);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kConsumers;
+      if (i < splits * n) pieces[i] = v[k];
+      if (i < splits * rows) lse[(i / rows) * kRows + i % rows] = x[k];
+    }
+  }
   named_barrier::sync(1, kConsumers);
   for (int j = threadIdx.x; j < n; j += kConsumers) {
     const int i = c0 + j, r = i / (D / 4);
@@ -257,6 +270,8 @@ TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part
         make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
   }
   trace::mark(6);
+  // Leaving after the output (off the critical path); the same address orders the reset after the count.
+  if (threadIdx.x == 0 && atomicAdd(counter, 1u) == uint32_t(2 * splits - 1)) atomicExch(counter, 0u);
 }
 #endif
 
