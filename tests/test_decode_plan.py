@@ -66,6 +66,10 @@ def decode_args(**change):
     ({"evict_first": 1}, r"attention_decode: evict_first=1 must be"),
     ({"persistent": "no"}, r"attention_decode: persistent='no' must be"),
     ({"persistent": True, "num_splits": 2}, r"attention_decode: num_splits=2 with persistent=True; .* give num_splits None or 1"),
+    ({"slice_merge": 1}, r"attention_decode: slice_merge=1 must be"),
+    ({"l2_promotion": "512B"}, r"attention_decode: l2_promotion='512B' must be"),
+    ({"slice_merge": True, "num_splits": 1}, r"attention_decode: slice_merge=True with num_splits=1, .* give num_splits None or 2-64"),
+    ({"slice_merge": True, "num_splits": 4, "cluster_merge": True}, r"attention_decode: slice_merge=True .*cluster_merge=True"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
     ({"out": arr((2, 8, 128), offset=2)}, r"attention_decode: out must be contiguous and 16-byte aligned \(strides \(2048, 256, 2\) B, at 0x[0-9a-f]+2\)"),
 ])
@@ -185,6 +189,23 @@ def test_cluster_merge_decode_kernel_compiles_without_spills_a_counter_or_a_work
     assert "HMMA" in sass and "UTMALDG.3D" in sass
     assert "ATOMG" not in sass and "UBLKCP" not in sass
     assert "UCGABAR_ARV" in sass and "UCGABAR_WAIT" in sass
+    assert len(k.params) == 15
+
+
+@pytest.mark.parametrize("d,page,fp16,evict_first", [(128, 16, 0, 0), (128, 64, 1, 1), (64, 16, 0, 1),
+                                                     (32, 256, 1, 0), (256, 16, 0, 0), (96, 32, 0, 1)])
+def test_slice_merge_decode_kernel_compiles_without_spills_or_bulk_copies(d, page, fp16, evict_first):
+    """Every split merges its columns: two counts (arrive, leave), an acquire load to wait on,
+    no bulk copy of partials, no sequentially consistent fence, no cluster."""
+    _, layout, _ = decode_plan(d, page)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "SLICE_MERGE": 1,
+                            **({"FP16": 1} if fp16 else {}), **({"EVICT_FIRST": 1} if evict_first else {})})
+    sass = k.sass()
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    assert "HMMA" in sass and "UTMALDG.3D" in sass
+    assert "UBLKCP" not in sass and "UCGABAR" not in sass and "MEMBAR.SC.GPU" not in sass
+    assert sass.count("ATOMG.E.ADD") == 2 and "LDG.E.STRONG.GPU" in sass, [l for l in sass.splitlines() if "ATOMG" in l or "STRONG" in l]
     assert len(k.params) == 15
 
 

@@ -4,7 +4,8 @@ request owns, GQA 1:1 to 16:1, pages 16-256, head dims 32-256 (96, 80, 192 too),
 one and several splits (up to 64, merged in several rounds), persistent CTAs walking several
 requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
-CUDA graph replayed with new lengths; append then decode; both under torch.compile."""
+CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
+merged by slices (slice_merge) and the maps' L2 promotion, bit-equal to the default paths."""
 import numpy as np
 import pytest
 
@@ -192,6 +193,64 @@ def test_cluster_merge_decode_against_float64_and_bit_equal_to_the_counter_merge
         assert not got[ref == 0].any(), "a token that sees no key gets zeros"
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
     np.testing.assert_array_equal(results[0].view(np.uint16), results[2].view(np.uint16))
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,num_splits", [
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", 8),   # GQA 8:1, splits with no key
+    ([8192], 64, 8, 128, 16, None, "bfloat16", 32),                         # the b1 8k row: 256 CTAs
+    ([1, 63, 64, 65, 333, 2049, 5], 16, 4, 128, 64, None, "float16", 3),
+    ([0, 1, 2, 3, 17, 80, 1000], 8, 2, 128, 16, 4, "bfloat16", 5),          # 4 new tokens x 4 query heads
+    ([4000, 129], 16, 1, 256, 32, None, "bfloat16", 64),                    # more splits than a slice's columns
+    ([5, 77, 300, 1], 8, 2, 96, 16, None, "float16", 7),
+])
+def test_slice_merge_decode_against_float64_and_bit_equal_to_the_counter_merge(device, rng, lens, heads_q, heads_kv,
+                                                                             d, page, tokens, dtype, num_splits):
+    """Every split merges its share of the columns once all have counted: against float64,
+    the same bits launch after launch (the counter back at 0 each time) and as the counter
+    merge's (one CTA reading every split)."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for slice_merge in (True, True, True, False):
+        out = poison(tf.empty(q.shape, dtype))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, num_splits=num_splits, slice_merge=slice_merge,
+                                                    cluster_merge=False, out=out)
+        prepared()
+        results.append(out.numpy())
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (slice_merge, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,num_splits", [
+    ([8192], 64, 8, 128, 16, None),                 # the b1 8k plan: 32 splits, the counter merge
+    ([300, 17, 0, 100] * 40, 16, 4, 128, 16, None),  # 640 items: persistent CTAs
+    ([129, 2000, 5], 16, 2, 96, 32, 3),             # head_dim 96: the last box reaches past the row
+])
+@pytest.mark.parametrize("l2_promotion", ["256B", "128B"])
+def test_decode_with_l2_promotion_gives_the_same_bits(device, rng, lens, heads_q, heads_kv, d, page, num_splits,
+                                                      l2_promotion):
+    """The maps' L2 promotion changes what DRAM fetches, not what lands in shared memory:
+    against float64 and bit-equal to the call without it."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for promotion in (l2_promotion, None):
+        out = poison(tf.empty(q.shape, "bfloat16"))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, l2_promotion=promotion, out=out)
+        results.append(out.numpy())
+        assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, promotion
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+def test_slice_merge_refuses_more_ctas_than_fit_at_once(device, rng):
+    """Its splits wait on each other: a grid that does not fit the GPU at once could hang."""
+    _, (Q, K, V, T, L) = _problem(rng, [2048, 2048], 8, 8, 32, 16, "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=r"slice_merge=True with 512 CTAs .* every CTA must run at once"):
+        kernels.attention_decode(Q, K, V, T, L, num_splits=32, slice_merge=True)
 
 
 def test_decode_plans_a_cluster_merge_for_one_short_request(device, rng):

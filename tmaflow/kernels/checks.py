@@ -88,8 +88,10 @@ def flag(optional: bool = False) -> Rule:
     return Rule(check, (bool, _NONE) if optional else (bool,))
 
 
-def choice(*names: str) -> Rule:
-    return Rule(lambda field, value: as_choice(field, value, names), (str,))
+def choice(*names: str, optional: bool = False) -> Rule:
+    def check(field, value):
+        return None if optional and value is None else as_choice(field, value, names)
+    return Rule(check, (str, _NONE) if optional else (str,))
 
 
 def box(optional: bool = False) -> Rule:

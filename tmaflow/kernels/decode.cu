@@ -24,9 +24,14 @@
 // off a short call's critical path). The sums run over the splits in order, as the counter's
 // merge does: the two give equal bits. All five warps (the producer's too) meet at both
 // cluster barriers.
+// SLICE_MERGE (counter path, every CTA of the grid resident at once: decode_entry checks it):
+// no last CTA reads every split. Each split publishes its partials and counts, waits until all
+// splits of its (request, kv head) have counted, then merges its own share of the output's
+// columns (every split's piece of them, one L2 round trip): same weights, sums and order as
+// the counter's merge, equal bits.
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
-// has the block table, 3 Q in shared memory, 4 the tiles read, 5 the splits' merge begins (the
-// partials published), 6 the output written.
+// has the block table, 3 Q in shared memory, 4 the tiles read, 7 the warps merged, 8 the split
+// counted (partials published), 5 the splits' merge begins, 6 the output written.
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
 // [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
 // i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
@@ -55,6 +60,9 @@ namespace L = tmaflow_layout;
 #ifndef CLUSTER_MERGE
 #define CLUSTER_MERGE 0
 #endif
+#ifndef SLICE_MERGE
+#define SLICE_MERGE 0
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -79,6 +87,8 @@ constexpr uint32_t kLseBytes = MAX_SPLITS * kRows * 4;
 static_assert(kMergeBytes >= kLseBytes + kRows * D * 4, "the merge holds every log-sum-exp and a split");
 constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
 static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
+static_assert(!SLICE_MERGE || (!PERSISTENT && !CLUSTER_MERGE), "the slice merge is the counter path's");
+static_assert(kMergeBytes >= kLseBytes + (kRows * D / 4 + MAX_SPLITS) * 16, "the slice merge's pieces fit");
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
               "plan does not match HEAD_DIM and PAGE_SIZE");
 
@@ -195,6 +205,73 @@ TMAFLOW_DEVICE void cluster_merge(Stats st, float* so, elem_t* out, int rows, in
   }
   trace::mark(6);
   cluster::sync();  // no CTA leaves while another reads its shared memory
+}
+#endif
+
+#if SLICE_MERGE
+// ptx: ld.acquire.gpu.global.u32
+TMAFLOW_DEVICE uint32_t load_acquire(const uint32_t* at) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
+  return v;
+}
+
+// The splits' merge, each split its share of the output's 4-column groups (consumer warps;
+// this CTA's partials are in the workspace, the named barrier after them passed). The counter
+// goes 0 .. splits - 1 as the splits arrive, on to 2 splits - 1 as they leave (each after it
+// saw every arrival): the last to leave sets it back to 0 for the next launch.
+template <class RowOffset>
+TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part_lse, uint32_t* counter,
+                                size_t first, elem_t* out, int rows, int splits, int split, RowOffset row_offset) {
+  if (threadIdx.x == 0) {
+    const bool last = count_split(counter) == uint32_t(splits - 1);
+    trace::mark(8);
+    if (!last)
+      while (load_acquire(counter) < uint32_t(splits)) {}
+  }
+  named_barrier::sync(1, kConsumers);  // thread 0's acquire is the CTA's
+  trace::mark(5);
+  float* lse = static_cast<float*>(S.kv_k(0));                           // [split][kRows]
+  float4* pieces = reinterpret_cast<float4*>(lse + MAX_SPLITS * kRows);  // [split][n]
+  const int columns = rows * D / 4, share = (columns + splits - 1) / splits;
+  const int c0 = min(columns, split * share), n = min(columns, c0 + share) - c0;
+  // The pieces and log-sum-exps, kBatch of each a thread in flight before any is stored: one L2
+  // round trip at 32 splits (.cg: other SMs wrote them).
+  constexpr int kBatch = 4;
+  for (int i0 = threadIdx.x; i0 < splits * max(n, rows); i0 += kBatch * kConsumers) {
+    float4 v[kBatch];
+    float x[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kConsumers;
+      if (i < splits * n) v[k] = __ldcg(reinterpret_cast<const float4*>(part + (first + i / n) * rows * D) + c0 + i % n);
+      if (i < splits * rows) x[k] = __ldcg(part_lse + (first + i / rows) * kRows + i % rows);
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      const int i = i0 + k * kConsumers;
+      if (i < splits * n) pieces[i] = v[k];
+      if (i < splits * rows) lse[(i / rows) * kRows + i % rows] = x[k];
+    }
+  }
+  named_barrier::sync(1, kConsumers);
+  for (int j = threadIdx.x; j < n; j += kConsumers) {
+    const int i = c0 + j, r = i / (D / 4);
+    float m = neg_inf(), total = 0.f;
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + r]);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < splits; ++s) {
+      const float w = m == neg_inf() ? 0.f : math::exp2_approx(lse[s * kRows + r] - m);
+      total += w;
+      add_weighted(acc, w, pieces[s * n + j]);
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
+        make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
+  }
+  trace::mark(6);
+  // Leaving after the output (off the critical path); the same address orders the reset after the count.
+  if (threadIdx.x == 0 && atomicAdd(counter, 1u) == uint32_t(2 * splits - 1)) atomicExch(counter, 0u);
 }
 #endif
 
@@ -403,6 +480,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     const float l = st.row_sum(i / D);
     return l > 0.f ? so[i] / l : 0.f;
   };
+  trace::mark(7);
   if (splits == 1) {
     for (int i = threadIdx.x; i < rows * D; i += kConsumers) out[row_offset(i / D) + i % D] = to_elem(normalised(i));
     trace::mark(6);
@@ -421,9 +499,15 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   // Publish the partials, then count: the CTA that makes the count `splits` merges. Only
   // thread 0 reads the other splits' partials (by bulk copies): its acquire is the CTA's.
   named_barrier::sync(1, kConsumers);
+#if SLICE_MERGE
+  slice_merge(S, part, part_lse, counters + b * heads_kv + kvh, first, out, rows, splits, split, row_offset);
+  return;
+#endif
   bool last = false;
   if (threadIdx.x == 0) last = count_split(counters + b * heads_kv + kvh) == uint32_t(splits - 1);
-  if (!named_barrier::sync_or(1, kConsumers, last)) return;
+  const bool merges = named_barrier::sync_or(1, kConsumers, last);
+  trace::mark(8);
+  if (!merges) return;
   trace::mark(5);
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
 

@@ -174,7 +174,8 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
 @entry_point
 def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
-                     cluster_merge: bool | None = None, out=None, stream=None):
+                     cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
+                     out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -199,10 +200,16 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     CTA slots. ``cluster_merge``: the splits of a (request, kv head) run as one thread-block
     cluster and merge through distributed shared memory instead of a workspace and a counter
     (2-16 splits: give num_splits); None: at 2-8 splits when the CTAs are at most the SMs.
+    ``slice_merge``: the workspace-and-counter merge, but every split merges a share of the
+    output's columns once all have counted (no last CTA reads every split); it waits on the
+    other splits, so every CTA of the call must fit on the GPU at once. None: off.
+    ``l2_promotion``: the K/V maps' L2 promotion ("none", "64B", "128B", "256B": a box row's
+    miss fetches that much from DRAM; a kv head's key row is head_dim x 2 bytes); None: "none".
     Returns out, q's shape, of q's kind."""
-    if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None:
-        num_splits, evict_first, persistent, cluster_merge = _OPTIONS.check(num_splits, evict_first, persistent,
-                                                                            cluster_merge)
+    if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
+            or slice_merge is not None or l2_promotion is not None:
+        num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion = _OPTIONS.check(
+            num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -210,6 +217,10 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
             raise TmaflowError(f"attention_decode: cluster_merge=True with num_splits={num_splits} and persistent="
                                f"{persistent}; a cluster merges 2 to {MAX_CLUSTER} splits of one request: give "
                                f"num_splits 2-{MAX_CLUSTER} and persistent None or False")
+        if slice_merge and (cluster_merge or persistent or num_splits == 1):
+            raise TmaflowError(f"attention_decode: slice_merge=True with num_splits={num_splits}, cluster_merge="
+                               f"{cluster_merge} and persistent={persistent}; the slice merge merges the splits of the "
+                               "workspace-and-counter path: give num_splits None or 2-64 and leave the others off")
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
@@ -220,12 +231,13 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                                     ("seq_lens", L)))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
-    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge, stream,
-           Q.device, ordinal, get_ident())
+    key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
+           slice_merge, l2_promotion, stream, Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge, stream))
+        st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
+                                                          slice_merge, l2_promotion, stream))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -240,7 +252,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
 
 _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True),
                           evict_first=checks.flag(optional=True), persistent=checks.flag(optional=True),
-                          cluster_merge=checks.flag(optional=True))
+                          cluster_merge=checks.flag(optional=True), slice_merge=checks.flag(optional=True),
+                          l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -255,7 +268,8 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
     return splits, evict_first
 
 
-def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, stream) -> SimpleNamespace:
+def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
+                  stream) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
@@ -265,12 +279,17 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     if persistent is None:
         persistent = persistent_default(b, hkv, d, splits, device.sm_count, ctas_per_sm)
     if cluster_merge is None:
-        cluster_merge = not persistent and cluster_merge_default(b, hkv, splits, device.sm_count)
+        cluster_merge = not persistent and not slice_merge and cluster_merge_default(b, hkv, splits, device.sm_count)
+    slice_merge = bool(slice_merge) and splits > 1 and not persistent and not cluster_merge
+    if slice_merge and b * hkv * splits > device.sm_count * ctas_per_sm:
+        raise TmaflowError(f"attention_decode: slice_merge=True with {b * hkv * splits} CTAs (batch {b} x {hkv} kv "
+                           f"heads x {splits} splits); its splits wait on each other, so every CTA must run at once: "
+                           f"at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
     spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
                **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {}),
-               **({"CLUSTER_MERGE": 1} if cluster_merge else {})}
+               **({"CLUSTER_MERGE": 1} if cluster_merge else {}), **({"SLICE_MERGE": 1} if slice_merge else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     grid = (max(1, min(b * hkv, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, hkv, max(b, 1))
     launcher = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
@@ -279,9 +298,9 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
-                                               swizzle="128B"))
+                                               swizzle="128B", l2_promotion=l2_promotion or "none"))
     return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, evict_first=evict_first,
-                           persistent=persistent, cluster_merge=cluster_merge,
+                           persistent=persistent, cluster_merge=cluster_merge, slice_merge=slice_merge,
                            partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
                            tk=template, tv=template)
 

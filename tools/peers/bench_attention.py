@@ -346,11 +346,15 @@ def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, b
 
 
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
-    """name -> (num_splits, evict_first, persistent, cluster_merge) timed beside the plan in the
+    """name -> (num_splits, evict_first, persistent, cluster_merge[, slice_merge, ordered, l2_promotion]) timed beside the plan in the
     quick grid's rows: the other L2 priority, at batch 1 twice the splits merged in a cluster
     (up to 16, down to one 64-key tile a split: "s16cl"), a persistent plan's one CTA an item,
-    at 2-16 splits the other merge ("cl0": workspace and counter, "cl1": a cluster), and at
-    batch 1 past 16 splits 16 splits merged in a cluster ("s16cl")."""
+    at 2-16 splits the other merge ("cl0": workspace and counter, "cl1": a cluster), at
+    batch 1 past 16 splits 16 splits merged in a cluster ("s16cl"), and at batch 1 the plan's
+    splits merged by slices ("sl1": each split its share of the columns after a count), and at
+    batch 16+ to 8k the plan on a copy of the cache whose pages lie in table order ("ord": what
+    the random page order costs against SDPA's contiguous caches); in every row the plan with
+    the K/V maps at L2 promotion 256B ("pr256": a kv head's 256-byte key row from DRAM at once)."""
     from tmaflow.kernels.decode_entry import MAX_CLUSTER, MAX_SPLITS
 
     if not (args.quick or args.decode_grid == "quick"):
@@ -365,6 +369,11 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts[f"cl{int(not cluster)}"] = (splits, evict_first, False, not cluster)
     if batch == 1 and splits > MAX_CLUSTER:
         alts[f"s{MAX_CLUSTER}cl"] = (MAX_CLUSTER, evict_first, False, True)
+    if batch == 1 and splits > 1 and not persistent:  # every CTA at once (batch 1 x 8 kv heads x <= 32 splits)
+        alts["sl1"] = (splits, evict_first, False, False, True)
+    if batch >= 16 and ctx <= 8192:  # the plan on a cache whose pages lie in table order (DRAM locality)
+        alts["ord"] = (None, None, None, None, None, True)
+    alts["pr256"] = (None, None, None, None, None, False, "256B")  # the plan, maps at L2 promotion 256B
     return alts
 
 
@@ -462,6 +471,9 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
         cache[order.long()] = x.transpose(1, 2).reshape(pages, page, heads_kv, d)
         return cache
     k_cache, v_cache = paged(k), paged(v)
+
+    def in_order():  # the same caches with page i of the table at row i
+        return tuple(x.transpose(1, 2).reshape(pages, page, heads_kv, d).contiguous() for x in (k, v))
     lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     k_copy, v_copy = torch.empty_like(k), torch.empty_like(v)
 
@@ -474,10 +486,17 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     def memcpy():
         k_copy.copy_(k), v_copy.copy_(v)
 
-    def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None):
-        return kernels.attention_decode.prepare(q[:, :, 0], k_cache, v_cache, table, lens, num_splits=num_splits,
+    kept: list = []
+
+    def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None, ordered=False,
+             l2_promotion=None):
+        caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
+            else (k_cache, v_cache, table)
+        kept.append(caches)  # alive while the prepared call is
+        return kernels.attention_decode.prepare(q[:, :, 0], *caches, lens, num_splits=num_splits,
                                                 evict_first=evict_first, persistent=persistent,
-                                                cluster_merge=cluster_merge,
+                                                cluster_merge=cluster_merge, slice_merge=slice_merge,
+                                                l2_promotion=l2_promotion,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
     splits, evict_first, persistent, cluster = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)

@@ -1,9 +1,10 @@
 """Where one short kernels.attention_decode call spends its time: a trace build (trace="all")
 of the call's own kernel, launched right after an L2 flush (cold), its marks and copies read
 per CTA (decode.cu's marks: 1 entry, 2 the producer has the block table, 3 Q in shared memory,
-4 the tiles read, 5 the splits' merge begins, 6 the output written).
+4 the tiles read, 7 the warps merged, 8 the split counted (counter merges), 5 the splits' merge
+begins, 6 the output written).
 
-    PYTHONPATH=. python3 tools/peers/decode_timeline.py [--repeats N]
+    PYTHONPATH=. python3 tools/peers/decode_timeline.py [--repeats N] [--only-8k]
 
 Per shape and plan (batch 1, 8 kv heads, head dim 128, GQA 8:1, page 16 at 1k and 8k; the
 plan's merge and the other one), microseconds from the first CTA's entry: each step's
@@ -25,7 +26,8 @@ from tmaflow.kernels.decode_entry import THREADS, decode_plan
 from tmaflow.kernels.registry import get_kernel
 
 STEPS = (("entry", "mark", 1), ("table", "mark", 2), ("first copy", "TMA load", None), ("Q", "mark", 3),
-         ("first tile", "wait", None), ("tiles read", "mark", 4), ("merge", "mark", 5), ("out", "mark", 6))
+         ("first tile", "wait", None), ("tiles read", "mark", 4), ("warps merged", "mark", 7),
+         ("counted", "mark", 8), ("merge", "mark", 5), ("out", "mark", 6))
 
 
 def _steps(trace) -> dict:
@@ -54,11 +56,12 @@ def _steps(trace) -> dict:
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--only-8k", action="store_true", help="the 8k rows alone (a short GPU run)")
     args = p.parse_args()
     import torch  # optional dependency, as in the benches
     dt, d, heads_kv, group, page = torch.bfloat16, 128, 8, 8, 16
     flush = bench.L2Flush()
-    for ctx in (1024, 8192):
+    for ctx in (8192,) if args.only_8k else (1024, 8192):
         pages = ctx // page
         k_cache, v_cache = (torch.randn(pages, page, heads_kv, d, device="cuda", dtype=dt) for _ in "kv")
         table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(1, pages)
@@ -67,7 +70,8 @@ def main():
         plans: dict = {"plan": {}}  # 1k: 8 splits in clusters; 8k: 32 splits and the counter
         for name, options in (("counter s8", {"num_splits": 8, "cluster_merge": False}),
                               ("cluster s8", {"num_splits": 8, "cluster_merge": True}),
-                              ("cluster s16", {"num_splits": 16, "cluster_merge": True})):
+                              ("cluster s16", {"num_splits": 16, "cluster_merge": True}),
+                              ("slice s32", {"num_splits": 32, "cluster_merge": False, "slice_merge": True})):
             if ctx // options["num_splits"] >= 128 and not (ctx == 1024 and name == "cluster s8"):
                 plans[name] = options
         fns = {name: kernels.attention_decode.prepare(q, k_cache, v_cache, table, lens, **options,
@@ -83,7 +87,8 @@ def main():
             cluster = config.cluster != (1, 1, 1)
             _, layout, _ = decode_plan(d, page)
             defines = {"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": 64,
-                       **({"CLUSTER_MERGE": 1} if cluster else {})}
+                       **({"CLUSTER_MERGE": 1} if cluster else {}),
+                       **({"SLICE_MERGE": 1} if plans[name].get("slice_merge") else {})}
             traced = get_kernel("attention_decode", layout, defines=defines, file="decode", trace="all")
             run = traced.launcher(grid=config.grid, block=THREADS, cluster=config.cluster)
             run(*prepared.args)  # compile and warm the code path
