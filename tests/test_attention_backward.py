@@ -8,8 +8,9 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
-from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, SM90_HEAD_DIMS, STAGES, kernel_smem,
-                                                     main_defines, padded_rows, sm90_smem, step_rows)
+from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, KEYS, ROWS, SM90_HEAD_DIMS, STAGES, kernel_smem,
+                                                     main_defines, padded_rows, sm90_smem, step_rows, varlen_key_blocks,
+                                                     varlen_lse_stride)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
 from tmaflow.runtime.memory import DeviceArray
@@ -150,6 +151,36 @@ def test_sm90_wide_steps_without_room_for_the_dq_buffers_are_refused_at_compile_
     with pytest.raises(tf.TmaflowError, match="STAGES do not fit shared memory"):
         get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
     assert kernel_smem(64, 128, True) > HOPPER_SMEM_LIMIT
+
+
+@pytest.mark.parametrize("d", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal,deterministic,fp16", [(False, False, False), (True, False, True), (False, True, False),
+                                                       (True, True, False)])
+def test_sm90_varlen_backward_compiles_without_spills(d, causal, deterministic, fp16):
+    """The VARLEN build (attention_varlen_backward at head dims 64 and 128) keeps the dense
+    kernel's registers: nothing on the stack, no serialized wgmma (its sequence bookkeeping
+    must not take the consumers' registers)."""
+    defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **({"FP16": 1} if fp16 else {})}
+    main = {**defines, "CAUSAL": int(causal), "STAGES": STAGES, "BLOCK_M": ROWS, "DQ_BULK": int(d in DQ_BULK_HEAD_DIMS)}
+    for name, defs in (("attention_bwd_sm90", main), ("attention_bwd_sm90_varlen_prep", defines)):
+        program = get_kernel(name, None, defines=defs, file="attention_backward_sm90").program
+        assert program.resources.spills == 0 and program.resources.stack_frame == 0, (name, defs, program.resources)
+        assert compiler.wgmma_pipeline_notes(program.log) == [], (name, defs)
+
+
+@pytest.mark.parametrize("lens", [[2048] * 8, [77, 0, 1, 130, 64, 5, 200], [0, 0, 1], [63, 64, 65, 1, 3, 4]])
+def test_sm90_varlen_workspace_rows(lens):
+    """Each sequence's LSE / Delta rows (as attention_backward_sm90.cu's lse_row0 places them)
+    start 16-byte aligned, are whole blocks, overlap no other sequence's and fit a head's
+    stride; the grid has a CTA for every key block."""
+    cu = np.concatenate([[0], np.cumsum(lens)])
+    stride = varlen_lse_stride(int(cu[-1]), len(lens))
+    assert stride % 4 == 0
+    spans = [((c + 3) // 4 * 4 + b * (ROWS + 4), padded_rows(n) if n else 0) for b, (c, n) in enumerate(zip(cu, lens))]
+    assert all(start % 4 == 0 for start, _ in spans)
+    assert all(s0 + n0 <= s1 for (s0, n0), (s1, _) in zip(spans, spans[1:]))
+    assert spans[-1][0] + spans[-1][1] <= stride
+    assert varlen_key_blocks(int(cu[-1]), len(lens)) >= sum(-(-n // KEYS) for n in lens)
 
 
 def test_sm90_workspace_rows_are_whole_blocks():

@@ -100,11 +100,14 @@ def test_varlen_backward_host_lengths_and_many_sequences(device, rng):
     _varlen_run(rng, lens, lens, 2, 1, 96, 64, True, host=True, before=0, after=0)
 
 
-def test_varlen_backward_deterministic_is_bit_identical(device, rng):
-    got, (q, k, v, out, dout, lse, lens) = _varlen_run(rng, RAGGED_Q, RAGGED_Q, 4, 1, 128, 128, False,
-                                                       deterministic=True)
+@pytest.mark.parametrize("d,causal,lens", [(128, False, RAGGED_Q), (64, True, RAGGED_Q + [520])])
+def test_varlen_backward_deterministic_is_bit_identical(device, rng, d, causal, lens):
+    """Head dims 64 and 128 (the Hopper kernel); causal chains run a sequence's key blocks last
+    first (520 keys: five blocks of 128)."""
+    got, (q, k, v, out, dout, lse, cu) = _varlen_run(rng, lens, lens, 4, 1, d, d, causal, deterministic=True)
     for _ in range(2):
-        again = kernels.attention_varlen_backward(q, k, v, out, dout, lse, *lens, 200, 200, deterministic=True)
+        again = kernels.attention_varlen_backward(q, k, v, out, dout, lse, *cu, max(lens), max(lens), causal=causal,
+                                                  deterministic=True)
         assert all(np.array_equal(_float(a), g) for a, g in zip(again, got))
 
 
@@ -142,15 +145,17 @@ def test_varlen_backward_graph_replay_reads_new_lengths(device, rng):
             _close(g.float().cpu().numpy().astype(np.float64), w, (name, lens))
 
 
-def test_varlen_autograd_and_compile_against_float64_torch(device):
+@pytest.mark.parametrize("d,dv", [(192, 128), (128, 128)])
+def test_varlen_autograd_and_compile_against_float64_torch(device, d, dv):
     """attention_varlen on tensors that require grad: gradients eagerly and in a
-    torch.compile(fullgraph=True) step, against torch autograd in float64 per sequence."""
+    torch.compile(fullgraph=True) step, against torch autograd in float64 per sequence (the
+    mma.sync backward at 192 / 128, the Hopper one at 128)."""
     torch = pytest.importorskip("torch")
     import tmaflow.torch  # noqa: F401  registers the ops and their autograd
 
     lens = [50, 0, 1, 130, 77]
     cu = torch.tensor(_cu(lens), device="cuda")
-    total, hq, hkv, d, dv = int(cu[-1]), 4, 2, 192, 128
+    total, hq, hkv = int(cu[-1]), 4, 2
     gen = torch.Generator(device="cuda").manual_seed(int(np.random.SeedSequence().entropy % 2**31))
     q, k, v = (torch.randn(total, h, e, device="cuda", dtype=torch.bfloat16, generator=gen)
                for h, e in ((hq, d), (hkv, d), (hkv, dv)))

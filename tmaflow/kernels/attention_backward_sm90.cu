@@ -22,6 +22,16 @@
 //   padded query rows give dS = 0 and P dO = 0; keys past the sequence are masked.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned); a key block starts at
 //   the first query block that sees one of its keys.
+//   VARLEN: packed sequences (attention_varlen's layout): q, dO (tokens, heads, D), k, v
+//   (tokens, kv heads, D), sequence b's tokens cu_q[b] .. cu_q[b+1] (cu_k for keys), read on
+//   the device. Key blocks are numbered over the sequences, CTA x (of a grid sized for any
+//   lengths) finds its (sequence, key block) by a walk over cu_k (every warp, 32 sequences a
+//   step); CTAs past the last block leave. Maps are (tokens, heads, D), so boxes near a
+//   sequence's end load the next sequence's rows: such keys are masked like keys past the
+//   end, such query rows have LSE = +inf (prep: P = 0, so dS = 0 and P dO = 0) and their dQ
+//   is never added. LSE and Delta: a head's rows of sequence b from lse_row0(b) (a multiple of
+//   4 floats, for the bulk copies; sequences padded to BM rows apart); chain counters: one a
+//   (query block's first packed row, head); SPT runs a sequence's key blocks last first.
 // The fp32 dQ goes to the output dtype with attention_backward.cu's attention_bwd_dq.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -87,7 +97,11 @@ using namespace tmaflow;
 #ifndef DQ_BULK
 #define DQ_BULK 1
 #endif
+#ifndef VARLEN
+#define VARLEN 0
+#endif
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
+static_assert(!VARLEN || BM == 64, "VARLEN: 64-row steps (the per-sequence LSE / Delta padding is 64 rows)");
 constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
 static_assert(BM == 64 || (BM == 128 && D == 64), "BLOCK_M is 64, or 128 at head dim 64");
@@ -177,11 +191,111 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
   }
 }
 
+#if VARLEN
+TMAFLOW_DEVICE int clamp_to(int x, int lo, int hi) { return min(max(x, lo), hi); }
+
+// Sequence b's first row in a head's LSE / Delta rows: 16-byte aligned (bulk copies) and at
+// least ceil(len / BM) BM rows before sequence b + 1's (b (BM + 4) covers the rounding).
+TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (BM + 4); }
+
+// CTA t's key block, as attention_backward.cu's: sequence b has ceil(len_k / BN) of them,
+// numbered sequence after sequence; the warp walks cu_k, 32 sequences a step (a warp prefix
+// sum of block counts). Offsets are clamped into the tensors, so bad device values give wrong
+// rows, never accesses outside them.
+TMAFLOW_DEVICE bool find_key_block(const int* cu_k, int total_k, int batch, int t, int& seq, int& block) {
+  const int lane = threadIdx.x % 32;
+  int before = 0;
+  for (int first = 0; first < batch; first += 32) {
+    const int b = first + lane;
+    int len = 0;
+    if (b < batch) {
+      const int k0 = clamp_to(__ldg(cu_k + b), 0, total_k);
+      len = clamp_to(__ldg(cu_k + b + 1), k0, total_k) - k0;
+    }
+    const int n = (len + BN - 1) / BN, upto = warp::inclusive_sum(n);
+    const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
+    if (past != 0) {
+      const int l = __ffs(past) - 1;
+      seq = first + l;
+      block = t - before - __shfl_sync(0xffffffffu, upto - n, l);
+      return true;
+    }
+    before += __shfl_sync(0xffffffffu, upto, 31);
+  }
+  return false;
+}
+
+// A warp a packed query row (token x heads + head): Delta and the LSE (log2) at the row's
+// place in its sequence's padded rows, the fp32 dQ accumulator zeroed; a thread a padded row
+// past a sequence's end (LSE +inf, Delta 0); chain counters zeroed; dK and dV rows outside
+// every sequence zeroed (no CTA of the main kernel stores them).
+extern "C" __global__ void __launch_bounds__(256)
+attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const float* lse, float* lse2, float* delta,
+                               float* dq_accum, uint32_t* chain, elem_t* dk, elem_t* dv, const int* cu_q,
+                               const int* cu_k, int total_q, int total_k, int batch, int heads, int heads_kv,
+                               int lse_stride, int chain_count) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * 8 + threadIdx.x / 32;
+  const int tid = blockIdx.x * blockDim.x + threadIdx.x;
+  const size_t threads = size_t(gridDim.x) * blockDim.x;
+  if (DETERMINISTIC && tid < chain_count) chain[tid] = 0;
+  {  // key rows before cu_k[0] and from cu_k[batch] on
+    const int lo = clamp_to(__ldg(cu_k), 0, total_k), hi = clamp_to(__ldg(cu_k + batch), lo, total_k);
+    const size_t before = size_t(lo) * heads_kv, inside = size_t(hi - lo) * heads_kv;
+    const size_t outside = size_t(total_k) * heads_kv - inside;
+    for (size_t i = row; i < outside; i += threads / 32) {
+      const size_t r = i < before ? i : i + inside;
+      for (int c = lane; c < D / 2; c += 32) reinterpret_cast<uint32_t*>(dk + r * D)[c] = 0;
+      for (int c = lane; c < D / 2; c += 32) reinterpret_cast<uint32_t*>(dv + r * D)[c] = 0;
+    }
+  }
+  for (size_t p = tid; p < size_t(batch) * heads * BM; p += threads) {  // padding rows
+    const int b = int(p / (heads * BM)), h = int(p / BM % heads);
+    const int q0 = clamp_to(__ldg(cu_q + b), 0, total_q), len = clamp_to(__ldg(cu_q + b + 1), q0, total_q) - q0;
+    const int r = len + int(p % BM);
+    if (r < (len + BM - 1) / BM * BM) {
+      const size_t at = size_t(h) * lse_stride + lse_row0(q0, b) + r;
+      lse2[at] = __int_as_float(0x7f800000), delta[at] = 0.f;
+    }
+  }
+  if (row >= total_q * heads) return;
+  const int token = row / heads, h = row % heads;
+  for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + size_t(row) * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // The row's sequence: the last b with cu_q[b] <= token (binary search), if token < cu_q[b + 1].
+  int lo = 0, hi = batch;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
+  }
+  const int q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
+  if (lo >= batch || token < q0 || token >= clamp_to(__ldg(cu_q + lo + 1), q0, total_q)) return;
+  const uint32_t* o = reinterpret_cast<const uint32_t*>(out + size_t(row) * D);
+  const uint32_t* g = reinterpret_cast<const uint32_t*>(dout + size_t(row) * D);
+  float sum = 0.f;
+  for (int c = lane; c < D / 2; c += 32) {
+    const float2 a = to_float2(o[c]), b = to_float2(g[c]);
+    sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+  }
+#pragma unroll
+  for (int step = 16; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
+  if (lane == 0) {
+    const size_t at = size_t(h) * lse_stride + lse_row0(q0, lo) + token - q0;
+    delta[at] = sum;
+    lse2[at] = lse[size_t(h) * total_q + token] * 1.44269504089f;
+  }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                    const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                    const float* lse2, const float* delta, float* dq_accum, uint32_t* chain, elem_t* dk, elem_t* dv,
-                   int seq_q, int seq_kv, int seq_pad, int heads, int group, float scale, float scale_log2) {
+#if VARLEN
+                   const int* cu_q, const int* cu_k, int total_q, int total_k, int batch, int lse_stride,
+#else
+                   int seq_q, int seq_kv, int seq_pad,
+#endif
+                   int heads, int group, float scale, float scale_log2) {
   extern __shared__ __align__(1024) uint8_t smem[];  // the 128B swizzle needs 1024-byte boxes
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* full = kv_bar + 1;
@@ -189,7 +303,20 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   uint64_t* dq_full = empty + STAGES;        // DQ_BULK, a dQ buffer: the consumers' dQ is in
   uint64_t* dq_empty = dq_full + kDQBufs;    // ... and was read by the bulk reductions
   float* sRow = reinterpret_cast<float*>(smem + kOffRow);  // stage s: LSE at 2 BM s, Delta after
+#if VARLEN
+  // Rows are (token, head): no batch index (b = 0); the sequence's rows start at q_start and
+  // k_start, its LSE / Delta rows at lse_start, its key blocks are last_block + 1.
+  int seq = -1, block = 0;
+  if (!find_key_block(cu_k, total_k, batch, blockIdx.x, seq, block)) return;  // past the last block
+  const int q_start = clamp_to(__ldg(cu_q + seq), 0, total_q);
+  const int seq_q = clamp_to(__ldg(cu_q + seq + 1), q_start, total_q) - q_start;
+  const int k_start = clamp_to(__ldg(cu_k + seq), 0, total_k);
+  const int seq_kv = clamp_to(__ldg(cu_k + seq + 1), k_start, total_k) - k_start;
+  const int last_block = (seq_kv + BN - 1) / BN - 1, lse_start = lse_row0(q_start, seq);
+  const int j = SPT ? last_block - block : block, kvh = blockIdx.y, b = 0;
+#else
   const int j = SPT ? gridDim.x - 1 - blockIdx.x : blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+#endif
   const int heads_kv = heads / group, q_blocks = (seq_q + BM - 1) / BM;
   const int key0 = j * BN;
   const int i_first = CAUSAL ? key0 / BM : 0;  // the first query block with a row >= key0
@@ -203,9 +330,18 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   // j - 1, or (SPT) j + 1 .. the last that sees query block i (a causal key block j' sees it
   // when BN j' <= BM i + BM - 1). Exactly those add to it, causal or not, and all started
   // earlier (CTAs are scheduled in index order).
+#if VARLEN
+  auto chain_rank = [&](int i) { return uint32_t(SPT ? min(last_block, (i * BM + BM - 1) / BN) - j : j); };
+  // The accumulator row (token x heads + head) of query row m of head bh, and its block's counter.
+  auto accum_row = [&](int bh, int m) { return size_t(q_start + m) * heads + bh; };
+  auto counter_at = [&](int bh, int i) { return chain + accum_row(bh, i * BM); };
+#else
   auto chain_rank = [&](int i) {
     return uint32_t(SPT ? min(int(gridDim.x) - 1, (i * BM + BM - 1) / BN) - j : j);
   };
+  auto accum_row = [&](int bh, int m) { return size_t(bh) * seq_q + m; };
+  auto counter_at = [&](int bh, int i) { return chain + size_t(bh) * q_blocks + i; };
+#endif
   if (threadIdx.x == 0) {
     tma::prefetch_descriptor(&tq);
     tma::prefetch_descriptor(&tk);
@@ -230,8 +366,13 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       const int kv_row = b * heads_kv + kvh;
       mbarrier::arrive_expect_tx(kv_bar, 2 * kKVBytes);
       for (int box = 0; box < 2; ++box) {
+#if VARLEN  // maps (tokens, heads, D): coordinates innermost first
+        tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), kv_row, k_start + key0);
+        tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), kv_row, k_start + key0);
+#else
         tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), key0, kv_row);
         tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), key0, kv_row);
+#endif
       }
       uint32_t stage = 0, phase = 0;
       for (int g = 0; g < group; ++g) {
@@ -240,10 +381,19 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
           mbarrier::wait(empty + stage, phase ^ 1u);
           mbarrier::arrive_expect_tx(full + stage, kStageTx);
           for (int box = 0; box < kQBoxes; ++box) {
+#if VARLEN
+            tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, bh, q_start + i * BM);
+            tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, bh, q_start + i * BM);
+#else
             tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, i * BM, bh);
             tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, i * BM, bh);
+#endif
           }
+#if VARLEN
+          const size_t row = size_t(bh) * lse_stride + lse_start + i * BM;
+#else
           const size_t row = size_t(bh) * seq_pad + i * BM;
+#endif
           bulk::load(sRow + 2 * BM * stage, lse2 + row, BM * 4, full + stage);
           bulk::load(sRow + 2 * BM * stage + BM, delta + row, BM * 4, full + stage);
           if (++stage == STAGES) stage = 0, phase ^= 1u;
@@ -257,7 +407,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         mbarrier::wait(dq_full + u, (t / kDQBufs) & 1);
 #if DETERMINISTIC
         // After chain_rank key blocks, each counting one once its adds are complete.
-        uint32_t* counter = chain + size_t(bh) * q_blocks + block_of(t);
+        uint32_t* counter = counter_at(bh, block_of(t));
         const uint32_t rank = chain_rank(block_of(t));
         if (lane == 0 && rank > 0)
           while (load_acquire(counter) < rank) {
@@ -266,7 +416,11 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         fence::proxy_async_global();  // the acquire before this warp's bulk reductions
 #endif
         for (int r = lane; r < rows; r += 32)
+#if VARLEN
+          bulk::reduce_add(dq_accum + accum_row(bh, m0 + r) * D,
+#else
           bulk::reduce_add(dq_accum + (size_t(bh) * seq_q + m0 + r) * D,
+#endif
                            reinterpret_cast<const float*>(smem + kOffDQ + (u * BM + r) * kDQRow), D * 4);
         tma::commit_group();
         tma::wait_group_read<0>();
@@ -419,7 +573,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   };
 #if DETERMINISTIC && WARP_CHAIN && !DQ_BULK
   // After chain_rank key blocks, whose warps each count one once theirs are in.
-  auto chain_of = [&](int t) { return chain + size_t(head_of(t)) * q_blocks + block_of(t); };
+  auto chain_of = [&](int t) { return counter_at(head_of(t), block_of(t)); };
   auto chain_wait = [&](int t) {
     const uint32_t rank = chain_rank(block_of(t));
     if (lane == 0 && rank > 0)
@@ -457,7 +611,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     wgmma::fence_operands(dq);
     const int bh = head_of(t), i = block_of(t), m0 = i * BM;
 #if DETERMINISTIC && !WARP_CHAIN
-    uint32_t* counter = chain + size_t(bh) * q_blocks + i;
+    uint32_t* counter = counter_at(bh, i);
     if (threadIdx.x == 128)
       while (load_acquire(counter) != chain_rank(i)) {
       }
@@ -468,7 +622,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     for (int h = 0; h < 2; ++h) {
       const int row = m0 + kDQRow0 * cw + krow + 8 * h;
       if (row < seq_q) {
-        float* at = dq_accum + (size_t(bh) * seq_q + row) * D + kDQCol0 * cw + col;
+        float* at = dq_accum + accum_row(bh, row) * D + kDQCol0 * cw + col;
 #pragma unroll
         for (int n = 0; n < kDQCols / 8; ++n) red::add_v2(at + 8 * n, dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
       }
@@ -571,7 +725,11 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   for (int h = 0; h < 2; ++h) {
     const int key = key_lo + krow + 8 * h;
     if (key >= seq_kv) continue;
+#if VARLEN
+    const size_t at = (size_t(k_start + key) * heads_kv + kvh) * D + col;
+#else
     const size_t at = (size_t(b * heads_kv + kvh) * seq_kv + key) * D + col;
+#endif
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       *reinterpret_cast<uint32_t*>(dk + at + 8 * n) = pack2(dk_acc[4 * n + 2 * h] * scale, dk_acc[4 * n + 2 * h + 1] * scale);

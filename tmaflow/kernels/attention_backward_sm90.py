@@ -111,3 +111,70 @@ class Sm90Plan:
                 (*maps, lse2, delta, accum, chain, DK, DV, sq, skv, self.seq_pad, hq, hq // hkv, scale,
                  scale * math.log2(math.e)),
                 (accum, DQ, rows * d // 2, scale), ws)
+
+
+def varlen_key_blocks(total_k: int, batch: int) -> int:
+    """KEYS-key blocks there can be at most over packed sequences, whatever the lengths (the
+    varlen grid): ceil(len / KEYS) summed is at most (tokens + batch (KEYS - 1)) / KEYS."""
+    return max(1, (total_k + batch * (KEYS - 1)) // KEYS)
+
+
+def varlen_lse_stride(total_q: int, batch: int) -> int:
+    """Floats a head in the varlen LSE / Delta rows: sequence b's start at round_up(cu_q[b], 4)
+    + b (ROWS + 4) (the kernel's lse_row0; 16-byte aligned for the bulk copies) with its padding
+    to whole ROWS-row blocks fits before sequence b + 1's, all of them in total_q + batch (ROWS
+    + 4) rows; a multiple of 4 so every head starts aligned."""
+    return -(-(total_q + batch * (ROWS + 4)) // 4) * 4
+
+
+class Sm90VarlenPlan:
+    """``attention_backward_sm90.cu`` built with VARLEN over packed (tokens, heads, head dim)
+    tensors: prep (Delta and LSE into per-sequence padded rows, zeroed accumulator, counters and
+    dK / dV outside every sequence), the main kernel (a CTA a key block of a sequence, the grid
+    sized for any lengths), dQ to the output dtype."""
+
+    def __init__(self, Q, K, batch: int, causal: bool, deterministic: bool, stream):
+        tq, hq, d = Q.shape
+        tk, hkv = K.shape[:2]
+        dt = Q.dtype.name
+        fp16 = {"FP16": 1} if dt == "float16" else {}
+        defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **fp16}
+        self.shape = (tq, hq, d, tk, hkv, batch)
+        self.lse_stride = varlen_lse_stride(tq, batch)
+        self.chain_count = tq * hq if deterministic else 0  # a counter a query block's first packed row
+
+        def launcher(name, file, defs, **config):
+            return get_kernel(name, None, defines=defs, file=file).launcher(stream=stream, **config)
+        rows = tq * hq
+        prep_threads = max(32 * rows, batch * hq * ROWS, self.chain_count)  # dK, dV: a grid stride
+        self.launches = [
+            launcher("attention_bwd_sm90_varlen_prep", "attention_backward_sm90", defines,
+                     grid=max(1, -(-prep_threads // (32 * _PREP_ROWS))), block=32 * _PREP_ROWS),
+            launcher("attention_bwd_sm90", "attention_backward_sm90",
+                     {**defines, "CAUSAL": int(causal), "STAGES": STAGES, "BLOCK_M": ROWS,
+                      "DQ_BULK": int(d in DQ_BULK_HEAD_DIMS)},
+                     grid=(varlen_key_blocks(tk, batch), hkv, 1), block=THREADS, smem=sm90_smem(d)),
+            launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256),
+        ]
+        qspec = TensorMapSpec.tiled(dt, (tq, hq, d), (ROWS, 1, 64), swizzle="128B")
+        kspec = TensorMapSpec.tiled(dt, (tk, hkv, d), (KEYS, 1, d // 2), swizzle=f"{d}B")
+        self.tq, self.tdo = MapTemplate(qspec), MapTemplate(qspec)
+        self.tk, self.tv = MapTemplate(kspec), MapTemplate(kspec)
+
+    def args(self, Q, K, V, O, G, L, DQ, DK, DV, CQ, CK, scale: float, workspace) -> tuple:
+        """(prep, main, dq) arguments and their fp32 workspace: dQ's accumulator, LSE (log2),
+        Delta, the chain counters; ``workspace(n)`` allocates n floats."""
+        tq, hq, d, tk, hkv, batch = self.shape
+        rows = tq * hq
+        lse_rows = hq * self.lse_stride
+        ws = workspace(rows * d + 2 * lse_rows + self.chain_count)
+        accum = ws.ptr
+        lse2 = accum + 4 * rows * d
+        delta = lse2 + 4 * lse_rows
+        chain = delta + 4 * lse_rows
+        maps = (self.tq.bind(Q), self.tk.bind(K), self.tv.bind(V), self.tdo.bind(G))
+        return ((O, G, L, lse2, delta, accum, chain, DK, DV, CQ, CK, tq, tk, batch, hq, hkv, self.lse_stride,
+                 self.chain_count),
+                (*maps, lse2, delta, accum, chain, DK, DV, CQ, CK, tq, tk, batch, self.lse_stride, hq, hq // hkv,
+                 scale, scale * math.log2(math.e)),
+                (accum, DQ, rows * d // 2, scale), ws)

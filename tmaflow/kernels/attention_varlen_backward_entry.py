@@ -1,6 +1,7 @@
 """Attention backward over packed sequences: the entry point ``kernels.attention_varlen_backward``,
-``attention_backward.cu`` built with VARLEN (a CTA a key block of one sequence, found on the
-device from cu_seqlens_k; the grid is sized for any lengths, so a captured graph serves them)."""
+built with VARLEN (a CTA a key block of one sequence, found on the device from cu_seqlens_k; the
+grid is sized for any lengths, so a captured graph serves them): head dims 64 and 128 (v's the
+same) on ``attention_backward_sm90.cu`` (TMA and wgmma), the others on ``attention_backward.cu``."""
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from . import checks
 from .attention_backward_entry import (_PREP_ROWS, _DQ_GRID, BLOCK, THREADS, _check_grads, _given, _Run,
                                        backward_smem, main_defines, slices)
 from .attention_entry import _scale
+from .attention_backward_sm90 import SM90_HEAD_DIMS, Sm90VarlenPlan
 from .attention_varlen_entry import _check, _cu_seqlens, _upload
 from .entry import STATES, cached_state, entry_point, new_output, on_current_device, packed
 from .registry import get_kernel
@@ -74,6 +76,10 @@ def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
     if not st.launches:
         return None, (), result
     rows = tq * hq
+    if st.sm90 is not None:
+        args = st.sm90.args(Q, K, V, O, G, L, DQ, DK, DV, CQ, CK, float(scale), lambda n: new_output(
+            q, Q, (n,), as_dtype("float32"), stream)[1])
+        return st.run, args, result
     # fp32 workspace, in order on the stream: dQ's accumulator, Delta, then the chain counters.
     _, ws = new_output(q, Q, (rows * (d + 1) + st.chain_count,), as_dtype("float32"), stream)
     accum, delta, chain = ws.ptr, ws.ptr + 4 * rows * d, ws.ptr + 4 * rows * (d + 1)
@@ -105,7 +111,10 @@ def _state(Q, K, dv, batch, causal, deterministic, stream) -> SimpleNamespace:
         return get_kernel(name, None, defines=defs, file="attention_backward").launcher(stream=stream, **config)
     rows = tq * hq
     if rows + tk * hkv == 0:
-        return SimpleNamespace(launches=[], chain_count=0, run=None)
+        return SimpleNamespace(launches=[], chain_count=0, run=None, sm90=None)
+    if d in SM90_HEAD_DIMS and dv == d and rows and batch and tk:
+        plan = Sm90VarlenPlan(Q, K, batch, causal, deterministic, stream)
+        return SimpleNamespace(launches=plan.launches, chain_count=0, run=_Run(plan.launches, True), sm90=plan)
     # prep: Delta, the zeroed accumulator and counters, zero dK and dV outside every sequence
     launches = [launcher("attention_bwd_prep", prep_defines, grid=max(1, -(-rows // _PREP_ROWS)),
                          block=32 * _PREP_ROWS)]
@@ -117,7 +126,7 @@ def _state(Q, K, dv, batch, causal, deterministic, stream) -> SimpleNamespace:
     launches.append(launcher("attention_bwd_dq", {"FP16": 1} if "FP16" in defines else {},
                              grid=max(1, min(_DQ_GRID, -(-rows * d // 512))), block=256))
     chain_count = rows * slices(d, dv) if deterministic else 0  # a counter a query row's block start
-    return SimpleNamespace(launches=launches, chain_count=chain_count, run=_Run(launches, True))
+    return SimpleNamespace(launches=launches, chain_count=chain_count, run=_Run(launches, True), sm90=None)
 
 
 def _skip(*args) -> None:

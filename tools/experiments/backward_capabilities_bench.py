@@ -1,12 +1,16 @@
 """One timing line each for the backward's new capabilities (H200, bf16, L2 warm, median of
-10): the varlen backward (mma.sync, VARLEN) beside the dense backward (the Hopper kernel at
-head dim 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads); the 192 / 128
+10): the varlen backward beside the dense backward (both the Hopper kernel at head dims 64
+and 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads); the 192 / 128
 backward (multi-head latent attention's head dims: 4 x 4096, 16 heads) in TFLOP/s, beside
 torch's SDPA backends where they take v's head dim apart from q's.
 
-    PYTHONPATH=. python3 tools/experiments/backward_capabilities_bench.py
+    PYTHONPATH=. python3 tools/experiments/backward_capabilities_bench.py [--varlen]
+
+--varlen: the varlen lines only.
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -22,8 +26,8 @@ def _ms(fn) -> float:
     return bench.do_bench(fn, warmup=3, repeats=10, return_mode="median") * 1e3
 
 
-def varlen_vs_dense(causal: bool) -> str:
-    b, s, h, d = 8, 2048, 16, 128
+def varlen_vs_dense(causal: bool, d: int = 128) -> str:
+    b, s, h = 8, 2048, 16
     q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
     dense = _ms(lambda: kernels.attention_backward(q, k, v, out, dout, lse, causal=causal))
@@ -33,7 +37,7 @@ def varlen_vs_dense(causal: bool) -> str:
     varlen = _ms(lambda: kernels.attention_varlen_backward(*packed[:3], pout, packed[3], plse, cu, cu, s, s,
                                                            causal=causal))
     f = _flops(b * s, s, h, d, d, causal)
-    return (f"bwd varlen hd128 16k tokens (8 x 2048) h16 {'causal' if causal else 'full  '}: varlen "
+    return (f"bwd varlen hd{d} 16k tokens (8 x 2048) h16 {'causal' if causal else 'full  '}: varlen "
             f"{varlen:.3f} ms {f / varlen / 1e9:.0f} TFLOP/s | dense {dense:.3f} ms {f / dense / 1e9:.0f} TFLOP/s "
             f"| varlen/dense time {varlen / dense:.2f}")
 
@@ -61,7 +65,9 @@ def mla(causal: bool) -> str:
 
 
 if __name__ == "__main__":
-    for causal in (False, True):
-        print(varlen_vs_dense(causal), flush=True)
-    for causal in (False, True):
-        print(mla(causal), flush=True)
+    for d in (128, 64):
+        for causal in (False, True):
+            print(varlen_vs_dense(causal, d), flush=True)
+    if "--varlen" not in sys.argv[1:]:
+        for causal in (False, True):
+            print(mla(causal), flush=True)
