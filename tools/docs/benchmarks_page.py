@@ -26,6 +26,8 @@ AREAS = [
     ("gemm_sweep", "GEMM bf16: every configuration per shape (the heuristics' evidence)",
      "python tools/peers/gemm_sweep.py --json bench/results/gemm_sweep.json"),
     ("gemm_fp8", "GEMM fp8 and block-scaled", "python tools/peers/bench_gemm.py --fp8 --json bench/results/gemm_fp8.json"),
+    ("gemm_fp8_skinny", "GEMM fp8 decode shapes (skinny path and one-M-tile cluster K-splits) and block scales",
+     "python tools/peers/bench_gemm.py --fp8 --skinny --json bench/results/gemm_fp8_skinny.json"),
     ("gemm_skinny", "GEMM skinny (decode shapes)",
      "python tools/peers/bench_gemm.py --suite skinny --json bench/results/gemm_skinny.json"),
     ("gemm_grouped", "GEMM grouped (MoE)", "python tools/peers/bench_grouped.py --json bench/results/gemm_grouped.json"),
