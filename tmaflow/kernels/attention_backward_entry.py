@@ -17,7 +17,7 @@ from ..runtime.memory import as_array
 from . import checks
 from .attention_entry import _check, _given_out, _scale
 from .entry import (STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device,
-                    packed)
+                    packed, scratch)
 from .attention_backward_sm90 import SM90_HEAD_DIMS, Sm90Plan
 from .registry import get_kernel
 
@@ -117,11 +117,11 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
         return None, (), result
     rows = b * hq * sq
     if st.sm90 is not None:
-        args = st.sm90.args(Q, K, V, O, G, L, DQ, DK, DV, float(scale), lambda n: new_output(
-            q, Q, (n,), as_dtype("float32"), stream)[1])
+        args = st.sm90.args(Q, K, V, O, G, L, DQ, DK, DV, float(scale), lambda n: scratch(
+            q, Q, (n,), as_dtype("float32"), stream))
         return st.run, args, result
     # fp32 workspace, in order on the stream: dQ's accumulator, Delta, then the chain counters.
-    _, ws = new_output(q, Q, (rows * (d + 1) + st.chain_count,), as_dtype("float32"), stream)
+    ws = scratch(q, Q, (rows * (d + 1) + st.chain_count,), as_dtype("float32"), stream)
     accum, delta, chain = ws.ptr, ws.ptr + 4 * rows * d, ws.ptr + 4 * rows * (d + 1)
     args = ((O, G, delta, accum, chain, rows, st.chain_count),
             (Q, K, V, G, L, delta, accum, chain, DK, DV, sq, skv, hq, hq // hkv, float(scale),

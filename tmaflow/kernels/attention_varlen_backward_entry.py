@@ -21,7 +21,7 @@ from .attention_backward_entry import (_PREP_ROWS, _DQ_GRID, BLOCK, THREADS, _ch
 from .attention_entry import _scale
 from .attention_backward_sm90 import SM90_HEAD_DIMS, Sm90VarlenPlan
 from .attention_varlen_entry import _check, _cu_seqlens, _upload
-from .entry import STATES, cached_state, entry_point, new_output, on_current_device, packed
+from .entry import STATES, cached_state, entry_point, new_output, on_current_device, packed, scratch
 from .registry import get_kernel
 
 WHO = "attention_varlen_backward"
@@ -77,11 +77,11 @@ def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
         return None, (), result
     rows = tq * hq
     if st.sm90 is not None:
-        args = st.sm90.args(Q, K, V, O, G, L, DQ, DK, DV, CQ, CK, float(scale), lambda n: new_output(
-            q, Q, (n,), as_dtype("float32"), stream)[1])
+        args = st.sm90.args(Q, K, V, O, G, L, DQ, DK, DV, CQ, CK, float(scale), lambda n: scratch(
+            q, Q, (n,), as_dtype("float32"), stream))
         return st.run, args, result
     # fp32 workspace, in order on the stream: dQ's accumulator, Delta, then the chain counters.
-    _, ws = new_output(q, Q, (rows * (d + 1) + st.chain_count,), as_dtype("float32"), stream)
+    ws = scratch(q, Q, (rows * (d + 1) + st.chain_count,), as_dtype("float32"), stream)
     accum, delta, chain = ws.ptr, ws.ptr + 4 * rows * d, ws.ptr + 4 * rows * (d + 1)
     args = ((O, G, delta, accum, chain, rows, st.chain_count, DK, DV, CK, batch, tk, hkv),
             (Q, K, V, G, L, delta, accum, chain, DK, DV, CQ, CK, tq, tk, batch, hq, hq // hkv, float(scale),

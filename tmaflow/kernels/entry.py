@@ -135,6 +135,25 @@ def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: in
     return obj, view
 
 
+def scratch(like, like_arr: DeviceArray, shape: tuple, dtype, stream: int) -> DeviceArray:
+    """A call's own scratch (workspaces, staging), freed by the caller right after its launches
+    are queued, so it must not be reused before they ran on ``stream``: torch's, allocated by
+    torch (its capture pools stay in charge) and recorded on ``stream`` (torch's allocator
+    would otherwise hand the block out again on its current stream while our kernels, on an
+    explicit other stream, still use it); anything else from tmaflow's pool in order on
+    ``stream``. The array holds what keeps the memory alive."""
+    if like_arr._origin != "torch":
+        arr = empty(tuple(shape), dtype or like_arr.dtype, like_arr.device, stream=stream)
+    else:
+        import torch  # optional dependency: only for torch arrays
+
+        obj, arr = new_output(like, like_arr, shape, dtype, stream)
+        obj.record_stream(torch.cuda.ExternalStream(stream, device=obj.device))
+    if ZERO_SCRATCH:
+        zero_for_sanitizer(arr, stream)
+    return arr
+
+
 def given_output(name: str, out, shape: tuple, dtype, bits_only: bool = False,
                  field: str = "out") -> DeviceArray:
     """The DeviceArray view of ``out`` after checking shape, element type and liveness. Kernels
