@@ -102,6 +102,26 @@ def _attention_backward(gen):
     return call
 
 
+def _attention_varlen_backward(gen):
+    # ragged packed sequences (an empty one, one of 1 row), GQA 2:1, head dim 128 (the Hopper
+    # kernel's VARLEN build); deterministic: bit-exact by design; workspace per call and stream
+    lens = [150, 0, 1, 77]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    total = sum(lens)
+    q, dout = _bf16(gen, total, 4, 128), _bf16(gen, total, 4, 128)
+    k, v = _bf16(gen, total, 2, 128), _bf16(gen, total, 2, 128)
+    out, lse = kernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
+    cuts = [0, q.numel(), q.numel() + k.numel(), q.numel() + 2 * k.numel()]
+
+    def call(stream=None):
+        grads = torch.empty(cuts[-1], device="cuda", dtype=q.dtype)
+        dq, dk, dv = (grads[a:b].view(t.shape) for a, b, t in zip(cuts, cuts[1:], (q, k, v)))
+        kernels.attention_varlen_backward(q, k, v, out, dout, lse, cu, cu, max(lens), max(lens), causal=True,
+                                          deterministic=True, dq=dq, dk=dk, dv=dv, stream=stream)
+        return grads
+    return call
+
+
 def _decode(gen):
     # ragged lengths (not page multiples, one of 1), shuffled pages, splits from the heuristic
     # (their partials and counters are per stream)
@@ -139,6 +159,7 @@ CASES = {
     "grouped host offsets": _grouped(True),
     "attention": _attention,
     "attention backward": _attention_backward,
+    "attention varlen backward": _attention_varlen_backward,
     "attention decode": _decode,
     "softmax": _softmax,
     "copy": _copy,
