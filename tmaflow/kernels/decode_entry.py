@@ -327,6 +327,7 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     rows_all = p.pages * p.page_size  # the maps' view: all rows of all pages
+    view: tuple[tuple[int, ...], tuple[int, ...]]
     if wide_box:  # (kv head, 64-column block, row, 64): one box a page piece, every block of it
         view = ((hkv, d // 64, rows_all, 64), (d * 2, 128, hkv * d * 2, 2))
     else:
