@@ -358,8 +358,9 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     batch 16+ to 8k the plan on a copy of the cache whose pages lie in table order ("ord": what
     the random page order costs against SDPA's contiguous caches); in every row the plan with
     the K/V maps at L2 promotion 256B ("pr256": a kv head's 256-byte key row from DRAM at once);
-    at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the copies), with
-    one CTA an SM of six stages ("c1") and (not persistent) three of two stages ("c3")."""
+    at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the copies) and
+    with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
+    stages at the splits that fill those slots ("c3": the plan's would leave a third empty)."""
     from tmaflow.kernels.decode_entry import MAX_CLUSTER, MAX_SPLITS
 
     if not (args.quick or args.decode_grid == "quick"):
@@ -384,7 +385,7 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["wb"] = {**same, "wide_box": True}
         alts["c1"] = {**same, "ctas_per_sm": 1}
         if not persistent:
-            alts["c3"] = {**same, "ctas_per_sm": 3}
+            alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
     return alts
 
 
