@@ -320,3 +320,48 @@ def test_append_kv_refuses_a_v_cache_overlapping_k_cache(rng):
     v = DeviceArray(k.ptr + shift, k.shape, "bfloat16")
     with pytest.raises(tf.TmaflowError, match=r"append_kv: v_cache: out .* overlaps k_cache"):
         kernels.append_kv(*_append_args(k_cache=k, v_cache=v).values())
+
+
+@pytest.mark.parametrize("d,persistent,ctas,stages", [(128, False, 1, 6), (128, False, 3, 2), (128, True, 1, 6),
+                                                      (128, True, 2, 3), (64, False, 3, 4), (256, False, 1, 3)])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("wide_box", [False, True])
+def test_decode_plan_stages_fill_the_asked_share_of_an_sm(d, persistent, ctas, stages, page, wide_box):
+    """ctas_per_sm 1-3: the stages fill all, half or a third of an SM's shared memory (each CTA
+    also takes 1 KB). A wide box is a page piece by every column block: a tile is its pieces."""
+    spec, layout, got_ctas = decode_plan(d, page, persistent, ctas, wide_box)
+    pipe = layout.items[0]
+    assert (got_ctas, pipe.stages) == (ctas, stages)
+    assert (layout.total_bytes + 1024) * ctas <= 228 * 1024
+    assert pipe.tx_bytes == 2 * 64 * d * 2
+    assert spec.box == ((1, d // 64, min(page, 64), 64) if wide_box else (min(page, 64), 1, 64))
+
+
+def test_decode_plan_refuses_three_persistent_ctas_at_head_dim_128():
+    with pytest.raises(tf.TmaflowError, match=r"ctas=3 an SM at head_dim=128 persistent leaves 1 stage .* needs two"):
+        decode_plan(128, 16, True, 3)
+
+
+def test_decode_options_ctas_per_sm_and_wide_box_are_checked():
+    args, _ = decode_args()
+    with pytest.raises(tf.TmaflowError, match=r"attention_decode: ctas_per_sm=4 must be"):
+        kernels.attention_decode(*args.values(), ctas_per_sm=4)
+    args, _ = decode_args(q=arr((2, 8, 96)), k_cache=arr((10, 16, 2, 96)), v_cache=arr((10, 16, 2, 96)))
+    with pytest.raises(tf.TmaflowError, match=r"attention_decode: wide_box=True with head_dim=96; .* multiple of 64"):
+        kernels.attention_decode(*args.values(), wide_box=True)
+
+
+@pytest.mark.parametrize("d,page,persistent,ctas,evict_first", [(128, 16, 0, 2, 1), (128, 64, 1, 2, 0), (256, 16, 0, 1, 0),
+                                                               (64, 32, 0, 3, 1), (128, 16, 1, 1, 0)])
+def test_wide_box_decode_kernel_compiles_with_one_4d_copy_a_page_piece(d, page, persistent, ctas, evict_first):
+    """One UTMALDG.4D each for K and V (no 3-D copy), with the policy when evict-first; no
+    spills, and registers that let `ctas` CTAs of 160 threads share an SM."""
+    _, layout, _ = decode_plan(d, page, bool(persistent), ctas, True)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "WIDE_BOX": 1,
+                            **({"PERSISTENT": 1} if persistent else {}), **({"EVICT_FIRST": 1} if evict_first else {})})
+    sass = k.sass()
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    loads = [line for line in sass.splitlines() if "UTMALDG" in line]
+    assert len(loads) == 2 and all("UTMALDG.4D" in line and ("desc[" in line) == bool(evict_first) for line in loads), loads
+    assert -(-k.resources.registers // 8) * 8 * 160 * ctas <= 65536, k.resources

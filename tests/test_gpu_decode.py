@@ -389,3 +389,41 @@ def test_torch_compile_fullgraph_runs_append_and_decode_as_custom_ops(device, rn
     for b, n in enumerate(lens):
         assert torch.equal(K[table[b, n // 16], n % 16], k_new[b]) and torch.equal(V[table[b, n // 16], n % 16], v_new[b])
     assert torch.equal(got, kernels.attention_decode(Q, K, V, T, L + 1))
+
+
+@pytest.mark.parametrize("heads_q,heads_kv,d,page,tokens,dtype", [
+    (16, 2, 128, 16, None, "bfloat16"),   # GQA 8:1, page 16: four page pieces a tile
+    (8, 2, 128, 64, None, "float16"),     # 4:1, page 64: a piece is the tile
+    (8, 2, 256, 16, 2, "bfloat16"),       # 2 new tokens x 4 query heads, four column blocks a box
+])
+@pytest.mark.parametrize("num_splits,persistent", [(1, False), (3, False), (None, True)])
+def test_decode_stage_counts_and_wide_boxes_give_the_plans_bits(device, rng, heads_q, heads_kv, d, page, tokens, dtype,
+                                                                 num_splits, persistent):
+    """ctas_per_sm (1-3: six, three or two stages at head dim 128) and wide_box (one 4-D box a
+    page piece) change where tiles lie and when they arrive, not the math or its order: equal
+    bits to the default plan, near the float64 reference (lengths 0, 1, a page and one past it,
+    ragged to 700; NaN in every row no request owns; outputs poisoned)."""
+    lens = rng.integers(0, 701, size=40)
+    lens[:8] = [0, 1, page - 1, page, page + 1, 64, 65, 700]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    variants = [{}, {"wide_box": True}, {"ctas_per_sm": 1}, {"ctas_per_sm": 1, "wide_box": True}]
+    if not persistent and d <= 128:
+        variants += [{"ctas_per_sm": 3}, {"ctas_per_sm": 3, "wide_box": True}]
+    results = []
+    for options in variants:
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, persistent=persistent, out=out, **options)
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (options, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+        results.append(out.numpy())
+    for options, bits in zip(variants[1:], results[1:]):
+        np.testing.assert_array_equal(bits.view(np.uint16), results[0].view(np.uint16), err_msg=str(options))
+
+
+def test_decode_refuses_three_persistent_ctas_an_sm_at_head_dim_128(device, rng):
+    _, (Q, K, V, T, L) = _problem(rng, [5, 77], 8, 2, 128, 16, "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=r"ctas=3 an SM at head_dim=128 persistent leaves 1 stage"):
+        kernels.attention_decode(Q, K, V, T, L, persistent=True, ctas_per_sm=3)

@@ -63,6 +63,9 @@ namespace L = tmaflow_layout;
 #ifndef SLICE_MERGE
 #define SLICE_MERGE 0
 #endif
+#ifndef WIDE_BOX
+#define WIDE_BOX 0  // 1: a 4-D map (kv head, column block, row, 64): one box a page piece, every column block
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -89,8 +92,10 @@ constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable 
 static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
 static_assert(!SLICE_MERGE || (!PERSISTENT && !CLUSTER_MERGE), "the slice merge is the counter path's");
 static_assert(kMergeBytes >= kLseBytes + (kRows * D / 4 + MAX_SPLITS) * 16, "the slice merge's pieces fit");
-static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxKeys * 128,
-              "plan does not match HEAD_DIM and PAGE_SIZE");
+constexpr int kBoxBytes = WIDE_BOX ? kBoxKeys * kTileCols * 2 : kBoxKeys * 128;
+static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxBytes,
+              "plan does not match HEAD_DIM, PAGE_SIZE and WIDE_BOX");
+static_assert(!WIDE_BOX || D % 64 == 0, "a wide box spans whole 64-column blocks");
 
 #if FP16
 using elem_t = __half;
@@ -120,10 +125,17 @@ TMAFLOW_DEVICE uint32_t count_split(uint32_t* at) {
   return before;
 }
 
-// Chunk `chunk` (8 elements) of key `key` in a K or V tile: 64-column boxes of kKeys rows of
-// 128 B, each 128B-swizzled by TMA (16-byte chunk c of row r at c ^ (r % 8)).
+// Chunk `chunk` (8 elements) of key `key` in a K or V tile: 64-column blocks of kKeys rows of
+// 128 B, each 128B-swizzled by TMA (16-byte chunk c of row r at c ^ (r % 8)). WIDE_BOX: the
+// tile is its page pieces' boxes, each the column blocks of kBoxKeys rows (a multiple of 8: the
+// swizzle's row is the key's).
 TMAFLOW_DEVICE uint8_t* tile_at(void* tile, int key, int chunk) {
+#if WIDE_BOX
+  return static_cast<uint8_t*>(tile) + (key / kBoxKeys) * kBoxBytes + (chunk / 8) * (kBoxKeys * 128) +
+         (key % kBoxKeys) * 128 + (((chunk % 8) ^ (key % 8)) << 4);
+#else
   return static_cast<uint8_t*>(tile) + (chunk / 8) * (kKeys * 128) + key * 128 + (((chunk % 8) ^ (key % 8)) << 4);
+#endif
 }
 
 // Shared statistics (floats): warp maxima and sums per row, the CTA's per row.
@@ -321,6 +333,15 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
         const int page = __shfl_sync(0xffffffffu, cur, index - window);
         if (lane == 0) {
           const int row = page * PAGE_SIZE + key % PAGE_SIZE;
+#if WIDE_BOX
+#if EVICT_FIRST
+          tma::load_hint(S.kv_k(c.stage, piece), &tk, kv.barrier(c), policy, 0, row, 0, kvh);
+          tma::load_hint(S.kv_v(c.stage, piece), &tv, kv.barrier(c), policy, 0, row, 0, kvh);
+#else
+          tma::load(S.kv_k(c.stage, piece), &tk, kv.barrier(c), 0, row, 0, kvh);
+          tma::load(S.kv_v(c.stage, piece), &tv, kv.barrier(c), 0, row, 0, kvh);
+#endif
+#else
 #pragma unroll
           for (int box = 0; box < kTileCols / 64; ++box) {
 #if EVICT_FIRST
@@ -331,6 +352,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
             tma::load(S.kv_v(c.stage, box * kPieces + piece), &tv, kv.barrier(c), box * 64, kvh, row);
 #endif
           }
+#endif
         }
       }
     }

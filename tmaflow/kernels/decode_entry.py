@@ -33,29 +33,48 @@ MAX_CLUSTER = 16          # splits a cluster merge takes (decode.cu's kMaxCluste
 MIN_KEYS_PER_SPLIT = 128  # two tiles: a split's copies all in flight at once (three stages hold them)
 THREADS = 160             # four consumer warps and a producer warp
 _TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, halved
+_SM_SMEM = 228 * 1024  # an SM's shared memory (three CTAs: a third each, less their 1 KB)
 _MAX_STAGES = 8
 
 
-@functools.lru_cache(maxsize=32)
-def decode_plan(head_dim: int, page_size: int, persistent: bool = False) -> tuple[TensorMapSpec, SharedLayout, int]:
+@functools.lru_cache(maxsize=64)
+def decode_plan(head_dim: int, page_size: int, persistent: bool = False, ctas: int | None = None,
+                wide_box: bool = False) -> tuple[TensorMapSpec, SharedLayout, int]:
     """(K/V box spec, shared layout, CTAs an SM) for a head dim and page size. A box is one page
     (or a 64-key tile's part of one) by 64 columns (the last one reaching past the head dim when
     it is not a multiple of 64: TMA fills zeros); a stage holds a tile of K and of V. Stages
     fill half the shared memory when two fit there (two CTAs an SM overlap one's start and end
     with the other's loads), else all of it. The K tiles of every stage, then the V tiles, are
     one region: the splits' merge reuses it whole. ``persistent``: the warps' merge has its own
-    buffer (the stages hold the next item's tiles meanwhile). The spec's shape is a placeholder."""
+    buffer (the stages hold the next item's tiles meanwhile). ``ctas`` (1-3): the stages fill
+    that share of the shared memory instead (1: six stages at head dim 128, 3: two).
+    ``wide_box`` (head dims a multiple of 64): one box a page piece covers every 64-column block
+    (a 4-D map over (kv head, column block, cache row, 64)): half the copies at head dim 128.
+    The spec's shape is a placeholder."""
     box_keys = min(page_size, KEYS_PER_TILE)
-    spec = TensorMapSpec.tiled("bfloat16", (box_keys, 1, head_dim), (box_keys, 1, 64), swizzle="128B")
     tile_cols = -(-head_dim // 64) * 64
-    boxes = (tile_cols // 64) * (KEYS_PER_TILE // box_keys)
+    if wide_box:
+        if head_dim % 64:
+            raise TmaflowError(f"decode_plan: wide_box with head_dim={head_dim}; a box spans whole 64-column "
+                               "blocks of a kv head's row: give a head_dim that is a multiple of 64")
+        spec = TensorMapSpec.tiled("bfloat16", (1, tile_cols // 64, box_keys, 64), (1, tile_cols // 64, box_keys, 64),
+                                   swizzle="128B")
+        boxes = KEYS_PER_TILE // box_keys
+    else:
+        spec = TensorMapSpec.tiled("bfloat16", (box_keys, 1, head_dim), (box_keys, 1, 64), swizzle="128B")
+        boxes = (tile_cols // 64) * (KEYS_PER_TILE // box_keys)
     q = Buffer("q", MAX_ROWS * (head_dim * 2 + 16))  # then the splits' merge's row statistics
     warps = [Buffer("warps", 4 * MAX_ROWS * (head_dim + 2 * 4 + 2))] if persistent else []  # O, statistics
     fixed_bytes = q.total_bytes + sum(w.total_bytes for w in warps) + 1024
     stage_bytes = 2 * KEYS_PER_TILE * tile_cols * 2
-    ctas = 2 if (_TWO_CTAS - fixed_bytes) // stage_bytes >= 2 else 1
-    budget = _TWO_CTAS if ctas == 2 else HOPPER_SMEM_LIMIT
+    if ctas is None:
+        ctas = 2 if (_TWO_CTAS - fixed_bytes) // stage_bytes >= 2 else 1
+    budget = {1: HOPPER_SMEM_LIMIT, 2: _TWO_CTAS}.get(ctas, _SM_SMEM // ctas - 1024)
     stages = min(_MAX_STAGES, (budget - fixed_bytes) // stage_bytes)
+    if stages < 2:
+        raise TmaflowError(f"decode_plan: ctas={ctas} an SM at head_dim={head_dim}{' persistent' if persistent else ''} "
+                           f"leaves {stages} stage of {stage_bytes} B in {budget} B of shared memory a CTA; the "
+                           "pipeline needs two: give fewer CTAs an SM")
     pipe = Pipeline("kv", stages=stages, tiles={"k": (spec, boxes), "v": (spec, boxes)}, consumers=4)
     layout = SharedLayout([pipe, q, *warps, Barrier("merged")], limit=budget)
     if layout.offset("kv_v") != layout.offset("kv_k") + stages * pipe.stage_stride(0):
@@ -175,7 +194,7 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
 def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
                      cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
-                     out=None, stream=None):
+                     ctas_per_sm: int | None = None, wide_box: bool | None = None, out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -205,11 +224,16 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     other splits, so every CTA of the call must fit on the GPU at once. None: off.
     ``l2_promotion``: the K/V maps' L2 promotion ("none", "64B", "128B", "256B": a box row's
     miss fetches that much from DRAM; a kv head's key row is head_dim x 2 bytes); None: "none".
+    ``ctas_per_sm`` (1-3): the K/V pipeline's stages fill that share of an SM's shared memory
+    (at head dim 128: 1 CTA of six 32 KB stages, 2 of three, 3 of two; persistent: 1-2); None:
+    two when three stages fit, else one. ``wide_box`` (head dims a multiple of 64): each copy
+    brings a page piece's every column (a 4-D map), half the copies at head dim 128; None: off.
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
-            or slice_merge is not None or l2_promotion is not None:
-        num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion = _OPTIONS.check(
-            num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion)
+            or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None:
+        num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box = \
+            _OPTIONS.check(num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm,
+                           wide_box)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -224,6 +248,9 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
+    if wide_box and p.head_dim % 64:
+        raise TmaflowError(f"{who}: wide_box=True with head_dim={p.head_dim}; a wide box spans whole 64-column "
+                           "blocks of a kv head's row: give a head_dim that is a multiple of 64, or wide_box None")
     scale = _scale(scale, p.head_dim, who)
     O = _given_out(out, Q, who, align=16)
     if O is not None:
@@ -232,19 +259,18 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
-           slice_merge, l2_promotion, stream, Q.device, ordinal, get_ident())
+           slice_merge, l2_promotion, ctas_per_sm, wide_box, stream, Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
-                                                          slice_merge, l2_promotion, stream))
+                                                          slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box)))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
     part, counters = _split_k_buffers(st)
     part_lse = part.ptr + 4 * st.partial_floats if st.workspace is not None else 0
-    cache = (p.pages * p.page_size, p.heads_kv, p.head_dim)  # the maps' view: all rows of all pages
-    args = (st.tk.bind(K._as(cache, K.strides[1:])), st.tv.bind(V._as(cache, V.strides[1:])), Q, O, T, L,
+    args = (st.tk.bind(K._as(*st.view)), st.tv.bind(V._as(*st.view)), Q, O, T, L,
             part, part_lse, counters, p.heads_kv, p.group, p.tokens, p.max_pages, float(scale) * math.log2(math.e),
             p.batch)
     return st.launcher, args, result
@@ -253,15 +279,17 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
 _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_SPLITS, optional=True),
                           evict_first=checks.flag(optional=True), persistent=checks.flag(optional=True),
                           cluster_merge=checks.flag(optional=True), slice_merge=checks.flag(optional=True),
-                          l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True))
+                          l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True),
+                          ctas_per_sm=checks.integer(1, 3, optional=True), wide_box=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
-                   num_splits: int | None = None, evict_first: bool | None = None, device=None) -> tuple[int, bool]:
+                   num_splits: int | None = None, evict_first: bool | None = None, device=None,
+                   ctas_per_sm: int | None = None) -> tuple[int, bool]:
     """(splits, evict_first) a call plans on ``device`` (the current one by default): the
     given values, else choose_splits and evict_first_default's (bf16 and fp16 alike)."""
     device = device or current_device()
-    ctas_per_sm = decode_plan(head_dim, page_size)[2]
+    ctas_per_sm = decode_plan(head_dim, page_size, ctas=ctas_per_sm)[2]
     splits = num_splits or choose_splits(batch, heads_kv, max_context, device.sm_count, ctas_per_sm)
     if evict_first is None:
         evict_first = evict_first_default(batch, heads_kv, head_dim, max_context, 2, device.l2_bytes)
@@ -269,13 +297,13 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
 
 
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
-                  stream) -> SimpleNamespace:
+                  stream, ctas, wide_box) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
     splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size,
-                                         1 if persistent else num_splits, evict_first, device)
-    ctas_per_sm = decode_plan(d, p.page_size)[2]
+                                         1 if persistent else num_splits, evict_first, device, ctas)
+    ctas_per_sm = decode_plan(d, p.page_size, ctas=ctas)[2]
     if persistent is None:
         persistent = persistent_default(b, hkv, d, splits, device.sm_count, ctas_per_sm)
     if cluster_merge is None:
@@ -285,11 +313,12 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
         raise TmaflowError(f"attention_decode: slice_merge=True with {b * hkv * splits} CTAs (batch {b} x {hkv} kv "
                            f"heads x {splits} splits); its splits wait on each other, so every CTA must run at once: "
                            f"at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
-    spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent)
+    spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent, ctas, wide_box)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
                **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {}),
-               **({"CLUSTER_MERGE": 1} if cluster_merge else {}), **({"SLICE_MERGE": 1} if slice_merge else {})}
+               **({"CLUSTER_MERGE": 1} if cluster_merge else {}), **({"SLICE_MERGE": 1} if slice_merge else {}),
+               **({"WIDE_BOX": 1} if wide_box else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     grid = (max(1, min(b * hkv, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, hkv, max(b, 1))
     launcher = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
@@ -297,12 +326,18 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     launcher, workspace = _with_split_k(launcher, splits > 1 and not cluster_merge, device, stream)
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
-    template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, (p.pages * p.page_size, hkv, d), spec.box,
+    rows_all = p.pages * p.page_size  # the maps' view: all rows of all pages
+    view: tuple[tuple[int, ...], tuple[int, ...]]
+    if wide_box:  # (kv head, 64-column block, row, 64): one box a page piece, every block of it
+        view = ((hkv, d // 64, rows_all, 64), (d * 2, 128, hkv * d * 2, 2))
+    else:
+        view = ((rows_all, hkv, d), (hkv * d * 2, d * 2, 2))
+    template = MapTemplate(TensorMapSpec.tiled(Q.dtype.name, view[0], spec.box, strides=view[1],
                                                swizzle="128B", l2_promotion=l2_promotion or "none"))
     return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, evict_first=evict_first,
                            persistent=persistent, cluster_merge=cluster_merge, slice_merge=slice_merge,
                            partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
-                           tk=template, tv=template)
+                           tk=template, tv=template, view=view)
 
 
 @entry_point

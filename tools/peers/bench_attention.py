@@ -121,6 +121,7 @@ def main():
                    help="paged-KV decode: split counts and L2 priority against the automatic plan")
     p.add_argument("--decode-grid", choices=["acceptance", "quick"], default="acceptance",
                    help="--decode/--decode-sweep rows: issue 32's acceptance grid (72 rows) or its weak corners (16)")
+    p.add_argument("--decode-batches", type=int, nargs="+", help="--decode: only the grid's rows of these batch sizes")
     p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
     p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
     p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
@@ -328,9 +329,11 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
     dim 128; the paged cache, SDPA's contiguous one and the copy's destination make 52 GB), so
     batch 64 and 128 stop at 32k."""
     if args.quick or args.decode_grid == "quick":
-        return list(DECODE_QUICK)
-    return [(group, page, b, c) for group in DECODE_GROUPS for page in DECODE_PAGES
-            for b in DECODE_BATCHES for c in DECODE_CONTEXTS if b * c <= DECODE_TOKENS]
+        grid = list(DECODE_QUICK)
+    else:
+        grid = [(group, page, b, c) for group in DECODE_GROUPS for page in DECODE_PAGES
+                for b in DECODE_BATCHES for c in DECODE_CONTEXTS if b * c <= DECODE_TOKENS]
+    return [row for row in grid if not args.decode_batches or row[2] in args.decode_batches]
 
 
 def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool]:
@@ -354,7 +357,10 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     splits merged by slices ("sl1": each split its share of the columns after a count), and at
     batch 16+ to 8k the plan on a copy of the cache whose pages lie in table order ("ord": what
     the random page order costs against SDPA's contiguous caches); in every row the plan with
-    the K/V maps at L2 promotion 256B ("pr256": a kv head's 256-byte key row from DRAM at once)."""
+    the K/V maps at L2 promotion 256B ("pr256": a kv head's 256-byte key row from DRAM at once);
+    at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the copies) and
+    with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
+    stages at the splits that fill those slots ("c3": the plan's would leave a third empty)."""
     from tmaflow.kernels.decode_entry import MAX_CLUSTER, MAX_SPLITS
 
     if not (args.quick or args.decode_grid == "quick"):
@@ -374,6 +380,12 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     if batch >= 16 and ctx <= 8192:  # the plan on a cache whose pages lie in table order (DRAM locality)
         alts["ord"] = (None, None, None, None, None, True)
     alts["pr256"] = (None, None, None, None, None, False, "256B")  # the plan, maps at L2 promotion 256B
+    if batch >= 16:  # the bytes in flight an SM and the copies a stage (session 16, round 4)
+        same = {"num_splits": splits, "persistent": persistent, "cluster_merge": cluster}
+        alts["wb"] = {**same, "wide_box": True}
+        alts["c1"] = {**same, "ctas_per_sm": 1}
+        if not persistent:
+            alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
     return alts
 
 
@@ -489,14 +501,14 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     kept: list = []
 
     def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None, ordered=False,
-             l2_promotion=None):
+             l2_promotion=None, ctas_per_sm=None, wide_box=None):
         caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
             else (k_cache, v_cache, table)
         kept.append(caches)  # alive while the prepared call is
         return kernels.attention_decode.prepare(q[:, :, 0], *caches, lens, num_splits=num_splits,
                                                 evict_first=evict_first, persistent=persistent,
                                                 cluster_merge=cluster_merge, slice_merge=slice_merge,
-                                                l2_promotion=l2_promotion,
+                                                l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
     splits, evict_first, persistent, cluster = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
@@ -504,7 +516,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
         fns = {name: ours(*choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
         peers = {"memcpy": memcpy}
     else:
-        fns = {"tmaflow": ours(), **{f"alt {name}": ours(*choice) for name, choice in alts.items()}}
+        fns = {"tmaflow": ours(), **{f"alt {name}": ours(**choice) if isinstance(choice, dict) else ours(*choice)
+                                 for name, choice in alts.items()}}
         peers = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
                  "efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "memcpy": memcpy}
     available = dict(fns)
