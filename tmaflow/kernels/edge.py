@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from ..errors import TmaflowError
 from ..runtime.device import current_device
-from ..runtime.memory import DeviceArray, as_array, zero_for_sanitizer
-from .entry import contiguous_strides, new_output, on_current_device
+from ..runtime.memory import DeviceArray, as_array
+from .entry import contiguous_strides, new_output, on_current_device, scratch
 from .matmul.config import BF16, _readable_scale_a, _row_major
 from .registry import get_kernel
 
@@ -315,13 +315,8 @@ class _Staging:
         self.keep: list = []
 
     def empty(self, shape: tuple, dtype) -> DeviceArray:
-        obj, arr = new_output(self.like, self.like_arr, shape, dtype, self.stream)
-        if arr._origin == "torch":  # self.stream: the call's handle, resolved by its entry point
-            import torch  # torch frees it after this call: its stream must wait for ours
-
-            obj.record_stream(torch.cuda.ExternalStream(self.stream))
-        self.keep.append(obj)
-        zero_for_sanitizer(arr, self.stream)  # a GEMM fills it by TMA stores, a copy reads it
+        arr = scratch(self.like, self.like_arr, shape, dtype, self.stream)  # zeroed for the sanitizer:
+        self.keep.append(arr)  # a GEMM fills it by TMA stores, a copy reads it
         return arr
 
     def copy(self, src: DeviceArray, shape: tuple | None) -> DeviceArray:

@@ -18,6 +18,7 @@ from typing import Callable
 
 from ..errors import TmaflowError
 from ..runtime.device import current_ordinal, on_reset
+from ..runtime.graph import ACTIVE as CAPTURING, capturing
 from ..runtime.memory import (ZERO_SCRATCH, DeviceArray, _contiguous_strides as contiguous_strides, as_array,
                               empty, zero_for_sanitizer)
 
@@ -140,9 +141,11 @@ def scratch(like, like_arr: DeviceArray, shape: tuple, dtype, stream: int) -> De
     are queued, so it must not be reused before they ran on ``stream``: torch's, allocated by
     torch (its capture pools stay in charge) and recorded on ``stream`` (torch's allocator
     would otherwise hand the block out again on its current stream while our kernels, on an
-    explicit other stream, still use it); anything else from tmaflow's pool in order on
-    ``stream``. The array holds what keeps the memory alive."""
-    if like_arr._origin != "torch":
+    explicit other stream, still use it); inside a capturing tf.Graph, and for other kinds,
+    from tmaflow's pool in order on ``stream`` (a tf.Graph owns what is allocated during its
+    capture, for its replays; torch would free the block when the call returns). The array
+    holds what keeps the memory alive."""
+    if like_arr._origin != "torch" or (CAPTURING and capturing() is not None):
         arr = empty(tuple(shape), dtype or like_arr.dtype, like_arr.device, stream=stream)
     else:
         import torch  # optional dependency: only for torch arrays
