@@ -146,6 +146,21 @@ def test_sm90_backward_other_schedules_compile_and_fit_the_reserved_smem(d, rows
     assert kernel_smem(d, rows, bool(dq_bulk)) <= sm90_smem(d) <= HOPPER_SMEM_LIMIT
 
 
+@pytest.mark.parametrize("stages,dq_bufs,dq_pack", [(2, 2, 1), (2, 1, 0), (3, 1, 1)])
+@pytest.mark.parametrize("causal,deterministic", [(False, False), (False, True), (True, True)])
+def test_sm90_backward_dq_buffer_variants_compile_and_fit_the_reserved_smem(stages, dq_bufs, dq_pack, causal,
+                                                                            deterministic):
+    """Head dim 128's A/B variants (two dQ buffers in packed rows with two Q / dO stages, and
+    the two levers apart) compile clean and fit what every launch reserves; two buffers in
+    padded rows do not fit beside two stages."""
+    defines = {**main_defines(128, causal, deterministic, False), "STAGES": stages, "DQ_BUFS": dq_bufs,
+               "DQ_PACK": dq_pack}
+    _assert_clean(get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program,
+                  defines)
+    assert kernel_smem(128, ROWS, True, stages, dq_bufs, bool(dq_pack)) <= sm90_smem(128) <= HOPPER_SMEM_LIMIT
+    assert kernel_smem(128, ROWS, True, 2, 2, False) > HOPPER_SMEM_LIMIT
+
+
 def test_sm90_wide_steps_without_room_for_the_dq_buffers_are_refused_at_compile_time():
     defines = {"HEAD_DIM": 64, "STAGES": STAGES, "BLOCK_M": 128, "DQ_BULK": 1}
     with pytest.raises(tf.TmaflowError, match="STAGES do not fit shared memory"):

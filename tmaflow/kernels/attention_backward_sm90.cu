@@ -122,10 +122,28 @@ constexpr int kDSBytes = (BM / 64) * kDSBox;
 // the dQ buffers (DQ_BULK), STAGES x (LSE, Delta), barriers (attention_backward_sm90.py's
 // sm90_smem is the same sum).
 constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * kQBytes;
-// dQ (DQ_BULK): BM rows of D fp32, each padded by 16 B (a warp's 8-byte stores of 8 rows then
-// spread over all 32 banks: two wavefronts, the least for 256 B); two buffers where they fit
-// (head dim 64), so step t's stores need not wait for step t - 1's reductions to be read.
-constexpr int kDQRow = 4 * D + 16, kDQBufs = D == 64 && BM == 64 ? 2 : 1, kDQBytes = DQ_BULK ? kDQBufs * BM * kDQRow : 0;
+// dQ (DQ_BULK): DQ_BUFS buffers of BM rows of D fp32 (two: step t's stores need not wait for
+// step t - 1's reductions to be read; at head dim 128 they fit with STAGES 2). A warp's 8-byte
+// stores go to 8 rows r (r % 8 = lane / 4); the rows' banks must differ so they take two
+// wavefronts (the least for 256 B). DQ_PACK 0: each row padded by 16 B; 1: rows with r % 8 in
+// {2 q, 2 q + 1} (a quarter of them) lie together, quarter q shifted by 32 q bytes (each
+// 128-byte bank span then holds two rows' 32 B: two wavefronts, 96 B of padding a buffer, not
+// 16 B a row). Rows stay contiguous and 16-byte aligned for the bulk reductions.
+#ifndef DQ_BUFS
+#define DQ_BUFS (HEAD_DIM == 64 && BLOCK_M == 64 ? 2 : 1)
+#endif
+#ifndef DQ_PACK
+#define DQ_PACK 0
+#endif
+static_assert(DQ_BUFS == 1 || DQ_BUFS == 2, "DQ_BUFS is 1 or 2");
+constexpr int kDQRow = DQ_PACK ? 4 * D : 4 * D + 16, kDQBufs = DQ_BUFS;
+constexpr int kDQBuf = DQ_PACK ? BM * kDQRow + 96 : BM * kDQRow, kDQBytes = DQ_BULK ? kDQBufs * kDQBuf : 0;
+// Byte offset of row r of a dQ buffer.
+TMAFLOW_DEVICE int dq_row_offset(int r) {
+  if (!DQ_PACK) return r * kDQRow;
+  const int q = (r % 8) / 2;
+  return (q * (BM / 4) + (r / 8) * 2 + r % 2) * kDQRow + 32 * q;
+}
 constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
 constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
@@ -421,7 +439,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #else
           bulk::reduce_add(dq_accum + (size_t(bh) * seq_q + m0 + r) * D,
 #endif
-                           reinterpret_cast<const float*>(smem + kOffDQ + (u * BM + r) * kDQRow), D * 4);
+                           reinterpret_cast<const float*>(smem + kOffDQ + u * kDQBuf + dq_row_offset(r)), D * 4);
         tma::commit_group();
         tma::wait_group_read<0>();
         __syncwarp();
@@ -597,7 +615,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     // dq element x: row kDQRow0 cw + krow + 8 ((x >> 1) & 1), column kDQCol0 cw + 8 (x / 4) + col.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint8_t* at = smem + kOffDQ + (u * BM + kDQRow0 * cw + krow + 8 * h) * kDQRow + 4 * (kDQCol0 * cw + col);
+      uint8_t* at = smem + kOffDQ + u * kDQBuf + dq_row_offset(kDQRow0 * cw + krow + 8 * h) + 4 * (kDQCol0 * cw + col);
 #pragma unroll
       for (int n = 0; n < kDQCols / 8; ++n)
         *reinterpret_cast<float2*>(at + 32 * n) = make_float2(dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
