@@ -87,6 +87,11 @@ using namespace tmaflow;
 #ifndef DQ_EARLY
 #define DQ_EARLY 1
 #endif
+// 1 (DQ_EARLY): dV is issued as soon as P^T is in registers, before dP is waited for, so
+// dS^T's arithmetic and its stores into shared memory run while dV is on the tensor cores.
+#ifndef DV_FIRST
+#define DV_FIRST 0
+#endif
 #ifndef WARP_CHAIN
 #define WARP_CHAIN 1
 #endif
@@ -101,6 +106,7 @@ using namespace tmaflow;
 #define VARLEN 0
 #endif
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
+static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
 static_assert(!VARLEN || BM == 64, "VARLEN: 64-row steps (the per-sequence LSE / Delta padding is 64 rows)");
 constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
@@ -149,7 +155,15 @@ constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
 constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "STAGES do not fit shared memory");
 constexpr uint32_t kStageTx = 2 * kQBytes + 2 * BM * 4;
-constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+// Registers a consumer thread after setmaxnreg (a multiple of 8). The CTA holds 168 a thread
+// (__launch_bounds__(384, 1)) and setmaxnreg.inc only takes what a .dec released, so the
+// producer keeps 168 - 2 (CONSUMER_REGS - 168): 232 / 40, or 240 / 24 (FA3's; DV_FIRST at
+// head dim 128 needs 240).
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 232
+#endif
+constexpr uint32_t kConsumerRegs = CONSUMER_REGS, kProducerRegs = 168 - 2 * (kConsumerRegs - 168);
+static_assert(kConsumerRegs % 8 == 0 && kConsumerRegs <= 240, "CONSUMER_REGS: a multiple of 8, at most 240");
 
 #if FP16
 using elem_t = __half;
@@ -552,9 +566,15 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        if (!DV_FIRST) pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
         dsa[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
       }
+  };
+  auto pack_p = [&] {  // DV_FIRST: P^T as 16-bit A fragments, before dS^T
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
   };
   // dV += P^T dO, dK += dS^T Q: B is dO / Q N-major (head dim contiguous), a k-step of 16 query
   // rows is 16 x 128 B into the boxes.
@@ -685,6 +705,36 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     add_dq(steps - 1);
     chain_release(steps - 1);
   }
+#elif DQ_EARLY && DV_FIRST
+  Cursor cur;
+  for (int t = 0; t < steps; ++t) {
+    issue_s_dp(cur);
+    if (t > 0) chain_release(t - 1);
+    wgmma::wait_group<1>();
+    probabilities(cur, block_of(t) * BM);
+    pack_p();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence();
+    mma_dv(cur);
+    wgmma::commit_group();
+    wgmma::wait_group<1>();  // dP (dV runs on)
+    score_grads(cur);
+    stage_ds(t & 1);
+    issue_dq(t & 1);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence();
+    mma_dk(cur);
+    wgmma::commit_group();
+    chain_wait(t);
+    wgmma::wait_group<1>();  // dV and dQ
+    wgmma::fence_operands(dv_acc);
+    add_dq(t);
+    wgmma::wait_group<0>();  // dK: the stage is read
+    wgmma::fence_operands(dk_acc);
+    release(cur);
+    cur.advance();
+  }
+  if (steps > 0) chain_release(steps - 1);
 #elif DQ_EARLY
   Cursor cur;
   for (int t = 0; t < steps; ++t) {
