@@ -166,6 +166,13 @@ def test_sm90_backward_head_dim_128_variants_compile_and_fit_the_reserved_smem(s
     assert kernel_smem(128, ROWS, True, 2, 2, False) > HOPPER_SMEM_LIMIT
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_backward_rotated_walk_compiles_clean(causal):
+    defines = {**main_defines(128, causal, False, False), "ROTATE": 1}
+    _assert_clean(get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program,
+                  defines)
+
+
 def test_sm90_dv_first_at_232_registers_is_serialized():
     """Why DV_FIRST takes 240 registers a consumer: at 232 ptxas spills and serializes the wgmmas."""
     defines = {**main_defines(128, False, False, False), "DV_FIRST": 1}

@@ -117,9 +117,11 @@ def test_attention_backward_head_dim_64_in_64_row_steps(device, rng, causal):
 
 
 # Head dim 128's A/B variants (attention_backward_sm90.cu): two dQ buffers in packed rows with
-# two Q / dO stages; dV issued before dP is waited for (240 registers a consumer); both.
+# two Q / dO stages; dV issued before dP is waited for (240 registers a consumer); both; each
+# CTA's walk over the query blocks rotated (full attention; the others ignore it).
 HD128_VARIANTS = {"2buf": {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}, "dvf": {"DV_FIRST": 1, "CONSUMER_REGS": 240},
-                  "both": {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1, "DV_FIRST": 1, "CONSUMER_REGS": 240}}
+                  "both": {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1, "DV_FIRST": 1, "CONSUMER_REGS": 240},
+                  "rot": {"ROTATE": 1}}
 
 
 @pytest.mark.parametrize("variant", sorted(HD128_VARIANTS))

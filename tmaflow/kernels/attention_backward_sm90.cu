@@ -92,6 +92,11 @@ using namespace tmaflow;
 #ifndef DV_FIRST
 #define DV_FIRST 0
 #endif
+// 1: each CTA starts its walk over the query blocks at a different one (block_of); only full
+// attention, not DETERMINISTIC (the chains' order) or VARLEN, the others ignore it.
+#ifndef ROTATE
+#define ROTATE 0
+#endif
 #ifndef WARP_CHAIN
 #define WARP_CHAIN 1
 #endif
@@ -107,6 +112,7 @@ using namespace tmaflow;
 #endif
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
 static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
+constexpr bool kRotate = ROTATE && !(CAUSAL || DETERMINISTIC || VARLEN);
 static_assert(!VARLEN || BM == 64, "VARLEN: 64-row steps (the per-sequence LSE / Delta padding is 64 rows)");
 constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
@@ -357,7 +363,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   // kv head, in the producer's order.
   const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
   auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
-  auto block_of = [&](int t) { return i_first + t % per_head; };
+  // ROTATE: key block j starts its walk at query block j q_blocks / gridDim.x and wraps around,
+  // so the CTAs of a head (which start together and run in step) reduce into different dQ rows.
+  const int rot = kRotate ? int(int64_t(j) * per_head / gridDim.x) : 0;
+  auto block_of = [&](int t) { return i_first + (kRotate ? (t % per_head + rot) % per_head : t % per_head); };
   // DETERMINISTIC: the key blocks that add their part of query block i before this one: 0 ..
   // j - 1, or (SPT) j + 1 .. the last that sees query block i (a causal key block j' sees it
   // when BN j' <= BM i + BM - 1). Exactly those add to it, causal or not, and all started
@@ -409,7 +418,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       uint32_t stage = 0, phase = 0;
       for (int g = 0; g < group; ++g) {
         const int bh = b * heads + kvh * group + g;
-        for (int i = i_first; i < q_blocks; ++i) {
+        for (int i0 = i_first; i0 < q_blocks; ++i0) {
+          const int i = kRotate ? block_of(i0 - i_first) : i0;
           mbarrier::wait(empty + stage, phase ^ 1u);
           mbarrier::arrive_expect_tx(full + stage, kStageTx);
           for (int box = 0; box < kQBoxes; ++box) {
