@@ -1,6 +1,7 @@
 """kernels.attention_backward without a GPU: argument checks, the kernels compiling for sm_90a,
 the launch plan, and the float64 reference against finite differences."""
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -144,6 +145,41 @@ def test_sm90_backward_other_schedules_compile_and_fit_the_reserved_smem(d, rows
     _assert_clean(get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program,
                   defines)
     assert kernel_smem(d, rows, bool(dq_bulk)) <= sm90_smem(d) <= HOPPER_SMEM_LIMIT
+
+
+@pytest.mark.parametrize("stages,dq_bufs,dq_pack,dv_first", [(2, 2, 1, 0), (2, 1, 0, 0), (3, 1, 1, 0), (3, 1, 0, 1),
+                                                              (2, 2, 1, 1)])
+@pytest.mark.parametrize("causal,deterministic", [(False, False), (False, True), (True, False), (True, True)])
+def test_sm90_backward_head_dim_128_variants_compile_and_fit_the_reserved_smem(stages, dq_bufs, dq_pack, dv_first,
+                                                                               causal, deterministic):
+    """Head dim 128's A/B variants (two dQ buffers in packed rows with two Q / dO stages; dV
+    before dP is waited for, with 240 registers a consumer; the levers apart) compile clean
+    (not both levers deterministic: its dQ warp spills at 24 registers) and fit what every
+    launch reserves; two buffers in padded rows do not fit beside two stages."""
+    if dv_first and dq_bufs == 2 and deterministic:
+        pytest.skip("the A/B does not run it: the producer spills at 24 registers")
+    defines = {**main_defines(128, causal, deterministic, False), "STAGES": stages, "DQ_BUFS": dq_bufs,
+               "DQ_PACK": dq_pack, "DV_FIRST": dv_first, "CONSUMER_REGS": 240 if dv_first else 232}
+    _assert_clean(get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program,
+                  defines)
+    assert kernel_smem(128, ROWS, True, stages, dq_bufs, bool(dq_pack)) <= sm90_smem(128) <= HOPPER_SMEM_LIMIT
+    assert kernel_smem(128, ROWS, True, 2, 2, False) > HOPPER_SMEM_LIMIT
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm90_backward_rotated_walk_compiles_clean(causal):
+    defines = {**main_defines(128, causal, False, False), "ROTATE": 1}
+    _assert_clean(get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program,
+                  defines)
+
+
+def test_sm90_dv_first_at_232_registers_is_serialized():
+    """Why DV_FIRST takes 240 registers a consumer: at 232 ptxas spills and serializes the wgmmas."""
+    defines = {**main_defines(128, False, False, False), "DV_FIRST": 1}
+    with warnings.catch_warnings():  # the pipeline warning (only where it compiles, not from the cache)
+        warnings.simplefilter("ignore", tf.TmaflowWarning)
+        program = get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
+    assert program.resources.spills > 0 and compiler.wgmma_pipeline_notes(program.log) != []
 
 
 def test_sm90_wide_steps_without_room_for_the_dq_buffers_are_refused_at_compile_time():

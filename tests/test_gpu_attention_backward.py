@@ -116,6 +116,36 @@ def test_attention_backward_head_dim_64_in_64_row_steps(device, rng, causal):
             assert np.array_equal(a, again)
 
 
+# Head dim 128's A/B variants (attention_backward_sm90.cu): two dQ buffers in packed rows with
+# two Q / dO stages; dV issued before dP is waited for (240 registers a consumer); both; each
+# CTA's walk over the query blocks rotated (full attention; the others ignore it).
+HD128_VARIANTS = {"2buf": {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}, "dvf": {"DV_FIRST": 1, "CONSUMER_REGS": 240},
+                  "both": {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1, "DV_FIRST": 1, "CONSUMER_REGS": 240},
+                  "rot": {"ROTATE": 1}}
+
+
+@pytest.mark.parametrize("variant", sorted(HD128_VARIANTS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_head_dim_128_variants(device, rng, variant, causal):
+    """Lengths off the tiles, GQA, more steps than stages and dQ buffers; the deterministic mode
+    (not "both": it spills) bit-identical."""
+    cases = [(1, 4, 2, 300, 513, False)] + ([] if variant == "both" else [(2, 4, 1, 333, 400, True)])
+    for b, hq, hkv, sq, skv, det in cases:
+        (q, k, v, dout), (qf, kf, vf, gf) = _inputs(rng, b, hq, hkv, sq, skv, 128, "bfloat16")
+        out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+        want = attention_backward(qf, kf, vf, gf, causal, 1 / np.sqrt(128))
+        runs = []
+        with extra_defines(HD128_VARIANTS[variant]):
+            for _ in range(1 + det):
+                grads = [poison(tf.empty(x.shape, "bfloat16")) for x in (q, k, v)]
+                kernels.attention_backward(q, k, v, out, dout, lse, causal=causal, deterministic=det,
+                                           dq=grads[0], dk=grads[1], dv=grads[2])
+                runs.append([_values(g, "bfloat16") for g in grads])
+        _check_grads(runs[0], want, (variant, b, hq, hkv, sq, skv, causal, det))
+        for a, again in zip(runs[0], runs[-1]):
+            assert np.array_equal(a, again)
+
+
 def test_attention_backward_without_queries_zeroes_dk_and_dv(device, rng):
     (q, k, v, dout), _ = _inputs(rng, 1, 2, 2, 0, 70, 64, "bfloat16")
     out, lse = kernels.attention(q, k, v, return_lse=True)

@@ -87,6 +87,16 @@ using namespace tmaflow;
 #ifndef DQ_EARLY
 #define DQ_EARLY 1
 #endif
+// 1 (DQ_EARLY): dV is issued as soon as P^T is in registers, before dP is waited for, so
+// dS^T's arithmetic and its stores into shared memory run while dV is on the tensor cores.
+#ifndef DV_FIRST
+#define DV_FIRST 0
+#endif
+// 1: each CTA starts its walk over the query blocks at a different one (block_of); only full
+// attention, not DETERMINISTIC (the chains' order) or VARLEN, the others ignore it.
+#ifndef ROTATE
+#define ROTATE 0
+#endif
 #ifndef WARP_CHAIN
 #define WARP_CHAIN 1
 #endif
@@ -101,6 +111,8 @@ using namespace tmaflow;
 #define VARLEN 0
 #endif
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
+static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
+constexpr bool kRotate = ROTATE && !(CAUSAL || DETERMINISTIC || VARLEN);
 static_assert(!VARLEN || BM == 64, "VARLEN: 64-row steps (the per-sequence LSE / Delta padding is 64 rows)");
 constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
@@ -122,16 +134,42 @@ constexpr int kDSBytes = (BM / 64) * kDSBox;
 // the dQ buffers (DQ_BULK), STAGES x (LSE, Delta), barriers (attention_backward_sm90.py's
 // sm90_smem is the same sum).
 constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * kQBytes;
-// dQ (DQ_BULK): BM rows of D fp32, each padded by 16 B (a warp's 8-byte stores of 8 rows then
-// spread over all 32 banks: two wavefronts, the least for 256 B); two buffers where they fit
-// (head dim 64), so step t's stores need not wait for step t - 1's reductions to be read.
-constexpr int kDQRow = 4 * D + 16, kDQBufs = D == 64 && BM == 64 ? 2 : 1, kDQBytes = DQ_BULK ? kDQBufs * BM * kDQRow : 0;
+// dQ (DQ_BULK): DQ_BUFS buffers of BM rows of D fp32 (two: step t's stores need not wait for
+// step t - 1's reductions to be read; at head dim 128 they fit with STAGES 2). A warp's 8-byte
+// stores go to 8 rows r (r % 8 = lane / 4); the rows' banks must differ so they take two
+// wavefronts (the least for 256 B). DQ_PACK 0: each row padded by 16 B; 1: rows with r % 8 in
+// {2 q, 2 q + 1} (a quarter of them) lie together, quarter q shifted by 32 q bytes (each
+// 128-byte bank span then holds two rows' 32 B: two wavefronts, 96 B of padding a buffer, not
+// 16 B a row). Rows stay contiguous and 16-byte aligned for the bulk reductions.
+#ifndef DQ_BUFS
+#define DQ_BUFS (HEAD_DIM == 64 && BLOCK_M == 64 ? 2 : 1)
+#endif
+#ifndef DQ_PACK
+#define DQ_PACK 0
+#endif
+static_assert(DQ_BUFS == 1 || DQ_BUFS == 2, "DQ_BUFS is 1 or 2");
+constexpr int kDQRow = DQ_PACK ? 4 * D : 4 * D + 16, kDQBufs = DQ_BUFS;
+constexpr int kDQBuf = DQ_PACK ? BM * kDQRow + 96 : BM * kDQRow, kDQBytes = DQ_BULK ? kDQBufs * kDQBuf : 0;
+// Byte offset of row r of a dQ buffer.
+TMAFLOW_DEVICE int dq_row_offset(int r) {
+  if (!DQ_PACK) return r * kDQRow;
+  const int q = (r % 8) / 2;
+  return (q * (BM / 4) + (r / 8) * 2 + r % 2) * kDQRow + 32 * q;
+}
 constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
 constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "STAGES do not fit shared memory");
 constexpr uint32_t kStageTx = 2 * kQBytes + 2 * BM * 4;
-constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
+// Registers a consumer thread after setmaxnreg (a multiple of 8). The CTA holds 168 a thread
+// (__launch_bounds__(384, 1)) and setmaxnreg.inc only takes what a .dec released, so the
+// producer keeps 168 - 2 (CONSUMER_REGS - 168): 232 / 40, or 240 / 24 (FA3's; DV_FIRST at
+// head dim 128 needs 240).
+#ifndef CONSUMER_REGS
+#define CONSUMER_REGS 232
+#endif
+constexpr uint32_t kConsumerRegs = CONSUMER_REGS, kProducerRegs = 168 - 2 * (kConsumerRegs - 168);
+static_assert(kConsumerRegs % 8 == 0 && kConsumerRegs <= 240, "CONSUMER_REGS: a multiple of 8, at most 240");
 
 #if FP16
 using elem_t = __half;
@@ -325,7 +363,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   // kv head, in the producer's order.
   const int per_head = max(q_blocks - i_first, 0), steps = group * per_head;
   auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
-  auto block_of = [&](int t) { return i_first + t % per_head; };
+  // ROTATE: key block j starts its walk at query block j q_blocks / gridDim.x and wraps around,
+  // so the CTAs of a head (which start together and run in step) reduce into different dQ rows.
+  const int rot = kRotate ? int(int64_t(j) * per_head / gridDim.x) : 0;
+  auto block_of = [&](int t) { return i_first + (kRotate ? (t % per_head + rot) % per_head : t % per_head); };
   // DETERMINISTIC: the key blocks that add their part of query block i before this one: 0 ..
   // j - 1, or (SPT) j + 1 .. the last that sees query block i (a causal key block j' sees it
   // when BN j' <= BM i + BM - 1). Exactly those add to it, causal or not, and all started
@@ -377,7 +418,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       uint32_t stage = 0, phase = 0;
       for (int g = 0; g < group; ++g) {
         const int bh = b * heads + kvh * group + g;
-        for (int i = i_first; i < q_blocks; ++i) {
+        for (int i0 = i_first; i0 < q_blocks; ++i0) {
+          const int i = kRotate ? block_of(i0 - i_first) : i0;
           mbarrier::wait(empty + stage, phase ^ 1u);
           mbarrier::arrive_expect_tx(full + stage, kStageTx);
           for (int box = 0; box < kQBoxes; ++box) {
@@ -421,7 +463,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #else
           bulk::reduce_add(dq_accum + (size_t(bh) * seq_q + m0 + r) * D,
 #endif
-                           reinterpret_cast<const float*>(smem + kOffDQ + (u * BM + r) * kDQRow), D * 4);
+                           reinterpret_cast<const float*>(smem + kOffDQ + u * kDQBuf + dq_row_offset(r)), D * 4);
         tma::commit_group();
         tma::wait_group_read<0>();
         __syncwarp();
@@ -534,9 +576,15 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     for (int kk = 0; kk < BM / 16; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+        if (!DV_FIRST) pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
         dsa[kk][r] = pack2(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
       }
+  };
+  auto pack_p = [&] {  // DV_FIRST: P^T as 16-bit A fragments, before dS^T
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
   };
   // dV += P^T dO, dK += dS^T Q: B is dO / Q N-major (head dim contiguous), a k-step of 16 query
   // rows is 16 x 128 B into the boxes.
@@ -597,7 +645,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     // dq element x: row kDQRow0 cw + krow + 8 ((x >> 1) & 1), column kDQCol0 cw + 8 (x / 4) + col.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint8_t* at = smem + kOffDQ + (u * BM + kDQRow0 * cw + krow + 8 * h) * kDQRow + 4 * (kDQCol0 * cw + col);
+      uint8_t* at = smem + kOffDQ + u * kDQBuf + dq_row_offset(kDQRow0 * cw + krow + 8 * h) + 4 * (kDQCol0 * cw + col);
 #pragma unroll
       for (int n = 0; n < kDQCols / 8; ++n)
         *reinterpret_cast<float2*>(at + 32 * n) = make_float2(dq[4 * n + 2 * h], dq[4 * n + 2 * h + 1]);
@@ -667,6 +715,36 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     add_dq(steps - 1);
     chain_release(steps - 1);
   }
+#elif DQ_EARLY && DV_FIRST
+  Cursor cur;
+  for (int t = 0; t < steps; ++t) {
+    issue_s_dp(cur);
+    if (t > 0) chain_release(t - 1);
+    wgmma::wait_group<1>();
+    probabilities(cur, block_of(t) * BM);
+    pack_p();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence();
+    mma_dv(cur);
+    wgmma::commit_group();
+    wgmma::wait_group<1>();  // dP (dV runs on)
+    score_grads(cur);
+    stage_ds(t & 1);
+    issue_dq(t & 1);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence();
+    mma_dk(cur);
+    wgmma::commit_group();
+    chain_wait(t);
+    wgmma::wait_group<1>();  // dV and dQ
+    wgmma::fence_operands(dv_acc);
+    add_dq(t);
+    wgmma::wait_group<0>();  // dK: the stage is read
+    wgmma::fence_operands(dk_acc);
+    release(cur);
+    cur.advance();
+  }
+  if (steps > 0) chain_release(steps - 1);
 #elif DQ_EARLY
   Cursor cur;
   for (int t = 0; t < steps; ++t) {

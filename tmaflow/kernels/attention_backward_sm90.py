@@ -29,14 +29,18 @@ def step_rows(head_dim: int) -> int:
     return 2 * ROWS if head_dim in WIDE_STEP_HEAD_DIMS else ROWS
 
 
-def kernel_smem(head_dim: int, rows: int = ROWS, dq_bulk: bool = True, stages: int = STAGES) -> int:
+def kernel_smem(head_dim: int, rows: int = ROWS, dq_bulk: bool = True, stages: int = STAGES,
+                dq_bufs: int | None = None, dq_pack: bool = False) -> int:
     """Dynamic shared memory of ``attention_bwd_sm90`` (its kSmemBytes): K and V, the stages of
-    Q and dO, two dS^T buffers, the dQ buffers in fp32 (DQ_BULK; rows padded by 16 B; two at
-    head dim 64 with 64-row steps, else one), the stages' LSE and Delta rows, the barriers."""
+    Q and dO, two dS^T buffers, the dQ buffers in fp32 (DQ_BULK; DQ_BUFS of them, by default two
+    at head dim 64 with 64-row steps, else one; rows padded by 16 B, or with DQ_PACK 96 B a
+    buffer), the stages' LSE and Delta rows, the barriers."""
     kv = 2 * KEYS * head_dim
     q = rows * 2 * head_dim
-    dq_bufs = 2 if head_dim == 64 and rows == ROWS else 1
-    dq = dq_bufs * rows * (4 * head_dim + 16) if dq_bulk else 0
+    if dq_bufs is None:
+        dq_bufs = 2 if head_dim == 64 and rows == ROWS else 1
+    dq_buf = rows * 4 * head_dim + 96 if dq_pack else rows * (4 * head_dim + 16)
+    dq = dq_bufs * dq_buf if dq_bulk else 0
     return (2 * kv + 2 * stages * q + 2 * KEYS * 2 * rows + dq + stages * 2 * rows * 4 +
             (1 + 2 * stages + 2 * dq_bufs) * 8)
 

@@ -1,10 +1,13 @@
 """The Hopper attention backward's schedules in one run, beside cuDNN: "new" (what a call plans:
 head dim 128 dQ through shared memory and bulk reductions, DQ_BULK, issued between dV and dK,
 DQ_EARLY, its stores while dK runs; head dim 64 128-row steps, BLOCK_M=128, dQ added with
-red.global, also between dV and dK), "r2" (round 2's plan: dQ after dK, DQ_EARLY=0; head dim
-64: 64-row steps, step t - 1's dQ after step t's S and dP, OVERLAP) and at head dim 64 "late"
-(128-row steps, dQ after dK: the two levers apart); at the ``--deterministic-seqs`` "det new"
-and "det r2" (those in the deterministic mode, against their default-mode selves). The
+red.global, also between dV and dK). Head dim 128 (round 4): "2buf" (two dQ buffers, rows
+packed, DQ_PACK, with two Q / dO stages), "dvf" (dV issued before dP is waited for,
+DV_FIRST, 240 registers a consumer), "both", "rot" (each CTA starts its walk over the query
+blocks at its own one, ROTATE: full attention only, a causal row runs "new" again). Head dim 64: "r2" (round 2's plan: 64-row steps,
+step t - 1's dQ after step t's S and dP, OVERLAP) and "late" (128-row steps, dQ after dK: the
+two levers apart). At the ``--deterministic-seqs`` the "det" variants (the deterministic mode,
+against their default-mode selves). The
 benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16); interleaved rounds,
 every call after an L2 flush; TFLOP/s (backward = 2.5 x the forward's FLOPs) and, in
 parentheses, the median per-round ratio to cuDNN. Every variant's dq, dk, dv are checked
@@ -28,11 +31,17 @@ from tmaflow import bench, kernels
 from tmaflow.kernels.attention_backward_sm90 import main_defines
 from tmaflow.kernels.registry import extra_defines, get_kernel
 
+# Head dim 128's round-4 levers: two dQ buffers (packed rows) with two Q / dO stages; dV issued
+# before dP is waited for, at 240 registers a consumer (24 the producer).
+TWO_BUF = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
+DV_FIRST = {"DV_FIRST": 1, "CONSUMER_REGS": 240}
 # (label, deterministic, defines over the plan's, the default-mode label a deterministic one is against)
-DEFAULT = {128: [("new", False, {}, None), ("r2", False, {"DQ_EARLY": 0}, None)],
+DEFAULT = {128: [("new", False, {}, None), ("2buf", False, TWO_BUF, None), ("dvf", False, DV_FIRST, None),
+                 ("both", False, {**TWO_BUF, **DV_FIRST}, None), ("rot", False, {"ROTATE": 1}, None)],
            64: [("new", False, {}, None), ("r2", False, {"BLOCK_M": 64}, None),
                 ("late", False, {"DQ_EARLY": 0}, None)]}
-DETERMINISTIC = {128: [("det new", True, {}, "new"), ("det r2", True, {"DQ_EARLY": 0}, "r2")],
+DETERMINISTIC = {128: [("det new", True, {}, "new"), ("det 2buf", True, TWO_BUF, "2buf"),
+                       ("det dvf", True, DV_FIRST, "dvf")],
                  64: [("det new", True, {}, "new"), ("det r2", True, {"BLOCK_M": 64}, "r2")]}
 
 
