@@ -1,8 +1,10 @@
 """The Hopper attention backward's schedules in one run, beside cuDNN: "new" (what a call plans:
 head dim 128 dQ through shared memory and bulk reductions, DQ_BULK, issued between dV and dK,
-DQ_EARLY, its stores while dK runs; head dim 64 128-row steps, BLOCK_M=128, dQ added with
-red.global, also between dV and dK). Head dim 128 (round 4): "2buf" (two dQ buffers, rows
-packed, DQ_PACK, with two Q / dO stages), "dvf" (dV issued before dP is waited for,
+DQ_EARLY, its stores while dK runs, into two dQ buffers with rows packed, DQ_PACK, and two Q /
+dO stages, outside the deterministic mode; head dim 64 128-row steps, BLOCK_M=128, dQ added with
+red.global, also between dV and dK). Head dim 128 (round 4): "1buf" (round 3's plan: one dQ
+buffer, three stages), "det 2buf" (the two buffers in the deterministic mode, which plans
+one), "dvf" (dV issued before dP is waited for,
 DV_FIRST, 240 registers a consumer), "both", "rot" (each CTA starts its walk over the query
 blocks at its own one, ROTATE: full attention only, a causal row runs "new" again). Head dim 64: "r2" (round 2's plan: 64-row steps,
 step t - 1's dQ after step t's S and dP, OVERLAP) and "late" (128-row steps, dQ after dK: the
@@ -36,11 +38,12 @@ from tmaflow.kernels.registry import extra_defines, get_kernel
 TWO_BUF = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
 DV_FIRST = {"DV_FIRST": 1, "CONSUMER_REGS": 240}
 # (label, deterministic, defines over the plan's, the default-mode label a deterministic one is against)
-DEFAULT = {128: [("new", False, {}, None), ("2buf", False, TWO_BUF, None), ("dvf", False, DV_FIRST, None),
+ONE_BUF = {"STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}  # round 3's plan, before TWO_BUF became the default
+DEFAULT = {128: [("new", False, {}, None), ("1buf", False, ONE_BUF, None), ("dvf", False, DV_FIRST, None),
                  ("both", False, {**TWO_BUF, **DV_FIRST}, None), ("rot", False, {"ROTATE": 1}, None)],
            64: [("new", False, {}, None), ("r2", False, {"BLOCK_M": 64}, None),
                 ("late", False, {"DQ_EARLY": 0}, None)]}
-DETERMINISTIC = {128: [("det new", True, {}, "new"), ("det 2buf", True, TWO_BUF, "2buf"),
+DETERMINISTIC = {128: [("det new", True, {}, "new"), ("det 2buf", True, TWO_BUF, "new"),
                        ("det dvf", True, DV_FIRST, "dvf")],
                  64: [("det new", True, {}, "new"), ("det r2", True, {"BLOCK_M": 64}, "r2")]}
 
