@@ -45,6 +45,15 @@ AREAS = [
     ("attention_training", "Attention in training (2-layer transformer, 100 steps)",
      "python tools/peers/train_block.py --json bench/results/attention_training.json"),
     ("autotune", "Autotune", "python tools/peers/bench_autotune.py --json bench/results/autotune.json"),
+    # the same commands on an H100 (issue 33 asks for both machines)
+    ("gemm_bf16_h100", "GEMM bf16 on an H100", "python tools/peers/bench_gemm.py --suite 30 --json ..."),
+    ("gemm_fp8_skinny_h100", "GEMM fp8 decode shapes and block scales on an H100",
+     "python tools/peers/bench_gemm.py --fp8 --skinny --json ..."),
+    ("gemm_grouped_h100", "GEMM grouped (MoE) on an H100", "python tools/peers/bench_grouped.py --grid quick --json ..."),
+    ("attention_quick_h100", "Attention forward, quick set, on an H100",
+     "python tools/peers/bench_attention.py --quick --json ..."),
+    ("attention_backward_h100", "Attention backward on an H100",
+     "python tools/peers/bench_attention.py --backward --json ..."),
     ("tracing", "Tracing cost", "python tools/experiments/trace_overhead.py"),
     ("sanitizers", "Sanitizers", "SANITIZE=1 bash tools/gpu_check.sh"),
 ]
