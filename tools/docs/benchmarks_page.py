@@ -31,6 +31,8 @@ AREAS = [
     ("gemm_skinny", "GEMM skinny (decode shapes)",
      "python tools/peers/bench_gemm.py --suite skinny --json bench/results/gemm_skinny.json"),
     ("gemm_grouped", "GEMM grouped (MoE)", "python tools/peers/bench_grouped.py --json bench/results/gemm_grouped.json"),
+    ("gemm_grouped_acceptance", "GEMM grouped (MoE): issue 33's whole grid",
+     "python tools/peers/bench_grouped.py --grid acceptance --json bench/results/gemm_grouped_acceptance.json"),
     ("gemm_unaligned", "GEMM unaligned shapes",
      "python tools/peers/bench_gemm.py --suite unaligned --json bench/results/gemm_unaligned.json"),
     ("attention", "Attention", "python tools/peers/bench_attention.py --json bench/results/attention.json"),
