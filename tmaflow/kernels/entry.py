@@ -13,11 +13,12 @@
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable
 
 from ..errors import TmaflowError
-from ..runtime.device import current_ordinal, on_reset
+from ..runtime.device import current_ordinal, framework_stream, on_reset
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 from ..runtime.memory import (ZERO_SCRATCH, DeviceArray, _contiguous_strides as contiguous_strides, as_array,
                               empty, zero_for_sanitizer)
@@ -113,21 +114,26 @@ def packed(arr: DeviceArray) -> DeviceArray:
 
 def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: int = 0):
     """(object returned to the caller, its DeviceArray view): a new contiguous array of
-    ``like``'s kind; tmaflow's allocated in order on ``stream``, the call's resolved stream
-    (torch's and cupy's by their allocators, on their current stream). The view is built
-    directly: its layout is known. Zeroed under TMAFLOW_ZERO_SCRATCH (compute-sanitizer's
-    initcheck does not count the TMA stores that write it as initialising it)."""
+    ``like``'s kind, allocated in order on ``stream``, the call's resolved stream: tmaflow's
+    from its stream-ordered pool, torch's and cupy's by their allocators from ``stream``'s pool
+    (their allocators hand a freed block out again in the order of the stream it belongs to:
+    from the current stream's pool, a block whose last use is still queued there could go to
+    our kernels on another stream). The view is built directly: its layout is known. Zeroed
+    under TMAFLOW_ZERO_SCRATCH (compute-sanitizer's initcheck does not count the TMA stores
+    that write it as initialising it)."""
     dt = dtype or like_arr.dtype
     shape = tuple(shape)
     origin = like_arr._origin
     if origin == "torch":
-        obj = like.new_empty(shape) if dt is like_arr.dtype else like.new_empty(shape, dtype=_torch_dtype(dt))
+        with _on_stream("torch", stream, like_arr):
+            obj = like.new_empty(shape) if dt is like_arr.dtype else like.new_empty(shape, dtype=_torch_dtype(dt))
         view = DeviceArray._view(obj.data_ptr(), shape, dt, contiguous_strides(shape, dt.itemsize),
                                  obj, like_arr.device, "torch")
     elif origin == "cupy" and dt.name != "bfloat16":
         import cupy
 
-        obj = cupy.empty(shape, dtype=dt.numpy)
+        with _on_stream("cupy", stream, like_arr):
+            obj = cupy.empty(shape, dtype=dt.numpy)
         view = as_array(obj)
     else:
         obj = view = empty(shape, dt, like_arr.device, stream=stream)
@@ -136,25 +142,35 @@ def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: in
     return obj, view
 
 
+def _on_stream(framework: str, stream: int, like_arr: DeviceArray):
+    """A context in which ``framework``'s allocator takes ``stream``'s pool: nothing when it is
+    the framework's current stream (stream=None resolves to it), else the framework's
+    external-stream context (imported here: optional dependencies)."""
+    ordinal = like_arr.device.ordinal if like_arr.device is not None else current_ordinal()
+    if stream == framework_stream(framework, ordinal):
+        return contextlib.nullcontext()
+    if framework == "torch":
+        import torch
+
+        return torch.cuda.stream(torch.cuda.ExternalStream(stream, device=torch.device("cuda", ordinal)))
+    import cupy
+
+    return cupy.cuda.ExternalStream(stream, ordinal)
+
+
 def scratch(like, like_arr: DeviceArray, shape: tuple, dtype, stream: int) -> DeviceArray:
     """A call's own scratch (workspaces, staging), freed by the caller right after its launches
-    are queued, so it must not be reused before they ran on ``stream``: torch's, allocated by
-    torch (its capture pools stay in charge) and recorded on ``stream`` (torch's allocator
-    would otherwise hand the block out again on its current stream while our kernels, on an
-    explicit other stream, still use it); inside a capturing tf.Graph, and for other kinds,
-    from tmaflow's pool in order on ``stream`` (a tf.Graph owns what is allocated during its
-    capture, for its replays; torch would free the block when the call returns). The array
-    holds what keeps the memory alive."""
+    are queued: torch's from torch's pool of ``stream`` (new_output; freed, it is handed out
+    again only in ``stream``'s order, after our kernels), which also keeps torch's capture pools
+    in charge; inside a capturing tf.Graph, and for other kinds, from tmaflow's pool in order
+    on ``stream`` (a tf.Graph owns what is allocated during its capture, for its replays; torch
+    would free the block when the call returns). The array holds what keeps the memory alive."""
     if like_arr._origin != "torch" or (CAPTURING and capturing() is not None):
         arr = empty(tuple(shape), dtype or like_arr.dtype, like_arr.device, stream=stream)
-    else:
-        import torch  # optional dependency: only for torch arrays
-
-        obj, arr = new_output(like, like_arr, shape, dtype, stream)
-        obj.record_stream(torch.cuda.ExternalStream(stream, device=obj.device))
-    if ZERO_SCRATCH:
-        zero_for_sanitizer(arr, stream)
-    return arr
+        if ZERO_SCRATCH:
+            zero_for_sanitizer(arr, stream)
+        return arr
+    return new_output(like, like_arr, shape, dtype, stream)[1]
 
 
 def given_output(name: str, out, shape: tuple, dtype, bits_only: bool = False,

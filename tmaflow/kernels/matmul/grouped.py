@@ -90,7 +90,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     chunk = grouped_chunk_rows(known)  # the decode path's rows a chunk (a kernel variant)
     hot = known is not None and known > GROUPED_HOT_ROWS  # the default route takes the dense path
     key = ("grouped_gemm", A.shape, A.strides, B.shape, B.strides, layout, C and C.strides,
-           given and given.strides, edge.aligned(A, B, C), config, chunk, hot, stream, pdl,
+           given and given.strides, edge.aligned(A, B, C), config, chunk, hot, known is None, stream, pdl,
            A.device, ordinal, debug, trace, get_ident())
     try:
         st, windows = STATES[key]
