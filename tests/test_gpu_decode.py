@@ -427,3 +427,15 @@ def test_decode_refuses_three_persistent_ctas_an_sm_at_head_dim_128(device, rng)
     _, (Q, K, V, T, L) = _problem(rng, [5, 77], 8, 2, 128, 16, "bfloat16")
     with pytest.raises(tf.TmaflowError, match=r"ctas=3 an SM at head_dim=128 persistent leaves 1 stage"):
         kernels.attention_decode(Q, K, V, T, L, persistent=True, ctas_per_sm=3)
+
+
+def test_decode_three_ctas_an_sm_without_persistent_asked_falls_back(device, rng):
+    """ctas_per_sm=3 at head dim 128 on a shape whose default would walk items (more items than
+    CTA slots, one split): the persistent plan leaves one stage, so the default runs one item a
+    CTA instead of refusing a call that never asked for persistence (a review found the raise)."""
+    lens = [int(x) for x in rng.integers(1, 120, 132 * 3 // 8 + 40)]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, 16, 8, 128, 16, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    kernels.attention_decode(Q, K, V, T, L, num_splits=1, ctas_per_sm=3, out=out)
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2

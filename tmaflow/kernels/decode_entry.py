@@ -306,6 +306,11 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     ctas_per_sm = decode_plan(d, p.page_size, ctas=ctas)[2]
     if persistent is None:
         persistent = persistent_default(b, hkv, d, splits, device.sm_count, ctas_per_sm)
+        if persistent:  # not asked for: a persistent plan that leaves too few stages is not taken
+            try:
+                decode_plan(d, p.page_size, True, ctas, wide_box)
+            except TmaflowError:
+                persistent = False
     if cluster_merge is None:
         cluster_merge = not persistent and not slice_merge and cluster_merge_default(b, hkv, splits, device.sm_count)
     slice_merge = bool(slice_merge) and splits > 1 and not persistent and not cluster_merge
