@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEADERS = ROOT / "tmaflow" / "include" / "tmaflow"
 PAGE = ROOT / "docs" / "device-library.md"
 ORDER = ["prelude", "mbarrier", "pipeline", "tma", "bulk", "cp_async", "cluster", "fence", "warp",
-         "wgmma", "mma", "math", "tensormap", "griddep", "signal", "trace", "debug"]
+         "wgmma", "mma", "math", "tensormap", "griddep", "signal", "chain", "trace", "debug"]
 TAGS = ("ptx", "who", "order")
 FUNCTION_PARTS = ("does",) + TAGS
 QUALIFIERS = {"TMAFLOW_DEVICE", "__device__", "__forceinline__", "__host__", "inline"}

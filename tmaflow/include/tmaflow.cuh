@@ -8,6 +8,7 @@
 #include "tmaflow/debug.cuh"
 #include "tmaflow/mbarrier.cuh"
 #include "tmaflow/signal.cuh"
+#include "tmaflow/chain.cuh"
 #include "tmaflow/tma.cuh"
 #include "tmaflow/tensormap.cuh"
 #include "tmaflow/bulk.cuh"

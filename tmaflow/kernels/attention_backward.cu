@@ -69,21 +69,9 @@ TMAFLOW_DEVICE void mma_step(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
 TMAFLOW_DEVICE float2 to_float2(uint32_t x) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x)); }
 #endif
 
-// A chain counter read with acquire semantics at GPU scope (the partial sums it counts are seen).
-// ptx: ld.acquire.gpu.global.u32
-TMAFLOW_DEVICE uint32_t load_acquire(const uint32_t* at) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
-  return v;
-}
-
-// The counter moved on after a release fence: the CTA's sums (ordered before by bar.sync) first.
-// ptx: fence.acq_rel.gpu + red.relaxed.gpu.global.add.u32
-TMAFLOW_DEVICE void add_release(uint32_t* at) {
-  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(at) : "memory");
-}
-
-TMAFLOW_DEVICE int clamp_to(int x, int lo, int hi) { return min(max(x, lo), hi); }
+using chain::add_release;
+using chain::clamp_to;
+using chain::load_acquire;
 
 extern "C" __global__ void __launch_bounds__(256)
 attention_bwd_prep(const elem_t* out, const elem_t* dout, float* delta, float* dq_accum,
@@ -187,34 +175,6 @@ TMAFLOW_DEVICE void regs_times_rows(float (&acc)[DS / 8][4], const float (&x)[BM
   }
 }
 
-#if VARLEN
-// CTA t's key block: sequence b has ceil(len_k / BN) of them, numbered sequence after sequence;
-// warp 0 walks cu_k, 32 sequences a step (a warp prefix sum of block counts). Offsets are clamped
-// into the tensors, so bad device values give wrong rows, never accesses outside them.
-TMAFLOW_DEVICE bool find_key_block(const int* cu_k, int total_k, int batch, int t, int& seq, int& block) {
-  const int lane = threadIdx.x % 32;
-  int before = 0;
-  for (int first = 0; first < batch; first += 32) {
-    const int b = first + lane;
-    int len = 0;
-    if (b < batch) {
-      const int k0 = clamp_to(__ldg(cu_k + b), 0, total_k);
-      len = clamp_to(__ldg(cu_k + b + 1), k0, total_k) - k0;
-    }
-    const int n = (len + BN - 1) / BN, upto = warp::inclusive_sum(n);
-    const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
-    if (past != 0) {
-      const int l = __ffs(past) - 1;
-      seq = first + l;
-      block = t - before - __shfl_sync(0xffffffffu, upto - n, l);
-      return true;
-    }
-    before += __shfl_sync(0xffffffffu, upto, 31);
-  }
-  return false;
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(kThreads)
 attention_bwd(const elem_t* q, const elem_t* k, const elem_t* v, const elem_t* dout, const float* lse,
               const float* delta, float* dq_accum, uint32_t* chain, elem_t* dk, elem_t* dv,
@@ -241,7 +201,7 @@ attention_bwd(const elem_t* q, const elem_t* k, const elem_t* v, const elem_t* d
   __shared__ int sBlock[2];
   if (threadIdx.x < 32) {
     int seq = -1, block = 0;
-    if (!find_key_block(cu_k, total_k, batch, blockIdx.x, seq, block)) seq = -1;
+    if (!chain::find_block<BN>(cu_k, total_k, batch, blockIdx.x, seq, block)) seq = -1;
     if (lane == 0) sBlock[0] = seq, sBlock[1] = block;
   }
   __syncthreads();

@@ -78,6 +78,16 @@ def _given(who, grad, name, like, inputs):
     return arr
 
 
+def _given_grads(who: str, grads: tuple, arrays: tuple) -> list:
+    """The DeviceArrays of dq, dk and dv as given (None where not), each checked against q, k
+    and v and apart from the inputs (q, k, v, out, dout, lse) and the gradients before it."""
+    inputs = tuple(zip(("q", "k", "v", "out", "dout", "lse"), arrays))
+    given: list = []
+    for grad, name, like in zip(grads, ("dq", "dk", "dv"), arrays[:3]):
+        given.append(_given(who, grad, name, like, inputs + tuple(zip(("dq", "dk"), given))))
+    return given
+
+
 @entry_point
 def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: float | None = None,
                        deterministic: bool = False, dq=None, dk=None, dv=None, stream=None):
@@ -98,10 +108,7 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False, scale: 
     d_v = V.shape[3]
     _check_grads(who, Q, K, V, O, G, L)
     scale = _scale(scale, d, who)
-    inputs = tuple(zip(("q", "k", "v", "out", "dout", "lse"), (Q, K, V, O, G, L)))
-    given: list = []
-    for grad, name, like in ((dq, "dq", Q), (dk, "dk", K), (dv, "dv", V)):
-        given.append(_given(who, grad, name, like, inputs + tuple(zip(("dq", "dk"), given))))
+    given = _given_grads(who, (dq, dk, dv), (Q, K, V, O, G, L))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, O, G, L, *given), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, d_v, causal, deterministic, stream, Q.device, ordinal, get_ident())

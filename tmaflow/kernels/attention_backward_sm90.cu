@@ -187,16 +187,9 @@ TMAFLOW_DEVICE uint32_t pack2(float lo, float hi) { return wgmma::bf16x2(lo, hi)
 TMAFLOW_DEVICE float2 to_float2(uint32_t x) { return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x)); }
 #endif
 
-// ptx: ld.acquire.gpu.global.u32
-TMAFLOW_DEVICE uint32_t load_acquire(const uint32_t* at) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
-  return v;
-}
-// ptx: fence.acq_rel.gpu + red.relaxed.gpu.global.add.u32
-TMAFLOW_DEVICE void add_release(uint32_t* at) {
-  asm volatile("fence.acq_rel.gpu;\n\tred.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(at) : "memory");
-}
+using chain::add_release;
+using chain::clamp_to;
+using chain::load_acquire;
 
 // A warp a padded row: rows_padded = batch x heads x seq_pad.
 extern "C" __global__ void __launch_bounds__(256)
@@ -230,38 +223,9 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
 }
 
 #if VARLEN
-TMAFLOW_DEVICE int clamp_to(int x, int lo, int hi) { return min(max(x, lo), hi); }
-
 // Sequence b's first row in a head's LSE / Delta rows: 16-byte aligned (bulk copies) and at
 // least ceil(len / BM) BM rows before sequence b + 1's (b (BM + 4) covers the rounding).
 TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (BM + 4); }
-
-// CTA t's key block, as attention_backward.cu's: sequence b has ceil(len_k / BN) of them,
-// numbered sequence after sequence; the warp walks cu_k, 32 sequences a step (a warp prefix
-// sum of block counts). Offsets are clamped into the tensors, so bad device values give wrong
-// rows, never accesses outside them.
-TMAFLOW_DEVICE bool find_key_block(const int* cu_k, int total_k, int batch, int t, int& seq, int& block) {
-  const int lane = threadIdx.x % 32;
-  int before = 0;
-  for (int first = 0; first < batch; first += 32) {
-    const int b = first + lane;
-    int len = 0;
-    if (b < batch) {
-      const int k0 = clamp_to(__ldg(cu_k + b), 0, total_k);
-      len = clamp_to(__ldg(cu_k + b + 1), k0, total_k) - k0;
-    }
-    const int n = (len + BN - 1) / BN, upto = warp::inclusive_sum(n);
-    const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
-    if (past != 0) {
-      const int l = __ffs(past) - 1;
-      seq = first + l;
-      block = t - before - __shfl_sync(0xffffffffu, upto - n, l);
-      return true;
-    }
-    before += __shfl_sync(0xffffffffu, upto, 31);
-  }
-  return false;
-}
 
 // A warp a packed query row (token x heads + head): Delta and the LSE (log2) at the row's
 // place in its sequence's padded rows, the fp32 dQ accumulator zeroed; a thread a padded row
@@ -345,7 +309,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   // Rows are (token, head): no batch index (b = 0); the sequence's rows start at q_start and
   // k_start, its LSE / Delta rows at lse_start, its key blocks are last_block + 1.
   int seq = -1, block = 0;
-  if (!find_key_block(cu_k, total_k, batch, blockIdx.x, seq, block)) return;  // past the last block
+  if (!chain::find_block<BN>(cu_k, total_k, batch, blockIdx.x, seq, block)) return;  // past the last block
   const int q_start = clamp_to(__ldg(cu_q + seq), 0, total_q);
   const int seq_q = clamp_to(__ldg(cu_q + seq + 1), q_start, total_q) - q_start;
   const int k_start = clamp_to(__ldg(cu_k + seq), 0, total_k);
@@ -715,13 +679,16 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     add_dq(steps - 1);
     chain_release(steps - 1);
   }
-#elif DQ_EARLY && DV_FIRST
+#elif DQ_EARLY
+  // dV, then dQ, then dK; dQ's stores or adds run while dK is on the tensor cores. DV_FIRST
+  // issues dV before dP is waited for, so dS^T's arithmetic runs beside it.
   Cursor cur;
   for (int t = 0; t < steps; ++t) {
     issue_s_dp(cur);
     if (t > 0) chain_release(t - 1);
     wgmma::wait_group<1>();
     probabilities(cur, block_of(t) * BM);
+#if DV_FIRST
     pack_p();
     wgmma::fence_operands(dv_acc);
     wgmma::fence();
@@ -730,28 +697,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     wgmma::wait_group<1>();  // dP (dV runs on)
     score_grads(cur);
     stage_ds(t & 1);
-    issue_dq(t & 1);
-    wgmma::fence_operands(dk_acc);
-    wgmma::fence();
-    mma_dk(cur);
-    wgmma::commit_group();
-    chain_wait(t);
-    wgmma::wait_group<1>();  // dV and dQ
-    wgmma::fence_operands(dv_acc);
-    add_dq(t);
-    wgmma::wait_group<0>();  // dK: the stage is read
-    wgmma::fence_operands(dk_acc);
-    release(cur);
-    cur.advance();
-  }
-  if (steps > 0) chain_release(steps - 1);
-#elif DQ_EARLY
-  Cursor cur;
-  for (int t = 0; t < steps; ++t) {
-    issue_s_dp(cur);
-    if (t > 0) chain_release(t - 1);
-    wgmma::wait_group<1>();
-    probabilities(cur, block_of(t) * BM);
+#else
     wgmma::wait_group<0>();
     score_grads(cur);
     stage_ds(t & 1);
@@ -759,6 +705,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     wgmma::fence();
     mma_dv(cur);
     wgmma::commit_group();
+#endif
     issue_dq(t & 1);
     wgmma::fence_operands(dk_acc);
     wgmma::fence();

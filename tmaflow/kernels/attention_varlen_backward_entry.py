@@ -16,7 +16,7 @@ from ..launch.config import resolve_stream
 from ..runtime.device import current_ordinal
 from ..runtime.memory import as_array
 from . import checks
-from .attention_backward_entry import (_PREP_ROWS, _DQ_GRID, BLOCK, THREADS, _check_grads, _given, _Run,
+from .attention_backward_entry import (_PREP_ROWS, _DQ_GRID, BLOCK, THREADS, _check_grads, _given_grads, _Run,
                                        backward_smem, main_defines, slices)
 from .attention_entry import _scale
 from .attention_backward_sm90 import SM90_HEAD_DIMS, Sm90VarlenPlan
@@ -54,10 +54,7 @@ def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
     if CK.shape[0] != batch + 1:
         raise TmaflowError(f"{WHO}: cu_seqlens_q has {batch + 1} values but cu_seqlens_k has {CK.shape[0]}; "
                            "both are batch + 1 prefix sums")
-    inputs = tuple(zip(("q", "k", "v", "out", "dout", "lse"), (Q, K, V, O, G, L)))
-    given: list = []
-    for grad, name, like in ((dq, "dq", Q), (dk, "dk", K), (dv, "dv", V)):
-        given.append(_given(WHO, grad, name, like, inputs + tuple(zip(("dq", "dk"), given))))
+    given = _given_grads(WHO, (dq, dk, dv), (Q, K, V, O, G, L))
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, O, G, L, *given), ordinal)
     if isinstance(CQ, np.ndarray) or isinstance(CK, np.ndarray):
