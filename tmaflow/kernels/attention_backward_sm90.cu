@@ -30,8 +30,9 @@
 //   sequence's end load the next sequence's rows: such keys are masked like keys past the
 //   end, such query rows have LSE = +inf (prep: P = 0, so dS = 0 and P dO = 0) and their dQ
 //   is never added. LSE and Delta: a head's rows of sequence b from lse_row0(b) (a multiple of
-//   4 floats, for the bulk copies; sequences padded to BM rows apart); chain counters: one a
-//   (query block's first packed row, head); SPT runs a sequence's key blocks last first.
+//   4 floats, for the bulk copies), followed by kSeqPad padding rows (so a step of any BM
+//   crossing the end reads them); chain counters: one a (query block's first packed row,
+//   head); SPT runs a sequence's key blocks last first.
 // The fp32 dQ goes to the output dtype with attention_backward.cu's attention_bwd_dq.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -113,7 +114,10 @@ using namespace tmaflow;
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
 static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
 constexpr bool kRotate = ROTATE && !(CAUSAL || DETERMINISTIC || VARLEN);
-static_assert(!VARLEN || BM == 64, "VARLEN: 64-row steps (the per-sequence LSE / Delta padding is 64 rows)");
+// VARLEN: the padding rows (LSE +inf, Delta 0) after each sequence's LSE / Delta rows, the widest
+// step's (the prep and the main kernel agree whatever BM the main kernel is built with).
+constexpr int kSeqPad = 128;
+static_assert(!VARLEN || BM <= kSeqPad, "VARLEN: a step of at most kSeqPad rows (the LSE / Delta padding)");
 constexpr int kConsumerWarps = 8;
 static_assert(D == 64 || D == 128, "HEAD_DIM is 64 or 128");
 static_assert(BM == 64 || (BM == 128 && D == 64), "BLOCK_M is 64, or 128 at head dim 64");
@@ -224,12 +228,12 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
 
 #if VARLEN
 // Sequence b's first row in a head's LSE / Delta rows: 16-byte aligned (bulk copies) and at
-// least ceil(len / BM) BM rows before sequence b + 1's (b (BM + 4) covers the rounding).
-TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (BM + 4); }
+// least len + kSeqPad rows before sequence b + 1's (b (kSeqPad + 4) covers the rounding).
+TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (kSeqPad + 4); }
 
 // A warp a packed query row (token x heads + head): Delta and the LSE (log2) at the row's
-// place in its sequence's padded rows, the fp32 dQ accumulator zeroed; a thread a padded row
-// past a sequence's end (LSE +inf, Delta 0); chain counters zeroed; dK and dV rows outside
+// place in its sequence's padded rows, the fp32 dQ accumulator zeroed; a thread a padding row
+// (kSeqPad past each sequence's end: LSE +inf, Delta 0); chain counters zeroed; dK and dV rows outside
 // every sequence zeroed (no CTA of the main kernel stores them).
 extern "C" __global__ void __launch_bounds__(256)
 attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const float* lse, float* lse2, float* delta,
@@ -251,14 +255,11 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
       for (int c = lane; c < D / 2; c += 32) reinterpret_cast<uint32_t*>(dv + r * D)[c] = 0;
     }
   }
-  for (size_t p = tid; p < size_t(batch) * heads * BM; p += threads) {  // padding rows
-    const int b = int(p / (heads * BM)), h = int(p / BM % heads);
+  for (size_t p = tid; p < size_t(batch) * heads * kSeqPad; p += threads) {  // padding rows
+    const int b = int(p / (heads * kSeqPad)), h = int(p / kSeqPad % heads);
     const int q0 = clamp_to(__ldg(cu_q + b), 0, total_q), len = clamp_to(__ldg(cu_q + b + 1), q0, total_q) - q0;
-    const int r = len + int(p % BM);
-    if (r < (len + BM - 1) / BM * BM) {
-      const size_t at = size_t(h) * lse_stride + lse_row0(q0, b) + r;
-      lse2[at] = __int_as_float(0x7f800000), delta[at] = 0.f;
-    }
+    const size_t at = size_t(h) * lse_stride + lse_row0(q0, b) + len + int(p % kSeqPad);
+    lse2[at] = __int_as_float(0x7f800000), delta[at] = 0.f;
   }
   if (row >= total_q * heads) return;
   const int token = row / heads, h = row % heads;

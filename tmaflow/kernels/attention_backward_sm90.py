@@ -60,12 +60,18 @@ def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
 TWO_DQ_BUFFERS = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
 
 
-def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool) -> dict:
-    """The defines of the plan's ``attention_bwd_sm90`` (the prep kernel's are the first three)."""
+def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, varlen: bool = False) -> dict:
+    """The defines of the plans' ``attention_bwd_sm90`` (the dense prep kernel's are the first
+    three): the dense and the varlen (VARLEN) plan run the same schedule."""
     two_buffers = TWO_DQ_BUFFERS if head_dim == 128 and not deterministic else {}
     return {"HEAD_DIM": head_dim, "DETERMINISTIC": int(deterministic), **({"FP16": 1} if fp16 else {}),
-            "CAUSAL": int(causal), "STAGES": STAGES, "BLOCK_M": step_rows(head_dim),
-            "DQ_BULK": int(head_dim in DQ_BULK_HEAD_DIMS), **two_buffers}
+            **({"VARLEN": 1} if varlen else {}), "CAUSAL": int(causal), "STAGES": STAGES,
+            "BLOCK_M": step_rows(head_dim), "DQ_BULK": int(head_dim in DQ_BULK_HEAD_DIMS), **two_buffers}
+
+
+# The varlen plan's schedule before it took main_defines (64-row steps; head dim 128 one dQ
+# buffer and three stages): an A/B's override (kernels.registry.extra_defines) of the plan's.
+VARLEN_BEFORE = {64: {"BLOCK_M": ROWS}, 128: {"STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}}
 
 
 def padded_rows(seq: int, rows: int = ROWS) -> int:
@@ -131,19 +137,24 @@ def varlen_key_blocks(total_k: int, batch: int) -> int:
     return max(1, (total_k + batch * (KEYS - 1)) // KEYS)
 
 
+# Varlen LSE / Delta padding rows after each sequence (the kernel's kSeqPad): the widest step's,
+# so the prep serves a main kernel of either step.
+SEQ_PAD = 2 * ROWS
+
+
 def varlen_lse_stride(total_q: int, batch: int) -> int:
     """Floats a head in the varlen LSE / Delta rows: sequence b's start at round_up(cu_q[b], 4)
-    + b (ROWS + 4) (the kernel's lse_row0; 16-byte aligned for the bulk copies) with its padding
-    to whole ROWS-row blocks fits before sequence b + 1's, all of them in total_q + batch (ROWS
+    + b (SEQ_PAD + 4) (the kernel's lse_row0; 16-byte aligned for the bulk copies) with its
+    SEQ_PAD padding rows fits before sequence b + 1's, all of them in total_q + batch (SEQ_PAD
     + 4) rows; a multiple of 4 so every head starts aligned."""
-    return -(-(total_q + batch * (ROWS + 4)) // 4) * 4
+    return -(-(total_q + batch * (SEQ_PAD + 4)) // 4) * 4
 
 
 class Sm90VarlenPlan:
     """``attention_backward_sm90.cu`` built with VARLEN over packed (tokens, heads, head dim)
     tensors: prep (Delta and LSE into per-sequence padded rows, zeroed accumulator, counters and
     dK / dV outside every sequence), the main kernel (a CTA a key block of a sequence, the grid
-    sized for any lengths), dQ to the output dtype."""
+    sized for any lengths; the dense plan's defines, main_defines), dQ to the output dtype."""
 
     def __init__(self, Q, K, batch: int, causal: bool, deterministic: bool, stream):
         tq, hq, d = Q.shape
@@ -151,6 +162,9 @@ class Sm90VarlenPlan:
         dt = Q.dtype.name
         fp16 = {"FP16": 1} if dt == "float16" else {}
         defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **fp16}
+        main = get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90",
+                          defines=main_defines(d, causal, deterministic, bool(fp16), varlen=True))
+        step = int(main.defines["BLOCK_M"])  # the plan's, or an override's (extra_defines)
         self.shape = (tq, hq, d, tk, hkv, batch)
         self.lse_stride = varlen_lse_stride(tq, batch)
         self.chain_count = tq * hq if deterministic else 0  # a counter a query block's first packed row
@@ -158,17 +172,15 @@ class Sm90VarlenPlan:
         def launcher(name, file, defs, **config):
             return get_kernel(name, None, defines=defs, file=file).launcher(stream=stream, **config)
         rows = tq * hq
-        prep_threads = max(32 * rows, batch * hq * ROWS, self.chain_count)  # dK, dV: a grid stride
+        prep_threads = max(32 * rows, batch * hq * SEQ_PAD, self.chain_count)  # dK, dV: a grid stride
         self.launches = [
             launcher("attention_bwd_sm90_varlen_prep", "attention_backward_sm90", defines,
                      grid=max(1, -(-prep_threads // (32 * _PREP_ROWS))), block=32 * _PREP_ROWS),
-            launcher("attention_bwd_sm90", "attention_backward_sm90",
-                     {**defines, "CAUSAL": int(causal), "STAGES": STAGES, "BLOCK_M": ROWS,
-                      "DQ_BULK": int(d in DQ_BULK_HEAD_DIMS)},
-                     grid=(varlen_key_blocks(tk, batch), hkv, 1), block=THREADS, smem=sm90_smem(d)),
+            main.launcher(stream=stream, grid=(varlen_key_blocks(tk, batch), hkv, 1), block=THREADS,
+                          smem=sm90_smem(d)),
             launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256),
         ]
-        qspec = TensorMapSpec.tiled(dt, (tq, hq, d), (ROWS, 1, 64), swizzle="128B")
+        qspec = TensorMapSpec.tiled(dt, (tq, hq, d), (step, 1, 64), swizzle="128B")
         kspec = TensorMapSpec.tiled(dt, (tk, hkv, d), (KEYS, 1, d // 2), swizzle=f"{d}B")
         self.tq, self.tdo = MapTemplate(qspec), MapTemplate(qspec)
         self.tk, self.tv = MapTemplate(kspec), MapTemplate(kspec)
