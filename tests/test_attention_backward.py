@@ -9,9 +9,9 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
-from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, KEYS, ROWS, SM90_HEAD_DIMS, STAGES, kernel_smem,
-                                                     main_defines, padded_rows, sm90_smem, step_rows, varlen_key_blocks,
-                                                     varlen_lse_stride)
+from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, KEYS, ROWS, SEQ_PAD, SM90_HEAD_DIMS, STAGES,
+                                                     VARLEN_BEFORE, kernel_smem, main_defines, padded_rows, sm90_smem,
+                                                     step_rows, varlen_key_blocks, varlen_lse_stride)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
 from tmaflow.runtime.memory import DeviceArray
@@ -196,30 +196,46 @@ def test_sm90_wide_steps_without_room_for_the_dq_buffers_are_refused_at_compile_
 @pytest.mark.parametrize("d", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("causal,deterministic,fp16", [(False, False, False), (True, False, True), (False, True, False),
                                                        (True, True, False)])
-def test_sm90_varlen_backward_compiles_without_spills(d, causal, deterministic, fp16):
-    """The VARLEN build (attention_varlen_backward at head dims 64 and 128) keeps the dense
+@pytest.mark.parametrize("before", [False, True])
+def test_sm90_varlen_backward_compiles_without_spills(d, causal, deterministic, fp16, before):
+    """The VARLEN build (attention_varlen_backward at head dims 64 and 128) takes the dense
+    plan's defines (128-row steps at head dim 64, two dQ buffers at 128) and keeps the dense
     kernel's registers: nothing on the stack, no serialized wgmma (its sequence bookkeeping
-    must not take the consumers' registers)."""
-    defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **({"FP16": 1} if fp16 else {})}
-    main = {**defines, "CAUSAL": int(causal), "STAGES": STAGES, "BLOCK_M": ROWS, "DQ_BULK": int(d in DQ_BULK_HEAD_DIMS)}
-    for name, defs in (("attention_bwd_sm90", main), ("attention_bwd_sm90_varlen_prep", defines)):
+    must not take the consumers' registers); so does the schedule it had before (the A/B's)."""
+    main = main_defines(d, causal, deterministic, fp16, varlen=True)
+    assert main == {**main_defines(d, causal, deterministic, fp16), "VARLEN": 1}
+    if before:
+        main = {**main, **VARLEN_BEFORE[d]}
+    prep = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **({"FP16": 1} if fp16 else {})}
+    for name, defs in (("attention_bwd_sm90", main), ("attention_bwd_sm90_varlen_prep", prep)):
         program = get_kernel(name, None, defines=defs, file="attention_backward_sm90").program
         assert program.resources.spills == 0 and program.resources.stack_frame == 0, (name, defs, program.resources)
         assert compiler.wgmma_pipeline_notes(program.log) == [], (name, defs)
+    assert kernel_smem(d, main["BLOCK_M"], bool(main["DQ_BULK"]), main["STAGES"], main.get("DQ_BUFS"),
+                       bool(main.get("DQ_PACK"))) <= sm90_smem(d) <= HOPPER_SMEM_LIMIT
 
 
-@pytest.mark.parametrize("lens", [[2048] * 8, [77, 0, 1, 130, 64, 5, 200], [0, 0, 1], [63, 64, 65, 1, 3, 4]])
+def test_sm90_varlen_steps_wider_than_the_padding_are_refused_at_compile_time():
+    defines = {**main_defines(64, False, False, False, varlen=True), "BLOCK_M": 2 * SEQ_PAD}
+    with pytest.raises(tf.TmaflowError, match="VARLEN: a step of at most kSeqPad rows"):
+        get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
+
+
+@pytest.mark.parametrize("lens", [[2048] * 8, [77, 0, 1, 130, 64, 5, 200], [0, 0, 1], [63, 64, 65, 1, 3, 4],
+                                  [127, 128, 129, 255, 0, 383, 2]])
 def test_sm90_varlen_workspace_rows(lens):
     """Each sequence's LSE / Delta rows (as attention_backward_sm90.cu's lse_row0 places them)
-    start 16-byte aligned, are whole blocks, overlap no other sequence's and fit a head's
-    stride; the grid has a CTA for every key block."""
+    start 16-byte aligned and are followed by SEQ_PAD padding rows (the prep's), which overlap
+    no other sequence's rows and fit a head's stride; a step of 64 or 128 rows reads only them;
+    the grid has a CTA for every key block."""
     cu = np.concatenate([[0], np.cumsum(lens)])
     stride = varlen_lse_stride(int(cu[-1]), len(lens))
     assert stride % 4 == 0
-    spans = [((c + 3) // 4 * 4 + b * (ROWS + 4), padded_rows(n) if n else 0) for b, (c, n) in enumerate(zip(cu, lens))]
+    spans = [((c + 3) // 4 * 4 + b * (SEQ_PAD + 4), n + SEQ_PAD) for b, (c, n) in enumerate(zip(cu, lens))]
     assert all(start % 4 == 0 for start, _ in spans)
     assert all(s0 + n0 <= s1 for (s0, n0), (s1, _) in zip(spans, spans[1:]))
     assert spans[-1][0] + spans[-1][1] <= stride
+    assert all(padded_rows(n, rows) <= n + SEQ_PAD for n in lens for rows in (ROWS, 2 * ROWS))
     assert varlen_key_blocks(int(cu[-1]), len(lens)) >= sum(-(-n // KEYS) for n in lens)
 
 

@@ -1,8 +1,9 @@
 """The backward beyond equal head dims and dense batches, against float64 gradients of the same
 bf16 inputs: v's head dim apart from q's (192 / 128, 96 / 64; and 160, whose slices are now two
 of 80 columns), causal and not, grouped-query heads; kernels.attention_varlen_backward over ragged sequences (empty ones, one token, tokens
-before the first sequence and after the last), device and host lengths, deterministic runs,
-a CUDA graph replayed with new lengths; the attention_varlen op under torch autograd and
+before the first sequence and after the last, lengths off the 64- and 128-row steps), device
+and host lengths, deterministic runs, the plan's schedule and the one before it, a CUDA graph
+replayed with new lengths; the attention_varlen op under torch autograd and
 torch.compile(fullgraph=True) against a float64 torch reference. Gradients are poisoned first."""
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.kernels.attention_backward_sm90 import VARLEN_BEFORE
+from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
 from attention_reference import attention_backward
@@ -70,7 +73,9 @@ RAGGED_K = [77, 3, 1, 130, 0, 70, 1]  # a sequence of queries without keys, one 
 
 
 def _varlen_run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, host=False, deterministic=False, before=3,
-                after=5):
+                after=5, defines=None):
+    """The backward's gradients (with ``defines`` over its kernels' when given) against the
+    float64 reference, rows outside every sequence zero; (gradients, the call's arguments)."""
     cu_q, cu_k = _cu(lens_q, before), _cu(lens_k, before)
     tq, tk = int(cu_q[-1]) + after, int(cu_k[-1]) + after
     shapes = ((tq, hq, d), (tk, hkv, d), (tk, hkv, dv), (tq, hq, dv))
@@ -78,8 +83,9 @@ def _varlen_run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, host=False, dete
     lens = (cu_q.tolist(), cu_k.tolist()) if host else (tf.from_numpy(cu_q), tf.from_numpy(cu_k))
     out, lse = kernels.attention_varlen(q, k, v, *lens, max(lens_q), max(lens_k), causal=causal, return_lse=True)
     grads = [poison(tf.empty(x.shape, "bfloat16")) for x in (q, k, v)]
-    kernels.attention_varlen_backward(q, k, v, out, dout, lse, *lens, max(lens_q), max(lens_k), causal=causal,
-                                      deterministic=deterministic, dq=grads[0], dk=grads[1], dv=grads[2])
+    with extra_defines(defines or {}):
+        kernels.attention_varlen_backward(q, k, v, out, dout, lse, *lens, max(lens_q), max(lens_k), causal=causal,
+                                          deterministic=deterministic, dq=grads[0], dk=grads[1], dv=grads[2])
     want = _varlen_reference(qf, kf, vf, gf, cu_q, cu_k, causal, 1 / np.sqrt(d))
     got = [_float(g) for g in grads]
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
@@ -111,11 +117,37 @@ def test_varlen_backward_deterministic_is_bit_identical(device, rng, d, causal, 
         assert all(np.array_equal(_float(a), g) for a, g in zip(again, got))
 
 
-def test_varlen_backward_graph_replay_reads_new_lengths(device, rng):
+# Lengths the steps were not tuned for: ends 1 before, at and 1 past a 128-row step, past a
+# 64-row one, an empty sequence and a short last one; keys unlike the queries.
+OFF_STEP_Q = [127, 128, 129, 255, 0, 383, 66, 2]
+OFF_STEP_K = [129, 128, 1, 255, 3, 383, 300, 2]
+
+
+@pytest.mark.parametrize("schedule", ["plan", "before"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_backward_schedules_on_lengths_off_the_steps(device, rng, schedule, d, causal):
+    """The plan's schedule (the dense one's: 128-row steps at head dim 64, two dQ buffers at
+    128) and the one it had before (VARLEN_BEFORE: 64-row steps, one buffer), grouped-query
+    heads (4 a kv head: steps of one key block over several heads), then the deterministic mode
+    bit-identical across two runs."""
+    defines = VARLEN_BEFORE[d] if schedule == "before" else {}
+    _varlen_run(rng, OFF_STEP_Q, OFF_STEP_K, 8, 2, d, d, causal, defines=defines)
+    lens = OFF_STEP_Q if causal else OFF_STEP_K
+    got, (q, k, v, out, dout, lse, cu) = _varlen_run(rng, lens, lens, 4, 1, d, d, causal, deterministic=True,
+                                                     defines=defines)
+    with extra_defines(defines):
+        again = kernels.attention_varlen_backward(q, k, v, out, dout, lse, *cu, max(lens), max(lens), causal=causal,
+                                                  deterministic=True)
+    assert all(np.array_equal(_float(a), g) for a, g in zip(again, got)), (schedule, d, causal)
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_varlen_backward_graph_replay_reads_new_lengths(device, rng, d):
     """A captured backward replayed after the lengths changed in place computes the new
     sequences' gradients (the grid is sized for any lengths)."""
     torch = pytest.importorskip("torch")
-    hq, d, total = 2, 128, 700
+    hq, total = 2, 700
     q, k, v, dout = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     cu = torch.tensor(_cu([300, 400]), device="cuda")
     out, lse = kernels.attention_varlen(q, k, v, cu, cu, 1024, 1024, return_lse=True)
