@@ -1,8 +1,11 @@
 """One timing line each for the backward's new capabilities (H200, bf16, L2 warm, median of
 10): the varlen backward beside the dense backward (both the Hopper kernel at head dims 64
-and 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads); the 192 / 128
-backward (multi-head latent attention's head dims: 4 x 4096, 16 heads) in TFLOP/s, beside
-torch's SDPA backends where they take v's head dim apart from q's.
+and 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads), with the varlen
+schedule before it took the dense plan's defines (VARLEN_BEFORE: 64-row steps, one dQ buffer)
+as an A/B, the three timed in turns (three rounds, a median of 10 each; the line gives the
+median over the rounds, time ratios to the dense per round); the 192 / 128 backward
+(multi-head latent attention's head dims: 4 x 4096, 16 heads) in TFLOP/s, beside torch's SDPA
+backends where they take v's head dim apart from q's.
 
     PYTHONPATH=. python3 tools/experiments/backward_capabilities_bench.py [--varlen]
 
@@ -10,11 +13,14 @@ torch's SDPA backends where they take v's head dim apart from q's.
 """
 from __future__ import annotations
 
+import statistics
 import sys
 
 import torch
 
 from tmaflow import bench, kernels
+from tmaflow.kernels.attention_backward_sm90 import VARLEN_BEFORE
+from tmaflow.kernels.registry import extra_defines
 
 
 def _flops(tokens_q: int, seq_k: int, heads: int, d: int, dv: int, causal: bool) -> float:
@@ -26,20 +32,42 @@ def _ms(fn) -> float:
     return bench.do_bench(fn, warmup=3, repeats=10, return_mode="median") * 1e3
 
 
-def varlen_vs_dense(causal: bool, d: int = 128) -> str:
+def varlen_vs_dense(causal: bool, d: int = 128, rounds: int = 3) -> str:
     b, s, h = 8, 2048, 16
     q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
-    dense = _ms(lambda: kernels.attention_backward(q, k, v, out, dout, lse, causal=causal))
     packed = [x.transpose(1, 2).reshape(b * s, h, d).contiguous() for x in (q, k, v, dout)]
     cu = torch.arange(0, b * s + 1, s, device="cuda", dtype=torch.int32)
     pout, plse = kernels.attention_varlen(*packed[:3], cu, cu, s, s, causal=causal, return_lse=True)
-    varlen = _ms(lambda: kernels.attention_varlen_backward(*packed[:3], pout, packed[3], plse, cu, cu, s, s,
-                                                           causal=causal))
+    grads = {}
+
+    def dense():
+        return kernels.attention_backward(q, k, v, out, dout, lse, causal=causal)
+
+    def varlen():
+        return kernels.attention_varlen_backward(*packed[:3], pout, packed[3], plse, cu, cu, s, s, causal=causal)
+    times: dict = {"varlen": [], "before": [], "dense": []}
+    for _ in range(rounds):  # extra_defines drops the prepared states: each block plans anew (warmup)
+        with extra_defines(VARLEN_BEFORE[d]):
+            times["before"].append(_ms(varlen))
+            grads["before"] = varlen()
+        times["varlen"].append(_ms(varlen))
+        times["dense"].append(_ms(dense))
+    grads["varlen"] = varlen()
+    want = [x.transpose(1, 2).reshape(b * s, h, d) for x in dense()]
+    agree = {name: max(_rel(a, w) for a, w in zip(grads[name], want)) for name in ("varlen", "before")}
+    med = {name: statistics.median(t) for name, t in times.items()}
+    ratio = {name: statistics.median(a / z for a, z in zip(times[name], times["dense"])) for name in ("varlen", "before")}
     f = _flops(b * s, s, h, d, d, causal)
     return (f"bwd varlen hd{d} 16k tokens (8 x 2048) h16 {'causal' if causal else 'full  '}: varlen "
-            f"{varlen:.3f} ms {f / varlen / 1e9:.0f} TFLOP/s | dense {dense:.3f} ms {f / dense / 1e9:.0f} TFLOP/s "
-            f"| varlen/dense time {varlen / dense:.2f}")
+            f"{med['varlen']:.3f} ms {f / med['varlen'] / 1e9:.0f} TFLOP/s | before {med['before']:.3f} ms "
+            f"{f / med['before'] / 1e9:.0f} TFLOP/s | dense {med['dense']:.3f} ms {f / med['dense'] / 1e9:.0f} TFLOP/s "
+            f"| varlen/dense time {ratio['varlen']:.3f} (before {ratio['before']:.3f}) | grads rel to dense's: "
+            f"varlen {agree['varlen']:.1e} before {agree['before']:.1e}")
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
 def mla(causal: bool) -> str:
