@@ -57,7 +57,8 @@ def varlen_vs_dense(causal: bool, d: int = 128, rounds: int = 3) -> str:
     want = [x.transpose(1, 2).reshape(b * s, h, d) for x in dense()]
     agree = {name: max(_rel(a, w) for a, w in zip(grads[name], want)) for name in ("varlen", "before")}
     med = {name: statistics.median(t) for name, t in times.items()}
-    ratio = {name: statistics.median(a / z for a, z in zip(times[name], times["dense"])) for name in ("varlen", "before")}
+    ratio = {name: statistics.median([a / z for a, z in zip(times[name], times["dense"])])
+             for name in ("varlen", "before")}
     f = _flops(b * s, s, h, d, d, causal)
     return (f"bwd varlen hd{d} 16k tokens (8 x 2048) h16 {'causal' if causal else 'full  '}: varlen "
             f"{med['varlen']:.3f} ms {f / med['varlen'] / 1e9:.0f} TFLOP/s | before {med['before']:.3f} ms "
