@@ -103,7 +103,8 @@ static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFl
 // the log-sum-exps (kRows slots a split) and as many splits' O as fit.
 constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
 constexpr uint32_t kLseBytes = MAX_SPLITS * kRows * 4;
-static_assert(kMergeBytes >= kLseBytes + kRows * D * 4, "the merge holds every log-sum-exp and a split");
+static_assert(kMergeBytes >= kHeads * kLseBytes + kRows * D * 4,
+              "the merge holds every log-sum-exp (of every head of a group) and a split");
 constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
 static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
 static_assert(!SLICE_MERGE || (!PERSISTENT && !CLUSTER_MERGE), "the slice merge is the counter path's");
@@ -303,74 +304,78 @@ TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part
 }
 #endif
 
-// The splits' merge of one (request, kv head) whose slots begin at `first`, by the CTA that
-// counted last (consumer warps).
+// The splits' merge of kHeads kv heads (HEAD_GROUP: the group's, merged at once) by the CTA
+// that counted last (consumer warps). Their slots follow each other: head h's split s is slot
+// h x splits + s from `first`.
 template <class RowOffset>
-TMAFLOW_DEVICE void merge_splits(L::Smem& S, mbarrier::Phase& phase, const float* part, const float* part_lse,
-                                 size_t first, elem_t* out, int rows, int splits, RowOffset row_offset) {
+TMAFLOW_DEVICE void merge_splits(L::Smem& S, const float* part, const float* part_lse, size_t first, elem_t* out,
+                                 int rows, int splits, RowOffset row_offset) {
   // The merge reads what other SMs wrote (in L2) by bulk copies into the free stages, a round
-  // in flight at once: every log-sum-exp and as many splits' O as fit, then the next splits
+  // in flight at once: every log-sum-exp and as many slots' O as fit, then the next slots
   // (a loop of loads waits an L2 round trip per few splits, and the GPU is idle meanwhile).
-  float* lse = reinterpret_cast<float*>(S.kv_k(0));  // [split][kRows], then weights in place
-  float* parts = lse + MAX_SPLITS * kRows;            // [split of the round][row][D]
-  float* row_stat = static_cast<float*>(S.q());       // kRows maxima, then kRows 1 / sums
+  constexpr int kHeadRows = kHeads * kRows;
+  float* lse = reinterpret_cast<float*>(S.kv_k(0));  // [slot][kRows], then weights in place
+  float* parts = lse + kHeads * MAX_SPLITS * kRows;   // [slot of the round][row][D]
+  float* row_stat = static_cast<float*>(S.q());       // [head][kRows] maxima, then [head][kRows] 1 / sums
+  const int slots = kHeads * splits, columns = rows * D / 4;  // columns: a head's 4-column groups
   const uint32_t split_bytes = rows * D * 4;
-  const int per_round = (kMergeBytes - kLseBytes) / split_bytes;
+  const int per_round = (kMergeBytes - kHeads * kLseBytes) / split_bytes;
   const auto merged = S.merged();
   uint64_t* bar = merged.bar;
-  auto fetch = [&](int s0, int n, bool with_lse) {  // splits s0 .. s0 + n - 1, by one thread
+  mbarrier::Phase phase{bar, 0};
+  auto fetch = [&](int j0, int n, bool with_lse) {  // slots j0 .. j0 + n - 1, by one thread
     fence::proxy_async_global();  // partials acquired through the count, read by the async proxy
-    mbarrier::arrive_expect_tx(bar, n * split_bytes + (with_lse ? splits * kRows * 4 : 0));
-    if (with_lse) bulk::load(lse, part_lse + first * kRows, splits * kRows * 4, bar);
-    bulk::load(parts, part + (first + s0) * rows * D, n * split_bytes, bar);
+    mbarrier::arrive_expect_tx(bar, n * split_bytes + (with_lse ? slots * kRows * 4 : 0));
+    if (with_lse) bulk::load(lse, part_lse + first * kRows, slots * kRows * 4, bar);
+    bulk::load(parts, part + (first + j0) * rows * D, n * split_bytes, bar);
   };
   // This CTA's own writes before the copies: stage 0's (the warps' merge) and its partials.
   fence::proxy_async_shared_cta();
   fence::proxy_async_global();
   named_barrier::sync(1, kConsumers);
-  if (threadIdx.x == 0) fetch(0, min(per_round, splits), true);
+  if (threadIdx.x == 0) fetch(0, min(per_round, slots), true);
   phase.wait(debug::Site{merged.name, -1, 0});
-  // Weights 2^(lse - row max) over the splits, normalised: a row no split saw gets zeros.
-  if (threadIdx.x < rows) {
+  // Weights 2^(lse - row max) over a head's splits, normalised: a row no split saw gets zeros.
+  const int h0 = threadIdx.x / kRows, r0 = threadIdx.x % kRows;  // (head, row) of the first kHeadRows threads
+  if (threadIdx.x < kHeadRows && r0 < rows) {
     float m = neg_inf();
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + threadIdx.x]);
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[(h0 * splits + s) * kRows + r0]);
     row_stat[threadIdx.x] = m;
   }
   named_barrier::sync(1, kConsumers);
-  for (int i = threadIdx.x; i < splits * kRows; i += kConsumers) {
-    const float m = row_stat[i % kRows];
+  for (int i = threadIdx.x; i < slots * kRows; i += kConsumers) {
+    const float m = row_stat[i / kRows / splits * kRows + i % kRows];
     if (i % kRows < rows) lse[i] = m == neg_inf() ? 0.f : math::exp2_approx(lse[i] - m);
   }
   named_barrier::sync(1, kConsumers);
-  if (threadIdx.x < rows) {
+  if (threadIdx.x < kHeadRows && r0 < rows) {
     float total = 0.f;
-    for (int s = 0; s < splits; ++s) total += lse[s * kRows + threadIdx.x];
-    row_stat[kRows + threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
+    for (int s = 0; s < splits; ++s) total += lse[(h0 * splits + s) * kRows + r0];
+    row_stat[kHeadRows + threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
   }
   named_barrier::sync(1, kConsumers);
-  // Four columns of O a thread a column group, splits summed in order.
-  constexpr int kGroups = (kRows * D / 4 + kConsumers - 1) / kConsumers;
-  const int columns = rows * D / 4;
+  // Four columns of O a thread a column group, a head's splits summed in order.
+  constexpr int kGroups = (kHeadRows * D / 4 + kConsumers - 1) / kConsumers;
   float4 acc[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = 0; s0 < splits; s0 += per_round) {
-    const int n = min(per_round, splits - s0);
-    if (s0 > 0) {  // the next round's copies overwrite this one's: every thread is done with it
+  for (int j0 = 0; j0 < slots; j0 += per_round) {
+    const int n = min(per_round, slots - j0);
+    if (j0 > 0) {  // the next round's copies overwrite this one's: every thread is done with it
       fence::proxy_async_shared_cta();
       named_barrier::sync(1, kConsumers);
-      if (threadIdx.x == 0) fetch(s0, n, false);
+      if (threadIdx.x == 0) fetch(j0, n, false);
       phase.wait(debug::Site{merged.name, -1, 0});
     }
     const float4* x = reinterpret_cast<const float4*>(parts);
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
-      const int i = threadIdx.x + g * kConsumers;
-      if (i < columns) {
-        const int r = i / (D / 4);
-        for (int s = 0; s < n; ++s) {
-          const float w = lse[(s0 + s) * kRows + r];
-          const float4 v = x[s * columns + i];
+      const int i = threadIdx.x + g * kConsumers, h = i / columns, c = i % columns;
+      if (i < kHeads * columns) {
+        const int r = c / (D / 4), j_end = min(j0 + n, (h + 1) * splits);
+        for (int j = max(j0, h * splits); j < j_end; ++j) {
+          const float w = lse[j * kRows + r];
+          const float4 v = x[(j - j0) * columns + c];
           add_weighted(acc[g], w, v);
         }
       }
@@ -378,11 +383,11 @@ TMAFLOW_DEVICE void merge_splits(L::Smem& S, mbarrier::Phase& phase, const float
   }
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    const int i = threadIdx.x + g * kConsumers;
-    if (i < columns) {
-      const int r = i / (D / 4);
-      const float inv = row_stat[kRows + r];
-      *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
+    const int i = threadIdx.x + g * kConsumers, h = i / columns, c = i % columns;
+    if (i < kHeads * columns) {
+      const int r = c / (D / 4);
+      const float inv = row_stat[kHeadRows + h * kRows + r];
+      *reinterpret_cast<uint2*>(out + row_offset(h, r) + (c % (D / 4)) * 4) =
           make_uint2(pack2(acc[g].x * inv, acc[g].y * inv), pack2(acc[g].z * inv, acc[g].w * inv));
     }
   }
@@ -683,12 +688,8 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   if (!merges) return;
   trace::mark(5);
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
-  const auto merged = S.merged();
-  uint64_t* bar = merged.bar;
-  mbarrier::Phase phase{bar, 0};
-  for (int head = kvh; head < kvh + kHeads; ++head)  // HEAD_GROUP: the group's heads in turn
-    merge_splits(S, phase, part, part_lse, (size_t(b) * heads_kv + head) * splits, out, rows, splits,
-                 [&](int r) { return row_offset_of(head, r); });
+  merge_splits(S, part, part_lse, (size_t(b) * heads_kv + kvh) * splits, out, rows, splits,
+               [&](int h, int r) { return row_offset_of(kvh + h, r); });
 }
 
 extern "C" __global__ void __launch_bounds__(kConsumers + 32)
