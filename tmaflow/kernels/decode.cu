@@ -34,7 +34,7 @@
 // A stage is 16 keys of the four heads: one copy of a 4-D box (4 heads, column blocks, 16 rows,
 // 64), 16 runs of 1 KB where one kv head's boxes are 256 B at a 2 KB stride (a page's row is
 // every kv head's). Q's fragments live in registers, loaded once from global memory. Several
-// splits: the last CTA of the group merges its four heads one after the other.
+// splits: the last CTA of the group merges its four heads at once (their slots are one run).
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
 // has the block table, 3 Q in shared memory, 4 the tiles read, 7 the warps merged, 8 the split
 // counted (partials published), 5 the splits' merge begins, 6 the output written.
@@ -579,10 +579,6 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     kv.consumer_release_warp(c);
   }
 
-  // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order). Every
-  // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
-  // the statistics in its V tile; persistent, the producer is filling the stages with the next
-  // item's tiles, and the merge has its own buffer.
   trace::mark(4);
 #if HEAD_GROUP
   // A warp holds its head's whole softmax: O / l straight from the registers, to the output or
@@ -612,6 +608,10 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     return;
   }
 #else
+  // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order). Every
+  // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
+  // the statistics in its V tile; persistent, the producer is filling the stages with the next
+  // item's tiles, and the merge has its own buffer.
   named_barrier::sync(1, kConsumers);
 #if PERSISTENT
   float* so = static_cast<float*>(S.warps());  // kRows x D, then the statistics

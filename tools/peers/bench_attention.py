@@ -363,7 +363,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
-    a stage), and where that plan walks items, one group a CTA without walking ("hgp0").
+    a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"), and where the
+    head-group plan walks items, one group a CTA without walking ("hgp0").
     ``--decode-alts``: only the named ones."""
     from tmaflow.kernels.decode_entry import (HEAD_GROUP, MAX_CLUSTER, MAX_SPLITS, decode_choices, decode_plan,
                                               persistent_default)
@@ -394,6 +395,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
             alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
     if heads_kv % HEAD_GROUP == 0:
         alts["hg"] = {"head_group": True}
+        if batch >= 16:  # one CTA an SM of six stages: at batch 16 8k 128 CTAs of 4 splits, as cuDNN's grid
+            alts["hgc1"] = {"head_group": True, "ctas_per_sm": 1}
         if persistent_default(batch, heads_kv // HEAD_GROUP, 128, 1, current_device().sm_count,
                               decode_plan(128, page, head_group=True)[2]) and \
                 decode_choices(batch, heads_kv, 128, page, ctx, head_group=True)[0] == 1:
