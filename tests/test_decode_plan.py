@@ -365,3 +365,73 @@ def test_wide_box_decode_kernel_compiles_with_one_4d_copy_a_page_piece(d, page, 
     loads = [line for line in sass.splitlines() if "UTMALDG" in line]
     assert len(loads) == 2 and all("UTMALDG.4D" in line and ("desc[" in line) == bool(evict_first) for line in loads), loads
     assert -(-k.resources.registers // 8) * 8 * 160 * ctas <= 65536, k.resources
+
+
+@pytest.mark.parametrize("d,page,persistent,stages", [(128, 16, False, 3), (128, 64, True, 3), (64, 256, False, 6),
+                                                      (256, 16, False, 3)])
+def test_head_group_plan_holds_sixteen_keys_of_four_kv_heads_a_stage(d, page, persistent, stages):
+    """A head group's stage is 16 keys of four kv heads in one 4-D box: the bytes of a 64-key
+    tile of one head, so the stages and CTAs an SM are the one-head plan's."""
+    spec, layout, ctas = decode_plan(d, page, persistent, head_group=True)
+    _, plain, plain_ctas = decode_plan(d, page, persistent)
+    pipe = layout.items[0]
+    assert spec.box == (4, d // 64, 16, 64)
+    assert (ctas, pipe.stages) == (plain_ctas, plain.items[0].stages) and pipe.stages == stages
+    assert pipe.tx_bytes == 2 * 64 * d * 2
+
+
+def test_head_group_plan_refuses_part_column_blocks_and_a_wide_box():
+    with pytest.raises(tf.TmaflowError, match=r"decode_plan: head_group with head_dim=96 and wide_box=False; .* multiple of 64"):
+        decode_plan(96, 16, head_group=True)
+    with pytest.raises(tf.TmaflowError, match=r"decode_plan: head_group with head_dim=128 and wide_box=True; .*no wide_box"):
+        decode_plan(128, 16, wide_box=True, head_group=True)
+
+
+def test_head_group_options_are_checked():
+    args, _ = decode_args(k_cache=arr((10, 16, 4, 128)), v_cache=arr((10, 16, 4, 128)))
+    with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=1 must be"):
+        kernels.attention_decode(*args.values(), head_group=1)
+    for other in ({"cluster_merge": True, "num_splits": 4}, {"slice_merge": True}, {"wide_box": True}):
+        with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=True with cluster_merge=.*leave those None"):
+            kernels.attention_decode(*args.values(), head_group=True, **other)
+    args, _ = decode_args()  # two kv heads
+    with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=True with head_dim=128 and heads_kv=2; "
+                                              r".*heads_kv a multiple of 4"):
+        kernels.attention_decode(*args.values(), head_group=True)
+    args, _ = decode_args(q=arr((2, 8, 96)), k_cache=arr((10, 16, 4, 96)), v_cache=arr((10, 16, 4, 96)))
+    with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=True with head_dim=96 and heads_kv=4"):
+        kernels.attention_decode(*args.values(), head_group=True)
+
+
+@pytest.mark.parametrize("d,page,persistent,fp16,evict_first", [(128, 16, 0, 0, 0), (128, 64, 1, 1, 1), (64, 16, 0, 0, 1),
+                                                                (256, 16, 0, 0, 0), (128, 256, 0, 1, 1)])
+def test_head_group_decode_kernel_compiles_with_one_4d_copy_a_stage_and_q_in_registers(d, page, persistent, fp16,
+                                                                                       evict_first):
+    """One UTMALDG.4D each for K and V (with the policy when evict-first); Q's fragments come
+    from global memory once, so the ldmatrix are K's and V's only (D / 16 each); the counter
+    merge's count and bulk copies only without PERSISTENT; no spills, and registers that keep
+    the plan's CTAs an SM."""
+    _, layout, ctas = decode_plan(d, page, bool(persistent), head_group=True)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "HEAD_GROUP": 1,
+                            **({"PERSISTENT": 1} if persistent else {}), **({"FP16": 1} if fp16 else {}),
+                            **({"EVICT_FIRST": 1} if evict_first else {})})
+    sass = k.sass()
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    loads = [line for line in sass.splitlines() if "UTMALDG" in line]
+    assert len(loads) == 2 and all("UTMALDG.4D" in line and ("desc[" in line) == bool(evict_first) for line in loads), loads
+    assert sass.count("LDSM") == 2 * (d // 16), sass.count("LDSM")
+    assert ("ATOMG" in sass, "UBLKCP" in sass) == (not persistent, not persistent)
+    assert -(-k.resources.registers // 8) * 8 * 160 * ctas <= 65536, k.resources
+    assert len(k.params) == 15
+
+
+def test_head_group_splits_fill_the_slots_with_a_quarter_of_the_items():
+    """The splits of a head-group plan fill the CTA slots with batch x heads_kv / 4 items."""
+    from tmaflow.kernels.decode_entry import decode_choices
+
+    class H200:
+        sm_count, l2_bytes = 132, 60 << 20
+    assert decode_choices(16, 8, 128, 16, 8192, device=H200())[0] == 2
+    assert decode_choices(16, 8, 128, 16, 8192, device=H200(), head_group=True)[0] == 8
+    assert decode_choices(128, 8, 128, 16, 1024, device=H200(), head_group=True)[0] == 1

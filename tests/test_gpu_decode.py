@@ -439,3 +439,44 @@ def test_decode_three_ctas_an_sm_without_persistent_asked_falls_back(device, rng
     out = poison(tf.empty(q.shape, "bfloat16"))
     kernels.attention_decode(Q, K, V, T, L, num_splits=1, ctas_per_sm=3, out=out)
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
+
+
+@pytest.mark.parametrize("heads_q,heads_kv,d,page,tokens,dtype", [
+    (32, 8, 128, 16, None, "bfloat16"),   # GQA 4:1, page 16: the benchmark's heads, two groups a request
+    (64, 8, 128, 64, None, "float16"),    # 8:1, page 64: four 16-key steps a page
+    (4, 4, 64, 256, 2, "bfloat16"),       # 1:1, 2 new tokens (causal among them), page 256
+    (16, 4, 256, 16, 4, "float16"),       # 4 new tokens x 4 query heads: all 16 rows, four column blocks
+    (64, 4, 128, 32, None, "bfloat16"),   # 16:1: every row of the mma
+])
+@pytest.mark.parametrize("num_splits,persistent", [(1, False), (3, False), (None, None), (None, True)])
+def test_head_group_decode_against_float64(device, rng, heads_q, heads_kv, d, page, tokens, dtype, num_splits,
+                                           persistent):
+    """head_group=True (four kv heads a CTA, a warp each; the splits' merge takes the group's
+    heads in turn) near the float64 reference: lengths 0, 1, 15-17, a page and one past it,
+    ragged to 900; NaN in every cache row no request owns; outputs poisoned; 150 requests so
+    the persistent plan walks several items a CTA. Run twice: equal bits."""
+    lens = rng.integers(0, 901, size=150)
+    lens[:10] = [0, 1, 15, 16, 17, page - 1, page, page + 1, 65, 900]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for _ in range(2):
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, persistent=persistent, head_group=True, out=out)
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, rel_error(got, ref)
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+        results.append(out.numpy())
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+def test_head_group_decode_of_one_long_request_merges_many_splits(device, rng):
+    """Batch 1, 8 kv heads, 20000 keys: the automatic splits (up to 64) of two head groups,
+    each merged by its last CTA head after head, against float64 and the default plan."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, [20000], 32, 8, 128, 16, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    for options in ({"head_group": True}, {"head_group": True, "num_splits": 64}, {}):
+        out = poison(tf.empty(q.shape, "bfloat16"))
+        kernels.attention_decode(Q, K, V, T, L, out=out, **options)
+        assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, (options, rel_error(_download(out, "bfloat16"), ref))

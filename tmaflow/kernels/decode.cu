@@ -29,6 +29,12 @@
 // splits of its (request, kv head) have counted, then merges its own share of the output's
 // columns (every split's piece of them, one L2 round trip): same weights, sums and order as
 // the counter's merge, equal bits.
+// HEAD_GROUP (head dims a multiple of 64, heads_kv a multiple of 4): a CTA is one (split, four
+// kv heads, request), consumer warp w the whole key range of kv head 4 g + w (no warps' merge).
+// A stage is 16 keys of the four heads: one copy of a 4-D box (4 heads, column blocks, 16 rows,
+// 64), 16 runs of 1 KB where one kv head's boxes are 256 B at a 2 KB stride (a page's row is
+// every kv head's). Q's fragments live in registers, loaded once from global memory. Several
+// splits: the last CTA of the group merges its four heads at once (their slots are one run).
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
 // has the block table, 3 Q in shared memory, 4 the tiles read, 7 the warps merged, 8 the split
 // counted (partials published), 5 the splits' merge begins, 6 the output written.
@@ -66,6 +72,9 @@ namespace L = tmaflow_layout;
 #ifndef WIDE_BOX
 #define WIDE_BOX 0  // 1: a 4-D map (kv head, column block, row, 64): one box a page piece, every column block
 #endif
+#ifndef HEAD_GROUP
+#define HEAD_GROUP 0  // 1: four kv heads a CTA, a consumer warp each
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -73,8 +82,15 @@ constexpr int D = HEAD_DIM, kKeys = 64, kWarps = 4, kConsumers = 32 * kWarps;
 // Columns a K or V tile holds: whole 64-column boxes (128B swizzle). TMA fills the columns past
 // D with zeros, which the math never reads (k-steps and output blocks stop at D).
 constexpr int kTileCols = (D + 63) / 64 * 64;
-constexpr int kBoxKeys = PAGE_SIZE < kKeys ? PAGE_SIZE : kKeys;  // one page, or a tile's part of one
-constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces a tile
+// HEAD_GROUP: a stage's kKeys rows are 16 keys of kHeads kv heads (head-major), so its tile is
+// WIDE_BOX's with a "piece" per head.
+constexpr int kHeads = HEAD_GROUP ? kWarps : 1;                 // kv heads a CTA
+constexpr int kStepKeys = kKeys / kHeads;                       // keys of a kv head a stage
+constexpr int kBoxKeys = HEAD_GROUP ? kStepKeys : PAGE_SIZE < kKeys ? PAGE_SIZE : kKeys;  // one page, or a tile's part of one
+constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces (HEAD_GROUP: heads) a tile
+constexpr bool kWideTile = WIDE_BOX || HEAD_GROUP;             // pieces of every column block, piece-major
+static_assert(!HEAD_GROUP || (PAGE_SIZE % kStepKeys == 0 && !CLUSTER_MERGE && !SLICE_MERGE && !WIDE_BOX),
+              "HEAD_GROUP: 16-key steps within a page, the counter merge");
 constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
 static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
@@ -87,15 +103,16 @@ static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFl
 // the log-sum-exps (kRows slots a split) and as many splits' O as fit.
 constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
 constexpr uint32_t kLseBytes = MAX_SPLITS * kRows * 4;
-static_assert(kMergeBytes >= kLseBytes + kRows * D * 4, "the merge holds every log-sum-exp and a split");
+static_assert(kMergeBytes >= kHeads * kLseBytes + kRows * D * 4,
+              "the merge holds every log-sum-exp (of every head of a group) and a split");
 constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
 static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
 static_assert(!SLICE_MERGE || (!PERSISTENT && !CLUSTER_MERGE), "the slice merge is the counter path's");
 static_assert(kMergeBytes >= kLseBytes + (kRows * D / 4 + MAX_SPLITS) * 16, "the slice merge's pieces fit");
-constexpr int kBoxBytes = WIDE_BOX ? kBoxKeys * kTileCols * 2 : kBoxKeys * 128;
-static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kBoxBytes,
-              "plan does not match HEAD_DIM, PAGE_SIZE and WIDE_BOX");
-static_assert(!WIDE_BOX || D % 64 == 0, "a wide box spans whole 64-column blocks");
+constexpr int kBoxBytes = kWideTile ? kBoxKeys * kTileCols * 2 : kBoxKeys * 128;
+static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kHeads * kBoxBytes,
+              "plan does not match HEAD_DIM, PAGE_SIZE, WIDE_BOX and HEAD_GROUP");
+static_assert(!kWideTile || D % 64 == 0, "a wide box spans whole 64-column blocks");
 
 #if FP16
 using elem_t = __half;
@@ -128,9 +145,9 @@ TMAFLOW_DEVICE uint32_t count_split(uint32_t* at) {
 // Chunk `chunk` (8 elements) of key `key` in a K or V tile: 64-column blocks of kKeys rows of
 // 128 B, each 128B-swizzled by TMA (16-byte chunk c of row r at c ^ (r % 8)). WIDE_BOX: the
 // tile is its page pieces' boxes, each the column blocks of kBoxKeys rows (a multiple of 8: the
-// swizzle's row is the key's).
+// swizzle's row is the key's); HEAD_GROUP the same, key 16 w + k being head w's key k.
 TMAFLOW_DEVICE uint8_t* tile_at(void* tile, int key, int chunk) {
-#if WIDE_BOX
+#if WIDE_BOX || HEAD_GROUP
   return static_cast<uint8_t*>(tile) + (key / kBoxKeys) * kBoxBytes + (chunk / 8) * (kBoxKeys * 128) +
          (key % kBoxKeys) * 128 + (((chunk % 8) ^ (key % 8)) << 4);
 #else
@@ -152,7 +169,7 @@ TMAFLOW_DEVICE void prefetch_l2(const void* at) { asm volatile("prefetch.global.
 
 // This split's first tile, and past its last, of n keys.
 TMAFLOW_DEVICE int2 split_tiles(int n, int split, int splits) {
-  const int tiles = (n + kKeys - 1) / kKeys, per_split = (tiles + splits - 1) / splits;
+  const int tiles = (n + kStepKeys - 1) / kStepKeys, per_split = (tiles + splits - 1) / splits;
   const int begin = min(split * per_split, tiles);
   return make_int2(begin, min(begin + per_split, tiles));
 }
@@ -287,6 +304,96 @@ TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part
 }
 #endif
 
+// The splits' merge of kHeads kv heads (HEAD_GROUP: the group's, merged at once) by the CTA
+// that counted last (consumer warps). Their slots follow each other: head h's split s is slot
+// h x splits + s from `first`.
+template <class RowOffset>
+TMAFLOW_DEVICE void merge_splits(L::Smem& S, const float* part, const float* part_lse, size_t first, elem_t* out,
+                                 int rows, int splits, RowOffset row_offset) {
+  // The merge reads what other SMs wrote (in L2) by bulk copies into the free stages, a round
+  // in flight at once: every log-sum-exp and as many slots' O as fit, then the next slots
+  // (a loop of loads waits an L2 round trip per few splits, and the GPU is idle meanwhile).
+  constexpr int kHeadRows = kHeads * kRows;
+  float* lse = reinterpret_cast<float*>(S.kv_k(0));  // [slot][kRows], then weights in place
+  float* parts = lse + kHeads * MAX_SPLITS * kRows;   // [slot of the round][row][D]
+  float* row_stat = static_cast<float*>(S.q());       // [head][kRows] maxima, then [head][kRows] 1 / sums
+  const int slots = kHeads * splits, columns = rows * D / 4;  // columns: a head's 4-column groups
+  const uint32_t split_bytes = rows * D * 4;
+  const int per_round = (kMergeBytes - kHeads * kLseBytes) / split_bytes;
+  const auto merged = S.merged();
+  uint64_t* bar = merged.bar;
+  mbarrier::Phase phase{bar, 0};
+  auto fetch = [&](int j0, int n, bool with_lse) {  // slots j0 .. j0 + n - 1, by one thread
+    fence::proxy_async_global();  // partials acquired through the count, read by the async proxy
+    mbarrier::arrive_expect_tx(bar, n * split_bytes + (with_lse ? slots * kRows * 4 : 0));
+    if (with_lse) bulk::load(lse, part_lse + first * kRows, slots * kRows * 4, bar);
+    bulk::load(parts, part + (first + j0) * rows * D, n * split_bytes, bar);
+  };
+  // This CTA's own writes before the copies: stage 0's (the warps' merge) and its partials.
+  fence::proxy_async_shared_cta();
+  fence::proxy_async_global();
+  named_barrier::sync(1, kConsumers);
+  if (threadIdx.x == 0) fetch(0, min(per_round, slots), true);
+  phase.wait(debug::Site{merged.name, -1, 0});
+  // Weights 2^(lse - row max) over a head's splits, normalised: a row no split saw gets zeros.
+  const int h0 = threadIdx.x / kRows, r0 = threadIdx.x % kRows;  // (head, row) of the first kHeadRows threads
+  if (threadIdx.x < kHeadRows && r0 < rows) {
+    float m = neg_inf();
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[(h0 * splits + s) * kRows + r0]);
+    row_stat[threadIdx.x] = m;
+  }
+  named_barrier::sync(1, kConsumers);
+  for (int i = threadIdx.x; i < slots * kRows; i += kConsumers) {
+    const float m = row_stat[i / kRows / splits * kRows + i % kRows];
+    if (i % kRows < rows) lse[i] = m == neg_inf() ? 0.f : math::exp2_approx(lse[i] - m);
+  }
+  named_barrier::sync(1, kConsumers);
+  if (threadIdx.x < kHeadRows && r0 < rows) {
+    float total = 0.f;
+    for (int s = 0; s < splits; ++s) total += lse[(h0 * splits + s) * kRows + r0];
+    row_stat[kHeadRows + threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
+  }
+  named_barrier::sync(1, kConsumers);
+  // Four columns of O a thread a column group, a head's splits summed in order.
+  constexpr int kGroups = (kHeadRows * D / 4 + kConsumers - 1) / kConsumers;
+  float4 acc[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j0 = 0; j0 < slots; j0 += per_round) {
+    const int n = min(per_round, slots - j0);
+    if (j0 > 0) {  // the next round's copies overwrite this one's: every thread is done with it
+      fence::proxy_async_shared_cta();
+      named_barrier::sync(1, kConsumers);
+      if (threadIdx.x == 0) fetch(j0, n, false);
+      phase.wait(debug::Site{merged.name, -1, 0});
+    }
+    const float4* x = reinterpret_cast<const float4*>(parts);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int i = threadIdx.x + g * kConsumers, h = i / columns, c = i % columns;
+      if (i < kHeads * columns) {
+        const int r = c / (D / 4), j_end = min(j0 + n, (h + 1) * splits);
+        for (int j = max(j0, h * splits); j < j_end; ++j) {
+          const float w = lse[j * kRows + r];
+          const float4 v = x[(j - j0) * columns + c];
+          add_weighted(acc[g], w, v);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int i = threadIdx.x + g * kConsumers, h = i / columns, c = i % columns;
+    if (i < kHeads * columns) {
+      const int r = c / (D / 4);
+      const float inv = row_stat[kHeadRows + h * kRows + r];
+      *reinterpret_cast<uint2*>(out + row_offset(h, r) + (c % (D / 4)) * 4) =
+          make_uint2(pack2(acc[g].x * inv, acc[g].y * inv), pack2(acc[g].z * inv, acc[g].w * inv));
+    }
+  }
+  trace::mark(6);
+}
+
 // One (split, kv head, request) of the grid, or (persistent) one item of a CTA's walk; the
 // caller loaded the request's length and (producer warp) its guessed block-table window.
 template <class Cursor>
@@ -308,7 +415,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     // lane 0 issues the copies, the warp shuffles it the page of each piece.
     const int pages = (len + PAGE_SIZE - 1) / PAGE_SIZE;
     auto entry = [&](int i) { return i < pages ? table[i] : 0; };
-    int window = t_begin * kKeys / PAGE_SIZE;
+    int window = t_begin * kStepKeys / PAGE_SIZE;
     // Entries past `pages` are never used (the pieces stop at the length).
     int cur = guess_cur, next = guess_next;
     if (window != guess) cur = entry(window + lane), next = entry(window + 32 + lane);
@@ -318,13 +425,14 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
 #endif
     for (int t = t_begin; t < t_end; ++t, c.advance()) {
       // The last tile loads only the pieces holding keys: the block table may end there.
-      const int pieces = min(kPieces, (len - t * kKeys + kBoxKeys - 1) / kBoxKeys);
+      // HEAD_GROUP: one piece, the four heads' 16 keys (a step holds at least one key).
+      const int pieces = HEAD_GROUP ? 1 : min(kPieces, (len - t * kKeys + kBoxKeys - 1) / kBoxKeys);
       if (lane == 0) {
         kv.producer_acquire(c);
-        mbarrier::arrive_expect_tx(kv.barrier(c), 2u * pieces * kBoxKeys * kTileCols * 2);
+        mbarrier::arrive_expect_tx(kv.barrier(c), 2u * pieces * kHeads * kBoxKeys * kTileCols * 2);
       }
       for (int piece = 0; piece < pieces; ++piece) {
-        const int key = t * kKeys + piece * kBoxKeys, index = key / PAGE_SIZE;
+        const int key = t * kStepKeys + piece * kBoxKeys, index = key / PAGE_SIZE;
         while (index >= window + 32) {
           window += 32;
           cur = next;
@@ -333,7 +441,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
         const int page = __shfl_sync(0xffffffffu, cur, index - window);
         if (lane == 0) {
           const int row = page * PAGE_SIZE + key % PAGE_SIZE;
-#if WIDE_BOX
+#if WIDE_BOX || HEAD_GROUP  // HEAD_GROUP: kvh is the group's first head, the box its four
 #if EVICT_FIRST
           tma::load_hint(S.kv_k(c.stage, piece), &tk, kv.barrier(c), policy, 0, row, 0, kvh);
           tma::load_hint(S.kv_v(c.stage, piece), &tv, kv.barrier(c), policy, 0, row, 0, kvh);
@@ -362,10 +470,24 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     return;
   }
 
-  // Row r is new token r / group's query head kvh x group + r % group (of q and out).
-  auto row_offset = [&](int r) {
-    return ((size_t(b) * q_len + r / group) * heads_q + kvh * group + r % group) * D;
+  // Row r of kv head `head` is new token r / group's query head head x group + r % group (of q
+  // and out); HEAD_GROUP: warp w's head is kvh + w.
+  auto row_offset_of = [&](int head, int r) {
+    return ((size_t(b) * q_len + r / group) * heads_q + head * group + r % group) * D;
   };
+  auto row_offset = [&](int r) { return row_offset_of(kvh, r); };
+#if HEAD_GROUP
+  // This warp's Q rows as the mma's A fragments (rows lane / 4 and + 8, 2 columns a register,
+  // columns + 8 in the upper two), zero past the last: read once, from global memory.
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = lane / 4 + 8 * (j & 1), col = 16 * ks + 2 * (lane % 4) + 8 * (j >> 1);
+      qa[ks][j] = r < rows ? *reinterpret_cast<const uint32_t*>(q + row_offset_of(kvh + warp, r) + col) : 0u;
+    }
+#else
   // Q rows, zero past the last.
   uint8_t* sq = static_cast<uint8_t*>(S.q());
 #if PERSISTENT
@@ -378,6 +500,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     *reinterpret_cast<uint4*>(sq + r * kQStride + c * 16) = v;
   }
   named_barrier::sync(1, kConsumers);
+#endif
   trace::mark(3);
 
   float o[D / 8][4];
@@ -389,7 +512,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
 #pragma unroll
   for (int h = 0; h < 2; ++h) hidden[h] = lane / 4 + 8 * h < rows ? q_len - 1 - (lane / 4 + 8 * h) / group : 0;
   for (int t = t_begin; t < t_end; ++t, c.advance()) {
-    const int k0 = t * kKeys + 16 * warp, valid = len - k0;  // this warp's keys that exist
+    const int k0 = t * kStepKeys + (HEAD_GROUP ? 0 : 16 * warp), valid = len - k0;  // this warp's keys that exist
     kv.consumer_wait(c);
     if (valid > 0) {
       void* sk = S.kv_k(c.stage);
@@ -406,7 +529,11 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t a[4], bk[4];
+#if HEAD_GROUP
+        a[0] = qa[ks][0], a[1] = qa[ks][1], a[2] = qa[ks][2], a[3] = qa[ks][3];
+#else
         warp::ldmatrix_x4(a, sq + (lane % 16) * kQStride + (2 * ks + lane / 16) * 16);
+#endif
         warp::ldmatrix_x4(bk, tile_at(sk, 16 * warp + (lane / 16) * 8 + lane % 8, 2 * ks + lane / 8 % 2));
         mma_step(s[0], a, bk[0], bk[1]);
         mma_step(s[1], a, bk[2], bk[3]);
@@ -452,11 +579,39 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     kv.consumer_release_warp(c);
   }
 
+  trace::mark(4);
+#if HEAD_GROUP
+  // A warp holds its head's whole softmax: O / l straight from the registers, to the output or
+  // (several splits) to the workspace with the log-sum-exps.
+  const size_t first_w = (size_t(b) * heads_kv + kvh + warp) * splits;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float l = warp::quad_sum(l_run[h]), inv = l > 0.f ? 1.f / l : 0.f;
+    const int row = lane / 4 + 8 * h;
+    if (row >= rows) continue;
+    if (splits == 1) {
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        *reinterpret_cast<uint32_t*>(out + row_offset_of(kvh + warp, row) + 8 * n + 2 * (lane % 4)) =
+            pack2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+    } else {
+      float* at = part + ((first_w + split) * rows + row) * D + 2 * (lane % 4);
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        *reinterpret_cast<float2*>(at + 8 * n) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      if (lane % 4 == 0) part_lse[(first_w + split) * kRows + row] = l > 0.f ? m_run[h] + __log2f(l) : neg_inf();
+    }
+  }
+  trace::mark(7);
+  if (splits == 1) {
+    trace::mark(6);
+    return;
+  }
+#else
   // Merge the warps: maxima and sums first, then O summed warp by warp (a fixed order). Every
   // tile is read (and no copy is left in flight), so stage 0 holds the merge: O in its K tile,
   // the statistics in its V tile; persistent, the producer is filling the stages with the next
   // item's tiles, and the merge has its own buffer.
-  trace::mark(4);
   named_barrier::sync(1, kConsumers);
 #if PERSISTENT
   float* so = static_cast<float*>(S.warps());  // kRows x D, then the statistics
@@ -518,6 +673,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     const float l = st.row_sum(threadIdx.x);
     part_lse[(first + split) * kRows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
   }
+#endif
   // Publish the partials, then count: the CTA that makes the count `splits` merges. Only
   // thread 0 reads the other splits' partials (by bulk copies): its acquire is the CTA's.
   named_barrier::sync(1, kConsumers);
@@ -532,87 +688,8 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   if (!merges) return;
   trace::mark(5);
   if (threadIdx.x == 0) counters[b * heads_kv + kvh] = 0u;  // every split has counted
-
-  // The merge reads what other SMs wrote (in L2) by bulk copies into the free stages, a round
-  // in flight at once: every log-sum-exp and as many splits' O as fit, then the next splits
-  // (a loop of loads waits an L2 round trip per few splits, and the GPU is idle meanwhile).
-  float* lse = reinterpret_cast<float*>(S.kv_k(0));  // [split][kRows], then weights in place
-  float* parts = lse + MAX_SPLITS * kRows;            // [split of the round][row][D]
-  float* row_stat = static_cast<float*>(S.q());       // kRows maxima, then kRows 1 / sums
-  const uint32_t split_bytes = rows * D * 4;
-  const int per_round = (kMergeBytes - kLseBytes) / split_bytes;
-  const auto merged = S.merged();
-  uint64_t* bar = merged.bar;
-  mbarrier::Phase phase{bar, 0};
-  auto fetch = [&](int s0, int n, bool with_lse) {  // splits s0 .. s0 + n - 1, by one thread
-    fence::proxy_async_global();  // partials acquired through the count, read by the async proxy
-    mbarrier::arrive_expect_tx(bar, n * split_bytes + (with_lse ? splits * kRows * 4 : 0));
-    if (with_lse) bulk::load(lse, part_lse + first * kRows, splits * kRows * 4, bar);
-    bulk::load(parts, part + (first + s0) * rows * D, n * split_bytes, bar);
-  };
-  // This CTA's own writes before the copies: stage 0's (the warps' merge) and its partials.
-  fence::proxy_async_shared_cta();
-  fence::proxy_async_global();
-  named_barrier::sync(1, kConsumers);
-  if (threadIdx.x == 0) fetch(0, min(per_round, splits), true);
-  phase.wait(debug::Site{merged.name, -1, 0});
-  // Weights 2^(lse - row max) over the splits, normalised: a row no split saw gets zeros.
-  if (threadIdx.x < rows) {
-    float m = neg_inf();
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + threadIdx.x]);
-    row_stat[threadIdx.x] = m;
-  }
-  named_barrier::sync(1, kConsumers);
-  for (int i = threadIdx.x; i < splits * kRows; i += kConsumers) {
-    const float m = row_stat[i % kRows];
-    if (i % kRows < rows) lse[i] = m == neg_inf() ? 0.f : math::exp2_approx(lse[i] - m);
-  }
-  named_barrier::sync(1, kConsumers);
-  if (threadIdx.x < rows) {
-    float total = 0.f;
-    for (int s = 0; s < splits; ++s) total += lse[s * kRows + threadIdx.x];
-    row_stat[kRows + threadIdx.x] = total > 0.f ? 1.f / total : 0.f;
-  }
-  named_barrier::sync(1, kConsumers);
-  // Four columns of O a thread a column group, splits summed in order.
-  constexpr int kGroups = (kRows * D / 4 + kConsumers - 1) / kConsumers;
-  const int columns = rows * D / 4;
-  float4 acc[kGroups];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) acc[g] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = 0; s0 < splits; s0 += per_round) {
-    const int n = min(per_round, splits - s0);
-    if (s0 > 0) {  // the next round's copies overwrite this one's: every thread is done with it
-      fence::proxy_async_shared_cta();
-      named_barrier::sync(1, kConsumers);
-      if (threadIdx.x == 0) fetch(s0, n, false);
-      phase.wait(debug::Site{merged.name, -1, 0});
-    }
-    const float4* x = reinterpret_cast<const float4*>(parts);
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      const int i = threadIdx.x + g * kConsumers;
-      if (i < columns) {
-        const int r = i / (D / 4);
-        for (int s = 0; s < n; ++s) {
-          const float w = lse[(s0 + s) * kRows + r];
-          const float4 v = x[s * columns + i];
-          add_weighted(acc[g], w, v);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int i = threadIdx.x + g * kConsumers;
-    if (i < columns) {
-      const int r = i / (D / 4);
-      const float inv = row_stat[kRows + r];
-      *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
-          make_uint2(pack2(acc[g].x * inv, acc[g].y * inv), pack2(acc[g].z * inv, acc[g].w * inv));
-    }
-  }
-  trace::mark(6);
+  merge_splits(S, part, part_lse, (size_t(b) * heads_kv + kvh) * splits, out, rows, splits,
+               [&](int h, int r) { return row_offset_of(kvh + h, r); });
 }
 
 extern "C" __global__ void __launch_bounds__(kConsumers + 32)
@@ -630,20 +707,21 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   auto load_item = [&](int split, int splits, int b, int4& got) {  // (length, guess, window)
     const int* table = block_table + size_t(b) * max_pages;
     got.x = seq_lens[b];
-    got.y = split_tiles(max_pages * PAGE_SIZE, split, splits).x * kKeys / PAGE_SIZE;
+    got.y = split_tiles(max_pages * PAGE_SIZE, split, splits).x * kStepKeys / PAGE_SIZE;
     got.z = got.w = 0;
     if (warp == kWarps) {
       if (got.y + lane < max_pages) got.z = table[got.y + lane];
       if (got.y + 32 + lane < max_pages) got.w = table[got.y + 32 + lane];
     }
   };
+  const int groups = heads_kv / kHeads;  // CTAs (or items) a request and split
 #if PERSISTENT
   const int split = 0, splits = 1;
   int item = blockIdx.x;
   int4 got;
-  if (item < heads_kv * batch) load_item(split, splits, item / heads_kv, got);
+  if (item < groups * batch) load_item(split, splits, item / groups, got);
 #else
-  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int split = blockIdx.x, splits = gridDim.x, kvh = blockIdx.y * kHeads, b = blockIdx.z;
   int4 got;
   load_item(split, splits, b, got);  // on its way while the barriers are set up
 #endif
@@ -656,18 +734,19 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   __syncthreads();
   decltype(kv)::Cursor c;  // the pipeline's position: one walk over every item's tiles
 #if PERSISTENT
-  for (; item < heads_kv * batch; item += gridDim.x) {
-    const int kvh = item % heads_kv, b = item / heads_kv;  // a request's kv heads side by side
+  for (; item < groups * batch; item += gridDim.x) {
+    const int kvh = item % groups * kHeads, b = item / groups;  // a request's kv heads side by side
     const int4 now = got;
     const int next = item + gridDim.x;
-    if (next < heads_kv * batch) {
-      load_item(split, splits, next / heads_kv, got);
+    if (next < groups * batch) {
+      load_item(split, splits, next / groups, got);
       // The next item's Q rows into L2: its consumers start on them while its tiles arrive.
-      const int lines = (D * 2 + 127) / 128, next_b = next / heads_kv, next_kvh = next % heads_kv;
-      for (int i = threadIdx.x; i < q_len * group * lines && threadIdx.x < kConsumers; i += kConsumers) {
+      const int lines = (D * 2 + 127) / 128, next_b = next / groups, next_kvh = next % groups * kHeads;
+      const int item_rows = group * kHeads;  // a new token's query heads of the item's kv heads
+      for (int i = threadIdx.x; i < q_len * item_rows * lines && threadIdx.x < kConsumers; i += kConsumers) {
         const int r = i / lines;
-        prefetch_l2(q + ((size_t(next_b) * q_len + r / group) * heads_kv + next_kvh) * group * D + (r % group) * D +
-                    (i % lines) * 64);
+        prefetch_l2(q + ((size_t(next_b) * q_len + r / item_rows) * heads_kv * group + next_kvh * group) * D +
+                    (r % item_rows) * D + (i % lines) * 64);
       }
     }
     decode_item(S, c, tk, tv, q, out, block_table + size_t(b) * max_pages, part, part_lse, counters, heads_kv,

@@ -29,6 +29,7 @@ PAGE_SIZES = (16, 32, 64, 128, 256)
 MAX_ROWS = 16             # new tokens x query heads per kv head: the 16 rows of an mma.sync
 MAX_TOKENS = 8            # new tokens a request (speculative decoding)
 MAX_SPLITS = 64           # splits of one request (the merge's log-sum-exps in shared memory)
+HEAD_GROUP = 4           # kv heads a CTA of a head-group plan (decode.cu's kHeads: a consumer warp each)
 MAX_CLUSTER = 16          # splits a cluster merge takes (decode.cu's kMaxCluster; over 8: non-portable)
 MIN_KEYS_PER_SPLIT = 128  # two tiles: a split's copies all in flight at once (three stages hold them)
 THREADS = 160             # four consumer warps and a producer warp
@@ -39,7 +40,7 @@ _MAX_STAGES = 8
 
 @functools.lru_cache(maxsize=64)
 def decode_plan(head_dim: int, page_size: int, persistent: bool = False, ctas: int | None = None,
-                wide_box: bool = False) -> tuple[TensorMapSpec, SharedLayout, int]:
+                wide_box: bool = False, head_group: bool = False) -> tuple[TensorMapSpec, SharedLayout, int]:
     """(K/V box spec, shared layout, CTAs an SM) for a head dim and page size. A box is one page
     (or a 64-key tile's part of one) by 64 columns (the last one reaching past the head dim when
     it is not a multiple of 64: TMA fills zeros); a stage holds a tile of K and of V. Stages
@@ -50,10 +51,21 @@ def decode_plan(head_dim: int, page_size: int, persistent: bool = False, ctas: i
     that share of the shared memory instead (1: six stages at head dim 128, 3: two).
     ``wide_box`` (head dims a multiple of 64): one box a page piece covers every 64-column block
     (a 4-D map over (kv head, column block, cache row, 64)): half the copies at head dim 128.
-    The spec's shape is a placeholder."""
+    ``head_group`` (head dims a multiple of 64): a stage is 16 keys of HEAD_GROUP kv heads, one
+    box of the same 4-D map (four heads' rows side by side: 1 KB runs at head dim 128), as many
+    bytes as a 64-key tile of one head. The spec's shape is a placeholder."""
     box_keys = min(page_size, KEYS_PER_TILE)
     tile_cols = -(-head_dim // 64) * 64
-    if wide_box:
+    if head_group:
+        if head_dim % 64 or wide_box:
+            raise TmaflowError(f"decode_plan: head_group with head_dim={head_dim} and wide_box={wide_box}; a head "
+                               "group's box spans whole 64-column blocks of four kv heads' rows: give a head_dim "
+                               "that is a multiple of 64 and no wide_box")
+        step = KEYS_PER_TILE // HEAD_GROUP
+        spec = TensorMapSpec.tiled("bfloat16", (HEAD_GROUP, tile_cols // 64, step, 64),
+                                   (HEAD_GROUP, tile_cols // 64, step, 64), swizzle="128B")
+        boxes = 1
+    elif wide_box:
         if head_dim % 64:
             raise TmaflowError(f"decode_plan: wide_box with head_dim={head_dim}; a box spans whole 64-column "
                                "blocks of a kv head's row: give a head_dim that is a multiple of 64")
@@ -194,7 +206,8 @@ def _check_cache(who, Q, K, V, T, L, q_name="q", max_tokens=MAX_TOKENS) -> Probl
 def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
                      cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
-                     ctas_per_sm: int | None = None, wide_box: bool | None = None, out=None, stream=None):
+                     ctas_per_sm: int | None = None, wide_box: bool | None = None, head_group: bool | None = None,
+                     out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -228,12 +241,16 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     (at head dim 128: 1 CTA of six 32 KB stages, 2 of three, 3 of two; persistent: 1-2); None:
     two when three stages fit, else one. ``wide_box`` (head dims a multiple of 64): each copy
     brings a page piece's every column (a 4-D map), half the copies at head dim 128; None: off.
+    ``head_group`` (heads_kv a multiple of 4, head dims a multiple of 64): a CTA reads four kv
+    heads of a request (each copy 16 keys of all four: runs four times as long), a consumer
+    warp each; splits merge by the workspace and counter. None: off.
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
-            or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None:
-        num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box = \
-            _OPTIONS.check(num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm,
-                           wide_box)
+            or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None \
+            or head_group is not None:
+        num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
+            head_group = _OPTIONS.check(num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
+                                        ctas_per_sm, wide_box, head_group)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -245,12 +262,20 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
             raise TmaflowError(f"attention_decode: slice_merge=True with num_splits={num_splits}, cluster_merge="
                                f"{cluster_merge} and persistent={persistent}; the slice merge merges the splits of the "
                                "workspace-and-counter path: give num_splits None or 2-64 and leave the others off")
+        if head_group and (cluster_merge or slice_merge or wide_box):
+            raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge}, slice_merge="
+                               f"{slice_merge} and wide_box={wide_box}; a head group's splits merge by the workspace "
+                               "and counter, its box is already wide: leave those None or False")
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
     if wide_box and p.head_dim % 64:
         raise TmaflowError(f"{who}: wide_box=True with head_dim={p.head_dim}; a wide box spans whole 64-column "
                            "blocks of a kv head's row: give a head_dim that is a multiple of 64, or wide_box None")
+    if head_group and (p.head_dim % 64 or p.heads_kv % HEAD_GROUP):
+        raise TmaflowError(f"{who}: head_group=True with head_dim={p.head_dim} and heads_kv={p.heads_kv}; a CTA "
+                           f"reads whole 64-column blocks of {HEAD_GROUP} kv heads: give a head_dim that is a multiple "
+                           f"of 64 and heads_kv a multiple of {HEAD_GROUP}, or head_group None")
     scale = _scale(scale, p.head_dim, who)
     O = _given_out(out, Q, who, align=16)
     if O is not None:
@@ -259,12 +284,13 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
-           slice_merge, l2_promotion, ctas_per_sm, wide_box, stream, Q.device, ordinal, get_ident())
+           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, stream, Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
-                                                          slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box)))
+                                                          slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box),
+                                                          bool(head_group)))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -280,52 +306,57 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
                           evict_first=checks.flag(optional=True), persistent=checks.flag(optional=True),
                           cluster_merge=checks.flag(optional=True), slice_merge=checks.flag(optional=True),
                           l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True),
-                          ctas_per_sm=checks.integer(1, 3, optional=True), wide_box=checks.flag(optional=True))
+                          ctas_per_sm=checks.integer(1, 3, optional=True), wide_box=checks.flag(optional=True),
+                          head_group=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
                    num_splits: int | None = None, evict_first: bool | None = None, device=None,
-                   ctas_per_sm: int | None = None) -> tuple[int, bool]:
+                   ctas_per_sm: int | None = None, head_group: bool = False) -> tuple[int, bool]:
     """(splits, evict_first) a call plans on ``device`` (the current one by default): the
-    given values, else choose_splits and evict_first_default's (bf16 and fp16 alike)."""
+    given values, else choose_splits (over CTAs of HEAD_GROUP kv heads with ``head_group``) and
+    evict_first_default's (bf16 and fp16 alike)."""
     device = device or current_device()
-    ctas_per_sm = decode_plan(head_dim, page_size, ctas=ctas_per_sm)[2]
-    splits = num_splits or choose_splits(batch, heads_kv, max_context, device.sm_count, ctas_per_sm)
+    ctas_per_sm = decode_plan(head_dim, page_size, ctas=ctas_per_sm, head_group=head_group)[2]
+    items = heads_kv // HEAD_GROUP if head_group else heads_kv
+    splits = num_splits or choose_splits(batch, items, max_context, device.sm_count, ctas_per_sm)
     if evict_first is None:
         evict_first = evict_first_default(batch, heads_kv, head_dim, max_context, 2, device.l2_bytes)
     return splits, evict_first
 
 
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
-                  stream, ctas, wide_box) -> SimpleNamespace:
+                  stream, ctas, wide_box, head_group) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
+    items = hkv // HEAD_GROUP if head_group else hkv  # CTAs a request and split
     on_current_device("attention_decode", Q)
     device = current_device()
     splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size,
-                                         1 if persistent else num_splits, evict_first, device, ctas)
-    ctas_per_sm = decode_plan(d, p.page_size, ctas=ctas)[2]
+                                         1 if persistent else num_splits, evict_first, device, ctas, head_group)
+    ctas_per_sm = decode_plan(d, p.page_size, ctas=ctas, head_group=head_group)[2]
     if persistent is None:
-        persistent = persistent_default(b, hkv, d, splits, device.sm_count, ctas_per_sm)
+        persistent = persistent_default(b, items, d, splits, device.sm_count, ctas_per_sm)
         if persistent:  # not asked for: a persistent plan that leaves too few stages is not taken
             try:
-                decode_plan(d, p.page_size, True, ctas, wide_box)
+                decode_plan(d, p.page_size, True, ctas, wide_box, head_group)
             except TmaflowError:
                 persistent = False
     if cluster_merge is None:
-        cluster_merge = not persistent and not slice_merge and cluster_merge_default(b, hkv, splits, device.sm_count)
+        cluster_merge = not persistent and not slice_merge and not head_group and \
+            cluster_merge_default(b, hkv, splits, device.sm_count)
     slice_merge = bool(slice_merge) and splits > 1 and not persistent and not cluster_merge
     if slice_merge and b * hkv * splits > device.sm_count * ctas_per_sm:
         raise TmaflowError(f"attention_decode: slice_merge=True with {b * hkv * splits} CTAs (batch {b} x {hkv} kv "
                            f"heads x {splits} splits); its splits wait on each other, so every CTA must run at once: "
                            f"at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
-    spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent, ctas, wide_box)
+    spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent, ctas, wide_box, head_group)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
                **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {}),
                **({"CLUSTER_MERGE": 1} if cluster_merge else {}), **({"SLICE_MERGE": 1} if slice_merge else {}),
-               **({"WIDE_BOX": 1} if wide_box else {})}
+               **({"WIDE_BOX": 1} if wide_box else {}), **({"HEAD_GROUP": 1} if head_group else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
-    grid = (max(1, min(b * hkv, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, hkv, max(b, 1))
+    grid = (max(1, min(b * items, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, items, max(b, 1))
     launcher = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
                              stream=stream)
     launcher, workspace = _with_split_k(launcher, splits > 1 and not cluster_merge, device, stream)
@@ -333,7 +364,7 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     rows_all = p.pages * p.page_size  # the maps' view: all rows of all pages
     view: tuple[tuple[int, ...], tuple[int, ...]]
-    if wide_box:  # (kv head, 64-column block, row, 64): one box a page piece, every block of it
+    if wide_box or head_group:  # (kv head, 64-column block, row, 64): one box a page piece, every block of it
         view = ((hkv, d // 64, rows_all, 64), (d * 2, 128, hkv * d * 2, 2))
     else:
         view = ((rows_all, hkv, d), (hkv * d * 2, d * 2, 2))

@@ -5,7 +5,7 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
         [--seqs S ...] [--dtype bfloat16|float16]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --varlen [--json FILE] [--repeats N] [--dtype ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --decode | --decode-sweep [--json FILE] [--repeats N]
-        [--decode-grid acceptance|quick] [--quick] [--clean]
+        [--decode-grid acceptance|quick] [--quick] [--clean] [--decode-batches B ...] [--decode-alts NAME ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --backward [--json FILE] [--repeats N] [--quick]
         [--dims D ...] [--seqs S ...] [--dtype bfloat16|float16] [--deterministic]
 
@@ -122,6 +122,7 @@ def main():
     p.add_argument("--decode-grid", choices=["acceptance", "quick"], default="acceptance",
                    help="--decode/--decode-sweep rows: issue 32's acceptance grid (72 rows) or its weak corners (16)")
     p.add_argument("--decode-batches", type=int, nargs="+", help="--decode: only the grid's rows of these batch sizes")
+    p.add_argument("--decode-alts", nargs="+", help="--decode: only these alternatives beside the plan (e.g. hg p0)")
     p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
     p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
     p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
@@ -360,8 +361,14 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     the K/V maps at L2 promotion 256B ("pr256": a kv head's 256-byte key row from DRAM at once);
     at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the copies) and
     with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
-    stages at the splits that fill those slots ("c3": the plan's would leave a third empty)."""
-    from tmaflow.kernels.decode_entry import MAX_CLUSTER, MAX_SPLITS
+    stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
+    row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
+    a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"), and where the
+    head-group plan walks items, one group a CTA without walking ("hgp0").
+    ``--decode-alts``: only the named ones."""
+    from tmaflow.kernels.decode_entry import (HEAD_GROUP, MAX_CLUSTER, MAX_SPLITS, decode_choices, decode_plan,
+                                              persistent_default)
+    from tmaflow.runtime.device import current_device
 
     if not (args.quick or args.decode_grid == "quick"):
         return {}
@@ -386,7 +393,15 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["c1"] = {**same, "ctas_per_sm": 1}
         if not persistent:
             alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
-    return alts
+    if heads_kv % HEAD_GROUP == 0:
+        alts["hg"] = {"head_group": True}
+        if batch >= 16:  # one CTA an SM of six stages: at batch 16 8k 128 CTAs of 4 splits, as cuDNN's grid
+            alts["hgc1"] = {"head_group": True, "ctas_per_sm": 1}
+        if persistent_default(batch, heads_kv // HEAD_GROUP, 128, 1, current_device().sm_count,
+                              decode_plan(128, page, head_group=True)[2]) and \
+                decode_choices(batch, heads_kv, 128, page, ctx, head_group=True)[0] == 1:
+            alts["hgp0"] = {"head_group": True, "persistent": False, "num_splits": 1}
+    return {name: choice for name, choice in alts.items() if not args.decode_alts or name in args.decode_alts}
 
 
 def decode(args):
@@ -468,6 +483,17 @@ def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
     return variants
 
 
+def _head_group_plan(batch: int, ctx: int, heads_kv: int, page: int) -> str:
+    """The "hg" alternative's automatic splits and walk, as the row prints the plan's."""
+    from tmaflow.kernels.decode_entry import HEAD_GROUP, decode_choices, decode_plan, persistent_default
+    from tmaflow.runtime.device import current_device
+
+    splits = decode_choices(batch, heads_kv, 128, page, ctx, head_group=True)[0]
+    walks = persistent_default(batch, heads_kv // HEAD_GROUP, 128, splits, current_device().sm_count,
+                               decode_plan(128, page, head_group=True)[2])
+    return f"s{splits} p{int(walks)}"
+
+
 def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep: bool = False) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -501,7 +527,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     kept: list = []
 
     def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None, ordered=False,
-             l2_promotion=None, ctas_per_sm=None, wide_box=None):
+             l2_promotion=None, ctas_per_sm=None, wide_box=None, head_group=None):
         caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
             else (k_cache, v_cache, table)
         kept.append(caches)  # alive while the prepared call is
@@ -509,6 +535,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
                                                 evict_first=evict_first, persistent=persistent,
                                                 cluster_merge=cluster_merge, slice_merge=slice_merge,
                                                 l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
+                                                head_group=head_group,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
     splits, evict_first, persistent, cluster = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
@@ -563,7 +590,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
           f"cl{int(cluster)} "
           + " | ".join(cells)
-          + f"  err {err:.1e}", flush=True)
+          + f"  err {err:.1e}" + (f"  (hg plan: {_head_group_plan(batch, ctx, heads_kv, page)})" if "hg" in alts else ""),
+          flush=True)
     return row
 
 
