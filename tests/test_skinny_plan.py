@@ -81,7 +81,11 @@ def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
                                           ({"stages": 1}, r"stages=1 must be in \[2, 16\]"),
                                           ({"cluster": 4}, r"cluster=4 must be 1 or 2"),
                                           ({"l2_promotion": "512B"}, r"l2_promotion='512B'"),
-                                          ({"tile_fastest": 1}, r"tile_fastest=1")])
+                                          ({"tile_fastest": 1}, r"tile_fastest=1"),
+                                          ({"m_halves": 4}, r"SkinnyConfig: m_halves=4 must be 1 or 2"),
+                                          ({"m_halves": 2, "cluster": 2},
+                                           r"m_halves=2 pairs the CTAs of a cluster along M; it takes cluster=1 "
+                                           r"\(got cluster=2\)")])
 def test_bad_skinny_configs_are_named(kwargs, match):
     with pytest.raises(tf.TmaflowError, match=match):
         SkinnyConfig(**kwargs)
@@ -107,6 +111,39 @@ def test_every_skinny_variant_compiles_without_spills(dtype, scales):
             plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132, dtype, scales)
             k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (m, rows)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("rows", [64, 128])
+def test_m_halves_plan_shares_b_slices_and_loads_its_own_half_of_a(dtype, rows):
+    """m_halves=2: MP 64, a cluster of two, B in 32-row slices multicast to both (each CTA receives
+    every slice: its stage carries the whole tile), A one 64-row box."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch.sass import disassemble
+
+    plan = skinny_plan(100, 4096, 4096, SkinnyConfig(rows=rows, m_halves=2), 132, dtype)
+    one = skinny_plan(100, 4096, 4096, SkinnyConfig(rows=rows), 132, dtype)
+    bk = FP8_BK if dtype == "float8_e4m3fn" else BK
+    assert plan.defines["MP"] == 64 and plan.defines["M_HALVES"] == 2 and plan.defines["CLUSTER"] == 2
+    assert plan.spec_x.box == (64, bk) and plan.spec_w.box == (32, bk)
+    pipe = plan.layout.items[0]
+    assert pipe.cluster == (2, 1, 1) and pipe.multicast == ("x", None) and pipe.boxes[0] == 2 * rows // 64
+    assert pipe.tx_bytes == plan.spec_x.smem_bytes + rows * 128  # the whole tile of B lands in each CTA
+    assert pipe.empty_arrivals == 2 * pipe.consumers  # its own consumers and the partner's
+    assert "M_HALVES" not in one.defines and one.defines["MP"] == 128
+    k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+    sass = disassemble(k.cubin)
+    assert "UTMALDG.2D.MULTICAST" in sass
+    assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0 and k.resources.stack_frame == 0
+
+
+@pytest.mark.parametrize("m,scales,match", [
+    (64, None, r"m_halves=2\) computes two 64-row halves of M; it takes M of 65 to 128 rows \(got M=64\)"),
+    (129, None, r"takes M <= 128 \(got M=129\)"),
+    (100, "m_major", r"m_halves=2\) takes per-tensor scales \(got block scales\)")])
+def test_m_halves_refusals(m, scales, match):
+    with pytest.raises(tf.TmaflowError, match=match):
+        skinny_plan(m, 4096, 4096, SkinnyConfig(m_halves=2), 132, "float8_e4m3fn", scales)
 
 
 # --- fp8 (no GPU) ---------------------------------------------------------------------------

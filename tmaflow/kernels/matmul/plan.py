@@ -151,24 +151,39 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         raise TmaflowError(f"gemm: the skinny path takes fp8 block scales with scale_a M-major (stored "
                            f"k-block by k-block; got {block_scales!r} scales, {dtype} operands); row-major "
                            "scale_a takes a GemmConfig (bn=128, promote=1)")
+    halves = config.m_halves
+    if halves > 1 and not 64 < m <= 2 * 64:
+        raise TmaflowError(f"gemm: SkinnyConfig(m_halves=2) computes two 64-row halves of M; it takes "
+                           f"M of 65 to 128 rows (got M={m})")
+    if halves > 1 and block_scales:
+        raise TmaflowError("gemm: SkinnyConfig(m_halves=2) takes per-tensor scales (got block scales); "
+                           "use m_halves=1")
     fp8 = dtype == "float8_e4m3fn"
-    mp = next(p for p in SKINNY_MP if p >= m)
+    mp = 64 if halves > 1 else next(p for p in SKINNY_MP if p >= m)
     boxes = config.rows // 64
     bk = FP8_BK if fp8 else BK  # 128-byte rows either way
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
     spec_x = TensorMapSpec.tiled(dtype, (m, k), (mp, bk), **l2)
-    spec_w = TensorMapSpec.tiled(dtype, (n, k), (64, bk), **l2)
+    # M halves: each CTA of the pair loads and multicasts one 32-row slice of every 64-row box
+    spec_w = TensorMapSpec.tiled(dtype, (n, k), (64 // halves, bk), **l2)
     spec_s = _m_major_scales_spec(m, k, bk, mp) if block_scales else None
-    stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
+    stage_bytes = spec_x.smem_bytes + halves * boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
     stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
-    cl = config.cluster
-    tiles = {"w": (spec_w, boxes), "x": spec_x, **({"s": spec_s} if spec_s else {})}
+    cl = max(config.cluster, halves)
+    tiles = {"w": (spec_w, halves * boxes), "x": spec_x, **({"s": spec_s} if spec_s else {})}
+    if halves > 1:
+        multicast: list | None = ["x", None]  # B shared by the halves, A each its own
+    else:
+        multicast = [None, "x"] + [None] * bool(spec_s) if cl > 1 else None
     pipe = Pipeline("wx", stages=stages, tiles=tiles, consumers=4 * boxes, cluster=(cl, 1, 1),
-                    multicast=[None, "x"] + [None] * bool(spec_s) if cl > 1 else None)
+                    multicast=multicast)
     min_k_blocks = _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4
-    split = config.split_k or skinny_splits(n, k, config.rows, sm_count, bk, min_k_blocks)
+    # M halves: two CTAs a tile, so the splits fill half as many SMs each
+    split = config.split_k or skinny_splits(n, k, config.rows, sm_count // halves, bk, min_k_blocks)
     split = _nonempty_splits(math.ceil(k / bk), split)
     defines = {"MP": mp, "CONSUMERS": boxes, "CLUSTER": cl}
+    if halves > 1:
+        defines["M_HALVES"] = halves
     if fp8:
         defines.update(FP8=1, PROMOTE=1 if block_scales else SKINNY_FP8_PROMOTE)
     if block_scales:
