@@ -72,6 +72,13 @@ def test_fp8_skinny_m_halves_against_float64(device, rng, m, config):
     _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
 
 
+@pytest.mark.parametrize("config", [SkinnyConfig(m_rows=32), SkinnyConfig(m_rows=64, m_halves=2, split_k=2)],
+                         ids=["rows32", "rows64-halves-split2"])
+def test_fp8_skinny_m_chunks_against_float64(device, rng, config):
+    A, B, sa, sb, ref = _operands(rng, 300, 1000, 2064)
+    _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
+
+
 @pytest.mark.parametrize("m", [512, 16], ids=["dense", "skinny"])
 def test_fp8_torch_in_bf16_torch_out(device, m):
     torch = pytest.importorskip("torch")

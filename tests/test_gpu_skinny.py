@@ -58,6 +58,21 @@ def test_skinny_m_halves_against_float64(device, rng, m, n, k, config):
         _check(out.numpy(), ref, (m, n, k, config, debug))
 
 
+# M in chunks of m_rows (a CTA each, pairs sharing B with m_halves): M past the 128 rows of one
+# CTA (129 to 517, odd), a last chunk of 1 row or a pair's second chunk empty; split K.
+@pytest.mark.parametrize("m", [129, 300, 517])
+@pytest.mark.parametrize("config", [SkinnyConfig(m_rows=16), SkinnyConfig(m_rows=64, m_halves=2),
+                                    SkinnyConfig(m_rows=32, m_halves=2, split_k=3),
+                                    SkinnyConfig(rows=128, m_rows=128, split_k=2)],
+                         ids=["rows16", "rows64-halves", "rows32-halves-split3", "cta128-rows128-split2"])
+def test_skinny_m_chunks_against_float64(device, rng, m, config):
+    A, B, ref = _operands(rng, m, 520, 1000)
+    for debug in (True, False):
+        out = poison(tf.empty((m, 520), "bfloat16"))
+        kernels.gemm(A, B, out, config=config, debug=debug)
+        _check(out.numpy(), ref, (m, config, debug))
+
+
 def test_skinny_m_halves_split_k_is_deterministic_and_resets_its_counters(device, rng):
     A, B, ref = _operands(rng, 120, 2048, 4096)
     outs = []

@@ -83,6 +83,7 @@ def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
                                           ({"l2_promotion": "512B"}, r"l2_promotion='512B'"),
                                           ({"tile_fastest": 1}, r"tile_fastest=1"),
                                           ({"m_halves": 4}, r"SkinnyConfig: m_halves=4 must be 1 or 2"),
+                                          ({"m_rows": 24}, r"SkinnyConfig: m_rows=24 must be 8, 16, 32, 64 or 128"),
                                           ({"m_halves": 2, "cluster": 2},
                                            r"m_halves=2 pairs the CTAs of a cluster along M; it takes cluster=1 "
                                            r"\(got cluster=2\)")])
@@ -137,13 +138,42 @@ def test_m_halves_plan_shares_b_slices_and_loads_its_own_half_of_a(dtype, rows):
     assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0 and k.resources.stack_frame == 0
 
 
-@pytest.mark.parametrize("m,scales,match", [
-    (64, None, r"m_halves=2\) computes two 64-row halves of M; it takes M of 65 to 128 rows \(got M=64\)"),
-    (129, None, r"takes M <= 128 \(got M=129\)"),
-    (100, "m_major", r"m_halves=2\) takes per-tensor scales \(got block scales\)")])
-def test_m_halves_refusals(m, scales, match):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_every_m_halves_width_compiles_without_spills(dtype):
+    from tmaflow.kernels.registry import get_kernel
+
+    for mp in (8, 16, 32, 64, 128):
+        for rows in (64, 128):
+            plan = skinny_plan(512, 4096, 4096, SkinnyConfig(rows=rows, m_rows=mp, m_halves=2), 132, dtype)
+            assert plan.defines["MP"] == mp and plan.defines["M_HALVES"] == 2
+            k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+            assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (mp, rows)
+
+
+@pytest.mark.parametrize("m,config,scales,match", [
+    (64, SkinnyConfig(m_halves=2), None,
+     r"m_halves=2\) pairs two chunks of 64 rows of M; it takes M over 64 rows \(got M=64\)"),
+    (16, SkinnyConfig(m_rows=16, m_halves=2), None, r"pairs two chunks of 16 rows of M; it takes M over 16"),
+    (129, SkinnyConfig(m_halves=2), None, r"takes M <= 128 \(got M=129\); use a GemmConfig, or a SkinnyConfig "
+                                          r"with m_rows"),
+    (100, SkinnyConfig(m_halves=2), "m_major",
+     r"SkinnyConfig\(m_rows=None, m_halves=2\) takes per-tensor scales \(got block scales\)"),
+    (100, SkinnyConfig(m_rows=32), "m_major", r"SkinnyConfig\(m_rows=32, m_halves=1\) takes per-tensor")])
+def test_m_chunk_refusals(m, config, scales, match):
     with pytest.raises(tf.TmaflowError, match=match):
-        skinny_plan(m, 4096, 4096, SkinnyConfig(m_halves=2), 132, "float8_e4m3fn", scales)
+        skinny_plan(m, 4096, 4096, config, 132, "float8_e4m3fn", scales)
+
+
+@pytest.mark.parametrize("m,config,mp,grid_z", [
+    (256, SkinnyConfig(m_rows=16), 16, 16), (256, SkinnyConfig(m_rows=32, m_halves=2), 32, 4),
+    (1000, SkinnyConfig(m_rows=64, m_halves=2), 64, 8), (100, SkinnyConfig(m_rows=8), 8, 13),
+    (100, SkinnyConfig(m_halves=2), 64, 1), (128, SkinnyConfig(), 128, 1)])
+def test_m_chunks_take_any_m_in_chunks_of_m_rows(m, config, mp, grid_z):
+    """m_rows: a CTA (a pair with m_halves) per chunk along grid z; the splits count those CTAs."""
+    plan = skinny_plan(m, 512, 4096, config, 132)
+    assert plan.defines["MP"] == mp and plan.grid_z == grid_z and plan.spec_x.box == (mp, BK)
+    ctas = math.ceil(512 / 64) * config.m_halves * grid_z
+    assert plan.config.split_k == 1 or ctas * plan.config.split_k <= 132
 
 
 # --- fp8 (no GPU) ---------------------------------------------------------------------------

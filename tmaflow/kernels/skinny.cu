@@ -10,10 +10,11 @@
 // form a cluster and the first multicasts A's box to both (A is read once per pair from L2).
 // With several splits each stores its fp32 partial, and the last to finish a tile (a per-tile
 // counter) sums every split's partial in split order (the result does not depend on which
-// finished last) and writes C. With M_HALVES 2 (M of 65-128 rows, MP 64), the two CTAs of a
-// cluster compute the two 64-row halves of M on the same rows of B: each loads its half of A
-// and half of every 64-row box of B, which it multicasts to both (cuBLAS's fp8 M = 128 scheme:
-// twice the CTAs of one 128-column MMA, B read once per pair from L2). C is small (M rows), so it is written with plain stores,
+// finished last) and writes C. M in chunks (grid z, the host's SkinnyConfig.m_rows): CTA z
+// computes rows z * MP .. z * MP + MP - 1 of C (any M, in more CTAs of fewer rows). With
+// M_HALVES 2 the two CTAs of a cluster compute two neighbouring MP-row chunks on the same rows
+// of B: each loads its own rows of A and half of every 64-row box of B, which it multicasts to
+// both (cuBLAS's fp8 M = 128 scheme: 64-row halves, B read once per pair from L2). C is small (M rows), so it is written with plain stores,
 // clipped at M and N.
 // FP8: A and B are e4m3 (k-blocks of 128, 128-byte rows as bf16's 64), C = scale * A * B^T; the
 // tensor cores' partial sums are added into fp32 registers every PROMOTE k-blocks (gemm.cu).
@@ -46,7 +47,7 @@ namespace L = tmaflow_layout;
 #define BLOCK_SCALES 0
 #endif
 #ifndef M_HALVES
-#define M_HALVES 1  // 2: a cluster of two CTAs, one per 64-row half of M, sharing B by multicast
+#define M_HALVES 1  // 2: a cluster of two CTAs on neighbouring MP-row chunks of M, sharing B by multicast
 #endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE) decode, persistent over (group, chunk of MP rows, N tile) items
@@ -60,8 +61,8 @@ constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
 [[maybe_unused]] constexpr int kConsumerThreads = 128 * CONSUMERS;  // unused by the grouped kernel
 static_assert(L::wx::w_boxes == CONSUMERS * M_HALVES && L::wx::x_bytes == MP * 128,
               "plan does not match MP / CONSUMERS / M_HALVES");
-static_assert(M_HALVES == 1 || (M_HALVES == 2 && MP == 64 && CLUSTER == 2 && !BLOCK_SCALES && !GROUPED),
-              "M halves: MP 64, in clusters of two, per-tensor scales");
+static_assert(M_HALVES == 1 || (M_HALVES == 2 && CLUSTER == 2 && !BLOCK_SCALES && !GROUPED),
+              "M halves: in clusters of two, per-tensor scales");
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
 static_assert(BLOCK_SCALE_SETS == 1 || BLOCK_SCALE_SETS == 2, "one or two accumulator sets");
@@ -115,7 +116,7 @@ TMAFLOW_DEVICE void issue_k_block(const L::Smem& S, Pipe& pipe, const Cursor& c,
 // and, in the tile's last split, the sum of all partials; C written clipped at M and N.
 template <class Pipe>
 TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int ldc, float* partial,
-                            uint32_t* counters, int M, int N, int tile, int half, int split, int splits,
+                            uint32_t* counters, int M, int N, int tile, int row0, int split, int splits,
                             int kb0, int kb1, float scale, const float* scales_b, int k_blocks) {
   using Cursor = typename Pipe::Cursor;
   const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
@@ -222,12 +223,12 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
 #endif
 
   // The fragment (as mma.m16n8): rows n0 and n0 + 8 of C^T, columns m0 + 8 j and m0 + 8 j + 1.
-  // With M halves, this CTA's columns of C^T start at row half * MP of C.
-  const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4) + half * MP;
+  // This CTA's columns of C^T are rows row0 .. row0 + MP - 1 of C (M in chunks).
+  const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4) + row0;
   if (splits > 1) {
-    constexpr int kCols = MP * M_HALVES;  // partial[split][n][m]: both halves' columns
+    const int kCols = MP * M_HALVES * gridDim.z;  // partial[split][n][m]: every chunk's columns
     const size_t plane = size_t(N) * kCols;
-    const int slot = tile * M_HALVES + half;  // each half counts its own splits
+    const int slot = blockIdx.z * gridDim.x + blockIdx.x;  // each chunk of each tile counts its own splits
 #pragma unroll
     for (int j = 0; j < MP / 8; ++j)
 #pragma unroll
@@ -287,10 +288,11 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   auto pipe = S.wx();
   using Cursor = decltype(pipe)::Cursor;
 #if M_HALVES == 2
-  const int tile = blockIdx.x / 2, half = blockIdx.x % 2;  // the cluster rank is the half
+  const int tile = blockIdx.x / 2, half = blockIdx.x % 2;  // the cluster rank is the chunk of the pair
 #else
   const int tile = blockIdx.x, half = 0;
 #endif
+  const int row0 = (int(blockIdx.z) * M_HALVES + half) * MP;  // this CTA's first row of A and C
   const int split = blockIdx.y;
   const int k_blocks = (K + BK - 1) / BK, per = (k_blocks + splits - 1) / splits;
   const int kb0 = split * per, kb1 = min(k_blocks, kb0 + per);
@@ -317,32 +319,32 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
         pipe.producer_acquire(c);
         pipe.producer_commit(c);
 #if M_HALVES == 2
-        // this half's 32-row slice of each 64-row box, to both CTAs; its own 64 rows of A
+        // this CTA's 32-row slice of each 64-row box, to both CTAs; its own MP rows of A
 #pragma unroll
         for (int box = half; box < 2 * CONSUMERS; box += 2)
           tma::load_multicast(S.wx_w(c.stage, box), &tw, pipe.barrier(c), L::wx::w_mask(half), kb * BK,
                               tile * kRows + box * 32);
-        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, half * MP);
+        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, row0);
 #else
 #pragma unroll
         for (int box = 0; box < CONSUMERS; ++box)
           tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
 #endif
 #if BLOCK_SCALES
-        tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), 0, kb);  // row kb of tsa: MP scales (zeros past M)
+        tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), row0, kb);  // row kb of tsa: MP scales (zeros past M)
 #endif
 #if M_HALVES == 2
 #elif CLUSTER == 1
-        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, 0);
+        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, row0);
 #else
         const uint32_t rank = cluster::rank();
         if (L::wx::x_leader(rank))
-          tma::load_multicast(S.wx_x(c.stage), &tx, pipe.barrier(c), L::wx::x_mask(rank), kb * BK, 0);
+          tma::load_multicast(S.wx_x(c.stage), &tx, pipe.barrier(c), L::wx::x_mask(rank), kb * BK, row0);
 #endif
       }
     }
   } else {
-    consume(S, pipe, C, ldc, partial, counters, M, N, tile, half, split, splits, kb0, kb1, scale, scales_b,
+    consume(S, pipe, C, ldc, partial, counters, M, N, tile, row0, split, splits, kb0, kb1, scale, scales_b,
             k_blocks);
   }
 #if CLUSTER > 1

@@ -140,13 +140,13 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
     halves = plan.config.m_halves  # a cluster's two CTAs: one N tile's halves of M
     # whole clusters; a tile past N loads zeros, stores nothing
     tiles = -(-math.ceil(n / rows) // cl) * cl * halves
-    launcher = kern.launcher(grid=(tiles, split), block=128 * (1 + rows // 64),
+    launcher = kern.launcher(grid=(tiles, split, plan.grid_z), block=128 * (1 + rows // 64),
                              cluster=(max(cl, halves), 1, 1), stream=stream, pdl=pdl)
     # skinny_plan fills in split_k; the config type keeps it optional for callers
     launcher, ws = _with_split_k(launcher, split > 1, device, stream)  # type: ignore[operator]
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B, plan.spec_w),
                       tc=None, ldc=c_strides[0] // 2, tail=(m, n, k, split), plan=plan, workspace=ws,
-                      workspace_sizes=(tiles, split * n * plan.defines["MP"] * halves),
+                      workspace_sizes=(tiles * plan.grid_z, split * n * plan.defines["MP"] * halves * plan.grid_z),
                       ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 

@@ -134,6 +134,7 @@ class SkinnyPlan:
     defines: dict
     config: SkinnyConfig       # with split_k and stages filled in
     spec_s: TensorMapSpec | None = None  # block scales: one k-block's MP scales of A (M-major)
+    grid_z: int = 1  # CTAs (pairs with m_halves) along M: chunks of MP rows
 
 
 @functools.lru_cache(maxsize=64)
@@ -143,23 +144,25 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
     fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
     stage (row-major ones take the dense kernel)."""
-    if m > SKINNY_MP[-1]:
-        raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig")
+    if m > SKINNY_MP[-1] and config.m_rows is None:
+        raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig, "
+                           "or a SkinnyConfig with m_rows (M in chunks)")
     if dtype not in ("bfloat16", "float8_e4m3fn"):
         raise TmaflowError(f"gemm: the skinny path takes bfloat16 or float8_e4m3fn operands (got {dtype})")
     if block_scales not in (None, "m_major") or block_scales and dtype != "float8_e4m3fn":
         raise TmaflowError(f"gemm: the skinny path takes fp8 block scales with scale_a M-major (stored "
                            f"k-block by k-block; got {block_scales!r} scales, {dtype} operands); row-major "
                            "scale_a takes a GemmConfig (bn=128, promote=1)")
-    halves = config.m_halves
-    if halves > 1 and not 64 < m <= 2 * 64:
-        raise TmaflowError(f"gemm: SkinnyConfig(m_halves=2) computes two 64-row halves of M; it takes "
-                           f"M of 65 to 128 rows (got M={m})")
-    if halves > 1 and block_scales:
-        raise TmaflowError("gemm: SkinnyConfig(m_halves=2) takes per-tensor scales (got block scales); "
-                           "use m_halves=1")
+    halves, mp = config.m_halves, config.m_rows or (64 if config.m_halves > 1 else next(p for p in SKINNY_MP if p >= m))
+    chunks = math.ceil(m / mp)  # of M, a CTA each
+    if halves > 1 and chunks < 2:
+        raise TmaflowError(f"gemm: SkinnyConfig(m_halves=2) pairs two chunks of {mp} rows of M; it takes "
+                           f"M over {mp} rows (got M={m})")
+    if (halves > 1 or config.m_rows) and block_scales:
+        raise TmaflowError(f"gemm: SkinnyConfig(m_rows={config.m_rows}, m_halves={halves}) takes per-tensor "
+                           "scales (got block scales); use m_rows=None, m_halves=1")
     fp8 = dtype == "float8_e4m3fn"
-    mp = 64 if halves > 1 else next(p for p in SKINNY_MP if p >= m)
+    grid_z = math.ceil(chunks / halves)  # pairs of chunks with M halves
     boxes = config.rows // 64
     bk = FP8_BK if fp8 else BK  # 128-byte rows either way
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
@@ -178,8 +181,8 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     pipe = Pipeline("wx", stages=stages, tiles=tiles, consumers=4 * boxes, cluster=(cl, 1, 1),
                     multicast=multicast)
     min_k_blocks = _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4
-    # M halves: two CTAs a tile, so the splits fill half as many SMs each
-    split = config.split_k or skinny_splits(n, k, config.rows, sm_count // halves, bk, min_k_blocks)
+    # M in chunks: that many CTAs a tile, so the splits fill a share of the SMs each
+    split = config.split_k or skinny_splits(n, k, config.rows, sm_count // (halves * grid_z), bk, min_k_blocks)
     split = _nonempty_splits(math.ceil(k / bk), split)
     defines = {"MP": mp, "CONSUMERS": boxes, "CLUSTER": cl}
     if halves > 1:
@@ -191,4 +194,4 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         # (H200, against one set: 1.06x at M = 16, 1.09x at 64, 1.13-1.24x at 128)
         defines.update(BLOCK_SCALES=1, BLOCK_SCALE_SETS=2 if boxes == 1 or mp <= 64 else 1)
     return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages),
-                      spec_s)
+                      spec_s, grid_z)
