@@ -97,14 +97,15 @@ def dense_cost(config: GemmConfig, m: int, n: int, k: int, sms: int) -> float:
 def skinny_configs(m: int, n: int, k: int, sms: int) -> list[SkinnyConfig]:
     """The skinny path's choices ("nt", M <= 128): 64- or 128-row CTAs, alone or in pairs
     sharing A, K split as the heuristics do (None), unsplit, or in twice as many splits; for
-    65-128 rows also in pairs computing M's two 64-row halves (``m_halves=2``)."""
+    65-128 rows also in pairs computing M's two 64-row halves (``m_halves=2``, K split as the
+    heuristics do)."""
     out = []
-    shapes = [(cl, 1) for cl in (1, 2)] + ([(1, 2)] if 64 < m <= 128 else [])
     for rows in (64, 128):
-        for cl, halves in shapes:
-            one = SkinnyConfig(rows=rows, cluster=cl, m_halves=halves)
-            auto = skinny_plan(m, n, k, one, sms).config.split_k or 1
-            out += [replace(one, split_k=split) for split in (None, 1, min(64, 2 * auto))]
+        for cl in (1, 2):
+            auto = skinny_plan(m, n, k, SkinnyConfig(rows=rows, cluster=cl), sms).config.split_k or 1
+            out += [SkinnyConfig(rows=rows, cluster=cl, split_k=split) for split in (None, 1, min(64, 2 * auto))]
+        if 64 < m <= 128:
+            out.append(SkinnyConfig(rows=rows, m_halves=2))
     return out
 
 

@@ -14,8 +14,8 @@
 // computes rows z * MP .. z * MP + MP - 1 of C (any M, in more CTAs of fewer rows). With
 // M_HALVES 2 the two CTAs of a cluster compute two neighbouring MP-row chunks on the same rows
 // of B: each loads its own rows of A and half of every 64-row box of B, which it multicasts to
-// both (cuBLAS's fp8 M = 128 scheme: 64-row halves, B read once per pair from L2). C is small (M rows), so it is written with plain stores,
-// clipped at M and N.
+// both (cuBLAS's fp8 M = 128 scheme: 64-row halves, B read once per pair from L2). A chunk past
+// M loads zeros and stores nothing. C is written with plain stores, clipped at M and N.
 // FP8: A and B are e4m3 (k-blocks of 128, 128-byte rows as bf16's 64), C = scale * A * B^T; the
 // tensor cores' partial sums are added into fp32 registers every PROMOTE k-blocks (gemm.cu).
 // BLOCK_SCALES (DeepSeek's, scale_a M-major): every k-block is promoted with its scales. The TMA

@@ -191,7 +191,8 @@ def bf16_rows(args, sms) -> list[dict]:
             sweep += [SkinnyConfig(m_halves=2), SkinnyConfig(rows=128, m_halves=2)]
         configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep and aligned else [])
         if args.chunks and aligned:
-            configs += [cfg for cfg in CHUNK_SWEEP if cfg not in configs and sms // 3 <= chunk_ctas(m, n, k, cfg, sms) <= sms]
+            configs += [cfg for cfg in CHUNK_SWEEP
+                        if cfg not in configs and sms // 3 <= chunk_ctas(m, n, k, cfg, sms) <= sms]
         for cfg in configs:
             try:
                 run = kernels.gemm.prepare(a, b, c, layout=layout, config=cfg)
