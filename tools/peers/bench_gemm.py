@@ -12,7 +12,8 @@ events around each call, medians, and the median of per-round ratios (peer time 
 means tmaflow is faster). Every row checks tmaflow's output against the peer's. ``--suite 30``
 is issue 33's 30 bf16 shapes, ``--suite unaligned`` issue 29's shapes whose N or K is not a
 multiple of 8; ``--sweep`` also times every tile configuration per shape; ``--chunks`` (bf16)
-also the skinny kernel with M in chunks (``CHUNK_SWEEP``) where its CTAs fit one wave. ``--json`` writes a
+also the skinny kernel with M in chunks (``CHUNK_SWEEP``; 65-128 rows: its M halves,
+``HALVES_SWEEP``) where its CTAs fill a third of the SMs to one wave. ``--json`` writes a
 bench record (tools/docs/benchmarks_page.py renders bench/results/*.json into BENCHMARKS.md).
 """
 from __future__ import annotations
@@ -48,6 +49,7 @@ CHUNK_SWEEP = [SkinnyConfig(m_rows=8), SkinnyConfig(m_rows=16), SkinnyConfig(m_r
                SkinnyConfig(m_rows=8, m_halves=2), SkinnyConfig(m_rows=16, m_halves=2),
                SkinnyConfig(m_rows=32, m_halves=2), SkinnyConfig(m_rows=64, m_halves=2),
                SkinnyConfig(rows=128, m_rows=64, m_halves=2)]
+HALVES_SWEEP = [SkinnyConfig(m_halves=2), SkinnyConfig(rows=128, m_halves=2)]  # --chunks, 65-128 rows
 FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, cluster_m=2, promote=8),
              GemmConfig(bn=128, cluster_m=2, promote=0), GemmConfig(bn=192, cluster_m=2, epi_cols=64),
              GemmConfig(bn=192, cluster_m=1, epi_cols=64)]
@@ -187,11 +189,10 @@ def bf16_rows(args, sms) -> list[dict]:
         aligned = n % 8 == 0 and k % 8 == 0
         auto = choose_config(m, n, k, sms, layout) if aligned else None
         sweep = [dense_config(m, n, k, sms) if cfg == "dense" else cfg for cfg in (SKINNY_SWEEP if m <= 128 else SWEEP)]
-        if 64 < m <= 128:  # 64-row halves of M sharing B
-            sweep += [SkinnyConfig(m_halves=2), SkinnyConfig(rows=128, m_halves=2)]
         configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep and aligned else [])
-        if args.chunks and aligned:
-            configs += [cfg for cfg in CHUNK_SWEEP
+        if args.chunks and aligned:  # 65-128 rows: the halves; more: the chunks filling a third of the SMs or more
+            chunked = HALVES_SWEEP if 64 < m <= 128 else CHUNK_SWEEP
+            configs += [cfg for cfg in chunked
                         if cfg not in configs and sms // 3 <= chunk_ctas(m, n, k, cfg, sms) <= sms]
         for cfg in configs:
             try:
