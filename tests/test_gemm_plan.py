@@ -370,6 +370,9 @@ def test_grouped_chunk_rows(max_rows, want):
     (dict(config=SkinnyConfig(split_k=2)), r"SkinnyConfig split_k=2 is for single products \(gemm\); the "
                                            r"grouped decode path takes split_k=1"),
     (dict(config=SkinnyConfig(cluster=2)), r"SkinnyConfig cluster=2 is for single products"),
+    (dict(config=SkinnyConfig(m_halves=2)), r"SkinnyConfig m_halves=2 is for single products \(gemm\); the "
+                                            r"grouped decode path takes m_halves=1"),
+    (dict(config=SkinnyConfig(m_rows=16)), r"SkinnyConfig m_rows=16 is for single products"),
     (dict(config=SkinnyConfig(), layout="nn"), r"a SkinnyConfig takes layout='nt' \(got 'nn'\)"),
     (dict(config="skinny"), r"config='skinny' must be None, a kernels.GemmConfig or a kernels.SkinnyConfig"),
     (dict(max_tokens_per_group=0), r"max_tokens_per_group=0 must be"),

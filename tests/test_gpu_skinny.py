@@ -42,6 +42,48 @@ def test_skinny_against_float64(device, rng, m, n, k, config):
         _check(out.numpy(), ref, (m, n, k, config, debug))
 
 
+# M in two 64-row halves, a cluster of two CTAs sharing B by multicast: M just past one half,
+# odd and full; N ragged (a last tile of 40 or 104 rows, 8 rows left for one CTA's B slice) and
+# K ragged; unsplit, split (each half counts its own splits) and 128-row CTAs.
+@pytest.mark.parametrize("m", [65, 97, 128])
+@pytest.mark.parametrize("n,k", [(1000, 1000), (4104, 520)])
+@pytest.mark.parametrize("config", [SkinnyConfig(m_halves=2), SkinnyConfig(m_halves=2, split_k=3),
+                                    SkinnyConfig(rows=128, m_halves=2, split_k=2, stages=3)],
+                         ids=["halves", "halves-split3", "rows128-halves-split2-stages3"])
+def test_skinny_m_halves_against_float64(device, rng, m, n, k, config):
+    A, B, ref = _operands(rng, m, n, k)
+    for debug in (True, False):
+        out = poison(tf.empty((m, n), "bfloat16"))
+        kernels.gemm(A, B, out, config=config, debug=debug)
+        _check(out.numpy(), ref, (m, n, k, config, debug))
+
+
+# M in chunks of m_rows (a CTA each, pairs sharing B with m_halves): M past the 128 rows of one
+# CTA (129 to 517, odd), a last chunk of 1 row or a pair's second chunk empty; split K.
+@pytest.mark.parametrize("m", [129, 300, 517])
+@pytest.mark.parametrize("config", [SkinnyConfig(m_rows=16), SkinnyConfig(m_rows=64, m_halves=2),
+                                    SkinnyConfig(m_rows=32, m_halves=2, split_k=3),
+                                    SkinnyConfig(rows=128, m_rows=128, split_k=2)],
+                         ids=["rows16", "rows64-halves", "rows32-halves-split3", "cta128-rows128-split2"])
+def test_skinny_m_chunks_against_float64(device, rng, m, config):
+    A, B, ref = _operands(rng, m, 520, 1000)
+    for debug in (True, False):
+        out = poison(tf.empty((m, 520), "bfloat16"))
+        kernels.gemm(A, B, out, config=config, debug=debug)
+        _check(out.numpy(), ref, (m, config, debug))
+
+
+def test_skinny_m_halves_split_k_is_deterministic_and_resets_its_counters(device, rng):
+    A, B, ref = _operands(rng, 120, 2048, 4096)
+    outs = []
+    for _ in range(3):
+        out = poison(tf.empty((120, 2048), "bfloat16"))
+        kernels.gemm(A, B, out, config=SkinnyConfig(m_halves=2, split_k=4))
+        outs.append(out.numpy())
+    _check(outs[0], ref, "halves, split 4")
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
 def test_skinny_is_the_default_for_few_rows(device, rng):
     A, B, ref = _operands(rng, 16, 4096, 4096)
     out = poison(tf.empty((16, 4096), "bfloat16"))

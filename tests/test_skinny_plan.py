@@ -32,8 +32,12 @@ def test_choose_config_takes_the_skinny_path_for_few_rows_of_nt():
         assert isinstance(choose_config(SKINNY_M, 2048, 1024, 132, "nt", dtype), SkinnyConfig)
         assert isinstance(choose_config(SKINNY_M + 1, 4096, 4096, 132, "nt", dtype), GemmConfig)
     assert isinstance(choose_config(64, 4096, 4096, 132, "nt", "float8_e4m3fn"), SkinnyConfig)
-    # fp8 with one full M tile and K of 16 k-blocks or more: 128 x 128 tiles, K split in pairs
-    assert choose_config(100, 4096, 2048, 132, "nt", "float8_e4m3fn") == GemmConfig(bn=128, cluster_m=1, cluster_k=2)
+    # fp8 with one full M tile and K of 16 k-blocks or more: M halves sharing B where their pairs
+    # fill 80-100% of the SMs, else 128 x 128 tiles, K split in pairs
+    assert choose_config(100, 4096, 2048, 132, "nt", "float8_e4m3fn") == SkinnyConfig(m_halves=2)
+    assert choose_config(128, 3392, 4096, 132, "nt", "float8_e4m3fn") == SkinnyConfig(m_halves=2)
+    for n in (3328, 4288, 8192, 7168):
+        assert choose_config(100, n, 2048, 132, "nt", "float8_e4m3fn") == GemmConfig(bn=128, cluster_m=1, cluster_k=2)
     assert isinstance(choose_config(100, 4096, 1920, 132, "nt", "float8_e4m3fn"), SkinnyConfig)
     assert isinstance(choose_config(16, 4096, 4096, 132, "nn"), GemmConfig)
 
@@ -81,7 +85,12 @@ def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
                                           ({"stages": 1}, r"stages=1 must be in \[2, 16\]"),
                                           ({"cluster": 4}, r"cluster=4 must be 1 or 2"),
                                           ({"l2_promotion": "512B"}, r"l2_promotion='512B'"),
-                                          ({"tile_fastest": 1}, r"tile_fastest=1")])
+                                          ({"tile_fastest": 1}, r"tile_fastest=1"),
+                                          ({"m_halves": 4}, r"SkinnyConfig: m_halves=4 must be 1 or 2"),
+                                          ({"m_rows": 24}, r"SkinnyConfig: m_rows=24 must be 8, 16, 32, 64 or 128"),
+                                          ({"m_halves": 2, "cluster": 2},
+                                           r"m_halves=2 pairs the CTAs of a cluster along M; it takes cluster=1 "
+                                           r"\(got cluster=2\)")])
 def test_bad_skinny_configs_are_named(kwargs, match):
     with pytest.raises(tf.TmaflowError, match=match):
         SkinnyConfig(**kwargs)
@@ -107,6 +116,68 @@ def test_every_skinny_variant_compiles_without_spills(dtype, scales):
             plan = skinny_plan(m, 4096, 4096, SkinnyConfig(rows=rows, cluster=cluster), 132, dtype, scales)
             k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (m, rows)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("rows", [64, 128])
+def test_m_halves_plan_shares_b_slices_and_loads_its_own_half_of_a(dtype, rows):
+    """m_halves=2: MP 64, a cluster of two, B in 32-row slices multicast to both (each CTA receives
+    every slice: its stage carries the whole tile), A one 64-row box."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch.sass import disassemble
+
+    plan = skinny_plan(100, 4096, 4096, SkinnyConfig(rows=rows, m_halves=2), 132, dtype)
+    one = skinny_plan(100, 4096, 4096, SkinnyConfig(rows=rows), 132, dtype)
+    bk = FP8_BK if dtype == "float8_e4m3fn" else BK
+    assert plan.defines["MP"] == 64 and plan.defines["M_HALVES"] == 2 and plan.defines["CLUSTER"] == 2
+    assert plan.spec_x.box == (64, bk) and plan.spec_w.box == (32, bk)
+    pipe = plan.layout.items[0]
+    assert pipe.cluster == (2, 1, 1) and pipe.multicast == ("x", None) and pipe.boxes[0] == 2 * rows // 64
+    assert pipe.tx_bytes == plan.spec_x.smem_bytes + rows * 128  # the whole tile of B lands in each CTA
+    assert pipe.empty_arrivals == 2 * pipe.consumers  # its own consumers and the partner's
+    assert "M_HALVES" not in one.defines and one.defines["MP"] == 128
+    k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+    sass = disassemble(k.cubin)
+    assert "UTMALDG.2D.MULTICAST" in sass
+    assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0 and k.resources.stack_frame == 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_every_m_halves_width_compiles_without_spills(dtype):
+    from tmaflow.kernels.registry import get_kernel
+
+    for mp in (8, 16, 32, 64, 128):
+        for rows in (64, 128):
+            plan = skinny_plan(512, 4096, 4096, SkinnyConfig(rows=rows, m_rows=mp, m_halves=2), 132, dtype)
+            assert plan.defines["MP"] == mp and plan.defines["M_HALVES"] == 2
+            k = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+            assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (mp, rows)
+
+
+@pytest.mark.parametrize("m,config,scales,match", [
+    (64, SkinnyConfig(m_halves=2), None,
+     r"m_halves=2\) pairs two chunks of 64 rows of M; it takes M over 64 rows \(got M=64\)"),
+    (16, SkinnyConfig(m_rows=16, m_halves=2), None, r"pairs two chunks of 16 rows of M; it takes M over 16"),
+    (129, SkinnyConfig(m_halves=2), None, r"takes M <= 128 \(got M=129\); use a GemmConfig, or a SkinnyConfig "
+                                          r"with m_rows"),
+    (100, SkinnyConfig(m_halves=2), "m_major",
+     r"SkinnyConfig\(m_rows=None, m_halves=2\) takes per-tensor scales \(got block scales\)"),
+    (100, SkinnyConfig(m_rows=32), "m_major", r"SkinnyConfig\(m_rows=32, m_halves=1\) takes per-tensor")])
+def test_m_chunk_refusals(m, config, scales, match):
+    with pytest.raises(tf.TmaflowError, match=match):
+        skinny_plan(m, 4096, 4096, config, 132, "float8_e4m3fn", scales)
+
+
+@pytest.mark.parametrize("m,config,mp,grid_z", [
+    (256, SkinnyConfig(m_rows=16), 16, 16), (256, SkinnyConfig(m_rows=32, m_halves=2), 32, 4),
+    (1000, SkinnyConfig(m_rows=64, m_halves=2), 64, 8), (100, SkinnyConfig(m_rows=8), 8, 13),
+    (100, SkinnyConfig(m_halves=2), 64, 1), (128, SkinnyConfig(), 128, 1)])
+def test_m_chunks_take_any_m_in_chunks_of_m_rows(m, config, mp, grid_z):
+    """m_rows: a CTA (a pair with m_halves) per chunk along grid z; the splits count those CTAs."""
+    plan = skinny_plan(m, 512, 4096, config, 132)
+    assert plan.defines["MP"] == mp and plan.grid_z == grid_z and plan.spec_x.box == (mp, BK)
+    ctas = math.ceil(512 / 64) * config.m_halves * grid_z
+    assert plan.config.split_k == 1 or ctas * plan.config.split_k <= 132
 
 
 # --- fp8 (no GPU) ---------------------------------------------------------------------------

@@ -96,12 +96,16 @@ def dense_cost(config: GemmConfig, m: int, n: int, k: int, sms: int) -> float:
 
 def skinny_configs(m: int, n: int, k: int, sms: int) -> list[SkinnyConfig]:
     """The skinny path's choices ("nt", M <= 128): 64- or 128-row CTAs, alone or in pairs
-    sharing A, K split as the heuristics do (None), unsplit, or in twice as many splits."""
+    sharing A, K split as the heuristics do (None), unsplit, or in twice as many splits; for
+    65-128 rows also in pairs computing M's two 64-row halves (``m_halves=2``, K split as the
+    heuristics do)."""
     out = []
     for rows in (64, 128):
         for cl in (1, 2):
             auto = skinny_plan(m, n, k, SkinnyConfig(rows=rows, cluster=cl), sms).config.split_k or 1
             out += [SkinnyConfig(rows=rows, cluster=cl, split_k=split) for split in (None, 1, min(64, 2 * auto))]
+        if 64 < m <= 128:
+            out.append(SkinnyConfig(rows=rows, m_halves=2))
     return out
 
 
@@ -110,7 +114,7 @@ def skinny_cost(config: SkinnyConfig, m: int, n: int, k: int, sms: int) -> float
     costs its bytes (B's rows and A's padded ones) against a 128 x 256 tile's 384 rows."""
     plan = skinny_plan(m, n, k, config, sms)
     split, rows, cl, mp = plan.config.split_k or 1, config.rows, config.cluster, plan.defines["MP"]
-    ctas = math.ceil(math.ceil(n / rows) / cl) * cl * split
+    ctas = math.ceil(math.ceil(n / rows) / cl) * cl * split * config.m_halves
     kb = math.ceil(math.ceil(k / BK) / split)
     return math.ceil(ctas / sms) * (kb * (rows + mp) / 384 + ITEM_COST) + (SPLIT_COST if split > 1 else 0.0)
 
@@ -118,7 +122,7 @@ def skinny_cost(config: SkinnyConfig, m: int, n: int, k: int, sms: int) -> float
 def family(config) -> str:
     """The schedule kind of a config: the pruned list takes the cheapest of each first."""
     if isinstance(config, SkinnyConfig):
-        return f"skinny rows{config.rows} c{config.cluster} k{config.split_k or 'auto'}"
+        return f"skinny rows{config.rows} c{config.cluster} k{config.split_k or 'auto'} mh{config.m_halves}"
     kind = ("tail" if config.split_tail else f"ck{config.cluster_k}" if config.cluster_k > 1
             else f"k{config.split_k}" if config.split_k > 1 else "whole")
     return f"{'odd' if config.bn % 64 else 'whole'} boxes c{config.cluster_m} {kind}"

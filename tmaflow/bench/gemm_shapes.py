@@ -52,7 +52,8 @@ def describe(cfg) -> str:
         return "auto"
     if isinstance(cfg, SkinnyConfig):
         return (f"skinny rows{cfg.rows} c{cfg.cluster} s{cfg.stages or 'max'} k{cfg.split_k or 'auto'} "
-                f"l2{cfg.l2_promotion}")
+                f"l2{cfg.l2_promotion}" + (f" mr{cfg.m_rows}" if cfg.m_rows else "")
+                + (f" mh{cfg.m_halves}" if cfg.m_halves > 1 else ""))
     return (f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} "
             f"k{cfg.split_k} l2{cfg.l2_promotion}" + (f" ck{cfg.cluster_k}" if cfg.cluster_k > 1 else "")
             + (" tail" if cfg.split_tail else ""))

@@ -10,8 +10,12 @@
 // form a cluster and the first multicasts A's box to both (A is read once per pair from L2).
 // With several splits each stores its fp32 partial, and the last to finish a tile (a per-tile
 // counter) sums every split's partial in split order (the result does not depend on which
-// finished last) and writes C. C is small (M rows), so it is written with plain stores,
-// clipped at M and N.
+// finished last) and writes C. M in chunks (grid z, the host's SkinnyConfig.m_rows): CTA z
+// computes rows z * MP .. z * MP + MP - 1 of C (any M, in more CTAs of fewer rows). With
+// M_HALVES 2 the two CTAs of a cluster compute two neighbouring MP-row chunks on the same rows
+// of B: each loads its own rows of A and half of every 64-row box of B, which it multicasts to
+// both (cuBLAS's fp8 M = 128 scheme: 64-row halves, B read once per pair from L2). A chunk past
+// M loads zeros and stores nothing. C is written with plain stores, clipped at M and N.
 // FP8: A and B are e4m3 (k-blocks of 128, 128-byte rows as bf16's 64), C = scale * A * B^T; the
 // tensor cores' partial sums are added into fp32 registers every PROMOTE k-blocks (gemm.cu).
 // BLOCK_SCALES (DeepSeek's, scale_a M-major): every k-block is promoted with its scales. The TMA
@@ -42,6 +46,9 @@ namespace L = tmaflow_layout;
 #ifndef BLOCK_SCALES
 #define BLOCK_SCALES 0
 #endif
+#ifndef M_HALVES
+#define M_HALVES 1  // 2: a cluster of two CTAs on neighbouring MP-row chunks of M, sharing B by multicast
+#endif
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE) decode, persistent over (group, chunk of MP rows, N tile) items
 #endif
@@ -52,7 +59,10 @@ constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows eith
 constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
 [[maybe_unused]] constexpr int kConsumerThreads = 128 * CONSUMERS;  // unused by the grouped kernel
-static_assert(L::wx::w_boxes == CONSUMERS && L::wx::x_bytes == MP * 128, "plan does not match MP / CONSUMERS");
+static_assert(L::wx::w_boxes == CONSUMERS * M_HALVES && L::wx::x_bytes == MP * 128,
+              "plan does not match MP / CONSUMERS / M_HALVES");
+static_assert(M_HALVES == 1 || (M_HALVES == 2 && CLUSTER == 2 && !BLOCK_SCALES && !GROUPED),
+              "M halves: in clusters of two, per-tensor scales");
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
 static_assert(BLOCK_SCALE_SETS == 1 || BLOCK_SCALE_SETS == 2, "one or two accumulator sets");
@@ -92,7 +102,8 @@ template <class Pipe, class Cursor>
 TMAFLOW_DEVICE void issue_k_block(const L::Smem& S, Pipe& pipe, const Cursor& c, int cw, float (&acc)[kAcc],
                                   uint32_t keep) {
   pipe.consumer_wait(c);
-  const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw));
+  // M halves: a warpgroup's 64 rows are M_HALVES boxes back to back (one 64-row box in the swizzle)
+  const uint64_t dw = wgmma::desc_k_major_sw128(S.wx_w(c.stage, cw * M_HALVES));
   const uint64_t dx = wgmma::desc_k_major_sw128(S.wx_x(c.stage));
   wgmma::fence_operands(acc);
   wgmma::fence();
@@ -105,8 +116,8 @@ TMAFLOW_DEVICE void issue_k_block(const L::Smem& S, Pipe& pipe, const Cursor& c,
 // and, in the tile's last split, the sum of all partials; C written clipped at M and N.
 template <class Pipe>
 TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int ldc, float* partial,
-                            uint32_t* counters, int M, int N, int tile, int split, int splits, int kb0,
-                            int kb1, float scale, const float* scales_b, int k_blocks) {
+                            uint32_t* counters, int M, int N, int tile, int row0, int split, int splits,
+                            int kb0, int kb1, float scale, const float* scales_b, int k_blocks) {
   using Cursor = typename Pipe::Cursor;
   const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
   float acc[kAcc];
@@ -212,23 +223,26 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
 #endif
 
   // The fragment (as mma.m16n8): rows n0 and n0 + 8 of C^T, columns m0 + 8 j and m0 + 8 j + 1.
-  const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4);
+  // This CTA's columns of C^T are rows row0 .. row0 + MP - 1 of C (M in chunks).
+  const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4) + row0;
   if (splits > 1) {
-    const size_t plane = size_t(N) * MP;  // partial[split][n][m], MP columns
+    const int kCols = MP * M_HALVES * gridDim.z;  // partial[split][n][m]: every chunk's columns
+    const size_t plane = size_t(N) * kCols;
+    const int slot = blockIdx.z * gridDim.x + blockIdx.x;  // each chunk of each tile counts its own splits
 #pragma unroll
     for (int j = 0; j < MP / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         if (n0 + 8 * h < N)
-          *reinterpret_cast<float2*>(partial + split * plane + size_t(n0 + 8 * h) * MP + 8 * j + m0) =
+          *reinterpret_cast<float2*>(partial + split * plane + size_t(n0 + 8 * h) * kCols + 8 * j + m0) =
               make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     __threadfence();                                    // this thread's partial is visible GPU-wide ...
     named_barrier::sync(1, kConsumerThreads);           // ... for every consumer thread, before the count
     bool last = false;
-    if (t == 0) last = atomicAdd(counters + tile, 1u) == uint32_t(splits - 1);
+    if (t == 0) last = atomicAdd(counters + slot, 1u) == uint32_t(splits - 1);
     if (!named_barrier::sync_or(1, kConsumerThreads, last)) return;
     __threadfence();
-    if (t == 0) counters[tile] = 0;  // every split has counted: ready for the next launch
+    if (t == 0) counters[slot] = 0;  // every split has counted: ready for the next launch
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
     for (int s = 0; s < splits; ++s) {
@@ -238,7 +252,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
         for (int h = 0; h < 2; ++h)
           if (n0 + 8 * h < N) {
             const float2 v = __ldcg(reinterpret_cast<const float2*>(
-                partial + s * plane + size_t(n0 + 8 * h) * MP + 8 * j + m0));
+                partial + s * plane + size_t(n0 + 8 * h) * kCols + 8 * j + m0));
             acc[4 * j + 2 * h] += v.x;
             acc[4 * j + 2 * h + 1] += v.y;
           }
@@ -273,7 +287,13 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   L::Smem S(smem);
   auto pipe = S.wx();
   using Cursor = decltype(pipe)::Cursor;
-  const int tile = blockIdx.x, split = blockIdx.y;
+#if M_HALVES == 2
+  const int tile = blockIdx.x / 2, half = blockIdx.x % 2;  // the cluster rank is the chunk of the pair
+#else
+  const int tile = blockIdx.x, half = 0;
+#endif
+  const int row0 = (int(blockIdx.z) * M_HALVES + half) * MP;  // this CTA's first row of A and C
+  const int split = blockIdx.y;
   const int k_blocks = (K + BK - 1) / BK, per = (k_blocks + splits - 1) / splits;
   const int kb0 = split * per, kb1 = min(k_blocks, kb0 + per);
   if (threadIdx.x == 0) {
@@ -298,23 +318,34 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
       for (int kb = kb0; kb < kb1; ++kb, c.advance()) {
         pipe.producer_acquire(c);
         pipe.producer_commit(c);
+#if M_HALVES == 2
+        // this CTA's 32-row slice of each 64-row box, to both CTAs; its own MP rows of A
+#pragma unroll
+        for (int box = half; box < 2 * CONSUMERS; box += 2)
+          tma::load_multicast(S.wx_w(c.stage, box), &tw, pipe.barrier(c), L::wx::w_mask(half), kb * BK,
+                              tile * kRows + box * 32);
+        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, row0);
+#else
 #pragma unroll
         for (int box = 0; box < CONSUMERS; ++box)
           tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
-#if BLOCK_SCALES
-        tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), 0, kb);  // row kb of tsa: MP scales (zeros past M)
 #endif
-#if CLUSTER == 1
-        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, 0);
+#if BLOCK_SCALES
+        tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), row0, kb);  // row kb of tsa: MP scales (zeros past M)
+#endif
+#if M_HALVES == 2
+#elif CLUSTER == 1
+        tma::load(S.wx_x(c.stage), &tx, pipe.barrier(c), kb * BK, row0);
 #else
         const uint32_t rank = cluster::rank();
         if (L::wx::x_leader(rank))
-          tma::load_multicast(S.wx_x(c.stage), &tx, pipe.barrier(c), L::wx::x_mask(rank), kb * BK, 0);
+          tma::load_multicast(S.wx_x(c.stage), &tx, pipe.barrier(c), L::wx::x_mask(rank), kb * BK, row0);
 #endif
       }
     }
   } else {
-    consume(S, pipe, C, ldc, partial, counters, M, N, tile, split, splits, kb0, kb1, scale, scales_b, k_blocks);
+    consume(S, pipe, C, ldc, partial, counters, M, N, tile, row0, split, splits, kb0, kb1, scale, scales_b,
+            k_blocks);
   }
 #if CLUSTER > 1
   cluster::sync();  // no CTA leaves while its partner may still multicast into it

@@ -2,27 +2,31 @@
 timed twice, cold (L2 flushed before every call) and back to back, side by side.
 
     PYTHONPATH=. python3 tools/peers/bench_gemm.py [--suite default|extra|skinny|30|unaligned]
-        [--shape MxNxK[:nt|nn] ...] [--sweep] [--repeats N] [--json FILE]
-    PYTHONPATH=. python3 tools/peers/bench_gemm.py --fp8 [--skinny] [--fp8-shape MxNxK ...] [--json FILE]
+        [--shape MxNxK[:nt|nn] ...] [--sweep] [--chunks] [--repeats N] [--json FILE]
+    PYTHONPATH=. python3 tools/peers/bench_gemm.py --fp8 [--skinny] [--fp8-shape MxNxK ...] [--sweep]
+        [--no-fast-accum] [--json FILE]
 
 Both sides compute the same product (layout "nt": C = A @ B^T; "nn": C = A @ B) from the same
 random inputs into preallocated outputs, in interleaved rounds (tmaflow.bench.versus): CUDA
 events around each call, medians, and the median of per-round ratios (peer time / ours: above 1
 means tmaflow is faster). Every row checks tmaflow's output against the peer's. ``--suite 30``
 is issue 33's 30 bf16 shapes, ``--suite unaligned`` issue 29's shapes whose N or K is not a
-multiple of 8; ``--sweep`` also times every tile configuration per shape. ``--json`` writes a
+multiple of 8; ``--sweep`` also times every tile configuration per shape; ``--chunks`` (bf16)
+also the skinny kernel with M in chunks (``CHUNK_SWEEP``; 65-128 rows: its M halves,
+``HALVES_SWEEP``) where its CTAs fill a third of the SMs to one wave. ``--json`` writes a
 bench record (tools/docs/benchmarks_page.py renders bench/results/*.json into BENCHMARKS.md).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 
 import tmaflow as tf
 from tmaflow import bench, kernels
 from tmaflow.bench.gemm_shapes import SKINNY, SKINNY_SWEEP, SUITES, SWEEP, describe
 from tmaflow.kernels.matmul import (SKINNY_FP8_PROMOTE, GemmConfig, SkinnyConfig, block_scale_config,
-                                    choose_config, dense_config, fp8_config)
+                                    choose_config, dense_config, fp8_config, skinny_plan)
 
 COLUMNS = ["shape", "layout", "dtype", "config", "peer", "cold_ours_tflops", "cold_peer_tflops", "cold_ratio",
            "warm_ours_tflops", "warm_peer_tflops", "warm_ratio", "rel_err"]
@@ -34,7 +38,18 @@ FP8_SHAPES = [(8192, 8192, 8192), (4096, 7168, 16384), (4096, 2112, 7168), (64, 
 FP8_SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(split_k=1), SkinnyConfig(rows=128), SkinnyConfig(cluster=2), "dense",
                     # one M tile in dense tiles, K split inside a cluster (as bf16's one_m_tile_config)
                     GemmConfig(bn=128, cluster_m=1, cluster_k=2), GemmConfig(bn=128, cluster_m=1, cluster_k=4),
-                    GemmConfig(bn=192, cluster_m=1, epi_cols=64, cluster_k=2)]
+                    GemmConfig(bn=192, cluster_m=1, epi_cols=64, cluster_k=2),
+                    # 65-128 rows: 64-row halves of M sharing B (cuBLAS's 64x64 2x1 at 128x4096x4096);
+                    # pairs of N tiles sharing A, K split (cuBLAS's 128x64 1x2 at 128x8192x8192 is cluster=2)
+                    SkinnyConfig(m_halves=2), SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(m_halves=2, split_k=2),
+                    SkinnyConfig(cluster=2, split_k=2)]
+# --chunks (bf16): the skinny kernel with M in chunks of m_rows rows (a CTA each, pairs sharing B
+# with m_halves), as cuBLAS runs 256^3 / 512^3 in ~100-128 CTAs of 64x8 / 64x48 tiles
+CHUNK_SWEEP = [SkinnyConfig(m_rows=8), SkinnyConfig(m_rows=16), SkinnyConfig(m_rows=32),
+               SkinnyConfig(m_rows=8, m_halves=2), SkinnyConfig(m_rows=16, m_halves=2),
+               SkinnyConfig(m_rows=32, m_halves=2), SkinnyConfig(m_rows=64, m_halves=2),
+               SkinnyConfig(rows=128, m_rows=64, m_halves=2)]
+HALVES_SWEEP = [SkinnyConfig(m_halves=2), SkinnyConfig(rows=128, m_halves=2)]  # --chunks, 65-128 rows
 FP8_SWEEP = [GemmConfig(bn=256, cluster_m=2, promote=0), GemmConfig(bn=128, cluster_m=2, promote=8),
              GemmConfig(bn=128, cluster_m=2, promote=0), GemmConfig(bn=192, cluster_m=2, epi_cols=64),
              GemmConfig(bn=192, cluster_m=1, epi_cols=64)]
@@ -76,12 +91,18 @@ def fp8_rows(args, sms) -> list[dict]:
         configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep else [])
         flop = 2.0 * m * n * k
         for cfg in configs:
-            run = kernels.gemm.prepare(a, b, c, config=cfg, scale_a=sa, scale_b=sb)
+            try:
+                run = kernels.gemm.prepare(a, b, c, config=cfg, scale_a=sa, scale_b=sb)
+            except tf.TmaflowError as exc:  # e.g. M halves for M <= 64
+                print(f"  skip {describe(cfg)}: {str(exc).splitlines()[0]}", flush=True)
+                continue
             c.fill_(float("nan"))
             run()
             torch.cuda.synchronize()
             err = bench.rel_error(c[:256], ref)
             for fast, peer in peers.items():
+                if fast and args.no_fast_accum:
+                    continue
                 peer()
                 torch.cuda.synchronize()
                 v = bench.versus({"ours": run, "peer": peer}, ours="ours", peer="peer", repeats=args.repeats)
@@ -169,6 +190,10 @@ def bf16_rows(args, sms) -> list[dict]:
         auto = choose_config(m, n, k, sms, layout) if aligned else None
         sweep = [dense_config(m, n, k, sms) if cfg == "dense" else cfg for cfg in (SKINNY_SWEEP if m <= 128 else SWEEP)]
         configs = [auto] + ([cfg for cfg in sweep if cfg != auto] if args.sweep and aligned else [])
+        if args.chunks and aligned:  # 65-128 rows: the halves; more: the chunks filling a third of the SMs or more
+            chunked = HALVES_SWEEP if 64 < m <= 128 else CHUNK_SWEEP
+            configs += [cfg for cfg in chunked
+                        if cfg not in configs and sms // 3 <= chunk_ctas(m, n, k, cfg, sms) <= sms]
         for cfg in configs:
             try:
                 run = kernels.gemm.prepare(a, b, c, layout=layout, config=cfg)
@@ -181,16 +206,33 @@ def bf16_rows(args, sms) -> list[dict]:
                 print(f"  skip {describe(cfg)}: {exc}", flush=True)
                 continue
             row = flat(v, flop, shape=f"{m}x{n}x{k}", layout=layout, dtype="bf16", config=describe(cfg),
-                       auto=cfg == auto, peer="torch.matmul", rel_err=err)
+                       auto=cfg == auto, peer="torch.matmul", rel_err=err, ctas=run_ctas(run))
             rows.append(row)
-            print(f"{row['shape']:>18s} {layout}  {row['config']:<34s}{'*' if row['auto'] else ' '} "
-                  f"{v.line(flop)}  err {err:.1e}", flush=True)
+            print(f"{row['shape']:>18s} {layout}  {row['config']:<40s}{'*' if row['auto'] else ' '} "
+                  f"{v.line(flop)}  err {err:.1e} ctas {row['ctas']}", flush=True)
     for mode in ("cold", "warm"):
         autos = [r[f"{mode}_ratio"] for r in rows if r["auto"]]
         if autos:
             print(f"median {mode} ratio to cuBLAS, automatic configs: {statistics.median(autos):.3f} "
                   f"over {len(autos)} shapes; below 1.0: {sum(r < 1.0 for r in autos)}")
     return rows
+
+
+def chunk_ctas(m: int, n: int, k: int, cfg: SkinnyConfig, sms: int) -> int:
+    """CTAs of a skinny launch with M in chunks (N tiles x M chunks x K splits); a huge count
+    for a config the plan refuses."""
+    try:
+        plan = skinny_plan(m, n, k, cfg, sms)
+    except tf.TmaflowError:
+        return 1 << 30
+    return math.ceil(n / cfg.rows) * cfg.m_halves * plan.grid_z * (plan.config.split_k or 1)
+
+
+def run_ctas(run) -> int | str:
+    """The grid's CTAs of a prepared GEMM ('?' where the launcher hides them)."""
+    launcher = getattr(run.launcher, "launcher", run.launcher)  # split-K wraps the launcher
+    grid = getattr(getattr(launcher, "config", None), "grid", None)
+    return math.prod(grid) if isinstance(grid, tuple) else "?"
 
 
 def main():
@@ -204,6 +246,8 @@ def main():
     p.add_argument("--shape", action="append", default=[], metavar="MxNxK[:nt|nn]", help="these shapes instead")
     p.add_argument("--fp8", action="store_true", help="the fp8 shapes against torch._scaled_mm instead")
     p.add_argument("--fp8-shape", action="append", default=[], metavar="MxNxK", help="with --fp8: these shapes instead")
+    p.add_argument("--no-fast-accum", action="store_true", help="with --fp8: only _scaled_mm's default accumulation")
+    p.add_argument("--chunks", action="store_true", help="bf16: also the skinny kernel with M in chunks (CHUNK_SWEEP)")
     args = p.parse_args()
     import torch  # noqa: F401  (before the driver is touched: torch then shares its context)
 

@@ -126,7 +126,11 @@ class SkinnyConfig:
     scales whose scale_a is M-major): operands swapped so B's rows fill the MMA's 64 rows
     (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer warpgroup);
     ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs neighbouring
-    tiles, which share A by multicast."""
+    tiles, which share A by multicast. ``m_rows`` (one of SKINNY_MP): M in chunks of that many
+    rows, a CTA each (any M; None: all of M, at most 128, in one). ``m_halves=2``: the two CTAs
+    of a cluster compute neighbouring chunks (64 rows without ``m_rows``) on the same rows of B,
+    which they share by multicast (cuBLAS's fp8 M = 128 scheme; not with ``cluster=2``).
+    Neither takes block scales."""
 
     rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
     split_k: int | None = None
@@ -136,6 +140,8 @@ class SkinnyConfig:
     # grouped_gemm's decode path: round 1's items (tile fastest within a chunk, A in whole MP-row
     # boxes; False: chunk fastest within a tile, A up to a chunk's last row), kept to compare
     tile_fastest: bool = False
+    m_rows: int | None = None
+    m_halves: int = 1
 
     def __post_init__(self):
         who = "SkinnyConfig"
@@ -144,7 +150,12 @@ class SkinnyConfig:
                stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),
                l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
                cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)),
-               tile_fastest=as_bool(f"{who}: tile_fastest", self.tile_fastest))
+               tile_fastest=as_bool(f"{who}: tile_fastest", self.tile_fastest),
+               m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_MP),
+               m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)))
+        if self.m_halves > 1 and self.cluster > 1:
+            raise TmaflowError(f"{who}: m_halves={self.m_halves} pairs the CTAs of a cluster along M; "
+                               f"it takes cluster=1 (got cluster={self.cluster})")
 
 
 def _row_major(arr) -> bool:

@@ -137,14 +137,16 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
     kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny",
                       debug=debug, trace=trace)
     rows, split, cl = plan.config.rows, plan.config.split_k, plan.config.cluster
-    tiles = -(-math.ceil(n / rows) // cl) * cl  # whole clusters; a tile past N loads zeros, stores nothing
-    launcher = kern.launcher(grid=(tiles, split), block=128 * (1 + rows // 64), cluster=(cl, 1, 1),
-                             stream=stream, pdl=pdl)
+    halves = plan.config.m_halves  # a cluster's two CTAs: one N tile's halves of M
+    # whole clusters; a tile past N loads zeros, stores nothing
+    tiles = -(-math.ceil(n / rows) // cl) * cl * halves
+    launcher = kern.launcher(grid=(tiles, split, plan.grid_z), block=128 * (1 + rows // 64),
+                             cluster=(max(cl, halves), 1, 1), stream=stream, pdl=pdl)
     # skinny_plan fills in split_k; the config type keeps it optional for callers
     launcher, ws = _with_split_k(launcher, split > 1, device, stream)  # type: ignore[operator]
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), tb=_template(B, plan.spec_w),
                       tc=None, ldc=c_strides[0] // 2, tail=(m, n, k, split), plan=plan, workspace=ws,
-                      workspace_sizes=(tiles, split * n * plan.defines["MP"]),
+                      workspace_sizes=(tiles * plan.grid_z, split * n * plan.defines["MP"] * halves * plan.grid_z),
                       ts=_template(scale_view, plan.spec_s) if plan.spec_s else None)
 
 

@@ -121,7 +121,8 @@ def _check_skinny(config: SkinnyConfig, layout: str) -> None:
     if layout != "nt":
         raise TmaflowError(f"grouped_gemm: a SkinnyConfig takes layout='nt' (got {layout!r}); use a "
                            "GemmConfig or None")
-    for name, got, want in (("split_k", config.split_k, (None, 1)), ("cluster", config.cluster, (1,))):
+    for name, got, want in (("split_k", config.split_k, (None, 1)), ("cluster", config.cluster, (1,)),
+                            ("m_rows", config.m_rows, (None,)), ("m_halves", config.m_halves, (1,))):
         if got not in want:
             raise TmaflowError(f"grouped_gemm: SkinnyConfig {name}={got} is for single products (gemm); "
                                f"the grouped decode path takes {name}={want[-1]}")

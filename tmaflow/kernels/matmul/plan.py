@@ -134,6 +134,7 @@ class SkinnyPlan:
     defines: dict
     config: SkinnyConfig       # with split_k and stages filled in
     spec_s: TensorMapSpec | None = None  # block scales: one k-block's MP scales of A (M-major)
+    grid_z: int = 1  # CTAs (pairs with m_halves) along M: chunks of MP rows
 
 
 @functools.lru_cache(maxsize=64)
@@ -143,32 +144,49 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
     fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
     stage (row-major ones take the dense kernel)."""
-    if m > SKINNY_MP[-1]:
-        raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig")
+    if m > SKINNY_MP[-1] and config.m_rows is None:
+        raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig, "
+                           "or a SkinnyConfig with m_rows (M in chunks)")
     if dtype not in ("bfloat16", "float8_e4m3fn"):
         raise TmaflowError(f"gemm: the skinny path takes bfloat16 or float8_e4m3fn operands (got {dtype})")
     if block_scales not in (None, "m_major") or block_scales and dtype != "float8_e4m3fn":
         raise TmaflowError(f"gemm: the skinny path takes fp8 block scales with scale_a M-major (stored "
                            f"k-block by k-block; got {block_scales!r} scales, {dtype} operands); row-major "
                            "scale_a takes a GemmConfig (bn=128, promote=1)")
+    halves, mp = config.m_halves, config.m_rows or (64 if config.m_halves > 1 else next(p for p in SKINNY_MP if p >= m))
+    chunks = math.ceil(m / mp)  # of M, a CTA each
+    if halves > 1 and chunks < 2:
+        raise TmaflowError(f"gemm: SkinnyConfig(m_halves=2) pairs two chunks of {mp} rows of M; it takes "
+                           f"M over {mp} rows (got M={m})")
+    if (halves > 1 or config.m_rows) and block_scales:
+        raise TmaflowError(f"gemm: SkinnyConfig(m_rows={config.m_rows}, m_halves={halves}) takes per-tensor "
+                           "scales (got block scales); use m_rows=None, m_halves=1")
     fp8 = dtype == "float8_e4m3fn"
-    mp = next(p for p in SKINNY_MP if p >= m)
+    grid_z = math.ceil(chunks / halves)  # pairs of chunks with M halves
     boxes = config.rows // 64
     bk = FP8_BK if fp8 else BK  # 128-byte rows either way
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
     spec_x = TensorMapSpec.tiled(dtype, (m, k), (mp, bk), **l2)
-    spec_w = TensorMapSpec.tiled(dtype, (n, k), (64, bk), **l2)
+    # M halves: each CTA of the pair loads and multicasts one 32-row slice of every 64-row box
+    spec_w = TensorMapSpec.tiled(dtype, (n, k), (64 // halves, bk), **l2)
     spec_s = _m_major_scales_spec(m, k, bk, mp) if block_scales else None
-    stage_bytes = spec_x.smem_bytes + boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
+    stage_bytes = spec_x.smem_bytes + halves * boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
     stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
-    cl = config.cluster
-    tiles = {"w": (spec_w, boxes), "x": spec_x, **({"s": spec_s} if spec_s else {})}
+    cl = max(config.cluster, halves)
+    tiles = {"w": (spec_w, halves * boxes), "x": spec_x, **({"s": spec_s} if spec_s else {})}
+    if halves > 1:
+        multicast: list | None = ["x", None]  # B shared by the halves, A each its own
+    else:
+        multicast = [None, "x"] + [None] * bool(spec_s) if cl > 1 else None
     pipe = Pipeline("wx", stages=stages, tiles=tiles, consumers=4 * boxes, cluster=(cl, 1, 1),
-                    multicast=[None, "x"] + [None] * bool(spec_s) if cl > 1 else None)
+                    multicast=multicast)
     min_k_blocks = _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4
-    split = config.split_k or skinny_splits(n, k, config.rows, sm_count, bk, min_k_blocks)
+    # M in chunks: that many CTAs a tile, so the splits fill a share of the SMs each
+    split = config.split_k or skinny_splits(n, k, config.rows, sm_count // (halves * grid_z), bk, min_k_blocks)
     split = _nonempty_splits(math.ceil(k / bk), split)
     defines = {"MP": mp, "CONSUMERS": boxes, "CLUSTER": cl}
+    if halves > 1:
+        defines["M_HALVES"] = halves
     if fp8:
         defines.update(FP8=1, PROMOTE=1 if block_scales else SKINNY_FP8_PROMOTE)
     if block_scales:
@@ -176,4 +194,4 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         # (H200, against one set: 1.06x at M = 16, 1.09x at 64, 1.13-1.24x at 128)
         defines.update(BLOCK_SCALES=1, BLOCK_SCALE_SETS=2 if boxes == 1 or mp <= 64 else 1)
     return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages),
-                      spec_s)
+                      spec_s, grid_z)
