@@ -64,9 +64,9 @@ def test_fp8_skinny_against_float64(device, rng, m, config):
 # M in two 64-row halves (a cluster of two sharing B's tile by multicast; cuBLAS's M = 128 scheme):
 # M past one half, odd, full; N and K ragged; unsplit, split, 128-row CTAs.
 @pytest.mark.parametrize("m", [65, 100, 128])
-@pytest.mark.parametrize("config", [None, SkinnyConfig(m_halves=2), SkinnyConfig(m_halves=2, split_k=3),
+@pytest.mark.parametrize("config", [SkinnyConfig(m_halves=2), SkinnyConfig(m_halves=2, split_k=3),
                                     SkinnyConfig(rows=128, m_halves=2)],
-                         ids=["auto", "halves", "halves-split3", "rows128-halves"])  # auto: halves (N 4104)
+                         ids=["halves", "halves-split3", "rows128-halves"])
 def test_fp8_skinny_m_halves_against_float64(device, rng, m, config):
     A, B, sa, sb, ref = _operands(rng, m, 4104, 2064)
     _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)

@@ -25,11 +25,10 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     of two from two waves on, K split among several CTAs when the tiles leave most SMs idle and
     K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.)"""
     if layout == "nt" and m <= SKINNY_M:
-        one_tile: GemmConfig | SkinnyConfig | None
         if dtype == "bfloat16":
             one_tile = one_m_tile_config(m, n, k, sm_count)
         else:
-            one_tile = fp8_one_m_tile_config(m, n, k, sm_count)
+            one_tile = fp8_one_m_tile_config(m, k)
         return one_tile or skinny_config(m, n, sm_count)
     if dtype == "float8_e4m3fn":
         return fp8_config(m, n, k, sm_count)
@@ -66,20 +65,12 @@ def one_m_tile_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig | Non
     return GemmConfig(bn=bn, cluster_m=1, epi_cols=128 if bn == 128 else 64, cluster_k=ck)
 
 
-def fp8_one_m_tile_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig | SkinnyConfig | None:
-    """fp8 products of 65-128 rows with K of 16 k-blocks (of 128) or more: where pairs of
-    64-row halves of M on 64 rows of B fill 80-100% of the SMs (N about 4096), the skinny path's
-    M halves sharing B by multicast (cuBLAS's 64x64 2x1 clusters at 128x4096x4096: 9.9 us against
-    12.0 us for the 128 x 128 tiles below, ncu, H200; the halves move 3/4 of their bytes a CTA and
-    sum no partials); otherwise 128 x 128 tiles, K split in clusters of two (H200, cold / back to
-    back against the skinny path's default: 128x4096x4096 0.923 / 1.09x against 0.850x
-    _scaled_mm cold, 128x8192x8192 1.016 against 0.935, 128x7168x16384 0.978 against 0.938; at
-    M = 64 the skinny path stays ahead)."""
-    if m <= 64 or math.ceil(k / FP8_BK) < 16:
-        return None
-    if _ONE_TILE_FILL * sm_count <= 2 * math.ceil(n / 64) <= sm_count:
-        return SkinnyConfig(m_halves=2)
-    return GemmConfig(bn=128, cluster_m=1, cluster_k=2)
+def fp8_one_m_tile_config(m: int, k: int) -> GemmConfig | None:
+    """fp8 products of 65-128 rows with K of 16 k-blocks (of 128) or more: 128 x 128 tiles, K
+    split in clusters of two (H200, cold / back to back against the skinny path's default:
+    128x4096x4096 0.923 / 1.09x against 0.850x _scaled_mm cold, 128x8192x8192 1.016 against
+    0.935, 128x7168x16384 0.978 against 0.938; at M = 64 the skinny path stays ahead)."""
+    return GemmConfig(bn=128, cluster_m=1, cluster_k=2) if m > 64 and math.ceil(k / FP8_BK) >= 16 else None
 
 
 # fp8 promoted every 4 k-blocks, relative speed of a tile's math (H200, full waves)
