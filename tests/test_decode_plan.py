@@ -9,7 +9,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.decode_entry import (MAX_SPLITS, choose_splits, cluster_merge_default, decode_plan,
-                                          evict_first_default, persistent_default)
+                                          evict_first_default, head_group_default, persistent_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -435,3 +435,17 @@ def test_head_group_splits_fill_the_slots_with_a_quarter_of_the_items():
     assert decode_choices(16, 8, 128, 16, 8192, device=H200())[0] == 2
     assert decode_choices(16, 8, 128, 16, 8192, device=H200(), head_group=True)[0] == 8
     assert decode_choices(128, 8, 128, 16, 1024, device=H200(), head_group=True)[0] == 1
+
+
+@pytest.mark.parametrize("batch,heads_kv,head_dim,page,context,expected", [
+    (128, 8, 128, 16, 1024, True),     # 256 four-head items fill the slots with one split
+    (128, 8, 128, 64, 1024, True),
+    (16, 8, 128, 16, 8192, False),     # the group plan splits: the one-head plan stays
+    (64, 8, 128, 16, 1024, False),
+    (1, 8, 128, 16, 8192, False),
+    (128, 6, 128, 16, 1024, False),    # kv heads not a multiple of four
+    (128, 8, 96, 16, 1024, False),     # head dim not a multiple of 64
+])
+def test_head_group_is_the_default_only_where_its_items_fill_the_gpu_unsplit(batch, heads_kv, head_dim, page,
+                                                                             context, expected):
+    assert head_group_default(batch, heads_kv, head_dim, page, context, 132) is expected

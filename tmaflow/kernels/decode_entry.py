@@ -120,6 +120,19 @@ def persistent_default(batch: int, heads_kv: int, head_dim: int, splits: int, sm
     return splits == 1 and head_dim <= 128 and batch * heads_kv > sm_count * ctas_per_sm
 
 
+def head_group_default(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int, sm_count: int,
+                       ctas_per_sm: int | None = None) -> bool:
+    """Whether CTAs read four kv heads of a request when the call does not say: where the four
+    heads' items fill the GPU with one split (H200, session 17 call 2, cold / back to back, time
+    over the one-head plan: batch 128, 1k keys, 8:1 page 16 0.935 / 0.892, 4:1 page 64 0.951 /
+    0.919, one split each; where the group plan splits, 0.99-1.06 cold: batch 16 8k-32k, batch 64
+    1k)."""
+    if heads_kv % HEAD_GROUP or head_dim % 64:
+        return False
+    group_ctas = decode_plan(head_dim, page_size, ctas=ctas_per_sm, head_group=True)[2]
+    return choose_splits(batch, heads_kv // HEAD_GROUP, max_context, sm_count, group_ctas) == 1
+
+
 def cluster_merge_default(batch: int, heads_kv: int, splits: int, sm_count: int) -> bool:
     """Whether the splits of a (request, kv head) merge in a cluster, through distributed shared
     memory, when the call does not say: 2-8 splits (a portable cluster) and at most one CTA an
@@ -243,7 +256,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     brings a page piece's every column (a 4-D map), half the copies at head dim 128; None: off.
     ``head_group`` (heads_kv a multiple of 4, head dims a multiple of 64): a CTA reads four kv
     heads of a request (each copy 16 keys of all four: runs four times as long), a consumer
-    warp each; splits merge by the workspace and counter. None: off.
+    warp each; splits merge by the workspace and counter. None: ``head_group_default`` when no
+    split count, persistence or other merge / box option is given.
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
             or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None \
@@ -290,7 +304,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
                                                           slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box),
-                                                          bool(head_group)))
+                                                          head_group))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -328,9 +342,12 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
                   stream, ctas, wide_box, head_group) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
-    items = hkv // HEAD_GROUP if head_group else hkv  # CTAs a request and split
     on_current_device("attention_decode", Q)
     device = current_device()
+    if head_group is None:
+        head_group = num_splits is None and persistent is None and not (cluster_merge or slice_merge or wide_box) \
+            and head_group_default(b, hkv, d, p.page_size, p.max_pages * p.page_size, device.sm_count, ctas)
+    items = hkv // HEAD_GROUP if head_group else hkv  # CTAs a request and split
     splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size,
                                          1 if persistent else num_splits, evict_first, device, ctas, head_group)
     ctas_per_sm = decode_plan(d, p.page_size, ctas=ctas, head_group=head_group)[2]
