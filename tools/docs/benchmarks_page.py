@@ -40,6 +40,8 @@ AREAS = [
      "python tools/peers/bench_attention.py --quick --json bench/results/attention_quick.json"),
     ("attention_varlen", "Attention over packed sequences (varlen)",
      "python tools/peers/bench_attention.py --varlen --json bench/results/attention_varlen.json"),
+    ("attention_varlen_backward", "Attention backward over packed sequences (varlen) against the dense backward",
+     "python tools/peers/bench_attention.py --varlen --backward --json bench/results/attention_varlen_backward.json"),
     ("attention_backward", "Attention backward",
      "python tools/peers/bench_attention.py --backward --json bench/results/attention_backward.json"),
     ("attention_decode", "Attention decode (paged KV cache)",

@@ -51,6 +51,9 @@ against the backward of torch SDPA's cuDNN and flash backends (autograd.grad thr
 output recorded under that backend), the same shapes and rounds as the forward; FLOPs 2.5x the
 forward's. Each row checks our dq against the cuDNN one; ``--deterministic`` times that mode;
 ``--quick``: head dims 64 and 128, seq 1k and 4k (under a minute).
+``--varlen --backward``: kernels.attention_varlen_backward over 16k packed tokens (8 x 2048, and
+the ragged 8) against the dense backward of batch 8 x 2048, head dims 64 and 128, TFLOP/s
+against TFLOP/s, both timings.
 """
 from __future__ import annotations
 
@@ -126,12 +129,15 @@ def main():
     p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
     p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
     p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
-    p.add_argument("--varlen", action="store_true", help="packed sequences against the dense kernel and flash varlen")
+    p.add_argument("--varlen", action="store_true", help="packed sequences against the dense kernel and flash varlen "
+                   "(with --backward: the varlen backward against the dense backward)")
     args = p.parse_args()
     if args.decode_sweep:
         return decode_sweep(args)
     if args.decode:
         return decode(args)
+    if args.varlen and args.backward:
+        return varlen_backward(args)
     if args.backward:
         return backward(args)
     if args.varlen:
@@ -206,6 +212,67 @@ def varlen(args):
     if args.json:
         bench.records.write(args.json, "attention_varlen", "Packed sequences against the dense kernel and flash varlen",
                             VARLEN_COLUMNS, rows, repeats=args.repeats)
+
+
+VARLEN_BACKWARD_COLUMNS = ["dtype", "d", "case", "causal", "cold tflops", "cold vs dense", "warm tflops", "warm vs dense",
+                           "rel_err_vs_dense"]
+
+
+def varlen_backward(args):
+    """``--varlen --backward``: kernels.attention_varlen_backward over packed batches of 16k
+    tokens against the dense backward of as many tokens (the acceptance's "within 5% of the dense
+    kernel at equal total tokens": TFLOP/s against TFLOP/s), both timings; gradients of the
+    equal-length case checked against the dense kernel's."""
+    import torch  # optional dependency, as in main
+
+    rows = []
+    dims = [d for d, dv in args.dims if d == dv and d in (64, 128)]
+    for d in dims:
+        for case in ("equal 8x2048", "ragged 8"):
+            lengths, dense = ([2048] * 8, (8, 2048)) if case == "equal 8x2048" else VARLEN_CASES["ragged 8"]
+            for causal in (False, True):
+                rows.append(_varlen_backward_row(torch, args, d, case, lengths, dense, causal))
+    if args.json:
+        bench.records.write(args.json, "attention_varlen_backward",
+                            "Varlen backward against the dense backward at equal tokens", VARLEN_BACKWARD_COLUMNS, rows,
+                            repeats=args.repeats)
+
+
+def _varlen_backward_row(torch, args, d: int, case: str, lengths: list, dense: tuple, causal: bool) -> dict:
+    import itertools
+
+    heads, dt = 16, getattr(torch, args.dtype)
+    (batch, seq), total, longest = dense, sum(lengths), max(lengths)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
+    q, k, v, dout = (torch.randn(batch, heads, seq, d, device="cuda", dtype=dt) for _ in range(4))
+    out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+    packed = [x.transpose(1, 2).reshape(total, heads, d).contiguous() for x in (q, k, v, dout)]
+    pout, plse = kernels.attention_varlen(*packed[:3], cu, cu, longest, longest, causal=causal, return_lse=True)
+    grads = [torch.empty_like(x) for x in packed[:3]]
+    fns = {"tmaflow": kernels.attention_varlen_backward.prepare(*packed[:3], pout, packed[3], plse, cu, cu, longest,
+                                                                longest, causal=causal, dq=grads[0], dk=grads[1],
+                                                                dv=grads[2]),
+           "dense": kernels.attention_backward.prepare(q, k, v, out, dout, lse, causal=causal)}
+    for fn in fns.values():
+        fn()
+    err = None
+    if case.startswith("equal"):  # the same sequences both ways
+        want = [x.transpose(1, 2).reshape(total, heads, d).float() for x in fns["dense"]()]
+        err = max((torch.linalg.norm(g.float() - w) / torch.linalg.norm(w)).item() for g, w in zip(grads, want))
+    half = 0.5 if causal else 1.0
+    flop = {"tmaflow": 2.5 * 4.0 * heads * d * sum(n * n for n in lengths) * half,
+            "dense": 2.5 * 4.0 * batch * heads * seq * seq * d * half}
+    row = {"dtype": args.dtype, "d": d, "case": case, "causal": causal, "tokens": total, "rel_err_vs_dense": err}
+    cells = []
+    for mode, got in _cold_and_warm(fns, args.repeats):
+        tflops = {n: flop[n] / got[n].median / 1e12 for n in fns}
+        row[f"{mode} tflops"] = tflops["tmaflow"]
+        row[f"{mode} vs dense"] = got.ratio("tmaflow", "dense").median * flop["tmaflow"] / flop["dense"]
+        cells.append(f"{mode} varlen {tflops['tmaflow']:6.1f} dense {tflops['dense']:6.1f} "
+                     f"vs dense {row[f'{mode} vs dense']:.3f}")
+    print(f"varlen bwd d{d:<4d} {case:<13} {'causal' if causal else 'full  '} " + " | ".join(cells) +
+          f"  TFLOP/s  err {_fmt(err, '.1e')}", flush=True)
+    return row
 
 
 def _flash_varlen(torch):
