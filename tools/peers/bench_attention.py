@@ -63,8 +63,9 @@ from tmaflow import bench, kernels
 
 CP_ASYNC_HEAD_DIMS = (64, 128)  # the head dims kernels.attention_cp_async takes
 COLUMNS = ["dtype", "d", "seq", "batch", "causal", "best_peer", "cold ratio", "warm ratio", "rel_err_vs_peer"]
-DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "persistent", "best_peer", "cold GB/s", "cold ratio",
-                  "cold vs memcpy", "warm ratio", "warm vs memcpy", "rel_err_vs_peer"]
+DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "persistent", "head_group",
+                  "best_peer", "cold GB/s", "cold ratio", "cold vs memcpy", "warm ratio", "warm vs memcpy",
+                  "rel_err_vs_peer"]
 DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "cold GB/s", "cold vs memcpy",
                         "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
                         "warm best vs auto"]
@@ -404,16 +405,20 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
     return [row for row in grid if not args.decode_batches or row[2] in args.decode_batches]
 
 
-def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool]:
-    """(splits, evict_first, persistent, cluster_merge) a call plans at head dim 128 on the current device."""
-    from tmaflow.kernels.decode_entry import cluster_merge_default, decode_choices, decode_plan, persistent_default
+def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool, bool]:
+    """(splits, evict_first, persistent, cluster_merge, head_group) a call plans at head dim 128 on
+    the current device (decode_entry's defaults, in its order)."""
+    from tmaflow.kernels.decode_entry import (HEAD_GROUP, cluster_merge_default, decode_choices, decode_plan,
+                                              head_group_default, persistent_default)
     from tmaflow.runtime.device import current_device
 
     sm_count = current_device().sm_count
-    splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx)
-    persistent = persistent_default(batch, heads_kv, 128, splits, sm_count, decode_plan(128, page)[2])
-    cluster = not persistent and cluster_merge_default(batch, heads_kv, splits, sm_count)
-    return splits, evict_first, persistent, cluster
+    group = head_group_default(batch, heads_kv, 128, page, ctx, sm_count)
+    items = heads_kv // HEAD_GROUP if group else heads_kv
+    splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx, head_group=group)
+    persistent = persistent_default(batch, items, 128, splits, sm_count, decode_plan(128, page, head_group=group)[2])
+    cluster = not persistent and not group and cluster_merge_default(batch, heads_kv, splits, sm_count)
+    return splits, evict_first, persistent, cluster, group
 
 
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
@@ -439,7 +444,7 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
 
     if not (args.quick or args.decode_grid == "quick"):
         return {}
-    splits, evict_first, persistent, cluster = _decode_plan(batch, ctx, heads_kv, page)
+    splits, evict_first, persistent, cluster, _ = _decode_plan(batch, ctx, heads_kv, page)
     alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent, cluster)}
     if batch == 1 and 2 * splits <= min(MAX_CLUSTER, ctx // 64):  # (past 16: x1.26-1.37 slower, session 16)
         alts[f"s{2 * splits}cl"] = (2 * splits, evict_first, False, True)
@@ -604,7 +609,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
                                                 l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
                                                 head_group=head_group,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
-    splits, evict_first, persistent, cluster = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
+    splits, evict_first, persistent, cluster, four_heads = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
     if sweep:
         fns = {name: ours(*choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
@@ -630,7 +635,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     kv_bytes = 2 * k.numel() * k.element_size()
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
            "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "persistent": persistent,
-           "cluster_merge": cluster,
+           "cluster_merge": cluster, "head_group": four_heads,
            "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
     cells = []
@@ -655,7 +660,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
             cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
                          f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}{alt_cells}")
     print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
-          f"cl{int(cluster)} "
+          f"cl{int(cluster)} hg{int(four_heads)} "
           + " | ".join(cells)
           + f"  err {err:.1e}" + (f"  (hg plan: {_head_group_plan(batch, ctx, heads_kv, page)})" if "hg" in alts else ""),
           flush=True)
