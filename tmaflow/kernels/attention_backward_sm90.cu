@@ -108,9 +108,17 @@ using namespace tmaflow;
 #ifndef DQ_BULK
 #define DQ_BULK 1
 #endif
+// 1 (DQ_BULK, not VARLEN; FA3's dQ): the accumulator is tiles, one a (batch x head, query block),
+// each a byte-for-byte image of the shared dQ buffer (its padding included), so the dQ warp adds
+// a step's dQ with one bulk reduction instead of one a row; attention_bwd_sm90_dq_tile
+// un-permutes them. 0: the accumulator is row-major (batch x heads x seq, D).
+#ifndef DQ_TILE
+#define DQ_TILE 0
+#endif
 #ifndef VARLEN
 #define VARLEN 0
 #endif
+static_assert(!DQ_TILE || (DQ_BULK && !VARLEN), "DQ_TILE: the dense path's bulk dQ (DQ_BULK, not VARLEN)");
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
 static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
 constexpr bool kRotate = ROTATE && !(CAUSAL || DETERMINISTIC || VARLEN);
@@ -160,6 +168,7 @@ TMAFLOW_DEVICE int dq_row_offset(int r) {
   const int q = (r % 8) / 2;
   return (q * (BM / 4) + (r / 8) * 2 + r % 2) * kDQRow + 32 * q;
 }
+static_assert(kDQBuf % 16 == 0, "a dQ buffer is whole 16-byte pieces (bulk reductions, DQ_TILE's tiles)");
 constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
 constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
@@ -198,11 +207,15 @@ using chain::load_acquire;
 // A warp a padded row: rows_padded = batch x heads x seq_pad.
 extern "C" __global__ void __launch_bounds__(256)
 attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse, float* lse2, float* delta,
-                        float* dq_accum, uint32_t* chain, int rows_padded, int seq, int seq_pad, int chain_count) {
+                        float* dq_accum, uint32_t* chain, int rows_padded, int seq, int seq_pad, int chain_count,
+                        size_t tile_vec4) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int tid = blockIdx.x * blockDim.x + threadIdx.x;
   if (DETERMINISTIC && tid < chain_count) chain[tid] = 0;
+  // A tiled accumulator (the main kernel's DQ_TILE: tile_vec4 float4s, padding included), all of it.
+  for (size_t i = tid; i < tile_vec4; i += size_t(gridDim.x) * blockDim.x)
+    reinterpret_cast<float4*>(dq_accum)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   if (row >= rows_padded) return;
   const int bh = row / seq_pad, s = row % seq_pad;
   if (s >= seq) {
@@ -217,7 +230,8 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
     const float2 a = to_float2(o[c]), b = to_float2(g[c]);
     sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
   }
-  for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + r * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (tile_vec4 == 0)
+    for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + r * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int step = 16; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
   if (lane == 0) {
@@ -422,6 +436,12 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         __syncwarp();
         fence::proxy_async_global();  // the acquire before this warp's bulk reductions
 #endif
+#if DQ_TILE
+        (void)rows;
+        if (lane == 0)  // the whole buffer: its tile is its image
+          bulk::reduce_add(dq_accum + (size_t(bh) * (seq_pad / BM) + block_of(t)) * (kDQBuf / 4),
+                           reinterpret_cast<const float*>(smem + kOffDQ + u * kDQBuf), kDQBuf);
+#else
         for (int r = lane; r < rows; r += 32)
 #if VARLEN
           bulk::reduce_add(dq_accum + accum_row(bh, m0 + r) * D,
@@ -429,6 +449,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
           bulk::reduce_add(dq_accum + (size_t(bh) * seq_q + m0 + r) * D,
 #endif
                            reinterpret_cast<const float*>(smem + kOffDQ + u * kDQBuf + dq_row_offset(r)), D * 4);
+#endif
         tma::commit_group();
         tma::wait_group_read<0>();
         __syncwarp();
@@ -763,3 +784,24 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     }
   }
 }
+
+#if !VARLEN
+// DQ_TILE: dQ = scale x the accumulator's tiles (`tiles` = batch x heads x seq_pad / BM), in
+// the output dtype (batch x heads x seq, D); a thread 4 columns of a row, a warp's reads whole
+// 16-byte pieces of one or two rows; rows past seq (a last partial block's) are dropped.
+extern "C" __global__ void __launch_bounds__(256)
+attention_bwd_sm90_dq_tile(const float* dq_accum, elem_t* dq, int tiles, int seq, int seq_pad, float scale) {
+  constexpr int kVec = D / 4;  // float4s a row
+  const size_t total = size_t(tiles) * BM * kVec;
+  for (size_t e = blockIdx.x * size_t(blockDim.x) + threadIdx.x; e < total; e += size_t(gridDim.x) * blockDim.x) {
+    const size_t tile = e / (BM * kVec);
+    const int r = int(e / kVec % BM), c = int(e % kVec);
+    const int bh = int(tile / (seq_pad / BM)), m = int(tile % (seq_pad / BM)) * BM + r;
+    if (m >= seq) continue;
+    const uint8_t* at = reinterpret_cast<const uint8_t*>(dq_accum) + tile * kDQBuf + dq_row_offset(r) + 16 * c;
+    const float4 a = *reinterpret_cast<const float4*>(at);
+    *reinterpret_cast<uint2*>(dq + (size_t(bh) * seq + m) * D + 4 * c) =
+        make_uint2(pack2(a.x * scale, a.y * scale), pack2(a.z * scale, a.w * scale));
+  }
+}
+#endif

@@ -39,10 +39,24 @@ def kernel_smem(head_dim: int, rows: int = ROWS, dq_bulk: bool = True, stages: i
     q = rows * 2 * head_dim
     if dq_bufs is None:
         dq_bufs = 2 if head_dim == 64 and rows == ROWS else 1
-    dq_buf = rows * 4 * head_dim + 96 if dq_pack else rows * (4 * head_dim + 16)
-    dq = dq_bufs * dq_buf if dq_bulk else 0
+    dq = dq_bufs * dq_buffer_bytes(head_dim, rows, dq_pack) if dq_bulk else 0
     return (2 * kv + 2 * stages * q + 2 * KEYS * 2 * rows + dq + stages * 2 * rows * 4 +
             (1 + 2 * stages + 2 * dq_bufs) * 8)
+
+
+def dq_buffer_bytes(head_dim: int, rows: int, dq_pack: bool) -> int:
+    """Bytes of a shared dQ buffer (the kernel's kDQBuf): ``rows`` fp32 rows of ``head_dim``,
+    each padded by 16 B, or (DQ_PACK) packed with 96 B of shifts; DQ_TILE's tile is its image."""
+    return rows * 4 * head_dim + 96 if dq_pack else rows * (4 * head_dim + 16)
+
+
+def defines_smem(head_dim: int, defines: dict) -> int:
+    """``kernel_smem`` of a built kernel's ``defines`` (the plan's with any override): the
+    kernel's defaults where a define is absent."""
+    bufs = defines.get("DQ_BUFS")
+    return kernel_smem(head_dim, int(defines.get("BLOCK_M", ROWS)), bool(int(defines.get("DQ_BULK", 1))),
+                       int(defines.get("STAGES", 2)), None if bufs is None else int(bufs),
+                       bool(int(defines.get("DQ_PACK", 0))))
 
 
 def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
@@ -97,15 +111,25 @@ class Sm90Plan:
         self.seq_pad = padded_rows(sq, max(step, step_rows(d)))
         self.rows_pad = b * hq * self.seq_pad
         self.chain_count = b * hq * (self.seq_pad // step) if deterministic else 0
+        # DQ_TILE: the accumulator is a tile a (batch x head, query block), the shared buffer's image
+        self.tiles = b * hq * (self.seq_pad // step) if int(main.defines.get("DQ_TILE", 0)) else 0
+        self.accum_floats = (self.tiles * dq_buffer_bytes(d, step, bool(int(main.defines.get("DQ_PACK", 0)))) // 4
+                             if self.tiles else b * hq * sq * d)
 
         def launcher(name, file, defs, **config):
             return get_kernel(name, None, defines=defs, file=file).launcher(stream=stream, **config)
         rows = b * hq * sq
+        dq_kernel = (get_kernel("attention_bwd_sm90_dq_tile", None, file="attention_backward_sm90",
+                                defines=main.defines).launcher(stream=stream, grid=min(_DQ_GRID, -(-self.accum_floats // 1024)),
+                                                               block=256) if self.tiles else
+                     launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)),
+                              block=256))
         self.launches = [
             launcher("attention_bwd_sm90_prep", "attention_backward_sm90", defines,
                      grid=-(-self.rows_pad // _PREP_ROWS), block=32 * _PREP_ROWS),
-            main.launcher(stream=stream, grid=(-(-skv // KEYS), hkv, b), block=THREADS, smem=sm90_smem(d)),
-            launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256),
+            main.launcher(stream=stream, grid=(-(-skv // KEYS), hkv, b), block=THREADS,
+                          smem=max(sm90_smem(d), defines_smem(d, main.defines))),
+            dq_kernel,
         ]
         qspec = TensorMapSpec.tiled(dt, (b * hq, sq, d), (1, step, 64), swizzle="128B")
         kspec = TensorMapSpec.tiled(dt, (b * hkv, skv, d), (1, KEYS, d // 2), swizzle=f"{d}B")
@@ -117,18 +141,20 @@ class Sm90Plan:
         LSE (log2), Delta, then the chain counters; ``workspace(n)`` allocates n floats."""
         b, hq, sq, d, hkv, skv = self.shape
         rows = b * hq * sq
-        ws = workspace(rows * d + 2 * self.rows_pad + self.chain_count)
+        ws = workspace(self.accum_floats + 2 * self.rows_pad + self.chain_count)
         accum = ws.ptr
-        lse2 = accum + 4 * rows * d
+        lse2 = accum + 4 * self.accum_floats
         delta = lse2 + 4 * self.rows_pad
         chain = delta + 4 * self.rows_pad
         q3, k3 = (b * hq, sq, d), (b * hkv, skv, d)
         maps = (self.tq.bind(Q._as(q3, Q.strides[1:])), self.tk.bind(K._as(k3, K.strides[1:])),
                 self.tv.bind(V._as(k3, V.strides[1:])), self.tdo.bind(G._as(q3, G.strides[1:])))
-        return ((O, G, L, lse2, delta, accum, chain, self.rows_pad, sq, self.seq_pad, self.chain_count),
+        tile_vec4 = self.accum_floats // 4 if self.tiles else 0
+        dq_args = (accum, DQ, self.tiles, sq, self.seq_pad, scale) if self.tiles else (accum, DQ, rows * d // 2, scale)
+        return ((O, G, L, lse2, delta, accum, chain, self.rows_pad, sq, self.seq_pad, self.chain_count, tile_vec4),
                 (*maps, lse2, delta, accum, chain, DK, DV, sq, skv, self.seq_pad, hq, hq // hkv, scale,
                  scale * math.log2(math.e)),
-                (accum, DQ, rows * d // 2, scale), ws)
+                dq_args, ws)
 
 
 def varlen_key_blocks(total_k: int, batch: int) -> int:
