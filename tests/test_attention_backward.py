@@ -9,8 +9,9 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
-from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, KEYS, ROWS, SEQ_PAD, SM90_HEAD_DIMS, STAGES,
-                                                     VARLEN_BEFORE, kernel_smem, main_defines, padded_rows, sm90_smem,
+from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, DQ_TILE_DEFINES, KEYS, ROWS, SEQ_PAD, SM90_HEAD_DIMS, STAGES,
+                                                     VARLEN_BEFORE, defines_smem, dq_buffer_bytes, kernel_smem,
+                                                     main_defines, padded_rows, sm90_smem,
                                                      step_rows, varlen_key_blocks, varlen_lse_stride)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
@@ -214,6 +215,35 @@ def test_sm90_varlen_backward_compiles_without_spills(d, causal, deterministic, 
         assert compiler.wgmma_pipeline_notes(program.log) == [], (name, defs)
     assert kernel_smem(d, main["BLOCK_M"], bool(main["DQ_BULK"]), main["STAGES"], main.get("DQ_BUFS"),
                        bool(main.get("DQ_PACK"))) <= sm90_smem(d) <= HOPPER_SMEM_LIMIT
+
+
+@pytest.mark.parametrize("d", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal,deterministic,fp16", [(False, False, False), (True, False, True), (False, True, False),
+                                                       (True, True, False)])
+def test_sm90_dq_tiles_compile_clean_and_fit(d, causal, deterministic, fp16):
+    """DQ_TILE (the accumulator in tiles, one bulk reduction a step) over the plan's schedule:
+    the main, prep and tile conversion kernels compile clean, the launch's shared memory (the
+    larger of what every launch reserves and the built defines' own) fits the SM, and a tile
+    (the shared buffer's image) is whole 16-byte pieces."""
+    defines = {**main_defines(d, causal, deterministic, fp16), **DQ_TILE_DEFINES[d]}
+    for name in ("attention_bwd_sm90", "attention_bwd_sm90_prep", "attention_bwd_sm90_dq_tile"):
+        _assert_clean(get_kernel(name, None, defines=defines, file="attention_backward_sm90").program, defines)
+    assert max(sm90_smem(d), defines_smem(d, defines)) <= HOPPER_SMEM_LIMIT
+    rows, pack = int(defines["BLOCK_M"]), bool(defines.get("DQ_PACK", 0))
+    assert dq_buffer_bytes(d, rows, pack) % 16 == 0 and dq_buffer_bytes(d, rows, pack) >= rows * d * 4
+
+
+def test_sm90_dq_tiles_default_to_the_kernels_defaults_in_the_smem_sum():
+    assert defines_smem(128, {}) == kernel_smem(128, ROWS, True, 2, 1, False)
+    assert defines_smem(64, {"BLOCK_M": 128, "DQ_BULK": 0, "STAGES": 3}) == kernel_smem(64, 128, False, 3)
+    assert defines_smem(64, {"BLOCK_M": 128, "DQ_BULK": 1, "STAGES": 3}) > HOPPER_SMEM_LIMIT
+
+
+def test_sm90_dq_tiles_are_refused_with_varlen_or_without_bulk_reductions():
+    for extra in ({"VARLEN": 1}, {"DQ_BULK": 0}):
+        defines = {**main_defines(128, False, False, False), "DQ_TILE": 1, **extra}
+        with pytest.raises(tf.TmaflowError, match="DQ_TILE: the dense path's bulk dQ"):
+            get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
 
 
 def test_sm90_varlen_steps_wider_than_the_padding_are_refused_at_compile_time():

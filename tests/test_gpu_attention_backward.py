@@ -8,6 +8,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.kernels.attention_backward_sm90 import DQ_TILE_DEFINES
 from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
@@ -142,6 +143,30 @@ def test_attention_backward_head_dim_128_variants(device, rng, variant, causal):
                                            dq=grads[0], dk=grads[1], dv=grads[2])
                 runs.append([_values(g, "bfloat16") for g in grads])
         _check_grads(runs[0], want, (variant, b, hq, hkv, sq, skv, causal, det))
+        for a, again in zip(runs[0], runs[-1]):
+            assert np.array_equal(a, again)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_dq_tiles(device, rng, d, causal):
+    """DQ_TILE (the dQ accumulator in tiles of the shared buffer's layout, one bulk reduction a
+    step, un-permuted by the tile conversion): lengths off the tiles, GQA, a single row, fp16,
+    the deterministic mode (one dQ buffer, padded rows at head dim 128) bit-identical."""
+    cases = [(1, 4, 2, 300, 513, False, "bfloat16"), (2, 4, 1, 333, 400, True, "bfloat16"),
+             (1, 1, 1, 1, 77, False, "bfloat16"), (1, 2, 1, 200, 130, False, "float16")]
+    for b, hq, hkv, sq, skv, det, dtype in cases:
+        (q, k, v, dout), (qf, kf, vf, gf) = _inputs(rng, b, hq, hkv, sq, skv, d, dtype)
+        out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
+        want = attention_backward(qf, kf, vf, gf, causal, 1 / np.sqrt(d))
+        runs = []
+        with extra_defines(DQ_TILE_DEFINES[d]):
+            for _ in range(1 + det):
+                grads = [poison(tf.empty(x.shape, dtype)) for x in (q, k, v)]
+                kernels.attention_backward(q, k, v, out, dout, lse, causal=causal, deterministic=det,
+                                           dq=grads[0], dk=grads[1], dv=grads[2])
+                runs.append([_values(g, dtype) for g in grads])
+        _check_grads(runs[0], want, (d, b, hq, hkv, sq, skv, causal, det, dtype))
         for a, again in zip(runs[0], runs[-1]):
             assert np.array_equal(a, again)
 

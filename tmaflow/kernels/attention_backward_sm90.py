@@ -74,6 +74,13 @@ def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
 TWO_DQ_BUFFERS = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
 
 
+# The dQ accumulator in tiles, each the shared dQ buffer's image, a step's dQ one bulk reduction
+# (the kernel's DQ_TILE, FA3's; opt-in, an override of main_defines' through
+# kernels.registry.extra_defines). Head dim 64 adds dQ with red.global in the plan: its tile
+# variant takes the bulk path with two stages (a 128-row buffer beside three does not fit).
+DQ_TILE_DEFINES = {128: {"DQ_TILE": 1}, 64: {"DQ_TILE": 1, "DQ_BULK": 1, "STAGES": 2}}
+
+
 def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, varlen: bool = False) -> dict:
     """The defines of the plans' ``attention_bwd_sm90`` (the dense prep kernel's are the first
     three): the dense and the varlen (VARLEN) plan run the same schedule."""

@@ -2,14 +2,12 @@
 head dim 128 dQ through shared memory and bulk reductions, DQ_BULK, issued between dV and dK,
 DQ_EARLY, its stores while dK runs, into two dQ buffers with rows packed, DQ_PACK, and two Q /
 dO stages, outside the deterministic mode; head dim 64 128-row steps, BLOCK_M=128, dQ added with
-red.global, also between dV and dK). Head dim 128 (round 4): "1buf" (round 3's plan: one dQ
-buffer, three stages), "det 2buf" (the two buffers in the deterministic mode, which plans
-one), "dvf" (dV issued before dP is waited for,
-DV_FIRST, 240 registers a consumer), "both", "rot" (each CTA starts its walk over the query
-blocks at its own one, ROTATE: full attention only, a causal row runs "new" again). Head dim 64: "r2" (round 2's plan: 64-row steps,
-step t - 1's dQ after step t's S and dP, OVERLAP) and "late" (128-row steps, dQ after dK: the
-two levers apart). At the ``--deterministic-seqs`` the "det" variants (the deterministic mode,
-against their default-mode selves). The
+red.global, also between dV and dK). "tile" (session 17, both head dims): the dQ accumulator in
+tiles of the shared dQ buffer's layout, a step's dQ one bulk reduction (DQ_TILE, FA3's; head
+dim 64 on the bulk path, DQ_BULK=1, with two stages); head dim 64 also "bulk" (that bulk path
+with rows, DQ_TILE=0: the tile's lever apart). At the ``--deterministic-seqs`` the "det"
+variants (the deterministic mode, against their default-mode selves). Session 16's rows (head
+dim 128 "1buf", "dvf", "both", "rot"; head dim 64 "r2", "late") are in docs/history.md. The
 benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16); interleaved rounds,
 every call after an L2 flush; TFLOP/s (backward = 2.5 x the forward's FLOPs) and, in
 parentheses, the median per-round ratio to cuDNN. Every variant's dq, dk, dv are checked
@@ -21,7 +19,7 @@ against cuDNN's (relative error below 2e-2). Recorded in docs/history.md, sessio
 
 ``--precompile`` (no GPU needed) compiles into the kernel cache, in parallel processes, every
 variant of the sm90 backward's three kernels that the GPU tests (head dims 64 and 128, causal,
-deterministic, fp16; 64-row steps at head dim 64) and these rows use, then exits.
+deterministic, fp16; 64-row steps at head dim 64; the dQ tiles) and these rows use, then exits.
 """
 from __future__ import annotations
 
@@ -30,22 +28,15 @@ import itertools
 import multiprocessing
 
 from tmaflow import bench, kernels
-from tmaflow.kernels.attention_backward_sm90 import main_defines
+from tmaflow.kernels.attention_backward_sm90 import DQ_TILE_DEFINES, main_defines
 from tmaflow.kernels.registry import extra_defines, get_kernel
 
-# Head dim 128's round-4 levers: two dQ buffers (packed rows) with two Q / dO stages; dV issued
-# before dP is waited for, at 240 registers a consumer (24 the producer).
-TWO_BUF = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
-DV_FIRST = {"DV_FIRST": 1, "CONSUMER_REGS": 240}
 # (label, deterministic, defines over the plan's, the default-mode label a deterministic one is against)
-ONE_BUF = {"STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}  # round 3's plan, before TWO_BUF became the default
-DEFAULT = {128: [("new", False, {}, None), ("1buf", False, ONE_BUF, None), ("dvf", False, DV_FIRST, None),
-                 ("both", False, {**TWO_BUF, **DV_FIRST}, None), ("rot", False, {"ROTATE": 1}, None)],
-           64: [("new", False, {}, None), ("r2", False, {"BLOCK_M": 64}, None),
-                ("late", False, {"DQ_EARLY": 0}, None)]}
-DETERMINISTIC = {128: [("det new", True, {}, "new"), ("det 2buf", True, TWO_BUF, "new"),
-                       ("det dvf", True, DV_FIRST, "dvf")],
-                 64: [("det new", True, {}, "new"), ("det r2", True, {"BLOCK_M": 64}, "r2")]}
+BULK_64 = {"DQ_BULK": 1, "STAGES": 2}  # head dim 64's bulk path in rows, the tile row's schedule
+DEFAULT = {128: [("new", False, {}, None), ("tile", False, DQ_TILE_DEFINES[128], None)],
+           64: [("new", False, {}, None), ("bulk", False, BULK_64, None), ("tile", False, DQ_TILE_DEFINES[64], None)]}
+DETERMINISTIC = {128: [("det new", True, {}, "new"), ("det tile", True, DQ_TILE_DEFINES[128], "tile")],
+                 64: [("det new", True, {}, "new"), ("det tile", True, DQ_TILE_DEFINES[64], "tile")]}
 
 
 def row(torch, d: int, seq: int, causal: bool, deterministic: bool, repeats: int):
@@ -93,8 +84,10 @@ def _compile(job: tuple) -> str:
     with extra_defines(extra):
         for name, defs, file in (("attention_bwd_sm90_prep", defines, "attention_backward_sm90"),
                                  ("attention_bwd_sm90", main_defines(d, causal, det, fp16), "attention_backward_sm90"),
-                                 ("attention_bwd_dq", fp, "attention_backward")):
-            get_kernel(name, None, defines=defs, file=file).program
+                                 ("attention_bwd_dq", fp, "attention_backward"),
+                                 ("attention_bwd_sm90_dq_tile", main_defines(d, causal, det, fp16), "attention_backward_sm90")):
+            if name != "attention_bwd_sm90_dq_tile" or extra.get("DQ_TILE"):
+                get_kernel(name, None, defines=defs, file=file).program
     return f"{extra} d{d} causal {causal} det {det} fp16 {fp16}"
 
 
@@ -103,6 +96,7 @@ def precompile():
     jobs += [({"BLOCK_M": 64}, 64, c, det, 0) for c, det in itertools.product((0, 1), (0, 1))]  # a GPU test's
     jobs += [(extra, d, c, det, 0) for d in (64, 128) for _, det, extra, _ in DEFAULT[d] + DETERMINISTIC[d]
              if extra and extra != {"BLOCK_M": 64} for c in (0, 1)]
+    jobs += [(DQ_TILE_DEFINES[d], d, c, 0, 1) for d in (64, 128) for c in (0, 1)]  # the tile GPU test's fp16
     with multiprocessing.get_context("fork").Pool(min(16, len(jobs))) as pool:
         done = pool.map(_compile, jobs)
     print(f"precompiled {len(done)} variants", flush=True)
