@@ -239,6 +239,14 @@ def test_sm90_dq_tiles_default_to_the_kernels_defaults_in_the_smem_sum():
     assert defines_smem(64, {"BLOCK_M": 128, "DQ_BULK": 1, "STAGES": 3}) > HOPPER_SMEM_LIMIT
 
 
+def test_sm90_dq_tiles_as_a_plan_default_stay_off_the_varlen_plan(monkeypatch):
+    from tmaflow.kernels import attention_backward_sm90 as sm90
+    monkeypatch.setattr(sm90, "DQ_TILE_HEAD_DIMS", (64, 128))
+    for d in SM90_HEAD_DIMS:
+        assert main_defines(d, False, True, False).items() >= DQ_TILE_DEFINES[d].items()
+        assert "DQ_TILE" not in main_defines(d, False, True, False, varlen=True)
+
+
 def test_sm90_dq_tiles_are_refused_with_varlen_or_without_bulk_reductions():
     for extra in ({"VARLEN": 1}, {"DQ_BULK": 0}):
         defines = {**main_defines(128, False, False, False), "DQ_TILE": 1, **extra}

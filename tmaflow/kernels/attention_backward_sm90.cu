@@ -33,7 +33,8 @@
 //   4 floats, for the bulk copies), followed by kSeqPad padding rows (so a step of any BM
 //   crossing the end reads them); chain counters: one a (query block's first packed row,
 //   head); SPT runs a sequence's key blocks last first.
-// The fp32 dQ goes to the output dtype with attention_backward.cu's attention_bwd_dq.
+// The fp32 dQ goes to the output dtype with attention_backward.cu's attention_bwd_dq (DQ_TILE's
+// tiles: with attention_bwd_sm90_dq_tile, at the end of this file).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <tmaflow.cuh>

@@ -79,15 +79,19 @@ TWO_DQ_BUFFERS = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
 # kernels.registry.extra_defines). Head dim 64 adds dQ with red.global in the plan: its tile
 # variant takes the bulk path with two stages (a 128-row buffer beside three does not fit).
 DQ_TILE_DEFINES = {128: {"DQ_TILE": 1}, 64: {"DQ_TILE": 1, "DQ_BULK": 1, "STAGES": 2}}
+# Head dims whose dense plan takes DQ_TILE_DEFINES (none until an A/B on the GPU decides)
+DQ_TILE_HEAD_DIMS: tuple[int, ...] = ()
 
 
 def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, varlen: bool = False) -> dict:
     """The defines of the plans' ``attention_bwd_sm90`` (the dense prep kernel's are the first
-    three): the dense and the varlen (VARLEN) plan run the same schedule."""
+    three): the dense and the varlen (VARLEN) plan run the same schedule, but for the dQ tiles
+    (DQ_TILE_HEAD_DIMS: dense only)."""
     two_buffers = TWO_DQ_BUFFERS if head_dim == 128 and not deterministic else {}
+    tiles = DQ_TILE_DEFINES[head_dim] if head_dim in DQ_TILE_HEAD_DIMS and not varlen else {}
     return {"HEAD_DIM": head_dim, "DETERMINISTIC": int(deterministic), **({"FP16": 1} if fp16 else {}),
             **({"VARLEN": 1} if varlen else {}), "CAUSAL": int(causal), "STAGES": STAGES,
-            "BLOCK_M": step_rows(head_dim), "DQ_BULK": int(head_dim in DQ_BULK_HEAD_DIMS), **two_buffers}
+            "BLOCK_M": step_rows(head_dim), "DQ_BULK": int(head_dim in DQ_BULK_HEAD_DIMS), **two_buffers, **tiles}
 
 
 # The varlen plan's schedule before it took main_defines (64-row steps; head dim 128 one dQ
