@@ -9,7 +9,8 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
-from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, DQ_TILE_DEFINES, KEYS, ROWS, SEQ_PAD, SM90_HEAD_DIMS, STAGES,
+from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, DQ_TILE_DEFINES, KEYS, ROWS, SEQ_PAD,
+                                                     SM90_HEAD_DIMS, STAGES,
                                                      VARLEN_BEFORE, defines_smem, dq_buffer_bytes, kernel_smem,
                                                      main_defines, padded_rows, sm90_smem,
                                                      step_rows, varlen_key_blocks, varlen_lse_stride)

@@ -104,6 +104,11 @@ def padded_rows(seq: int, rows: int = ROWS) -> int:
     return -(-seq // rows) * rows
 
 
+def main_launcher_of(name: str, defines: dict, stream, **config):
+    """A launcher of kernel ``name`` of attention_backward_sm90.cu built with ``defines``."""
+    return get_kernel(name, None, defines=defines, file="attention_backward_sm90").launcher(stream=stream, **config)
+
+
 class Sm90Plan:
     """The launches of one (shape, dtype, causal, deterministic, stream) and how a call's
     arguments are laid out: prep (Delta, LSE in log2, zeroed dQ accumulator and counters),
@@ -130,11 +135,12 @@ class Sm90Plan:
         def launcher(name, file, defs, **config):
             return get_kernel(name, None, defines=defs, file=file).launcher(stream=stream, **config)
         rows = b * hq * sq
-        dq_kernel = (get_kernel("attention_bwd_sm90_dq_tile", None, file="attention_backward_sm90",
-                                defines=main.defines).launcher(stream=stream, grid=min(_DQ_GRID, -(-self.accum_floats // 1024)),
-                                                               block=256) if self.tiles else
-                     launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)),
-                              block=256))
+        if self.tiles:  # a float4 a thread
+            dq_kernel = main_launcher_of("attention_bwd_sm90_dq_tile", main.defines, stream,
+                                         grid=min(_DQ_GRID, -(-self.accum_floats // 1024)), block=256)
+        else:
+            dq_kernel = launcher("attention_bwd_dq", "attention_backward", fp16,
+                                 grid=min(_DQ_GRID, -(-rows * d // 512)), block=256)
         self.launches = [
             launcher("attention_bwd_sm90_prep", "attention_backward_sm90", defines,
                      grid=-(-self.rows_pad // _PREP_ROWS), block=32 * _PREP_ROWS),

@@ -85,7 +85,8 @@ def _compile(job: tuple) -> str:
         for name, defs, file in (("attention_bwd_sm90_prep", defines, "attention_backward_sm90"),
                                  ("attention_bwd_sm90", main_defines(d, causal, det, fp16), "attention_backward_sm90"),
                                  ("attention_bwd_dq", fp, "attention_backward"),
-                                 ("attention_bwd_sm90_dq_tile", main_defines(d, causal, det, fp16), "attention_backward_sm90")):
+                                 ("attention_bwd_sm90_dq_tile", main_defines(d, causal, det, fp16),
+                                  "attention_backward_sm90")):
             if name != "attention_bwd_sm90_dq_tile" or extra.get("DQ_TILE"):
                 get_kernel(name, None, defines=defs, file=file).program
     return f"{extra} d{d} causal {causal} det {det} fp16 {fp16}"
