@@ -231,6 +231,14 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
 // least len + kSeqPad rows before sequence b + 1's (b (kSeqPad + 4) covers the rounding).
 TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (kSeqPad + 4); }
 
+// 1: the varlen prep finds a row's sequence (below 32 sequences) with a load a lane and a
+// ballot, issued with the row's O and dO loads, and zeroes the padding and the dK / dV rows
+// outside every sequence after its row; 0: those first, then a binary search over cu_q (about
+// seven dependent loads before the O / dO loads, which nvcc places after the search's loop).
+#ifndef PREP_LOADS_FIRST
+#define PREP_LOADS_FIRST 1
+#endif
+
 // A warp a packed query row (token x heads + head): Delta and the LSE (log2) at the row's
 // place in its sequence's padded rows, the fp32 dQ accumulator zeroed; a thread a padding row
 // (kSeqPad past each sequence's end: LSE +inf, Delta 0); chain counters zeroed; dK and dV rows outside
@@ -245,7 +253,7 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
   const int tid = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t threads = size_t(gridDim.x) * blockDim.x;
   if (DETERMINISTIC && tid < chain_count) chain[tid] = 0;
-  {  // key rows before cu_k[0] and from cu_k[batch] on
+  auto zero_outside = [&] {  // key rows before cu_k[0] and from cu_k[batch] on
     const int lo = clamp_to(__ldg(cu_k), 0, total_k), hi = clamp_to(__ldg(cu_k + batch), lo, total_k);
     const size_t before = size_t(lo) * heads_kv, inside = size_t(hi - lo) * heads_kv;
     const size_t outside = size_t(total_k) * heads_kv - inside;
@@ -254,37 +262,67 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
       for (int c = lane; c < D / 2; c += 32) reinterpret_cast<uint32_t*>(dk + r * D)[c] = 0;
       for (int c = lane; c < D / 2; c += 32) reinterpret_cast<uint32_t*>(dv + r * D)[c] = 0;
     }
-  }
-  for (size_t p = tid; p < size_t(batch) * heads * kSeqPad; p += threads) {  // padding rows
-    const int b = int(p / (heads * kSeqPad)), h = int(p / kSeqPad % heads);
-    const int q0 = clamp_to(__ldg(cu_q + b), 0, total_q), len = clamp_to(__ldg(cu_q + b + 1), q0, total_q) - q0;
-    const size_t at = size_t(h) * lse_stride + lse_row0(q0, b) + len + int(p % kSeqPad);
-    lse2[at] = __int_as_float(0x7f800000), delta[at] = 0.f;
-  }
-  if (row >= total_q * heads) return;
-  const int token = row / heads, h = row % heads;
-  for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + size_t(row) * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  // The row's sequence: the last b with cu_q[b] <= token (binary search), if token < cu_q[b + 1].
-  int lo = 0, hi = batch;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
-  }
-  const int q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
-  if (lo >= batch || token < q0 || token >= clamp_to(__ldg(cu_q + lo + 1), q0, total_q)) return;
-  const uint32_t* o = reinterpret_cast<const uint32_t*>(out + size_t(row) * D);
-  const uint32_t* g = reinterpret_cast<const uint32_t*>(dout + size_t(row) * D);
-  float sum = 0.f;
-  for (int c = lane; c < D / 2; c += 32) {
-    const float2 a = to_float2(o[c]), b = to_float2(g[c]);
-    sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
-  }
+  };
+  auto pad_rows = [&] {
+    for (size_t p = tid; p < size_t(batch) * heads * kSeqPad; p += threads) {
+      const int b = int(p / (heads * kSeqPad)), h = int(p / kSeqPad % heads);
+      const int q0 = clamp_to(__ldg(cu_q + b), 0, total_q), len = clamp_to(__ldg(cu_q + b + 1), q0, total_q) - q0;
+      const size_t at = size_t(h) * lse_stride + lse_row0(q0, b) + len + int(p % kSeqPad);
+      lse2[at] = __int_as_float(0x7f800000), delta[at] = 0.f;
+    }
+  };
+  auto query_row = [&] {
+    if (row >= total_q * heads) return;
+    const int token = row / heads, h = row % heads;
+    // The row's O and dO (in bounds whatever cu_q holds) and its sequence: the last b with
+    // cu_q[b] <= token, if token < cu_q[b + 1]; below 32 sequences a load a lane and a ballot
+    // (independent loads, issued together), else a binary search.
+    uint32_t o[D / 64], g[D / 64];
 #pragma unroll
-  for (int step = 16; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
-  if (lane == 0) {
-    const size_t at = size_t(h) * lse_stride + lse_row0(q0, lo) + token - q0;
-    delta[at] = sum;
-    lse2[at] = lse[size_t(h) * total_q + token] * 1.44269504089f;
+    for (int c = 0; c < D / 64; ++c) {
+      o[c] = __ldg(reinterpret_cast<const uint32_t*>(out + size_t(row) * D) + lane + 32 * c);
+      g[c] = __ldg(reinterpret_cast<const uint32_t*>(dout + size_t(row) * D) + lane + 32 * c);
+    }
+    for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + size_t(row) * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    int lo = 0, q0, q1;
+    if (PREP_LOADS_FIRST && batch < 32) {
+      const int mine = clamp_to(__ldg(cu_q + min(lane, batch)), 0, total_q);
+      const uint32_t le = __ballot_sync(0xffffffffu, lane <= batch && mine <= token);
+      lo = le ? 31 - __clz(le) : 0;
+      q0 = __shfl_sync(0xffffffffu, mine, lo);
+      q1 = max(__shfl_sync(0xffffffffu, mine, min(lo + 1, 31)), q0);
+    } else {
+      int hi = batch;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
+      }
+      q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
+      q1 = lo < batch ? clamp_to(__ldg(cu_q + lo + 1), q0, total_q) : q0;
+    }
+    if (lo >= batch || token < q0 || token >= q1) return;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) {
+      const float2 a = to_float2(o[c]), b = to_float2(g[c]);
+      sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+    }
+#pragma unroll
+    for (int step = 16; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
+    if (lane == 0) {
+      const size_t at = size_t(h) * lse_stride + lse_row0(q0, lo) + token - q0;
+      delta[at] = sum;
+      lse2[at] = lse[size_t(h) * total_q + token] * 1.44269504089f;
+    }
+  };
+  if (PREP_LOADS_FIRST) {
+    query_row();
+    zero_outside();
+    pad_rows();
+  } else {
+    zero_outside();
+    pad_rows();
+    query_row();
   }
 }
 #endif
