@@ -106,6 +106,20 @@ def test_varlen_backward_host_lengths_and_many_sequences(device, rng):
     _varlen_run(rng, lens, lens, 2, 1, 96, 64, True, host=True, before=0, after=0)
 
 
+@pytest.mark.parametrize("count", [70, 1100])
+def test_varlen_backward_prep_finds_rows_among_many_sequences(device, rng, count):
+    """The Hopper kernel's prep finds a row's sequence by a 32-ary search of two levels below
+    1024 sequences (70) and by a binary search from there on (1100); short sequences, some empty."""
+    lens = rng.integers(0, 6 if count > 1000 else 40, count).tolist()
+    _varlen_run(rng, lens, lens, 2, 1, 64, 64, True, before=2, after=3)
+
+
+def test_varlen_backward_prep_before_its_loads_came_first(device, rng):
+    """PREP_LOADS_FIRST=0 (the prep's old order and binary search) still computes the same
+    gradients: the bench's A/B row."""
+    _varlen_run(rng, OFF_STEP_Q, OFF_STEP_K, 4, 2, 64, 64, True, defines={"PREP_LOADS_FIRST": 0})
+
+
 @pytest.mark.parametrize("d,causal,lens", [(128, False, RAGGED_Q), (64, True, RAGGED_Q + [520])])
 def test_varlen_backward_deterministic_is_bit_identical(device, rng, d, causal, lens):
     """Head dims 64 and 128 (the Hopper kernel); causal chains run a sequence's key blocks last

@@ -231,8 +231,8 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
 // least len + kSeqPad rows before sequence b + 1's (b (kSeqPad + 4) covers the rounding).
 TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (kSeqPad + 4); }
 
-// 1: the varlen prep finds a row's sequence (below 32 sequences) with a load a lane and a
-// ballot, issued with the row's O and dO loads, and zeroes the padding and the dK / dV rows
+// 1: the varlen prep finds a row's sequence (below 1024 sequences) with a load a lane and a
+// ballot a level, the row's O and dO loads in flight, and zeroes the padding and the dK / dV rows
 // outside every sequence after its row; 0: those first, then a binary search over cu_q (about
 // seven dependent loads before the O / dO loads, which nvcc places after the search's loop).
 #ifndef PREP_LOADS_FIRST
@@ -274,9 +274,9 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
   auto query_row = [&] {
     if (row >= total_q * heads) return;
     const int token = row / heads, h = row % heads;
-    // The row's O and dO (in bounds whatever cu_q holds) and its sequence: the last b with
-    // cu_q[b] <= token, if token < cu_q[b + 1]; below 32 sequences a load a lane and a ballot
-    // (independent loads, issued together), else a binary search.
+    // The row's O and dO (in bounds whatever cu_q holds), then its sequence: the last b with
+    // cu_q[b] <= token, if token < cu_q[b + 1]. Below 1024 sequences a 32-ary search (a load a
+    // lane and a ballot a level: one or two levels, no loop for nvcc to sink the loads past).
     uint32_t o[D / 64], g[D / 64];
 #pragma unroll
     for (int c = 0; c < D / 64; ++c) {
@@ -284,22 +284,24 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
       g[c] = __ldg(reinterpret_cast<const uint32_t*>(dout + size_t(row) * D) + lane + 32 * c);
     }
     for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + size_t(row) * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-    int lo = 0, q0, q1;
-    if (PREP_LOADS_FIRST && batch < 32) {
-      const int mine = clamp_to(__ldg(cu_q + min(lane, batch)), 0, total_q);
-      const uint32_t le = __ballot_sync(0xffffffffu, lane <= batch && mine <= token);
-      lo = le ? 31 - __clz(le) : 0;
-      q0 = __shfl_sync(0xffffffffu, mine, lo);
-      q1 = max(__shfl_sync(0xffffffffu, mine, min(lo + 1, 31)), q0);
+    int lo = 0;
+    if (PREP_LOADS_FIRST && batch < 1024) {
+      auto level = [&](int base, int span) {  // the last b = base + span x lane (b <= batch) with cu_q[b] <= token
+        const int b = base + span * lane;
+        const bool le = b <= batch && clamp_to(__ldg(cu_q + min(b, batch)), 0, total_q) <= token;
+        const uint32_t any = __ballot_sync(0xffffffffu, le);
+        return any ? base + span * (31 - __clz(any)) : base;
+      };
+      lo = level(batch >= 32 ? level(0, 32) : 0, 1);
     } else {
       int hi = batch;
       while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
         if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
       }
-      q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
-      q1 = lo < batch ? clamp_to(__ldg(cu_q + lo + 1), q0, total_q) : q0;
     }
+    const int q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
+    const int q1 = lo < batch ? clamp_to(__ldg(cu_q + lo + 1), q0, total_q) : q0;
     if (lo >= batch || token < q0 || token >= q1) return;
     float sum = 0.f;
 #pragma unroll
