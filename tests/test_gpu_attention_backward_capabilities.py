@@ -114,10 +114,15 @@ def test_varlen_backward_prep_finds_rows_among_many_sequences(device, rng, count
     _varlen_run(rng, lens, lens, 2, 1, 64, 64, True, before=2, after=3)
 
 
-def test_varlen_backward_prep_before_its_loads_came_first(device, rng):
-    """PREP_LOADS_FIRST=0 (the prep's old order and binary search) still computes the same
-    gradients: the bench's A/B row."""
-    _varlen_run(rng, OFF_STEP_Q, OFF_STEP_K, 4, 2, 64, 64, True, defines={"PREP_LOADS_FIRST": 0})
+@pytest.mark.parametrize("defines,d,deterministic", [({"PREP_LOADS_FIRST": 0}, 64, False),
+                                                     ({"DQ_HEAD_MAJOR": 1}, 64, False),
+                                                     ({"DQ_HEAD_MAJOR": 1}, 128, False),
+                                                     ({"DQ_HEAD_MAJOR": 1}, 64, True)])
+def test_varlen_backward_ab_options(device, rng, defines, d, deterministic):
+    """The bench's A/B options compute the gradients: the prep's old order and binary search
+    (PREP_LOADS_FIRST=0); a head-major dQ accumulator (DQ_HEAD_MAJOR: red adds at head dim 64,
+    bulk reductions at 128, chain counters by its rows) with its conversion kernel."""
+    _varlen_run(rng, OFF_STEP_Q, OFF_STEP_K, 4, 2, d, d, True, deterministic=deterministic, defines=defines)
 
 
 @pytest.mark.parametrize("d,causal,lens", [(128, False, RAGGED_Q), (64, True, RAGGED_Q + [520])])

@@ -111,6 +111,12 @@ using namespace tmaflow;
 #ifndef VARLEN
 #define VARLEN 0
 #endif
+// VARLEN, 1: the fp32 dQ accumulator is head-major (head x tokens + token rows, a head's rows
+// contiguous as the dense kernel's) and attention_bwd_sm90_varlen_dq writes dQ in (tokens,
+// heads, D); 0: its rows are dQ's (token x heads + head, a step's rows heads x D x 4 bytes apart).
+#ifndef DQ_HEAD_MAJOR
+#define DQ_HEAD_MAJOR 0
+#endif
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
 static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
 constexpr bool kRotate = ROTATE && !(CAUSAL || DETERMINISTIC || VARLEN);
@@ -283,7 +289,8 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
       o[c] = __ldg(reinterpret_cast<const uint32_t*>(out + size_t(row) * D) + lane + 32 * c);
       g[c] = __ldg(reinterpret_cast<const uint32_t*>(dout + size_t(row) * D) + lane + 32 * c);
     }
-    for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + size_t(row) * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    float* accum = dq_accum + (DQ_HEAD_MAJOR ? size_t(h) * total_q + token : size_t(row)) * D;
+    for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(accum)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     int lo = 0;
     if (PREP_LOADS_FIRST && batch < 1024) {
       auto level = [&](int base, int span) {  // the last b = base + span x lane (b <= batch) with cu_q[b] <= token
@@ -325,6 +332,19 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
     zero_outside();
     pad_rows();
     query_row();
+  }
+}
+
+// DQ_HEAD_MAJOR: dQ (token, head) = scale x accumulator row head x total_q + token, a thread 4
+// columns (rows of D / 4 threads: both sides' rows whole and contiguous).
+extern "C" __global__ void __launch_bounds__(256)
+attention_bwd_sm90_varlen_dq(const float* dq_accum, elem_t* dq, int total_q, int heads, float scale) {
+  const size_t quads = size_t(total_q) * heads * (D / 4);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < quads; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t row = i / (D / 4);
+    const int c = int(i % (D / 4)), token = int(row / heads), h = int(row % heads);
+    const float4 a = reinterpret_cast<const float4*>(dq_accum + (size_t(h) * total_q + token) * D)[c];
+    reinterpret_cast<uint2*>(dq)[i] = make_uint2(pack2(a.x * scale, a.y * scale), pack2(a.z * scale, a.w * scale));
   }
 }
 #endif
@@ -378,8 +398,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   // earlier (CTAs are scheduled in index order).
 #if VARLEN
   auto chain_rank = [&](int i) { return uint32_t(SPT ? min(last_block, (i * BM + BM - 1) / BN) - j : j); };
-  // The accumulator row (token x heads + head) of query row m of head bh, and its block's counter.
-  auto accum_row = [&](int bh, int m) { return size_t(q_start + m) * heads + bh; };
+  // The accumulator row (DQ_HEAD_MAJOR's order) of query row m of head bh, and its block's counter.
+  auto accum_row = [&](int bh, int m) {
+    return DQ_HEAD_MAJOR ? size_t(bh) * total_q + q_start + m : size_t(q_start + m) * heads + bh;
+  };
   auto counter_at = [&](int bh, int i) { return chain + accum_row(bh, i * BM); };
 #else
   auto chain_rank = [&](int i) {
