@@ -117,7 +117,8 @@ def test_varlen_backward_prep_finds_rows_among_many_sequences(device, rng, count
 @pytest.mark.parametrize("defines,d,deterministic", [({"PREP_LOADS_FIRST": 0}, 64, False),
                                                      ({"DQ_HEAD_MAJOR": 1}, 64, False),
                                                      ({"DQ_HEAD_MAJOR": 1}, 128, False),
-                                                     ({"DQ_HEAD_MAJOR": 1}, 64, True)])
+                                                     ({"DQ_HEAD_MAJOR": 1}, 64, True)],
+                         ids=["oldprep-64", "headmaj-64", "headmaj-128", "headmaj-64-det"])
 def test_varlen_backward_ab_options(device, rng, defines, d, deterministic):
     """The bench's A/B options compute the gradients: the prep's old order and binary search
     (PREP_LOADS_FIRST=0); a head-major dQ accumulator (DQ_HEAD_MAJOR: red adds at head dim 64,
