@@ -255,6 +255,24 @@ def test_sm90_dq_tiles_are_refused_with_varlen_or_without_bulk_reductions():
             get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
 
 
+@pytest.mark.parametrize("d", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal,deterministic", [(False, False), (True, True)])
+@pytest.mark.parametrize("option", [{"DQ_HEAD_MAJOR": 1}, {"PREP_LOADS_FIRST": 0}])
+def test_sm90_varlen_ab_options_compile_without_spills(d, causal, deterministic, option):
+    """The varlen A/B options (a head-major dQ accumulator with its conversion kernel; the
+    prep's old order) compile for the plan's schedule: no stack, no serialized wgmma."""
+    main = {**main_defines(d, causal, deterministic, False, varlen=True), **option}
+    prep = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **option}
+    kernels_ = [("attention_bwd_sm90", main), ("attention_bwd_sm90_varlen_prep", prep)]
+    if "DQ_HEAD_MAJOR" in option:
+        kernels_.append(("attention_bwd_sm90_varlen_dq", prep))
+    for name, defs in kernels_:
+        program = get_kernel(name, None, defines=defs, file="attention_backward_sm90").program
+        assert program.resources is not None, (name, defs, program.log[-3000:])
+        assert program.resources.spills == 0 and program.resources.stack_frame == 0, (name, defs, program.resources)
+        assert compiler.wgmma_pipeline_notes(program.log) == [], (name, defs)
+
+
 def test_sm90_varlen_steps_wider_than_the_padding_are_refused_at_compile_time():
     defines = {**main_defines(64, False, False, False, varlen=True), "BLOCK_M": 2 * SEQ_PAD}
     with pytest.raises(tf.TmaflowError, match="VARLEN: a step of at most kSeqPad rows"):

@@ -106,6 +106,26 @@ def test_varlen_backward_host_lengths_and_many_sequences(device, rng):
     _varlen_run(rng, lens, lens, 2, 1, 96, 64, True, host=True, before=0, after=0)
 
 
+@pytest.mark.parametrize("count", [70, 1100])
+def test_varlen_backward_prep_finds_rows_among_many_sequences(device, rng, count):
+    """The Hopper kernel's prep finds a row's sequence by a 32-ary search of two levels below
+    1024 sequences (70) and by a binary search from there on (1100); short sequences, some empty."""
+    lens = rng.integers(0, 6 if count > 1000 else 40, count).tolist()
+    _varlen_run(rng, lens, lens, 2, 1, 64, 64, True, before=2, after=3)
+
+
+@pytest.mark.parametrize("defines,d,deterministic", [({"PREP_LOADS_FIRST": 0}, 64, False),
+                                                     ({"DQ_HEAD_MAJOR": 1}, 64, False),
+                                                     ({"DQ_HEAD_MAJOR": 1}, 128, False),
+                                                     ({"DQ_HEAD_MAJOR": 1}, 64, True)],
+                         ids=["oldprep-64", "headmaj-64", "headmaj-128", "headmaj-64-det"])
+def test_varlen_backward_ab_options(device, rng, defines, d, deterministic):
+    """The bench's A/B options compute the gradients: the prep's old order and binary search
+    (PREP_LOADS_FIRST=0); a head-major dQ accumulator (DQ_HEAD_MAJOR: red adds at head dim 64,
+    bulk reductions at 128, chain counters by its rows) with its conversion kernel."""
+    _varlen_run(rng, OFF_STEP_Q, OFF_STEP_K, 4, 2, d, d, True, deterministic=deterministic, defines=defines)
+
+
 @pytest.mark.parametrize("d,causal,lens", [(128, False, RAGGED_Q), (64, True, RAGGED_Q + [520])])
 def test_varlen_backward_deterministic_is_bit_identical(device, rng, d, causal, lens):
     """Head dims 64 and 128 (the Hopper kernel); causal chains run a sequence's key blocks last

@@ -120,6 +120,12 @@ using namespace tmaflow;
 #define VARLEN 0
 #endif
 static_assert(!DQ_TILE || (DQ_BULK && !VARLEN), "DQ_TILE: the dense path's bulk dQ (DQ_BULK, not VARLEN)");
+// VARLEN, 1: the fp32 dQ accumulator is head-major (head x tokens + token rows, a head's rows
+// contiguous as the dense kernel's) and attention_bwd_sm90_varlen_dq writes dQ in (tokens,
+// heads, D); 0: its rows are dQ's (token x heads + head, a step's rows heads x D x 4 bytes apart).
+#ifndef DQ_HEAD_MAJOR
+#define DQ_HEAD_MAJOR 0
+#endif
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
 static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
 constexpr bool kRotate = ROTATE && !(CAUSAL || DETERMINISTIC || VARLEN);
@@ -246,6 +252,14 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
 // least len + kSeqPad rows before sequence b + 1's (b (kSeqPad + 4) covers the rounding).
 TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (kSeqPad + 4); }
 
+// 1: the varlen prep finds a row's sequence (below 1024 sequences) with a load a lane and a
+// ballot a level, the row's O and dO loads in flight, and zeroes the padding and the dK / dV rows
+// outside every sequence after its row; 0: those first, then a binary search over cu_q (about
+// seven dependent loads before the O / dO loads, which nvcc places after the search's loop).
+#ifndef PREP_LOADS_FIRST
+#define PREP_LOADS_FIRST 1
+#endif
+
 // A warp a packed query row (token x heads + head): Delta and the LSE (log2) at the row's
 // place in its sequence's padded rows, the fp32 dQ accumulator zeroed; a thread a padding row
 // (kSeqPad past each sequence's end: LSE +inf, Delta 0); chain counters zeroed; dK and dV rows outside
@@ -260,7 +274,7 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
   const int tid = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t threads = size_t(gridDim.x) * blockDim.x;
   if (DETERMINISTIC && tid < chain_count) chain[tid] = 0;
-  {  // key rows before cu_k[0] and from cu_k[batch] on
+  auto zero_outside = [&] {  // key rows before cu_k[0] and from cu_k[batch] on
     const int lo = clamp_to(__ldg(cu_k), 0, total_k), hi = clamp_to(__ldg(cu_k + batch), lo, total_k);
     const size_t before = size_t(lo) * heads_kv, inside = size_t(hi - lo) * heads_kv;
     const size_t outside = size_t(total_k) * heads_kv - inside;
@@ -269,37 +283,83 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
       for (int c = lane; c < D / 2; c += 32) reinterpret_cast<uint32_t*>(dk + r * D)[c] = 0;
       for (int c = lane; c < D / 2; c += 32) reinterpret_cast<uint32_t*>(dv + r * D)[c] = 0;
     }
-  }
-  for (size_t p = tid; p < size_t(batch) * heads * kSeqPad; p += threads) {  // padding rows
-    const int b = int(p / (heads * kSeqPad)), h = int(p / kSeqPad % heads);
-    const int q0 = clamp_to(__ldg(cu_q + b), 0, total_q), len = clamp_to(__ldg(cu_q + b + 1), q0, total_q) - q0;
-    const size_t at = size_t(h) * lse_stride + lse_row0(q0, b) + len + int(p % kSeqPad);
-    lse2[at] = __int_as_float(0x7f800000), delta[at] = 0.f;
-  }
-  if (row >= total_q * heads) return;
-  const int token = row / heads, h = row % heads;
-  for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(dq_accum + size_t(row) * D)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  // The row's sequence: the last b with cu_q[b] <= token (binary search), if token < cu_q[b + 1].
-  int lo = 0, hi = batch;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
-  }
-  const int q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
-  if (lo >= batch || token < q0 || token >= clamp_to(__ldg(cu_q + lo + 1), q0, total_q)) return;
-  const uint32_t* o = reinterpret_cast<const uint32_t*>(out + size_t(row) * D);
-  const uint32_t* g = reinterpret_cast<const uint32_t*>(dout + size_t(row) * D);
-  float sum = 0.f;
-  for (int c = lane; c < D / 2; c += 32) {
-    const float2 a = to_float2(o[c]), b = to_float2(g[c]);
-    sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
-  }
+  };
+  auto pad_rows = [&] {
+    for (size_t p = tid; p < size_t(batch) * heads * kSeqPad; p += threads) {
+      const int b = int(p / (heads * kSeqPad)), h = int(p / kSeqPad % heads);
+      const int q0 = clamp_to(__ldg(cu_q + b), 0, total_q), len = clamp_to(__ldg(cu_q + b + 1), q0, total_q) - q0;
+      const size_t at = size_t(h) * lse_stride + lse_row0(q0, b) + len + int(p % kSeqPad);
+      lse2[at] = __int_as_float(0x7f800000), delta[at] = 0.f;
+    }
+  };
+  auto query_row = [&] {
+    if (row >= total_q * heads) return;
+    const int token = row / heads, h = row % heads;
+    // The row's O and dO (in bounds whatever cu_q holds), then its sequence: the last b with
+    // cu_q[b] <= token, if token < cu_q[b + 1]. Below 1024 sequences a 32-ary search (a load a
+    // lane and a ballot a level: one or two levels, no loop for nvcc to sink the loads past).
+    uint32_t o[D / 64], g[D / 64];
 #pragma unroll
-  for (int step = 16; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
-  if (lane == 0) {
-    const size_t at = size_t(h) * lse_stride + lse_row0(q0, lo) + token - q0;
-    delta[at] = sum;
-    lse2[at] = lse[size_t(h) * total_q + token] * 1.44269504089f;
+    for (int c = 0; c < D / 64; ++c) {
+      o[c] = __ldg(reinterpret_cast<const uint32_t*>(out + size_t(row) * D) + lane + 32 * c);
+      g[c] = __ldg(reinterpret_cast<const uint32_t*>(dout + size_t(row) * D) + lane + 32 * c);
+    }
+    float* accum = dq_accum + (DQ_HEAD_MAJOR ? size_t(h) * total_q + token : size_t(row)) * D;
+    for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(accum)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    int lo = 0;
+    if (PREP_LOADS_FIRST && batch < 1024) {
+      auto level = [&](int base, int span) {  // the last b = base + span x lane (b <= batch) with cu_q[b] <= token
+        const int b = base + span * lane;
+        const bool le = b <= batch && clamp_to(__ldg(cu_q + min(b, batch)), 0, total_q) <= token;
+        const uint32_t any = __ballot_sync(0xffffffffu, le);
+        return any ? base + span * (31 - __clz(any)) : base;
+      };
+      lo = level(batch >= 32 ? level(0, 32) : 0, 1);
+    } else {
+      int hi = batch;
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
+      }
+    }
+    const int q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
+    const int q1 = lo < batch ? clamp_to(__ldg(cu_q + lo + 1), q0, total_q) : q0;
+    if (lo >= batch || token < q0 || token >= q1) return;
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < D / 64; ++c) {
+      const float2 a = to_float2(o[c]), b = to_float2(g[c]);
+      sum = fmaf(a.x, b.x, fmaf(a.y, b.y, sum));
+    }
+#pragma unroll
+    for (int step = 16; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
+    if (lane == 0) {
+      const size_t at = size_t(h) * lse_stride + lse_row0(q0, lo) + token - q0;
+      delta[at] = sum;
+      lse2[at] = lse[size_t(h) * total_q + token] * 1.44269504089f;
+    }
+  };
+  if (PREP_LOADS_FIRST) {
+    query_row();
+    zero_outside();
+    pad_rows();
+  } else {
+    zero_outside();
+    pad_rows();
+    query_row();
+  }
+}
+
+// DQ_HEAD_MAJOR: dQ (token, head) = scale x accumulator row head x total_q + token, a thread 4
+// columns (rows of D / 4 threads: both sides' rows whole and contiguous).
+extern "C" __global__ void __launch_bounds__(256)
+attention_bwd_sm90_varlen_dq(const float* dq_accum, elem_t* dq, int total_q, int heads, float scale) {
+  const size_t quads = size_t(total_q) * heads * (D / 4);
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < quads; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t row = i / (D / 4);
+    const int c = int(i % (D / 4)), token = int(row / heads), h = int(row % heads);
+    const float4 a = reinterpret_cast<const float4*>(dq_accum + (size_t(h) * total_q + token) * D)[c];
+    reinterpret_cast<uint2*>(dq)[i] = make_uint2(pack2(a.x * scale, a.y * scale), pack2(a.z * scale, a.w * scale));
   }
 }
 #endif
@@ -353,8 +413,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   // earlier (CTAs are scheduled in index order).
 #if VARLEN
   auto chain_rank = [&](int i) { return uint32_t(SPT ? min(last_block, (i * BM + BM - 1) / BN) - j : j); };
-  // The accumulator row (token x heads + head) of query row m of head bh, and its block's counter.
-  auto accum_row = [&](int bh, int m) { return size_t(q_start + m) * heads + bh; };
+  // The accumulator row (DQ_HEAD_MAJOR's order) of query row m of head bh, and its block's counter.
+  auto accum_row = [&](int bh, int m) {
+    return DQ_HEAD_MAJOR ? size_t(bh) * total_q + q_start + m : size_t(q_start + m) * heads + bh;
+  };
   auto counter_at = [&](int bh, int i) { return chain + accum_row(bh, i * BM); };
 #else
   auto chain_rank = [&](int i) {

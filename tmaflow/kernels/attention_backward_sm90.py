@@ -208,6 +208,11 @@ class Sm90VarlenPlan:
         main = get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90",
                           defines=main_defines(d, causal, deterministic, bool(fp16), varlen=True))
         step = int(main.defines["BLOCK_M"])  # the plan's, or an override's (extra_defines)
+        # DQ_HEAD_MAJOR (an override's): the accumulator a head's rows together, dQ written by
+        # the file's own conversion kernel
+        self.head_major = bool(int(main.defines.get("DQ_HEAD_MAJOR", 0)))
+        if self.head_major:
+            defines["DQ_HEAD_MAJOR"] = 1
         self.shape = (tq, hq, d, tk, hkv, batch)
         self.lse_stride = varlen_lse_stride(tq, batch)
         self.chain_count = tq * hq if deterministic else 0  # a counter a query block's first packed row
@@ -221,6 +226,8 @@ class Sm90VarlenPlan:
                      grid=max(1, -(-prep_threads // (32 * _PREP_ROWS))), block=32 * _PREP_ROWS),
             main.launcher(stream=stream, grid=(varlen_key_blocks(tk, batch), hkv, 1), block=THREADS,
                           smem=sm90_smem(d)),
+            launcher("attention_bwd_sm90_varlen_dq", "attention_backward_sm90", defines,
+                     grid=min(_DQ_GRID, -(-rows * d // 1024)), block=256) if self.head_major else
             launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256),
         ]
         qspec = TensorMapSpec.tiled(dt, (tq, hq, d), (step, 1, 64), swizzle="128B")
@@ -244,4 +251,4 @@ class Sm90VarlenPlan:
                  self.chain_count),
                 (*maps, lse2, delta, accum, chain, DK, DV, CQ, CK, tq, tk, batch, self.lse_stride, hq, hq // hkv,
                  scale, scale * math.log2(math.e)),
-                (accum, DQ, rows * d // 2, scale), ws)
+                (accum, DQ, tq, hq, scale) if self.head_major else (accum, DQ, rows * d // 2, scale), ws)

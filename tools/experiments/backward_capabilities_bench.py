@@ -1,15 +1,18 @@
 """One timing line each for the backward's new capabilities (H200, bf16, L2 warm, median of
 10): the varlen backward beside the dense backward (both the Hopper kernel at head dims 64
-and 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads), with the varlen
-schedule before it took the dense plan's defines (VARLEN_BEFORE: 64-row steps, one dQ buffer)
-as an A/B, the three timed in turns (three rounds, a median of 10 each; the line gives the
-median over the rounds, time ratios to the dense per round); the 192 / 128 backward
-(multi-head latent attention's head dims: 4 x 4096, 16 heads) in TFLOP/s, beside torch's SDPA
-backends where they take v's head dim apart from q's.
+and 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads), as A/B rows: the varlen
+prep before its loads came first (PREP_LOADS_FIRST=0, "oldprep"), a head-major dQ accumulator
+(DQ_HEAD_MAJOR=1, "headmaj": a head's rows contiguous as the dense kernel's) and the varlen build over
+the dense layout ("bhsd": the dense tensors as 128 sequences of one head, so Q / dO / K / V
+boxes and the dQ accumulator rows are contiguous as in the dense kernel; same FLOPs), all
+timed in turns (three rounds, a median of 10 each; the line gives the median over the rounds,
+time ratios to the dense per round), then each one's kernels (CUPTI: prep, main, dQ in µs);
+the 192 / 128 backward (multi-head latent attention's head dims: 4 x 4096, 16 heads) in
+TFLOP/s, beside torch's SDPA backends where they take v's head dim apart from q's.
 
-    PYTHONPATH=. python3 tools/experiments/backward_capabilities_bench.py [--varlen]
+    PYTHONPATH=. python3 tools/experiments/backward_capabilities_bench.py [--varlen] [--hd64]
 
---varlen: the varlen lines only.
+--varlen: the varlen lines only; --hd64: head dim 64 only.
 """
 from __future__ import annotations
 
@@ -19,7 +22,6 @@ import sys
 import torch
 
 from tmaflow import bench, kernels
-from tmaflow.kernels.attention_backward_sm90 import VARLEN_BEFORE
 from tmaflow.kernels.registry import extra_defines
 
 
@@ -32,6 +34,10 @@ def _ms(fn) -> float:
     return bench.do_bench(fn, warmup=3, repeats=10, return_mode="median") * 1e3
 
 
+# The varlen A/B rows: extra_defines of the plan's kernels (an empty dict: the plan's own)
+VARIANTS = {"varlen": {}, "oldprep": {"PREP_LOADS_FIRST": 0}, "headmaj": {"DQ_HEAD_MAJOR": 1}, "bhsd": {}}
+
+
 def varlen_vs_dense(causal: bool, d: int = 128, rounds: int = 3) -> str:
     b, s, h = 8, 2048, 16
     q, k, v, dout = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -39,32 +45,56 @@ def varlen_vs_dense(causal: bool, d: int = 128, rounds: int = 3) -> str:
     packed = [x.transpose(1, 2).reshape(b * s, h, d).contiguous() for x in (q, k, v, dout)]
     cu = torch.arange(0, b * s + 1, s, device="cuda", dtype=torch.int32)
     pout, plse = kernels.attention_varlen(*packed[:3], cu, cu, s, s, causal=causal, return_lse=True)
-    grads = {}
+    # bhsd: the dense tensors as b h sequences of one head (rows of a (sequence, head) contiguous)
+    flat = [x.reshape(b * h * s, 1, d) for x in (q, k, v, out, dout)]
+    cu_flat = torch.arange(0, b * h * s + 1, s, device="cuda", dtype=torch.int32)
+    lse_flat = lse.reshape(1, b * h * s)
 
     def dense():
         return kernels.attention_backward(q, k, v, out, dout, lse, causal=causal)
 
     def varlen():
         return kernels.attention_varlen_backward(*packed[:3], pout, packed[3], plse, cu, cu, s, s, causal=causal)
-    times: dict = {"varlen": [], "before": [], "dense": []}
-    for _ in range(rounds):  # extra_defines drops the prepared states: each block plans anew (warmup)
-        with extra_defines(VARLEN_BEFORE[d]):
-            times["before"].append(_ms(varlen))
-            grads["before"] = varlen()
-        times["varlen"].append(_ms(varlen))
+
+    def bhsd():
+        return kernels.attention_varlen_backward(*flat, lse_flat, cu_flat, cu_flat, s, s, causal=causal)
+    calls = {"varlen": varlen, "oldprep": varlen, "headmaj": varlen, "bhsd": bhsd}
+    times: dict = {name: [] for name in (*VARIANTS, "dense")}
+    grads, kernel_us = {}, {}
+    for r in range(rounds):  # extra_defines drops the prepared states: each block plans anew (warmup)
+        for name, defines in VARIANTS.items():
+            with extra_defines(defines):
+                times[name].append(_ms(calls[name]))
+                if r == 0:
+                    grads[name] = calls[name]()
+                    kernel_us[name] = _kernels(calls[name])
         times["dense"].append(_ms(dense))
-    grads["varlen"] = varlen()
+    kernel_us["dense"] = _kernels(dense)
     want = [x.transpose(1, 2).reshape(b * s, h, d) for x in dense()]
-    agree = {name: max(_rel(a, w) for a, w in zip(grads[name], want)) for name in ("varlen", "before")}
+    grads["bhsd"] = [x.reshape(b, h, s, d).transpose(1, 2).reshape(b * s, h, d) for x in grads["bhsd"]]
+    agree = {name: max(_rel(a, w) for a, w in zip(grads[name], want)) for name in VARIANTS}
     med = {name: statistics.median(t) for name, t in times.items()}
-    ratio = {name: statistics.median([a / z for a, z in zip(times[name], times["dense"])])
-             for name in ("varlen", "before")}
+    ratio = {name: statistics.median([a / z for a, z in zip(times[name], times["dense"])]) for name in VARIANTS}
     f = _flops(b * s, s, h, d, d, causal)
-    return (f"bwd varlen hd{d} 16k tokens (8 x 2048) h16 {'causal' if causal else 'full  '}: varlen "
-            f"{med['varlen']:.3f} ms {f / med['varlen'] / 1e9:.0f} TFLOP/s | before {med['before']:.3f} ms "
-            f"{f / med['before'] / 1e9:.0f} TFLOP/s | dense {med['dense']:.3f} ms {f / med['dense'] / 1e9:.0f} TFLOP/s "
-            f"| varlen/dense time {ratio['varlen']:.3f} (before {ratio['before']:.3f}) | grads rel to dense's: "
-            f"varlen {agree['varlen']:.1e} before {agree['before']:.1e}")
+    line = f"bwd varlen hd{d} 16k tokens (8 x 2048) h16 {'causal' if causal else 'full  '}:"
+    for name in ("dense", *VARIANTS):
+        line += f" | {name} {med[name]:.3f} ms {f / med[name] / 1e9:.0f} TFLOP/s"
+        if name != "dense":
+            line += f" /dense {ratio[name]:.3f}"
+    line += " | grads rel to dense's: " + " ".join(f"{n} {e:.1e}" for n, e in agree.items())
+    for name in ("dense", *VARIANTS):
+        line += f"\n    kernels {name:<8s} " + "  ".join(f"{k} {us:.1f}" for k, us in kernel_us[name].items()) + " µs"
+    return line
+
+
+def _kernels(fn) -> dict:
+    """{prep, main, dq: mean µs} of fn's kernels over 10 calls (CUPTI)."""
+    got = {}
+    for name, t in bench.kernel_times(fn, 10).items():
+        short = ("prep" if "prep" in name else "dq" if name.endswith("_dq") or name.startswith("attention_bwd_dq") else
+                 "main" if name.startswith("attention_bwd_sm90") else name[:24])
+        got[short] = got.get(short, 0.0) + t.mean_us * t.calls / 10
+    return got
 
 
 def _rel(a, b) -> float:
@@ -94,7 +124,7 @@ def mla(causal: bool) -> str:
 
 
 if __name__ == "__main__":
-    for d in (128, 64):
+    for d in (64,) if "--hd64" in sys.argv[1:] else (128, 64):
         for causal in (False, True):
             print(varlen_vs_dense(causal, d), flush=True)
     if "--varlen" not in sys.argv[1:]:
