@@ -68,19 +68,36 @@ SHAPES = [
 ]
 
 
+UNIFORM = {"UNIFORM_DESC": 1}  # gemm.cu: the k-loop's descriptors in uniform registers (opt-in)
+
+
 def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int) -> list:
-    """The default first, then the candidates that differ from it."""
+    """(config, extra defines) pairs: the default first, then the default dense kernel with
+    UNIFORM_DESC, then the candidates that differ from the default. A candidate is a config or
+    a (config, defines) pair."""
     auto = choose_config(m, n, k, sms, "nt", dtype)
-    return [auto] + [cfg for cfg in extra if cfg != auto]
+    got = [(auto, {})] + ([(auto, UNIFORM)] if isinstance(auto, GemmConfig) else [])
+    for cand in extra:
+        cfg, defines = cand if isinstance(cand, tuple) else (cand, {})
+        if (cfg, defines) not in got:
+            got.append((cfg, defines))
+    return got
 
 
-def kernel_job(m, n, k, dtype, config, sms) -> tuple:
+def name_of(cfg, defines: dict, default: bool) -> str:
+    """A row's label: describe() without the fields never varied here, and the extra defines."""
+    short = describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "")
+    extra = "".join(f" {key}={value}" for key, value in defines.items())
+    return ("default " if default else "") + short + extra
+
+
+def kernel_job(m, n, k, dtype, config, sms, extra: dict) -> tuple:
     """(file, kernel name, defines, layout) of the kernel a config launches."""
     if isinstance(config, SkinnyConfig):
         plan = skinny_plan(m, n, k, config, sms, dtype)
-        return "skinny", "gemm_skinny_bf16", plan.defines, plan.layout
+        return "skinny", "gemm_skinny_bf16", {**plan.defines, **extra}, plan.layout
     plan = gemm_plan(m, n, k, "nt", config, dtype)
-    return "gemm", "gemm_bf16", plan.defines, plan.layout
+    return "gemm", "gemm_bf16", {**plan.defines, **extra}, plan.layout
 
 
 def compile_one(job: tuple) -> str:
@@ -95,15 +112,15 @@ def precompile(shapes, sms: int, jobs: int, show: bool) -> None:
     """Every distinct kernel of the selected shapes, compiled in ``jobs`` processes."""
     todo, names = {}, {}
     for label, m, n, k, dtype, extra in shapes:
-        for cfg in configs(m, n, k, dtype, extra, sms):
+        for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
             try:
-                job = kernel_job(m, n, k, dtype, cfg, sms)
+                job = kernel_job(m, n, k, dtype, cfg, sms, defines)
             except tf.TmaflowError as exc:  # reported again when the shape is timed
                 print(f"  {label}: no kernel for {describe(cfg)}: {str(exc).splitlines()[0]}", flush=True)
                 continue
             key = (job[0], tuple(sorted(job[2].items())), job[3].header())
             todo.setdefault(key, job)
-            names.setdefault(key, []).append(f"{label} {describe(cfg)}")
+            names.setdefault(key, []).append(f"{label} {name_of(cfg, defines, i == 0)}")
     ctx = multiprocessing.get_context("spawn")  # workers never touch the device
     with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
         done = list(pool.map(compile_one, todo.values()))
@@ -133,11 +150,12 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
             return torch.matmul(a, b.T, out=c_peer)
     fns, errs, names = {"peer": peer}, {}, []
     scales = dict(scale_a=SA, scale_b=SB) if fp8 else {}
-    for i, cfg in enumerate(configs(m, n, k, dtype, extra, sms)):
-        name = ("default " if i == 0 else "") + describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "")
+    for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
+        name = name_of(cfg, defines, i == 0)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         try:
-            run = kernels.gemm.prepare(a, b, c, config=cfg, **scales)
+            with registry.extra_defines(defines):
+                run = kernels.gemm.prepare(a, b, c, config=cfg, **scales)
         except tf.TmaflowError as exc:
             print(f"  {label}: skip {name}: {str(exc).splitlines()[0]}", flush=True)
             continue
