@@ -24,13 +24,14 @@ import statistics
 import tmaflow as tf
 from tmaflow import bench, kernels
 from tmaflow.bench.gemm_shapes import describe
-from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, gemm_plan, skinny_plan
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, gemm_plan, heuristics, skinny_plan
 from tmaflow.kernels import registry
 
 BF16, FP8 = "bfloat16", "float8_e4m3fn"
 ARCH = "sm_90a"
 WRONG = 1e-2  # relative error above which a config is not timed
 SA, SB = 0.01, 0.02  # fp8 per-tensor scales
+WINS = 1.02  # a candidate's median per-round ratio to the default, cold and back to back, to win
 
 # (label, M, N, K, dtype, candidates besides the default). Below 1.0x cold on H200 (session 17
 # call 2) unless said; the default and what the model rejected are in heuristics.dense_config.
@@ -77,18 +78,21 @@ def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int) -> list:
     a (config, defines) pair."""
     auto = choose_config(m, n, k, sms, "nt", dtype)
     got = [(auto, {})] + ([(auto, UNIFORM)] if isinstance(auto, GemmConfig) else [])
-    for cand in extra:
+    table = heuristics.LATENCY_TABLE.get((m, n, k, dtype))
+    for cand in extra + ([table] if table is not None else []):
         cfg, defines = cand if isinstance(cand, tuple) else (cand, {})
         if (cfg, defines) not in got:
             got.append((cfg, defines))
     return got
 
 
-def name_of(cfg, defines: dict, default: bool) -> str:
-    """A row's label: describe() without the fields never varied here, and the extra defines."""
+def name_of(cfg, defines: dict, default: bool, table=None) -> str:
+    """A row's label: describe() without the fields never varied here, the extra defines, and
+    "[table]" for the shape's LATENCY_TABLE entry."""
     short = describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "")
     extra = "".join(f" {key}={value}" for key, value in defines.items())
-    return ("default " if default else "") + short + extra
+    mark = " [table]" if table is not None and cfg == table and not defines else ""
+    return ("default " if default else "") + short + extra + mark
 
 
 def kernel_job(m, n, k, dtype, config, sms, extra: dict) -> tuple:
@@ -151,7 +155,7 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
     fns, errs, names = {"peer": peer}, {}, []
     scales = dict(scale_a=SA, scale_b=SB) if fp8 else {}
     for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
-        name = name_of(cfg, defines, i == 0)
+        name = name_of(cfg, defines, i == 0, heuristics.LATENCY_TABLE.get((m, n, k, dtype)))
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         try:
             with registry.extra_defines(defines):
@@ -186,6 +190,15 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
                       if default else "-")
         print(f"   {name:<34s} {c_us:8.2f} {w_us:8.2f} {flop / c_us / 1e6:7.1f} {to_peer:>15s} {to_default:>15s}"
               f"  {errs[name]:.1e}", flush=True)
+    if default:  # a table entry earns its place by winning both timings
+        gains = {name: (cold.ratio(name, default).median, warm.ratio(name, default).median)
+                 for name in names if name != default}
+        best = max(gains, key=lambda name: min(gains[name]), default=None)
+        if best is not None and min(gains[best]) >= WINS:
+            print(f"   WINNER over the default, cold / back to back {gains[best][0]:.3f} / {gains[best][1]:.3f}: "
+                  f"{best}", flush=True)
+        else:
+            print("   no candidate beats the default by 2% in both timings", flush=True)
 
 
 def main():
