@@ -69,17 +69,17 @@ SHAPES = [
 ]
 
 
-UNIFORM = {"UNIFORM_DESC": 1}  # gemm.cu: the k-loop's descriptors in uniform registers (opt-in)
+UNIFORM = {"UNIFORM_DESC": 1}  # gemm.cu / skinny.cu: the k-loop's descriptors in uniform registers (opt-in)
 
 
 def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int) -> list:
-    """(config, extra defines) pairs: the default first, then the default dense kernel with
-    UNIFORM_DESC, then the candidates that differ from the default. A candidate is a config or
-    a (config, defines) pair."""
+    """(config, extra defines) pairs: the default first, then the default with UNIFORM_DESC,
+    then the candidates that differ from the default, then the shape's LATENCY_TABLE entry with
+    and without UNIFORM_DESC. A candidate is a config or a (config, defines) pair."""
     auto = choose_config(m, n, k, sms, "nt", dtype)
-    got = [(auto, {})] + ([(auto, UNIFORM)] if isinstance(auto, GemmConfig) else [])
+    got = [(auto, {}), (auto, UNIFORM)]
     table = heuristics.LATENCY_TABLE.get((m, n, k, dtype))
-    for cand in extra + ([table] if table is not None else []):
+    for cand in extra + ([table, (table, UNIFORM)] if table is not None else []):
         cfg, defines = cand if isinstance(cand, tuple) else (cand, {})
         if (cfg, defines) not in got:
             got.append((cfg, defines))
