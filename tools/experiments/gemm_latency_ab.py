@@ -181,14 +181,14 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
     default = names[0] if names and names[0].startswith("default") else None
     print(f"== {label} ({'fp8 vs _scaled_mm' if fp8 else 'bf16 vs cuBLAS'}), {repeats} rounds, "
           f"peer {cold['peer'].median * 1e6:.2f} / {warm['peer'].median * 1e6:.2f} us, err {peer_err:.1e}", flush=True)
-    print(f"   {'config':<40s} {'cold us':>8s} {'warm us':>8s} {'TFLOP/s':>7s} {'peer/this':>15s} "
+    print(f"   {'config':<46s} {'cold us':>8s} {'warm us':>8s} {'TFLOP/s':>7s} {'peer/this':>15s} "
           f"{'default/this':>15s}  err", flush=True)
     for name in names:
         c_us, w_us = cold[name].median * 1e6, warm[name].median * 1e6
         to_peer = f"{cold.ratio(name, 'peer').median:.3f}/{warm.ratio(name, 'peer').median:.3f}"
         to_default = (f"{cold.ratio(name, default).median:.3f}/{warm.ratio(name, default).median:.3f}"
                       if default else "-")
-        print(f"   {name:<40s} {c_us:8.2f} {w_us:8.2f} {flop / c_us / 1e6:7.1f} {to_peer:>15s} {to_default:>15s}"
+        print(f"   {name:<46s} {c_us:8.2f} {w_us:8.2f} {flop / c_us / 1e6:7.1f} {to_peer:>15s} {to_default:>15s}"
               f"  {errs[name]:.1e}", flush=True)
     if default:  # a table entry earns its place by winning both timings
         gains = {name: (cold.ratio(name, default).median, warm.ratio(name, default).median)
