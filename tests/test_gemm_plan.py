@@ -403,3 +403,86 @@ def test_every_grouped_variant_compiles_without_spills():
             plan = gemm_plan(4096, 4096, 4096, "nt", config)
             k = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, **patch), file="gemm")
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (config, patch)
+
+
+def test_latency_overrides_are_off_by_default():
+    """The table only proposes: until it is switched on, every shape keeps the model's choice."""
+    from tmaflow.kernels.matmul import heuristics
+
+    assert heuristics.LATENCY_OVERRIDES is False
+    for (m, n, k, dtype), config in heuristics.LATENCY_TABLE.items():
+        assert heuristics.latency_override(m, n, k, 132, "nt", dtype) is None
+        assert choose_config(m, n, k, 132, "nt", dtype) != config, (m, n, k, dtype)
+
+
+def test_latency_overrides_take_their_exact_shapes_only(monkeypatch):
+    from tmaflow.kernels.matmul import heuristics, skinny_plan
+
+    model = {key: choose_config(*key[:3], 132, "nt", key[3]) for key in heuristics.LATENCY_TABLE}
+    monkeypatch.setattr(heuristics, "LATENCY_OVERRIDES", True)
+    assert heuristics.LATENCY_TABLE
+    for (m, n, k, dtype), config in heuristics.LATENCY_TABLE.items():
+        assert choose_config(m, n, k, 132, "nt", dtype) == config
+        # every entry plans for its shape
+        if isinstance(config, SkinnyConfig):
+            skinny_plan(m, n, k, config, 132, dtype)
+        else:
+            gemm_plan(m, n, k, "nt", config, dtype)
+        # a neighbouring shape, another device, the other layout: the model decides
+        assert choose_config(m + 1, n, k, 132, "nt", dtype) == _without_table(m + 1, n, k, dtype, monkeypatch)
+        assert choose_config(m, n, k, 114, "nt", dtype) == _without_table(m, n, k, dtype, monkeypatch, 114)
+        assert heuristics.latency_override(m, n, k, 132, "nn", dtype) is None
+        assert model[(m, n, k, dtype)] != config
+
+
+def _without_table(m, n, k, dtype, monkeypatch, sms=132):
+    from tmaflow.kernels.matmul import heuristics
+
+    with monkeypatch.context() as patch:
+        patch.setattr(heuristics, "LATENCY_OVERRIDES", False)
+        return choose_config(m, n, k, sms, "nt", dtype)
+
+
+@pytest.mark.parametrize("shape, config", [
+    ((2304, 4608, 1024), GemmConfig(bn=128, cluster_m=1)),
+    ((512, 512, 512), GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2)),
+    ((1000, 3000, 520), GemmConfig(bn=192, cluster_m=2, epi_cols=64)),
+    ((256, 256, 256), SkinnyConfig(m_rows=16)),
+    ((128, 4096, 4096), SkinnyConfig(m_halves=2))])
+def test_uniform_desc_keeps_the_k_loop_descriptors_in_uniform_registers(shape, config):
+    """gemm.cu's and skinny.cu's UNIFORM_DESC: fewer R2UR (a vector register moved to a uniform
+    one for a wgmma descriptor; none in the dense kernel) and fewer instructions in the bf16
+    k-loop, no more registers, no spills."""
+    from tmaflow.kernels.matmul import skinny_plan
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch.sass import disassemble
+
+    skinny = isinstance(config, SkinnyConfig)
+    plan = skinny_plan(*shape, config, 132) if skinny else gemm_plan(*shape, "nt", config)
+    name, file = ("gemm_skinny_bf16", "skinny") if skinny else ("gemm_bf16", "gemm")
+    got, regs = {}, {}
+    for uniform in (0, 1):
+        kernel = get_kernel(name, plan.layout, defines=dict(plan.defines, UNIFORM_DESC=uniform), file=file)
+        r = kernel.resources
+        assert r.spill_stores == 0 and r.spill_loads == 0, (uniform, r)
+        got[uniform], regs[uniform] = _k_loop(disassemble(kernel.cubin)), r.registers
+    moves = [sum("R2UR" in op for op in got[uniform]) for uniform in (0, 1)]
+    assert moves[0] >= 8 and moves[1] <= (3 if skinny else 0), moves  # the plain loop moves its descriptors
+    assert len(got[1]) < len(got[0]) and sum("HGMMA" in op for op in got[1]) == 4
+    assert regs[1] <= regs[0]
+
+
+def _k_loop(sass: str) -> list:
+    """The instructions of the shortest backward-branching loop that issues wgmmas."""
+    import re
+
+    code = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,6})\*/\s*([^;]*);", sass)]
+    loops = []
+    for at, op in code:
+        jump = re.search(r"BRA (0x[0-9a-f]+)", op)
+        if jump and int(jump.group(1), 16) < at:
+            body = [o for a, o in code if int(jump.group(1), 16) <= a <= at]
+            if any("HGMMA" in o for o in body):
+                loops.append(body)
+    assert loops, "no k-loop found in the SASS"
+    return min(loops, key=len)

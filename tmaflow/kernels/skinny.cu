@@ -52,6 +52,11 @@ namespace L = tmaflow_layout;
 #ifndef GROUPED
 #define GROUPED 0  // 1: M-grouped (MoE) decode, persistent over (group, chunk of MP rows, N tile) items
 #endif
+// 1: the k-blocks' descriptors from a warpgroup index the compiler knows is warp-uniform (a
+// shuffle): uniform registers, no per-wgmma R2UR (as gemm.cu's UNIFORM_DESC). Opt-in until timed.
+#ifndef UNIFORM_DESC
+#define UNIFORM_DESC 0
+#endif
 #ifndef BLOCK_SCALE_SETS
 #define BLOCK_SCALE_SETS 1  // block scales: accumulator sets a warpgroup alternates (2: see below)
 #endif
@@ -120,6 +125,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
                             int kb0, int kb1, float scale, const float* scales_b, int k_blocks) {
   using Cursor = typename Pipe::Cursor;
   const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
+  const int cwd = UNIFORM_DESC ? __shfl_sync(0xffffffffu, cw, 0) : cw;  // for the descriptors
   float acc[kAcc];
 #pragma unroll
   for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
@@ -159,7 +165,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   Cursor at_a, at_b;  // each set's stage
   // Issue k-block kb on d from the next stage; read its B scale while the wgmmas run.
   auto issue = [&](float (&d)[kAcc], int kb, float& sb, Cursor& at) {
-    issue_k_block(S, pipe, c, cw, d, 0);
+    issue_k_block(S, pipe, c, cwd, d, 0);
     sb = __ldg(b_scales + kb);
     at = c;
     c.advance();
@@ -186,7 +192,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   }
 #else
   for (int kb = kb0; kb < kb1; ++kb) {
-    issue_k_block(S, pipe, c, cw, acc, 0);  // each k-block starts from zero
+    issue_k_block(S, pipe, c, cwd, acc, 0);  // each k-block starts from zero
     const float sb = __ldg(b_scales + kb);  // read while the wgmmas run
     wgmma::wait_group<0>();
     retire(acc, sb, c);
@@ -196,7 +202,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   acc_live = 0;
 #else
   for (int kb = kb0; kb < kb1; ++kb) {
-    issue_k_block(S, pipe, c, cw, acc, acc_live);
+    issue_k_block(S, pipe, c, cwd, acc, acc_live);
     acc_live = 1;
     wgmma::wait_group<1>();  // keep this k-block's group in flight; the previous one is done
     wgmma::fence_operands(acc);
@@ -449,11 +455,12 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
     return;
   }
   const int t = threadIdx.x - 128, cw = t / 128, wq = (t % 128) / 32, lane = t % 32;
+  const int cwd = UNIFORM_DESC ? __shfl_sync(0xffffffffu, cw, 0) : cw;  // for the descriptors
   Cursor c, prev;
   while (items.next(g, row0, rows, tile)) {
     float acc[kAcc];
     for (int kb = 0; kb < k_blocks; ++kb) {
-      issue_k_block(S, pipe, c, cw, acc, kb > 0);  // k-block 0 overwrites acc
+      issue_k_block(S, pipe, c, cwd, acc, kb > 0);  // k-block 0 overwrites acc
       wgmma::wait_group<1>();  // keep this k-block's group in flight; the previous one is done
       wgmma::fence_operands(acc);
       if (kb > 0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp

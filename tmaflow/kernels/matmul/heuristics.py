@@ -23,7 +23,11 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     full M tile that dense tiles spread over the SMs (``one_m_tile_config``). Otherwise
     ``dense_config``: the tile width whose whole waves take least time, wide tiles in clusters
     of two from two waves on, K split among several CTAs when the tiles leave most SMs idle and
-    K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.)"""
+    K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.) Before all of
+    these, ``latency_override`` where it is switched on."""
+    override = latency_override(m, n, k, sm_count, layout, dtype)
+    if override is not None:
+        return override
     if layout == "nt" and m <= SKINNY_M:
         if dtype == "bfloat16":
             one_tile = one_m_tile_config(m, n, k, sm_count)
@@ -33,6 +37,28 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     if dtype == "float8_e4m3fn":
         return fp8_config(m, n, k, sm_count)
     return dense_config(m, n, k, sm_count, layout)
+
+
+# Latency-bound "nt" products whose default lost to another configuration on H200 (132 SMs), by
+# exact shape: (M, N, K, dtype) -> the winner. Entries are call 2's 10-repeat leads (session 17,
+# cold TFLOP/s or ratio to the peer, winner against default); tools/experiments/gemm_latency_ab.py
+# decides them in 40 interleaved rounds: keep an entry only where it wins cold and back to back.
+LATENCY_TABLE: dict = {
+    (256, 256, 256, "bfloat16"): SkinnyConfig(m_rows=16),          # 6.5 against 5.9 TFLOP/s
+    (512, 512, 2048, "bfloat16"): SkinnyConfig(m_rows=32),         # 107.9 against 103.9 TFLOP/s
+    (128, 4096, 4096, "float8_e4m3fn"): SkinnyConfig(split_k=1),   # 0.935 against 0.847x _scaled_mm
+}
+LATENCY_SMS = 132  # the SM count the table was measured with
+LATENCY_OVERRIDES = False  # off until the A/B confirms the table
+
+
+def latency_override(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
+                     dtype: str = "bfloat16") -> GemmConfig | SkinnyConfig | None:
+    """The measured winner of ``LATENCY_TABLE`` for this exact "nt" shape on a 132-SM device
+    when ``LATENCY_OVERRIDES`` is on; None otherwise (the model's choice stands)."""
+    if not LATENCY_OVERRIDES or layout != "nt" or sm_count != LATENCY_SMS:
+        return None
+    return LATENCY_TABLE.get((m, n, k, dtype))
 
 
 def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:

@@ -1,0 +1,227 @@
+"""Latency-bound GEMM configurations by a high-repeat A/B (issue 33): per shape, the default
+(``choose_config``) and its candidates, every one timed with the peer (cuBLAS through torch; fp8:
+torch._scaled_mm, default accumulation) in ONE set of interleaved rounds, cold (L2 flushed
+before every call) and then back to back, the order rotated every round:
+
+    PYTHONPATH=. python3 tools/experiments/gemm_latency_ab.py [--shape LABEL ...] [--repeats N] [--jobs J]
+    PYTHONPATH=. python3 tools/experiments/gemm_latency_ab.py --precompile   # no GPU: compile, print resources
+
+At microsecond sizes the peer's own rate moves +-10% between rows of one run, so a 10-repeat
+ratio cannot decide a 5% question; here the configs of one shape share their rounds, and each
+row gives its median us (cold / back to back), the median per-round ratio to the peer (above 1:
+faster than the peer) and to the shape's default (above 1: faster than the default). Every
+config's output, poisoned with NaN before its first launch, is checked against a float64
+product of 256 rows (fp8: of the scaled operands); a wrong one is reported and not timed.
+``heuristics.LATENCY_OVERRIDES`` (off by default) holds the winners to switch on from this."""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import os
+
+import tmaflow as tf
+from tmaflow import bench, kernels
+from tmaflow.bench.gemm_shapes import describe
+from tmaflow.bench.peers import WARM_BATCH
+from tmaflow.kernels import registry
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, gemm_plan, heuristics, skinny_plan
+
+BF16, FP8 = "bfloat16", "float8_e4m3fn"
+ARCH = "sm_90a"
+WRONG = 1e-2  # relative error above which a config is not timed
+SA, SB = 0.01, 0.02  # fp8 per-tensor scales
+WINS = 1.02  # a candidate's median per-round ratio to the default, cold and back to back, to win
+
+# (label, M, N, K, dtype, candidates besides the default). Below 1.0x cold on H200 (session 17
+# call 2) unless said; the default and what the model rejected are in heuristics.dense_config.
+SHAPES = [
+    # bn64 8 CTAs (default) 5.9 TFLOP/s; M in 16-row chunks 6.5 (64 CTAs); 8-row 5.5; halves 5.4
+    ("256^3", 256, 256, 256, BF16, [SkinnyConfig(m_rows=16), SkinnyConfig(m_rows=32),
+                                     GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2)]),
+    # bn64 ck2 64 CTAs (default) 38.3; 32-row chunks 37.2 (128 CTAs)
+    ("512^3", 512, 512, 512, BF16, [SkinnyConfig(m_rows=32), SkinnyConfig(m_rows=64),
+                                     GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)]),
+    # bn64 ck2 (default) 103.9; 32-row chunks 107.9
+    ("512x512x2048", 512, 512, 2048, BF16, [SkinnyConfig(m_rows=32), SkinnyConfig(m_rows=64),
+                                             GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)]),
+    # bn64 128 CTAs unclustered (default); cuBLAS: 128x64 tiles in pairs sharing one operand
+    ("1024^3", 1024, 1024, 1024, BF16, [GemmConfig(bn=64, cluster_m=2, epi_cols=64),
+                                         GemmConfig(bn=128, cluster_m=2),
+                                         GemmConfig(bn=128, cluster_m=1, cluster_k=2)]),
+    # bn192 in pairs, 128 tiles, 9 k-blocks (default)
+    ("1000x3000x520", 1000, 3000, 520, BF16, [GemmConfig(bn=192, cluster_m=1, epi_cols=64),
+                                               GemmConfig(bn=208, cluster_m=2, epi_cols=64),
+                                               GemmConfig(bn=256, cluster_m=2)]),
+    # bn128 persistent, 648 tiles, unclustered (default); cuBLAS: 128x128 tiles in pairs
+    ("2304x4608x1024", 2304, 4608, 1024, BF16, [GemmConfig(bn=128, cluster_m=2),
+                                                 GemmConfig(bn=256, cluster_m=2),
+                                                 GemmConfig(bn=192, cluster_m=2, epi_cols=64)]),
+    # bn176 unclustered, 384 tiles in 3 waves (default)
+    ("4096x2112x7168", 4096, 2112, 7168, BF16, [GemmConfig(bn=176, cluster_m=2, epi_cols=64),
+                                                 GemmConfig(bn=192, cluster_m=2, epi_cols=64),
+                                                 GemmConfig(bn=128, cluster_m=2)]),
+    # bn128 ck2 (default) 0.85x; skinny 64 rows unsplit 0.935 (fp8 tiles are 128 columns or more)
+    ("fp8 128x4096x4096", 128, 4096, 4096, FP8, [SkinnyConfig(split_k=1), SkinnyConfig(split_k=2),
+                                                  GemmConfig(bn=128, cluster_m=1, cluster_k=4)]),
+    # bn128 ck2 (default) 0.977; skinny 64 rows unsplit 0.965
+    ("fp8 128x8192x8192", 128, 8192, 8192, FP8, [SkinnyConfig(split_k=1), SkinnyConfig(rows=128, split_k=2)]),
+]
+
+
+UNIFORM = {"UNIFORM_DESC": 1}  # gemm.cu / skinny.cu: the k-loop's descriptors in uniform registers (opt-in)
+
+
+def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int) -> list:
+    """(config, extra defines) pairs: the default first, then the default with UNIFORM_DESC,
+    then the candidates that differ from the default, then the shape's LATENCY_TABLE entry with
+    and without UNIFORM_DESC. A candidate is a config or a (config, defines) pair."""
+    auto = choose_config(m, n, k, sms, "nt", dtype)
+    got = [(auto, {}), (auto, UNIFORM)]
+    table = heuristics.LATENCY_TABLE.get((m, n, k, dtype))
+    for cand in extra + ([table, (table, UNIFORM)] if table is not None else []):
+        cfg, defines = cand if isinstance(cand, tuple) else (cand, {})
+        if (cfg, defines) not in got:
+            got.append((cfg, defines))
+    return got
+
+
+def name_of(cfg, defines: dict, default: bool, table=None) -> str:
+    """A row's label: describe() without the fields never varied here, the extra defines, and
+    "[table]" for the shape's LATENCY_TABLE entry."""
+    short = describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "")
+    extra = "".join(f" {key}={value}" for key, value in defines.items())
+    mark = " [table]" if table is not None and cfg == table and not defines else ""
+    return ("default " if default else "") + short + extra + mark
+
+
+def kernel_job(m, n, k, dtype, config, sms, extra: dict) -> tuple:
+    """(file, kernel name, defines, layout) of the kernel a config launches."""
+    if isinstance(config, SkinnyConfig):
+        plan = skinny_plan(m, n, k, config, sms, dtype)
+        return "skinny", "gemm_skinny_bf16", {**plan.defines, **extra}, plan.layout
+    plan = gemm_plan(m, n, k, "nt", config, dtype)
+    return "gemm", "gemm_bf16", {**plan.defines, **extra}, plan.layout
+
+
+def compile_one(job: tuple) -> str:
+    """Compile one kernel into the disk cache (no device touched); its resources in a line."""
+    file, name, defines, layout = job
+    kernel = tf.Kernel(registry.source(file), name, defines=defines, layout=layout, filename=f"{file}.cu", arch=ARCH)
+    r = kernel.resources
+    return f"{kernel.program.compile_seconds:5.1f} s  regs {r.registers if r else '?'}  spills {r.spills if r else '?'}"
+
+
+def precompile(shapes, sms: int, jobs: int, show: bool) -> None:
+    """Every distinct kernel of the selected shapes, compiled in ``jobs`` processes."""
+    todo, names = {}, {}
+    for label, m, n, k, dtype, extra in shapes:
+        for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
+            try:
+                job = kernel_job(m, n, k, dtype, cfg, sms, defines)
+            except tf.TmaflowError as exc:  # reported again when the shape is timed
+                print(f"  {label}: no kernel for {describe(cfg)}: {str(exc).splitlines()[0]}", flush=True)
+                continue
+            key = (job[0], tuple(sorted(job[2].items())), job[3].header())
+            todo.setdefault(key, job)
+            names.setdefault(key, []).append(f"{label} {name_of(cfg, defines, i == 0)}")
+    ctx = multiprocessing.get_context("spawn")  # workers never touch the device
+    with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
+        done = list(pool.map(compile_one, todo.values()))
+    print(f"precompiled {len(todo)} kernels", flush=True)
+    if show:
+        for key, line in zip(todo, done):
+            print(f"  {line}  {'; '.join(names[key])}", flush=True)
+
+
+def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
+    """One shape: every config's output checked, then cold and back-to-back rounds with the peer."""
+    import torch  # optional dependency: --help and --precompile work without it
+
+    torch.manual_seed(0)
+    a, b = bench.nt_operands(m, n, k, dtype)
+    fp8 = dtype == FP8
+    scale = SA * SB if fp8 else 1.0
+    ref = scale * (a[:256].double() @ b.double().T)
+    c_peer = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    if fp8:
+        ta, tb = torch.tensor(SA, device="cuda"), torch.tensor(SB, device="cuda")
+
+        def peer():
+            return torch._scaled_mm(a, b.t(), scale_a=ta, scale_b=tb, out=c_peer, out_dtype=torch.bfloat16)
+    else:
+        def peer():
+            return torch.matmul(a, b.T, out=c_peer)
+    fns, errs, names = {"peer": peer}, {}, []
+    scales = dict(scale_a=SA, scale_b=SB) if fp8 else {}
+    for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
+        name = name_of(cfg, defines, i == 0, heuristics.LATENCY_TABLE.get((m, n, k, dtype)))
+        c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        try:
+            with registry.extra_defines(defines):
+                run = kernels.gemm.prepare(a, b, c, config=cfg, **scales)
+        except tf.TmaflowError as exc:
+            print(f"  {label}: skip {name}: {str(exc).splitlines()[0]}", flush=True)
+            continue
+        c.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        errs[name] = bench.rel_error(c[:256], ref)
+        if not errs[name] < WRONG:  # NaN included
+            print(f"  {label}: WRONG {name}: rel err {errs[name]:.1e}, not timed", flush=True)
+            continue
+        fns[name] = run
+        names.append(name)
+    peer()
+    torch.cuda.synchronize()
+    peer_err = bench.rel_error(c_peer[:256], ref)
+    cold = bench.rounds(fns, repeats=repeats, flush_l2=True, rotate=True)
+    warm = bench.rounds(fns, repeats=repeats, rotate=True, batch=WARM_BATCH)
+    flop = 2.0 * m * n * k
+    default = names[0] if names and names[0].startswith("default") else None
+    print(f"== {label} ({'fp8 vs _scaled_mm' if fp8 else 'bf16 vs cuBLAS'}), {repeats} rounds, "
+          f"peer {cold['peer'].median * 1e6:.2f} / {warm['peer'].median * 1e6:.2f} us, err {peer_err:.1e}", flush=True)
+    print(f"   {'config':<46s} {'cold us':>8s} {'warm us':>8s} {'TFLOP/s':>7s} {'peer/this':>15s} "
+          f"{'default/this':>15s}  err", flush=True)
+    for name in names:
+        c_us, w_us = cold[name].median * 1e6, warm[name].median * 1e6
+        to_peer = f"{cold.ratio(name, 'peer').median:.3f}/{warm.ratio(name, 'peer').median:.3f}"
+        to_default = (f"{cold.ratio(name, default).median:.3f}/{warm.ratio(name, default).median:.3f}"
+                      if default else "-")
+        print(f"   {name:<46s} {c_us:8.2f} {w_us:8.2f} {flop / c_us / 1e6:7.1f} {to_peer:>15s} {to_default:>15s}"
+              f"  {errs[name]:.1e}", flush=True)
+    if default:  # a table entry earns its place by winning both timings
+        gains = {name: (cold.ratio(name, default).median, warm.ratio(name, default).median)
+                 for name in names if name != default}
+        best = max(gains, key=lambda name: min(gains[name]), default=None)
+        if best is not None and min(gains[best]) >= WINS:
+            print(f"   WINNER over the default, cold / back to back {gains[best][0]:.3f} / {gains[best][1]:.3f}: "
+                  f"{best}", flush=True)
+        else:
+            print("   no candidate beats the default by 2% in both timings", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", action="append", default=[], help="labels of SHAPES (substring; default: all)")
+    p.add_argument("--repeats", type=int, default=40)
+    p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    p.add_argument("--sms", type=int, default=132, help="--precompile: the SM count plans assume (H100/H200: 132)")
+    p.add_argument("--precompile", action="store_true", help="compile every config (no GPU), print resources, exit")
+    args = p.parse_args()
+    shapes = [s for s in SHAPES if not args.shape or any(part in s[0] for part in args.shape)]
+    if not shapes:
+        p.error(f"--shape {args.shape} matches none of {[s[0] for s in SHAPES]}")
+    if args.precompile:
+        return precompile(shapes, args.sms, args.jobs, show=True)
+    import torch  # optional dependency, before the driver is touched
+
+    torch.cuda.init()
+    sms = tf.current_device().sm_count
+    precompile(shapes, sms, args.jobs, show=False)
+    for shape in shapes:
+        shape_rows(*shape, sms, args.repeats)
+
+
+if __name__ == "__main__":
+    main()
