@@ -8,12 +8,12 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
+from tmaflow.kernels import attention_backward_sm90
 from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
-from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, DQ_TILE_DEFINES, KEYS, ROWS, SEQ_PAD,
-                                                     SM90_HEAD_DIMS, STAGES,
-                                                     VARLEN_BEFORE, defines_smem, dq_buffer_bytes, kernel_smem,
-                                                     main_defines, padded_rows, sm90_smem,
-                                                     step_rows, varlen_key_blocks, varlen_lse_stride)
+from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, DQ_TILE_DEFINES, DQ_TILE_HEAD_DIMS, KEYS,
+                                                     ROWS, SEQ_PAD, SM90_HEAD_DIMS, STAGES, VARLEN_BEFORE, defines_smem,
+                                                     dq_buffer_bytes, kernel_smem, main_defines, padded_rows,
+                                                     sm90_smem, step_rows, varlen_key_blocks, varlen_lse_stride)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
 from tmaflow.runtime.memory import DeviceArray
@@ -124,7 +124,8 @@ def test_sm90_backward_compiles_without_spills(d, causal, deterministic, fp16):
     with nothing on the stack, ptxas keeps its wgmma pipeline (no C75xx note: a serialized one
     is correct and 20-40% slower), and its shared memory fits the SM."""
     defines = main_defines(d, causal, deterministic, fp16)
-    assert defines["BLOCK_M"] == step_rows(d) and defines["DQ_BULK"] == int(d in DQ_BULK_HEAD_DIMS)
+    assert defines["BLOCK_M"] == step_rows(d)
+    assert defines["DQ_BULK"] == int(d in DQ_BULK_HEAD_DIMS or d in DQ_TILE_HEAD_DIMS)
     for name in ("attention_bwd_sm90", "attention_bwd_sm90_prep"):
         _assert_clean(get_kernel(name, None, defines=defines, file="attention_backward_sm90").program, defines)
     assert sm90_smem(d) <= HOPPER_SMEM_LIMIT
@@ -199,13 +200,15 @@ def test_sm90_wide_steps_without_room_for_the_dq_buffers_are_refused_at_compile_
 @pytest.mark.parametrize("causal,deterministic,fp16", [(False, False, False), (True, False, True), (False, True, False),
                                                        (True, True, False)])
 @pytest.mark.parametrize("before", [False, True])
-def test_sm90_varlen_backward_compiles_without_spills(d, causal, deterministic, fp16, before):
+def test_sm90_varlen_backward_compiles_without_spills(d, causal, deterministic, fp16, before, monkeypatch):
     """The VARLEN build (attention_varlen_backward at head dims 64 and 128) takes the dense
     plan's defines (128-row steps at head dim 64, two dQ buffers at 128) and keeps the dense
     kernel's registers: nothing on the stack, no serialized wgmma (its sequence bookkeeping
     must not take the consumers' registers); so does the schedule it had before (the A/B's)."""
     main = main_defines(d, causal, deterministic, fp16, varlen=True)
-    assert main == {**main_defines(d, causal, deterministic, fp16), "VARLEN": 1}
+    with monkeypatch.context() as patch:  # the dense plan's schedule but its dQ tiles
+        patch.setattr(attention_backward_sm90, "DQ_TILE_HEAD_DIMS", ())
+        assert main == {**main_defines(d, causal, deterministic, fp16), "VARLEN": 1}
     if before:
         main = {**main, **VARLEN_BEFORE[d]}
     prep = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **({"FP16": 1} if fp16 else {})}

@@ -190,8 +190,9 @@ def test_choose_config():
     # 32 tiles under half the SMs: a cluster of two splits each tile's K in shared memory
     small = choose_config(512, 512, 2048, 132)
     assert (small.bn, small.cluster_k, small.split_k, small.cluster_m) == (64, 2, 1, 1)
-    assert choose_config(512, 512, 512, 132).cluster_k == 2                        # 8 k-blocks
-    assert choose_config(256, 256, 256, 132).cluster_k == 1                        # 4 k-blocks: none
+    assert dense_config(512, 512, 512, 132, "nt").cluster_k == 2                  # 8 k-blocks
+    assert dense_config(256, 256, 256, 132, "nt").cluster_k == 1                  # 4 k-blocks: none
+    assert isinstance(choose_config(512, 512, 512, 132), SkinnyConfig)            # (m_chunk_config first)
     narrow = dense_config(16, 4096, 4096, 132)
     assert narrow.cluster_m == 1 and narrow.bn == 128                              # one M tile: no partner
     assert narrow.split_k == 4                                                     # 32 tiles x 4 splits fill 128 SMs
@@ -405,42 +406,28 @@ def test_every_grouped_variant_compiles_without_spills():
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (config, patch)
 
 
-def test_latency_overrides_are_off_by_default():
-    """The table only proposes: until it is switched on, every shape keeps the model's choice."""
+@pytest.mark.parametrize("shape,rows", [((256, 256, 256), 16), ((512, 512, 512), 32), ((129, 512, 512), 16),
+                                        ((200, 304, 128), 16), ((384, 384, 384), 32)])
+def test_small_bf16_products_run_in_m_chunks_that_plan(shape, rows):
+    """129-512 rows with N and K up to 512: the skinny kernel over about 16 chunks of M, a
+    CTA a chunk and 64 columns, and the plan takes it."""
+    from tmaflow.kernels.matmul import skinny_plan
+
+    config = choose_config(*shape, 132, "nt", "bfloat16")
+    assert config == SkinnyConfig(m_rows=rows)
+    skinny_plan(*shape, config, 132, "bfloat16")
+
+
+@pytest.mark.parametrize("shape,layout,dtype,sms", [((512, 512, 2048), "nt", "bfloat16", 132),
+                                                    ((513, 64, 64), "nt", "bfloat16", 132),
+                                                    ((256, 256, 256), "nn", "bfloat16", 132),
+                                                    ((256, 256, 256), "nt", "float8_e4m3fn", 132),
+                                                    ((512, 4096, 512), "nt", "bfloat16", 132),
+                                                    ((512, 512, 512), "nt", "bfloat16", 100)])
+def test_m_chunks_stay_off_longer_k_wider_n_other_layouts_and_fp8(shape, layout, dtype, sms):
     from tmaflow.kernels.matmul import heuristics
 
-    assert heuristics.LATENCY_OVERRIDES is False
-    for (m, n, k, dtype), config in heuristics.LATENCY_TABLE.items():
-        assert heuristics.latency_override(m, n, k, 132, "nt", dtype) is None
-        assert choose_config(m, n, k, 132, "nt", dtype) != config, (m, n, k, dtype)
-
-
-def test_latency_overrides_take_their_exact_shapes_only(monkeypatch):
-    from tmaflow.kernels.matmul import heuristics, skinny_plan
-
-    model = {key: choose_config(*key[:3], 132, "nt", key[3]) for key in heuristics.LATENCY_TABLE}
-    monkeypatch.setattr(heuristics, "LATENCY_OVERRIDES", True)
-    assert heuristics.LATENCY_TABLE
-    for (m, n, k, dtype), config in heuristics.LATENCY_TABLE.items():
-        assert choose_config(m, n, k, 132, "nt", dtype) == config
-        # every entry plans for its shape
-        if isinstance(config, SkinnyConfig):
-            skinny_plan(m, n, k, config, 132, dtype)
-        else:
-            gemm_plan(m, n, k, "nt", config, dtype)
-        # a neighbouring shape, another device, the other layout: the model decides
-        assert choose_config(m + 1, n, k, 132, "nt", dtype) == _without_table(m + 1, n, k, dtype, monkeypatch)
-        assert choose_config(m, n, k, 114, "nt", dtype) == _without_table(m, n, k, dtype, monkeypatch, 114)
-        assert heuristics.latency_override(m, n, k, 132, "nn", dtype) is None
-        assert model[(m, n, k, dtype)] != config
-
-
-def _without_table(m, n, k, dtype, monkeypatch, sms=132):
-    from tmaflow.kernels.matmul import heuristics
-
-    with monkeypatch.context() as patch:
-        patch.setattr(heuristics, "LATENCY_OVERRIDES", False)
-        return choose_config(m, n, k, sms, "nt", dtype)
+    assert heuristics.m_chunk_config(*shape, sms, layout, dtype) is None
 
 
 @pytest.mark.parametrize("shape, config", [

@@ -75,12 +75,13 @@ TWO_DQ_BUFFERS = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
 
 
 # The dQ accumulator in tiles, each the shared dQ buffer's image, a step's dQ one bulk reduction
-# (the kernel's DQ_TILE, FA3's; opt-in, an override of main_defines' through
-# kernels.registry.extra_defines). Head dim 64 adds dQ with red.global in the plan: its tile
-# variant takes the bulk path with two stages (a 128-row buffer beside three does not fit).
+# (the kernel's DQ_TILE, FA3's) instead of one a row (head dim 128) or red.global (64: its tile
+# variant takes the bulk path with two stages; a 128-row buffer beside three does not fit).
 DQ_TILE_DEFINES = {128: {"DQ_TILE": 1}, 64: {"DQ_TILE": 1, "DQ_BULK": 1, "STAGES": 2}}
-# Head dims whose dense plan takes DQ_TILE_DEFINES (none until an A/B on the GPU decides)
-DQ_TILE_HEAD_DIMS: tuple[int, ...] = ()
+# Head dims whose dense plan takes DQ_TILE_DEFINES (H200, session 17 call 4, same rounds, cold,
+# TFLOP/s tiles / rows: head dim 128 4k 540 / 466 full, 472 / 408 causal, 16k 552 / 466, 553 /
+# 464; head dim 64 4k 494 / 402, 412 / 366, 16k 534 / 423, 504 / 438; deterministic 4k: 1.16-1.44x)
+DQ_TILE_HEAD_DIMS: tuple[int, ...] = (64, 128)
 
 
 def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, varlen: bool = False) -> dict:

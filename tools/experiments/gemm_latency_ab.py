@@ -12,7 +12,9 @@ row gives its median us (cold / back to back), the median per-round ratio to the
 faster than the peer) and to the shape's default (above 1: faster than the default). Every
 config's output, poisoned with NaN before its first launch, is checked against a float64
 product of 256 rows (fp8: of the scaled operands); a wrong one is reported and not timed.
-``heuristics.LATENCY_OVERRIDES`` (off by default) holds the winners to switch on from this."""
+Session 17 call 4 made ``heuristics.m_chunk_config`` and UNIFORM_DESC defaults from this. (The
+peer's column there was off: cuBLAS 10-25 us at 512^3-1024^3 against its 5-6 us kernel; compare
+the configs with each other here and against the peer with tools/peers/bench_gemm.py.)"""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +27,7 @@ from tmaflow import bench, kernels
 from tmaflow.bench.gemm_shapes import describe
 from tmaflow.bench.peers import WARM_BATCH
 from tmaflow.kernels import registry
-from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, gemm_plan, heuristics, skinny_plan
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, choose_config, gemm_plan, skinny_plan
 
 BF16, FP8 = "bfloat16", "float8_e4m3fn"
 ARCH = "sm_90a"
@@ -69,30 +71,27 @@ SHAPES = [
 ]
 
 
-UNIFORM = {"UNIFORM_DESC": 1}  # gemm.cu / skinny.cu: the k-loop's descriptors in uniform registers (opt-in)
+UNIFORM = {"UNIFORM_DESC": 0}  # gemm.cu / skinny.cu: the k-loop's descriptors per thread (before session 17's default)
 
 
 def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int) -> list:
-    """(config, extra defines) pairs: the default first, then the default with UNIFORM_DESC,
-    then the candidates that differ from the default, then the shape's LATENCY_TABLE entry with
-    and without UNIFORM_DESC. A candidate is a config or a (config, defines) pair."""
+    """(config, extra defines) pairs: the default first, then the default with UNIFORM_DESC=0,
+    then the candidates that differ from the default. A candidate is a config or a (config,
+    defines) pair."""
     auto = choose_config(m, n, k, sms, "nt", dtype)
     got = [(auto, {}), (auto, UNIFORM)]
-    table = heuristics.LATENCY_TABLE.get((m, n, k, dtype))
-    for cand in extra + ([table, (table, UNIFORM)] if table is not None else []):
+    for cand in extra:
         cfg, defines = cand if isinstance(cand, tuple) else (cand, {})
         if (cfg, defines) not in got:
             got.append((cfg, defines))
     return got
 
 
-def name_of(cfg, defines: dict, default: bool, table=None) -> str:
-    """A row's label: describe() without the fields never varied here, the extra defines, and
-    "[table]" for the shape's LATENCY_TABLE entry."""
+def name_of(cfg, defines: dict, default: bool) -> str:
+    """A row's label: describe() without the fields never varied here, and the extra defines."""
     short = describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "")
     extra = "".join(f" {key}={value}" for key, value in defines.items())
-    mark = " [table]" if table is not None and cfg == table and not defines else ""
-    return ("default " if default else "") + short + extra + mark
+    return ("default " if default else "") + short + extra
 
 
 def kernel_job(m, n, k, dtype, config, sms, extra: dict) -> tuple:
@@ -155,7 +154,7 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
     fns, errs, names = {"peer": peer}, {}, []
     scales = dict(scale_a=SA, scale_b=SB) if fp8 else {}
     for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
-        name = name_of(cfg, defines, i == 0, heuristics.LATENCY_TABLE.get((m, n, k, dtype)))
+        name = name_of(cfg, defines, i == 0)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         try:
             with registry.extra_defines(defines):
@@ -190,7 +189,7 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
                       if default else "-")
         print(f"   {name:<46s} {c_us:8.2f} {w_us:8.2f} {flop / c_us / 1e6:7.1f} {to_peer:>15s} {to_default:>15s}"
               f"  {errs[name]:.1e}", flush=True)
-    if default:  # a table entry earns its place by winning both timings
+    if default:  # a candidate earns a default by winning both timings
         gains = {name: (cold.ratio(name, default).median, warm.ratio(name, default).median)
                  for name in names if name != default}
         best = max(gains, key=lambda name: min(gains[name]), default=None)

@@ -23,9 +23,9 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     full M tile that dense tiles spread over the SMs (``one_m_tile_config``). Otherwise
     ``dense_config``: the tile width whose whole waves take least time, wide tiles in clusters
     of two from two waves on, K split among several CTAs when the tiles leave most SMs idle and
-    K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.) Before all of
-    these, ``latency_override`` where it is switched on."""
-    override = latency_override(m, n, k, sm_count, layout, dtype)
+    K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.) Small bf16
+    products take ``m_chunk_config`` before all of these."""
+    override = m_chunk_config(m, n, k, sm_count, layout, dtype)
     if override is not None:
         return override
     if layout == "nt" and m <= SKINNY_M:
@@ -39,26 +39,20 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     return dense_config(m, n, k, sm_count, layout)
 
 
-# Latency-bound "nt" products whose default lost to another configuration on H200 (132 SMs), by
-# exact shape: (M, N, K, dtype) -> the winner. Entries are call 2's 10-repeat leads (session 17,
-# cold TFLOP/s or ratio to the peer, winner against default); tools/experiments/gemm_latency_ab.py
-# decides them in 40 interleaved rounds: keep an entry only where it wins cold and back to back.
-LATENCY_TABLE: dict = {
-    (256, 256, 256, "bfloat16"): SkinnyConfig(m_rows=16),          # 6.5 against 5.9 TFLOP/s
-    (512, 512, 2048, "bfloat16"): SkinnyConfig(m_rows=32),         # 107.9 against 103.9 TFLOP/s
-    (128, 4096, 4096, "float8_e4m3fn"): SkinnyConfig(split_k=1),   # 0.935 against 0.847x _scaled_mm
-}
-LATENCY_SMS = 132  # the SM count the table was measured with
-LATENCY_OVERRIDES = False  # off until the A/B confirms the table
-
-
-def latency_override(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
-                     dtype: str = "bfloat16") -> GemmConfig | SkinnyConfig | None:
-    """The measured winner of ``LATENCY_TABLE`` for this exact "nt" shape on a 132-SM device
-    when ``LATENCY_OVERRIDES`` is on; None otherwise (the model's choice stands)."""
-    if not LATENCY_OVERRIDES or layout != "nt" or sm_count != LATENCY_SMS:
+def m_chunk_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
+                   dtype: str = "bfloat16") -> SkinnyConfig | None:
+    """Small bf16 "nt" products (129-512 rows, N and K at most 512) on the skinny kernel with M
+    in 16 chunks (SkinnyConfig.m_rows), one CTA a chunk and 64 columns: 64-128 CTAs each fetching
+    a few KB, as cuBLAS's 64x8 / 64x48 tiles do, where 128-row tiles leave 8-64 CTAs fetching
+    their whole K serially (H200, session 17 call 4, 40 interleaved rounds, the default's time
+    over this, cold / back to back: 256^3 m_rows 16 1.145 / 1.094, 512^3 m_rows 32 1.117 / 1.079;
+    at 512x512x2048 the chunks lost: 0.954 / 0.935). None elsewhere."""
+    if dtype != "bfloat16" or layout != "nt" or not 128 < m <= 512 or n > 512 or k > 512:
         return None
-    return LATENCY_TABLE.get((m, n, k, dtype))
+    rows = min(mp for mp in SKINNY_MP if mp >= math.ceil(m / 16))  # about 16 chunks
+    if -(-m // rows) * -(-n // 64) > sm_count:
+        return None
+    return SkinnyConfig(m_rows=rows)
 
 
 def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:
