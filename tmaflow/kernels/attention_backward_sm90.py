@@ -98,8 +98,9 @@ def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, v
 
 
 # The varlen plan's schedule before it took main_defines (64-row steps; head dim 128 one dQ
-# buffer and three stages): an A/B's override (kernels.registry.extra_defines) of the plan's.
-VARLEN_BEFORE = {64: {"BLOCK_M": ROWS}, 128: {"STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}}
+# buffer and three stages; dQ rows): an A/B's override (kernels.registry.extra_defines) of the plan's.
+VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
+                 128: {**DQ_ROWS_DEFINES[128], "STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}}
 
 
 def padded_rows(seq: int, rows: int = ROWS) -> int:
@@ -184,6 +185,17 @@ def varlen_tiles_per_head(total_q: int, batch: int, rows: int) -> int:
     return (total_q + batch * rows) // rows + 1
 
 
+def varlen_dq_accum(total_q: int, heads: int, batch: int, head_dim: int, defines: dict) -> tuple[int, int]:
+    """(tiles, fp32 floats) of the varlen dQ accumulator of a kernel built with ``defines``:
+    DQ_TILE heads x varlen_tiles_per_head tiles of the shared dQ buffer's bytes, else no tiles
+    and a row (token x heads + head) of head_dim floats each."""
+    if not int(defines.get("DQ_TILE", 0)):
+        return 0, total_q * heads * head_dim
+    step = int(defines.get("BLOCK_M", ROWS))
+    tiles = heads * varlen_tiles_per_head(total_q, batch, step)
+    return tiles, tiles * dq_buffer_bytes(head_dim, step, bool(int(defines.get("DQ_PACK", 0)))) // 4
+
+
 def varlen_key_blocks(total_k: int, batch: int) -> int:
     """KEYS-key blocks there can be at most over packed sequences, whatever the lengths (the
     varlen grid): ceil(len / KEYS) summed is at most (tokens + batch (KEYS - 1)) / KEYS."""
@@ -227,9 +239,7 @@ class Sm90VarlenPlan:
         self.lse_stride = varlen_lse_stride(tq, batch)
         self.chain_count = tq * hq if deterministic else 0  # a counter a query block's first packed row
         # DQ_TILE: the accumulator is a head's tiles after another's, each the shared buffer's image
-        self.tiles = hq * varlen_tiles_per_head(tq, batch, step) if int(main.defines.get("DQ_TILE", 0)) else 0
-        self.accum_floats = (self.tiles * dq_buffer_bytes(d, step, bool(int(main.defines.get("DQ_PACK", 0)))) // 4
-                             if self.tiles else tq * hq * d)
+        self.tiles, self.accum_floats = varlen_dq_accum(tq, hq, batch, d, main.defines)
 
         def launcher(name, file, defs, **config):
             return get_kernel(name, None, defines=defs, file=file).launcher(stream=stream, **config)
