@@ -10,10 +10,12 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels import attention_backward_sm90
 from tmaflow.kernels.attention_backward_entry import HEAD_DIMS, backward_smem, slices
-from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, DQ_TILE_DEFINES, DQ_TILE_HEAD_DIMS, KEYS,
-                                                     ROWS, SEQ_PAD, SM90_HEAD_DIMS, STAGES, VARLEN_BEFORE, defines_smem,
-                                                     dq_buffer_bytes, kernel_smem, main_defines, padded_rows,
-                                                     sm90_smem, step_rows, varlen_key_blocks, varlen_lse_stride)
+from tmaflow.kernels.attention_backward_sm90 import (DQ_BULK_HEAD_DIMS, DQ_ROWS_DEFINES, DQ_TILE_DEFINES,
+                                                     DQ_TILE_HEAD_DIMS, KEYS, ROWS, SEQ_PAD, SM90_HEAD_DIMS, STAGES,
+                                                     VARLEN_BEFORE, Sm90VarlenPlan, defines_smem, dq_buffer_bytes,
+                                                     kernel_smem, main_defines, padded_rows, sm90_smem, step_rows,
+                                                     varlen_dq_accum, varlen_key_blocks, varlen_lse_stride,
+                                                     varlen_tiles_per_head)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
 from tmaflow.runtime.memory import DeviceArray
@@ -202,23 +204,24 @@ def test_sm90_wide_steps_without_room_for_the_dq_buffers_are_refused_at_compile_
 @pytest.mark.parametrize("before", [False, True])
 def test_sm90_varlen_backward_compiles_without_spills(d, causal, deterministic, fp16, before, monkeypatch):
     """The VARLEN build (attention_varlen_backward at head dims 64 and 128) takes the dense
-    plan's defines (128-row steps at head dim 64, two dQ buffers at 128) and keeps the dense
+    plan's defines (128-row steps at head dim 64, two dQ buffers at 128, dQ tiles) and keeps the dense
     kernel's registers: nothing on the stack, no serialized wgmma (its sequence bookkeeping
     must not take the consumers' registers); so does the schedule it had before (the A/B's)."""
     main = main_defines(d, causal, deterministic, fp16, varlen=True)
-    with monkeypatch.context() as patch:  # the dense plan's schedule but its dQ tiles
-        patch.setattr(attention_backward_sm90, "DQ_TILE_HEAD_DIMS", ())
-        assert main == {**main_defines(d, causal, deterministic, fp16), "VARLEN": 1}
+    assert main == {**main_defines(d, causal, deterministic, fp16), "VARLEN": 1}  # the dense plan's, tiles too
     if before:
         main = {**main, **VARLEN_BEFORE[d]}
+    assert bool(main.get("DQ_TILE")) == (not before and d in DQ_TILE_HEAD_DIMS)
     prep = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **({"FP16": 1} if fp16 else {})}
-    for name, defs in (("attention_bwd_sm90", main), ("attention_bwd_sm90_varlen_prep", prep)):
+    kernels_ = [("attention_bwd_sm90", main), ("attention_bwd_sm90_varlen_prep", prep)]
+    if main.get("DQ_TILE"):
+        kernels_.append(("attention_bwd_sm90_varlen_dq_tile", main))
+    for name, defs in kernels_:
         program = get_kernel(name, None, defines=defs, file="attention_backward_sm90").program
         assert program.resources is not None, (name, defs, program.log[-3000:])  # which ptxas report is missing
         assert program.resources.spills == 0 and program.resources.stack_frame == 0, (name, defs, program.resources)
         assert compiler.wgmma_pipeline_notes(program.log) == [], (name, defs)
-    assert kernel_smem(d, main["BLOCK_M"], bool(main["DQ_BULK"]), main["STAGES"], main.get("DQ_BUFS"),
-                       bool(main.get("DQ_PACK"))) <= sm90_smem(d) <= HOPPER_SMEM_LIMIT
+    assert max(sm90_smem(d), defines_smem(d, main)) <= HOPPER_SMEM_LIMIT
 
 
 @pytest.mark.parametrize("d", SM90_HEAD_DIMS)
@@ -243,27 +246,67 @@ def test_sm90_dq_tiles_default_to_the_kernels_defaults_in_the_smem_sum():
     assert defines_smem(64, {"BLOCK_M": 128, "DQ_BULK": 1, "STAGES": 3}) > HOPPER_SMEM_LIMIT
 
 
-def test_sm90_dq_tiles_as_a_plan_default_stay_off_the_varlen_plan(monkeypatch):
+def test_sm90_dq_tiles_as_a_plan_default_go_to_both_plans(monkeypatch):
     from tmaflow.kernels import attention_backward_sm90 as sm90
     monkeypatch.setattr(sm90, "DQ_TILE_HEAD_DIMS", (64, 128))
     for d in SM90_HEAD_DIMS:
-        assert main_defines(d, False, True, False).items() >= DQ_TILE_DEFINES[d].items()
-        assert "DQ_TILE" not in main_defines(d, False, True, False, varlen=True)
+        for varlen_ in (False, True):
+            assert main_defines(d, False, True, False, varlen=varlen_).items() >= DQ_TILE_DEFINES[d].items()
+    monkeypatch.setattr(sm90, "DQ_TILE_HEAD_DIMS", ())
+    assert "DQ_TILE" not in main_defines(128, False, True, False, varlen=True)
 
 
-def test_sm90_dq_tiles_are_refused_with_varlen_or_without_bulk_reductions():
-    for extra in ({"VARLEN": 1}, {"DQ_BULK": 0}):
-        defines = {**main_defines(128, False, False, False), "DQ_TILE": 1, **extra}
-        with pytest.raises(tf.TmaflowError, match="DQ_TILE: the dense path's bulk dQ"):
-            get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
+@pytest.mark.parametrize("extra,match", [({"DQ_BULK": 0}, r"DQ_TILE: the bulk dQ path's \(DQ_BULK\)"),
+                                         ({"VARLEN": 1, "DQ_HEAD_MAJOR": 1}, "DQ_TILE and DQ_HEAD_MAJOR")])
+def test_sm90_dq_tiles_are_refused_without_bulk_reductions_or_with_a_head_major_accumulator(extra, match):
+    defines = {**main_defines(128, False, False, False), "DQ_TILE": 1, **extra}
+    with pytest.raises(tf.TmaflowError, match=match):
+        get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
+
+
+@pytest.mark.parametrize("lens", [[2048] * 8, [77, 0, 1, 130, 64, 5, 200], [0, 0, 1], [63, 64, 65, 1, 3, 4],
+                                  [127, 128, 129, 255, 0, 383, 66, 2], [128] * 5, [1] * 300])
+@pytest.mark.parametrize("rows", [ROWS, 2 * ROWS])
+@pytest.mark.parametrize("before,after", [(0, 0), (3, 5)])
+def test_sm90_varlen_dq_tiles_of_sequences_are_disjoint_and_fit(lens, rows, before, after):
+    """DQ_TILE over packed sequences (the kernel's varlen_tile0): sequence b's query blocks of
+    ``rows`` at tiles (cu_q[b] + b rows) // rows + i, no tile shared by two sequences, all of
+    them below a head's varlen_tiles_per_head of the tokens (tokens outside the sequences too)."""
+    cu = before + np.concatenate([[0], np.cumsum(lens)])
+    total = int(cu[-1]) + after
+    per_head = varlen_tiles_per_head(total, len(lens), rows)
+    used = [(int(c) + b * rows) // rows + i for b, (c, n) in enumerate(zip(cu, lens)) for i in range(-(-n // rows))]
+    assert len(set(used)) == len(used) == sum(-(-n // rows) for n in lens)
+    assert max(used, default=0) < per_head
+    # the conversion's token -> (tile, row) inverts the dQ warp's (tile, row) -> token
+    seen = {}
+    for b, (c, n) in enumerate(zip(cu, lens)):
+        for t in range(int(c), int(c) + n):
+            seen[((int(c) + b * rows) // rows + (t - int(c)) // rows, (t - int(c)) % rows)] = t
+    assert len(seen) == sum(lens)
+
+
+@pytest.mark.parametrize("d", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_sm90_varlen_plan_sizes_its_tiles(d, deterministic):
+    """The varlen plan's accumulator: heads x varlen_tiles_per_head tiles of the shared dQ
+    buffer's bytes under DQ_TILE (the plan's); rows (tokens x heads x D) under DQ_ROWS_DEFINES."""
+    defines = main_defines(d, False, deterministic, False, varlen=True)
+    step = step_rows(d)
+    tiles, floats = varlen_dq_accum(700, 4, 3, d, defines)
+    assert tiles == 4 * ((700 + 3 * step) // step + 1)
+    assert floats * 4 == tiles * dq_buffer_bytes(d, step, bool(defines.get("DQ_PACK"))) >= tiles * step * d * 4
+    assert varlen_dq_accum(700, 4, 3, d, {**defines, **DQ_ROWS_DEFINES[d]}) == (0, 700 * 4 * d)
 
 
 @pytest.mark.parametrize("d", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("causal,deterministic", [(False, False), (True, True)])
-@pytest.mark.parametrize("option", [{"DQ_HEAD_MAJOR": 1}, {"PREP_LOADS_FIRST": 0}])
+@pytest.mark.parametrize("option", [{"DQ_HEAD_MAJOR": 1}, {"PREP_LOADS_FIRST": 0}, {}])
 def test_sm90_varlen_ab_options_compile_without_spills(d, causal, deterministic, option):
-    """The varlen A/B options (a head-major dQ accumulator with its conversion kernel; the
-    prep's old order) compile for the plan's schedule: no stack, no serialized wgmma."""
+    """The varlen A/B options (a head-major dQ accumulator with its conversion kernel, over
+    dQ rows; the prep's old order; dQ rows, DQ_ROWS_DEFINES) compile for the plan's schedule:
+    no stack, no serialized wgmma."""
+    option = {**DQ_ROWS_DEFINES[d], **option} if "PREP_LOADS_FIRST" not in option else option
     main = {**main_defines(d, causal, deterministic, False, varlen=True), **option}
     prep = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), "VARLEN": 1, **option}
     kernels_ = [("attention_bwd_sm90", main), ("attention_bwd_sm90_varlen_prep", prep)]

@@ -11,7 +11,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
-from tmaflow.kernels.attention_backward_sm90 import VARLEN_BEFORE
+from tmaflow.kernels.attention_backward_sm90 import DQ_ROWS_DEFINES, VARLEN_BEFORE
 from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
@@ -115,14 +115,14 @@ def test_varlen_backward_prep_finds_rows_among_many_sequences(device, rng, count
 
 
 @pytest.mark.parametrize("defines,d,deterministic", [({"PREP_LOADS_FIRST": 0}, 64, False),
-                                                     ({"DQ_HEAD_MAJOR": 1}, 64, False),
-                                                     ({"DQ_HEAD_MAJOR": 1}, 128, False),
-                                                     ({"DQ_HEAD_MAJOR": 1}, 64, True)],
+                                                     ({**DQ_ROWS_DEFINES[64], "DQ_HEAD_MAJOR": 1}, 64, False),
+                                                     ({**DQ_ROWS_DEFINES[128], "DQ_HEAD_MAJOR": 1}, 128, False),
+                                                     ({**DQ_ROWS_DEFINES[64], "DQ_HEAD_MAJOR": 1}, 64, True)],
                          ids=["oldprep-64", "headmaj-64", "headmaj-128", "headmaj-64-det"])
 def test_varlen_backward_ab_options(device, rng, defines, d, deterministic):
     """The bench's A/B options compute the gradients: the prep's old order and binary search
-    (PREP_LOADS_FIRST=0); a head-major dQ accumulator (DQ_HEAD_MAJOR: red adds at head dim 64,
-    bulk reductions at 128, chain counters by its rows) with its conversion kernel."""
+    (PREP_LOADS_FIRST=0); a head-major dQ accumulator of rows (DQ_HEAD_MAJOR: red adds at head
+    dim 64, bulk reductions at 128, chain counters by its rows) with its conversion kernel."""
     _varlen_run(rng, OFF_STEP_Q, OFF_STEP_K, 4, 2, d, d, True, deterministic=deterministic, defines=defines)
 
 
@@ -138,20 +138,22 @@ def test_varlen_backward_deterministic_is_bit_identical(device, rng, d, causal, 
 
 
 # Lengths the steps were not tuned for: ends 1 before, at and 1 past a 128-row step, past a
-# 64-row one, an empty sequence and a short last one; keys unlike the queries.
-OFF_STEP_Q = [127, 128, 129, 255, 0, 383, 66, 2]
-OFF_STEP_K = [129, 128, 1, 255, 3, 383, 300, 2]
+# 64-row one, an empty sequence, one of a token and a short last one; keys unlike the queries.
+# Under DQ_TILE a sequence's last, partial tile takes the next one's rows (zero dQ) past its end.
+OFF_STEP_Q = [127, 128, 129, 255, 0, 383, 66, 1, 2]
+OFF_STEP_K = [129, 128, 1, 255, 3, 383, 300, 5, 2]
+SCHEDULES = {"plan": lambda d: {}, "rows": lambda d: DQ_ROWS_DEFINES[d], "before": lambda d: VARLEN_BEFORE[d]}
 
 
-@pytest.mark.parametrize("schedule", ["plan", "before"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_backward_schedules_on_lengths_off_the_steps(device, rng, schedule, d, causal):
     """The plan's schedule (the dense one's: 128-row steps at head dim 64, two dQ buffers at
-    128) and the one it had before (VARLEN_BEFORE: 64-row steps, one buffer), grouped-query
-    heads (4 a kv head: steps of one key block over several heads), then the deterministic mode
-    bit-identical across two runs."""
-    defines = VARLEN_BEFORE[d] if schedule == "before" else {}
+    128, dQ tiles), its dQ rows (DQ_ROWS_DEFINES) and the one it had before (VARLEN_BEFORE:
+    64-row steps, one buffer, rows), grouped-query heads (4 a kv head: steps of one key block
+    over several heads), then the deterministic mode bit-identical across two runs."""
+    defines = SCHEDULES[schedule](d)
     _varlen_run(rng, OFF_STEP_Q, OFF_STEP_K, 8, 2, d, d, causal, defines=defines)
     lens = OFF_STEP_Q if causal else OFF_STEP_K
     got, (q, k, v, out, dout, lse, cu) = _varlen_run(rng, lens, lens, 4, 1, d, d, causal, deterministic=True,

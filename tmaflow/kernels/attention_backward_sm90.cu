@@ -109,23 +109,25 @@ using namespace tmaflow;
 #ifndef DQ_BULK
 #define DQ_BULK 1
 #endif
-// 1 (DQ_BULK, not VARLEN; FA3's dQ): the accumulator is tiles, one a (batch x head, query block),
-// each a byte-for-byte image of the shared dQ buffer (its padding included), so the dQ warp adds
-// a step's dQ with one bulk reduction instead of one a row; attention_bwd_sm90_dq_tile
-// un-permutes them. 0: the accumulator is row-major (batch x heads x seq, D).
+// 1 (DQ_BULK; FA3's dQ): the accumulator is tiles, one a (batch x head, query block), each a
+// byte-for-byte image of the shared dQ buffer (its padding included), so the dQ warp adds a
+// step's dQ with one bulk reduction instead of one a row; attention_bwd_sm90_dq_tile (VARLEN:
+// attention_bwd_sm90_varlen_dq_tile) un-permutes them. 0: the accumulator is row-major (batch x
+// heads x seq, D; VARLEN: token x heads + head).
 #ifndef DQ_TILE
 #define DQ_TILE 0
 #endif
 #ifndef VARLEN
 #define VARLEN 0
 #endif
-static_assert(!DQ_TILE || (DQ_BULK && !VARLEN), "DQ_TILE: the dense path's bulk dQ (DQ_BULK, not VARLEN)");
+static_assert(!DQ_TILE || DQ_BULK, "DQ_TILE: the bulk dQ path's (DQ_BULK)");
 // VARLEN, 1: the fp32 dQ accumulator is head-major (head x tokens + token rows, a head's rows
 // contiguous as the dense kernel's) and attention_bwd_sm90_varlen_dq writes dQ in (tokens,
 // heads, D); 0: its rows are dQ's (token x heads + head, a step's rows heads x D x 4 bytes apart).
 #ifndef DQ_HEAD_MAJOR
 #define DQ_HEAD_MAJOR 0
 #endif
+static_assert(!(DQ_TILE && DQ_HEAD_MAJOR), "DQ_TILE and DQ_HEAD_MAJOR: two layouts of the varlen dQ accumulator");
 constexpr int D = HEAD_DIM, BM = BLOCK_M, BN = 128;
 static_assert(!DV_FIRST || (DQ_EARLY && !OVERLAP), "DV_FIRST is an order of the DQ_EARLY schedule");
 constexpr bool kRotate = ROTATE && !(CAUSAL || DETERMINISTIC || VARLEN);
@@ -252,6 +254,35 @@ attention_bwd_sm90_prep(const elem_t* out, const elem_t* dout, const float* lse,
 // least len + kSeqPad rows before sequence b + 1's (b (kSeqPad + 4) covers the rounding).
 TMAFLOW_DEVICE int lse_row0(int cu_q_b, int b) { return (cu_q_b + 3) / 4 * 4 + b * (kSeqPad + 4); }
 
+// DQ_TILE (FA3's packed tiles): sequence b's query block i is tile (cu_q[b] + b BM) / BM + i of
+// its head; sequence b + 1's first is past b's last whatever the lengths, and a head's
+// (total_q + batch BM) / BM + 1 tiles hold them all (attention_backward_sm90.py's).
+TMAFLOW_DEVICE int varlen_tile0(int cu_q_b, int b) { return (cu_q_b + b * BM) / BM; }
+TMAFLOW_DEVICE int varlen_tiles_per_head(int total_q, int batch) { return (total_q + batch * BM) / BM + 1; }
+
+// The last b <= batch with cu_q[b] <= token (cu_q clamped to 0 .. total_q), the whole warp
+// asking; below 1024 sequences a 32-ary search (a load a lane and a ballot a level: one or two
+// levels, no loop), else a binary search.
+TMAFLOW_DEVICE int warp_sequence_of(const int* cu_q, int token, int total_q, int batch, int lane, bool ballot) {
+  int lo = 0;
+  if (ballot && batch < 1024) {
+    auto level = [&](int base, int span) {  // the last b = base + span x lane (b <= batch) with cu_q[b] <= token
+      const int b = base + span * lane;
+      const bool le = b <= batch && clamp_to(__ldg(cu_q + min(b, batch)), 0, total_q) <= token;
+      const uint32_t any = __ballot_sync(0xffffffffu, le);
+      return any ? base + span * (31 - __clz(any)) : base;
+    };
+    lo = level(batch >= 32 ? level(0, 32) : 0, 1);
+  } else {
+    int hi = batch;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 // 1: the varlen prep finds a row's sequence (below 1024 sequences) with a load a lane and a
 // ballot a level, the row's O and dO loads in flight, and zeroes the padding and the dK / dV rows
 // outside every sequence after its row; 0: those first, then a binary search over cu_q (about
@@ -268,12 +299,15 @@ extern "C" __global__ void __launch_bounds__(256)
 attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const float* lse, float* lse2, float* delta,
                                float* dq_accum, uint32_t* chain, elem_t* dk, elem_t* dv, const int* cu_q,
                                const int* cu_k, int total_q, int total_k, int batch, int heads, int heads_kv,
-                               int lse_stride, int chain_count) {
+                               int lse_stride, int chain_count, size_t tile_vec4) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int tid = blockIdx.x * blockDim.x + threadIdx.x;
   const size_t threads = size_t(gridDim.x) * blockDim.x;
   if (DETERMINISTIC && tid < chain_count) chain[tid] = 0;
+  // A tiled accumulator (the main kernel's DQ_TILE: tile_vec4 float4s, padding included), all of it.
+  for (size_t i = tid; i < tile_vec4; i += threads)
+    reinterpret_cast<float4*>(dq_accum)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   auto zero_outside = [&] {  // key rows before cu_k[0] and from cu_k[batch] on
     const int lo = clamp_to(__ldg(cu_k), 0, total_k), hi = clamp_to(__ldg(cu_k + batch), lo, total_k);
     const size_t before = size_t(lo) * heads_kv, inside = size_t(hi - lo) * heads_kv;
@@ -305,23 +339,9 @@ attention_bwd_sm90_varlen_prep(const elem_t* out, const elem_t* dout, const floa
       g[c] = __ldg(reinterpret_cast<const uint32_t*>(dout + size_t(row) * D) + lane + 32 * c);
     }
     float* accum = dq_accum + (DQ_HEAD_MAJOR ? size_t(h) * total_q + token : size_t(row)) * D;
-    for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(accum)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-    int lo = 0;
-    if (PREP_LOADS_FIRST && batch < 1024) {
-      auto level = [&](int base, int span) {  // the last b = base + span x lane (b <= batch) with cu_q[b] <= token
-        const int b = base + span * lane;
-        const bool le = b <= batch && clamp_to(__ldg(cu_q + min(b, batch)), 0, total_q) <= token;
-        const uint32_t any = __ballot_sync(0xffffffffu, le);
-        return any ? base + span * (31 - __clz(any)) : base;
-      };
-      lo = level(batch >= 32 ? level(0, 32) : 0, 1);
-    } else {
-      int hi = batch;
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (clamp_to(__ldg(cu_q + mid), 0, total_q) <= token) lo = mid; else hi = mid - 1;
-      }
-    }
+    if (tile_vec4 == 0)
+      for (int c = lane; c < D / 4; c += 32) reinterpret_cast<float4*>(accum)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int lo = warp_sequence_of(cu_q, token, total_q, batch, lane, PREP_LOADS_FIRST);
     const int q0 = clamp_to(__ldg(cu_q + lo), 0, total_q);
     const int q1 = lo < batch ? clamp_to(__ldg(cu_q + lo + 1), q0, total_q) : q0;
     if (lo >= batch || token < q0 || token >= q1) return;
@@ -362,6 +382,35 @@ attention_bwd_sm90_varlen_dq(const float* dq_accum, elem_t* dq, int total_q, int
     reinterpret_cast<uint2*>(dq)[i] = make_uint2(pack2(a.x * scale, a.y * scale), pack2(a.z * scale, a.w * scale));
   }
 }
+
+#if DQ_TILE
+// DQ_TILE: dQ (tokens, heads, D) = scale x the accumulator's tiles, a warp a token (its sequence
+// found once, then its heads' rows, a lane 4 columns: whole 16-byte pieces of each tile row, the
+// output row contiguous); a token outside every sequence gets zeros.
+extern "C" __global__ void __launch_bounds__(256)
+attention_bwd_sm90_varlen_dq_tile(const float* dq_accum, elem_t* dq, const int* cu_q, int total_q, int batch,
+                                  int heads, float scale) {
+  constexpr int kVec = D / 4;  // float4s a row
+  const int lane = threadIdx.x % 32, warps = gridDim.x * (blockDim.x / 32);
+  const size_t per_head = size_t(varlen_tiles_per_head(total_q, batch)) * kDQBuf;
+  for (int token = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; token < total_q; token += warps) {
+    const int b = warp_sequence_of(cu_q, token, total_q, batch, lane, true);
+    const int q0 = clamp_to(__ldg(cu_q + b), 0, total_q);
+    const int q1 = b < batch ? clamp_to(__ldg(cu_q + b + 1), q0, total_q) : q0;
+    const bool inside = b < batch && token >= q0 && token < q1;
+    const int m = inside ? token - q0 : 0;
+    const uint8_t* tile = reinterpret_cast<const uint8_t*>(dq_accum) +
+                          size_t(inside ? varlen_tile0(q0, b) + m / BM : 0) * kDQBuf + dq_row_offset(m % BM);
+    for (int e = lane; e < heads * kVec; e += 32) {
+      const int h = e / kVec, c = e % kVec;
+      float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (inside) a = *reinterpret_cast<const float4*>(tile + h * per_head + 16 * c);
+      reinterpret_cast<uint2*>(dq + size_t(token) * heads * D)[e] =
+          make_uint2(pack2(a.x * scale, a.y * scale), pack2(a.z * scale, a.w * scale));
+    }
+  }
+}
+#endif
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -501,9 +550,16 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #endif
 #if DQ_TILE
         (void)rows;
-        if (lane == 0)  // the whole buffer: its tile is its image
-          bulk::reduce_add(dq_accum + (size_t(bh) * (seq_pad / BM) + block_of(t)) * (kDQBuf / 4),
-                           reinterpret_cast<const float*>(smem + kOffDQ + u * kDQBuf), kDQBuf);
+        // The whole buffer: its tile is its image. VARLEN: rows past the sequence's end (the next
+        // sequence's, LSE +inf: P = dS = 0) add zeros to rows of this sequence's tile no one reads.
+#if VARLEN
+        const size_t tile = size_t(bh) * varlen_tiles_per_head(total_q, batch) + varlen_tile0(q_start, seq) + block_of(t);
+#else
+        const size_t tile = size_t(bh) * (seq_pad / BM) + block_of(t);
+#endif
+        if (lane == 0)
+          bulk::reduce_add(dq_accum + tile * (kDQBuf / 4), reinterpret_cast<const float*>(smem + kOffDQ + u * kDQBuf),
+                           kDQBuf);
 #else
         for (int r = lane; r < rows; r += 32)
 #if VARLEN

@@ -78,6 +78,8 @@ TWO_DQ_BUFFERS = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
 # (the kernel's DQ_TILE, FA3's) instead of one a row (head dim 128) or red.global (64: its tile
 # variant takes the bulk path with two stages; a 128-row buffer beside three does not fit).
 DQ_TILE_DEFINES = {128: {"DQ_TILE": 1}, 64: {"DQ_TILE": 1, "DQ_BULK": 1, "STAGES": 2}}
+# The row reductions' schedule the tiles replaced (an A/B's override, kernels.registry.extra_defines)
+DQ_ROWS_DEFINES = {128: {"DQ_TILE": 0}, 64: {"DQ_TILE": 0, "DQ_BULK": 0, "STAGES": STAGES}}
 # Head dims whose dense plan takes DQ_TILE_DEFINES (H200, session 17 call 4, same rounds, cold,
 # TFLOP/s tiles / rows: head dim 128 4k 540 / 466 full, 472 / 408 causal, 16k 552 / 466, 553 /
 # 464; head dim 64 4k 494 / 402, 412 / 366, 16k 534 / 423, 504 / 438; deterministic 4k: 1.16-1.44x)
@@ -86,18 +88,19 @@ DQ_TILE_HEAD_DIMS: tuple[int, ...] = (64, 128)
 
 def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, varlen: bool = False) -> dict:
     """The defines of the plans' ``attention_bwd_sm90`` (the dense prep kernel's are the first
-    three): the dense and the varlen (VARLEN) plan run the same schedule, but for the dQ tiles
-    (DQ_TILE_HEAD_DIMS: dense only)."""
+    three): the dense and the varlen (VARLEN) plan run the same schedule, dQ tiles included
+    (DQ_TILE_HEAD_DIMS; the varlen plan's tiles per sequence, varlen_tiles_per_head)."""
     two_buffers = TWO_DQ_BUFFERS if head_dim == 128 and not deterministic else {}
-    tiles = DQ_TILE_DEFINES[head_dim] if head_dim in DQ_TILE_HEAD_DIMS and not varlen else {}
+    tiles = DQ_TILE_DEFINES[head_dim] if head_dim in DQ_TILE_HEAD_DIMS else {}
     return {"HEAD_DIM": head_dim, "DETERMINISTIC": int(deterministic), **({"FP16": 1} if fp16 else {}),
             **({"VARLEN": 1} if varlen else {}), "CAUSAL": int(causal), "STAGES": STAGES,
             "BLOCK_M": step_rows(head_dim), "DQ_BULK": int(head_dim in DQ_BULK_HEAD_DIMS), **two_buffers, **tiles}
 
 
 # The varlen plan's schedule before it took main_defines (64-row steps; head dim 128 one dQ
-# buffer and three stages): an A/B's override (kernels.registry.extra_defines) of the plan's.
-VARLEN_BEFORE = {64: {"BLOCK_M": ROWS}, 128: {"STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}}
+# buffer and three stages; dQ rows): an A/B's override (kernels.registry.extra_defines) of the plan's.
+VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
+                 128: {**DQ_ROWS_DEFINES[128], "STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}}
 
 
 def padded_rows(seq: int, rows: int = ROWS) -> int:
@@ -175,6 +178,24 @@ class Sm90Plan:
                 dq_args, ws)
 
 
+def varlen_tiles_per_head(total_q: int, batch: int, rows: int) -> int:
+    """DQ_TILE's tiles a head over packed sequences (the kernel's varlen_tiles_per_head):
+    sequence b's blocks of ``rows`` start at tile (cu_q[b] + b rows) // rows, past sequence
+    b - 1's last whatever the lengths; all of them below (total_q + batch rows) // rows (+ 1)."""
+    return (total_q + batch * rows) // rows + 1
+
+
+def varlen_dq_accum(total_q: int, heads: int, batch: int, head_dim: int, defines: dict) -> tuple[int, int]:
+    """(tiles, fp32 floats) of the varlen dQ accumulator of a kernel built with ``defines``:
+    DQ_TILE heads x varlen_tiles_per_head tiles of the shared dQ buffer's bytes, else no tiles
+    and a row (token x heads + head) of head_dim floats each."""
+    if not int(defines.get("DQ_TILE", 0)):
+        return 0, total_q * heads * head_dim
+    step = int(defines.get("BLOCK_M", ROWS))
+    tiles = heads * varlen_tiles_per_head(total_q, batch, step)
+    return tiles, tiles * dq_buffer_bytes(head_dim, step, bool(int(defines.get("DQ_PACK", 0)))) // 4
+
+
 def varlen_key_blocks(total_k: int, batch: int) -> int:
     """KEYS-key blocks there can be at most over packed sequences, whatever the lengths (the
     varlen grid): ceil(len / KEYS) summed is at most (tokens + batch (KEYS - 1)) / KEYS."""
@@ -217,19 +238,28 @@ class Sm90VarlenPlan:
         self.shape = (tq, hq, d, tk, hkv, batch)
         self.lse_stride = varlen_lse_stride(tq, batch)
         self.chain_count = tq * hq if deterministic else 0  # a counter a query block's first packed row
+        # DQ_TILE: the accumulator is a head's tiles after another's, each the shared buffer's image
+        self.tiles, self.accum_floats = varlen_dq_accum(tq, hq, batch, d, main.defines)
 
         def launcher(name, file, defs, **config):
             return get_kernel(name, None, defines=defs, file=file).launcher(stream=stream, **config)
         rows = tq * hq
+        if self.tiles:  # a warp a token
+            dq_kernel = main_launcher_of("attention_bwd_sm90_varlen_dq_tile", main.defines, stream,
+                                         grid=min(4 * _DQ_GRID, -(-tq // 8)), block=256)
+        elif self.head_major:
+            dq_kernel = launcher("attention_bwd_sm90_varlen_dq", "attention_backward_sm90", defines,
+                                 grid=min(_DQ_GRID, -(-rows * d // 1024)), block=256)
+        else:
+            dq_kernel = launcher("attention_bwd_dq", "attention_backward", fp16,
+                                 grid=min(_DQ_GRID, -(-rows * d // 512)), block=256)
         prep_threads = max(32 * rows, batch * hq * SEQ_PAD, self.chain_count)  # dK, dV: a grid stride
         self.launches = [
             launcher("attention_bwd_sm90_varlen_prep", "attention_backward_sm90", defines,
                      grid=max(1, -(-prep_threads // (32 * _PREP_ROWS))), block=32 * _PREP_ROWS),
             main.launcher(stream=stream, grid=(varlen_key_blocks(tk, batch), hkv, 1), block=THREADS,
-                          smem=sm90_smem(d)),
-            launcher("attention_bwd_sm90_varlen_dq", "attention_backward_sm90", defines,
-                     grid=min(_DQ_GRID, -(-rows * d // 1024)), block=256) if self.head_major else
-            launcher("attention_bwd_dq", "attention_backward", fp16, grid=min(_DQ_GRID, -(-rows * d // 512)), block=256),
+                          smem=max(sm90_smem(d), defines_smem(d, main.defines))),
+            dq_kernel,
         ]
         qspec = TensorMapSpec.tiled(dt, (tq, hq, d), (step, 1, 64), swizzle="128B")
         kspec = TensorMapSpec.tiled(dt, (tk, hkv, d), (KEYS, 1, d // 2), swizzle=f"{d}B")
@@ -242,14 +272,15 @@ class Sm90VarlenPlan:
         tq, hq, d, tk, hkv, batch = self.shape
         rows = tq * hq
         lse_rows = hq * self.lse_stride
-        ws = workspace(rows * d + 2 * lse_rows + self.chain_count)
+        ws = workspace(self.accum_floats + 2 * lse_rows + self.chain_count)
         accum = ws.ptr
-        lse2 = accum + 4 * rows * d
+        lse2 = accum + 4 * self.accum_floats
         delta = lse2 + 4 * lse_rows
         chain = delta + 4 * lse_rows
         maps = (self.tq.bind(Q), self.tk.bind(K), self.tv.bind(V), self.tdo.bind(G))
         return ((O, G, L, lse2, delta, accum, chain, DK, DV, CQ, CK, tq, tk, batch, hq, hkv, self.lse_stride,
-                 self.chain_count),
+                 self.chain_count, self.accum_floats // 4 if self.tiles else 0),
                 (*maps, lse2, delta, accum, chain, DK, DV, CQ, CK, tq, tk, batch, self.lse_stride, hq, hq // hkv,
                  scale, scale * math.log2(math.e)),
+                (accum, DQ, CQ, tq, batch, hq, scale) if self.tiles else
                 (accum, DQ, tq, hq, scale) if self.head_major else (accum, DQ, rows * d // 2, scale), ws)

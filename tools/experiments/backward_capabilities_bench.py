@@ -1,8 +1,10 @@
 """One timing line each for the backward's new capabilities (H200, bf16, L2 warm, median of
 10): the varlen backward beside the dense backward (both the Hopper kernel at head dims 64
-and 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads), as A/B rows: the varlen
-prep before its loads came first (PREP_LOADS_FIRST=0, "oldprep"), a head-major dQ accumulator
-(DQ_HEAD_MAJOR=1, "headmaj": a head's rows contiguous as the dense kernel's) and the varlen build over
+and 128) at equal total tokens (16k: 8 sequences of 2048, 16 heads), as A/B rows: the plan's
+dQ tiles ("varlen", DQ_TILE) against the row reductions they replaced ("rows", DQ_ROWS_DEFINES),
+the varlen prep before its loads came first (PREP_LOADS_FIRST=0, "oldprep"), a head-major dQ
+accumulator of rows (DQ_HEAD_MAJOR=1, "headmaj": a head's rows contiguous as the dense kernel's
+were) and the varlen build over
 the dense layout ("bhsd": the dense tensors as 128 sequences of one head, so Q / dO / K / V
 boxes and the dQ accumulator rows are contiguous as in the dense kernel; same FLOPs), all
 timed in turns (three rounds, a median of 10 each; the line gives the median over the rounds,
@@ -22,6 +24,7 @@ import sys
 import torch
 
 from tmaflow import bench, kernels
+from tmaflow.kernels.attention_backward_sm90 import DQ_ROWS_DEFINES
 from tmaflow.kernels.registry import extra_defines
 
 
@@ -34,8 +37,11 @@ def _ms(fn) -> float:
     return bench.do_bench(fn, warmup=3, repeats=10, return_mode="median") * 1e3
 
 
-# The varlen A/B rows: extra_defines of the plan's kernels (an empty dict: the plan's own)
-VARIANTS = {"varlen": {}, "oldprep": {"PREP_LOADS_FIRST": 0}, "headmaj": {"DQ_HEAD_MAJOR": 1}, "bhsd": {}}
+def variants(d: int) -> dict:
+    """The varlen A/B rows at head dim d: extra_defines of the plan's kernels (an empty dict:
+    the plan's own)."""
+    return {"varlen": {}, "rows": DQ_ROWS_DEFINES[d], "oldprep": {"PREP_LOADS_FIRST": 0},
+            "headmaj": {**DQ_ROWS_DEFINES[d], "DQ_HEAD_MAJOR": 1}, "bhsd": {}}
 
 
 def varlen_vs_dense(causal: bool, d: int = 128, rounds: int = 3) -> str:
@@ -58,7 +64,8 @@ def varlen_vs_dense(causal: bool, d: int = 128, rounds: int = 3) -> str:
 
     def bhsd():
         return kernels.attention_varlen_backward(*flat, lse_flat, cu_flat, cu_flat, s, s, causal=causal)
-    calls = {"varlen": varlen, "oldprep": varlen, "headmaj": varlen, "bhsd": bhsd}
+    VARIANTS = variants(d)
+    calls = {"varlen": varlen, "rows": varlen, "oldprep": varlen, "headmaj": varlen, "bhsd": bhsd}
     times: dict = {name: [] for name in (*VARIANTS, "dense")}
     grads, kernel_us = {}, {}
     for r in range(rounds):  # extra_defines drops the prepared states: each block plans anew (warmup)
@@ -91,8 +98,9 @@ def _kernels(fn) -> dict:
     """{prep, main, dq: mean µs} of fn's kernels over 10 calls (CUPTI)."""
     got = {}
     for name, t in bench.kernel_times(fn, 10).items():
-        short = ("prep" if "prep" in name else "dq" if name.endswith("_dq") or name.startswith("attention_bwd_dq") else
-                 "main" if name.startswith("attention_bwd_sm90") else name[:24])
+        dq = name.endswith(("_dq", "_dq_tile")) or name.startswith("attention_bwd_dq")
+        short = ("prep" if "prep" in name else "dq" if dq else "main" if name.startswith("attention_bwd_sm90") else
+                 name[:24])
         got[short] = got.get(short, 0.0) + t.mean_us * t.calls / 10
     return got
 
