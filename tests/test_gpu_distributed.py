@@ -36,7 +36,9 @@ def group(tmp_path_factory):
     dist.init_process_group("nccl", store=store, rank=0, world_size=1)
     yield dist.group.WORLD
     torch.cuda.synchronize()
-    assert tfd.release(dist.group.WORLD) > 0 and tfd.release() == 0
+    # (a worker of pytest-xdist may run only tests that plan nothing on the group)
+    tfd.release(dist.group.WORLD)
+    assert tfd.release() == 0  # nothing left on any other group
     dist.destroy_process_group()
 
 
