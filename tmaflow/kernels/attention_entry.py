@@ -31,6 +31,10 @@ _BUDGET = HOPPER_SMEM_LIMIT - _BARRIER_RESERVE
 # Keys a tile measured on H100 / H200 (docs/history.md, session 6), by (head dim, causal).
 _MEASURED_KEYS = {(64, False): 128, (64, True): 128, (128, False): 176, (128, True): 128,
                   (256, False): 64, (256, True): 64}
+# (head dim, v's, causal) planned with one whole Q buffer where a second would fit (H200, session
+# 17, cold / back to back ratio to cuDNN at 1k-16k, one buffer against two: head dim 64 full
+# 0.997-1.053 / 1.014-1.047 against 0.969-0.997 / 0.958-1.021)
+_ONE_Q_BUFFER = {(64, 64, False)}
 # Per consumer thread, 232 registers hold O (head_dim_v / 2), S (keys / 2), P (keys / 4) and
 # about 36 more (indices, sums, addresses): head dim 128 with 176 keys is the measured limit.
 _TILE_REGISTERS = 196
@@ -121,11 +125,12 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     q_total = q_bytes * (q_stages or 1)  # a forced second Q stage may cost K and V stages
     pairs = min(4, (_BUDGET - q_total) // (k_bytes + v_bytes))
     k_stages = pairs + (pairs < 4 and _BUDGET - q_total - pairs * (k_bytes + v_bytes) >= k_bytes)
+    one_q = (head_dim, dv, causal) in _ONE_Q_BUFFER and not varlen  # whole, unless q_split says
     if q_stages is None:
         left = _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) - (k_stages - pairs) * k_bytes
-        q_stages = 2 if not varlen and left >= q_bytes else 1
+        q_stages = 2 if not varlen and left >= q_bytes and not one_q else 1
     if q_split is None:
-        q_split = q_stages == 1 and not varlen
+        q_split = q_stages == 1 and not varlen and not one_q
     halves = 2 if q_split else 1  # a split Q stage is one warpgroup's 64 rows, released by its 4 warps
     spec_q = _box_spec(BM // halves, head_dim)
     layout = SharedLayout([Pipeline("qp", stages=q_stages * halves, tiles={"q": (spec_q, qk_boxes)},
