@@ -445,7 +445,9 @@ def test_head_group_splits_fill_the_slots_with_a_quarter_of_the_items():
     (1, 8, 128, 16, 8192, False),
     (128, 6, 128, 16, 1024, False),    # kv heads not a multiple of four
     (128, 8, 96, 16, 1024, False),     # head dim not a multiple of 64
+    (128, 8, 256, 16, 1024, False),    # not measured there
 ])
 def test_head_group_is_the_default_only_where_its_items_fill_the_gpu_unsplit(batch, heads_kv, head_dim, page,
                                                                              context, expected):
     assert head_group_default(batch, heads_kv, head_dim, page, context, 132) is expected
+    assert head_group_default(batch, heads_kv, head_dim, page, context, 132, ctas_per_sm=2) is False

@@ -127,8 +127,8 @@ def head_group_default(batch: int, heads_kv: int, head_dim: int, page_size: int,
     over the one-head plan: batch 128, 1k keys, 8:1 page 16 0.935 / 0.892, 4:1 page 64 0.951 /
     0.919, one split each; where the group plan splits, 0.99-1.06 cold: batch 16 8k-32k, batch 64
     1k)."""
-    if heads_kv % HEAD_GROUP or head_dim % 64:
-        return False
+    if heads_kv % HEAD_GROUP or head_dim not in (64, 128) or ctas_per_sm is not None:
+        return False  # (measured at head dim 128; a given CTA count keeps the one-head plan it was for)
     group_ctas = decode_plan(head_dim, page_size, ctas=ctas_per_sm, head_group=True)[2]
     return choose_splits(batch, heads_kv // HEAD_GROUP, max_context, sm_count, group_ctas) == 1
 
