@@ -454,7 +454,9 @@ def test_uniform_desc_keeps_the_k_loop_descriptors_in_uniform_registers(shape, c
         assert r.spill_stores == 0 and r.spill_loads == 0, (uniform, r)
         got[uniform], regs[uniform] = _k_loop(disassemble(kernel.cubin)), r.registers
     moves = [sum("R2UR" in op for op in got[uniform]) for uniform in (0, 1)]
-    assert moves[0] >= 8 and moves[1] <= (3 if skinny else 0), moves  # the plain loop moves its descriptors
+    # the plain loop moves its descriptors; the skinny loops keep a few (M halves: 1 under NVRTC
+    # 13.5, 4 under 12.x)
+    assert moves[0] >= 8 and moves[1] <= (4 if skinny else 0) and moves[1] < moves[0], moves
     assert len(got[1]) < len(got[0]) and sum("HGMMA" in op for op in got[1]) == 4
     assert regs[1] <= regs[0]
 
