@@ -357,14 +357,21 @@ def test_wide_box_decode_kernel_compiles_with_one_4d_copy_a_page_piece(d, page, 
     """One UTMALDG.4D each for K and V (no 3-D copy), with the policy when evict-first; no
     spills, and registers that let `ctas` CTAs of 160 threads share an SM."""
     _, layout, _ = decode_plan(d, page, bool(persistent), ctas, True)
+    _four_d_decode_kernel(layout, d, page, persistent, evict_first, ctas, {"WIDE_BOX": 1})
+
+
+def _four_d_decode_kernel(layout, d, page, persistent, evict_first, ctas, extra):
+    """The kernel and its SASS, checked: no spills, one UTMALDG.4D each for K and V (with the policy
+    when evict-first), registers that let ``ctas`` CTAs of 160 threads share an SM."""
     k = get_kernel("attention_decode", layout, file="decode",
-                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "WIDE_BOX": 1,
+                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, **extra,
                             **({"PERSISTENT": 1} if persistent else {}), **({"EVICT_FIRST": 1} if evict_first else {})})
     sass = k.sass()
     assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
     loads = [line for line in sass.splitlines() if "UTMALDG" in line]
     assert len(loads) == 2 and all("UTMALDG.4D" in line and ("desc[" in line) == bool(evict_first) for line in loads), loads
     assert -(-k.resources.registers // 8) * 8 * 160 * ctas <= 65536, k.resources
+    return k, sass
 
 
 @pytest.mark.parametrize("d,page,persistent,stages", [(128, 16, False, 3), (128, 64, True, 3), (64, 256, False, 6),
@@ -412,17 +419,10 @@ def test_head_group_decode_kernel_compiles_with_one_4d_copy_a_stage_and_q_in_reg
     merge's count and bulk copies only without PERSISTENT; no spills, and registers that keep
     the plan's CTAs an SM."""
     _, layout, ctas = decode_plan(d, page, bool(persistent), head_group=True)
-    k = get_kernel("attention_decode", layout, file="decode",
-                   defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "HEAD_GROUP": 1,
-                            **({"PERSISTENT": 1} if persistent else {}), **({"FP16": 1} if fp16 else {}),
-                            **({"EVICT_FIRST": 1} if evict_first else {})})
-    sass = k.sass()
-    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
-    loads = [line for line in sass.splitlines() if "UTMALDG" in line]
-    assert len(loads) == 2 and all("UTMALDG.4D" in line and ("desc[" in line) == bool(evict_first) for line in loads), loads
+    k, sass = _four_d_decode_kernel(layout, d, page, persistent, evict_first, ctas,
+                                    {"HEAD_GROUP": 1, **({"FP16": 1} if fp16 else {})})
     assert sass.count("LDSM") == 2 * (d // 16), sass.count("LDSM")
     assert ("ATOMG" in sass, "UBLKCP" in sass) == (not persistent, not persistent)
-    assert -(-k.resources.registers // 8) * 8 * 160 * ctas <= 65536, k.resources
     assert len(k.params) == 15
 
 

@@ -27,6 +27,15 @@ def _check(got_bits, ref, what):
     assert rel_error(got, ref) < 1e-2, (what, rel_error(got, ref))
 
 
+def _matches_float64(rng, m, n, k, config):
+    """Debug and release builds, each into a poisoned output, against a float64 product."""
+    A, B, ref = _operands(rng, m, n, k)
+    for debug in (True, False):
+        out = poison(tf.empty((m, n), "bfloat16"))
+        kernels.gemm(A, B, out, config=config, debug=debug)
+        _check(out.numpy(), ref, (m, n, k, config, debug))
+
+
 @pytest.mark.parametrize("m", [1, 7, 16, 33, 64, 100, 128])
 @pytest.mark.parametrize("n,k", [(1000, 1000), (4096, 520)])
 @pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(rows=128), SkinnyConfig(split_k=1),
@@ -35,11 +44,7 @@ def _check(got_bits, ref, what):
                          ids=["auto", "rows128", "nosplit", "rows128-split3-stages3", "cluster2",
                               "rows128-cluster2-split2-stages2"])
 def test_skinny_against_float64(device, rng, m, n, k, config):
-    A, B, ref = _operands(rng, m, n, k)
-    for debug in (True, False):
-        out = poison(tf.empty((m, n), "bfloat16"))
-        kernels.gemm(A, B, out, config=config, debug=debug)
-        _check(out.numpy(), ref, (m, n, k, config, debug))
+    _matches_float64(rng, m, n, k, config)
 
 
 # M in two 64-row halves, a cluster of two CTAs sharing B by multicast: M just past one half,
@@ -51,11 +56,7 @@ def test_skinny_against_float64(device, rng, m, n, k, config):
                                     SkinnyConfig(rows=128, m_halves=2, split_k=2, stages=3)],
                          ids=["halves", "halves-split3", "rows128-halves-split2-stages3"])
 def test_skinny_m_halves_against_float64(device, rng, m, n, k, config):
-    A, B, ref = _operands(rng, m, n, k)
-    for debug in (True, False):
-        out = poison(tf.empty((m, n), "bfloat16"))
-        kernels.gemm(A, B, out, config=config, debug=debug)
-        _check(out.numpy(), ref, (m, n, k, config, debug))
+    _matches_float64(rng, m, n, k, config)
 
 
 # M in chunks of m_rows (a CTA each, pairs sharing B with m_halves): M past the 128 rows of one
@@ -66,11 +67,7 @@ def test_skinny_m_halves_against_float64(device, rng, m, n, k, config):
                                     SkinnyConfig(rows=128, m_rows=128, split_k=2)],
                          ids=["rows16", "rows64-halves", "rows32-halves-split3", "cta128-rows128-split2"])
 def test_skinny_m_chunks_against_float64(device, rng, m, config):
-    A, B, ref = _operands(rng, m, 520, 1000)
-    for debug in (True, False):
-        out = poison(tf.empty((m, 520), "bfloat16"))
-        kernels.gemm(A, B, out, config=config, debug=debug)
-        _check(out.numpy(), ref, (m, config, debug))
+    _matches_float64(rng, m, 520, 1000, config)
 
 
 def test_skinny_m_halves_split_k_is_deterministic_and_resets_its_counters(device, rng):

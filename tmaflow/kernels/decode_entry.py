@@ -339,29 +339,45 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
     return splits, evict_first
 
 
+def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int, device,
+                    num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None,
+                    ctas=None, wide_box=False, head_group=None) -> SimpleNamespace:
+    """What a call plans on ``device`` for the options it was given (None: the defaults, in this
+    order): head groups, splits and evict-first, persistence, the cluster and slice merges; also
+    the CTAs a request and split (``items``) and the CTAs an SM of the non-persistent plan."""
+    if head_group is None:
+        head_group = num_splits is None and persistent is None and not (cluster_merge or slice_merge or wide_box) \
+            and head_group_default(batch, heads_kv, head_dim, page_size, max_context, device.sm_count, ctas)
+    items = heads_kv // HEAD_GROUP if head_group else heads_kv
+    splits, evict_first = decode_choices(batch, heads_kv, head_dim, page_size, max_context,
+                                         1 if persistent else num_splits, evict_first, device, ctas, head_group)
+    ctas_per_sm = decode_plan(head_dim, page_size, ctas=ctas, head_group=head_group)[2]
+    if persistent is None:
+        persistent = persistent_default(batch, items, head_dim, splits, device.sm_count, ctas_per_sm)
+        if persistent:  # not asked for: a persistent plan that leaves too few stages is not taken
+            try:
+                decode_plan(head_dim, page_size, True, ctas, wide_box, head_group)
+            except TmaflowError:
+                persistent = False
+    if cluster_merge is None:
+        cluster_merge = not persistent and not slice_merge and not head_group and \
+            cluster_merge_default(batch, heads_kv, splits, device.sm_count)
+    slice_merge = bool(slice_merge) and splits > 1 and not persistent and not cluster_merge
+    return SimpleNamespace(splits=splits, evict_first=evict_first, persistent=persistent,
+                           cluster_merge=cluster_merge, slice_merge=slice_merge, head_group=head_group, items=items,
+                           ctas_per_sm=ctas_per_sm)
+
+
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
                   stream, ctas, wide_box, head_group) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
-    if head_group is None:
-        head_group = num_splits is None and persistent is None and not (cluster_merge or slice_merge or wide_box) \
-            and head_group_default(b, hkv, d, p.page_size, p.max_pages * p.page_size, device.sm_count, ctas)
-    items = hkv // HEAD_GROUP if head_group else hkv  # CTAs a request and split
-    splits, evict_first = decode_choices(b, hkv, d, p.page_size, p.max_pages * p.page_size,
-                                         1 if persistent else num_splits, evict_first, device, ctas, head_group)
-    ctas_per_sm = decode_plan(d, p.page_size, ctas=ctas, head_group=head_group)[2]
-    if persistent is None:
-        persistent = persistent_default(b, items, d, splits, device.sm_count, ctas_per_sm)
-        if persistent:  # not asked for: a persistent plan that leaves too few stages is not taken
-            try:
-                decode_plan(d, p.page_size, True, ctas, wide_box, head_group)
-            except TmaflowError:
-                persistent = False
-    if cluster_merge is None:
-        cluster_merge = not persistent and not slice_merge and not head_group and \
-            cluster_merge_default(b, hkv, splits, device.sm_count)
-    slice_merge = bool(slice_merge) and splits > 1 and not persistent and not cluster_merge
+    plan = decode_defaults(b, hkv, d, p.page_size, p.max_pages * p.page_size, device, num_splits, evict_first,
+                           persistent, cluster_merge, slice_merge, ctas, wide_box, head_group)
+    splits, evict_first, persistent, cluster_merge, slice_merge, head_group, items, ctas_per_sm = (
+        plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.slice_merge, plan.head_group,
+        plan.items, plan.ctas_per_sm)
     if slice_merge and b * hkv * splits > device.sm_count * ctas_per_sm:
         raise TmaflowError(f"attention_decode: slice_merge=True with {b * hkv * splits} CTAs (batch {b} x {hkv} kv "
                            f"heads x {splits} splits); its splits wait on each other, so every CTA must run at once: "

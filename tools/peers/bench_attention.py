@@ -407,18 +407,12 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
 
 def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool, bool]:
     """(splits, evict_first, persistent, cluster_merge, head_group) a call plans at head dim 128 on
-    the current device (decode_entry's defaults, in its order)."""
-    from tmaflow.kernels.decode_entry import (HEAD_GROUP, cluster_merge_default, decode_choices, decode_plan,
-                                              head_group_default, persistent_default)
+    the current device."""
+    from tmaflow.kernels.decode_entry import decode_defaults
     from tmaflow.runtime.device import current_device
 
-    sm_count = current_device().sm_count
-    group = head_group_default(batch, heads_kv, 128, page, ctx, sm_count)
-    items = heads_kv // HEAD_GROUP if group else heads_kv
-    splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx, head_group=group)
-    persistent = persistent_default(batch, items, 128, splits, sm_count, decode_plan(128, page, head_group=group)[2])
-    cluster = not persistent and not group and cluster_merge_default(batch, heads_kv, splits, sm_count)
-    return splits, evict_first, persistent, cluster, group
+    plan = decode_defaults(batch, heads_kv, 128, page, ctx, current_device())
+    return plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.head_group
 
 
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:

@@ -25,9 +25,9 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     of two from two waves on, K split among several CTAs when the tiles leave most SMs idle and
     K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.) Small bf16
     products take ``m_chunk_config`` before all of these."""
-    override = m_chunk_config(m, n, k, sm_count, layout, dtype)
-    if override is not None:
-        return override
+    chunks = m_chunk_config(m, n, k, sm_count, layout, dtype)
+    if chunks is not None:
+        return chunks
     if layout == "nt" and m <= SKINNY_M:
         if dtype == "bfloat16":
             one_tile = one_m_tile_config(m, n, k, sm_count)
