@@ -4,7 +4,7 @@
 # For each rank count: the world-size-1 tests (tests/test_gpu_distributed.py) once, then the
 # multi-rank tests (tests/test_gpu_multirank.py) and the benchmark
 # (tools/peers/bench_distributed.py) under torchrun. Env: SKIP_BENCH=1, BENCH_ARGS (e.g.
-# "--m 4096 --repeats 5"), TEST_BUDGET / BENCH_BUDGET (seconds per rank count).
+# "--m 4096 --repeats 5"), SKIP_W1=1 (no world-size-1 tests), TEST_BUDGET / BENCH_BUDGET (seconds per rank count).
 # Multicast stays off in every process (NVLink multicast can take shared GPUs out of service).
 # Writes logs and bench records under $OUT (or ./.out) and prints one line per run.
 set -u
@@ -17,10 +17,12 @@ export TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache}
 GPUS=$(nvidia-smi --list-gpus | wc -l)
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 status=0
-timeout "${TEST_BUDGET:-300}" python3 -m pytest tests/test_gpu_distributed.py -q -p no:cacheprovider -rfE \
-  > "$OUT/distributed_w1.log" 2>&1
-rc=$?; [ $rc -ne 0 ] && status=1
-echo "world size 1 tests: exit $rc ($(tail -1 "$OUT/distributed_w1.log"))"
+if [ -z "${SKIP_W1:-}" ]; then
+  timeout "${TEST_BUDGET:-300}" python3 -m pytest tests/test_gpu_distributed.py -q -p no:cacheprovider -rfE \
+    > "$OUT/distributed_w1.log" 2>&1
+  rc=$?; [ $rc -ne 0 ] && status=1
+  echo "world size 1 tests: exit $rc ($(tail -1 "$OUT/distributed_w1.log"))"
+fi
 for n in ${@:-2 4 8}; do
   if [ "$n" -gt "$GPUS" ]; then echo "$n ranks: skipped (this host has $GPUS GPUs)"; continue; fi
   timeout "${TEST_BUDGET:-300}" torchrun --standalone --nproc-per-node "$n" -m pytest tests/test_gpu_multirank.py \
