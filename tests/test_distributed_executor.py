@@ -135,6 +135,13 @@ def rigged(monkeypatch):
     monkeypatch.setattr(ops, "_PLANS", {})
     monkeypatch.setattr(ops, "_dtype_name", lambda t: "bfloat16")
     monkeypatch.setattr(ops, "group_of", lambda group: group)
+    monkeypatch.setattr(ops, "on_device", lambda device: contextlib.nullcontext())  # the GPU tier runs it
+    monkeypatch.setattr(ops.devices, "current_device", lambda: types.SimpleNamespace(sm_count=132))
+
+    def sum_partials(plan, parts, out):  # rank order, as the kernel sums
+        out.arr[...] = np.sum([p.arr for p in parts], axis=0)
+
+    monkeypatch.setattr(ops, "sum_partials", sum_partials)
     monkeypatch.setattr(ops, "SymmetricBuffer",
                         types.SimpleNamespace(allocate=lambda shape, dtype, group: Buffer(shape, group)))
 

@@ -4,7 +4,7 @@
 # For each rank count: the world-size-1 tests (tests/test_gpu_distributed.py) once, then the
 # multi-rank tests (tests/test_gpu_multirank.py) and the benchmark
 # (tools/peers/bench_distributed.py) under torchrun. Env: SKIP_BENCH=1, BENCH_ARGS (e.g.
-# "--m 4096 --repeats 5"), SKIP_W1=1 (no world-size-1 tests), TEST_BUDGET / BENCH_BUDGET (seconds per rank count).
+# "--tokens 4096 --repeats 5"), SKIP_W1=1 (no world-size-1 tests), TEST_BUDGET / BENCH_BUDGET (seconds per rank count).
 # Multicast stays off in every process (NVLink multicast can take shared GPUs out of service).
 # Writes logs and bench records under $OUT (or ./.out) and prints one line per run.
 set -u

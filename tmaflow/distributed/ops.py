@@ -21,8 +21,9 @@ from ..debug import trace as flight_recorder, watchdog
 from ..errors import DeadlockError, TmaflowError
 from ..kernels.matmul.dense import gemm
 from ..kernels.registry import get_kernel
+from ..runtime import device as devices
 from . import protocol
-from .symmetric import SymmetricBuffer, group_of
+from .symmetric import SymmetricBuffer, group_of, on_device
 
 DTYPES = ("bfloat16", "float8_e4m3fn")
 
@@ -133,6 +134,8 @@ class _Plan:
         self.steps = protocol.SCHEDULES[kind](self.world, self.rank)
         self.put = get_kernel("signal_put", None, file="signal", debug=debug, trace=trace)
         self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
+        self.sum = get_kernel("sum_partials", None, file="signal", debug=debug, trace=trace)
+        self.sms = devices.current_device().sm_count
         self.trace = trace
 
     def signal(self, step, stream) -> None:
@@ -227,6 +230,24 @@ def _pull(plan: _Plan, step) -> None:
         plan.staging[step.peer].copy_(peer[s.span(plan.rank)], non_blocking=True)
 
 
+def sum_partials(plan: _Plan, parts: list, out) -> None:
+    """``out`` = the sum of the bf16 ``parts`` (rank order, fp32, one rounding: the same bits
+    every call) on the current torch stream; one pass over them (``sum_partials`` in
+    signal.cu), or torch's ops where an address is not 16-byte aligned."""
+    import torch  # optional dependency: distributed needs torch
+
+    tensors = [out, *parts]
+    if len(parts) > 8 or any(t.data_ptr() % 16 or not t.is_contiguous() for t in tensors) or out.numel() % 8:
+        out.copy_(torch.stack(parts).float().sum(0))
+        return
+    n8 = out.numel() // 8
+    pointers = [p.data_ptr() for p in parts] + [0] * (8 - len(parts))
+    plan.sum.launch(out.data_ptr(), *pointers, len(parts), n8, grid=max(1, min(-(-n8 // 256), 4 * plan.sms)),
+                    block=256, stream=torch.cuda.current_stream().cuda_stream)
+    if plan.trace:
+        keep_trace()
+
+
 def _options(debug, trace) -> tuple[bool, bool]:
     return (watchdog.env_debug() if debug is None else checks.as_bool("debug", debug),
             checks.as_bool("trace", trace))
@@ -247,7 +268,7 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
                            group.size(), group.rank(), scale_a, scale_b)
     debug, trace = _options(debug, trace)
     out = _output("all_gather_gemm", out, (shapes.m, shapes.n), a_shard.device)
-    with torch.cuda.device(a_shard.device):  # the symmetric buffer lives on the operands' GPU
+    with on_device(a_shard.device):  # the symmetric buffer lives on the operands' GPU
         plan = _plan("all_gather_gemm", shapes, group, a_shard.device, debug, trace)
     me = plan.rank
 
@@ -263,7 +284,7 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
             if trace:
                 keep_trace()
 
-    with torch.cuda.device(a_shard.device):
+    with on_device(a_shard.device):
         _run(plan, {"publish": publish, "gemm": product})
     return out
 
@@ -281,7 +302,7 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
                             group.size(), group.rank(), scale_a, scale_b)
     debug, trace = _options(debug, trace)
-    with torch.cuda.device(a.device):  # the symmetric buffer lives on the operands' GPU
+    with on_device(a.device):  # the symmetric buffer lives on the operands' GPU
         plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug, trace)
     me = plan.rank
     out = _output("gemm_reduce_scatter", out, (shapes.rows[me], shapes.n), a.device)
@@ -296,11 +317,10 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
 
     def reduce(step):
         if shapes.rows[me]:
-            parts = [partial[shapes.span(me)] if j == me else plan.staging[j]
-                     for j in range(plan.world)]
-            out.copy_(torch.stack(parts).float().sum(0))
+            sum_partials(plan, [partial[shapes.span(me)] if j == me else plan.staging[j]
+                                for j in range(plan.world)], out)
 
-    with torch.cuda.device(a.device):
+    with on_device(a.device):
         _run(plan, {"gemm": product, "reduce": reduce})
     return out
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from contextlib import contextmanager
 
 from .. import checks
 from ..errors import TmaflowError
+from ..runtime import device as devices
 from ..runtime.memory import DeviceArray, as_array
 from ..tma.tensormap import TensorMap
 
@@ -60,6 +62,22 @@ def group_of(group):
                            "torch.distributed.init_process_group('nccl') first (torchrun sets the "
                            "rank and world size; docs/multi-gpu.md)")
     return dist.group.WORLD if group is None else group
+
+
+@contextmanager
+def on_device(device):
+    """torch's and tmaflow's current device set to the torch ``device`` (``cuda:i``; an index
+    of None: torch's current one) for the block, both restored after: a rank's collectives run
+    on their operands' GPU whatever the thread had current."""
+    import torch  # optional dependency: distributed needs torch
+
+    ordinal = torch.cuda.current_device() if device.index is None else device.index
+    previous = getattr(devices._thread, "device", None)
+    with torch.cuda.device(ordinal):
+        try:
+            yield devices.set_device(ordinal)
+        finally:
+            devices._thread.device = previous  # activated again when next needed
 
 
 class SymmetricBuffer:
@@ -131,9 +149,10 @@ class SymmetricBuffer:
 
         tables = torch.tensor(peer_ptrs + pad_ptrs, dtype=torch.int64, device=tensor.device)
         keep = (tensor, handle, pad, tables)
-        peers = DeviceArray(tables.data_ptr(), (world,), "uint64", owner=keep)
-        signals = DeviceArray(tables.data_ptr() + 8 * world, (world,), "uint64", owner=keep)
-        pad_array = DeviceArray(pad.data_ptr(), tuple(pad.shape), "uint32", owner=keep)
+        gpu = devices.device_of(tensor.device.index)
+        peers = DeviceArray(tables.data_ptr(), (world,), "uint64", owner=keep, device=gpu)
+        signals = DeviceArray(tables.data_ptr() + 8 * world, (world,), "uint64", owner=keep, device=gpu)
+        pad_array = DeviceArray(pad.data_ptr(), tuple(pad.shape), "uint32", owner=keep, device=gpu)
         return cls(tensor, handle, rank, world, peers, signals, pad_array, peer_ptrs, pad_ptrs,
                    symmetric)
 
@@ -156,7 +175,8 @@ class SymmetricBuffer:
         buffer's shape and dtype, at its peer address."""
         rank = self._check_rank(rank)
         local = as_array(self.tensor)
-        return DeviceArray(self.peer_ptrs[rank], local.shape, local.dtype, local.strides, owner=self)
+        return DeviceArray(self.peer_ptrs[rank], local.shape, local.dtype, local.strides, owner=self,
+                           device=local.device)
 
     def peer_tensor(self, rank):
         """Rank ``rank``'s buffer as a torch tensor (copies from it are peer-to-peer copies)."""

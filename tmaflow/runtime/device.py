@@ -196,24 +196,42 @@ def device_of(ordinal: int) -> Device:
 
 
 def current_device() -> Device:
-    """The device set by :func:`set_device` on this thread, else device 0 (activated)."""
+    """The device set by :func:`set_device` on this thread (activated). A thread that never set
+    one takes the device of the context current on it, as another library left it
+    (``torch.cuda.set_device(1)``: tmaflow follows, and never moves torch back to device 0),
+    else device 0."""
     dev = getattr(_thread, "device", None)
     if dev is None:
-        dev = Device(0)
+        dev = Device(_context_ordinal())
+        if dev.ordinal != 0:
+            _switched[0] = True
         _thread.device = dev
     return dev.activate()
+
+
+def _context_ordinal() -> int:
+    """The device of the CUDA context current on this thread; 0 when none is."""
+    driver.init()
+    cu = driver.cu()
+    err, context = cu.cuCtxGetCurrent()
+    if err or not int(context):
+        return 0
+    err, device = cu.cuCtxGetDevice()
+    return 0 if err else int(device)
 
 
 _switched = [False]  # has any thread ever selected a device other than 0?
 
 
 def current_ordinal() -> int:
-    """The ordinal current_device() would return, without touching the driver (and without
-    the thread-local lookup while no thread ever left device 0: the launch hot path)."""
-    if not _switched[0]:
-        return 0
+    """The ordinal current_device() returns, without touching the driver once this thread
+    has a device (the launch hot path); 0 where no driver is usable (compile-only machines)."""
     dev = getattr(_thread, "device", None)
-    return 0 if dev is None else dev.ordinal
+    if dev is None:
+        if not driver.driver_available():
+            return 0
+        dev = current_device()
+    return dev.ordinal
 
 
 def set_device(ordinal: int) -> Device:

@@ -4,16 +4,19 @@ rank's median), cold (L2 flushed before every call) and back to back.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
     PYTHONPATH=. torchrun --nproc-per-node 8 tools/peers/bench_distributed.py \\
-        [--m 1024 4096 16384 65536] [--model llama70b deepseekv3] [--repeats N] [--json FILE]
+        [--tokens 4096 8192 16384] [--model llama70b llama8b deepseekv3] [--op ...] [--repeats N]
+        [--json FILE]
 
 Tensor-parallel shapes per model (hidden size H, FFN size F, W ranks): all-gather + GEMM is the
 column-parallel gate/up projection (A: M x H gathered from M/W-row shards, B: 2F/W x H);
 GEMM + reduce-scatter the row-parallel down projection (A: M x F/W, B: H x F/W, out M/W x H).
-Rows per call: ``all_gather_gemm`` (ours) | NCCL all_gather_into_tensor then torch.matmul
-("nccl") | torch.ops.symm_mem.fused_all_gather_matmul ("torch fused", when this torch has it);
-likewise ``gemm_reduce_scatter`` | torch.matmul then reduce_scatter_tensor |
-fused_matmul_reduce_scatter. ratio = peer ms / our ms (above 1: tmaflow is faster). ``--json``
-(rank 0) writes a bench record like tools/peers/bench_gemm.py's.
+Timed per call, in interleaved rounds: ``all_gather_gemm`` (ours) | NCCL all_gather_into_tensor
+then torch.matmul ("nccl") | torch.ops.symm_mem.fused_all_gather_matmul ("fused", when this torch
+has it) | the GEMM alone on the already-gathered operand, tmaflow's ("alone": the perfect-overlap
+bound) and torch's; likewise ``gemm_reduce_scatter`` | torch.matmul then reduce_scatter_tensor |
+fused_matmul_reduce_scatter | the whole partial product alone. vs_nccl / vs_fused = peer ms /
+our ms (above 1: tmaflow is faster); of_bound = alone ms / our ms (1.0: perfect overlap).
+``--json`` (rank 0) writes a bench record like tools/peers/bench_gemm.py's.
 """
 from __future__ import annotations
 
@@ -25,48 +28,62 @@ import tmaflow.distributed as tfd  # first: sets the no-multicast environment be
 from tmaflow import bench
 from tmaflow.bench import records
 
-MODELS = {"llama70b": (8192, 28672), "deepseekv3": (7168, 18432)}  # hidden, dense FFN size
-COLUMNS = ["op", "model", "m", "n", "k", "world", "peer", "cold_ours_ms", "cold_peer_ms", "cold_ratio",
-           "warm_ours_ms", "warm_peer_ms", "warm_ratio", "rel_err"]
+MODELS = {"llama70b": (8192, 28672), "deepseekv3": (7168, 18432), "llama8b": (4096, 14336)}  # hidden, FFN
+COLUMNS = ["op", "model", "m", "n", "k", "world", "mode", "ours_ms", "nccl_ms", "fused_ms", "alone_ms",
+           "alone_torch_ms", "vs_nccl", "vs_fused", "of_bound", "rel_err"]
 
 
-def _time(fn, repeats: int, flush, torch, dist) -> float:
-    """Median ms per call of ``fn`` on this rank, all ranks starting each sample together;
-    ``flush`` (an L2Flush or None) runs before every call. The slowest rank's median."""
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        dist.barrier()
-        if flush is not None:
-            flush()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    med = torch.tensor([statistics.median(samples)], device="cuda")
+def _rounds(fns: dict, repeats: int, flush, torch, dist) -> dict:
+    """Median ms per call of each of ``fns`` (name -> fn), the slowest rank's: ``repeats``
+    rounds, each timing every fn once (in a rotated order), all ranks starting each call
+    together; ``flush`` (an L2Flush or None) runs before every call."""
+    names = list(fns)
+    samples: dict = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            dist.barrier()
+            if flush is not None:
+                flush()
+            start.record()
+            fns[name]()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end))
+    med = torch.tensor([statistics.median(samples[name]) for name in names], device="cuda")
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return float(med.item())
+    return dict(zip(names, med.tolist()))
 
 
-def _peers(op: str, a, b, group, torch, dist):
-    """name -> fn for the sequential NCCL program and torch's fused op (if present)."""
+def _contenders(op: str, a, b, group, torch, dist) -> dict:
+    """name -> fn: ours, the sequential NCCL program, torch's fused op (if present) and the
+    GEMM alone on the already-gathered operand (tmaflow's and torch's: the perfect-overlap
+    bound; for reduce-scatter the whole partial product, no communication)."""
+    from tmaflow import kernels
+
     world = group.size()
+    fns = {"ours": lambda: getattr(tfd, op)(a, b, group=group)}
+    fused_ops = getattr(torch.ops, "symm_mem", None)
+    bt = b.T  # torch's ops take B as K x N
     if op == "all_gather_gemm":
         full = a.new_empty((a.shape[0] * world, a.shape[1]))
-        fns = {"nccl": lambda: torch.matmul(_gather(full, a, dist, group), b.T)}
-        fused = getattr(getattr(torch.ops, "symm_mem", None), "fused_all_gather_matmul", None)
+        dist.all_gather_into_tensor(full, a, group=group)
+        fns["nccl"] = lambda: torch.matmul(_gather(full, a, dist, group), bt)
+        fused = getattr(fused_ops, "fused_all_gather_matmul", None)
         if fused is not None:
-            bt = b.T  # torch's op computes A @ B with B K x N
-            fns["torch fused"] = lambda: fused(a, [bt], gather_dim=0, group_name=group.group_name)[1][0]
-        return fns
-    out = a.new_empty((a.shape[0] // world, b.shape[0]))
-    fns = {"nccl": lambda: _scatter(out, torch.matmul(a, b.T), dist, group)}
-    fused = getattr(getattr(torch.ops, "symm_mem", None), "fused_matmul_reduce_scatter", None)
-    if fused is not None:
-        bt = b.T
-        fns["torch fused"] = lambda: fused(a, bt, "sum", scatter_dim=0, group_name=group.group_name)
+            fns["fused"] = lambda: fused(a, [bt], gather_dim=0, group_name=group.group_name)[1][0]
+        gathered = full.clone()
+    else:
+        out = a.new_empty((a.shape[0] // world, b.shape[0]))
+        fns["nccl"] = lambda: _scatter(out, torch.matmul(a, bt), dist, group)
+        fused = getattr(fused_ops, "fused_matmul_reduce_scatter", None)
+        if fused is not None:
+            fns["fused"] = lambda: fused(a, bt, "sum", scatter_dim=0, group_name=group.group_name)
+        gathered = a
+    product = torch.empty((gathered.shape[0], b.shape[0]), dtype=torch.bfloat16, device=a.device)
+    fns["alone"] = lambda: kernels.gemm(gathered, b, out=product)
+    fns["alone_torch"] = lambda: torch.matmul(gathered, bt)
     return fns
 
 
@@ -92,8 +109,11 @@ def _case(op: str, model: str, m: int, world: int, torch):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--m", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
-    p.add_argument("--model", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
+    # --tokens, not --m: torchrun's own parser takes an abbreviation of its options (--m)
+    p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192, 16384])
+    p.add_argument("--model", nargs="+", choices=sorted(MODELS), default=["llama70b", "llama8b"])
+    p.add_argument("--op", nargs="+", choices=["all_gather_gemm", "gemm_reduce_scatter"],
+                   default=["all_gather_gemm", "gemm_reduce_scatter"])
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -105,36 +125,38 @@ def main(argv=None) -> int:
     world, me = group.size(), group.rank()
     flush = bench.L2Flush()
     rows = []
-    for op in ("all_gather_gemm", "gemm_reduce_scatter"):
-        ours_fn = getattr(tfd, op)
+    for op in args.op:
         for model in args.model:
-            for m in args.m:
+            for m in args.tokens:
                 a, b = _case(op, model, m, world, torch)
-                ours = lambda: ours_fn(a, b, group=group)  # noqa: E731
-                want = ours().float()
-                for peer, fn in _peers(op, a, b, group, torch, dist).items():
+                fns = _contenders(op, a, b, group, torch, dist)
+                want = fns["ours"]().float()
+                for name in [n for n in fns if n not in ("ours", "nccl")]:
                     try:
-                        got = fn().float()
+                        fns[name]()
                     except (RuntimeError, TypeError) as e:  # a torch without the fused op's form
                         if me == 0:
-                            print(f"{op} {model} M={m}: {peer} failed ({type(e).__name__}: {e}); skipped")
-                        continue
-                    err = (torch.linalg.norm(want - got) / torch.linalg.norm(got)).item()
-                    times = {mode: (_time(ours, args.repeats, f, torch, dist),
-                                    _time(fn, args.repeats, f, torch, dist))
-                             for mode, f in (("cold", flush), ("warm", None))}
+                            print(f"{op} {model} M={m}: {name} failed ({type(e).__name__}: {e}); skipped")
+                        del fns[name]
+                ref = fns["nccl"]().float()
+                err = (torch.linalg.norm(want - ref) / torch.linalg.norm(ref)).item()
+                for mode, f in (("cold", flush), ("warm", None)):
+                    t = _rounds(fns, args.repeats, f, torch, dist)
                     row = {"op": op, "model": model, "m": m, "n": b.shape[0], "k": b.shape[1],
-                           "world": world, "peer": peer, "rel_err": err}
-                    for mode, (t_ours, t_peer) in times.items():
-                        row.update({f"{mode}_ours_ms": t_ours, f"{mode}_peer_ms": t_peer,
-                                    f"{mode}_ratio": t_peer / t_ours})
+                           "world": world, "mode": mode, "ours_ms": t["ours"], "nccl_ms": t["nccl"],
+                           "fused_ms": t.get("fused"), "alone_ms": t["alone"],
+                           "alone_torch_ms": t["alone_torch"], "vs_nccl": t["nccl"] / t["ours"],
+                           "vs_fused": t["fused"] / t["ours"] if "fused" in t else None,
+                           "of_bound": t["alone"] / t["ours"], "rel_err": err}
                     rows.append(row)
                     if me == 0:
-                        print(f"{op:20s} {model:10s} M={m:6d} vs {peer:11s} cold {row['cold_ours_ms']:.3f} / "
-                              f"{row['cold_peer_ms']:.3f} ms ({row['cold_ratio']:.2f}x)  warm "
-                              f"{row['warm_ours_ms']:.3f} / {row['warm_peer_ms']:.3f} ms "
-                              f"({row['warm_ratio']:.2f}x)  err {err:.1e}", flush=True)
-                del a, b, want
+                        fused = f"{row['fused_ms']:.3f}" if "fused" in t else "-"
+                        vs_fused = f"{row['vs_fused']:.3f}" if "fused" in t else "-"
+                        print(f"{op:19s} {model:8s} M={m:6d} N={row['n']:5d} K={row['k']:5d} W={world} {mode}: "
+                              f"ours {t['ours']:.3f} nccl {t['nccl']:.3f} fused {fused} alone {t['alone']:.3f} "
+                              f"(torch {t['alone_torch']:.3f}) ms | vs nccl {row['vs_nccl']:.3f} vs fused "
+                              f"{vs_fused} of bound {row['of_bound']:.3f} | err {err:.1e}", flush=True)
+                del a, b, want, fns
                 torch.cuda.empty_cache()
     if me == 0 and args.json:
         records.write(args.json, "distributed", f"tensor-parallel collectives + GEMM, {world} ranks",
