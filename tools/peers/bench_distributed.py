@@ -87,6 +87,26 @@ def _contenders(op: str, a, b, group, torch, dist) -> dict:
     return fns
 
 
+def _profile(fn, path: str, show: bool, torch, dist) -> None:
+    """A torch.profiler trace of three calls of ``fn`` (after one untimed), saved to ``path``;
+    ``show``: print its device events (kernels, copies) with their times."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    prof.export_chrome_trace(path)
+    if show:
+        print(f"--- {path}")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+    dist.barrier()
+
+
 def _gather(full, shard, dist, group):
     dist.all_gather_into_tensor(full, shard, group=group)
     return full
@@ -116,6 +136,9 @@ def main(argv=None) -> int:
                    default=["all_gather_gemm", "gemm_reduce_scatter"])
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json", default=None)
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="no timing: each rank writes a torch.profiler trace of three calls of ours a case "
+                        "to DIR, and rank 0 prints its kernels and copies")
     args = p.parse_args(argv)
     import torch  # optional dependency: --help works without it
     import torch.distributed as dist  # optional dependency, as above
@@ -130,6 +153,9 @@ def main(argv=None) -> int:
             for m in args.tokens:
                 a, b = _case(op, model, m, world, torch)
                 fns = _contenders(op, a, b, group, torch, dist)
+                if args.profile:
+                    _profile(fns["ours"], f"{args.profile}/{op}-{model}-{m}-rank{me}.json", me == 0, torch, dist)
+                    continue
                 want = fns["ours"]().float()
                 for name in [n for n in fns if n not in ("ours", "nccl")]:
                     try:
