@@ -121,6 +121,7 @@ def _fake_torch():
     compute = Stream()
     cuda = types.SimpleNamespace(current_stream=lambda: compute, Stream=Stream, Event=Event,
                                  stream=lambda s: contextlib.nullcontext(),
+                                 is_current_stream_capturing=lambda: False,
                                  device=lambda d: contextlib.nullcontext())
     return types.SimpleNamespace(
         cuda=cuda, bfloat16="bfloat16", float8_e4m3fn="float8_e4m3fn",
@@ -142,6 +143,7 @@ def rigged(monkeypatch):
         out.arr[...] = np.sum([p.arr for p in parts], axis=0)
 
     monkeypatch.setattr(ops, "sum_partials", sum_partials)
+    monkeypatch.setattr(ops, "copy_rows", lambda dst, src, stream: dst.copy_(src))
     monkeypatch.setattr(ops, "SymmetricBuffer",
                         types.SimpleNamespace(allocate=lambda shape, dtype, group: Buffer(shape, group)))
 
@@ -153,6 +155,11 @@ def rigged(monkeypatch):
     def run(world, fn):
         w = World(world)
         monkeypatch.setattr(ops, "get_kernel", lambda name, layout, file, debug, trace: Signal(name, w))
+        # the driver's stream operations (release builds): the same pads as the kernels
+        monkeypatch.setattr(ops, "streamops", types.SimpleNamespace(
+            put=lambda stream, where: Signal("signal_put", w).launch(where, 1, grid=1, block=32, stream=stream),
+            wait_reset=lambda stream, where: Signal("signal_wait_reset", w).launch(
+                where, 1, 0, 0, 0, grid=1, block=32, stream=stream)))
         results, errors = [None] * world, []
 
         def rank_main(r):

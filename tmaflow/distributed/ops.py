@@ -22,7 +22,7 @@ from ..errors import DeadlockError, TmaflowError
 from ..kernels.matmul.dense import gemm
 from ..kernels.registry import get_kernel
 from ..runtime import device as devices
-from . import protocol
+from . import protocol, streamops
 from .symmetric import SymmetricBuffer, group_of, on_device
 
 DTYPES = ("bfloat16", "float8_e4m3fn")
@@ -136,14 +136,22 @@ class _Plan:
         self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
         self.sum = get_kernel("sum_partials", None, file="signal", debug=debug, trace=trace)
         self.sms = devices.current_device().sm_count
+        self.stream_ops = not (debug or trace)
         self.trace = trace
 
-    def signal(self, step, stream) -> None:
-        """A put to a peer's pad, or a wait on (and reset of) this rank's."""
+    def signal(self, step, stream, stream_ops: bool = False) -> None:
+        """A put to a peer's pad, or a wait on (and reset of) this rank's: driver stream
+        operations where ``stream_ops``, else the one-thread kernels (debug builds bound the
+        wait: DeadlockError; trace builds record it)."""
         handle = stream.cuda_stream
         if step.op == "put":
-            self.put.launch(self.buffer.pad_slot(step.peer, step.slot), 1, grid=1, block=32,
-                            stream=handle)
+            if stream_ops:
+                streamops.put(handle, self.buffer.pad_slot(step.peer, step.slot))
+            else:
+                self.put.launch(self.buffer.pad_slot(step.peer, step.slot), 1, grid=1, block=32,
+                                stream=handle)
+        elif stream_ops:
+            streamops.wait_reset(handle, self.buffer.pad_slot(self.rank, step.slot))
         else:
             try:
                 self.wait.launch(self.buffer.pad_slot(self.rank, step.slot), 1, self.rank, step.peer,
@@ -201,33 +209,44 @@ def _run(plan: _Plan, actions: dict) -> None:
     import torch  # optional dependency: distributed needs torch
 
     compute = torch.cuda.current_stream()
+    # graph capture takes the kernels (a capture holds them for sure); so do debug and trace builds
+    stream_ops = plan.stream_ops and not torch.cuda.is_current_stream_capturing()
     events: dict = {}
     for step in plan.steps:
         stream = plan.comm if step.stream == "comm" else compute
         with torch.cuda.stream(stream):
             if step.op in ("put", "wait"):
-                plan.signal(step, stream)
+                plan.signal(step, stream, stream_ops)
             elif step.op == "record":
                 events[step.event] = torch.cuda.Event()
                 events[step.event].record(stream)
             elif step.op == "wait_event":
                 stream.wait_event(events[step.event])
             elif step.op == "pull":
-                _pull(plan, step)
+                _pull(plan, step, stream)
             else:
                 actions[step.op](step)
 
 
-def _pull(plan: _Plan, step) -> None:
+def copy_rows(dst, src, stream) -> None:
+    """``dst.copy_(src)`` on ``stream`` by the copy engine, queued through the driver where
+    both are contiguous (a few µs of host time against torch's dispatch)."""
+    if dst.is_contiguous() and src.is_contiguous() and dst.dtype == src.dtype and dst.shape == src.shape:
+        streamops.copy(stream.cuda_stream, dst.data_ptr(), src.data_ptr(), dst.numel() * dst.element_size())
+    else:
+        dst.copy_(src, non_blocking=True)
+
+
+def _pull(plan: _Plan, step, stream) -> None:
     """A copy-engine copy from a peer's symmetric buffer into local staging."""
     s = plan.shapes
     peer = plan.peers[step.peer]
     if plan.kind == "all_gather_gemm":
         rows = s.rows[step.shard]
         if rows:
-            plan.staging[s.span(step.shard)].copy_(peer[:rows], non_blocking=True)
+            copy_rows(plan.staging[s.span(step.shard)], peer[:rows], stream)
     elif s.rows[plan.rank]:
-        plan.staging[step.peer].copy_(peer[s.span(plan.rank)], non_blocking=True)
+        copy_rows(plan.staging[step.peer], peer[s.span(plan.rank)], stream)
 
 
 def sum_partials(plan: _Plan, parts: list, out) -> None:
@@ -274,7 +293,7 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
 
     def publish(step):  # my shard into my symmetric buffer, where peers pull it from
         if shapes.rows[me]:
-            plan.buffer.tensor[:shapes.rows[me]].copy_(a_shard, non_blocking=True)
+            copy_rows(plan.buffer.tensor[:shapes.rows[me]], a_shard, plan.comm)
 
     def product(step):
         if shapes.rows[step.shard]:
