@@ -157,6 +157,7 @@ def rigged(monkeypatch):
         monkeypatch.setattr(ops, "get_kernel", lambda name, layout, file, debug, trace: Signal(name, w))
         # the driver's stream operations (release builds): the same pads as the kernels
         monkeypatch.setattr(ops, "streamops", types.SimpleNamespace(
+            usable=lambda stream, own, peer: True,
             put=lambda stream, where: Signal("signal_put", w).launch(where, 1, grid=1, block=32, stream=stream),
             wait_reset=lambda stream, where: Signal("signal_wait_reset", w).launch(
                 where, 1, 0, 0, 0, grid=1, block=32, stream=stream)))

@@ -122,7 +122,7 @@ class _Plan:
         # all_gather: the largest shard of A; reduce_scatter: my whole partial product (bf16)
         shape = (max(max(shapes.rows), 1), shapes.k) if gather else (max(shapes.m, 1), shapes.n)
         self.buffer = SymmetricBuffer.allocate(shape, dtype if gather else torch.bfloat16, group)
-        if protocol.pad_slots(self.world) > self.buffer.pad.shape[0]:
+        if protocol.pad_slots(self.world) >= self.buffer.pad.shape[0]:  # and one spare (the probe)
             raise TmaflowError(f"world_size={self.world} needs {protocol.pad_slots(self.world)} "
                                f"signal slots; the pad has {self.buffer.pad.shape[0]}")
         device = self.buffer.tensor.device
@@ -136,7 +136,10 @@ class _Plan:
         self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
         self.sum = get_kernel("sum_partials", None, file="signal", debug=debug, trace=trace)
         self.sms = devices.current_device().sm_count
-        self.stream_ops = not (debug or trace)
+        spare = protocol.pad_slots(self.world)  # a slot the protocol never uses: the probe's
+        self.stream_ops = not (debug or trace) and streamops.usable(
+            self.comm.cuda_stream, self.buffer.pad_slot(self.rank, spare),
+            self.buffer.pad_slot((self.rank + 1) % self.world, spare))
         self.trace = trace
 
     def signal(self, step, stream, stream_ops: bool = False) -> None:

@@ -5,7 +5,12 @@ peer). The collectives take them outside debug and trace builds and outside grap
 there, the one-thread kernels of signal.cu run (bounded waits, flight-recorder spans)."""
 from __future__ import annotations
 
+import logging
+
+from ..errors import TmaflowError
 from ..runtime import driver
+
+log = logging.getLogger("tmaflow.distributed")
 
 _flags: dict = {}
 
@@ -29,7 +34,9 @@ def wait_reset(stream: int, address: int) -> None:
     """Hold the stream's later work until the uint32 at ``address`` (this GPU's pad) is 1, then
     set it back to 0 (the next call, or a graph replay, puts 1 again)."""
     driver.call("cuStreamWaitValue32", stream, address, 1, _flag("CU_STREAM_WAIT_VALUE_EQ"))
-    driver.call("cuStreamWriteValue32", stream, address, 0, _flag("CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER"))
+    # NO_MEMORY_BARRIER would do (nothing is published by a reset), but the driver refused it
+    # on a symmetric-memory pad (CUDA_ERROR_INVALID_VALUE, 4 H200s, driver 580)
+    driver.call("cuStreamWriteValue32", stream, address, 0, _flag("CU_STREAM_WRITE_VALUE_DEFAULT"))
 
 
 def copy(stream: int, dst: int, src: int, nbytes: int) -> None:
@@ -37,3 +44,18 @@ def copy(stream: int, dst: int, src: int, nbytes: int) -> None:
     copy engine, in stream order."""
     if nbytes:
         driver.call("cuMemcpyAsync", dst, src, nbytes, stream)
+
+
+def usable(stream: int, own: int, peer: int) -> bool:
+    """Whether the driver takes these operations on the pads (``own``: an unused slot of this
+    GPU's pad, ``peer``: of a peer's): a write of 0 to each and a wait that holds already. The
+    collectives fall back to the signal kernels where it does not."""
+    try:
+        put(stream, own, 0)
+        put(stream, peer, 0)
+        driver.call("cuStreamWaitValue32", stream, own, 0, _flag("CU_STREAM_WAIT_VALUE_GEQ"))
+    except TmaflowError as e:
+        log.warning("stream memory operations refused on the signal pads (%s); the collectives "
+                    "use the signal kernels", e)
+        return False
+    return True
