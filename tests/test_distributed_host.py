@@ -189,3 +189,34 @@ def test_signal_events_are_labelled_spans(tmp_cache):
     assert (put["name"], put["ph"]) == ("signal put 1 at ..00beef00", "i")
     k = tf.Kernel(source("signal"), "signal_wait_reset", filename="signal.cu", trace=True)
     assert "tmaflow_trace_state" in k.ptx and k.resources.spills == 0
+
+
+def test_stream_operations_queue_the_driver_calls_with_their_flags(monkeypatch):
+    from tmaflow.distributed import streamops
+
+    calls = []
+    monkeypatch.setattr(streamops.driver, "call", lambda name, *args: calls.append((name, *args)))
+    streamops.put(7, 0x1000)
+    streamops.wait_reset(7, 0x2000)
+    streamops.copy(7, 0x3000, 0x4000, 256)
+    streamops.copy(7, 0x3000, 0x4000, 0)  # nothing to copy: no call
+    assert calls == [("cuStreamWriteValue32", 7, 0x1000, 1, 0),   # default: fenced
+                     ("cuStreamWaitValue32", 7, 0x2000, 1, 1),    # EQ
+                     ("cuStreamWriteValue32", 7, 0x2000, 0, 0),
+                     ("cuMemcpyAsync", 0x3000, 0x4000, 256, 7)]
+    calls.clear()
+    assert streamops.usable(7, 0x10, 0x20)
+    assert calls == [("cuStreamWriteValue32", 7, 0x10, 0, 0), ("cuStreamWriteValue32", 7, 0x20, 0, 0),
+                     ("cuStreamWaitValue32", 7, 0x10, 0, 0)]  # GEQ 0: holds already
+
+
+def test_stream_operations_refused_fall_back_to_the_kernels(monkeypatch, caplog):
+    from tmaflow.distributed import streamops
+    from tmaflow.errors import CudaError
+
+    def refuse(name, *args):
+        raise CudaError(name, 1, "CUDA_ERROR_INVALID_VALUE", "")
+
+    monkeypatch.setattr(streamops.driver, "call", refuse)
+    assert not streamops.usable(7, 0x10, 0x20)
+    assert "signal kernels" in caplog.text

@@ -18,8 +18,8 @@ _flags: dict = {}
 def _flag(name: str) -> int:
     if name not in _flags:
         cu = driver.cu()
-        value = getattr(cu.CUstreamWaitValue_flags, name, None) or getattr(cu.CUstreamWriteValue_flags, name)
-        _flags[name] = int(value)
+        kind = cu.CUstreamWaitValue_flags if name.startswith("CU_STREAM_WAIT") else cu.CUstreamWriteValue_flags
+        _flags[name] = int(getattr(kind, name))
     return _flags[name]
 
 
