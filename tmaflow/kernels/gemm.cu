@@ -100,6 +100,9 @@ namespace L = tmaflow_layout;
 #ifndef UNIFORM_DESC
 #define UNIFORM_DESC 1
 #endif
+#ifndef PROMOTE_SETS
+#define PROMOTE_SETS 1  // per-tensor fp8, BN 128: 2 promotes every k-block, alternating two accumulator sets
+#endif
 #ifndef PATCH_ALL
 #define PATCH_ALL 0  // grouped: every warpgroup's rows leave through its group's patched C map, not
 #endif               // only rows that cross the group's end (GemmConfig.patch_full_tiles, kept to compare)
@@ -128,6 +131,8 @@ static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulator
 static_assert(!(SPLIT_TAIL && (SPLIT_K || GROUPED)), "tail splits are for ungrouped products not split-K");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
 static_assert(CLUSTER_K == 1 || CLUSTER_K == 2 || CLUSTER_K == 4, "CLUSTER_K is 1, 2 or 4");
+static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && FP8 && PROMOTE == 1 && !BLOCK_SCALES && BN == 128),
+              "two promotion sets: per-tensor fp8, promoted every k-block, BN 128 (three sets of accumulators)");
 static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !GROUPED && !BLOCK_SCALES),
               "cluster K-splits: one tile per cluster, no other split, no block scales");
 // Epilogue groups: the consumer warps that store rows of C together, kEpiRows rows (a warp holds
@@ -588,14 +593,15 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
 #endif
-#if BLOCK_SCALES
-      {
+#if BLOCK_SCALES || PROMOTE_SETS == 2
+      if (BLOCK_SCALES || kb0 < kb1) {  // (a cluster K-split rank may have no k-blocks)
         // k-block j of the item runs on acc (j even) or acc2 (j odd): while one set is promoted
-        // with its k-block's scales, the next k-block's wgmmas already run on the other.
+        // (with block scales, with its k-block's scales), the next k-block's wgmmas already run
+        // on the other.
         float acc2[kAcc];
         float a0, a1, ab, b0, b1, bb;  // each set's scales: A's rows r and r + 8, B's
         Cursor pa, pb;                 // each set's stage
-        const int r = cw * 64 + wq * 16 + lane / 4;
+        [[maybe_unused]] const int r = cw * 64 + wq * 16 + lane / 4;
         // Stage 0's descriptors (a stage's differ only in the start address, in 16-byte units),
         // from a warpgroup index the compiler knows is warp-uniform: the descriptors then live
         // in uniform registers, without per-wgmma moves (H200: M-major scales 4% faster).
@@ -613,7 +619,10 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #pragma unroll
           for (int k = 0; k < 4; ++k) mma(d, da + 2 * k, db + 2 * k, k > 0);  // k-step 0 overwrites d
           wgmma::commit_group();
-#if SCALES_TMA
+#if !BLOCK_SCALES
+          s0 = s1 = sb = 1.f;  // per-tensor: the scale comes with the epilogue
+          (void)kb;
+#elif SCALES_TMA
           const float* sa = static_cast<const float*>(S.ab_s(c.stage));
           sb = __ldg(scales_b + size_t(tn) * k_blocks + kb);
           s0 = sa[r];
@@ -650,10 +659,16 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #else
           pipe.consumer_release_warp(at);  // one arrival per consumer warp and CTA
 #endif
+#if BLOCK_SCALES
           s0 *= sb;
           s1 *= sb;
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) total[i] += d[i] * ((i & 2) ? s1 : s0);  // rows r, r + 8
+#else
+          (void)s0, (void)s1, (void)sb;
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) total[i] += d[i];
+#endif
         };
         const int n = kb1 - kb0;
         issue(acc, kb0, a0, a1, ab, pa);  // the loop's head always has acc's k-block in flight

@@ -35,6 +35,9 @@ def _width(field: str, value) -> int:
     return width
 
 
+PROMOTE_SETS = (1, 2)  # GemmConfig / SkinnyConfig.promote_sets: fp8 accumulator sets (PROMOTE_SETS)
+
+
 CLUSTER_K = (1, 2, 4)  # GemmConfig.cluster_k: K splits within a cluster (gemm.cu's CLUSTER_K)
 
 
@@ -71,6 +74,10 @@ class GemmConfig:
     # grouped_gemm: every tile leaves through its group's C map patched on the device, as the first
     # grouped kernel did (False: only a warpgroup's rows crossing a group's end; kept to compare)
     patch_full_tiles: bool = False
+    # fp8 per-tensor, bn=128: accumulator sets the k-loop alternates between promotions (2: the
+    # next ``promote`` k-blocks' wgmmas run while the last ones are added, no drain; the sums and
+    # their order are those of 1)
+    promote_sets: int = 1
 
     def __post_init__(self):
         who = "GemmConfig"
@@ -84,7 +91,8 @@ class GemmConfig:
                promote=as_int(f"{who}: promote", self.promote, 0, 64),
                split_tail=as_bool(f"{who}: split_tail", self.split_tail),
                cluster_k=int_in(f"{who}: cluster_k", self.cluster_k, CLUSTER_K),
-               patch_full_tiles=as_bool(f"{who}: patch_full_tiles", self.patch_full_tiles))
+               patch_full_tiles=as_bool(f"{who}: patch_full_tiles", self.patch_full_tiles),
+               promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS))
         whole = self.bn - self.bn % 64  # columns in whole 64-column boxes; the rest leave in one round
         if self.epi_cols % 64 or whole % self.epi_cols:
             rest = "" if whole == self.bn else f"'s {whole} columns in whole 64-column boxes"
@@ -142,6 +150,7 @@ class SkinnyConfig:
     tile_fastest: bool = False
     m_rows: int | None = None
     m_halves: int = 1
+    promote_sets: int = 1  # fp8 per-tensor: 2 alternates two accumulator sets (GemmConfig's)
 
     def __post_init__(self):
         who = "SkinnyConfig"
@@ -152,7 +161,8 @@ class SkinnyConfig:
                cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)),
                tile_fastest=as_bool(f"{who}: tile_fastest", self.tile_fastest),
                m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_MP),
-               m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)))
+               m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)),
+               promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS))
         if self.m_halves > 1 and self.cluster > 1:
             raise TmaflowError(f"{who}: m_halves={self.m_halves} pairs the CTAs of a cluster along M; "
                                f"it takes cluster=1 (got cluster={self.cluster})")

@@ -59,6 +59,11 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if config.bn % 64 and (fp8 or layout != "nt"):
         raise TmaflowError(f"gemm: bn={config.bn} (no multiple of 64) is for bfloat16 'nt' products (got "
                            f"{dtype}, layout {layout!r}); use 64, 128, 192 or 256 columns")
+    if config.promote_sets > 1 and not (fp8 and config.promote == 1 and config.bn == 128 and not block_scales
+                                        and layout == "nt"):
+        raise TmaflowError(f"gemm: promote_sets={config.promote_sets} promotes every k-block on two accumulator "
+                           f"sets: fp8 with per-tensor scales, bn=128 and promote=1 (got {dtype}, bn={config.bn}, "
+                           f"promote={config.promote}, block scales {block_scales})")
     if block_scales and config.cluster_k > 1:
         raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 and per-tensor fp8 products "
                            "(got block scales); split a block-scaled product's K with split_k")
@@ -108,6 +113,8 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         defines["EPI_REM_MAP"] = 1
     if fp8:
         defines.update(FP8=1, PROMOTE=config.promote)
+    if config.promote_sets > 1:
+        defines["PROMOTE_SETS"] = config.promote_sets
     if block_scales:
         defines.update(BLOCK_SCALES=1, SCALES_TMA=SCALE_MODES[block_scales])
     return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split),
@@ -162,6 +169,11 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         raise TmaflowError(f"gemm: SkinnyConfig(m_rows={config.m_rows}, m_halves={halves}) takes per-tensor "
                            "scales (got block scales); use m_rows=None, m_halves=1")
     fp8 = dtype == "float8_e4m3fn"
+    if config.promote_sets > 1 and (not fp8 or block_scales or config.rows > 64 and mp > 64):
+        raise TmaflowError(f"gemm: SkinnyConfig(promote_sets={config.promote_sets}) promotes every k-block on "
+                           f"two accumulator sets: fp8 with per-tensor scales, and with rows=128 at most 64 "
+                           f"rows of M a CTA (got {dtype}, block scales {block_scales}, rows={config.rows}, "
+                           f"{mp} rows of M)")
     grid_z = math.ceil(chunks / halves)  # pairs of chunks with M halves
     boxes = config.rows // 64
     bk = FP8_BK if fp8 else BK  # 128-byte rows either way
@@ -188,7 +200,9 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     if halves > 1:
         defines["M_HALVES"] = halves
     if fp8:
-        defines.update(FP8=1, PROMOTE=1 if block_scales else SKINNY_FP8_PROMOTE)
+        defines.update(FP8=1, PROMOTE=1 if block_scales or config.promote_sets > 1 else SKINNY_FP8_PROMOTE)
+    if config.promote_sets > 1:  # promoted every k-block, two sets alternating (as block scales)
+        defines["PROMOTE_SETS"] = config.promote_sets
     if block_scales:
         # two accumulator sets, one promoted while the next k-block's wgmmas run, where they fit
         # (H200, against one set: 1.06x at M = 16, 1.09x at 64, 1.13-1.24x at 128)
