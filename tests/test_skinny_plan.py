@@ -150,6 +150,32 @@ def test_every_m_halves_width_compiles_without_spills(dtype):
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (mp, rows)
 
 
+@pytest.mark.parametrize("m,config,dtype,scales", [
+    (128, SkinnyConfig(split_k=1, promote_sets=2), "float8_e4m3fn", None), (64, SkinnyConfig(rows=128, promote_sets=2), "float8_e4m3fn", None),
+    (128, SkinnyConfig(m_halves=2, promote_sets=2), "float8_e4m3fn", None),
+    (128, SkinnyConfig(m_rows=64, cluster=2, promote_sets=2), "float8_e4m3fn", None),
+    (128, SkinnyConfig(rows=128, promote_sets=2), "float8_e4m3fn", None), (16, SkinnyConfig(promote_sets=2), "bfloat16", None),
+    (64, SkinnyConfig(promote_sets=2), "float8_e4m3fn", "m_major")])
+def test_promote_sets_plan_promotes_every_k_block_and_compiles_clean(m, config, dtype, scales):
+    """promote_sets=2: fp8 per-tensor promoted every k-block on two accumulator sets (the block
+    scales' loop); three sets of MP / 2 accumulators must fit (128-row CTAs: at most 64 rows of M)
+    with ptxas's wgmma pipeline intact. bf16, block scales and 128-row CTAs of 128 rows refuse."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+
+    if dtype == "bfloat16" or scales or (config.rows == 128 and m > 64):
+        with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig\(promote_sets=2\) promotes every k-block on two "
+                                                  r"accumulator sets: fp8 with per-tensor scales, and with rows=128"):
+            skinny_plan(m, 4096, 4096, config, 132, dtype, scales)
+        return
+    plan = skinny_plan(m, 4096, 4096, config, 132, dtype)
+    assert plan.defines["PROMOTE_SETS"] == 2 and plan.defines["PROMOTE"] == 1
+    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+    r = kern.program.resources
+    assert r.spills == 0 and r.stack_frame == 0, r
+    assert compiler.wgmma_pipeline_notes(kern.program.log) == []
+
+
 @pytest.mark.parametrize("m,config,scales,match", [
     (64, SkinnyConfig(m_halves=2), None,
      r"m_halves=2\) pairs two chunks of 64 rows of M; it takes M over 64 rows \(got M=64\)"),

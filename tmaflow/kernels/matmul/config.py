@@ -60,7 +60,7 @@ class GemmConfig:
     """Tile and schedule choices. ``stages=None`` takes as many as shared memory holds."""
 
     bn: int = 256            # tile columns (rows: 128, two consumer warpgroups of 64): WIDTHS
-    cluster_m: int = 2       # CTAs per cluster, on consecutive M tiles sharing B by multicast
+    cluster_m: int = 2       # CTAs per cluster, on consecutive M tiles sharing B by multicast (4: "nt" only)
     epi_cols: int = 128      # epilogue columns per round (its buffer is 2 x 64 x epi_cols bf16)
     group_m: int = 16        # M tiles per band of the grouped (L2-friendly) tile order
     stages: int | None = None
@@ -82,7 +82,7 @@ class GemmConfig:
     def __post_init__(self):
         who = "GemmConfig"
         settle(self, bn=_width(f"{who}: bn", self.bn),
-               cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2)),
+               cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2, 4)),
                epi_cols=as_int(f"{who}: epi_cols", self.epi_cols, 64, 256),
                group_m=as_int(f"{who}: group_m", self.group_m, 1, 1 << 16),
                stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),

@@ -64,6 +64,9 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         raise TmaflowError(f"gemm: promote_sets={config.promote_sets} promotes every k-block on two accumulator "
                            f"sets: fp8 with per-tensor scales, bn=128 and promote=1 (got {dtype}, bn={config.bn}, "
                            f"promote={config.promote}, block scales {block_scales})")
+    if config.cluster_m == 4 and (layout != "nt" or config.bn % 32):
+        raise TmaflowError(f"gemm: cluster_m=4 shares B in four 8-row-aligned slices of a tile's rows: layout "
+                           f"'nt' and bn a multiple of 32 (got layout {layout!r}, bn={config.bn})")
     if block_scales and config.cluster_k > 1:
         raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 and per-tensor fp8 products "
                            "(got block scales); split a block-scaled product's K with split_k")
