@@ -143,7 +143,7 @@ def test_promote_sets_and_four_m_tiles_refuse_what_they_do_not_run():
                                   (GemmConfig(bn=192, promote=1, epi_cols=64, promote_sets=2), fp8, None),
                                   (GemmConfig(bn=128, promote=1, promote_sets=2), fp8, "m_major")]:
         with pytest.raises(tf.TmaflowError, match=r"gemm: promote_sets=2 promotes every k-block on two accumulator "
-                                                  r"sets: fp8 with per-tensor scales, bn=128 and promote=1"):
+                                                  r"sets: fp8 with per-tensor scales, bn=64 or 128 and promote=1"):
             gemm_plan(512, 512, 2048, "nt", config, dtype, scales)
     for layout, bn in (("nn", 128), ("nt", 208)):
         with pytest.raises(tf.TmaflowError, match=rf"gemm: cluster_m=4 shares B in four 8-row-aligned slices .* "
@@ -157,6 +157,8 @@ def test_promote_sets_and_four_m_tiles_refuse_what_they_do_not_run():
     (128, 4096, 4096, GemmConfig(bn=128, cluster_m=1, cluster_k=2, promote=1, promote_sets=2), "float8_e4m3fn"),
     (128, 4096, 4096, GemmConfig(bn=128, cluster_m=1, cluster_k=4, promote=1, promote_sets=2), "float8_e4m3fn"),
     (1024, 4096, 4096, GemmConfig(bn=128, cluster_m=2, split_k=2, promote=1, promote_sets=2), "float8_e4m3fn"),
+    (128, 4096, 4096, GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2, promote=1, promote_sets=2), "float8_e4m3fn"),
+    (128, 4096, 4096, GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2), "float8_e4m3fn"),
     (1000, 3000, 520, GemmConfig(bn=192, cluster_m=4, epi_cols=64), "bfloat16"),
     (1000, 3000, 520, GemmConfig(bn=64, cluster_m=4, epi_cols=64), "bfloat16"),
     (1024, 1024, 1024, GemmConfig(bn=128, cluster_m=4), "float8_e4m3fn")])

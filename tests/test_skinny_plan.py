@@ -228,8 +228,9 @@ def test_fp8_plan_uses_128_byte_k_blocks_and_promotes():
 
 @pytest.mark.parametrize("layout,config,match", [
     ("nn", GemmConfig(bn=128), r"fp8 operands take layout 'nt' \(got 'nn'\)"),
-    ("nt", GemmConfig(bn=256), r"fp8 with promote=4 needs bn=128 or 192 \(got bn=256\)"),
-    ("nt", GemmConfig(bn=64, epi_cols=64), r"fp8 tiles are 128, 192 or 256 columns \(got bn=64\)")])
+    ("nt", GemmConfig(bn=256), r"fp8 with promote=4 needs bn=64, 128 or 192 \(got bn=256\)"),
+    ("nt", GemmConfig(bn=80, epi_cols=64), r"bn=80 \(no multiple of 64\) is for bfloat16 'nt' products \(got "
+                                           r"float8_e4m3fn")])
 def test_fp8_plan_refusals(layout, config, match):
     from tmaflow.kernels.matmul import gemm_plan
 

@@ -101,7 +101,7 @@ namespace L = tmaflow_layout;
 #define UNIFORM_DESC 1
 #endif
 #ifndef PROMOTE_SETS
-#define PROMOTE_SETS 1  // per-tensor fp8, BN 128: 2 promotes every k-block, alternating two accumulator sets
+#define PROMOTE_SETS 1  // per-tensor fp8, BN <= 128: 2 promotes every k-block, alternating two accumulator sets
 #endif
 #ifndef PATCH_ALL
 #define PATCH_ALL 0  // grouped: every warpgroup's rows leave through its group's patched C map, not
@@ -122,7 +122,7 @@ static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setma
 constexpr int EPI_REM = BN % 64, EPI_FULL = BN - EPI_REM;
 static_assert(EPI_REM_MAP == (EPI_REM > 0), "EPI_REM_MAP: 1 exactly when BN is no multiple of 64");
 static_assert(BN % 16 == 0 && BN >= 64 && BN <= 256, "BN is a multiple of 16 from 64 to 256");
-static_assert(!FP8 || (BN >= 128 && EPI_REM == 0), "fp8 tiles are 128, 192 or 256 columns");
+static_assert(!FP8 || (BN % 64 == 0 && EPI_REM == 0), "fp8 tiles are 64, 128, 192 or 256 columns");
 static_assert(!(B_N_MAJOR || GROUPED) || EPI_REM == 0, "B N-major and grouped tiles: a multiple of 64 columns");
 static_assert(EPI_COLS % 64 == 0 && EPI_FULL % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN's whole boxes");
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
@@ -131,8 +131,8 @@ static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulator
 static_assert(!(SPLIT_TAIL && (SPLIT_K || GROUPED)), "tail splits are for ungrouped products not split-K");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
 static_assert(CLUSTER_K == 1 || CLUSTER_K == 2 || CLUSTER_K == 4, "CLUSTER_K is 1, 2 or 4");
-static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && FP8 && PROMOTE == 1 && !BLOCK_SCALES && BN == 128),
-              "two promotion sets: per-tensor fp8, promoted every k-block, BN 128 (three sets of accumulators)");
+static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && FP8 && PROMOTE == 1 && !BLOCK_SCALES && BN <= 128),
+              "two promotion sets: per-tensor fp8, promoted every k-block, BN 64 or 128 (three sets of accumulators)");
 static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !GROUPED && !BLOCK_SCALES),
               "cluster K-splits: one tile per cluster, no other split, no block scales");
 // Epilogue groups: the consumer warps that store rows of C together, kEpiRows rows (a warp holds
@@ -273,6 +273,8 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t s
   wgmma::mma_m64n256k32_e4m3(acc, da, db, scale_d);
 #elif FP8 && BN == 192
   wgmma::mma_m64n192k32_e4m3(acc, da, db, scale_d);
+#elif FP8 && BN == 64
+  wgmma::mma_m64n64k32_e4m3(acc, da, db, scale_d);
 #elif FP8
   wgmma::mma_m64n128k32_e4m3(acc, da, db, scale_d);
 #else

@@ -45,6 +45,7 @@ SHAPES = [
     ("fp8 128x4096x4096", 128, 4096, 4096, FP8, [
         GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1), GemmConfig(bn=128, cluster_m=1, cluster_k=4),
         GemmConfig(bn=128, cluster_m=1, cluster_k=4, **P1),
+        GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2), GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2, **P1),
         SkinnyConfig(split_k=1), SkinnyConfig(split_k=1, promote_sets=2),
         SkinnyConfig(m_halves=2), SkinnyConfig(m_halves=2, promote_sets=2),
         SkinnyConfig(m_rows=64, cluster=2), SkinnyConfig(m_rows=64, cluster=2, promote_sets=2)]),

@@ -47,10 +47,8 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         raise TmaflowError(f"gemm: fp8 operands take layout 'nt' (got {layout!r}): the tensor cores "
                            "read fp8 K-major only; pass b as (N, K)")
     if fp8 and config.promote and config.bn == 256:
-        raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=128 or 192 (got bn={config.bn}): "
+        raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=64, 128 or 192 (got bn={config.bn}): "
                            "promotion keeps a second set of accumulators; use promote=0 for bn=256")
-    if fp8 and config.bn == 64:
-        raise TmaflowError("gemm: fp8 tiles are 128, 192 or 256 columns (got bn=64)")
     if block_scales is not None and block_scales not in SCALE_MODES:
         raise TmaflowError(f"gemm: block_scales={block_scales!r} must be None or one of {tuple(SCALE_MODES)}")
     if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
@@ -59,11 +57,11 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if config.bn % 64 and (fp8 or layout != "nt"):
         raise TmaflowError(f"gemm: bn={config.bn} (no multiple of 64) is for bfloat16 'nt' products (got "
                            f"{dtype}, layout {layout!r}); use 64, 128, 192 or 256 columns")
-    if config.promote_sets > 1 and not (fp8 and config.promote == 1 and config.bn == 128 and not block_scales
+    if config.promote_sets > 1 and not (fp8 and config.promote == 1 and config.bn <= 128 and not block_scales
                                         and layout == "nt"):
         raise TmaflowError(f"gemm: promote_sets={config.promote_sets} promotes every k-block on two accumulator "
-                           f"sets: fp8 with per-tensor scales, bn=128 and promote=1 (got {dtype}, bn={config.bn}, "
-                           f"promote={config.promote}, block scales {block_scales})")
+                           f"sets: fp8 with per-tensor scales, bn=64 or 128 and promote=1 (got {dtype}, "
+                           f"bn={config.bn}, promote={config.promote}, block scales {block_scales})")
     if config.cluster_m == 4 and (layout != "nt" or config.bn % 32):
         raise TmaflowError(f"gemm: cluster_m=4 shares B in four 8-row-aligned slices of a tile's rows: layout "
                            f"'nt' and bn a multiple of 32 (got layout {layout!r}, bn={config.bn})")
