@@ -83,7 +83,8 @@ def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
                                           ({"l2_promotion": "512B"}, r"l2_promotion='512B'"),
                                           ({"tile_fastest": 1}, r"tile_fastest=1"),
                                           ({"m_halves": 4}, r"SkinnyConfig: m_halves=4 must be 1 or 2"),
-                                          ({"m_rows": 24}, r"SkinnyConfig: m_rows=24 must be 8, 16, 32, 64 or 128"),
+                                          ({"m_rows": 24}, r"SkinnyConfig: m_rows=24 must be 8, 16, 32, 48, 64 or 128"),
+                                          ({"promote_sets": 0}, r"SkinnyConfig: promote_sets=0 must be 1 or 2"),
                                           ({"m_halves": 2, "cluster": 2},
                                            r"m_halves=2 pairs the CTAs of a cluster along M; it takes cluster=1 "
                                            r"\(got cluster=2\)")])
@@ -184,10 +185,27 @@ def test_promote_sets_plan_promotes_every_k_block_and_compiles_clean(m, config, 
                                           r"with m_rows"),
     (100, SkinnyConfig(m_halves=2), "m_major",
      r"SkinnyConfig\(m_rows=None, m_halves=2\) takes per-tensor scales \(got block scales\)"),
-    (100, SkinnyConfig(m_rows=32), "m_major", r"SkinnyConfig\(m_rows=32, m_halves=1\) takes per-tensor")])
+    (100, SkinnyConfig(m_rows=32), "m_major", r"SkinnyConfig\(m_rows=32, m_halves=1\) takes per-tensor"),
+    (300, SkinnyConfig(m_rows=48), None, r"SkinnyConfig\(m_rows=48\) is for bfloat16 products without M halves "
+                                         r"\(got float8_e4m3fn, m_halves=1\)")])
 def test_m_chunk_refusals(m, config, scales, match):
     with pytest.raises(tf.TmaflowError, match=match):
         skinny_plan(m, 4096, 4096, config, 132, "float8_e4m3fn", scales)
+
+
+def test_48_row_chunks_run_bf16_in_m64n48_mmas():
+    """m_rows=48 (cuBLAS's 64 x 48 tiles at 512^3): bf16 only, 11 chunks of 512 rows, clean compiles."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+
+    with pytest.raises(tf.TmaflowError, match=r"m_rows=48\) is for bfloat16 products without M halves \(got "
+                                              r"bfloat16, m_halves=2\)"):
+        skinny_plan(512, 512, 512, SkinnyConfig(m_rows=48, m_halves=2), 132)
+    for config in (SkinnyConfig(m_rows=48), SkinnyConfig(m_rows=48, cluster=2), SkinnyConfig(m_rows=48, split_k=2)):
+        plan = skinny_plan(512, 512, 2048, config, 132)
+        assert plan.defines["MP"] == 48 and plan.grid_z == 11 and plan.spec_x.box == (48, BK)
+        kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+        assert kern.program.resources.spills == 0 and compiler.wgmma_pipeline_notes(kern.program.log) == []
 
 
 @pytest.mark.parametrize("m,config,mp,grid_z", [

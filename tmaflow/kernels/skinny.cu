@@ -98,12 +98,14 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t s
   wgmma::mma_m64n16k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 32
   wgmma::mma_m64n32k16_bf16(acc, dw, dx, scale_d);
+#elif MP == 48
+  wgmma::mma_k16_bf16(acc, dw, dx, scale_d);  // m64n48k16 (M in chunks of 48 rows)
 #elif MP == 64
   wgmma::mma_m64n64k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 128
   wgmma::mma_m64n128k16_bf16(acc, dw, dx, scale_d);
 #else
-#error "MP is 8, 16, 32, 64 or 128"
+#error "MP is 8, 16, 32, 48 (bf16), 64 or 128"
 #endif
 }
 

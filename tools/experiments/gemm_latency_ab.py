@@ -59,8 +59,8 @@ SHAPES = [
     ("fp8 16x4096x4096", 16, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2)]),
     # bn64 ck2 64 CTAs (default) 0.901; cuBLAS: 64x48 tiles, 2x4 clusters, 96 CTAs, all of K each
     ("512x512x2048", 512, 512, 2048, BF16, [
-        GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4), SkinnyConfig(m_rows=32, cluster=2),
-        SkinnyConfig(m_rows=64, cluster=2, split_k=2), SkinnyConfig(m_rows=64, m_halves=2, split_k=2)]),
+        GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4), SkinnyConfig(m_rows=48, cluster=2),
+        SkinnyConfig(m_rows=48), SkinnyConfig(m_rows=32, cluster=2), SkinnyConfig(m_rows=64, cluster=2, split_k=2)]),
     # bn192 pairs, 128 tiles, 9 k-blocks (default) 0.911; cuBLAS: 200x128 tiles, 1x4 clusters, 120 CTAs
     ("1000x3000x520", 1000, 3000, 520, BF16, [
         GemmConfig(bn=192, cluster_m=4, epi_cols=64), GemmConfig(bn=256, cluster_m=4),
@@ -71,9 +71,12 @@ SHAPES = [
     # bn128 persistent, 648 tiles, unclustered (default) 0.981; cuBLAS: 128x128 tiles in pairs
     ("2304x4608x1024", 2304, 4608, 1024, BF16, [GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=4),
                                                  GemmConfig(bn=256, cluster_m=4)]),
-    # M chunks of 16 / 32 rows (default; H200 0.976 / 0.972): pairs of N tiles sharing A's chunk
-    ("256^3", 256, 256, 256, BF16, [SkinnyConfig(m_rows=16, cluster=2), SkinnyConfig(m_rows=32, cluster=2)]),
-    ("512^3", 512, 512, 512, BF16, [SkinnyConfig(m_rows=32, cluster=2), SkinnyConfig(m_rows=64, cluster=2)]),
+    # M chunks of 16 / 32 rows (default; H200 0.976 / 0.972): pairs of N tiles sharing A's chunk;
+    # cuBLAS: 256^3 64x8 tiles in 1x2 clusters (128 CTAs), 512^3 64x48 in 2x4 (96)
+    ("256^3", 256, 256, 256, BF16, [SkinnyConfig(m_rows=16, cluster=2), SkinnyConfig(m_rows=8, m_halves=2),
+                                     SkinnyConfig(m_rows=32, cluster=2)]),
+    ("512^3", 512, 512, 512, BF16, [SkinnyConfig(m_rows=32, cluster=2), SkinnyConfig(m_rows=48, cluster=2),
+                                     SkinnyConfig(m_rows=48)]),
     # bn64 128 CTAs (default; H200 0.974)
     ("128x8192x8192", 128, 8192, 8192, BF16, [SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(split_k=1, cluster=2)]),
 ]

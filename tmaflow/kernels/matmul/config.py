@@ -117,6 +117,10 @@ class GemmConfig:
 SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
 
 
+# SkinnyConfig.m_rows: SKINNY_MP, and 48 (bf16: cuBLAS's 64 x 48 tiles at 512^3 and 512x512x2048)
+SKINNY_M_ROWS = (8, 16, 32, 48, 64, 128)
+
+
 SKINNY_M = 128  # products of at most this many rows ("nt") take the skinny path by default
 
 
@@ -134,7 +138,7 @@ class SkinnyConfig:
     scales whose scale_a is M-major): operands swapped so B's rows fill the MMA's 64 rows
     (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer warpgroup);
     ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs neighbouring
-    tiles, which share A by multicast. ``m_rows`` (one of SKINNY_MP): M in chunks of that many
+    tiles, which share A by multicast. ``m_rows`` (one of SKINNY_M_ROWS): M in chunks of that many
     rows, a CTA each (any M; None: all of M, at most 128, in one). ``m_halves=2``: the two CTAs
     of a cluster compute neighbouring chunks (64 rows without ``m_rows``) on the same rows of B,
     which they share by multicast (cuBLAS's fp8 M = 128 scheme; not with ``cluster=2``).
@@ -160,7 +164,7 @@ class SkinnyConfig:
                l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
                cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)),
                tile_fastest=as_bool(f"{who}: tile_fastest", self.tile_fastest),
-               m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_MP),
+               m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_M_ROWS),
                m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)),
                promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS))
         if self.m_halves > 1 and self.cluster > 1:

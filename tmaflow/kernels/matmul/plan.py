@@ -170,6 +170,9 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         raise TmaflowError(f"gemm: SkinnyConfig(m_rows={config.m_rows}, m_halves={halves}) takes per-tensor "
                            "scales (got block scales); use m_rows=None, m_halves=1")
     fp8 = dtype == "float8_e4m3fn"
+    if mp not in SKINNY_MP and (fp8 or halves > 1):
+        raise TmaflowError(f"gemm: SkinnyConfig(m_rows={mp}) is for bfloat16 products without M halves (got "
+                           f"{dtype}, m_halves={halves}); use m_rows of {SKINNY_MP}")
     if config.promote_sets > 1 and (not fp8 or block_scales or config.rows > 64 and mp > 64):
         raise TmaflowError(f"gemm: SkinnyConfig(promote_sets={config.promote_sets}) promotes every k-block on "
                            f"two accumulator sets: fp8 with per-tensor scales, and with rows=128 at most 64 "
