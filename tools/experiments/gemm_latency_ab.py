@@ -62,7 +62,8 @@ SHAPES = [
     ("fp8 128x8192x8192", 128, 8192, 8192, FP8, [
         GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1), SkinnyConfig(split_k=1, promote_sets=2),
         SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(m_rows=64, cluster=2, promote_sets=2)]),
-    ("fp8 128x7168x16384", 128, 7168, 16384, FP8, [GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1)]),
+    ("fp8 128x7168x16384", 128, 7168, 16384, FP8, [GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1),
+                                                    SkinnyConfig(split_k=1, promote_sets=2)]),
     # the skinny default (64-row CTAs, K split to fill the SMs, promoted every 4 k-blocks)
     ("fp8 64x4096x4096", 64, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=1, promote_sets=2)]),
     ("fp8 16x4096x4096", 16, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2)]),
