@@ -180,6 +180,21 @@ def test_promote_sets_and_four_m_tiles_compile_clean(m, n, k, config, dtype):
     assert compiler.wgmma_pipeline_notes(kern.program.log) == []
 
 
+@pytest.mark.parametrize("layout,dtype", [("nt", "bfloat16"), ("nn", "bfloat16"), ("nt", "float8_e4m3fn")])
+def test_k_tail_keeps_the_wgmma_pipeline(layout, dtype):
+    """K_TAIL (opt-in): the last k-block's k-steps past K are skipped behind a warp-uniform test;
+    ptxas keeps its wgmma pipeline (no C75xx note) and issues the steps in two paths."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+    from tmaflow.launch.sass import disassemble
+
+    plan = gemm_plan(1000, 3000, 520 if dtype == "bfloat16" else 2064, layout, GemmConfig(bn=128, cluster_m=2), dtype)
+    plain = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
+    tail = get_kernel("gemm_bf16", plan.layout, defines={**plan.defines, "K_TAIL": 1}, file="gemm")
+    assert tail.program.resources.spills == 0 and compiler.wgmma_pipeline_notes(tail.program.log) == []
+    assert disassemble(tail.cubin).count("HGMMA") > disassemble(plain.cubin).count("HGMMA")
+
+
 def test_cluster_k_refuses_what_it_does_not_run():
     with pytest.raises(tf.TmaflowError, match=r"gemm: cluster_k=2 is for bfloat16 and per-tensor fp8 "
                                               r"products \(got block scales\)"):

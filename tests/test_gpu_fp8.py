@@ -104,6 +104,17 @@ def test_fp8_promote_sets_against_float64(device, rng, m, n, config):
     _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
 
 
+@pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=2, split_k=3), GemmConfig(bn=192, cluster_m=1, epi_cols=64)],
+                         ids=["auto", "split3", "bn192"])
+def test_fp8_k_tail_against_float64(device, rng, config):
+    """K_TAIL (opt-in define): K = 2064, the last k-block's one k-step of 32 that reaches into K."""
+    from tmaflow.kernels import registry
+
+    A, B, sa, sb, ref = _operands(rng, 300, 1040, 2064)
+    with registry.extra_defines({"K_TAIL": 1}):
+        _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
+
+
 @pytest.mark.parametrize("m", [512, 16], ids=["dense", "skinny"])
 def test_fp8_torch_in_bf16_torch_out(device, m):
     torch = pytest.importorskip("torch")

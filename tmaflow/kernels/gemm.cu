@@ -103,6 +103,9 @@ namespace L = tmaflow_layout;
 #ifndef PROMOTE_SETS
 #define PROMOTE_SETS 1  // per-tensor fp8, BN <= 128: 2 promotes every k-block, alternating two accumulator sets
 #endif
+#ifndef K_TAIL
+#define K_TAIL 0  // 1: K's last k-block, when partial, issues only the k-steps that reach into K
+#endif
 #ifndef PATCH_ALL
 #define PATCH_ALL 0  // grouped: every warpgroup's rows leave through its group's patched C map, not
 #endif               // only rows that cross the group's end (GemmConfig.patch_full_tiles, kept to compare)
@@ -439,6 +442,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   const uint32_t rank = CLUSTER_M > 1 ? cluster::rank() : 0;
   const uint32_t krank = CLUSTER_K > 1 ? cluster::rank() : 0;  // this CTA's K split of the tile
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_blocks = (K + BK - 1) / BK;
+  [[maybe_unused]] const int k_tail_steps = (K - (k_blocks - 1) * BK + BK / 4 - 1) / (BK / 4);  // of the last k-block
   const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
   // K splits; else known to the compiler: no divisions
   const int splits = SPLIT_K || SPLIT_TAIL ? k_splits : CLUSTER_K;
@@ -712,9 +716,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #endif
         wgmma::fence_operands(acc);
         wgmma::fence();
+#if K_TAIL
+        // K's last, partial k-block: only the k-steps that reach into K (the rest multiply the
+        // TMA's zero fill)
+        const int steps = kb == k_blocks - 1 ? k_tail_steps : 4;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
+          if (k == 0 || k < steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+#else
 #pragma unroll
         for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
           mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+#endif
         acc_live = 1;
         wgmma::commit_group();
         // Keep this k-block's group in flight; the previous one is done with its stage.

@@ -41,6 +41,7 @@ WINS = 1.02  # a candidate's median per-round ratio to the default, cold and bac
 # (H100 unless said; the default and what the model rejected are in heuristics.py), the three
 # furthest below first.
 P1 = dict(promote=1, promote_sets=2)  # fp8: promoted every k-block on two accumulator sets
+K_TAIL = {"K_TAIL": 1}  # gemm.cu: K's last, partial k-block issues only the k-steps that reach into K
 SHAPES = [
     # bn128 ck2 64 CTAs (default) 0.80-0.82x _scaled_mm; cuBLAS: 64x64 tiles, 2x1 clusters, 128 CTAs
     ("fp8 128x4096x4096", 128, 4096, 4096, FP8, [
@@ -54,9 +55,11 @@ SHAPES = [
     ("512x512x2048", 512, 512, 2048, BF16, [
         GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4), SkinnyConfig(m_rows=48, cluster=2),
         SkinnyConfig(m_rows=48), SkinnyConfig(m_rows=32, cluster=2), SkinnyConfig(m_rows=64, cluster=2, split_k=2)]),
-    # bn192 pairs, 128 tiles, 9 k-blocks (default) 0.911; cuBLAS: 200x128 tiles, 1x4 clusters, 120 CTAs
+    # bn192 pairs, 128 tiles, 9 k-blocks (default) 0.911; cuBLAS: 200x128 tiles, 1x4 clusters, 120 CTAs.
+    # K_TAIL: the 9th k-block (8 of 64 columns in K) issues 1 of its 4 k-steps
     ("1000x3000x520", 1000, 3000, 520, BF16, [
-        GemmConfig(bn=192, cluster_m=4, epi_cols=64), GemmConfig(bn=256, cluster_m=4),
+        (GemmConfig(bn=192, cluster_m=2, epi_cols=64), K_TAIL), GemmConfig(bn=192, cluster_m=4, epi_cols=64),
+        (GemmConfig(bn=192, cluster_m=4, epi_cols=64), K_TAIL), GemmConfig(bn=256, cluster_m=4),
         GemmConfig(bn=224, cluster_m=2, epi_cols=64), GemmConfig(bn=192, cluster_m=1, epi_cols=64)]),
     # bn128 ck2 (default) 0.98 (H200 0.977); cuBLAS: 128x64 tiles, 1x2 clusters, 128 CTAs
     ("fp8 128x8192x8192", 128, 8192, 8192, FP8, [
