@@ -224,6 +224,8 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats, uniform=False) -> dic
         best = max(gains, key=lambda name: min(gains[name]), default=None)
         if best is not None:
             summary["best"], summary["gain"] = best, gains[best]
+            cold_best = max(gains, key=lambda name: gains[name][0])
+            summary["cold_best"], summary["cold_gain"] = cold_best, gains[cold_best]
         if best is not None and min(gains[best]) >= WINS:
             print(f"   WINNER over the default, cold / back to back {gains[best][0]:.3f} / {gains[best][1]:.3f}: "
                   f"{best}", flush=True)
@@ -244,6 +246,9 @@ def report(summaries: list) -> None:
         if got["best"]:
             gc, gw = got["gain"]
             line += f" | {got['best']:<40s} {gc:.3f} / {gw:.3f} -> {vc * gc:.3f} / {vw * gw:.3f}"
+            if got["cold_best"] != got["best"]:
+                gc, gw = got["cold_gain"]
+                line += f" | cold: {got['cold_best']} {gc:.3f} / {gw:.3f} -> {vc * gc:.3f} / {vw * gw:.3f}"
         print(line, flush=True)
 
 
