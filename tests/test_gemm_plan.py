@@ -37,7 +37,9 @@ def test_gemm_rejects_bad_operands(a, b, out, kw, msg):
     (dict(bn=96), r"epi_cols=128 must be a multiple of 64 dividing bn=96's 64 columns in whole 64-column boxes"),
     (dict(bn=224), r"epi_cols=128 must be a multiple of 64 dividing bn=224's 192 columns in whole 64-column boxes"),
     (dict(bn=192), r"epi_cols=128 must be a multiple of 64 dividing bn=192"),
-    (dict(cluster_m=4), r"cluster_m=4 must be 1 or 2"),
+    (dict(cluster_m=3), r"cluster_m=3 must be 1, 2 or 4"),
+    (dict(cluster_m=4, group_m=6), r"group_m=6 must be a multiple of cluster_m=4"),
+    (dict(promote_sets=3), r"GemmConfig: promote_sets=3 must be 1 or 2"),
     (dict(epi_cols=96), r"epi_cols=96 must be a multiple of 64 dividing bn=256"),
     (dict(group_m=3), r"group_m=3 must be a multiple of cluster_m=2"),
     (dict(stages=1), r"stages=1 must be in \[2, 16\]"),
@@ -132,6 +134,65 @@ def test_odd_widths_refuse_what_they_do_not_run():
         gemm_plan(512, 512, 512, "nt", GemmConfig(bn=176, epi_cols=64), "float8_e4m3fn")
     with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: bn=96 \(no multiple of 64\) is for single products"):
         kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10], config=GemmConfig(bn=96, epi_cols=64))
+
+
+def test_promote_sets_and_four_m_tiles_refuse_what_they_do_not_run():
+    fp8 = "float8_e4m3fn"
+    for config, dtype, scales in [(GemmConfig(bn=128, promote=1, promote_sets=2), "bfloat16", None),
+                                  (GemmConfig(bn=128, promote=4, promote_sets=2), fp8, None),
+                                  (GemmConfig(bn=192, promote=1, epi_cols=64, promote_sets=2), fp8, None),
+                                  (GemmConfig(bn=128, promote=1, promote_sets=2), fp8, "m_major")]:
+        with pytest.raises(tf.TmaflowError, match=r"gemm: promote_sets=2 promotes every k-block on two accumulator "
+                                                  r"sets: fp8 with per-tensor scales, bn=64 or 128 and promote=1"):
+            gemm_plan(512, 512, 2048, "nt", config, dtype, scales)
+    for layout, bn in (("nn", 128), ("nt", 208)):
+        with pytest.raises(tf.TmaflowError, match=rf"gemm: cluster_m=4 shares B in four 8-row-aligned slices .* "
+                                                  rf"\(got layout '{layout}', bn={bn}\)"):
+            gemm_plan(1000, 3000, 520, layout, GemmConfig(bn=bn, cluster_m=4, epi_cols=64))
+    with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: cluster_m=4 is for single products \(gemm\)"):
+        kernels.grouped_gemm(arr((10, 64)), arr((3, 32, 64)), [0, 5, 6, 10], config=GemmConfig(cluster_m=4))
+
+
+@pytest.mark.parametrize("m,n,k,config,dtype", [
+    (128, 4096, 4096, GemmConfig(bn=128, cluster_m=1, cluster_k=2, promote=1, promote_sets=2), "float8_e4m3fn"),
+    (128, 4096, 4096, GemmConfig(bn=128, cluster_m=1, cluster_k=4, promote=1, promote_sets=2), "float8_e4m3fn"),
+    (1024, 4096, 4096, GemmConfig(bn=128, cluster_m=2, split_k=2, promote=1, promote_sets=2), "float8_e4m3fn"),
+    (128, 4096, 4096, GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2, promote=1, promote_sets=2), "float8_e4m3fn"),
+    (128, 4096, 4096, GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2), "float8_e4m3fn"),
+    (1000, 3000, 520, GemmConfig(bn=192, cluster_m=4, epi_cols=64), "bfloat16"),
+    (1000, 3000, 520, GemmConfig(bn=64, cluster_m=4, epi_cols=64), "bfloat16"),
+    (1024, 1024, 1024, GemmConfig(bn=128, cluster_m=4), "float8_e4m3fn")])
+def test_promote_sets_and_four_m_tiles_compile_clean(m, n, k, config, dtype):
+    """Two promotion sets keep three sets of 64 accumulators in the consumers' registers with
+    ptxas's wgmma pipeline intact (no C75xx note); four M tiles multicast B in four slices, and
+    their consumers release to all four CTAs."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+
+    plan = gemm_plan(m, n, k, "nt", config, dtype)
+    assert plan.defines.get("PROMOTE_SETS", 1) == config.promote_sets and plan.defines["CLUSTER_M"] == config.cluster_m
+    pipe = plan.layout.items[0]
+    assert pipe.empty_arrivals == 8 * config.cluster_m and pipe.cluster == (config.cluster_m, 1, 1)
+    assert plan.spec_b.box[0] == config.bn // config.cluster_m
+    kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
+    r = kern.program.resources
+    assert r.spills == 0 and r.stack_frame == 0, r
+    assert compiler.wgmma_pipeline_notes(kern.program.log) == []
+
+
+@pytest.mark.parametrize("layout,dtype", [("nt", "bfloat16"), ("nn", "bfloat16"), ("nt", "float8_e4m3fn")])
+def test_k_tail_keeps_the_wgmma_pipeline(layout, dtype):
+    """K_TAIL (opt-in): the last k-block's k-steps past K are skipped behind a warp-uniform test;
+    ptxas keeps its wgmma pipeline (no C75xx note) and issues the steps in two paths."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+    from tmaflow.launch.sass import disassemble
+
+    plan = gemm_plan(1000, 3000, 520 if dtype == "bfloat16" else 2064, layout, GemmConfig(bn=128, cluster_m=2), dtype)
+    plain = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
+    tail = get_kernel("gemm_bf16", plan.layout, defines={**plan.defines, "K_TAIL": 1}, file="gemm")
+    assert tail.program.resources.spills == 0 and compiler.wgmma_pipeline_notes(tail.program.log) == []
+    assert disassemble(tail.cubin).count("HGMMA") > disassemble(plain.cubin).count("HGMMA")
 
 
 def test_cluster_k_refuses_what_it_does_not_run():

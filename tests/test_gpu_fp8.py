@@ -79,6 +79,42 @@ def test_fp8_skinny_m_chunks_against_float64(device, rng, config):
     _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
 
 
+# promote_sets=2: promoted every k-block, two accumulator sets alternating (an odd and an even
+# k-block count a split: 17 k-blocks of 2064, 9 and 8 split in two); dense bn128 (unclustered, in
+# K-split clusters of two and four, split K) and the skinny path (every MMA width, 64- and 128-row
+# CTAs, M halves, M chunks in pairs sharing A). Clusters of four M tiles (fp8 bn128) and 64-column
+# fp8 tiles (promoted every 4 k-blocks too) beside them.
+@pytest.mark.parametrize("m,n,config", [
+    (300, 1040, GemmConfig(bn=128, cluster_m=1, promote=1, promote_sets=2)),
+    (128, 4104, GemmConfig(bn=128, cluster_m=1, cluster_k=2, promote=1, promote_sets=2)),
+    (100, 4104, GemmConfig(bn=128, cluster_m=1, cluster_k=4, promote=1, promote_sets=2)),
+    (300, 1040, GemmConfig(bn=128, cluster_m=2, split_k=2, promote=1, promote_sets=2)),
+    (1000, 760, GemmConfig(bn=128, cluster_m=4)),
+    (128, 4104, GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2, promote=1, promote_sets=2)),
+    (300, 1040, GemmConfig(bn=64, cluster_m=2, epi_cols=64)),
+    (128, 4104, SkinnyConfig(split_k=1, promote_sets=2)), (40, 4104, SkinnyConfig(promote_sets=2)),
+    (1, 4104, SkinnyConfig(split_k=2, promote_sets=2)), (16, 4104, SkinnyConfig(rows=128, cluster=2, promote_sets=2)),
+    (128, 4104, SkinnyConfig(m_halves=2, promote_sets=2)), (100, 4104, SkinnyConfig(m_rows=64, cluster=2, promote_sets=2)),
+    (128, 4104, SkinnyConfig(m_rows=64, cluster=2))],
+    ids=["bn128", "bn128-ck2", "bn128-ck4", "bn128-c2-split2", "bn128-c4-promote4", "bn64-ck2", "bn64-c2-promote4",
+         "skinny-128", "skinny-40",
+         "skinny-1-split2", "skinny-16-rows128-c2", "skinny-halves", "skinny-mr64-c2", "skinny-mr64-c2-promote4"])
+def test_fp8_promote_sets_against_float64(device, rng, m, n, config):
+    A, B, sa, sb, ref = _operands(rng, m, n, 2064)
+    _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
+
+
+@pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=2, split_k=3), GemmConfig(bn=192, cluster_m=1, epi_cols=64)],
+                         ids=["auto", "split3", "bn192"])
+def test_fp8_k_tail_against_float64(device, rng, config):
+    """K_TAIL (opt-in define): K = 2064, the last k-block's one k-step of 32 that reaches into K."""
+    from tmaflow.kernels import registry
+
+    A, B, sa, sb, ref = _operands(rng, 300, 1040, 2064)
+    with registry.extra_defines({"K_TAIL": 1}):
+        _check_gemm(A, B, ref, config, scale_a=sa, scale_b=sb)
+
+
 @pytest.mark.parametrize("m", [512, 16], ids=["dense", "skinny"])
 def test_fp8_torch_in_bf16_torch_out(device, m):
     torch = pytest.importorskip("torch")

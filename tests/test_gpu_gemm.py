@@ -191,3 +191,37 @@ def test_gemm_strided_rows(device, rng):
     out = poison(tf.empty((256, 96), "bfloat16"))
     kernels.gemm(A_view, tf.from_numpy(b_bits, dtype="bfloat16"), out)
     _check(out, a[:, :136].astype(np.float64) @ b.T.astype(np.float64), "strided")
+
+
+# Clusters of four M tiles sharing B in four slices ("nt"): 1000 rows (two clusters of four, the
+# last tile ragged), 600 rows (the second cluster's last three tiles wholly past M), and many
+# items a cluster (the stage ring and the persistent loop wrap); B's slices of 16 to 64 rows.
+@pytest.mark.parametrize("config", [GemmConfig(bn=192, cluster_m=4, epi_cols=64), GemmConfig(bn=64, cluster_m=4, epi_cols=64),
+                                    GemmConfig(bn=256, cluster_m=4), GemmConfig(bn=160, cluster_m=4, epi_cols=64)],
+                         ids=_config_id)
+def test_gemm_cluster_m4_against_float64(device, rng, config):
+    for m, n, k in [(1000, 3000, 520), (600, 1000, 1000), (2048, 2048, 256)]:
+        A, B, ref = _operands(rng, m, n, k, "nt")
+        for debug in (True, False) if (m, n, k) == (600, 1000, 1000) else (False,):
+            out = poison(tf.empty((m, n), "bfloat16"))
+            kernels.gemm(A, B, out, config=config, debug=debug)
+            _check(out, ref, (m, n, k, config, debug))
+
+
+# K_TAIL (opt-in define): K's last, partial k-block issues only the k-steps that reach into K.
+# K = 520, 72, 1000: 1, 1 and 3 of 4 k-steps; split K (the last split owns it) and cluster
+# K-splits (the last rank does); both layouts.
+@pytest.mark.parametrize("layout", ["nt", "nn"])
+@pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=1, split_k=3),
+                                    GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)],
+                         ids=["auto", "bn128-split3", "bn64-ck4"])
+def test_gemm_k_tail_against_float64(device, rng, config, layout):
+    from tmaflow.kernels import registry
+
+    for m, n, k in [(1000, 3000, 520), (129, 264, 72), (300, 1000, 1000)]:
+        A, B, ref = _operands(rng, m, n, k, layout)
+        for debug in (True, False) if (m, n, k) == (129, 264, 72) else (False,):
+            out = poison(tf.empty((m, n), "bfloat16"))
+            with registry.extra_defines({"K_TAIL": 1}):
+                kernels.gemm(A, B, out, layout=layout, config=config, debug=debug)
+            _check(out, ref, (m, n, k, config, layout, debug))

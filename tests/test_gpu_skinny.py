@@ -64,8 +64,10 @@ def test_skinny_m_halves_against_float64(device, rng, m, n, k, config):
 @pytest.mark.parametrize("m", [129, 300, 517])
 @pytest.mark.parametrize("config", [SkinnyConfig(m_rows=16), SkinnyConfig(m_rows=64, m_halves=2),
                                     SkinnyConfig(m_rows=32, m_halves=2, split_k=3),
-                                    SkinnyConfig(rows=128, m_rows=128, split_k=2)],
-                         ids=["rows16", "rows64-halves", "rows32-halves-split3", "cta128-rows128-split2"])
+                                    SkinnyConfig(rows=128, m_rows=128, split_k=2), SkinnyConfig(m_rows=48, cluster=2),
+                                    SkinnyConfig(m_rows=48, split_k=2), SkinnyConfig(m_rows=32, cluster=2)],
+                         ids=["rows16", "rows64-halves", "rows32-halves-split3", "cta128-rows128-split2",
+                              "rows48-c2", "rows48-split2", "rows32-c2"])
 def test_skinny_m_chunks_against_float64(device, rng, m, config):
     _matches_float64(rng, m, 520, 1000, config)
 

@@ -83,7 +83,8 @@ def test_fp8_skinny_splits_keep_32_k_blocks(n, k, split):
                                           ({"l2_promotion": "512B"}, r"l2_promotion='512B'"),
                                           ({"tile_fastest": 1}, r"tile_fastest=1"),
                                           ({"m_halves": 4}, r"SkinnyConfig: m_halves=4 must be 1 or 2"),
-                                          ({"m_rows": 24}, r"SkinnyConfig: m_rows=24 must be 8, 16, 32, 64 or 128"),
+                                          ({"m_rows": 24}, r"SkinnyConfig: m_rows=24 must be 8, 16, 32, 48, 64 or 128"),
+                                          ({"promote_sets": 0}, r"SkinnyConfig: promote_sets=0 must be 1 or 2"),
                                           ({"m_halves": 2, "cluster": 2},
                                            r"m_halves=2 pairs the CTAs of a cluster along M; it takes cluster=1 "
                                            r"\(got cluster=2\)")])
@@ -150,6 +151,32 @@ def test_every_m_halves_width_compiles_without_spills(dtype):
             assert k.resources.spill_stores == 0 and k.resources.spill_loads == 0, (mp, rows)
 
 
+@pytest.mark.parametrize("m,config,dtype,scales", [
+    (128, SkinnyConfig(split_k=1, promote_sets=2), "float8_e4m3fn", None), (64, SkinnyConfig(rows=128, promote_sets=2), "float8_e4m3fn", None),
+    (128, SkinnyConfig(m_halves=2, promote_sets=2), "float8_e4m3fn", None),
+    (128, SkinnyConfig(m_rows=64, cluster=2, promote_sets=2), "float8_e4m3fn", None),
+    (128, SkinnyConfig(rows=128, promote_sets=2), "float8_e4m3fn", None), (16, SkinnyConfig(promote_sets=2), "bfloat16", None),
+    (64, SkinnyConfig(promote_sets=2), "float8_e4m3fn", "m_major")])
+def test_promote_sets_plan_promotes_every_k_block_and_compiles_clean(m, config, dtype, scales):
+    """promote_sets=2: fp8 per-tensor promoted every k-block on two accumulator sets (the block
+    scales' loop); three sets of MP / 2 accumulators must fit (128-row CTAs: at most 64 rows of M)
+    with ptxas's wgmma pipeline intact. bf16, block scales and 128-row CTAs of 128 rows refuse."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+
+    if dtype == "bfloat16" or scales or (config.rows == 128 and m > 64):
+        with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig\(promote_sets=2\) promotes every k-block on two "
+                                                  r"accumulator sets: fp8 with per-tensor scales, and with rows=128"):
+            skinny_plan(m, 4096, 4096, config, 132, dtype, scales)
+        return
+    plan = skinny_plan(m, 4096, 4096, config, 132, dtype)
+    assert plan.defines["PROMOTE_SETS"] == 2 and plan.defines["PROMOTE"] == 1
+    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+    r = kern.program.resources
+    assert r.spills == 0 and r.stack_frame == 0, r
+    assert compiler.wgmma_pipeline_notes(kern.program.log) == []
+
+
 @pytest.mark.parametrize("m,config,scales,match", [
     (64, SkinnyConfig(m_halves=2), None,
      r"m_halves=2\) pairs two chunks of 64 rows of M; it takes M over 64 rows \(got M=64\)"),
@@ -158,10 +185,27 @@ def test_every_m_halves_width_compiles_without_spills(dtype):
                                           r"with m_rows"),
     (100, SkinnyConfig(m_halves=2), "m_major",
      r"SkinnyConfig\(m_rows=None, m_halves=2\) takes per-tensor scales \(got block scales\)"),
-    (100, SkinnyConfig(m_rows=32), "m_major", r"SkinnyConfig\(m_rows=32, m_halves=1\) takes per-tensor")])
+    (100, SkinnyConfig(m_rows=32), "m_major", r"SkinnyConfig\(m_rows=32, m_halves=1\) takes per-tensor"),
+    (300, SkinnyConfig(m_rows=48), None, r"SkinnyConfig\(m_rows=48\) is for bfloat16 products without M halves "
+                                         r"\(got float8_e4m3fn, m_halves=1\)")])
 def test_m_chunk_refusals(m, config, scales, match):
     with pytest.raises(tf.TmaflowError, match=match):
         skinny_plan(m, 4096, 4096, config, 132, "float8_e4m3fn", scales)
+
+
+def test_48_row_chunks_run_bf16_in_m64n48_mmas():
+    """m_rows=48 (cuBLAS's 64 x 48 tiles at 512^3): bf16 only, 11 chunks of 512 rows, clean compiles."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+
+    with pytest.raises(tf.TmaflowError, match=r"m_rows=48\) is for bfloat16 products without M halves \(got "
+                                              r"bfloat16, m_halves=2\)"):
+        skinny_plan(512, 512, 512, SkinnyConfig(m_rows=48, m_halves=2), 132)
+    for config in (SkinnyConfig(m_rows=48), SkinnyConfig(m_rows=48, cluster=2), SkinnyConfig(m_rows=48, split_k=2)):
+        plan = skinny_plan(512, 512, 2048, config, 132)
+        assert plan.defines["MP"] == 48 and plan.grid_z == 11 and plan.spec_x.box == (48, BK)
+        kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+        assert kern.program.resources.spills == 0 and compiler.wgmma_pipeline_notes(kern.program.log) == []
 
 
 @pytest.mark.parametrize("m,config,mp,grid_z", [
@@ -202,8 +246,9 @@ def test_fp8_plan_uses_128_byte_k_blocks_and_promotes():
 
 @pytest.mark.parametrize("layout,config,match", [
     ("nn", GemmConfig(bn=128), r"fp8 operands take layout 'nt' \(got 'nn'\)"),
-    ("nt", GemmConfig(bn=256), r"fp8 with promote=4 needs bn=128 or 192 \(got bn=256\)"),
-    ("nt", GemmConfig(bn=64, epi_cols=64), r"fp8 tiles are 128, 192 or 256 columns \(got bn=64\)")])
+    ("nt", GemmConfig(bn=256), r"fp8 with promote=4 needs bn=64, 128 or 192 \(got bn=256\)"),
+    ("nt", GemmConfig(bn=80, epi_cols=64), r"bn=80 \(no multiple of 64\) is for bfloat16 'nt' products \(got "
+                                           r"float8_e4m3fn")])
 def test_fp8_plan_refusals(layout, config, match):
     from tmaflow.kernels.matmul import gemm_plan
 

@@ -100,6 +100,12 @@ namespace L = tmaflow_layout;
 #ifndef UNIFORM_DESC
 #define UNIFORM_DESC 1
 #endif
+#ifndef PROMOTE_SETS
+#define PROMOTE_SETS 1  // per-tensor fp8, BN <= 128: 2 promotes every k-block, alternating two accumulator sets
+#endif
+#ifndef K_TAIL
+#define K_TAIL 0  // 1: K's last k-block, when partial, issues only the k-steps that reach into K
+#endif
 #ifndef PATCH_ALL
 #define PATCH_ALL 0  // grouped: every warpgroup's rows leave through its group's patched C map, not
 #endif               // only rows that cross the group's end (GemmConfig.patch_full_tiles, kept to compare)
@@ -119,7 +125,7 @@ static_assert(128 * (168 - kProducerRegs) >= 256 * (kConsumerRegs - 168), "setma
 constexpr int EPI_REM = BN % 64, EPI_FULL = BN - EPI_REM;
 static_assert(EPI_REM_MAP == (EPI_REM > 0), "EPI_REM_MAP: 1 exactly when BN is no multiple of 64");
 static_assert(BN % 16 == 0 && BN >= 64 && BN <= 256, "BN is a multiple of 16 from 64 to 256");
-static_assert(!FP8 || (BN >= 128 && EPI_REM == 0), "fp8 tiles are 128, 192 or 256 columns");
+static_assert(!FP8 || (BN % 64 == 0 && EPI_REM == 0), "fp8 tiles are 64, 128, 192 or 256 columns");
 static_assert(!(B_N_MAJOR || GROUPED) || EPI_REM == 0, "B N-major and grouped tiles: a multiple of 64 columns");
 static_assert(EPI_COLS % 64 == 0 && EPI_FULL % EPI_COLS == 0, "EPI_COLS: a multiple of 64 dividing BN's whole boxes");
 static_assert(L::ab::a_bytes == BM * 128 && L::ab::b_bytes == BN * 128, "plan does not match BM/BN/BK");
@@ -128,6 +134,8 @@ static_assert(!(FP8 && PROMOTE) || BN <= 192, "promotion doubles the accumulator
 static_assert(!(SPLIT_TAIL && (SPLIT_K || GROUPED)), "tail splits are for ungrouped products not split-K");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales: fp8, promoted every k-block, BN 128");
 static_assert(CLUSTER_K == 1 || CLUSTER_K == 2 || CLUSTER_K == 4, "CLUSTER_K is 1, 2 or 4");
+static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && FP8 && PROMOTE == 1 && !BLOCK_SCALES && BN <= 128),
+              "two promotion sets: per-tensor fp8, promoted every k-block, BN 64 or 128 (three sets of accumulators)");
 static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !GROUPED && !BLOCK_SCALES),
               "cluster K-splits: one tile per cluster, no other split, no block scales");
 // Epilogue groups: the consumer warps that store rows of C together, kEpiRows rows (a warp holds
@@ -268,6 +276,8 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t da, uint64_t db, uint32_t s
   wgmma::mma_m64n256k32_e4m3(acc, da, db, scale_d);
 #elif FP8 && BN == 192
   wgmma::mma_m64n192k32_e4m3(acc, da, db, scale_d);
+#elif FP8 && BN == 64
+  wgmma::mma_m64n64k32_e4m3(acc, da, db, scale_d);
 #elif FP8
   wgmma::mma_m64n128k32_e4m3(acc, da, db, scale_d);
 #else
@@ -432,6 +442,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   const uint32_t rank = CLUSTER_M > 1 ? cluster::rank() : 0;
   const uint32_t krank = CLUSTER_K > 1 ? cluster::rank() : 0;  // this CTA's K split of the tile
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, k_blocks = (K + BK - 1) / BK;
+  [[maybe_unused]] const int k_tail_steps = (K - (k_blocks - 1) * BK + BK / 4 - 1) / (BK / 4);  // of the last k-block
   const int groups_m = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
   // K splits; else known to the compiler: no divisions
   const int splits = SPLIT_K || SPLIT_TAIL ? k_splits : CLUSTER_K;
@@ -588,14 +599,15 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
 #endif
-#if BLOCK_SCALES
-      {
+#if BLOCK_SCALES || PROMOTE_SETS == 2
+      if (BLOCK_SCALES || kb0 < kb1) {  // (a cluster K-split rank may have no k-blocks)
         // k-block j of the item runs on acc (j even) or acc2 (j odd): while one set is promoted
-        // with its k-block's scales, the next k-block's wgmmas already run on the other.
+        // (with block scales, with its k-block's scales), the next k-block's wgmmas already run
+        // on the other.
         float acc2[kAcc];
         float a0, a1, ab, b0, b1, bb;  // each set's scales: A's rows r and r + 8, B's
         Cursor pa, pb;                 // each set's stage
-        const int r = cw * 64 + wq * 16 + lane / 4;
+        [[maybe_unused]] const int r = cw * 64 + wq * 16 + lane / 4;
         // Stage 0's descriptors (a stage's differ only in the start address, in 16-byte units),
         // from a warpgroup index the compiler knows is warp-uniform: the descriptors then live
         // in uniform registers, without per-wgmma moves (H200: M-major scales 4% faster).
@@ -613,7 +625,10 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #pragma unroll
           for (int k = 0; k < 4; ++k) mma(d, da + 2 * k, db + 2 * k, k > 0);  // k-step 0 overwrites d
           wgmma::commit_group();
-#if SCALES_TMA
+#if !BLOCK_SCALES
+          s0 = s1 = sb = 1.f;  // per-tensor: the scale comes with the epilogue
+          (void)kb;
+#elif SCALES_TMA
           const float* sa = static_cast<const float*>(S.ab_s(c.stage));
           sb = __ldg(scales_b + size_t(tn) * k_blocks + kb);
           s0 = sa[r];
@@ -650,10 +665,16 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #else
           pipe.consumer_release_warp(at);  // one arrival per consumer warp and CTA
 #endif
+#if BLOCK_SCALES
           s0 *= sb;
           s1 *= sb;
 #pragma unroll
           for (int i = 0; i < kAcc; ++i) total[i] += d[i] * ((i & 2) ? s1 : s0);  // rows r, r + 8
+#else
+          (void)s0, (void)s1, (void)sb;
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) total[i] += d[i];
+#endif
         };
         const int n = kb1 - kb0;
         issue(acc, kb0, a0, a1, ab, pa);  // the loop's head always has acc's k-block in flight
@@ -695,9 +716,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #endif
         wgmma::fence_operands(acc);
         wgmma::fence();
+#if K_TAIL
+        // K's last, partial k-block: only the k-steps that reach into K (the rest multiply the
+        // TMA's zero fill)
+        const int steps = kb == k_blocks - 1 ? k_tail_steps : 4;
+#pragma unroll
+        for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
+          if (k == 0 || k < steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+#else
 #pragma unroll
         for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
           mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+#endif
         acc_live = 1;
         wgmma::commit_group();
         // Keep this k-block's group in flight; the previous one is done with its stage.

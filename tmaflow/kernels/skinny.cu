@@ -61,6 +61,9 @@ namespace L = tmaflow_layout;
 #ifndef BLOCK_SCALE_SETS
 #define BLOCK_SCALE_SETS 1  // block scales: accumulator sets a warpgroup alternates (2: see below)
 #endif
+#ifndef PROMOTE_SETS
+#define PROMOTE_SETS 1  // per-tensor fp8: 2 promotes every k-block, alternating two accumulator sets (below)
+#endif
 constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows either way
 constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
@@ -72,6 +75,8 @@ static_assert(M_HALVES == 1 || (M_HALVES == 2 && CLUSTER == 2 && !BLOCK_SCALES &
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
 static_assert(BLOCK_SCALE_SETS == 1 || BLOCK_SCALE_SETS == 2, "one or two accumulator sets");
+static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && PROMOTE == 1 && !BLOCK_SCALES),
+              "two promotion sets: per-tensor fp8, promoted every k-block");
 static_assert(!GROUPED || (!FP8 && CLUSTER == 1), "grouped: bf16, unclustered");
 
 TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t scale_d) {
@@ -93,12 +98,14 @@ TMAFLOW_DEVICE void mma(float (&acc)[kAcc], uint64_t dw, uint64_t dx, uint32_t s
   wgmma::mma_m64n16k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 32
   wgmma::mma_m64n32k16_bf16(acc, dw, dx, scale_d);
+#elif MP == 48
+  wgmma::mma_k16_bf16(acc, dw, dx, scale_d);  // m64n48k16 (M in chunks of 48 rows)
 #elif MP == 64
   wgmma::mma_m64n64k16_bf16(acc, dw, dx, scale_d);
 #elif MP == 128
   wgmma::mma_m64n128k16_bf16(acc, dw, dx, scale_d);
 #else
-#error "MP is 8, 16, 32, 64 or 128"
+#error "MP is 8, 16, 32, 48 (bf16), 64 or 128"
 #endif
 }
 
@@ -137,13 +144,20 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
 #endif
   uint32_t acc_live = 1;  // 0 after a promotion: the next wgmma overwrites acc
+#if BLOCK_SCALES || PROMOTE_SETS == 2
 #if BLOCK_SCALES
   // This warpgroup's 64 rows of B lie in one 128-row scale block (tiles are 64 or 128 rows).
   const float* const b_scales = scales_b + size_t(min(tile * kRows + cw * 64, N - 1) / 128) * k_blocks;
   const int mc = 2 * (lane % 4);  // this thread's columns of C^T: mc + 8 j and mc + 8 j + 1
-  // After the wait for its wgmmas: add the k-block in d, scaled, to total; release its stage.
-  auto retire = [&](float (&d)[kAcc], float sb, const Cursor& at) {
+#endif
+  // After the wait for its wgmmas: add the k-block in d (with block scales, scaled) to total;
+  // release its stage.
+  auto retire = [&](float (&d)[kAcc], [[maybe_unused]] float sb, const Cursor& at) {
     wgmma::fence_operands(d);
+#if !BLOCK_SCALES
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) total[i] += d[i];
+#else
     const float* sa = static_cast<const float*>(S.wx_s(at.stage));
 #pragma unroll
     for (int j = 0; j < MP / 8; ++j) {  // A's scales of columns mc + 8 j, mc + 8 j + 1, times B's
@@ -155,19 +169,25 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
         total[4 * j + 2 * h + 1] += d[4 * j + 2 * h + 1] * s1;
       }
     }
+#endif
     __syncwarp();
     if (lane == 0) pipe.consumer_release(at);  // one arrival per consumer warp
   };
-#if BLOCK_SCALE_SETS == 2
+#if BLOCK_SCALE_SETS == 2 || PROMOTE_SETS == 2
   // k-block j of the split runs on acc (j even) or acc2 (j odd): while one set is promoted, the
-  // next k-block's wgmmas already run on the other (gemm.cu's block scales do the same).
+  // next k-block's wgmmas already run on the other (gemm.cu's block scales do the same). (Groups
+  // of several k-blocks a set, looped at run time, made ptxas serialize the wgmmas.)
   float acc2[kAcc];
   float sb_a, sb_b;  // B's scale of each set's k-block
   Cursor at_a, at_b;  // each set's stage
   // Issue k-block kb on d from the next stage; read its B scale while the wgmmas run.
-  auto issue = [&](float (&d)[kAcc], int kb, float& sb, Cursor& at) {
+  auto issue = [&](float (&d)[kAcc], [[maybe_unused]] int kb, float& sb, Cursor& at) {
     issue_k_block(S, pipe, c, cwd, d, 0);
+#if BLOCK_SCALES
     sb = __ldg(b_scales + kb);
+#else
+    sb = 1.f;
+#endif
     at = c;
     c.advance();
   };

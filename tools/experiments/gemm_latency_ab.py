@@ -13,8 +13,10 @@ faster than the peer) and to the shape's default (above 1: faster than the defau
 config's output, poisoned with NaN before its first launch, is checked against a float64
 product of 256 rows (fp8: of the scaled operands); a wrong one is reported and not timed.
 Session 17 call 4 made ``heuristics.m_chunk_config`` and UNIFORM_DESC defaults from this. (The
-peer's column there was off: cuBLAS 10-25 us at 512^3-1024^3 against its 5-6 us kernel; compare
-the configs with each other here and against the peer with tools/peers/bench_gemm.py.)"""
+peer's column there was off: cuBLAS 10-25 us at 512^3-1024^3 against its 5-6 us kernel.) So each
+shape also times its default against the peer alone, as tools/peers/bench_gemm.py does (two
+functions, not rotated: the acceptance figure), and the summary multiplies that ratio by the best
+candidate's gain over the default. ``--uniform`` adds each default with UNIFORM_DESC=0."""
 from __future__ import annotations
 
 import argparse
@@ -35,51 +37,65 @@ WRONG = 1e-2  # relative error above which a config is not timed
 SA, SB = 0.01, 0.02  # fp8 per-tensor scales
 WINS = 1.02  # a candidate's median per-round ratio to the default, cold and back to back, to win
 
-# (label, M, N, K, dtype, candidates besides the default). Below 1.0x cold on H200 (session 17
-# call 2) unless said; the default and what the model rejected are in heuristics.dense_config.
+# (label, M, N, K, dtype, candidates besides the default): session 18's rows below 1.0x cold
+# (H100 unless said; the default and what the model rejected are in heuristics.py), the three
+# furthest below first.
+P1 = dict(promote=1, promote_sets=2)  # fp8: promoted every k-block on two accumulator sets
+K_TAIL = {"K_TAIL": 1}  # gemm.cu: K's last, partial k-block issues only the k-steps that reach into K
 SHAPES = [
-    # bn64 8 CTAs (default) 5.9 TFLOP/s; M in 16-row chunks 6.5 (64 CTAs); 8-row 5.5; halves 5.4
-    ("256^3", 256, 256, 256, BF16, [SkinnyConfig(m_rows=16), SkinnyConfig(m_rows=32),
-                                     GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2)]),
-    # bn64 ck2 64 CTAs (default) 38.3; 32-row chunks 37.2 (128 CTAs)
-    ("512^3", 512, 512, 512, BF16, [SkinnyConfig(m_rows=32), SkinnyConfig(m_rows=64),
-                                     GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)]),
-    # bn64 ck2 (default) 103.9; 32-row chunks 107.9
-    ("512x512x2048", 512, 512, 2048, BF16, [SkinnyConfig(m_rows=32), SkinnyConfig(m_rows=64),
-                                             GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)]),
-    # bn64 128 CTAs unclustered (default); cuBLAS: 128x64 tiles in pairs sharing one operand
-    ("1024^3", 1024, 1024, 1024, BF16, [GemmConfig(bn=64, cluster_m=2, epi_cols=64),
-                                         GemmConfig(bn=128, cluster_m=2),
-                                         GemmConfig(bn=128, cluster_m=1, cluster_k=2)]),
-    # bn192 in pairs, 128 tiles, 9 k-blocks (default)
-    ("1000x3000x520", 1000, 3000, 520, BF16, [GemmConfig(bn=192, cluster_m=1, epi_cols=64),
-                                               GemmConfig(bn=208, cluster_m=2, epi_cols=64),
-                                               GemmConfig(bn=256, cluster_m=2)]),
-    # bn128 persistent, 648 tiles, unclustered (default); cuBLAS: 128x128 tiles in pairs
-    ("2304x4608x1024", 2304, 4608, 1024, BF16, [GemmConfig(bn=128, cluster_m=2),
-                                                 GemmConfig(bn=256, cluster_m=2),
-                                                 GemmConfig(bn=192, cluster_m=2, epi_cols=64)]),
-    # bn176 unclustered, 384 tiles in 3 waves (default)
-    ("4096x2112x7168", 4096, 2112, 7168, BF16, [GemmConfig(bn=176, cluster_m=2, epi_cols=64),
-                                                 GemmConfig(bn=192, cluster_m=2, epi_cols=64),
-                                                 GemmConfig(bn=128, cluster_m=2)]),
-    # bn128 ck2 (default) 0.85x; skinny 64 rows unsplit 0.935 (fp8 tiles are 128 columns or more)
-    ("fp8 128x4096x4096", 128, 4096, 4096, FP8, [SkinnyConfig(split_k=1), SkinnyConfig(split_k=2),
-                                                  GemmConfig(bn=128, cluster_m=1, cluster_k=4)]),
-    # bn128 ck2 (default) 0.977; skinny 64 rows unsplit 0.965
-    ("fp8 128x8192x8192", 128, 8192, 8192, FP8, [SkinnyConfig(split_k=1), SkinnyConfig(rows=128, split_k=2)]),
+    # bn128 ck2 64 CTAs (default) 0.80-0.82x _scaled_mm; cuBLAS: 64x64 tiles, 2x1 clusters, 128 CTAs
+    ("fp8 128x4096x4096", 128, 4096, 4096, FP8, [
+        GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1), GemmConfig(bn=128, cluster_m=1, cluster_k=4),
+        GemmConfig(bn=128, cluster_m=1, cluster_k=4, **P1),
+        GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2), GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2, **P1),
+        SkinnyConfig(split_k=1), SkinnyConfig(split_k=1, promote_sets=2),
+        SkinnyConfig(m_halves=2), SkinnyConfig(m_halves=2, promote_sets=2),
+        SkinnyConfig(m_rows=64, cluster=2), SkinnyConfig(m_rows=64, cluster=2, promote_sets=2)]),
+    # bn64 ck2 64 CTAs (default) 0.901; cuBLAS: 64x48 tiles, 2x4 clusters, 96 CTAs, all of K each
+    ("512x512x2048", 512, 512, 2048, BF16, [
+        GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4), SkinnyConfig(m_rows=48, cluster=2),
+        SkinnyConfig(m_rows=48), SkinnyConfig(m_rows=32, cluster=2), SkinnyConfig(m_rows=64, cluster=2, split_k=2)]),
+    # bn192 pairs, 128 tiles, 9 k-blocks (default) 0.911; cuBLAS: 200x128 tiles, 1x4 clusters, 120 CTAs.
+    # K_TAIL: the 9th k-block (8 of 64 columns in K) issues 1 of its 4 k-steps
+    ("1000x3000x520", 1000, 3000, 520, BF16, [
+        (GemmConfig(bn=192, cluster_m=2, epi_cols=64), K_TAIL), GemmConfig(bn=192, cluster_m=4, epi_cols=64),
+        (GemmConfig(bn=192, cluster_m=4, epi_cols=64), K_TAIL), GemmConfig(bn=256, cluster_m=4),
+        GemmConfig(bn=224, cluster_m=2, epi_cols=64), GemmConfig(bn=192, cluster_m=1, epi_cols=64)]),
+    # bn128 ck2 (default) 0.98 (H200 0.977); cuBLAS: 128x64 tiles, 1x2 clusters, 128 CTAs
+    ("fp8 128x8192x8192", 128, 8192, 8192, FP8, [
+        GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1), SkinnyConfig(split_k=1, promote_sets=2),
+        SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(m_rows=64, cluster=2, promote_sets=2)]),
+    ("fp8 128x7168x16384", 128, 7168, 16384, FP8, [GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1),
+                                                    SkinnyConfig(split_k=1, promote_sets=2)]),
+    # the skinny default (64-row CTAs, K split to fill the SMs, promoted every 4 k-blocks)
+    ("fp8 64x4096x4096", 64, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=1, promote_sets=2)]),
+    ("fp8 16x4096x4096", 16, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2)]),
+    # bn64 128 CTAs unclustered (default) 0.977; cuBLAS: 128x64 tiles in pairs
+    ("1024^3", 1024, 1024, 1024, BF16, [GemmConfig(bn=64, cluster_m=2, epi_cols=64), GemmConfig(bn=64, cluster_m=4, epi_cols=64),
+                                         GemmConfig(bn=128, cluster_m=4)]),
+    # bn128 persistent, 648 tiles, unclustered (default) 0.981; cuBLAS: 128x128 tiles in pairs
+    ("2304x4608x1024", 2304, 4608, 1024, BF16, [GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=4),
+                                                 GemmConfig(bn=256, cluster_m=4)]),
+    # M chunks of 16 / 32 rows (default; H200 0.976 / 0.972): pairs of N tiles sharing A's chunk;
+    # cuBLAS: 256^3 64x8 tiles in 1x2 clusters (128 CTAs), 512^3 64x48 in 2x4 (96)
+    ("256^3", 256, 256, 256, BF16, [SkinnyConfig(m_rows=16, cluster=2), SkinnyConfig(m_rows=8, m_halves=2),
+                                     SkinnyConfig(m_rows=32, cluster=2)]),
+    ("512^3", 512, 512, 512, BF16, [SkinnyConfig(m_rows=32, cluster=2), SkinnyConfig(m_rows=48, cluster=2),
+                                     SkinnyConfig(m_rows=48)]),
+    # bn64 128 CTAs (default; H200 0.974)
+    ("128x8192x8192", 128, 8192, 8192, BF16, [SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(split_k=1, cluster=2)]),
 ]
 
 
 UNIFORM = {"UNIFORM_DESC": 0}  # gemm.cu / skinny.cu: the k-loop's descriptors per thread (before session 17's default)
 
 
-def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int) -> list:
-    """(config, extra defines) pairs: the default first, then the default with UNIFORM_DESC=0,
-    then the candidates that differ from the default. A candidate is a config or a (config,
-    defines) pair."""
+def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int, uniform: bool = False) -> list:
+    """(config, extra defines) pairs: the default first (with ``uniform``, then the default with
+    UNIFORM_DESC=0), then the candidates that differ from the default. A candidate is a config
+    or a (config, defines) pair."""
     auto = choose_config(m, n, k, sms, "nt", dtype)
-    got = [(auto, {}), (auto, UNIFORM)]
+    got = [(auto, {})] + [(auto, UNIFORM)] * uniform
     for cand in extra:
         cfg, defines = cand if isinstance(cand, tuple) else (cand, {})
         if (cfg, defines) not in got:
@@ -89,7 +105,9 @@ def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int) -> list:
 
 def name_of(cfg, defines: dict, default: bool) -> str:
     """A row's label: describe() without the fields never varied here, and the extra defines."""
-    short = describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "")
+    short = describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "").replace(" kauto", "")
+    if cfg.promote_sets > 1:  # fp8 promoted every k-block on two accumulator sets
+        short += " sets2"
     extra = "".join(f" {key}={value}" for key, value in defines.items())
     return ("default " if default else "") + short + extra
 
@@ -111,11 +129,11 @@ def compile_one(job: tuple) -> str:
     return f"{kernel.program.compile_seconds:5.1f} s  regs {r.registers if r else '?'}  spills {r.spills if r else '?'}"
 
 
-def precompile(shapes, sms: int, jobs: int, show: bool) -> None:
+def precompile(shapes, sms: int, jobs: int, show: bool, uniform: bool = False) -> None:
     """Every distinct kernel of the selected shapes, compiled in ``jobs`` processes."""
     todo, names = {}, {}
     for label, m, n, k, dtype, extra in shapes:
-        for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
+        for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms, uniform)):
             try:
                 job = kernel_job(m, n, k, dtype, cfg, sms, defines)
             except tf.TmaflowError as exc:  # reported again when the shape is timed
@@ -133,8 +151,10 @@ def precompile(shapes, sms: int, jobs: int, show: bool) -> None:
             print(f"  {line}  {'; '.join(names[key])}", flush=True)
 
 
-def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
-    """One shape: every config's output checked, then cold and back-to-back rounds with the peer."""
+def shape_rows(label, m, n, k, dtype, extra, sms, repeats, uniform=False) -> dict:
+    """One shape: every config's output checked, then cold and back-to-back rounds (rotated)
+    with the peer, then the default against the peer alone as tools/peers/bench_gemm.py times it
+    (two functions, bench.versus). Returns the shape's summary."""
     import torch  # optional dependency: --help and --precompile work without it
 
     torch.manual_seed(0)
@@ -147,13 +167,15 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
         ta, tb = torch.tensor(SA, device="cuda"), torch.tensor(SB, device="cuda")
 
         def peer():
-            return torch._scaled_mm(a, b.t(), scale_a=ta, scale_b=tb, out=c_peer, out_dtype=torch.bfloat16)
+            torch._scaled_mm(a, b.t(), scale_a=ta, scale_b=tb, out=c_peer, out_dtype=torch.bfloat16)
     else:
+        bt = b.T
+
         def peer():
-            return torch.matmul(a, b.T, out=c_peer)
+            torch.matmul(a, bt, out=c_peer)
     fns, errs, names = {"peer": peer}, {}, []
     scales = dict(scale_a=SA, scale_b=SB) if fp8 else {}
-    for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms)):
+    for i, (cfg, defines) in enumerate(configs(m, n, k, dtype, extra, sms, uniform)):
         name = name_of(cfg, defines, i == 0)
         c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         try:
@@ -189,15 +211,45 @@ def shape_rows(label, m, n, k, dtype, extra, sms, repeats) -> None:
                       if default else "-")
         print(f"   {name:<46s} {c_us:8.2f} {w_us:8.2f} {flop / c_us / 1e6:7.1f} {to_peer:>15s} {to_default:>15s}"
               f"  {errs[name]:.1e}", flush=True)
-    if default:  # a candidate earns a default by winning both timings
+    summary = {"label": label, "best": None}
+    if default:
+        # the default against the peer alone, as bench_gemm.py times it (not rotated, two functions)
+        v = bench.versus({"ours": fns[default], "peer": peer}, ours="ours", peer="peer", repeats=repeats)
+        summary["versus"] = (v.ratio("cold").median, v.ratio("warm").median)
+        print(f"   default vs peer alone (bench_gemm's way): cold {summary['versus'][0]:.3f} / back to back "
+              f"{summary['versus'][1]:.3f}", flush=True)
+        # a candidate earns a default by winning both timings
         gains = {name: (cold.ratio(name, default).median, warm.ratio(name, default).median)
                  for name in names if name != default}
         best = max(gains, key=lambda name: min(gains[name]), default=None)
+        if best is not None:
+            summary["best"], summary["gain"] = best, gains[best]
+            cold_best = max(gains, key=lambda name: gains[name][0])
+            summary["cold_best"], summary["cold_gain"] = cold_best, gains[cold_best]
         if best is not None and min(gains[best]) >= WINS:
             print(f"   WINNER over the default, cold / back to back {gains[best][0]:.3f} / {gains[best][1]:.3f}: "
                   f"{best}", flush=True)
         else:
             print("   no candidate beats the default by 2% in both timings", flush=True)
+    return summary
+
+
+def report(summaries: list) -> None:
+    """Per shape: the default's ratio to the peer (bench_gemm's way), the best candidate's gain
+    over the default and the ratio to the peer it implies (the product), cold / back to back."""
+    print("== summary: default x peer (alone) | best candidate: over default -> x peer, cold / back to back", flush=True)
+    for got in summaries:
+        if "versus" not in got:
+            continue
+        vc, vw = got["versus"]
+        line = f"   {got['label']:<20s} default {vc:.3f} / {vw:.3f}"
+        if got["best"]:
+            gc, gw = got["gain"]
+            line += f" | {got['best']:<40s} {gc:.3f} / {gw:.3f} -> {vc * gc:.3f} / {vw * gw:.3f}"
+            if got["cold_best"] != got["best"]:
+                gc, gw = got["cold_gain"]
+                line += f" | cold: {got['cold_best']} {gc:.3f} / {gw:.3f} -> {vc * gc:.3f} / {vw * gw:.3f}"
+        print(line, flush=True)
 
 
 def main():
@@ -207,19 +259,19 @@ def main():
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     p.add_argument("--sms", type=int, default=132, help="--precompile: the SM count plans assume (H100/H200: 132)")
     p.add_argument("--precompile", action="store_true", help="compile every config (no GPU), print resources, exit")
+    p.add_argument("--uniform", action="store_true", help="also each default with UNIFORM_DESC=0 (session 17's A/B)")
     args = p.parse_args()
     shapes = [s for s in SHAPES if not args.shape or any(part in s[0] for part in args.shape)]
     if not shapes:
         p.error(f"--shape {args.shape} matches none of {[s[0] for s in SHAPES]}")
     if args.precompile:
-        return precompile(shapes, args.sms, args.jobs, show=True)
+        return precompile(shapes, args.sms, args.jobs, show=True, uniform=args.uniform)
     import torch  # optional dependency, before the driver is touched
 
     torch.cuda.init()
     sms = tf.current_device().sm_count
-    precompile(shapes, sms, args.jobs, show=False)
-    for shape in shapes:
-        shape_rows(*shape, sms, args.repeats)
+    precompile(shapes, sms, args.jobs, show=False, uniform=args.uniform)
+    report([shape_rows(*shape, sms, args.repeats, args.uniform) for shape in shapes])
 
 
 if __name__ == "__main__":

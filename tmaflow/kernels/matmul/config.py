@@ -35,6 +35,9 @@ def _width(field: str, value) -> int:
     return width
 
 
+PROMOTE_SETS = (1, 2)  # GemmConfig / SkinnyConfig.promote_sets: fp8 accumulator sets (PROMOTE_SETS)
+
+
 CLUSTER_K = (1, 2, 4)  # GemmConfig.cluster_k: K splits within a cluster (gemm.cu's CLUSTER_K)
 
 
@@ -57,7 +60,7 @@ class GemmConfig:
     """Tile and schedule choices. ``stages=None`` takes as many as shared memory holds."""
 
     bn: int = 256            # tile columns (rows: 128, two consumer warpgroups of 64): WIDTHS
-    cluster_m: int = 2       # CTAs per cluster, on consecutive M tiles sharing B by multicast
+    cluster_m: int = 2       # CTAs per cluster, on consecutive M tiles sharing B by multicast (4: "nt" only)
     epi_cols: int = 128      # epilogue columns per round (its buffer is 2 x 64 x epi_cols bf16)
     group_m: int = 16        # M tiles per band of the grouped (L2-friendly) tile order
     stages: int | None = None
@@ -71,11 +74,15 @@ class GemmConfig:
     # grouped_gemm: every tile leaves through its group's C map patched on the device, as the first
     # grouped kernel did (False: only a warpgroup's rows crossing a group's end; kept to compare)
     patch_full_tiles: bool = False
+    # fp8 per-tensor, bn=128: accumulator sets the k-loop alternates between promotions (2: the
+    # next ``promote`` k-blocks' wgmmas run while the last ones are added, no drain; the sums and
+    # their order are those of 1)
+    promote_sets: int = 1
 
     def __post_init__(self):
         who = "GemmConfig"
         settle(self, bn=_width(f"{who}: bn", self.bn),
-               cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2)),
+               cluster_m=int_in(f"{who}: cluster_m", self.cluster_m, (1, 2, 4)),
                epi_cols=as_int(f"{who}: epi_cols", self.epi_cols, 64, 256),
                group_m=as_int(f"{who}: group_m", self.group_m, 1, 1 << 16),
                stages=as_optional_int(f"{who}: stages", self.stages, 2, 16),
@@ -84,7 +91,8 @@ class GemmConfig:
                promote=as_int(f"{who}: promote", self.promote, 0, 64),
                split_tail=as_bool(f"{who}: split_tail", self.split_tail),
                cluster_k=int_in(f"{who}: cluster_k", self.cluster_k, CLUSTER_K),
-               patch_full_tiles=as_bool(f"{who}: patch_full_tiles", self.patch_full_tiles))
+               patch_full_tiles=as_bool(f"{who}: patch_full_tiles", self.patch_full_tiles),
+               promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS))
         whole = self.bn - self.bn % 64  # columns in whole 64-column boxes; the rest leave in one round
         if self.epi_cols % 64 or whole % self.epi_cols:
             rest = "" if whole == self.bn else f"'s {whole} columns in whole 64-column boxes"
@@ -109,6 +117,10 @@ class GemmConfig:
 SKINNY_MP = (8, 16, 32, 64, 128)  # the wgmma N a skinny product's M is rounded up to
 
 
+# SkinnyConfig.m_rows: SKINNY_MP, and 48 (bf16: cuBLAS's 64 x 48 tiles at 512^3 and 512x512x2048)
+SKINNY_M_ROWS = (8, 16, 32, 48, 64, 128)
+
+
 SKINNY_M = 128  # products of at most this many rows ("nt") take the skinny path by default
 
 
@@ -126,7 +138,7 @@ class SkinnyConfig:
     scales whose scale_a is M-major): operands swapped so B's rows fill the MMA's 64 rows
     (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer warpgroup);
     ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs neighbouring
-    tiles, which share A by multicast. ``m_rows`` (one of SKINNY_MP): M in chunks of that many
+    tiles, which share A by multicast. ``m_rows`` (one of SKINNY_M_ROWS): M in chunks of that many
     rows, a CTA each (any M; None: all of M, at most 128, in one). ``m_halves=2``: the two CTAs
     of a cluster compute neighbouring chunks (64 rows without ``m_rows``) on the same rows of B,
     which they share by multicast (cuBLAS's fp8 M = 128 scheme; not with ``cluster=2``).
@@ -142,6 +154,7 @@ class SkinnyConfig:
     tile_fastest: bool = False
     m_rows: int | None = None
     m_halves: int = 1
+    promote_sets: int = 1  # fp8 per-tensor: 2 alternates two accumulator sets (GemmConfig's)
 
     def __post_init__(self):
         who = "SkinnyConfig"
@@ -151,8 +164,9 @@ class SkinnyConfig:
                l2_promotion=as_choice(f"{who}: l2_promotion", self.l2_promotion, L2_PROMOTIONS),
                cluster=int_in(f"{who}: cluster", self.cluster, (1, 2)),
                tile_fastest=as_bool(f"{who}: tile_fastest", self.tile_fastest),
-               m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_MP),
-               m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)))
+               m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_M_ROWS),
+               m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)),
+               promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS))
         if self.m_halves > 1 and self.cluster > 1:
             raise TmaflowError(f"{who}: m_halves={self.m_halves} pairs the CTAs of a cluster along M; "
                                f"it takes cluster=1 (got cluster={self.cluster})")

@@ -54,6 +54,9 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     if isinstance(config, GemmConfig) and config.cluster_k > 1:
         raise TmaflowError(f"grouped_gemm: cluster_k={config.cluster_k} is for single products "
                            "(gemm); split a grouped product's K with split_k")
+    if isinstance(config, GemmConfig) and config.cluster_m > 2:
+        raise TmaflowError(f"grouped_gemm: cluster_m={config.cluster_m} is for single products (gemm); "
+                           "use cluster_m=1 or 2")
     if isinstance(config, GemmConfig) and config.bn % 64:
         raise TmaflowError(f"grouped_gemm: bn={config.bn} (no multiple of 64) is for single products "
                            "(gemm); use 64, 128, 192 or 256 columns")

@@ -47,10 +47,8 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         raise TmaflowError(f"gemm: fp8 operands take layout 'nt' (got {layout!r}): the tensor cores "
                            "read fp8 K-major only; pass b as (N, K)")
     if fp8 and config.promote and config.bn == 256:
-        raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=128 or 192 (got bn={config.bn}): "
+        raise TmaflowError(f"gemm: fp8 with promote={config.promote} needs bn=64, 128 or 192 (got bn={config.bn}): "
                            "promotion keeps a second set of accumulators; use promote=0 for bn=256")
-    if fp8 and config.bn == 64:
-        raise TmaflowError("gemm: fp8 tiles are 128, 192 or 256 columns (got bn=64)")
     if block_scales is not None and block_scales not in SCALE_MODES:
         raise TmaflowError(f"gemm: block_scales={block_scales!r} must be None or one of {tuple(SCALE_MODES)}")
     if block_scales and not (fp8 and config.promote == 1 and config.bn == 128):
@@ -59,6 +57,14 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if config.bn % 64 and (fp8 or layout != "nt"):
         raise TmaflowError(f"gemm: bn={config.bn} (no multiple of 64) is for bfloat16 'nt' products (got "
                            f"{dtype}, layout {layout!r}); use 64, 128, 192 or 256 columns")
+    if config.promote_sets > 1 and not (fp8 and config.promote == 1 and config.bn <= 128 and not block_scales
+                                        and layout == "nt"):
+        raise TmaflowError(f"gemm: promote_sets={config.promote_sets} promotes every k-block on two accumulator "
+                           f"sets: fp8 with per-tensor scales, bn=64 or 128 and promote=1 (got {dtype}, "
+                           f"bn={config.bn}, promote={config.promote}, block scales {block_scales})")
+    if config.cluster_m == 4 and (layout != "nt" or config.bn % 32):
+        raise TmaflowError(f"gemm: cluster_m=4 shares B in four 8-row-aligned slices of a tile's rows: layout "
+                           f"'nt' and bn a multiple of 32 (got layout {layout!r}, bn={config.bn})")
     if block_scales and config.cluster_k > 1:
         raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 and per-tensor fp8 products "
                            "(got block scales); split a block-scaled product's K with split_k")
@@ -108,6 +114,8 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
         defines["EPI_REM_MAP"] = 1
     if fp8:
         defines.update(FP8=1, PROMOTE=config.promote)
+    if config.promote_sets > 1:
+        defines["PROMOTE_SETS"] = config.promote_sets
     if block_scales:
         defines.update(BLOCK_SCALES=1, SCALES_TMA=SCALE_MODES[block_scales])
     return GemmPlan(spec_a, spec_b, spec_c, smem, defines, replace(config, stages=stages, split_k=split),
@@ -162,6 +170,14 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         raise TmaflowError(f"gemm: SkinnyConfig(m_rows={config.m_rows}, m_halves={halves}) takes per-tensor "
                            "scales (got block scales); use m_rows=None, m_halves=1")
     fp8 = dtype == "float8_e4m3fn"
+    if mp not in SKINNY_MP and (fp8 or halves > 1):
+        raise TmaflowError(f"gemm: SkinnyConfig(m_rows={mp}) is for bfloat16 products without M halves (got "
+                           f"{dtype}, m_halves={halves}); use m_rows of {SKINNY_MP}")
+    if config.promote_sets > 1 and (not fp8 or block_scales or config.rows > 64 and mp > 64):
+        raise TmaflowError(f"gemm: SkinnyConfig(promote_sets={config.promote_sets}) promotes every k-block on "
+                           f"two accumulator sets: fp8 with per-tensor scales, and with rows=128 at most 64 "
+                           f"rows of M a CTA (got {dtype}, block scales {block_scales}, rows={config.rows}, "
+                           f"{mp} rows of M)")
     grid_z = math.ceil(chunks / halves)  # pairs of chunks with M halves
     boxes = config.rows // 64
     bk = FP8_BK if fp8 else BK  # 128-byte rows either way
@@ -188,7 +204,9 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     if halves > 1:
         defines["M_HALVES"] = halves
     if fp8:
-        defines.update(FP8=1, PROMOTE=1 if block_scales else SKINNY_FP8_PROMOTE)
+        defines.update(FP8=1, PROMOTE=1 if block_scales or config.promote_sets > 1 else SKINNY_FP8_PROMOTE)
+    if config.promote_sets > 1:  # promoted every k-block, two sets alternating (as block scales)
+        defines["PROMOTE_SETS"] = config.promote_sets
     if block_scales:
         # two accumulator sets, one promoted while the next k-block's wgmmas run, where they fit
         # (H200, against one set: 1.06x at M = 16, 1.09x at 64, 1.13-1.24x at 128)
