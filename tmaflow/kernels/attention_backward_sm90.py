@@ -34,14 +34,15 @@ def kernel_smem(head_dim: int, rows: int = ROWS, dq_bulk: bool = True, stages: i
     """Dynamic shared memory of ``attention_bwd_sm90`` (its kSmemBytes): K and V, the stages of
     Q and dO, two dS^T buffers, the dQ buffers in fp32 (DQ_BULK; DQ_BUFS of them, by default two
     at head dim 64 with 64-row steps, else one; rows padded by 16 B, or with DQ_PACK 96 B a
-    buffer), the stages' LSE and Delta rows, the barriers."""
+    buffer), the stages' LSE and Delta rows, the barriers (K / V full and empty, the stages',
+    the dQ buffers')."""
     kv = 2 * KEYS * head_dim
     q = rows * 2 * head_dim
     if dq_bufs is None:
         dq_bufs = 2 if head_dim == 64 and rows == ROWS else 1
     dq = dq_bufs * dq_buffer_bytes(head_dim, rows, dq_pack) if dq_bulk else 0
     return (2 * kv + 2 * stages * q + 2 * KEYS * 2 * rows + dq + stages * 2 * rows * 4 +
-            (1 + 2 * stages + 2 * dq_bufs) * 8)
+            (2 + 2 * stages + 2 * dq_bufs) * 8)
 
 
 def dq_buffer_bytes(head_dim: int, rows: int, dq_pack: bool) -> int:
