@@ -15,7 +15,8 @@
 //   head dim of dQ = dS K (dS^T and K both MN-major), stores it into shared memory, and a
 //   producer warp adds it into the fp32 accumulator with bulk reductions (DETERMINISTIC: in a
 //   fixed key-block order, waiting on a counter per query block; SPT: causal key blocks run
-//   last first and chain in that order). OVERLAP (head dim 64): step t - 1's dQ is issued
+//   last first and chain in that order; DET_ROTATE: full attention's walks rotated, a
+//   persistent cooperative grid). OVERLAP (head dim 64): step t - 1's dQ is issued
 //   after step t's S and dP, so the softmax of step t runs while it is on the tensor cores
 //   (head dim 128 has no registers left for the dQ accumulators then).
 //   Maps are 3-D (batch x heads, seq, head dim): rows past a head's sequence load as zeros, so
@@ -543,43 +544,43 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
     if (threadIdx.x == 0) {
       uint32_t stage = 0, phase = 0;
       for (int item = 0; take_item(item); ++item) {
-      const int kv_row = b * heads_kv + kvh;
-      if (item > 0) mbarrier::wait(kv_empty, (item - 1) & 1);  // item n - 1's K and V are read
-      mbarrier::arrive_expect_tx(kv_bar, 2 * kKVBytes);
-      for (int box = 0; box < 2; ++box) {
+        const int kv_row = b * heads_kv + kvh;
+        if (item > 0) mbarrier::wait(kv_empty, (item - 1) & 1);  // the last item's K and V are read
+        mbarrier::arrive_expect_tx(kv_bar, 2 * kKVBytes);
+        for (int box = 0; box < 2; ++box) {
 #if VARLEN  // maps (tokens, heads, D): coordinates innermost first
-        tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), kv_row, k_start + key0);
-        tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), kv_row, k_start + key0);
+          tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), kv_row, k_start + key0);
+          tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), kv_row, k_start + key0);
 #else
-        tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), key0, kv_row);
-        tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), key0, kv_row);
+          tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), key0, kv_row);
+          tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), key0, kv_row);
 #endif
-      }
-      for (int g = 0; g < group; ++g) {
-        const int bh = b * heads + kvh * group + g;
-        for (int i0 = i_first; i0 < q_blocks; ++i0) {
-          const int i = kRotWalk ? block_of(i0 - i_first) : i0;
-          mbarrier::wait(empty + stage, phase ^ 1u);
-          mbarrier::arrive_expect_tx(full + stage, kStageTx);
-          for (int box = 0; box < kQBoxes; ++box) {
-#if VARLEN
-            tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, bh, q_start + i * BM);
-            tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, bh, q_start + i * BM);
-#else
-            tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, i * BM, bh);
-            tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, i * BM, bh);
-#endif
-          }
-#if VARLEN
-          const size_t row = size_t(bh) * lse_stride + lse_start + i * BM;
-#else
-          const size_t row = size_t(bh) * seq_pad + i * BM;
-#endif
-          bulk::load(sRow + 2 * BM * stage, lse2 + row, BM * 4, full + stage);
-          bulk::load(sRow + 2 * BM * stage + BM, delta + row, BM * 4, full + stage);
-          if (++stage == STAGES) stage = 0, phase ^= 1u;
         }
-      }
+        for (int g = 0; g < group; ++g) {
+          const int bh = b * heads + kvh * group + g;
+          for (int i0 = i_first; i0 < q_blocks; ++i0) {
+            const int i = kRotWalk ? block_of(i0 - i_first) : i0;
+            mbarrier::wait(empty + stage, phase ^ 1u);
+            mbarrier::arrive_expect_tx(full + stage, kStageTx);
+            for (int box = 0; box < kQBoxes; ++box) {
+#if VARLEN
+              tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, bh, q_start + i * BM);
+              tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, bh, q_start + i * BM);
+#else
+              tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, i * BM, bh);
+              tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, i * BM, bh);
+#endif
+            }
+#if VARLEN
+            const size_t row = size_t(bh) * lse_stride + lse_start + i * BM;
+#else
+            const size_t row = size_t(bh) * seq_pad + i * BM;
+#endif
+            bulk::load(sRow + 2 * BM * stage, lse2 + row, BM * 4, full + stage);
+            bulk::load(sRow + 2 * BM * stage + BM, delta + row, BM * 4, full + stage);
+            if (++stage == STAGES) stage = 0, phase ^= 1u;
+          }
+        }
       }
     }
 #if DQ_BULK
@@ -842,120 +843,121 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   Cursor cur;
   for (int item = 0; take_item(item); ++item, t0 += steps) {
 #pragma unroll
-  for (int x = 0; x < D / 2; ++x) dk_acc[x] = 0.f, dv_acc[x] = 0.f;
-  mbarrier::wait(kv_bar, item & 1);
+    for (int x = 0; x < D / 2; ++x) dk_acc[x] = 0.f, dv_acc[x] = 0.f;
+    mbarrier::wait(kv_bar, item & 1);
 #if OVERLAP
-  // Step t - 1's dQ is issued after step t's S and dP (the tensor cores run them in order), so
-  // step t's softmax runs while dQ_(t-1) is on the tensor cores.
-  for (int t = 0; t < steps; ++t) {
-    issue_s_dp(cur);
-    issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
-    if (t > 1) chain_release(t - 2);
-    wgmma::wait_group<1>();
-    probabilities(cur, block_of(t) * BM);
-    score_grads(cur);
-    if (t > 0) chain_wait(t - 1);
-    wgmma::wait_group<0>();
-    if (t > 0) add_dq(t - 1);
-    stage_ds(t & 1);
-    issue_dkv(cur);
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence_operands(dk_acc);
-    release(cur);
-    cur.advance();
-  }
-  if (steps > 0) {
-    issue_dq((steps - 1) & 1);
-    if (steps > 1) chain_release(steps - 2);
-    chain_wait(steps - 1);
-    wgmma::wait_group<0>();
-    add_dq(steps - 1);
-    chain_release(steps - 1);
-  }
-#elif DQ_EARLY
-  // dV, then dQ, then dK; dQ's stores or adds run while dK is on the tensor cores. DV_FIRST
-  // issues dV before dP is waited for, so dS^T's arithmetic runs beside it.
-  for (int t = 0; t < steps; ++t) {
-    issue_s_dp(cur);
-    if (t > 0) chain_release(t - 1);
-    wgmma::wait_group<1>();
-    probabilities(cur, block_of(t) * BM);
-#if DV_FIRST
-    pack_p();
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence();
-    mma_dv(cur);
-    wgmma::commit_group();
-    wgmma::wait_group<1>();  // dP (dV runs on)
-    score_grads(cur);
-    stage_ds(t & 1);
-#else
-    wgmma::wait_group<0>();
-    score_grads(cur);
-    stage_ds(t & 1);
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence();
-    mma_dv(cur);
-    wgmma::commit_group();
-#endif
-    issue_dq(t & 1);
-    wgmma::fence_operands(dk_acc);
-    wgmma::fence();
-    mma_dk(cur);
-    wgmma::commit_group();
-    chain_wait(t);
-    wgmma::wait_group<1>();  // dV and dQ
-    wgmma::fence_operands(dv_acc);
-    add_dq(t);
-    wgmma::wait_group<0>();  // dK: the stage is read
-    wgmma::fence_operands(dk_acc);
-    release(cur);
-    cur.advance();
-  }
-  if (steps > 0) chain_release(steps - 1);
-#else
-  for (int t = 0; t < steps; ++t) {
-    issue_s_dp(cur);
-    if (t > 0) chain_release(t - 1);
-    wgmma::wait_group<1>();
-    probabilities(cur, block_of(t) * BM);
-    wgmma::wait_group<0>();
-    score_grads(cur);
-    stage_ds(t & 1);
-    issue_dkv(cur);
-    issue_dq(t & 1);
-    chain_wait(t);
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence_operands(dk_acc);
-    release(cur);
-    add_dq(t);
-    cur.advance();
-  }
-  if (steps > 0) chain_release(steps - 1);
-#endif
-  wgmma::fence_operands(dv_acc);
-  wgmma::fence_operands(dk_acc);
-#if TF_PERSIST
-  if (lane == 0) mbarrier::arrive(kv_empty);  // every wgmma of the item is done: K and V are read
-#endif
-  // dK (scaled: S = scale Q K^T) and dV rows of the warpgroup's keys.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key_lo + krow + 8 * h;
-    if (key >= seq_kv) continue;
-#if VARLEN
-    const size_t at = (size_t(k_start + key) * heads_kv + kvh) * D + col;
-#else
-    const size_t at = (size_t(b * heads_kv + kvh) * seq_kv + key) * D + col;
-#endif
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dk + at + 8 * n) = pack2(dk_acc[4 * n + 2 * h] * scale, dk_acc[4 * n + 2 * h + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv + at + 8 * n) = pack2(dv_acc[4 * n + 2 * h], dv_acc[4 * n + 2 * h + 1]);
+    // Step t - 1's dQ is issued after step t's S and dP (the tensor cores run them in order), so
+    // step t's softmax runs while dQ_(t-1) is on the tensor cores.
+    for (int t = 0; t < steps; ++t) {
+      issue_s_dp(cur);
+      issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
+      if (t > 1) chain_release(t - 2);
+      wgmma::wait_group<1>();
+      probabilities(cur, block_of(t) * BM);
+      score_grads(cur);
+      if (t > 0) chain_wait(t - 1);
+      wgmma::wait_group<0>();
+      if (t > 0) add_dq(t - 1);
+      stage_ds(t & 1);
+      issue_dkv(cur);
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence_operands(dk_acc);
+      release(cur);
+      cur.advance();
     }
-  }
+    if (steps > 0) {
+      issue_dq((steps - 1) & 1);
+      if (steps > 1) chain_release(steps - 2);
+      chain_wait(steps - 1);
+      wgmma::wait_group<0>();
+      add_dq(steps - 1);
+      chain_release(steps - 1);
+    }
+#elif DQ_EARLY
+    // dV, then dQ, then dK; dQ's stores or adds run while dK is on the tensor cores. DV_FIRST
+    // issues dV before dP is waited for, so dS^T's arithmetic runs beside it.
+    for (int t = 0; t < steps; ++t) {
+      issue_s_dp(cur);
+      if (t > 0) chain_release(t - 1);
+      wgmma::wait_group<1>();
+      probabilities(cur, block_of(t) * BM);
+#if DV_FIRST
+      pack_p();
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence();
+      mma_dv(cur);
+      wgmma::commit_group();
+      wgmma::wait_group<1>();  // dP (dV runs on)
+      score_grads(cur);
+      stage_ds(t & 1);
+#else
+      wgmma::wait_group<0>();
+      score_grads(cur);
+      stage_ds(t & 1);
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence();
+      mma_dv(cur);
+      wgmma::commit_group();
+#endif
+      issue_dq(t & 1);
+      wgmma::fence_operands(dk_acc);
+      wgmma::fence();
+      mma_dk(cur);
+      wgmma::commit_group();
+      chain_wait(t);
+      wgmma::wait_group<1>();  // dV and dQ
+      wgmma::fence_operands(dv_acc);
+      add_dq(t);
+      wgmma::wait_group<0>();  // dK: the stage is read
+      wgmma::fence_operands(dk_acc);
+      release(cur);
+      cur.advance();
+    }
+    if (steps > 0) chain_release(steps - 1);
+#else
+    for (int t = 0; t < steps; ++t) {
+      issue_s_dp(cur);
+      if (t > 0) chain_release(t - 1);
+      wgmma::wait_group<1>();
+      probabilities(cur, block_of(t) * BM);
+      wgmma::wait_group<0>();
+      score_grads(cur);
+      stage_ds(t & 1);
+      issue_dkv(cur);
+      issue_dq(t & 1);
+      chain_wait(t);
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence_operands(dk_acc);
+      release(cur);
+      add_dq(t);
+      cur.advance();
+    }
+    if (steps > 0) chain_release(steps - 1);
+#endif
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+#if TF_PERSIST
+    if (lane == 0) mbarrier::arrive(kv_empty);  // every wgmma of the item is done: K and V are read
+#endif
+    // dK (scaled: S = scale Q K^T) and dV rows of the warpgroup's keys.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_lo + krow + 8 * h;
+      if (key >= seq_kv) continue;
+#if VARLEN
+      const size_t at = (size_t(k_start + key) * heads_kv + kvh) * D + col;
+#else
+      const size_t at = (size_t(b * heads_kv + kvh) * seq_kv + key) * D + col;
+#endif
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dk + at + 8 * n) =
+            pack2(dk_acc[4 * n + 2 * h] * scale, dk_acc[4 * n + 2 * h + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv + at + 8 * n) = pack2(dv_acc[4 * n + 2 * h], dv_acc[4 * n + 2 * h + 1]);
+      }
+    }
   }
 }
 
