@@ -6,8 +6,8 @@ the persistent plan's slots."""
 import numpy as np
 import pytest
 
-from tmaflow.kernels.attention_backward_sm90 import (DET_ROTATE_DEFINES, DQ_ROWS_DEFINES, SM90_HEAD_DIMS,
-                                                     defines_smem, main_defines, persistent_slots,
+from tmaflow.kernels.attention_backward_sm90 import (DET_ROTATE_DEFINES, DQ_ROWS_DEFINES, ROTATE_ONE_BUFFER,
+                                                     SM90_HEAD_DIMS, defines_smem, main_defines, persistent_slots,
                                                      rotated_chain_rank, sm90_smem)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
@@ -21,10 +21,13 @@ def _program(defines):
 @pytest.mark.parametrize("d", SM90_HEAD_DIMS)
 @pytest.mark.parametrize("fp16", [False, True])
 def test_rotated_walk_compiles_clean(d, fp16):
-    """The plan's schedule with DET_ROTATE, and the ones GPU tests override (head dim 64's
-    64-row steps, OVERLAP; dQ rows): no stack, no serialized wgmma, what the plan reserves fits."""
-    plan = {**main_defines(d, False, True, fp16), **DET_ROTATE_DEFINES}
-    overrides = [{}, DQ_ROWS_DEFINES[d]] + ([{"BLOCK_M": 64}] if d == 64 and not fp16 else [])
+    """The plan's schedule with DET_ROTATE (head dim 128: two dQ buffers), and the ones GPU
+    tests and the A/B override (head dim 64's 64-row steps, OVERLAP, and dQ rows; head dim 128's
+    one buffer, in tiles and in rows: two buffers of rows spill in the dQ warp, no plan's): no
+    stack, no serialized wgmma, what the plan reserves fits."""
+    plan = {**main_defines(d, False, True, fp16), **DET_ROTATE_DEFINES[d]}
+    overrides = [{}] + {64: [DQ_ROWS_DEFINES[64]] + ([{"BLOCK_M": 64}] if not fp16 else []),
+                         128: [ROTATE_ONE_BUFFER, {**ROTATE_ONE_BUFFER, **DQ_ROWS_DEFINES[128]}]}[d]
     for extra in overrides:
         defines = {**plan, **extra}
         program = _program(defines)
@@ -39,7 +42,7 @@ def test_rotated_walk_leaves_the_other_modes_alone(d, causal, deterministic):
     """DET_ROTATE applies to the deterministic full attention only: elsewhere the CUBIN is the
     plan's own, byte for byte."""
     defines = main_defines(d, causal, deterministic, False)
-    assert _program({**defines, **DET_ROTATE_DEFINES}).cubin == _program(defines).cubin
+    assert _program({**defines, "DET_ROTATE": 1}).cubin == _program(defines).cubin
 
 
 def _finish(key_blocks: int, per_head: int, start, rank, latency: float) -> float:

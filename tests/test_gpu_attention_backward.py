@@ -8,7 +8,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
-from tmaflow.kernels.attention_backward_sm90 import DQ_TILE_DEFINES, persistent_slots
+from tmaflow.kernels.attention_backward_sm90 import DQ_TILE_DEFINES, ROTATE_ONE_BUFFER, persistent_slots
 from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
@@ -295,7 +295,8 @@ def test_attention_backward_deterministic_rotated_walk(device, rng, d):
     """Full attention where a (batch, kv head)'s key blocks fit the GPU at once: the persistent
     rotated walk (DET_ROTATE), cooperative, whole groups a wave (40 key blocks: 3 groups a wave
     on 132 SMs, 8 groups in waves of 3, 3, 2; GQA 2:1; lengths off the tiles), against the float64
-    reference, bit-identical twice, and within rounding of the chain from key block 0 (DET_ROTATE=0)."""
+    reference, bit-identical twice (and, head dim 128, with one dQ buffer instead of the plan's
+    two), and within rounding of the chain from key block 0 (DET_ROTATE=0)."""
     b, hq, hkv, sq, skv = 2, 8, 4, 333, 40 * 128 - 50
     inputs, first = _run(rng, b, hq, hkv, sq, skv, d, False, deterministic=True)
     main = _main_launch(inputs)
@@ -310,6 +311,12 @@ def test_attention_backward_deterministic_rotated_walk(device, rng, d):
         chain = kernels.attention_backward(*inputs, deterministic=True)
     for a, g in zip(first, chain):
         assert rel_error(_values(g, "bfloat16"), a) < 1e-2
+    if d == 128:  # one dQ buffer (the A/B's): the same adds in the same order, to the bit
+        with extra_defines(ROTATE_ONE_BUFFER):
+            assert _main_launch(inputs).config.cooperative
+            one = kernels.attention_backward(*inputs, deterministic=True)
+        for a, g in zip(first, one):
+            assert np.array_equal(a, _values(g, "bfloat16"))
 
 
 def test_attention_backward_deterministic_chain_where_a_group_does_not_fit(device, rng):

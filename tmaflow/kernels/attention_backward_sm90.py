@@ -107,9 +107,13 @@ VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
 
 # The deterministic full-attention walk (dense): a persistent, cooperative grid of whole (batch,
 # kv head) groups a wave, each key block's walk rotated, each query block's chain in the order
-# its key blocks reach it (the kernel's DET_ROTATE). Where a group's key blocks do not all fit
-# the GPU at once (persistent_slots 0), the plan takes the chain from key block 0 (DET_ROTATE 0).
-DET_ROTATE_DEFINES = {"DET_ROTATE": 1}
+# its key blocks reach it (the kernel's DET_ROTATE); at head dim 128 with the default mode's two
+# dQ buffers (TWO_DQ_BUFFERS: they ran equal in the chain, whose skew bound it; the rotated walk
+# has none). Where a group's key blocks do not all fit the GPU at once (persistent_slots 0) the
+# plan takes the chain from key block 0 (main_defines', as an override of DET_ROTATE=0 does).
+DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_BUFFERS}}
+# The rotated walk with one dQ buffer and three stages at head dim 128 (an A/B's override)
+ROTATE_ONE_BUFFER = {"STAGES": STAGES, "DQ_BUFS": 1, "DQ_PACK": 0}
 
 
 def persistent_slots(key_blocks: int, groups: int, resident: int) -> int:
@@ -149,9 +153,9 @@ def _main_kernel(defines: dict, full_deterministic: bool, key_blocks: int, heads
     if not full_deterministic:
         return get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90", defines=defines), grid, 0
     main = get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90",
-                      defines={**defines, **DET_ROTATE_DEFINES})
-    if not int(main.defines.get("DET_ROTATE", 0)):  # an override's chain
-        return main, grid, 0
+                      defines={**defines, **DET_ROTATE_DEFINES[int(defines["HEAD_DIM"])]})
+    if not int(main.defines.get("DET_ROTATE", 0)):  # an override's chain: the plan's defines
+        return get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90", defines=defines), grid, 0
     smem = max(sm90_smem(int(defines["HEAD_DIM"])), defines_smem(int(defines["HEAD_DIM"]), main.defines))
     resident = main.launcher(stream=stream, grid=1, block=THREADS, smem=smem).max_active_clusters()
     slots = persistent_slots(key_blocks, batch * heads_kv, resident)
