@@ -510,9 +510,10 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #else
   auto chain_rank = [&](int i) {
 #if TF_PERSIST
-    // (j0 - j) mod key_blocks, j0 the last key block with j0 per_head / key_blocks <= i
-    const int j0 = min(key_blocks - 1, int(((int64_t(i) + 1) * key_blocks + per_head - 1) / per_head) - 1);
-    return uint32_t((j0 - j + key_blocks) % key_blocks);
+    // (j0 - j) mod key_blocks, j0 the last key block with j0 per_head / key_blocks <= i (32-bit:
+    // key_blocks is at most the CTAs the GPU holds)
+    const int j0 = min(key_blocks - 1, ((i + 1) * key_blocks + per_head - 1) / per_head - 1);
+    return uint32_t(j0 >= j ? j0 - j : j0 - j + key_blocks);
 #else
     return uint32_t(SPT ? min(int(gridDim.x) - 1, (i * BM + BM - 1) / BN) - j : j);
 #endif
