@@ -8,7 +8,9 @@ benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16); inter
 flushed before every call ("cold") and back to back ("warm"); TFLOP/s (backward = 2.5 x the
 forward's FLOPs) and the median per-round speed against the default (default time / its time:
 issue 32 asks >= 0.85). Each variant's dq, dk, dv are checked against the default's (relative
-error below 2e-2) and the rotated walk's grid is printed (slots x key blocks, cooperative).
+error below 2e-2), head dim 128's two rotated walks against each other (the same adds in the
+same order: equal to the bit), and the grids are printed (the rotated walk's: slots x key blocks,
+cooperative).
 
     PYTHONPATH=. python3 tools/experiments/deterministic_backward_ab.py [--dims 128 64]
         [--seqs 4096 16384] [--repeats N]
@@ -45,6 +47,8 @@ def row(torch, d: int, seq: int, repeats: int) -> None:
     torch.cuda.synchronize()
     errs = {label: max((torch.linalg.norm(g.float() - r.float()) / torch.linalg.norm(r.float())).item()
                        for g, r in zip(grads[label], grads["default"])) for label in grads}
+    same = " rotate==rotate1 " + str(all(torch.equal(a, b) for a, b in zip(grads["rotate"], grads["rotate1"]))) \
+        if "rotate1" in grads else ""
     flop = 2.5 * 4.0 * batch * heads * seq * seq * d
     for mode, flush in (("cold", True), ("warm", False)):
         got = bench.rounds(fns, repeats=repeats, warmup=2, flush_l2=flush)
@@ -52,7 +56,7 @@ def row(torch, d: int, seq: int, repeats: int) -> None:
         cells += [f"{label}/default {got.ratio(label, 'default').median:.3f}" for label in fns if label != "default"]
         print(f"detbwd d{d:<4d} seq {seq:5d} b{batch:<3d} full {mode} " + " ".join(cells) +
               f"  TFLOP/s  grid rotate {grids['rotate']} chain {grids['chain']}  err " +
-              " ".join(f"{errs[label]:.1e}" for label in fns if label != "default"), flush=True)
+              " ".join(f"{errs[label]:.1e}" for label in fns if label != "default") + same, flush=True)
     worst = max(errs.values())
     assert worst < 2e-2, f"d{d} seq {seq}: relative error {worst:.2e} against the default mode"
 
