@@ -334,3 +334,20 @@ def test_attention_backward_deterministic_chain_where_a_group_does_not_fit(devic
         with pytest.raises(tf.TmaflowError, match=rf"DET_ROTATE=1 \(an override\) needs .*'s {resident + 1} key "
                                                   rf"blocks resident at once; the GPU holds {resident} CTAs"):
             kernels.attention_backward(*inputs, deterministic=True)
+
+
+def test_attention_backward_deterministic_rotated_walk_in_a_graph(device, rng):
+    """The rotated walk's cooperative launch, captured into a tf.Graph, replays to the eager
+    run's bits (into poisoned gradients, twice)."""
+    inputs, first = _run(rng, 1, 4, 2, 200, 700, 128, False, deterministic=True)
+    assert _main_launch(inputs).config.cooperative
+    grads = [tf.empty(x.shape, "bfloat16") for x in inputs[:3]]
+    with tf.Graph() as g:
+        with g.capture():
+            kernels.attention_backward(*inputs, deterministic=True, dq=grads[0], dk=grads[1], dv=grads[2])
+        for _ in range(2):
+            for x in grads:
+                poison(x)
+            g.replay()
+            for a, x in zip(first, grads):
+                assert np.array_equal(a, _values(x, "bfloat16"))
