@@ -115,6 +115,7 @@ PARAMS += [
     row("LaunchConfig", "cluster", _launch("cluster"), LE, INTS),
     row("LaunchConfig", "smem", _launch("smem"), LE, INTS | {"none", "zero"}),
     row("LaunchConfig", "pdl", _launch("pdl"), LE, {"bool", "np_bool"}),
+    row("LaunchConfig", "cooperative", _launch("cooperative"), LE, {"bool", "np_bool"}),
 ]
 
 # --- tf.reference (argument checks; the store model's rules are tests/test_reference.py's) ---

@@ -8,7 +8,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
-from tmaflow.kernels.attention_backward_sm90 import DQ_TILE_DEFINES
+from tmaflow.kernels.attention_backward_sm90 import DQ_TILE_DEFINES, ROTATE_ONE_BUFFER, persistent_slots
 from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
@@ -283,3 +283,71 @@ def test_attention_backward_deterministic_multi_query(device, rng, d, causal):
     for a, b in zip(first, again):
         assert np.array_equal(a, _values(b, "bfloat16"))
     _run(rng, 1, 4, 1, 300, 300, d, causal, dtype="float16", deterministic=True)
+
+
+def _main_launch(inputs, causal=False):
+    """The main kernel's launcher of the deterministic plan for ``inputs``."""
+    return kernels.attention_backward.prepare(*inputs, causal=causal, deterministic=True).launcher.launches[1]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_attention_backward_deterministic_rotated_walk(device, rng, d):
+    """Full attention where a (batch, kv head)'s key blocks fit the GPU at once: the persistent
+    rotated walk (DET_ROTATE), cooperative, whole groups a wave (40 key blocks: 3 groups a wave
+    on 132 SMs, 8 groups in waves of 3, 3, 2; GQA 2:1; lengths off the tiles), against the float64
+    reference, bit-identical twice (and, head dim 128, with one dQ buffer instead of the plan's
+    two), and within rounding of the chain from key block 0 (DET_ROTATE=0)."""
+    b, hq, hkv, sq, skv = 2, 8, 4, 333, 40 * 128 - 50
+    inputs, first = _run(rng, b, hq, hkv, sq, skv, d, False, deterministic=True)
+    main = _main_launch(inputs)
+    slots = persistent_slots(40, b * hkv, main.max_active_clusters())
+    assert slots and main.grid == (slots * 40, 1, 1) and main.config.cooperative, (slots, main.grid)
+    for _ in range(2):
+        again = kernels.attention_backward(*inputs, deterministic=True)
+        for a, g in zip(first, again):
+            assert np.array_equal(a, _values(g, "bfloat16"))
+    with extra_defines({"DET_ROTATE": 0}):
+        assert not _main_launch(inputs).config.cooperative
+        chain = kernels.attention_backward(*inputs, deterministic=True)
+    for a, g in zip(first, chain):
+        assert rel_error(_values(g, "bfloat16"), a) < 1e-2
+    if d == 128:  # one dQ buffer (the A/B's): the same adds in the same order, to the bit
+        with extra_defines(ROTATE_ONE_BUFFER):
+            assert _main_launch(inputs).config.cooperative
+            one = kernels.attention_backward(*inputs, deterministic=True)
+        for a, g in zip(first, one):
+            assert np.array_equal(a, _values(g, "bfloat16"))
+
+
+def test_attention_backward_deterministic_chain_where_a_group_does_not_fit(device, rng):
+    """More key blocks than the GPU holds CTAs: the plan takes the chain from key block 0 (a
+    plain grid), bit-identical twice; DET_ROTATE=1 forced there is refused, naming the counts."""
+    resident = _main_launch(_run(rng, 1, 1, 1, 64, 128, 128, False, deterministic=True)[0]).max_active_clusters()
+    skv = (resident + 1) * 128 - 3
+    inputs, first = _run(rng, 1, 2, 1, 100, skv, 128, False, deterministic=True)
+    main = _main_launch(inputs)
+    assert main.grid == (resident + 1, 1, 1) and not main.config.cooperative
+    again = kernels.attention_backward(*inputs, deterministic=True)
+    for a, g in zip(first, again):
+        assert np.array_equal(a, _values(g, "bfloat16"))
+    with extra_defines({"DET_ROTATE": 1}):
+        with pytest.raises(tf.TmaflowError, match=rf"DET_ROTATE=1 \(an override\) needs .*'s {resident + 1} key "
+                                                  rf"blocks resident at once; the GPU holds {resident} CTAs"):
+            kernels.attention_backward(*inputs, deterministic=True)
+
+
+def test_attention_backward_deterministic_rotated_walk_in_a_graph(device, rng):
+    """The rotated walk's cooperative launch, captured into a tf.Graph, replays to the eager
+    run's bits (into poisoned gradients, twice)."""
+    inputs, first = _run(rng, 1, 4, 2, 200, 700, 128, False, deterministic=True)
+    assert _main_launch(inputs).config.cooperative
+    grads = [tf.empty(x.shape, "bfloat16") for x in inputs[:3]]
+    with tf.Graph() as g:
+        with g.capture():
+            kernels.attention_backward(*inputs, deterministic=True, dq=grads[0], dk=grads[1], dv=grads[2])
+        for _ in range(2):
+            for x in grads:
+                poison(x)
+            g.replay()
+            for a, x in zip(first, grads):
+                assert np.array_equal(a, _values(x, "bfloat16"))

@@ -56,6 +56,7 @@ def test_config_keeps_the_stream_object_alive_and_compares_by_handle():
     (dict(grid=1, block=32, smem=1.5), r"smem=1.5 must be a non-negative int"),
     (dict(grid=1, block=32, smem=True), r"smem=True must be a non-negative int"),
     (dict(grid=1, block=32, pdl=1), r"pdl=1 must be True or False"),
+    (dict(grid=1, block=32, cooperative="yes"), r"cooperative='yes' must be True or False"),
     (dict(grid=1, block=32, stream="s"), r"stream='s' \(str\) is not a stream"),
 ])
 def test_config_rules(kwargs, msg):
@@ -223,6 +224,20 @@ def test_driver_launch_config_carries_cluster_and_pdl():
     assert cfg.attrs[0].value.clusterDim.x == 2 and cfg.numAttrs == 2
     assert cfg.attrs[1].value.programmaticStreamSerializationAllowed == 1
     assert run.cu_config(0x1234) is cfg  # one per stream
+
+
+def test_driver_launch_config_carries_cooperative():
+    """A cooperative configuration asks the driver for every block resident at once; the
+    others do not (no GPU needed to build the config)."""
+    cu = tf.runtime.driver.cu()
+    run = fake_launcher(TABLE)
+    for cooperative, want in ((True, [cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE]), (False, [])):
+        run.config = LaunchConfig(grid=132, block=384, smem=1024, cooperative=cooperative)
+        run._configs = {}
+        cfg = run.cu_config(0x1234)
+        assert [a.id for a in cfg.attrs] == want and cfg.numAttrs == len(want)
+        assert all(a.value.cooperative == 1 for a in cfg.attrs)
+    assert LaunchConfig(grid=8, block=32, cooperative=True) != LaunchConfig(grid=8, block=32)
 
 
 def test_stream_none_follows_the_arrays_framework(monkeypatch):

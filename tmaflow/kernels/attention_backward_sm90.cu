@@ -15,7 +15,8 @@
 //   head dim of dQ = dS K (dS^T and K both MN-major), stores it into shared memory, and a
 //   producer warp adds it into the fp32 accumulator with bulk reductions (DETERMINISTIC: in a
 //   fixed key-block order, waiting on a counter per query block; SPT: causal key blocks run
-//   last first and chain in that order). OVERLAP (head dim 64): step t - 1's dQ is issued
+//   last first and chain in that order; DET_ROTATE: full attention's walks rotated, a
+//   persistent cooperative grid). OVERLAP (head dim 64): step t - 1's dQ is issued
 //   after step t's S and dP, so the softmax of step t runs while it is on the tensor cores
 //   (head dim 128 has no registers left for the dQ accumulators then).
 //   Maps are 3-D (batch x heads, seq, head dim): rows past a head's sequence load as zeros, so
@@ -99,6 +100,20 @@ using namespace tmaflow;
 #ifndef ROTATE
 #define ROTATE 0
 #endif
+// 1 (DETERMINISTIC full attention, dense; the others ignore it): a persistent grid of slots x N
+// CTAs (N key blocks a (batch, kv head) group, gridDim.x = slots N), launched cooperative so
+// that all are resident at once: CTA (slot s, key block j) takes group w slots + s in wave w,
+// so a group's N key blocks always run together. Key block j walks the query blocks rotated
+// (from block j per_head / N, wrapping), and query block i's adds chain in the order its key
+// blocks reach it: j0 (the last whose walk starts at or before i), j0 - 1, .., 0, N - 1, ..,
+// j0 + 1, each about per_head / N steps behind the one before. That chain is a cycle over the
+// key blocks: safe only because every CTA of a group is resident (the plan launches it only
+// where N CTAs fit the GPU at once). 0: the chain from key block 0, every key block starting
+// at query block 0 (key block n waits about n - 1 links).
+#ifndef DET_ROTATE
+#define DET_ROTATE 0
+#endif
+#define TF_PERSIST (DET_ROTATE && DETERMINISTIC && !CAUSAL && !VARLEN)
 #ifndef WARP_CHAIN
 #define WARP_CHAIN 1
 #endif
@@ -180,7 +195,7 @@ TMAFLOW_DEVICE int dq_row_offset(int r) {
 static_assert(kDQBuf % 16 == 0, "a dQ buffer is whole 16-byte pieces (bulk reductions, DQ_TILE's tiles)");
 constexpr int kOffDS = kOffDO + STAGES * kQBytes, kOffDQ = kOffDS + 2 * kDSBytes, kOffRow = kOffDQ + kDQBytes;
 constexpr int kOffBar = kOffRow + STAGES * 2 * BM * 4;
-constexpr int kSmemBytes = kOffBar + (1 + 2 * STAGES + 2 * kDQBufs) * 8;
+constexpr int kSmemBytes = kOffBar + (2 + 2 * STAGES + 2 * kDQBufs) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "STAGES do not fit shared memory");
 constexpr uint32_t kStageTx = 2 * kQBytes + 2 * BM * 4;
 // Registers a consumer thread after setmaxnreg (a multiple of 8). The CTA holds 168 a thread
@@ -422,13 +437,18 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #else
                    int seq_q, int seq_kv, int seq_pad,
 #endif
-                   int heads, int group, float scale, float scale_log2) {
+                   int heads, int group, float scale, float scale_log2
+#if !VARLEN
+                   , int batch  // TF_PERSIST's groups: batch x heads / group (last: the others' offsets stay)
+#endif
+                   ) {
   extern __shared__ __align__(1024) uint8_t smem[];  // the 128B swizzle needs 1024-byte boxes
   uint64_t* kv_bar = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* full = kv_bar + 1;
   uint64_t* empty = full + STAGES;
   uint64_t* dq_full = empty + STAGES;        // DQ_BULK, a dQ buffer: the consumers' dQ is in
   uint64_t* dq_empty = dq_full + kDQBufs;    // ... and was read by the bulk reductions
+  uint64_t* kv_empty = dq_empty + kDQBufs;   // TF_PERSIST: the consumers are done with an item's K and V
   float* sRow = reinterpret_cast<float*>(smem + kOffRow);  // stage s: LSE at 2 BM s, Delta after
 #if VARLEN
   // Rows are (token, head): no batch index (b = 0); the sequence's rows start at q_start and
@@ -442,9 +462,13 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   const int last_block = (seq_kv + BN - 1) / BN - 1, lse_start = lse_row0(q_start, seq);
   const int j = SPT ? last_block - block : block, kvh = blockIdx.y, b = 0;
 #else
-  const int j = SPT ? gridDim.x - 1 - blockIdx.x : blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  int j = SPT ? gridDim.x - 1 - blockIdx.x : blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
 #endif
   const int heads_kv = heads / group, q_blocks = (seq_q + BM - 1) / BM;
+#if TF_PERSIST
+  const int key_blocks = (seq_kv + BN - 1) / BN, slots = gridDim.x / key_blocks, slot = blockIdx.x / key_blocks;
+  j = blockIdx.x % key_blocks;
+#endif
   const int key0 = j * BN;
   const int i_first = CAUSAL ? key0 / BM : 0;  // the first query block with a row >= key0
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
@@ -454,8 +478,24 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   auto head_of = [&](int t) { return b * heads + kvh * group + t / per_head; };
   // ROTATE: key block j starts its walk at query block j q_blocks / gridDim.x and wraps around,
   // so the CTAs of a head (which start together and run in step) reduce into different dQ rows.
+  // (TF_PERSIST: from query block j per_head / key_blocks.)
+  constexpr bool kRotWalk = kRotate || TF_PERSIST;
+#if TF_PERSIST
+  const int rot = int(int64_t(j) * per_head / key_blocks);
+#else
   const int rot = kRotate ? int(int64_t(j) * per_head / gridDim.x) : 0;
-  auto block_of = [&](int t) { return i_first + (kRotate ? (t % per_head + rot) % per_head : t % per_head); };
+#endif
+  auto block_of = [&](int t) { return i_first + (kRotWalk ? (t % per_head + rot) % per_head : t % per_head); };
+  // The CTA's item n (its (batch, kv head) group: wave n's of its slot; false past the last).
+  auto take_item = [&](int n) {
+#if TF_PERSIST
+    const int g = n * slots + slot;
+    kvh = g % heads_kv, b = g / heads_kv;
+    return g < batch * heads_kv;
+#else
+    return n == 0;
+#endif
+  };
   // DETERMINISTIC: the key blocks that add their part of query block i before this one: 0 ..
   // j - 1, or (SPT) j + 1 .. the last that sees query block i (a causal key block j' sees it
   // when BN j' <= BM i + BM - 1). Exactly those add to it, causal or not, and all started
@@ -469,7 +509,14 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   auto counter_at = [&](int bh, int i) { return chain + accum_row(bh, i * BM); };
 #else
   auto chain_rank = [&](int i) {
+#if TF_PERSIST
+    // (j0 - j) mod key_blocks, j0 the last key block with j0 per_head / key_blocks <= i (32-bit:
+    // key_blocks is at most the CTAs the GPU holds)
+    const int j0 = min(key_blocks - 1, ((i + 1) * key_blocks + per_head - 1) / per_head - 1);
+    return uint32_t(j0 >= j ? j0 - j : j0 - j + key_blocks);
+#else
     return uint32_t(SPT ? min(int(gridDim.x) - 1, (i * BM + BM - 1) / BN) - j : j);
+#endif
   };
   auto accum_row = [&](int bh, int m) { return size_t(bh) * seq_q + m; };
   auto counter_at = [&](int bh, int i) { return chain + size_t(bh) * q_blocks + i; };
@@ -488,6 +535,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       mbarrier::init(dq_full + u, kConsumerWarps);
       mbarrier::init(dq_empty + u, 1);
     }
+    mbarrier::init(kv_empty, kConsumerWarps);
     fence::proxy_async_shared_cta();
   }
   __syncthreads();
@@ -495,49 +543,54 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   if (wg == 0) {
     warp::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      const int kv_row = b * heads_kv + kvh;
-      mbarrier::arrive_expect_tx(kv_bar, 2 * kKVBytes);
-      for (int box = 0; box < 2; ++box) {
-#if VARLEN  // maps (tokens, heads, D): coordinates innermost first
-        tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), kv_row, k_start + key0);
-        tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), kv_row, k_start + key0);
-#else
-        tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), key0, kv_row);
-        tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), key0, kv_row);
-#endif
-      }
       uint32_t stage = 0, phase = 0;
-      for (int g = 0; g < group; ++g) {
-        const int bh = b * heads + kvh * group + g;
-        for (int i0 = i_first; i0 < q_blocks; ++i0) {
-          const int i = kRotate ? block_of(i0 - i_first) : i0;
-          mbarrier::wait(empty + stage, phase ^ 1u);
-          mbarrier::arrive_expect_tx(full + stage, kStageTx);
-          for (int box = 0; box < kQBoxes; ++box) {
-#if VARLEN
-            tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, bh, q_start + i * BM);
-            tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, bh, q_start + i * BM);
+      for (int item = 0; take_item(item); ++item) {
+        const int kv_row = b * heads_kv + kvh;
+        if (item > 0) mbarrier::wait(kv_empty, (item - 1) & 1);  // the last item's K and V are read
+        mbarrier::arrive_expect_tx(kv_bar, 2 * kKVBytes);
+        for (int box = 0; box < 2; ++box) {
+#if VARLEN  // maps (tokens, heads, D): coordinates innermost first
+          tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), kv_row, k_start + key0);
+          tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), kv_row, k_start + key0);
 #else
-            tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, i * BM, bh);
-            tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, i * BM, bh);
+          tma::load(smem + box * kKVBox, &tk, kv_bar, box * (D / 2), key0, kv_row);
+          tma::load(smem + kOffV + box * kKVBox, &tv, kv_bar, box * (D / 2), key0, kv_row);
 #endif
+        }
+        for (int g = 0; g < group; ++g) {
+          const int bh = b * heads + kvh * group + g;
+          for (int i0 = i_first; i0 < q_blocks; ++i0) {
+            const int i = kRotWalk ? block_of(i0 - i_first) : i0;
+            mbarrier::wait(empty + stage, phase ^ 1u);
+            mbarrier::arrive_expect_tx(full + stage, kStageTx);
+            for (int box = 0; box < kQBoxes; ++box) {
+#if VARLEN
+              tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, bh, q_start + i * BM);
+              tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, bh, q_start + i * BM);
+#else
+              tma::load(smem + kOffQ + stage * kQBytes + box * kQBox, &tq, full + stage, box * 64, i * BM, bh);
+              tma::load(smem + kOffDO + stage * kQBytes + box * kQBox, &tdo, full + stage, box * 64, i * BM, bh);
+#endif
+            }
+#if VARLEN
+            const size_t row = size_t(bh) * lse_stride + lse_start + i * BM;
+#else
+            const size_t row = size_t(bh) * seq_pad + i * BM;
+#endif
+            bulk::load(sRow + 2 * BM * stage, lse2 + row, BM * 4, full + stage);
+            bulk::load(sRow + 2 * BM * stage + BM, delta + row, BM * 4, full + stage);
+            if (++stage == STAGES) stage = 0, phase ^= 1u;
           }
-#if VARLEN
-          const size_t row = size_t(bh) * lse_stride + lse_start + i * BM;
-#else
-          const size_t row = size_t(bh) * seq_pad + i * BM;
-#endif
-          bulk::load(sRow + 2 * BM * stage, lse2 + row, BM * 4, full + stage);
-          bulk::load(sRow + 2 * BM * stage + BM, delta + row, BM * 4, full + stage);
-          if (++stage == STAGES) stage = 0, phase ^= 1u;
         }
       }
     }
 #if DQ_BULK
     if (threadIdx.x / 32 == 1) {  // the dQ warp: step t's rows, a lane each, 2 rows a lane
+      // (t0: the steps of the CTA's items before this one, for the dQ buffers' phases)
+      for (int item = 0, t0 = 0; take_item(item); ++item, t0 += steps)
       for (int t = 0; t < steps; ++t) {
-        const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0), u = t % kDQBufs;
-        mbarrier::wait(dq_full + u, (t / kDQBufs) & 1);
+        const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0), u = (t0 + t) % kDQBufs;
+        mbarrier::wait(dq_full + u, ((t0 + t) / kDQBufs) & 1);
 #if DETERMINISTIC
         // After chain_rank key blocks, each counting one once its adds are complete.
         uint32_t* counter = counter_at(bh, block_of(t));
@@ -591,8 +644,7 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   const int krow = 16 * wq + lane / 4;     // this thread's keys (of the warpgroup's 64): krow, krow + 8
   const int key_lo = key0 + 64 * cw;       // the warpgroup's first key
   float dk_acc[D / 2], dv_acc[D / 2];
-#pragma unroll
-  for (int x = 0; x < D / 2; ++x) dk_acc[x] = 0.f, dv_acc[x] = 0.f;
+  int t0 = 0;  // the steps of the CTA's items before this one (the dQ buffers' phases)
   const uint64_t desc_k = wgmma::desc_k_major<kSpanKV>(smem + cw * 64 * kSpanKV);
   const uint64_t desc_v = wgmma::desc_k_major<kSpanKV>(smem + kOffV + cw * 64 * kSpanKV);
   // dQ's B: K's box cw (this warpgroup's D / 2 columns), MN-major, all BN keys.
@@ -745,8 +797,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
 #if DQ_BULK
   auto add_dq = [&](int t) {  // step t's dQ (waited for) into shared memory, for the dQ warp
     wgmma::fence_operands(dq);
-    const int u = t % kDQBufs;
-    mbarrier::wait(dq_empty + u, ((t / kDQBufs) & 1) ^ 1u);  // step t - kDQBufs's was read
+    const int u = (t0 + t) % kDQBufs;
+    mbarrier::wait(dq_empty + u, (((t0 + t) / kDQBufs) & 1) ^ 1u);  // step t - kDQBufs's was read
     // dq element x: row kDQRow0 cw + krow + 8 ((x >> 1) & 1), column kDQCol0 cw + 8 (x / 4) + col.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -789,117 +841,123 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
   auto release = [&](Cursor c) {  // Q, dO, LSE and Delta of stage c are read
     if (lane == 0) mbarrier::arrive(empty + c.stage);
   };
-  mbarrier::wait(kv_bar, 0);
+  Cursor cur;
+  for (int item = 0; take_item(item); ++item, t0 += steps) {
+#pragma unroll
+    for (int x = 0; x < D / 2; ++x) dk_acc[x] = 0.f, dv_acc[x] = 0.f;
+    mbarrier::wait(kv_bar, item & 1);
 #if OVERLAP
-  // Step t - 1's dQ is issued after step t's S and dP (the tensor cores run them in order), so
-  // step t's softmax runs while dQ_(t-1) is on the tensor cores.
-  Cursor cur;
-  for (int t = 0; t < steps; ++t) {
-    issue_s_dp(cur);
-    issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
-    if (t > 1) chain_release(t - 2);
-    wgmma::wait_group<1>();
-    probabilities(cur, block_of(t) * BM);
-    score_grads(cur);
-    if (t > 0) chain_wait(t - 1);
-    wgmma::wait_group<0>();
-    if (t > 0) add_dq(t - 1);
-    stage_ds(t & 1);
-    issue_dkv(cur);
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence_operands(dk_acc);
-    release(cur);
-    cur.advance();
-  }
-  if (steps > 0) {
-    issue_dq((steps - 1) & 1);
-    if (steps > 1) chain_release(steps - 2);
-    chain_wait(steps - 1);
-    wgmma::wait_group<0>();
-    add_dq(steps - 1);
-    chain_release(steps - 1);
-  }
+    // Step t - 1's dQ is issued after step t's S and dP (the tensor cores run them in order), so
+    // step t's softmax runs while dQ_(t-1) is on the tensor cores.
+    for (int t = 0; t < steps; ++t) {
+      issue_s_dp(cur);
+      issue_dq((t - 1) & 1);  // at t = 0 a dQ of no step (never added): every step is the same
+      if (t > 1) chain_release(t - 2);
+      wgmma::wait_group<1>();
+      probabilities(cur, block_of(t) * BM);
+      score_grads(cur);
+      if (t > 0) chain_wait(t - 1);
+      wgmma::wait_group<0>();
+      if (t > 0) add_dq(t - 1);
+      stage_ds(t & 1);
+      issue_dkv(cur);
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence_operands(dk_acc);
+      release(cur);
+      cur.advance();
+    }
+    if (steps > 0) {
+      issue_dq((steps - 1) & 1);
+      if (steps > 1) chain_release(steps - 2);
+      chain_wait(steps - 1);
+      wgmma::wait_group<0>();
+      add_dq(steps - 1);
+      chain_release(steps - 1);
+    }
 #elif DQ_EARLY
-  // dV, then dQ, then dK; dQ's stores or adds run while dK is on the tensor cores. DV_FIRST
-  // issues dV before dP is waited for, so dS^T's arithmetic runs beside it.
-  Cursor cur;
-  for (int t = 0; t < steps; ++t) {
-    issue_s_dp(cur);
-    if (t > 0) chain_release(t - 1);
-    wgmma::wait_group<1>();
-    probabilities(cur, block_of(t) * BM);
+    // dV, then dQ, then dK; dQ's stores or adds run while dK is on the tensor cores. DV_FIRST
+    // issues dV before dP is waited for, so dS^T's arithmetic runs beside it.
+    for (int t = 0; t < steps; ++t) {
+      issue_s_dp(cur);
+      if (t > 0) chain_release(t - 1);
+      wgmma::wait_group<1>();
+      probabilities(cur, block_of(t) * BM);
 #if DV_FIRST
-    pack_p();
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence();
-    mma_dv(cur);
-    wgmma::commit_group();
-    wgmma::wait_group<1>();  // dP (dV runs on)
-    score_grads(cur);
-    stage_ds(t & 1);
+      pack_p();
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence();
+      mma_dv(cur);
+      wgmma::commit_group();
+      wgmma::wait_group<1>();  // dP (dV runs on)
+      score_grads(cur);
+      stage_ds(t & 1);
 #else
-    wgmma::wait_group<0>();
-    score_grads(cur);
-    stage_ds(t & 1);
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence();
-    mma_dv(cur);
-    wgmma::commit_group();
+      wgmma::wait_group<0>();
+      score_grads(cur);
+      stage_ds(t & 1);
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence();
+      mma_dv(cur);
+      wgmma::commit_group();
 #endif
-    issue_dq(t & 1);
-    wgmma::fence_operands(dk_acc);
-    wgmma::fence();
-    mma_dk(cur);
-    wgmma::commit_group();
-    chain_wait(t);
-    wgmma::wait_group<1>();  // dV and dQ
-    wgmma::fence_operands(dv_acc);
-    add_dq(t);
-    wgmma::wait_group<0>();  // dK: the stage is read
-    wgmma::fence_operands(dk_acc);
-    release(cur);
-    cur.advance();
-  }
-  if (steps > 0) chain_release(steps - 1);
+      issue_dq(t & 1);
+      wgmma::fence_operands(dk_acc);
+      wgmma::fence();
+      mma_dk(cur);
+      wgmma::commit_group();
+      chain_wait(t);
+      wgmma::wait_group<1>();  // dV and dQ
+      wgmma::fence_operands(dv_acc);
+      add_dq(t);
+      wgmma::wait_group<0>();  // dK: the stage is read
+      wgmma::fence_operands(dk_acc);
+      release(cur);
+      cur.advance();
+    }
+    if (steps > 0) chain_release(steps - 1);
 #else
-  Cursor cur;
-  for (int t = 0; t < steps; ++t) {
-    issue_s_dp(cur);
-    if (t > 0) chain_release(t - 1);
-    wgmma::wait_group<1>();
-    probabilities(cur, block_of(t) * BM);
-    wgmma::wait_group<0>();
-    score_grads(cur);
-    stage_ds(t & 1);
-    issue_dkv(cur);
-    issue_dq(t & 1);
-    chain_wait(t);
-    wgmma::wait_group<0>();
+    for (int t = 0; t < steps; ++t) {
+      issue_s_dp(cur);
+      if (t > 0) chain_release(t - 1);
+      wgmma::wait_group<1>();
+      probabilities(cur, block_of(t) * BM);
+      wgmma::wait_group<0>();
+      score_grads(cur);
+      stage_ds(t & 1);
+      issue_dkv(cur);
+      issue_dq(t & 1);
+      chain_wait(t);
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence_operands(dk_acc);
+      release(cur);
+      add_dq(t);
+      cur.advance();
+    }
+    if (steps > 0) chain_release(steps - 1);
+#endif
     wgmma::fence_operands(dv_acc);
     wgmma::fence_operands(dk_acc);
-    release(cur);
-    add_dq(t);
-    cur.advance();
-  }
-  if (steps > 0) chain_release(steps - 1);
+#if TF_PERSIST
+    if (lane == 0) mbarrier::arrive(kv_empty);  // every wgmma of the item is done: K and V are read
 #endif
-  wgmma::fence_operands(dv_acc);
-  wgmma::fence_operands(dk_acc);
-  // dK (scaled: S = scale Q K^T) and dV rows of the warpgroup's keys.
+    // dK (scaled: S = scale Q K^T) and dV rows of the warpgroup's keys.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int key = key_lo + krow + 8 * h;
-    if (key >= seq_kv) continue;
+    for (int h = 0; h < 2; ++h) {
+      const int key = key_lo + krow + 8 * h;
+      if (key >= seq_kv) continue;
 #if VARLEN
-    const size_t at = (size_t(k_start + key) * heads_kv + kvh) * D + col;
+      const size_t at = (size_t(k_start + key) * heads_kv + kvh) * D + col;
 #else
-    const size_t at = (size_t(b * heads_kv + kvh) * seq_kv + key) * D + col;
+      const size_t at = (size_t(b * heads_kv + kvh) * seq_kv + key) * D + col;
 #endif
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dk + at + 8 * n) = pack2(dk_acc[4 * n + 2 * h] * scale, dk_acc[4 * n + 2 * h + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv + at + 8 * n) = pack2(dv_acc[4 * n + 2 * h], dv_acc[4 * n + 2 * h + 1]);
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dk + at + 8 * n) =
+            pack2(dk_acc[4 * n + 2 * h] * scale, dk_acc[4 * n + 2 * h + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv + at + 8 * n) = pack2(dv_acc[4 * n + 2 * h], dv_acc[4 * n + 2 * h + 1]);
+      }
     }
   }
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from ..errors import TmaflowError
 from ..tma.spec import TensorMapSpec
 from ..tma.tensormap import MapTemplate
 from .registry import get_kernel
@@ -34,14 +35,15 @@ def kernel_smem(head_dim: int, rows: int = ROWS, dq_bulk: bool = True, stages: i
     """Dynamic shared memory of ``attention_bwd_sm90`` (its kSmemBytes): K and V, the stages of
     Q and dO, two dS^T buffers, the dQ buffers in fp32 (DQ_BULK; DQ_BUFS of them, by default two
     at head dim 64 with 64-row steps, else one; rows padded by 16 B, or with DQ_PACK 96 B a
-    buffer), the stages' LSE and Delta rows, the barriers."""
+    buffer), the stages' LSE and Delta rows, the barriers (K / V full and empty, the stages',
+    the dQ buffers')."""
     kv = 2 * KEYS * head_dim
     q = rows * 2 * head_dim
     if dq_bufs is None:
         dq_bufs = 2 if head_dim == 64 and rows == ROWS else 1
     dq = dq_bufs * dq_buffer_bytes(head_dim, rows, dq_pack) if dq_bulk else 0
     return (2 * kv + 2 * stages * q + 2 * KEYS * 2 * rows + dq + stages * 2 * rows * 4 +
-            (1 + 2 * stages + 2 * dq_bufs) * 8)
+            (2 + 2 * stages + 2 * dq_bufs) * 8)
 
 
 def dq_buffer_bytes(head_dim: int, rows: int, dq_pack: bool) -> int:
@@ -103,6 +105,35 @@ VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
                  128: {**DQ_ROWS_DEFINES[128], "STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}}
 
 
+# The deterministic full-attention walk (dense): a persistent, cooperative grid of whole (batch,
+# kv head) groups a wave, each key block's walk rotated, each query block's chain in the order
+# its key blocks reach it (the kernel's DET_ROTATE); at head dim 128 with the default mode's two
+# dQ buffers (TWO_DQ_BUFFERS: they ran equal in the chain, whose skew bound it; the rotated walk
+# has none). Where a group's key blocks do not all fit the GPU at once (persistent_slots 0) the
+# plan takes the chain from key block 0 (main_defines', as an override of DET_ROTATE=0 does).
+DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_BUFFERS}}
+# The rotated walk with one dQ buffer and three stages at head dim 128 (an A/B's override)
+ROTATE_ONE_BUFFER = {"STAGES": STAGES, "DQ_BUFS": 1, "DQ_PACK": 0}
+
+
+def persistent_slots(key_blocks: int, groups: int, resident: int) -> int:
+    """DET_ROTATE's slots: (batch, kv head) groups a wave, each ``key_blocks`` CTAs, all of a
+    wave resident at once (``resident`` CTAs fit the GPU): no group may span two waves, its
+    chain waits on every one of its key blocks. 0 where one group does not fit (or has no keys)."""
+    if key_blocks < 1 or groups < 1:
+        return 0
+    return min(resident // key_blocks, groups)
+
+
+def rotated_chain_rank(i: int, j: int, key_blocks: int, per_head: int) -> int:
+    """DET_ROTATE: how many key blocks add to query block i before key block j (the kernel's
+    chain_rank): key block j's walk starts at query block j per_head // key_blocks, and the
+    order is that of arrival, j0 (the last to start at or before i), j0 - 1, .., 0, key_blocks
+    - 1, .., j0 + 1."""
+    j0 = min(key_blocks - 1, -(-(i + 1) * key_blocks // per_head) - 1)
+    return (j0 - j) % key_blocks
+
+
 def padded_rows(seq: int, rows: int = ROWS) -> int:
     """Query rows a head in the LSE / Delta workspace: whole steps of ``rows`` (bulk copies)."""
     return -(-seq // rows) * rows
@@ -111,6 +142,30 @@ def padded_rows(seq: int, rows: int = ROWS) -> int:
 def main_launcher_of(name: str, defines: dict, stream, **config):
     """A launcher of kernel ``name`` of attention_backward_sm90.cu built with ``defines``."""
     return get_kernel(name, None, defines=defines, file="attention_backward_sm90").launcher(stream=stream, **config)
+
+
+def _main_kernel(defines: dict, full_deterministic: bool, key_blocks: int, heads_kv: int, batch: int, stream):
+    """(kernel, grid, slots) of the dense plan's ``attention_bwd_sm90``: for the deterministic
+    full attention the persistent rotated walk (DET_ROTATE, ``slots`` groups a wave) where a
+    group's key blocks fit the GPU at once, else (and elsewhere) a CTA a (key block, kv head,
+    batch) and no slots; an override's DET_ROTATE=1 where a group does not fit is refused."""
+    grid = (key_blocks, heads_kv, batch)
+    if not full_deterministic:
+        return get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90", defines=defines), grid, 0
+    main = get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90",
+                      defines={**defines, **DET_ROTATE_DEFINES[int(defines["HEAD_DIM"])]})
+    if not int(main.defines.get("DET_ROTATE", 0)):  # an override's chain: the plan's defines
+        return get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90", defines=defines), grid, 0
+    smem = max(sm90_smem(int(defines["HEAD_DIM"])), defines_smem(int(defines["HEAD_DIM"]), main.defines))
+    resident = main.launcher(stream=stream, grid=1, block=THREADS, smem=smem).max_active_clusters()
+    slots = persistent_slots(key_blocks, batch * heads_kv, resident)
+    if slots:
+        return main, (slots * key_blocks, 1, 1), slots
+    main = get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90", defines=defines)
+    if int(main.defines.get("DET_ROTATE", 0)):
+        raise TmaflowError(f"attention_backward: DET_ROTATE=1 (an override) needs a (batch, kv head)'s {key_blocks} "
+                           f"key blocks resident at once; the GPU holds {resident} CTAs")
+    return main, grid, 0
 
 
 class Sm90Plan:
@@ -124,8 +179,9 @@ class Sm90Plan:
         dt = Q.dtype.name
         fp16 = {"FP16": 1} if dt == "float16" else {}
         defines = {"HEAD_DIM": d, "DETERMINISTIC": int(deterministic), **fp16}
-        main = get_kernel("attention_bwd_sm90", None, file="attention_backward_sm90",
-                          defines=main_defines(d, causal, deterministic, bool(fp16)))
+        main, grid, self.slots = _main_kernel(main_defines(d, causal, deterministic, bool(fp16)),
+                                              deterministic and not causal, -(-skv // KEYS), hkv, b, stream)
+        smem = max(sm90_smem(d), defines_smem(d, main.defines))
         step = int(main.defines["BLOCK_M"])  # the plan's, or an override's (extra_defines)
         self.shape = (b, hq, sq, d, hkv, skv)
         self.seq_pad = padded_rows(sq, max(step, step_rows(d)))
@@ -148,8 +204,7 @@ class Sm90Plan:
         self.launches = [
             launcher("attention_bwd_sm90_prep", "attention_backward_sm90", defines,
                      grid=-(-self.rows_pad // _PREP_ROWS), block=32 * _PREP_ROWS),
-            main.launcher(stream=stream, grid=(-(-skv // KEYS), hkv, b), block=THREADS,
-                          smem=max(sm90_smem(d), defines_smem(d, main.defines))),
+            main.launcher(stream=stream, grid=grid, block=THREADS, smem=smem, cooperative=bool(self.slots)),
             dq_kernel,
         ]
         qspec = TensorMapSpec.tiled(dt, (b * hq, sq, d), (1, step, 64), swizzle="128B")
@@ -174,7 +229,7 @@ class Sm90Plan:
         dq_args = (accum, DQ, self.tiles, sq, self.seq_pad, scale) if self.tiles else (accum, DQ, rows * d // 2, scale)
         return ((O, G, L, lse2, delta, accum, chain, self.rows_pad, sq, self.seq_pad, self.chain_count, tile_vec4),
                 (*maps, lse2, delta, accum, chain, DK, DV, sq, skv, self.seq_pad, hq, hq // hkv, scale,
-                 scale * math.log2(math.e)),
+                 scale * math.log2(math.e), b),
                 dq_args, ws)
 
 

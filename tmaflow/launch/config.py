@@ -48,6 +48,9 @@ class LaunchConfig:
     framework, see the module doc); the stream object itself is kept alive by the config.
     ``pdl`` allows programmatic dependent launch (the kernel may start while the previous
     one on the stream finishes; it must ``griddepcontrol.wait`` before reading its output).
+    ``cooperative`` launches the grid cooperative: the driver runs it only with every block
+    resident at once (it refuses a grid larger than the device holds), for kernels whose
+    blocks wait on each other in any order.
     """
 
     grid: tuple
@@ -56,6 +59,7 @@ class LaunchConfig:
     smem: int | None = None
     stream: int | None = None
     pdl: bool = False
+    cooperative: bool = False
     stream_object: object = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self):
@@ -83,6 +87,7 @@ class LaunchConfig:
             raise LaunchError(f"smem={smem!r} must be a non-negative int below 2^32 (bytes of "
                               "dynamic smem)")
         set_(self, "pdl", checks.as_bool("pdl", self.pdl, LaunchError))
+        set_(self, "cooperative", checks.as_bool("cooperative", self.cooperative, LaunchError))
         stream, owner = self.stream, self.stream_object
         if stream is not None and not (type(stream) is int and owner is not None):
             owner = stream

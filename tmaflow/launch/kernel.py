@@ -316,14 +316,14 @@ class Kernel:
         return bytes(packer.buffer.raw[:packer.total])
 
     def bind(self, config: LaunchConfig | None = None, *, grid=None, block=None, cluster=(1, 1, 1),
-             smem: int | None = None, stream=None, pdl: bool = False,
+             smem: int | None = None, stream=None, pdl: bool = False, cooperative: bool = False,
              device: Device | None = None) -> Launcher:
         """Check a launch configuration once and return a :class:`Launcher` for hot loops.
         Pass a :class:`LaunchConfig` or its fields."""
         if config is None:
             if grid is None or block is None:
                 raise LaunchError(f"{self.name}: bind needs grid= and block= (or a LaunchConfig)")
-            config = LaunchConfig(grid, block, cluster, smem, stream, pdl)
+            config = LaunchConfig(grid, block, cluster, smem, stream, pdl, cooperative)
         elif not isinstance(config, LaunchConfig):
             raise LaunchError(f"config={config!r} must be a tf.LaunchConfig")
         device = as_device(device, f"{self.name}: bind")
@@ -360,30 +360,32 @@ class Kernel:
             smem = self.layout.total_bytes if self.layout is not None else 0
         if cluster != config.cluster or smem != config.smem:
             config = LaunchConfig(config.grid, config.block, cluster, smem, config.stream,
-                                  config.pdl, config.stream_object)
+                                  config.pdl, config.cooperative, config.stream_object)
         if cluster[0] * cluster[1] * cluster[2] > PORTABLE_CLUSTER:
             mod.allow_non_portable()
         mod.ensure_smem(smem)
         return config
 
     def launcher(self, *, grid, block, cluster=(1, 1, 1), smem: int | None = None,
-                 stream=None, pdl: bool = False) -> Launcher:
+                 stream=None, pdl: bool = False, cooperative: bool = False) -> Launcher:
         """The bound launcher for this configuration on the current device, built (and
-        checked) once per thread: what ``launch`` uses, for callers that launch again later."""
+        checked) once per thread: what ``launch`` uses, for callers that launch again later.
+        A cooperative launcher's key has one part more (``launch``'s C lookup never finds it)."""
         if stream is not None and type(stream) is not int:
             stream = stream_handle(stream)
-        key = (grid, block, cluster, smem, stream, pdl, current_ordinal(), get_ident())
+        more = ("cooperative",) if cooperative else ()
+        key = (grid, block, cluster, smem, stream, pdl, current_ordinal(), get_ident(), *more)
         cache = self._launchers
         try:
             launcher = cache.get(key)
         except TypeError:  # lists: normalise them into the key
-            config = LaunchConfig(grid, block, cluster, smem, stream, pdl)
+            config = LaunchConfig(grid, block, cluster, smem, stream, pdl, cooperative)
             key = (config.grid, config.block, config.cluster, config.smem, config.stream, pdl,
-                   current_ordinal(), get_ident())
+                   current_ordinal(), get_ident(), *more)
             launcher = cache.get(key)
         if launcher is None or launcher.generation != launcher.module.device.generation:
             launcher = self.bind(grid=grid, block=block, cluster=cluster, smem=smem, stream=stream,
-                                 pdl=pdl)
+                                 pdl=pdl, cooperative=cooperative)
             if len(cache) > 256:
                 cache.clear()
             cache[key] = launcher

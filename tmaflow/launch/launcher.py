@@ -100,6 +100,11 @@ class Launcher(functools.partial):
             attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1
             attrs.append(attr)
+        if c.cooperative:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+            attr.value.cooperative = 1
+            attrs.append(attr)
         cfg.attrs = attrs
         cfg.numAttrs = len(attrs)
         if len(self._configs) >= 64:

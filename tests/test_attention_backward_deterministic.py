@@ -1,0 +1,112 @@
+"""The deterministic attention backward's rotated walk (attention_backward_sm90.cu's DET_ROTATE)
+without a GPU: its builds compile clean, its chain order (rotated_chain_rank, the kernel's
+chain_rank) is a total order of arrival whose waits form no cycle in a lockstep model (while
+every CTA of a group is resident), the model's finish against the chain from key block 0, and
+the persistent plan's slots."""
+import numpy as np
+import pytest
+
+from tmaflow.kernels.attention_backward_sm90 import (DET_ROTATE_DEFINES, DQ_ROWS_DEFINES, ROTATE_ONE_BUFFER,
+                                                     SM90_HEAD_DIMS, defines_smem, main_defines, persistent_slots,
+                                                     rotated_chain_rank, sm90_smem)
+from tmaflow.kernels.registry import get_kernel
+from tmaflow.launch import compiler
+from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
+
+
+def _program(defines):
+    return get_kernel("attention_bwd_sm90", None, defines=defines, file="attention_backward_sm90").program
+
+
+@pytest.mark.parametrize("d", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("fp16", [False, True])
+def test_rotated_walk_compiles_clean(d, fp16):
+    """The plan's schedule with DET_ROTATE (head dim 128: two dQ buffers), and the ones GPU
+    tests and the A/B override (head dim 64's 64-row steps, OVERLAP, and dQ rows; head dim 128's
+    one buffer, in tiles and in rows: two buffers of rows spill in the dQ warp, no plan's): no
+    stack, no serialized wgmma, what the plan reserves fits."""
+    plan = {**main_defines(d, False, True, fp16), **DET_ROTATE_DEFINES[d]}
+    overrides = [{}] + {64: [DQ_ROWS_DEFINES[64]] + ([{"BLOCK_M": 64}] if not fp16 else []),
+                         128: [ROTATE_ONE_BUFFER, {**ROTATE_ONE_BUFFER, **DQ_ROWS_DEFINES[128]}]}[d]
+    for extra in overrides:
+        defines = {**plan, **extra}
+        program = _program(defines)
+        assert program.resources.spills == 0 and program.resources.stack_frame == 0, (defines, program.resources)
+        assert compiler.wgmma_pipeline_notes(program.log) == [], defines
+        assert max(defines_smem(d, defines), sm90_smem(d)) <= HOPPER_SMEM_LIMIT  # what the plan reserves
+
+
+@pytest.mark.parametrize("d", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("causal,deterministic", [(True, True), (False, False)])
+def test_rotated_walk_leaves_the_other_modes_alone(d, causal, deterministic):
+    """DET_ROTATE applies to the deterministic full attention only: elsewhere the CUBIN is the
+    plan's own, byte for byte."""
+    defines = main_defines(d, causal, deterministic, False)
+    assert _program({**defines, "DET_ROTATE": 1}).cubin == _program(defines).cubin
+
+
+def _finish(key_blocks: int, per_head: int, start, rank, latency: float) -> float:
+    """A lockstep model of one group's chained walk: key block j's step s (query block
+    (start(j) + s) % per_head) ends a unit after its step s - 1, and not before `latency` after
+    the key block ranked just before it at that query block ended its step there. Steps are
+    visited in (step, rank) order, which must put every wait after what it waits for (else
+    the waits have a cycle: a deadlock). Returns when the last step ends."""
+    where = {}  # (j, query block) -> step
+    for j in range(key_blocks):
+        for s in range(per_head):
+            where[j, (start(j) + s) % per_head] = s
+    by_rank = {(i, rank(i, j)): j for j in range(key_blocks) for i in range(per_head)}
+    order = sorted(where, key=lambda ji: (where[ji], rank(ji[1], ji[0])))
+    end: dict = {}
+    for j, i in order:
+        s, r = where[j, i], rank(i, j)
+        t = (end[j, (start(j) + s - 1) % per_head] if s else 0.0) + 1.0
+        if r:
+            before = (by_rank[i, r - 1], i)
+            assert before in end, f"key block {j} waits at query block {i} on a later step: a cycle"
+            t = max(t, end[before] + latency)
+        end[j, i] = t
+    return max(end.values())
+
+
+@pytest.mark.parametrize("key_blocks,per_head", [(32, 32), (32, 64), (128, 128), (128, 256), (5, 13), (7, 2),
+                                                 (1, 5), (3, 1)])
+def test_rotated_chain_is_the_order_of_arrival(key_blocks, per_head):
+    """Every query block's ranks are 0 .. key_blocks - 1 once each (its counter ends at
+    key_blocks), in the order the rotated walks reach it (ties where there are fewer query
+    blocks than key blocks), so no wait is on a later step."""
+    start = [j * per_head // key_blocks for j in range(key_blocks)]
+    for i in range(per_head):
+        ranks = [rotated_chain_rank(i, j, key_blocks, per_head) for j in range(key_blocks)]
+        assert sorted(ranks) == list(range(key_blocks)), (i, ranks)
+        steps = [(i - start[j]) % per_head for j in sorted(range(key_blocks), key=ranks.__getitem__)]
+        assert steps == sorted(steps), (i, steps)
+    _finish(key_blocks, per_head, start.__getitem__, lambda i, j: rotated_chain_rank(i, j, key_blocks, per_head), 0.5)
+
+
+@pytest.mark.parametrize("key_blocks,per_head", [(32, 32), (32, 64), (128, 128), (128, 256)])
+@pytest.mark.parametrize("latency", [0.3, 0.9])
+def test_rotated_chain_finishes_with_the_walk(key_blocks, per_head, latency):
+    """In the lockstep model the rotated chain ends with the walk itself (each key block's
+    predecessor is per_head / key_blocks >= 1 steps ahead), where the chain from key block 0
+    (every walk from query block 0, key block j after j - 1) ends (key_blocks - 1) latencies
+    later: the measured 0.78-0.80 of the default at 4k."""
+    rotated = _finish(key_blocks, per_head, lambda j: j * per_head // key_blocks,
+                      lambda i, j: rotated_chain_rank(i, j, key_blocks, per_head), latency)
+    chain = _finish(key_blocks, per_head, lambda j: 0, lambda i, j: j, latency)
+    assert rotated == per_head
+    assert chain == pytest.approx(per_head + (key_blocks - 1) * latency)
+
+
+def test_persistent_slots():
+    """Whole groups a wave, each its key blocks at once; none where one group does not fit."""
+    assert persistent_slots(32, 64, 132) == 4      # 4k tokens: 128 of 132 SMs, 16 waves
+    assert persistent_slots(128, 16, 132) == 1     # 16k
+    assert persistent_slots(133, 16, 132) == 0     # 17k: the chain from key block 0
+    assert persistent_slots(4, 2, 132) == 2        # fewer groups than fit
+    assert persistent_slots(0, 4, 132) == persistent_slots(4, 0, 132) == 0
+    rng = np.random.default_rng()
+    for key_blocks, groups, resident in rng.integers(1, 300, (200, 3)):
+        slots = persistent_slots(int(key_blocks), int(groups), int(resident))
+        assert slots * key_blocks <= resident and slots <= groups
+        assert (slots == 0) == (key_blocks > resident)
