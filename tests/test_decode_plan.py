@@ -68,6 +68,7 @@ def decode_args(**change):
     ({"persistent": True, "num_splits": 2}, r"attention_decode: num_splits=2 with persistent=True; .* give num_splits None or 1"),
     ({"slice_merge": 1}, r"attention_decode: slice_merge=1 must be"),
     ({"l2_promotion": "512B"}, r"attention_decode: l2_promotion='512B' must be"),
+    ({"warp_slices": 1}, r"attention_decode: warp_slices=1 must be"),
     ({"slice_merge": True, "num_splits": 1}, r"attention_decode: slice_merge=True with num_splits=1, .* give num_splits None or 2-64"),
     ({"slice_merge": True, "num_splits": 4, "cluster_merge": True}, r"attention_decode: slice_merge=True .*cluster_merge=True"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
@@ -451,3 +452,32 @@ def test_head_group_is_the_default_only_where_its_items_fill_the_gpu_unsplit(bat
                                                                              context, expected):
     assert head_group_default(batch, heads_kv, head_dim, page, context, 132) is expected
     assert head_group_default(batch, heads_kv, head_dim, page, context, 132, ctas_per_sm=2) is False
+
+
+@pytest.mark.parametrize("d,page,ctas,extra", [(128, 16, None, {}), (128, 16, None, {"CLUSTER_MERGE": 1}),
+                                               (128, 64, 3, {"SLICE_MERGE": 1, "EVICT_FIRST": 1}),
+                                               (256, 16, None, {"FP16": 1}), (96, 32, 3, {}), (32, 16, 1, {}),
+                                               (128, 16, 1, {"WIDE_BOX": 1})])
+def test_warp_slices_decode_kernel_drops_the_turns_barrier_without_spills(d, page, ctas, extra):
+    """WARP_SLICES: every warp's O in a slice of the K tiles at once, one sum a thread: the
+    turn loop (and its barrier, one more a warp at run time) is gone; no spills, registers for
+    the plan's CTAs an SM."""
+    _, layout, ctas = decode_plan(d, page, ctas=ctas, wide_box="WIDE_BOX" in extra)
+    bars = []
+    for slices in (0, 1):
+        k = get_kernel("attention_decode", layout, file="decode",
+                       defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "WARP_SLICES": slices,
+                                **extra})
+        assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+        assert -(-k.resources.registers // 8) * 8 * 160 * ctas <= 65536, k.resources
+        bars.append(k.sass().count("BAR.SYNC"))
+    assert bars[1] == bars[0] - 1, bars
+
+
+def test_warp_slices_refuse_a_persistent_build():
+    """A persistent CTA's warps merge in a buffer of one O (its stages hold the next item's tiles)."""
+    _, layout, _ = decode_plan(128, 16, True)
+    with pytest.raises(tf.TmaflowError, match=r"WARP_SLICES: the warps' O fit the K tiles"):
+        get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": 128, "PAGE_SIZE": 16, "MAX_SPLITS": MAX_SPLITS, "WARP_SLICES": 1,
+                            "PERSISTENT": 1}).resources  # (compiled on first use)

@@ -5,7 +5,8 @@ one and several splits (up to 64, merged in several rounds), persistent CTAs wal
 requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
 CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
-merged by slices (slice_merge) and the maps' L2 promotion, bit-equal to the default paths."""
+merged by slices (slice_merge), the maps' L2 promotion and the warps merged a warp at a time
+(warp_slices=False), bit-equal to the default paths."""
 import numpy as np
 import pytest
 
@@ -480,3 +481,31 @@ def test_head_group_decode_of_one_long_request_merges_many_splits(device, rng):
         out = poison(tf.empty(q.shape, "bfloat16"))
         kernels.attention_decode(Q, K, V, T, L, out=out, **options)
         assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, (options, rel_error(_download(out, "bfloat16"), ref))
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,options", [
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 1}),
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 7}),   # the counter's merge
+    ([1, 63, 64, 65, 333, 2049, 5], 16, 4, 128, 64, None, "bfloat16", {"num_splits": 4, "cluster_merge": True}),
+    ([0, 1, 2, 3, 17, 80, 1000], 8, 2, 128, 16, 4, "bfloat16", {"num_splits": 5, "slice_merge": True}),
+    ([4000, 129], 16, 1, 256, 32, None, "float16", {"num_splits": 64}),                      # 4 rounds of merge
+    ([5, 77, 300, 1], 8, 2, 96, 16, None, "float16", {"num_splits": 3, "ctas_per_sm": 3}),   # two stages
+    ([8192], 32, 8, 128, 16, None, "bfloat16", {}),                                          # the b1 8k 4:1 row
+])
+def test_warp_slices_decode_against_float64_and_bit_equal_to_the_turns(device, rng, lens, heads_q, heads_kv, d, page,
+                                                                        tokens, dtype, options):
+    """The warps' merge from a slice a warp (the default) and a warp at a time (warp_slices=False):
+    against float64 (lengths 0 and 1, ragged, NaN in every row no request owns, splits with no
+    key, 4 new tokens), the same bits, under each merge of the splits."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for warp_slices in (None, False):
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, warp_slices=warp_slices, out=out, **options)
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (warp_slices, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+        results.append(out.numpy())
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))

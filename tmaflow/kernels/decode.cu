@@ -35,6 +35,8 @@
 // 64), 16 runs of 1 KB where one kv head's boxes are 256 B at a 2 KB stride (a page's row is
 // every kv head's). Q's fragments live in registers, loaded once from global memory. Several
 // splits: the last CTA of the group merges its four heads at once (their slots are one run).
+// WARP_SLICES (not PERSISTENT): the warps' merge writes every warp's O at once, a slice each,
+// and each thread sums its elements' slices, in two barriers instead of a turn a warp (same bits).
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
 // has the block table, 3 Q in shared memory, 4 the tiles read, 7 the warps merged, 8 the split
 // counted (partials published), 5 the splits' merge begins, 6 the output written.
@@ -75,6 +77,9 @@ namespace L = tmaflow_layout;
 #ifndef HEAD_GROUP
 #define HEAD_GROUP 0  // 1: four kv heads a CTA, a consumer warp each
 #endif
+#ifndef WARP_SLICES
+#define WARP_SLICES 0  // 1: the warps' merge from a slice of O a warp, in two barriers (not PERSISTENT)
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -99,6 +104,9 @@ constexpr int kStatsFloats = (2 * kWarps + 2) * kRows;
 static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFloats + kRows),
               "the warps' merge (O and statistics) fits stage 0");
 #endif
+// WARP_SLICES: the four warps' O side by side in the K tiles, the statistics still in stage 0's V tile.
+static_assert(!WARP_SLICES || (!PERSISTENT && !HEAD_GROUP && L::kv::stages * L::kv::k_stride >= kWarps * kRows * D * 4),
+              "WARP_SLICES: the warps' O fit the K tiles (a persistent CTA's merge has a buffer of one)");
 // The splits' merge: the K and V tiles of every stage (contiguous: decode_plan checks it) hold
 // the log-sum-exps (kRows slots a split) and as many splits' O as fit.
 constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
@@ -635,23 +643,47 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     st.row_max(threadIdx.x) = m;
     st.row_sum(threadIdx.x) = l;
   }
+  // O = sum over the warps, in order, of O_w x 2^(m_w - m): the first a product, then fused
+  // multiply-adds (written out: both ways below give equal bits).
+  auto weight = [&](int w, int row) {
+    return st.warp_max(w, row) == neg_inf() ? 0.f : math::exp2_approx(st.warp_max(w, row) - st.row_max(row));
+  };
+#if WARP_SLICES
+  // Every warp's O in a slice of its own at once (warp w's after the others', rows x D), then
+  // each thread sums its elements' four: two barriers, where a turn a warp takes four.
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<float2*>(so + (warp * kRows + row0 + 8 * h) * D + 8 * n + 2 * (lane % 4)) =
+          make_float2(o[n][2 * h], o[n][2 * h + 1]);
+  named_barrier::sync(1, kConsumers);
+  for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
+    const int row = i / D;
+    float acc = so[i] * weight(0, row);
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) acc = fmaf(so[w * kRows * D + i], weight(w, row), acc);
+    so[i] = acc;  // slice 0, where the turns leave the sum: each thread reads back only its own elements
+  }
+#else
   named_barrier::sync(1, kConsumers);
   for (int turn = 0; turn < kWarps; ++turn) {
     if (warp == turn) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h;
-        const float w = m_run[h] == neg_inf() ? 0.f : math::exp2_approx(m_run[h] - st.row_max(row));
+        const float w = weight(warp, row);
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           float2* at = reinterpret_cast<float2*>(so + row * D + 8 * n + 2 * (lane % 4));
-          const float2 add = make_float2(o[n][2 * h] * w, o[n][2 * h + 1] * w);
-          *at = turn == 0 ? add : make_float2(at->x + add.x, at->y + add.y);
+          *at = turn == 0 ? make_float2(o[n][2 * h] * w, o[n][2 * h + 1] * w)
+                          : make_float2(fmaf(o[n][2 * h], w, at->x), fmaf(o[n][2 * h + 1], w, at->y));
         }
       }
     }
     named_barrier::sync(1, kConsumers);
   }
+#endif
 
   auto normalised = [&](int i) {  // element i (row i / D) of this CTA's O / l; zeros without keys
     const float l = st.row_sum(i / D);

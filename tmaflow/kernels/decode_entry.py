@@ -220,7 +220,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
                      cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
                      ctas_per_sm: int | None = None, wide_box: bool | None = None, head_group: bool | None = None,
-                     out=None, stream=None):
+                     warp_slices: bool | None = None, out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -258,13 +258,16 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     heads of a request (each copy 16 keys of all four: runs four times as long), a consumer
     warp each; splits merge by the workspace and counter. None: ``head_group_default`` when no
     split count, persistence or other merge / box option is given.
+    ``warp_slices``: the CTA's four consumer warps merge from a slice of O each, written at once
+    (two barriers), where the plan merges them in its stages (not persistent, one kv head a
+    CTA); False: a warp at a time (four more barriers). The same bits either way. None: True.
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
             or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None \
-            or head_group is not None:
+            or head_group is not None or warp_slices is not None:
         num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
-            head_group = _OPTIONS.check(num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
-                                        ctas_per_sm, wide_box, head_group)
+            head_group, warp_slices = _OPTIONS.check(num_splits, evict_first, persistent, cluster_merge, slice_merge,
+                                                     l2_promotion, ctas_per_sm, wide_box, head_group, warp_slices)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -298,13 +301,14 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
-           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, stream, Q.device, ordinal, get_ident())
+           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, warp_slices, stream, Q.device, ordinal,
+           get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
                                                           slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box),
-                                                          head_group))
+                                                          head_group, warp_slices is not False))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -321,7 +325,7 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
                           cluster_merge=checks.flag(optional=True), slice_merge=checks.flag(optional=True),
                           l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True),
                           ctas_per_sm=checks.integer(1, 3, optional=True), wide_box=checks.flag(optional=True),
-                          head_group=checks.flag(optional=True))
+                          head_group=checks.flag(optional=True), warp_slices=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -369,7 +373,7 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
 
 
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
-                  stream, ctas, wide_box, head_group) -> SimpleNamespace:
+                  stream, ctas, wide_box, head_group, warp_slices=True) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
@@ -387,7 +391,8 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
                **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {}),
                **({"CLUSTER_MERGE": 1} if cluster_merge else {}), **({"SLICE_MERGE": 1} if slice_merge else {}),
-               **({"WIDE_BOX": 1} if wide_box else {}), **({"HEAD_GROUP": 1} if head_group else {})}
+               **({"WIDE_BOX": 1} if wide_box else {}), **({"HEAD_GROUP": 1} if head_group else {}),
+               **({"WARP_SLICES": 1} if warp_slices and not (persistent or head_group) else {})}
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     grid = (max(1, min(b * items, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, items, max(b, 1))
     launcher = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
