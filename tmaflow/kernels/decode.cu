@@ -105,7 +105,8 @@ static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFl
               "the warps' merge (O and statistics) fits stage 0");
 #endif
 // WARP_SLICES: the four warps' O side by side in the K tiles, the statistics still in stage 0's V tile.
-static_assert(!WARP_SLICES || (!PERSISTENT && !HEAD_GROUP && L::kv::stages * L::kv::k_stride >= kWarps * kRows * D * 4),
+static_assert(!WARP_SLICES || (!PERSISTENT && !HEAD_GROUP && L::kv::stages * L::kv::k_stride >= kWarps * kRows * D * 4 &&
+                               L::kv::v_bytes >= 4 * (kStatsFloats + kRows + kWarps * kRows)),
               "WARP_SLICES: the warps' O fit the K tiles (a persistent CTA's merge has a buffer of one)");
 // The splits' merge: the K and V tiles of every stage (contiguous: decode_plan checks it) hold
 // the log-sum-exps (kRows slots a split) and as many splits' O as fit.
@@ -629,6 +630,9 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   float* so = static_cast<float*>(S.kv_k(0));  // kRows x D
 #endif
   const int row0 = lane / 4;
+#if WARP_SLICES
+  float* warp_weight = st.base + kStatsFloats + kRows;  // [warp][row], past the cluster merge's log-sum-exps
+#endif
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l_run[h] = warp::quad_sum(l_run[h]);
@@ -642,12 +646,14 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
       if (st.warp_max(w, threadIdx.x) != neg_inf()) l += st.warp_sum(w, threadIdx.x) * math::exp2_approx(st.warp_max(w, threadIdx.x) - m);
     st.row_max(threadIdx.x) = m;
     st.row_sum(threadIdx.x) = l;
+#if WARP_SLICES
+    for (int w = 0; w < kWarps; ++w)  // each row's weights once, read by every thread of the sums
+      warp_weight[w * kRows + threadIdx.x] = st.warp_max(w, threadIdx.x) == neg_inf() ? 0.f :
+          math::exp2_approx(st.warp_max(w, threadIdx.x) - m);
+#endif
   }
   // O = sum over the warps, in order, of O_w x 2^(m_w - m): the first a product, then fused
   // multiply-adds (written out: both ways below give equal bits).
-  auto weight = [&](int w, int row) {
-    return st.warp_max(w, row) == neg_inf() ? 0.f : math::exp2_approx(st.warp_max(w, row) - st.row_max(row));
-  };
 #if WARP_SLICES
   // Every warp's O in a slice of its own at once (warp w's after the others', rows x D), then
   // each thread sums its elements' four: two barriers, where a turn a warp takes four.
@@ -660,9 +666,9 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   named_barrier::sync(1, kConsumers);
   for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
     const int row = i / D;
-    float acc = so[i] * weight(0, row);
+    float acc = so[i] * warp_weight[row];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) acc = fmaf(so[w * kRows * D + i], weight(w, row), acc);
+    for (int w = 1; w < kWarps; ++w) acc = fmaf(so[w * kRows * D + i], warp_weight[w * kRows + row], acc);
     so[i] = acc;  // slice 0, where the turns leave the sum: each thread reads back only its own elements
   }
 #else
@@ -672,7 +678,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h;
-        const float w = weight(warp, row);
+        const float w = m_run[h] == neg_inf() ? 0.f : math::exp2_approx(m_run[h] - st.row_max(row));
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           float2* at = reinterpret_cast<float2*>(so + row * D + 8 * n + 2 * (lane % 4));
