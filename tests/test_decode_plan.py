@@ -69,6 +69,10 @@ def decode_args(**change):
     ({"slice_merge": 1}, r"attention_decode: slice_merge=1 must be"),
     ({"l2_promotion": "512B"}, r"attention_decode: l2_promotion='512B' must be"),
     ({"warp_slices": 1}, r"attention_decode: warp_slices=1 must be"),
+    ({"merge_kernel": "yes"}, r"attention_decode: merge_kernel='yes' must be"),
+    ({"merge_kernel": True, "num_splits": 1}, r"attention_decode: merge_kernel=True with num_splits=1, .* give num_splits None or 2-64"),
+    ({"merge_kernel": True, "num_splits": 4, "cluster_merge": True}, r"merge_kernel=True with num_splits=4, cluster_merge=True"),
+    ({"merge_kernel": True, "head_group": True}, r"merge_kernel=True .*head_group=True; the merge kernel merges"),
     ({"slice_merge": True, "num_splits": 1}, r"attention_decode: slice_merge=True with num_splits=1, .* give num_splits None or 2-64"),
     ({"slice_merge": True, "num_splits": 4, "cluster_merge": True}, r"attention_decode: slice_merge=True .*cluster_merge=True"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
@@ -481,3 +485,23 @@ def test_warp_slices_refuse_a_persistent_build():
         get_kernel("attention_decode", layout, file="decode",
                    defines={"HEAD_DIM": 128, "PAGE_SIZE": 16, "MAX_SPLITS": MAX_SPLITS, "WARP_SLICES": 1,
                             "PERSISTENT": 1}).resources  # (compiled on first use)
+
+
+@pytest.mark.parametrize("d,page,fp16,evict_first", [(128, 16, 0, 1), (256, 64, 1, 0), (32, 16, 0, 0), (96, 32, 1, 1)])
+def test_merge_kernel_decode_module_has_no_count_and_a_pdl_merge(d, page, fp16, evict_first):
+    """MERGE_KERNEL: attention_decode neither counts nor merges (no atomic, no bulk copy: the
+    splits publish and leave) and lets its dependents start (PREEXIT); attention_decode_merge
+    waits on it (ACQBULK) and takes the 7 parameters the entry passes; no spills, and a merge CTA
+    fits beside the plan's decode CTAs of an SM (it waits there)."""
+    _, layout, ctas = decode_plan(d, page)
+    defines = {"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "MERGE_KERNEL": 1, "WARP_SLICES": 1,
+               **({"FP16": 1} if fp16 else {}), **({"EVICT_FIRST": 1} if evict_first else {})}
+    k = get_kernel("attention_decode", layout, file="decode", defines=defines)
+    merge = get_kernel("attention_decode_merge", layout, file="decode", defines=defines)
+    for kern in (k, merge):
+        assert kern.resources.spills == 0 and kern.resources.stack_frame == 0, kern.resources
+    sass = k.sass()  # the module's: both kernels
+    assert "ATOMG" not in sass and "UBLKCP" not in sass and "PREEXIT" in sass and "ACQBULK" in sass
+    assert len(k.params) == 15 and len(merge.params) == 7
+    # a waiting merge CTA fits beside the plan's decode CTAs of an SM
+    assert -(-k.resources.registers // 8) * 8 * 160 * ctas + -(-merge.resources.registers // 8) * 8 * 128 <= 65536

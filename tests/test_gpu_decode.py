@@ -5,8 +5,8 @@ one and several splits (up to 64, merged in several rounds), persistent CTAs wal
 requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
 CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
-merged by slices (slice_merge), the maps' L2 promotion and the warps merged a warp at a time
-(warp_slices=False), bit-equal to the default paths."""
+merged by slices (slice_merge) or by a second kernel (merge_kernel), the maps' L2 promotion
+and the warps merged a warp at a time (warp_slices=False), bit-equal to the default paths."""
 import numpy as np
 import pytest
 
@@ -509,3 +509,32 @@ def test_warp_slices_decode_against_float64_and_bit_equal_to_the_turns(device, r
         assert not got[ref == 0].any(), "a token that sees no key gets zeros"
         results.append(out.numpy())
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,num_splits", [
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", 8),   # GQA 8:1, splits with no key
+    ([8192], 32, 8, 128, 16, None, "bfloat16", None),                       # the b1 8k 4:1 row's 32 splits
+    ([1, 63, 64, 65, 333, 2049, 5], 16, 4, 128, 64, None, "float16", 3),
+    ([0, 1, 2, 3, 17, 80, 1000], 8, 2, 128, 16, 4, "bfloat16", 5),          # 4 new tokens x 4 query heads
+    ([4000, 129], 16, 1, 256, 32, None, "bfloat16", 64),                    # 64 splits, four column blocks
+    ([5, 77, 300, 1], 8, 2, 96, 16, None, "float16", 7),
+    ([3000, 2], 64, 4, 64, 64, 1, "bfloat16", 2),                           # 16 rows, head dim 64
+])
+def test_merge_kernel_decode_against_float64_and_bit_equal_to_the_counter_merge(device, rng, lens, heads_q, heads_kv,
+                                                                              d, page, tokens, dtype, num_splits):
+    """The splits merged by a second kernel launched with PDL: against float64, the same bits
+    launch after launch (outputs poisoned each time) and as the counter's merge."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for merge_kernel in (True, True, False):
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, merge_kernel=merge_kernel,
+                                 cluster_merge=False, out=out)
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (merge_kernel, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+        results.append(out.numpy())
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))

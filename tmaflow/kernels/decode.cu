@@ -35,6 +35,10 @@
 // 64), 16 runs of 1 KB where one kv head's boxes are 256 B at a 2 KB stride (a page's row is
 // every kv head's). Q's fragments live in registers, loaded once from global memory. Several
 // splits: the last CTA of the group merges its four heads at once (their slots are one run).
+// MERGE_KERNEL (counter path, one kv head a CTA): no count and no last CTA. Each split publishes
+// its partials and leaves; attention_decode_merge, launched next with PDL (its CTAs resident
+// and waiting on this grid's completion meanwhile), merges them, a thread a 4-column group of
+// the output: the same weights, sums and order as the counter's merge, equal bits.
 // WARP_SLICES (not PERSISTENT): the warps' merge writes every warp's O at once, a slice each,
 // and each thread sums its elements' slices, in two barriers instead of a turn a warp (same bits).
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
@@ -80,6 +84,9 @@ namespace L = tmaflow_layout;
 #ifndef WARP_SLICES
 #define WARP_SLICES 0  // 1: the warps' merge from a slice of O a warp, in two barriers (not PERSISTENT)
 #endif
+#ifndef MERGE_KERNEL
+#define MERGE_KERNEL 0  // 1: several splits publish their partials and leave; attention_decode_merge merges
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -117,6 +124,8 @@ static_assert(kMergeBytes >= kHeads * kLseBytes + kRows * D * 4,
 constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
 static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
 static_assert(!SLICE_MERGE || (!PERSISTENT && !CLUSTER_MERGE), "the slice merge is the counter path's");
+static_assert(!MERGE_KERNEL || (!PERSISTENT && !CLUSTER_MERGE && !SLICE_MERGE && !HEAD_GROUP),
+              "MERGE_KERNEL replaces the counter's merge of one kv head's splits");
 static_assert(kMergeBytes >= kLseBytes + (kRows * D / 4 + MAX_SPLITS) * 16, "the slice merge's pieces fit");
 constexpr int kBoxBytes = kWideTile ? kBoxKeys * kTileCols * 2 : kBoxKeys * 128;
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kHeads * kBoxBytes,
@@ -712,6 +721,10 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     part_lse[(first + split) * kRows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
   }
 #endif
+#if MERGE_KERNEL
+  trace::mark(8);
+  return;  // attention_decode_merge reads the partials once this grid has completed
+#endif
   // Publish the partials, then count: the CTA that makes the count `splits` merges. Only
   // thread 0 reads the other splits' partials (by bulk copies): its acquire is the CTA's.
   named_barrier::sync(1, kConsumers);
@@ -764,6 +777,9 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   load_item(split, splits, b, got);  // on its way while the barriers are set up
 #endif
   if (threadIdx.x == 0) {
+#if MERGE_KERNEL
+    griddep::launch_dependents();  // the merge's CTAs may take their places now, to wait on this grid
+#endif
     tma::prefetch_descriptor(&tk);
     tma::prefetch_descriptor(&tv);
     S.merged().init();
@@ -795,3 +811,45 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
               group, q_len, max_pages, scale_log2, split, splits, kvh, b, got.x, got.y, got.z, got.w);
 #endif
 }
+
+#if MERGE_KERNEL
+// The splits' merge of MERGE_KERNEL plans (grid: 4-column groups of a kv head's rows / 128,
+// kv heads, requests; 128 threads): a thread one 4-column group of the output. Launched with
+// PDL after attention_decode: it waits for that grid's completion (its partials visible),
+// then reads its row's log-sum-exps and every split's piece of its columns from L2.
+extern "C" __global__ void __launch_bounds__(128)
+attention_decode_merge(const float* part, const float* part_lse, elem_t* out, int heads_kv, int group, int q_len,
+                       int splits) {
+  __shared__ float lse[MAX_SPLITS * kRows];  // [split][row]
+  const int kvh = blockIdx.y, b = blockIdx.z, rows = q_len * group, columns = rows * D / 4;
+  const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
+  griddep::wait();
+  trace::mark(5);
+  for (int j = threadIdx.x; j < splits * kRows; j += blockDim.x) lse[j] = __ldcg(part_lse + first * kRows + j);
+  __syncthreads();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, r = i / (D / 4);
+  if (i >= columns) return;
+  float m = neg_inf(), total = 0.f;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + r]);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  constexpr int kBatch = 16;  // pieces in flight a thread: 32 splits in two L2 round trips
+  for (int s0 = 0; s0 < splits; s0 += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (s0 + k < splits) v[k] = __ldcg(reinterpret_cast<const float4*>(part + (first + s0 + k) * rows * D) + i);
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k)
+      if (s0 + k < splits) {
+        const float w = m == neg_inf() ? 0.f : math::exp2_approx(lse[(s0 + k) * kRows + r] - m);
+        total += w;
+        add_weighted(acc, w, v[k]);
+      }
+  }
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const int heads_q = heads_kv * group;
+  const size_t at = ((size_t(b) * q_len + r / group) * heads_q + kvh * group + r % group) * D + (i % (D / 4)) * 4;
+  *reinterpret_cast<uint2*>(out + at) = make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
+  trace::mark(6);
+}
+#endif
