@@ -813,33 +813,41 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
 }
 
 #if MERGE_KERNEL
-// The splits' merge of MERGE_KERNEL plans (grid: 4-column groups of a kv head's rows / 128,
-// kv heads, requests; 128 threads): a thread one 4-column group of the output. Launched with
-// PDL after attention_decode: it waits for that grid's completion (its partials visible),
-// then reads its row's log-sum-exps and every split's piece of its columns from L2.
+// The splits' merge of MERGE_KERNEL plans (grid: a kv head's 4-column groups of output / the
+// block, kv heads, requests): a thread one 4-column group. Launched with PDL after
+// attention_decode, it waits for that grid's completion (its partials visible), then has its
+// first kMergeBatch splits' pieces and every log-sum-exp in flight at once: one L2 round trip
+// up to 32 splits.
+constexpr int kMergeBatch = 32;
 extern "C" __global__ void __launch_bounds__(128)
 attention_decode_merge(const float* part, const float* part_lse, elem_t* out, int heads_kv, int group, int q_len,
                        int splits) {
   __shared__ float lse[MAX_SPLITS * kRows];  // [split][row]
   const int kvh = blockIdx.y, b = blockIdx.z, rows = q_len * group, columns = rows * D / 4;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, r = i / (D / 4);
+  const bool active = i < columns;
   const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
+  const float4* piece = reinterpret_cast<const float4*>(part + first * rows * D) + i;  // split s: + s x columns
+  float4 v[kMergeBatch];
   griddep::wait();
   trace::mark(5);
+#pragma unroll
+  for (int k = 0; k < kMergeBatch; ++k)
+    if (active && k < splits) v[k] = __ldcg(piece + size_t(k) * columns);
   for (int j = threadIdx.x; j < splits * kRows; j += blockDim.x) lse[j] = __ldcg(part_lse + first * kRows + j);
   __syncthreads();
-  const int i = blockIdx.x * blockDim.x + threadIdx.x, r = i / (D / 4);
-  if (i >= columns) return;
+  if (!active) return;
   float m = neg_inf(), total = 0.f;
   for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + r]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  constexpr int kBatch = 16;  // pieces in flight a thread: 32 splits in two L2 round trips
-  for (int s0 = 0; s0 < splits; s0 += kBatch) {
-    float4 v[kBatch];
+  for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {
+    if (s0 > 0) {
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k)
-      if (s0 + k < splits) v[k] = __ldcg(reinterpret_cast<const float4*>(part + (first + s0 + k) * rows * D) + i);
+      for (int k = 0; k < kMergeBatch; ++k)
+        if (s0 + k < splits) v[k] = __ldcg(piece + size_t(s0 + k) * columns);
+    }
 #pragma unroll
-    for (int k = 0; k < kBatch; ++k)
+    for (int k = 0; k < kMergeBatch; ++k)
       if (s0 + k < splits) {
         const float w = m == neg_inf() ? 0.f : math::exp2_approx(lse[(s0 + k) * kRows + r] - m);
         total += w;

@@ -33,6 +33,7 @@ HEAD_GROUP = 4           # kv heads a CTA of a head-group plan (decode.cu's kHea
 MAX_CLUSTER = 16          # splits a cluster merge takes (decode.cu's kMaxCluster; over 8: non-portable)
 MIN_KEYS_PER_SPLIT = 128  # two tiles: a split's copies all in flight at once (three stages hold them)
 THREADS = 160             # four consumer warps and a producer warp
+MERGE_THREADS = 64        # attention_decode_merge's CTAs (decode.cu's __launch_bounds__: at most 128)
 _TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, halved
 _SM_SMEM = 228 * 1024  # an SM's shared memory (three CTAs: a third each, less their 1 KB)
 _MAX_STAGES = 8
@@ -413,10 +414,10 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     grid = (max(1, min(b * items, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, items, max(b, 1))
     decode = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
                            stream=stream)
-    if merge_kernel:  # a thread a 4-column group of a kv head's rows
+    if merge_kernel:  # a thread a 4-column group of a kv head's rows, in CTAs of two warps (more SMs reading)
         columns = p.tokens * p.group * d // 4
         merge = get_kernel("attention_decode_merge", layout, defines=defines, file="decode").launcher(
-            grid=(-(-columns // 128), hkv, max(b, 1)), block=128, stream=stream, pdl=True)
+            grid=(-(-columns // MERGE_THREADS), hkv, max(b, 1)), block=MERGE_THREADS, stream=stream, pdl=True)
     launcher, workspace = _with_split_k(_DecodeThenMerge(decode, merge, splits) if merge_kernel else decode,
                                         splits > 1 and not cluster_merge, device, stream)
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
