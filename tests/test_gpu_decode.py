@@ -320,10 +320,10 @@ def test_decode_of_one_request_of_128k_keys(device, rng, num_splits, evict_first
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 
 
-@pytest.mark.parametrize("num_splits,evict_first", [(5, None), (None, True)])
-def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first):
+@pytest.mark.parametrize("num_splits,evict_first,merge_kernel", [(5, None, None), (None, True, None), (5, None, True)])
+def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first, merge_kernel):
     """Captured at the table's full width (the block-table window loaded with the length is
-    the right one), replayed at lengths where it is not."""
+    the right one), replayed at lengths where it is not; the merge kernel's PDL launch too."""
     torch = pytest.importorskip("torch")
     width, page = 40, 16
     (q, k, v, table, lens), _ = _problem(rng, [width * page] * 5, 32, 8, 128, page, "bfloat16")
@@ -335,11 +335,13 @@ def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up outside the capture: the split workspace is made here
-        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first)
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
+                                 merge_kernel=merge_kernel)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
-        out = kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first)
+        out = kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
+                                       merge_kernel=merge_kernel)
     for replay in range(4):
         new = rng.integers(0, width * page + 1, size=5).astype(np.int32)
         new[replay] = [0, 1, 17, width * page][replay]
