@@ -435,12 +435,13 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     the random page order costs against SDPA's contiguous caches); in every row the plan with
     the warps' merge a warp at a time ("ws0": four more barriers; not persistent, one kv head a
     CTA), where it splits the plan's splits merged by a kernel of their own launched with PDL
-    ("mk1": no counter, no last CTA reading every split), and with the K/V maps at L2 promotion 256B ("pr256": a kv head's 256-byte key row from DRAM at once);
-    at batch 16+ where the plan splits or walks, cuDNN's grid: one CTA an item, one split, no walk
-    ("s1"), with one CTA an SM of six stages ("s1c1"), one 4-D box a page piece ("s1wb") or both
-    ("s1c1wb"); at batch 1 past 16 splits, 16 splits in one CTA an SM of six stages ("s16c1":
-    fewer, longer splits, half the merge); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the copies) and
-    with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
+    ("mk1": no counter, no last CTA reading every split), and with the K/V maps at L2 promotion
+    256B ("pr256": a kv head's 256-byte key row from DRAM at once); at batch 16+ where the plan
+    splits or walks, cuDNN's grid: one CTA an item, one split, no walk ("s1"), with one CTA an
+    SM of six stages ("s1c1"), one 4-D box a page piece ("s1wb") or both ("s1c1wb"); at batch 1
+    past 16 splits, 16 splits in one CTA an SM of six stages ("s16c1": fewer, longer splits,
+    half the merge); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half
+    the copies) and with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
     a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"), and where the
