@@ -828,24 +828,21 @@ attention_decode_merge(const float* part, const float* part_lse, elem_t* out, in
   const bool active = i < columns;
   const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
   const float4* piece = reinterpret_cast<const float4*>(part + first * rows * D) + i;  // split s: + s x columns
-  float4 v[kMergeBatch];
   griddep::wait();
   trace::mark(5);
-#pragma unroll
-  for (int k = 0; k < kMergeBatch; ++k)
-    if (active && k < splits) v[k] = __ldcg(piece + size_t(k) * columns);
-  for (int j = threadIdx.x; j < splits * kRows; j += blockDim.x) lse[j] = __ldcg(part_lse + first * kRows + j);
-  __syncthreads();
-  if (!active) return;
   float m = neg_inf(), total = 0.f;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + r]);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {
-    if (s0 > 0) {
+  for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {  // (one copy of the unrolled batch: a cold call fetches its code)
+    float4 v[kMergeBatch];
 #pragma unroll
-      for (int k = 0; k < kMergeBatch; ++k)
-        if (s0 + k < splits) v[k] = __ldcg(piece + size_t(s0 + k) * columns);
+    for (int k = 0; k < kMergeBatch; ++k)
+      if (active && s0 + k < splits) v[k] = __ldcg(piece + size_t(s0 + k) * columns);
+    if (s0 == 0) {  // every log-sum-exp, in flight with the first pieces
+      for (int j = threadIdx.x; j < splits * kRows; j += blockDim.x) lse[j] = __ldcg(part_lse + first * kRows + j);
+      __syncthreads();
+      for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + r]);
     }
+    if (!active) continue;
 #pragma unroll
     for (int k = 0; k < kMergeBatch; ++k)
       if (s0 + k < splits) {
@@ -854,6 +851,7 @@ attention_decode_merge(const float* part, const float* part_lse, elem_t* out, in
         add_weighted(acc, w, v[k]);
       }
   }
+  if (!active) return;
   const float inv = total > 0.f ? 1.f / total : 0.f;
   const int heads_q = heads_kv * group;
   const size_t at = ((size_t(b) * q_len + r / group) * heads_q + kvh * group + r % group) * D + (i % (D / 4)) * 4;
