@@ -70,6 +70,7 @@ def decode_args(**change):
     ({"l2_promotion": "512B"}, r"attention_decode: l2_promotion='512B' must be"),
     ({"warp_slices": 1}, r"attention_decode: warp_slices=1 must be"),
     ({"merge_kernel": "yes"}, r"attention_decode: merge_kernel='yes' must be"),
+    ({"pdl": 1}, r"attention_decode: pdl=1 must be"),
     ({"merge_kernel": True, "num_splits": 1}, r"attention_decode: merge_kernel=True with num_splits=1, .* give num_splits None or 2-64"),
     ({"merge_kernel": True, "num_splits": 4, "cluster_merge": True}, r"merge_kernel=True with num_splits=4, cluster_merge=True"),
     ({"merge_kernel": True, "head_group": True}, r"merge_kernel=True .*head_group=True; the merge kernel merges"),
@@ -506,3 +507,19 @@ def test_merge_kernel_decode_module_has_no_count_and_a_pdl_merge(d, page, fp16, 
     # a waiting merge CTA fits beside the plan's decode CTAs of an SM
     assert -(-k.resources.registers // 8) * 8 * 160 * ctas + \
         -(-merge.resources.registers // 8) * 8 * MERGE_THREADS <= 65536, (k.resources, merge.resources)
+
+
+@pytest.mark.parametrize("extra", [{}, {"CLUSTER_MERGE": 1}, {"PERSISTENT": 1}, {"HEAD_GROUP": 1}])
+def test_pdl_decode_kernel_waits_before_its_first_global_load(extra):
+    """PDL: the CTA may start while the kernel before it runs, so griddepcontrol.wait (ACQBULK)
+    comes before every global load (the lengths, the block table, q) and every TMA copy, and
+    the kernel lets the next one start (PREEXIT); no spills."""
+    _, layout, _ = decode_plan(128, 16, "PERSISTENT" in extra, head_group="HEAD_GROUP" in extra)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": 128, "PAGE_SIZE": 16, "MAX_SPLITS": MAX_SPLITS, "PDL": 1, **extra})
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    lines = k.sass().splitlines()
+    first = {op: next((n for n, line in enumerate(lines) if op in line), None)
+             for op in ("ACQBULK", "PREEXIT", "LDG", "UTMALDG")}
+    assert None not in first.values(), first
+    assert first["ACQBULK"] < first["LDG"] and first["ACQBULK"] < first["UTMALDG"], first

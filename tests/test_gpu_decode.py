@@ -6,7 +6,8 @@ requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 p
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
 CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
 merged by slices (slice_merge) or by a second kernel (merge_kernel), the maps' L2 promotion
-and the warps merged a warp at a time (warp_slices=False), bit-equal to the default paths."""
+and the warps merged a warp at a time (warp_slices=False), bit-equal to the default paths;
+PDL launches (pdl=True) in a chain that reads what the kernel before wrote."""
 import numpy as np
 import pytest
 
@@ -540,3 +541,37 @@ def test_merge_kernel_decode_against_float64_and_bit_equal_to_the_counter_merge(
         results.append(out.numpy())
     for other in results[1:]:
         np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
+@pytest.mark.parametrize("options", [{}, {"num_splits": 5}, {"num_splits": 4, "cluster_merge": True},
+                                     {"num_splits": 3, "merge_kernel": True}, {"num_splits": 2, "head_group": True},
+                                     {"persistent": True}])
+def test_pdl_decode_chain_sees_every_write_before_it(device, rng, options):
+    """pdl=True, launched back to back with no host sync: append_kv writes each request's new
+    key and value, a decode reads them, and a second decode's q is the first one's output (the
+    first lets it start early). Each waits for the kernel before it: float64 references, and
+    the bits of the same chain without PDL."""
+    lens = np.array([0, 5, 16, 31, 200, 1000], np.int32)
+    heads_q, heads_kv, d, page = 16, 4, 128, 16
+    (q, k, v, table, _), (Q, _, _, T, _) = _problem(rng, lens + 1, heads_q, heads_kv, d, page, "bfloat16")
+    k_new, v_new = (bf16_to_float32(bf16_bits(rng.standard_normal((len(lens), heads_kv, d)))).astype(np.float64)
+                    for _ in "kv")
+    k_old, v_old = k.copy(), v.copy()
+    for b, n in enumerate(lens):
+        k[table[b, n // page], n % page], v[table[b, n // page], n % page] = k_new[b], v_new[b]
+    ref1 = paged_decode_reference(q, k, v, table, lens + 1, 1 / np.sqrt(d))
+    L, L1 = tf.from_numpy(lens), tf.from_numpy(lens + 1)
+    Kn, Vn = _upload(k_new, "bfloat16"), _upload(v_new, "bfloat16")
+    results = []
+    for pdl in (None, True):
+        K, V = _upload(k_old, "bfloat16"), _upload(v_old, "bfloat16")
+        out1, out2 = poison(tf.empty(q.shape, "bfloat16")), poison(tf.empty(q.shape, "bfloat16"))
+        kernels.append_kv(K, V, T, L, Kn, Vn)
+        kernels.attention_decode(Q, K, V, T, L1, out=out1, pdl=pdl, **options)
+        kernels.attention_decode(out1, K, V, T, L1, out=out2, pdl=pdl, **options)
+        got1, got2 = _download(out1, "bfloat16"), _download(out2, "bfloat16")
+        ref2 = paged_decode_reference(got1, k, v, table, lens + 1, 1 / np.sqrt(d))
+        assert rel_error(got1, ref1) < 1e-2 and rel_error(got2, ref2) < 1e-2, (pdl, rel_error(got1, ref1),
+                                                                              rel_error(got2, ref2))
+        results.append(np.concatenate([out1.numpy(), out2.numpy()]))
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))

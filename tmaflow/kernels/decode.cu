@@ -39,6 +39,9 @@
 // its partials and leaves; attention_decode_merge, launched next with PDL (its CTAs resident
 // and waiting on this grid's completion meanwhile), merges them, a thread a 4-column group of
 // the output: the same weights, sums and order as the counter's merge, equal bits.
+// PDL (a launch with programmatic dependent launch): the CTA sets up its barriers and fetches
+// its descriptors while the kernel before it finishes, then waits for that kernel's completion
+// before reading lengths, tables, caches or q.
 // WARP_SLICES (not PERSISTENT): the warps' merge writes every warp's O at once, a slice each,
 // and each thread sums its elements' slices, in two barriers instead of a turn a warp (same bits).
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
@@ -83,6 +86,9 @@ namespace L = tmaflow_layout;
 #endif
 #ifndef WARP_SLICES
 #define WARP_SLICES 0  // 1: the warps' merge from a slice of O a warp, in two barriers (not PERSISTENT)
+#endif
+#ifndef PDL
+#define PDL 0  // 1: launched with PDL: the set-up, then griddep::wait before any global memory access
 #endif
 #ifndef MERGE_KERNEL
 #define MERGE_KERNEL 0  // 1: several splits publish their partials and leave; attention_decode_merge merges
@@ -765,6 +771,21 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
       if (got.y + 32 + lane < max_pages) got.w = table[got.y + 32 + lane];
     }
   };
+  auto set_up = [&] {  // touches no global memory: the descriptors are parameters
+    if (threadIdx.x == 0) {
+#if MERGE_KERNEL || PDL
+      griddep::launch_dependents();  // the next kernel's CTAs may take their places now (its wait waits on this grid)
+#endif
+      tma::prefetch_descriptor(&tk);
+      tma::prefetch_descriptor(&tv);
+      S.merged().init();
+      kv.init();  // its fences cover the merge barrier's init too
+    }
+  };
+#if PDL
+  set_up();  // while the kernel before this one finishes
+  griddep::wait();  // its writes (lengths, tables, caches, q) visible from here on
+#endif
   const int groups = heads_kv / kHeads;  // CTAs (or items) a request and split
 #if PERSISTENT
   const int split = 0, splits = 1;
@@ -776,15 +797,9 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   int4 got;
   load_item(split, splits, b, got);  // on its way while the barriers are set up
 #endif
-  if (threadIdx.x == 0) {
-#if MERGE_KERNEL
-    griddep::launch_dependents();  // the merge's CTAs may take their places now, to wait on this grid
+#if !PDL
+  set_up();
 #endif
-    tma::prefetch_descriptor(&tk);
-    tma::prefetch_descriptor(&tv);
-    S.merged().init();
-    kv.init();  // its fences cover the merge barrier's init too
-  }
   __syncthreads();
   decltype(kv)::Cursor c;  // the pipeline's position: one walk over every item's tiles
 #if PERSISTENT

@@ -221,7 +221,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
                      cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
                      ctas_per_sm: int | None = None, wide_box: bool | None = None, head_group: bool | None = None,
-                     warp_slices: bool | None = None, merge_kernel: bool | None = None, out=None, stream=None):
+                     warp_slices: bool | None = None, merge_kernel: bool | None = None, pdl: bool | None = None,
+                     out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -266,14 +267,18 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     a second kernel, launched with PDL (its CTAs wait on the first grid's completion), merges
     them, a thread a 4-column group of the output (no counter, no last CTA reading every
     split); the counter merge's bits. None: off.
+    ``pdl``: the kernel is launched with programmatic dependent launch: its CTAs may start while
+    the kernel before it on the stream finishes (setting up barriers and descriptors), and wait
+    for that kernel's completion before reading anything; it lets the kernel after it (when
+    that one is launched with PDL) start early too. None: off.
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
             or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None \
-            or head_group is not None or warp_slices is not None or merge_kernel is not None:
+            or head_group is not None or warp_slices is not None or merge_kernel is not None or pdl is not None:
         num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
-            head_group, warp_slices, merge_kernel = _OPTIONS.check(
+            head_group, warp_slices, merge_kernel, pdl = _OPTIONS.check(
                 num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box,
-                head_group, warp_slices, merge_kernel)
+                head_group, warp_slices, merge_kernel, pdl)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -312,14 +317,15 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
-           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, warp_slices, merge_kernel, stream, Q.device,
-           ordinal, get_ident())
+           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, warp_slices, merge_kernel, pdl, stream,
+           Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
                                                           slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box),
-                                                          head_group, warp_slices is not False, bool(merge_kernel)))
+                                                          head_group, warp_slices is not False, bool(merge_kernel),
+                                                          bool(pdl)))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -337,7 +343,7 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
                           l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True),
                           ctas_per_sm=checks.integer(1, 3, optional=True), wide_box=checks.flag(optional=True),
                           head_group=checks.flag(optional=True), warp_slices=checks.flag(optional=True),
-                          merge_kernel=checks.flag(optional=True))
+                          merge_kernel=checks.flag(optional=True), pdl=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -385,7 +391,8 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
 
 
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
-                  stream, ctas, wide_box, head_group, warp_slices=True, merge_kernel=False) -> SimpleNamespace:
+                  stream, ctas, wide_box, head_group, warp_slices=True, merge_kernel=False,
+                  pdl=False) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
@@ -410,10 +417,12 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     merge_kernel = merge_kernel and splits > 1
     if merge_kernel:
         defines["MERGE_KERNEL"] = 1
+    if pdl:
+        defines["PDL"] = 1
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     grid = (max(1, min(b * items, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, items, max(b, 1))
     decode = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
-                           stream=stream)
+                           stream=stream, pdl=pdl)
     if merge_kernel:  # a thread a 4-column group of a kv head's rows, in CTAs of two warps (more SMs reading)
         columns = p.tokens * p.group * d // 4
         merge = get_kernel("attention_decode_merge", layout, defines=defines, file="decode").launcher(
