@@ -435,7 +435,9 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     the random page order costs against SDPA's contiguous caches); in every row the plan with
     the warps' merge a warp at a time ("ws0": four more barriers; not persistent, one kv head a
     CTA), where it splits the plan's splits merged by a kernel of their own launched with PDL
-    ("mk1": no counter, no last CTA reading every split), and with the K/V maps at L2 promotion
+    ("mk1": no counter, no last CTA reading every split), at batch 1 the plan launched with PDL
+    ("pdl1": set up while the kernel before finishes; back to back, each call lets the next
+    start early), and with the K/V maps at L2 promotion
     256B ("pr256": a kv head's 256-byte key row from DRAM at once); at batch 16+ where the plan
     splits or walks, cuDNN's grid: one CTA an item, one split, no walk ("s1"), with one CTA an
     SM of six stages ("s1c1"), one 4-D box a page piece ("s1wb") or both ("s1c1wb"); at batch 1
@@ -461,6 +463,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["ws0"] = {"warp_slices": False}
     if splits > 1 and not (persistent or four_heads):  # the plan's splits merged by a second kernel (PDL)
         alts["mk1"] = {"num_splits": splits, "merge_kernel": True}
+    if batch == 1:  # short calls: the plan launched with PDL (its start hidden behind the kernel before)
+        alts["pdl1"] = {"pdl": True}
     if batch == 1 and 2 * splits <= min(MAX_CLUSTER, ctx // 64):  # (past 16: x1.26-1.37 slower, session 16)
         alts[f"s{2 * splits}cl"] = (2 * splits, evict_first, False, True)
     if persistent:
@@ -627,7 +631,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
 
     def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None, ordered=False,
              l2_promotion=None, ctas_per_sm=None, wide_box=None, head_group=None, warp_slices=None,
-             merge_kernel=None):
+             merge_kernel=None, pdl=None):
         caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
             else (k_cache, v_cache, table)
         kept.append(caches)  # alive while the prepared call is
@@ -636,7 +640,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
                                                 cluster_merge=cluster_merge, slice_merge=slice_merge,
                                                 l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
                                                 head_group=head_group, warp_slices=warp_slices,
-                                                merge_kernel=merge_kernel,
+                                                merge_kernel=merge_kernel, pdl=pdl,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
     splits, evict_first, persistent, cluster, four_heads = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
