@@ -8,7 +8,7 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import (MAX_SPLITS, choose_splits, cluster_merge_default, decode_plan,
+from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default, decode_plan,
                                           evict_first_default, head_group_default, persistent_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
@@ -68,6 +68,12 @@ def decode_args(**change):
     ({"persistent": True, "num_splits": 2}, r"attention_decode: num_splits=2 with persistent=True; .* give num_splits None or 1"),
     ({"slice_merge": 1}, r"attention_decode: slice_merge=1 must be"),
     ({"l2_promotion": "512B"}, r"attention_decode: l2_promotion='512B' must be"),
+    ({"warp_slices": 1}, r"attention_decode: warp_slices=1 must be"),
+    ({"merge_kernel": "yes"}, r"attention_decode: merge_kernel='yes' must be"),
+    ({"pdl": 1}, r"attention_decode: pdl=1 must be"),
+    ({"merge_kernel": True, "num_splits": 1}, r"attention_decode: merge_kernel=True with num_splits=1, .* give num_splits None or 2-64"),
+    ({"merge_kernel": True, "num_splits": 4, "cluster_merge": True}, r"merge_kernel=True with num_splits=4, cluster_merge=True"),
+    ({"merge_kernel": True, "head_group": True}, r"merge_kernel=True .*head_group=True; the merge kernel merges"),
     ({"slice_merge": True, "num_splits": 1}, r"attention_decode: slice_merge=True with num_splits=1, .* give num_splits None or 2-64"),
     ({"slice_merge": True, "num_splits": 4, "cluster_merge": True}, r"attention_decode: slice_merge=True .*cluster_merge=True"),
     ({"out": arr((2, 8, 64))}, r"attention_decode: out must be a \(2, 8, 128\) bfloat16 array"),
@@ -451,3 +457,69 @@ def test_head_group_is_the_default_only_where_its_items_fill_the_gpu_unsplit(bat
                                                                              context, expected):
     assert head_group_default(batch, heads_kv, head_dim, page, context, 132) is expected
     assert head_group_default(batch, heads_kv, head_dim, page, context, 132, ctas_per_sm=2) is False
+
+
+@pytest.mark.parametrize("d,page,ctas,extra", [(128, 16, None, {}), (128, 16, None, {"CLUSTER_MERGE": 1}),
+                                               (128, 64, 3, {"SLICE_MERGE": 1, "EVICT_FIRST": 1}),
+                                               (256, 16, None, {"FP16": 1}), (96, 32, 3, {}), (32, 16, 1, {}),
+                                               (128, 16, 1, {"WIDE_BOX": 1})])
+def test_warp_slices_decode_kernel_drops_the_turns_barrier_without_spills(d, page, ctas, extra):
+    """WARP_SLICES: every warp's O in a slice of the K tiles at once, one sum a thread: the
+    turn loop (and its barrier, one a warp at run time) is gone; no spills, registers for
+    the plan's CTAs an SM."""
+    _, layout, ctas = decode_plan(d, page, ctas=ctas, wide_box="WIDE_BOX" in extra)
+    bars = []
+    for slices in (0, 1):
+        k = get_kernel("attention_decode", layout, file="decode",
+                       defines={"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "WARP_SLICES": slices,
+                                **extra})
+        assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+        assert -(-k.resources.registers // 8) * 8 * 160 * ctas <= 65536, k.resources
+        bars.append(k.sass().count("BAR.SYNC"))
+    assert bars[1] in (bars[0] - 1, bars[0] - 4), bars  # the turns' barrier, in a loop or unrolled
+
+
+def test_warp_slices_refuse_a_persistent_build():
+    """A persistent CTA's warps merge in a buffer of one O (its stages hold the next item's tiles)."""
+    _, layout, _ = decode_plan(128, 16, True)
+    with pytest.raises(tf.TmaflowError, match=r"WARP_SLICES: the warps' O fit the K tiles"):
+        get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": 128, "PAGE_SIZE": 16, "MAX_SPLITS": MAX_SPLITS, "WARP_SLICES": 1,
+                            "PERSISTENT": 1}).resources  # (compiled on first use)
+
+
+@pytest.mark.parametrize("d,page,fp16,evict_first", [(128, 16, 0, 1), (256, 64, 1, 0), (32, 16, 0, 0), (96, 32, 1, 1)])
+def test_merge_kernel_decode_module_has_no_count_and_a_pdl_merge(d, page, fp16, evict_first):
+    """MERGE_KERNEL: attention_decode neither counts nor merges (no atomic, no bulk copy: the
+    splits publish and leave) and lets its dependents start (PREEXIT); attention_decode_merge
+    waits on it (ACQBULK) and takes the 7 parameters the entry passes; no spills, and a merge CTA
+    fits beside the plan's decode CTAs of an SM (it waits there)."""
+    _, layout, ctas = decode_plan(d, page)
+    defines = {"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": MAX_SPLITS, "MERGE_KERNEL": 1, "WARP_SLICES": 1,
+               **({"FP16": 1} if fp16 else {}), **({"EVICT_FIRST": 1} if evict_first else {})}
+    k = get_kernel("attention_decode", layout, file="decode", defines=defines)
+    merge = get_kernel("attention_decode_merge", layout, file="decode", defines=defines)
+    for kern in (k, merge):
+        assert kern.resources.spills == 0 and kern.resources.stack_frame == 0, kern.resources
+    sass = k.sass()  # the module's: both kernels
+    assert "ATOMG" not in sass and "UBLKCP" not in sass and "PREEXIT" in sass and "ACQBULK" in sass
+    assert len(k.params) == 15 and len(merge.params) == 7
+    # a waiting merge CTA fits beside the plan's decode CTAs of an SM
+    assert -(-k.resources.registers // 8) * 8 * 160 * ctas + \
+        -(-merge.resources.registers // 8) * 8 * MERGE_THREADS <= 65536, (k.resources, merge.resources)
+
+
+@pytest.mark.parametrize("extra", [{}, {"CLUSTER_MERGE": 1}, {"PERSISTENT": 1}, {"HEAD_GROUP": 1}])
+def test_pdl_decode_kernel_waits_before_its_first_global_load(extra):
+    """PDL: the CTA may start while the kernel before it runs, so griddepcontrol.wait (ACQBULK)
+    comes before every global load (the lengths, the block table, q) and every TMA copy, and
+    the kernel lets the next one start (PREEXIT); no spills."""
+    _, layout, _ = decode_plan(128, 16, "PERSISTENT" in extra, head_group="HEAD_GROUP" in extra)
+    k = get_kernel("attention_decode", layout, file="decode",
+                   defines={"HEAD_DIM": 128, "PAGE_SIZE": 16, "MAX_SPLITS": MAX_SPLITS, "PDL": 1, **extra})
+    assert k.resources.spills == 0 and k.resources.stack_frame == 0, k.resources
+    lines = k.sass().splitlines()
+    first = {op: next((n for n, line in enumerate(lines) if op in line), None)
+             for op in ("ACQBULK", "PREEXIT", "LDG", "UTMALDG")}
+    assert None not in first.values(), first
+    assert first["ACQBULK"] < first["LDG"] and first["ACQBULK"] < first["UTMALDG"], first

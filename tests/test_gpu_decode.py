@@ -5,7 +5,9 @@ one and several splits (up to 64, merged in several rounds), persistent CTAs wal
 requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
 CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
-merged by slices (slice_merge) and the maps' L2 promotion, bit-equal to the default paths."""
+merged by slices (slice_merge) or by a second kernel (merge_kernel), the maps' L2 promotion
+and the warps merged a warp at a time (warp_slices=False), bit-equal to the default paths;
+PDL launches (pdl=True) in a chain that reads what the kernel before wrote."""
 import numpy as np
 import pytest
 
@@ -319,10 +321,10 @@ def test_decode_of_one_request_of_128k_keys(device, rng, num_splits, evict_first
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 
 
-@pytest.mark.parametrize("num_splits,evict_first", [(5, None), (None, True)])
-def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first):
+@pytest.mark.parametrize("num_splits,evict_first,merge_kernel", [(5, None, None), (None, True, None), (5, None, True)])
+def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first, merge_kernel):
     """Captured at the table's full width (the block-table window loaded with the length is
-    the right one), replayed at lengths where it is not."""
+    the right one), replayed at lengths where it is not; the merge kernel's PDL launch too."""
     torch = pytest.importorskip("torch")
     width, page = 40, 16
     (q, k, v, table, lens), _ = _problem(rng, [width * page] * 5, 32, 8, 128, page, "bfloat16")
@@ -334,11 +336,13 @@ def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up outside the capture: the split workspace is made here
-        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first)
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
+                                 merge_kernel=merge_kernel)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
-        out = kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first)
+        out = kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
+                                       merge_kernel=merge_kernel)
     for replay in range(4):
         new = rng.integers(0, width * page + 1, size=5).astype(np.int32)
         new[replay] = [0, 1, 17, width * page][replay]
@@ -480,3 +484,94 @@ def test_head_group_decode_of_one_long_request_merges_many_splits(device, rng):
         out = poison(tf.empty(q.shape, "bfloat16"))
         kernels.attention_decode(Q, K, V, T, L, out=out, **options)
         assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, (options, rel_error(_download(out, "bfloat16"), ref))
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,options", [
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 1}),
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 7}),   # the counter's merge
+    ([1, 63, 64, 65, 333, 2049, 5], 16, 4, 128, 64, None, "bfloat16", {"num_splits": 4, "cluster_merge": True}),
+    ([0, 1, 2, 3, 17, 80, 1000], 8, 2, 128, 16, 4, "bfloat16", {"num_splits": 5, "slice_merge": True}),
+    ([4000, 129], 16, 1, 256, 32, None, "float16", {"num_splits": 64}),                      # 4 rounds of merge
+    ([5, 77, 300, 1], 8, 2, 96, 16, None, "float16", {"num_splits": 3, "ctas_per_sm": 3}),   # two stages
+    ([8192], 32, 8, 128, 16, None, "bfloat16", {}),                                          # the b1 8k 4:1 row
+])
+def test_warp_slices_decode_against_float64_and_bit_equal_to_the_turns(device, rng, lens, heads_q, heads_kv, d, page,
+                                                                        tokens, dtype, options):
+    """The warps' merge from a slice a warp (the default) and a warp at a time (warp_slices=False):
+    against float64 (lengths 0 and 1, ragged, NaN in every row no request owns, splits with no
+    key, 4 new tokens), the same bits, under each merge of the splits."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for warp_slices in (None, False):
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, warp_slices=warp_slices, out=out, **options)
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (warp_slices, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+        results.append(out.numpy())
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+@pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,num_splits", [
+    ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", 8),   # GQA 8:1, splits with no key
+    ([8192], 32, 8, 128, 16, None, "bfloat16", None),                       # the b1 8k 4:1 row's 32 splits
+    ([1, 63, 64, 65, 333, 2049, 5], 16, 4, 128, 64, None, "float16", 3),
+    ([0, 1, 2, 3, 17, 80, 1000], 8, 2, 128, 16, 4, "bfloat16", 5),          # 4 new tokens x 4 query heads
+    ([4000, 129], 16, 1, 256, 32, None, "bfloat16", 64),                    # 64 splits, four column blocks
+    ([5, 77, 300, 1], 8, 2, 96, 16, None, "float16", 7),
+    ([3000, 2], 64, 4, 64, 64, 1, "bfloat16", 2),                           # 16 rows, head dim 64
+])
+def test_merge_kernel_decode_against_float64_and_bit_equal_to_the_counter_merge(device, rng, lens, heads_q, heads_kv,
+                                                                              d, page, tokens, dtype, num_splits):
+    """The splits merged by a second kernel launched with PDL: against float64, the same bits
+    launch after launch (outputs poisoned each time) and as the counter's merge."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
+    results = []
+    for merge_kernel in (True, True, False):
+        out = poison(tf.empty(q.shape, dtype))
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, merge_kernel=merge_kernel,
+                                 cluster_merge=False, out=out)
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (merge_kernel, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+        results.append(out.numpy())
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
+@pytest.mark.parametrize("options", [{}, {"num_splits": 5}, {"num_splits": 4, "cluster_merge": True},
+                                     {"num_splits": 3, "merge_kernel": True}, {"num_splits": 2, "head_group": True},
+                                     {"persistent": True}])
+def test_pdl_decode_chain_sees_every_write_before_it(device, rng, options):
+    """pdl=True, launched back to back with no host sync: append_kv writes each request's new
+    key and value, a decode reads them, and a second decode's q is the first one's output (the
+    first lets it start early). Each waits for the kernel before it: float64 references, and
+    the bits of the same chain without PDL."""
+    lens = np.array([0, 5, 16, 31, 200, 1000], np.int32)
+    heads_q, heads_kv, d, page = 16, 4, 128, 16
+    (q, k, v, table, _), (Q, _, _, T, _) = _problem(rng, lens + 1, heads_q, heads_kv, d, page, "bfloat16")
+    k_new, v_new = (bf16_to_float32(bf16_bits(rng.standard_normal((len(lens), heads_kv, d)))).astype(np.float64)
+                    for _ in "kv")
+    k_old, v_old = k.copy(), v.copy()
+    for b, n in enumerate(lens):
+        k[table[b, n // page], n % page], v[table[b, n // page], n % page] = k_new[b], v_new[b]
+    ref1 = paged_decode_reference(q, k, v, table, lens + 1, 1 / np.sqrt(d))
+    L, L1 = tf.from_numpy(lens), tf.from_numpy(lens + 1)
+    Kn, Vn = _upload(k_new, "bfloat16"), _upload(v_new, "bfloat16")
+    results = []
+    for pdl in (None, True):
+        K, V = _upload(k_old, "bfloat16"), _upload(v_old, "bfloat16")
+        out1, out2 = poison(tf.empty(q.shape, "bfloat16")), poison(tf.empty(q.shape, "bfloat16"))
+        kernels.append_kv(K, V, T, L, Kn, Vn)
+        kernels.attention_decode(Q, K, V, T, L1, out=out1, pdl=pdl, **options)
+        kernels.attention_decode(out1, K, V, T, L1, out=out2, pdl=pdl, **options)
+        got1, got2 = _download(out1, "bfloat16"), _download(out2, "bfloat16")
+        ref2 = paged_decode_reference(got1, k, v, table, lens + 1, 1 / np.sqrt(d))
+        assert rel_error(got1, ref1) < 1e-2 and rel_error(got2, ref2) < 1e-2, (pdl, rel_error(got1, ref1),
+                                                                              rel_error(got2, ref2))
+        results.append(np.concatenate([out1.numpy(), out2.numpy()]))
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))

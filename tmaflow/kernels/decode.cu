@@ -35,6 +35,15 @@
 // 64), 16 runs of 1 KB where one kv head's boxes are 256 B at a 2 KB stride (a page's row is
 // every kv head's). Q's fragments live in registers, loaded once from global memory. Several
 // splits: the last CTA of the group merges its four heads at once (their slots are one run).
+// MERGE_KERNEL (counter path, one kv head a CTA): no count and no last CTA. Each split publishes
+// its partials and leaves; attention_decode_merge, launched next with PDL (its CTAs resident
+// and waiting on this grid's completion meanwhile), merges them, a thread a 4-column group of
+// the output: the same weights, sums and order as the counter's merge, equal bits.
+// PDL (a launch with programmatic dependent launch): the CTA sets up its barriers and fetches
+// its descriptors while the kernel before it finishes, then waits for that kernel's completion
+// before reading lengths, tables, caches or q.
+// WARP_SLICES (not PERSISTENT): the warps' merge writes every warp's O at once, a slice each,
+// and each thread sums its elements' slices, in two barriers instead of a turn a warp (same bits).
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
 // has the block table, 3 Q in shared memory, 4 the tiles read, 7 the warps merged, 8 the split
 // counted (partials published), 5 the splits' merge begins, 6 the output written.
@@ -75,6 +84,15 @@ namespace L = tmaflow_layout;
 #ifndef HEAD_GROUP
 #define HEAD_GROUP 0  // 1: four kv heads a CTA, a consumer warp each
 #endif
+#ifndef WARP_SLICES
+#define WARP_SLICES 0  // 1: the warps' merge from a slice of O a warp, in two barriers (not PERSISTENT)
+#endif
+#ifndef PDL
+#define PDL 0  // 1: launched with PDL: the set-up, then griddep::wait before any global memory access
+#endif
+#ifndef MERGE_KERNEL
+#define MERGE_KERNEL 0  // 1: several splits publish their partials and leave; attention_decode_merge merges
+#endif
 #ifndef EVICT_FIRST
 #define EVICT_FIRST 0  // 1: K and V pass through L2 at evict-first priority (read once a step)
 #endif
@@ -99,6 +117,10 @@ constexpr int kStatsFloats = (2 * kWarps + 2) * kRows;
 static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFloats + kRows),
               "the warps' merge (O and statistics) fits stage 0");
 #endif
+// WARP_SLICES: the four warps' O side by side in the K tiles, the statistics still in stage 0's V tile.
+static_assert(!WARP_SLICES || (!PERSISTENT && !HEAD_GROUP && L::kv::stages * L::kv::k_stride >= kWarps * kRows * D * 4 &&
+                               L::kv::v_bytes >= 4 * (kStatsFloats + kRows + kWarps * kRows)),
+              "WARP_SLICES: the warps' O fit the K tiles (a persistent CTA's merge has a buffer of one)");
 // The splits' merge: the K and V tiles of every stage (contiguous: decode_plan checks it) hold
 // the log-sum-exps (kRows slots a split) and as many splits' O as fit.
 constexpr uint32_t kMergeBytes = L::kv::stages * (L::kv::k_stride + L::kv::v_stride);
@@ -108,6 +130,8 @@ static_assert(kMergeBytes >= kHeads * kLseBytes + kRows * D * 4,
 constexpr int kMaxCluster = 16;  // CTAs of a cluster merge (16: a non-portable cluster)
 static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole requests: nothing to merge");
 static_assert(!SLICE_MERGE || (!PERSISTENT && !CLUSTER_MERGE), "the slice merge is the counter path's");
+static_assert(!MERGE_KERNEL || (!PERSISTENT && !CLUSTER_MERGE && !SLICE_MERGE && !HEAD_GROUP),
+              "MERGE_KERNEL replaces the counter's merge of one kv head's splits");
 static_assert(kMergeBytes >= kLseBytes + (kRows * D / 4 + MAX_SPLITS) * 16, "the slice merge's pieces fit");
 constexpr int kBoxBytes = kWideTile ? kBoxKeys * kTileCols * 2 : kBoxKeys * 128;
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kHeads * kBoxBytes,
@@ -621,6 +645,9 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   float* so = static_cast<float*>(S.kv_k(0));  // kRows x D
 #endif
   const int row0 = lane / 4;
+#if WARP_SLICES
+  float* warp_weight = st.base + kStatsFloats + kRows;  // [warp][row], past the cluster merge's log-sum-exps
+#endif
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l_run[h] = warp::quad_sum(l_run[h]);
@@ -634,7 +661,32 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
       if (st.warp_max(w, threadIdx.x) != neg_inf()) l += st.warp_sum(w, threadIdx.x) * math::exp2_approx(st.warp_max(w, threadIdx.x) - m);
     st.row_max(threadIdx.x) = m;
     st.row_sum(threadIdx.x) = l;
+#if WARP_SLICES
+    for (int w = 0; w < kWarps; ++w)  // each row's weights once, read by every thread of the sums
+      warp_weight[w * kRows + threadIdx.x] = st.warp_max(w, threadIdx.x) == neg_inf() ? 0.f :
+          math::exp2_approx(st.warp_max(w, threadIdx.x) - m);
+#endif
   }
+  // O = sum over the warps, in order, of O_w x 2^(m_w - m): the first a product, then fused
+  // multiply-adds (written out: both ways below give equal bits).
+#if WARP_SLICES
+  // Every warp's O in a slice of its own at once (warp w's after the others', rows x D), then
+  // each thread sums its elements' four: two barriers, where a turn a warp takes four.
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<float2*>(so + (warp * kRows + row0 + 8 * h) * D + 8 * n + 2 * (lane % 4)) =
+          make_float2(o[n][2 * h], o[n][2 * h + 1]);
+  named_barrier::sync(1, kConsumers);
+  for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
+    const int row = i / D;
+    float acc = so[i] * warp_weight[row];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) acc = fmaf(so[w * kRows * D + i], warp_weight[w * kRows + row], acc);
+    so[i] = acc;  // slice 0, where the turns leave the sum: each thread reads back only its own elements
+  }
+#else
   named_barrier::sync(1, kConsumers);
   for (int turn = 0; turn < kWarps; ++turn) {
     if (warp == turn) {
@@ -645,13 +697,14 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
           float2* at = reinterpret_cast<float2*>(so + row * D + 8 * n + 2 * (lane % 4));
-          const float2 add = make_float2(o[n][2 * h] * w, o[n][2 * h + 1] * w);
-          *at = turn == 0 ? add : make_float2(at->x + add.x, at->y + add.y);
+          *at = turn == 0 ? make_float2(o[n][2 * h] * w, o[n][2 * h + 1] * w)
+                          : make_float2(fmaf(o[n][2 * h], w, at->x), fmaf(o[n][2 * h + 1], w, at->y));
         }
       }
     }
     named_barrier::sync(1, kConsumers);
   }
+#endif
 
   auto normalised = [&](int i) {  // element i (row i / D) of this CTA's O / l; zeros without keys
     const float l = st.row_sum(i / D);
@@ -673,6 +726,10 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     const float l = st.row_sum(threadIdx.x);
     part_lse[(first + split) * kRows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
   }
+#endif
+#if MERGE_KERNEL
+  trace::mark(8);
+  return;  // attention_decode_merge reads the partials once this grid has completed
 #endif
   // Publish the partials, then count: the CTA that makes the count `splits` merges. Only
   // thread 0 reads the other splits' partials (by bulk copies): its acquire is the CTA's.
@@ -714,6 +771,21 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
       if (got.y + 32 + lane < max_pages) got.w = table[got.y + 32 + lane];
     }
   };
+  auto set_up = [&] {  // touches no global memory: the descriptors are parameters
+    if (threadIdx.x == 0) {
+#if MERGE_KERNEL || PDL
+      griddep::launch_dependents();  // the next kernel's CTAs may take their places now (its wait waits on this grid)
+#endif
+      tma::prefetch_descriptor(&tk);
+      tma::prefetch_descriptor(&tv);
+      S.merged().init();
+      kv.init();  // its fences cover the merge barrier's init too
+    }
+  };
+#if PDL
+  set_up();  // while the kernel before this one finishes
+  griddep::wait();  // its writes (lengths, tables, caches, q) visible from here on
+#endif
   const int groups = heads_kv / kHeads;  // CTAs (or items) a request and split
 #if PERSISTENT
   const int split = 0, splits = 1;
@@ -725,12 +797,9 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
   int4 got;
   load_item(split, splits, b, got);  // on its way while the barriers are set up
 #endif
-  if (threadIdx.x == 0) {
-    tma::prefetch_descriptor(&tk);
-    tma::prefetch_descriptor(&tv);
-    S.merged().init();
-    kv.init();  // its fences cover the merge barrier's init too
-  }
+#if !PDL
+  set_up();
+#endif
   __syncthreads();
   decltype(kv)::Cursor c;  // the pipeline's position: one walk over every item's tiles
 #if PERSISTENT
@@ -757,3 +826,51 @@ attention_decode(const __grid_constant__ CUtensorMap tk, const __grid_constant__
               group, q_len, max_pages, scale_log2, split, splits, kvh, b, got.x, got.y, got.z, got.w);
 #endif
 }
+
+#if MERGE_KERNEL
+// The splits' merge of MERGE_KERNEL plans (grid: a kv head's 4-column groups of output / the
+// block, kv heads, requests): a thread one 4-column group. Launched with PDL after
+// attention_decode, it waits for that grid's completion (its partials visible), then has its
+// first kMergeBatch splits' pieces and every log-sum-exp in flight at once: one L2 round trip
+// up to 32 splits.
+constexpr int kMergeBatch = 32;
+extern "C" __global__ void __launch_bounds__(128)
+attention_decode_merge(const float* part, const float* part_lse, elem_t* out, int heads_kv, int group, int q_len,
+                       int splits) {
+  __shared__ float lse[MAX_SPLITS * kRows];  // [split][row]
+  const int kvh = blockIdx.y, b = blockIdx.z, rows = q_len * group, columns = rows * D / 4;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, r = i / (D / 4);
+  const bool active = i < columns;
+  const size_t first = (size_t(b) * heads_kv + kvh) * splits;  // this (request, kv head)'s slots
+  const float4* piece = reinterpret_cast<const float4*>(part + first * rows * D) + i;  // split s: + s x columns
+  griddep::wait();
+  trace::mark(5);
+  float m = neg_inf(), total = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {  // (one copy of the unrolled batch: a cold call fetches its code)
+    float4 v[kMergeBatch];
+#pragma unroll
+    for (int k = 0; k < kMergeBatch; ++k)
+      if (active && s0 + k < splits) v[k] = __ldcg(piece + size_t(s0 + k) * columns);
+    if (s0 == 0) {  // every log-sum-exp, in flight with the first pieces
+      for (int j = threadIdx.x; j < splits * kRows; j += blockDim.x) lse[j] = __ldcg(part_lse + first * kRows + j);
+      __syncthreads();
+      for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + r]);
+    }
+    if (!active) continue;
+#pragma unroll
+    for (int k = 0; k < kMergeBatch; ++k)
+      if (s0 + k < splits) {
+        const float w = m == neg_inf() ? 0.f : math::exp2_approx(lse[(s0 + k) * kRows + r] - m);
+        total += w;
+        add_weighted(acc, w, v[k]);
+      }
+  }
+  if (!active) return;
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  const int heads_q = heads_kv * group;
+  const size_t at = ((size_t(b) * q_len + r / group) * heads_q + kvh * group + r % group) * D + (i % (D / 4)) * 4;
+  *reinterpret_cast<uint2*>(out + at) = make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
+  trace::mark(6);
+}
+#endif

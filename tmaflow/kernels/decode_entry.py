@@ -33,6 +33,7 @@ HEAD_GROUP = 4           # kv heads a CTA of a head-group plan (decode.cu's kHea
 MAX_CLUSTER = 16          # splits a cluster merge takes (decode.cu's kMaxCluster; over 8: non-portable)
 MIN_KEYS_PER_SPLIT = 128  # two tiles: a split's copies all in flight at once (three stages hold them)
 THREADS = 160             # four consumer warps and a producer warp
+MERGE_THREADS = 64        # attention_decode_merge's CTAs (decode.cu's __launch_bounds__: at most 128)
 _TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, halved
 _SM_SMEM = 228 * 1024  # an SM's shared memory (three CTAs: a third each, less their 1 KB)
 _MAX_STAGES = 8
@@ -220,6 +221,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                      num_splits: int | None = None, evict_first: bool | None = None, persistent: bool | None = None,
                      cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
                      ctas_per_sm: int | None = None, wide_box: bool | None = None, head_group: bool | None = None,
+                     warp_slices: bool | None = None, merge_kernel: bool | None = None, pdl: bool | None = None,
                      out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
@@ -258,13 +260,25 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     heads of a request (each copy 16 keys of all four: runs four times as long), a consumer
     warp each; splits merge by the workspace and counter. None: ``head_group_default`` when no
     split count, persistence or other merge / box option is given.
+    ``warp_slices``: the CTA's four consumer warps merge from a slice of O each, written at once
+    (two barriers), where the plan merges them in its stages (not persistent, one kv head a
+    CTA); False: a warp at a time (four more barriers). The same bits either way. None: True.
+    ``merge_kernel``: several splits of one kv head a CTA publish their partials and leave, and
+    a second kernel, launched with PDL (its CTAs wait on the first grid's completion), merges
+    them, a thread a 4-column group of the output (no counter, no last CTA reading every
+    split); the counter merge's bits. None: off.
+    ``pdl``: the kernel is launched with programmatic dependent launch: its CTAs may start while
+    the kernel before it on the stream finishes (setting up barriers and descriptors), and wait
+    for that kernel's completion before reading anything; it lets the kernel after it (when
+    that one is launched with PDL) start early too. None: off.
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
             or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None \
-            or head_group is not None:
+            or head_group is not None or warp_slices is not None or merge_kernel is not None or pdl is not None:
         num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
-            head_group = _OPTIONS.check(num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
-                                        ctas_per_sm, wide_box, head_group)
+            head_group, warp_slices, merge_kernel, pdl = _OPTIONS.check(
+                num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box,
+                head_group, warp_slices, merge_kernel, pdl)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -280,6 +294,11 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
             raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge}, slice_merge="
                                f"{slice_merge} and wide_box={wide_box}; a head group's splits merge by the workspace "
                                "and counter, its box is already wide: leave those None or False")
+        if merge_kernel and (cluster_merge or slice_merge or persistent or head_group or num_splits == 1):
+            raise TmaflowError(f"attention_decode: merge_kernel=True with num_splits={num_splits}, cluster_merge="
+                               f"{cluster_merge}, slice_merge={slice_merge}, persistent={persistent} and head_group="
+                               f"{head_group}; the merge kernel merges the splits of one kv head a CTA in place of "
+                               "the counter: give num_splits None or 2-64 and leave the others None or False")
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
@@ -298,13 +317,15 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
-           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, stream, Q.device, ordinal, get_ident())
+           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, warp_slices, merge_kernel, pdl, stream,
+           Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
                                                           slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box),
-                                                          head_group))
+                                                          head_group, warp_slices is not False, bool(merge_kernel),
+                                                          bool(pdl)))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -321,7 +342,8 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
                           cluster_merge=checks.flag(optional=True), slice_merge=checks.flag(optional=True),
                           l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True),
                           ctas_per_sm=checks.integer(1, 3, optional=True), wide_box=checks.flag(optional=True),
-                          head_group=checks.flag(optional=True))
+                          head_group=checks.flag(optional=True), warp_slices=checks.flag(optional=True),
+                          merge_kernel=checks.flag(optional=True), pdl=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -369,10 +391,13 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
 
 
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
-                  stream, ctas, wide_box, head_group) -> SimpleNamespace:
+                  stream, ctas, wide_box, head_group, warp_slices=True, merge_kernel=False,
+                  pdl=False) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
+    if merge_kernel:  # the counter path's splits, one kv head a CTA
+        persistent, cluster_merge, head_group = bool(persistent), bool(cluster_merge), bool(head_group)
     plan = decode_defaults(b, hkv, d, p.page_size, p.max_pages * p.page_size, device, num_splits, evict_first,
                            persistent, cluster_merge, slice_merge, ctas, wide_box, head_group)
     splits, evict_first, persistent, cluster_merge, slice_merge, head_group, items, ctas_per_sm = (
@@ -387,12 +412,23 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
                **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {}),
                **({"CLUSTER_MERGE": 1} if cluster_merge else {}), **({"SLICE_MERGE": 1} if slice_merge else {}),
-               **({"WIDE_BOX": 1} if wide_box else {}), **({"HEAD_GROUP": 1} if head_group else {})}
+               **({"WIDE_BOX": 1} if wide_box else {}), **({"HEAD_GROUP": 1} if head_group else {}),
+               **({"WARP_SLICES": 1} if warp_slices and not (persistent or head_group) else {})}
+    merge_kernel = merge_kernel and splits > 1
+    if merge_kernel:
+        defines["MERGE_KERNEL"] = 1
+    if pdl:
+        defines["PDL"] = 1
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     grid = (max(1, min(b * items, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, items, max(b, 1))
-    launcher = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
-                             stream=stream)
-    launcher, workspace = _with_split_k(launcher, splits > 1 and not cluster_merge, device, stream)
+    decode = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
+                           stream=stream, pdl=pdl)
+    if merge_kernel:  # a thread a 4-column group of a kv head's rows, in CTAs of two warps (more SMs reading)
+        columns = p.tokens * p.group * d // 4
+        merge = get_kernel("attention_decode_merge", layout, defines=defines, file="decode").launcher(
+            grid=(-(-columns // MERGE_THREADS), hkv, max(b, 1)), block=MERGE_THREADS, stream=stream, pdl=True)
+    launcher, workspace = _with_split_k(_DecodeThenMerge(decode, merge, splits) if merge_kernel else decode,
+                                        splits > 1 and not cluster_merge, device, stream)
     rows = b * p.tokens * p.heads_q * splits  # partial rows: O (head_dim floats) each
     lse_floats = b * hkv * splits * MAX_ROWS  # a log-sum-exp slot for each of an mma's rows: 64 B a split
     rows_all = p.pages * p.page_size  # the maps' view: all rows of all pages
@@ -407,6 +443,18 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
                            persistent=persistent, cluster_merge=cluster_merge, slice_merge=slice_merge,
                            partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
                            tk=template, tv=template, view=view)
+
+
+class _DecodeThenMerge:
+    """attention_decode (its splits publish their partials), then attention_decode_merge on the
+    same stream with PDL: the merge's CTAs wait on the decode grid's completion in place."""
+
+    def __init__(self, decode, merge, splits: int):
+        self.decode, self.merge, self.splits, self.config = decode, merge, splits, decode.config
+
+    def __call__(self, tk, tv, q, out, table, lens, part, part_lse, counters, heads_kv, group, tokens, *rest) -> None:
+        self.decode(tk, tv, q, out, table, lens, part, part_lse, counters, heads_kv, group, tokens, *rest)
+        self.merge(part, part_lse, out, heads_kv, group, tokens, self.splits)
 
 
 @entry_point

@@ -5,7 +5,7 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
         [--seqs S ...] [--dtype bfloat16|float16]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --varlen [--json FILE] [--repeats N] [--dtype ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --decode | --decode-sweep [--json FILE] [--repeats N]
-        [--decode-grid acceptance|quick] [--quick] [--clean] [--decode-batches B ...] [--decode-alts NAME ...]
+        [--decode-grid acceptance|quick|focus] [--quick] [--clean] [--decode-batches B ...] [--decode-alts NAME ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --backward [--json FILE] [--repeats N] [--quick]
         [--dims D ...] [--seqs S ...] [--dtype bfloat16|float16] [--deterministic]
 
@@ -40,7 +40,9 @@ timing our call with the other L2 priority, at 2-16 splits the other merge of th
 workspace and counter, cl1: a cluster through distributed shared memory) and at batch 1 16
 splits in a cluster (s16cl), in the same rounds ("alt" cells: their time over the plan's,
 above 1 = the plan is faster). Each row prints the plan (splits, evict-first, persistent,
-cluster merge); ``--clean``: also cold after a read of 2x L2 instead of a write (the write
+cluster merge); ``--decode-grid focus``: the 12 rows still short of issue 32's goal
+(session 18: batch 1 at 1k-32k, batch 16 at 8k-32k, batch 64 at 8k, batch 128 at 1k) with the
+quick grid's alternatives; ``--clean``: also cold after a read of 2x L2 instead of a write (the write
 leaves the whole L2 dirty, and a call after it writes that back as it reads).
 ``--decode-sweep``: the same shapes at page 16, the automatic plan against other split counts
 and the other L2 priority, with the copy, in the same rounds (cold, clean and back to back):
@@ -123,8 +125,9 @@ def main():
     p.add_argument("--decode", action="store_true", help="paged-KV decode against SDPA and the copy ceiling")
     p.add_argument("--decode-sweep", action="store_true",
                    help="paged-KV decode: split counts and L2 priority against the automatic plan")
-    p.add_argument("--decode-grid", choices=["acceptance", "quick"], default="acceptance",
-                   help="--decode/--decode-sweep rows: issue 32's acceptance grid (72 rows) or its weak corners (16)")
+    p.add_argument("--decode-grid", choices=["acceptance", "quick", "focus"], default="acceptance",
+                   help="--decode/--decode-sweep rows: issue 32's acceptance grid (72 rows), its weak corners (16) "
+                   "or the rows still short of the goal (12)")
     p.add_argument("--decode-batches", type=int, nargs="+", help="--decode: only the grid's rows of these batch sizes")
     p.add_argument("--decode-alts", nargs="+", help="--decode: only these alternatives beside the plan (e.g. hg p0)")
     p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
@@ -390,6 +393,12 @@ DECODE_QUICK = [(8, 16, 1, 1024), (8, 16, 1, 8192), (8, 16, 1, 32768), (8, 16, 1
                 (4, 16, 1, 1024), (4, 16, 1, 8192), (4, 16, 1, 32768), (4, 64, 1, 8192), (4, 64, 1, 131072),
                 (4, 64, 128, 1024), (4, 16, 64, 1024), (8, 16, 16, 32768), (4, 16, 16, 8192), (8, 64, 4, 8192),
                 (8, 64, 64, 8192)]
+# Issue 32's rows still short of the goal (session 18), the furthest first (a run cut short keeps
+# them): batch 16 at 8k and 32k (4:1 and 8:1, page 16), batch 1 at 1k-32k (GQA 4:1, pages 16 and
+# 64), batch 64 at 8k (8:1, page 64), batch 128 at 1k (8:1, page 16).
+DECODE_FOCUS = [(4, 16, 16, 8192), (4, 16, 1, 8192), (8, 16, 16, 32768), (8, 16, 16, 8192), (4, 16, 16, 32768),
+                (4, 16, 1, 1024), (4, 16, 1, 32768), (8, 64, 64, 8192), (4, 64, 1, 8192), (8, 16, 128, 1024),
+                (4, 64, 1, 1024), (4, 64, 1, 32768)]
 
 
 def _decode_grid(args) -> list[tuple[int, int, int, int]]:
@@ -397,8 +406,8 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
     rows whose caches fit: 4M tokens a row at most (17 GB of K+V a layout at 8 kv heads, head
     dim 128; the paged cache, SDPA's contiguous one and the copy's destination make 52 GB), so
     batch 64 and 128 stop at 32k."""
-    if args.quick or args.decode_grid == "quick":
-        grid = list(DECODE_QUICK)
+    if args.quick or args.decode_grid in ("quick", "focus"):
+        grid = list(DECODE_FOCUS if args.decode_grid == "focus" else DECODE_QUICK)
     else:
         grid = [(group, page, b, c) for group in DECODE_GROUPS for page in DECODE_PAGES
                 for b in DECODE_BATCHES for c in DECODE_CONTEXTS if b * c <= DECODE_TOKENS]
@@ -424,22 +433,38 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     splits merged by slices ("sl1": each split its share of the columns after a count), and at
     batch 16+ to 8k the plan on a copy of the cache whose pages lie in table order ("ord": what
     the random page order costs against SDPA's contiguous caches); in every row the plan with
-    the K/V maps at L2 promotion 256B ("pr256": a kv head's 256-byte key row from DRAM at once);
-    at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the copies) and
-    with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
+    the warps' merge a warp at a time ("ws0": four more barriers; not persistent, one kv head a
+    CTA), where it splits the plan's splits merged by a kernel of their own launched with PDL
+    ("mk1": no counter, no last CTA reading every split), at batch 1 the plan launched with PDL
+    ("pdl1": set up while the kernel before finishes; back to back, each call lets the next
+    start early), and with the K/V maps at L2 promotion
+    256B ("pr256": a kv head's 256-byte key row from DRAM at once); at batch 16+ where the plan
+    splits or walks, cuDNN's grid: one CTA an item, one split, no walk ("s1"), with one CTA an
+    SM of six stages ("s1c1"), one 4-D box a page piece ("s1wb") or both ("s1c1wb"); at batch 1
+    past 16 splits, 16 splits in one CTA an SM of six stages ("s16c1": fewer, longer splits,
+    half the merge); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half
+    the copies) and with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
     a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"), and where the
-    head-group plan walks items, one group a CTA without walking ("hgp0").
+    head-group plan walks items, one group a CTA without walking ("hgp0"), and where the groups
+    are at least half the SMs and that plan splits them, one group a CTA of six stages, one split
+    ("hgs1c1": cuDNN's one CTA an SM, a group's 1 KB runs).
     ``--decode-alts``: only the named ones."""
-    from tmaflow.kernels.decode_entry import (HEAD_GROUP, MAX_CLUSTER, MAX_SPLITS, decode_choices, decode_plan,
-                                              persistent_default)
+    from tmaflow.kernels.decode_entry import (HEAD_GROUP, MAX_CLUSTER, MAX_SPLITS, decode_choices, decode_defaults,
+                                              decode_plan, persistent_default)
     from tmaflow.runtime.device import current_device
 
-    if not (args.quick or args.decode_grid == "quick"):
+    if not (args.quick or args.decode_grid in ("quick", "focus")):
         return {}
-    splits, evict_first, persistent, cluster, _ = _decode_plan(batch, ctx, heads_kv, page)
+    splits, evict_first, persistent, cluster, four_heads = _decode_plan(batch, ctx, heads_kv, page)
     alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent, cluster)}
+    if not (persistent or four_heads):  # the plan with the warps' merge a warp at a time (before session 18)
+        alts["ws0"] = {"warp_slices": False}
+    if splits > 1 and not (persistent or four_heads):  # the plan's splits merged by a second kernel (PDL)
+        alts["mk1"] = {"num_splits": splits, "merge_kernel": True}
+    if batch == 1:  # short calls: the plan launched with PDL (its start hidden behind the kernel before)
+        alts["pdl1"] = {"pdl": True}
     if batch == 1 and 2 * splits <= min(MAX_CLUSTER, ctx // 64):  # (past 16: x1.26-1.37 slower, session 16)
         alts[f"s{2 * splits}cl"] = (2 * splits, evict_first, False, True)
     if persistent:
@@ -459,8 +484,20 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["c1"] = {**same, "ctas_per_sm": 1}
         if not persistent:
             alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
+    if batch >= 16 and (splits > 1 or persistent):  # cuDNN's grid: one CTA an item, no split, no walk
+        one = {"num_splits": 1, "persistent": False, "head_group": False}
+        if splits > 1:  # (a walking plan's one CTA an item is "p0")
+            alts["s1"] = one
+        alts["s1c1"] = {**one, "ctas_per_sm": 1}
+        alts["s1wb"] = {**one, "wide_box": True}
+        alts["s1c1wb"] = {**one, "ctas_per_sm": 1, "wide_box": True}
+    if batch == 1 and splits > 16:  # fewer, larger splits: 16 in one CTA an SM of six stages, half the merge
+        alts["s16c1"] = {"num_splits": 16, "cluster_merge": False, "ctas_per_sm": 1}
     if heads_kv % HEAD_GROUP == 0:
         alts["hg"] = {"head_group": True}
+        if batch * heads_kv // HEAD_GROUP >= current_device().sm_count // 2 and \
+                decode_defaults(batch, heads_kv, 128, page, ctx, current_device(), ctas=1, head_group=True).splits > 1:
+            alts["hgs1c1"] = {"head_group": True, "num_splits": 1, "persistent": False, "ctas_per_sm": 1}
         if batch >= 16:  # one CTA an SM of six stages: at batch 16 8k 128 CTAs of 4 splits, as cuDNN's grid
             alts["hgc1"] = {"head_group": True, "ctas_per_sm": 1}
         if persistent_default(batch, heads_kv // HEAD_GROUP, 128, 1, current_device().sm_count,
@@ -593,7 +630,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     kept: list = []
 
     def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None, ordered=False,
-             l2_promotion=None, ctas_per_sm=None, wide_box=None, head_group=None):
+             l2_promotion=None, ctas_per_sm=None, wide_box=None, head_group=None, warp_slices=None,
+             merge_kernel=None, pdl=None):
         caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
             else (k_cache, v_cache, table)
         kept.append(caches)  # alive while the prepared call is
@@ -601,7 +639,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
                                                 evict_first=evict_first, persistent=persistent,
                                                 cluster_merge=cluster_merge, slice_merge=slice_merge,
                                                 l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
-                                                head_group=head_group,
+                                                head_group=head_group, warp_slices=warp_slices,
+                                                merge_kernel=merge_kernel, pdl=pdl,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
     splits, evict_first, persistent, cluster, four_heads = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)

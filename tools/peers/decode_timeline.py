@@ -86,7 +86,7 @@ def main():
             splits = config.grid[0]
             cluster = config.cluster != (1, 1, 1)
             _, layout, _ = decode_plan(d, page)
-            defines = {"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": 64,
+            defines = {"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": 64, "WARP_SLICES": 1,
                        **({"CLUSTER_MERGE": 1} if cluster else {}),
                        **({"SLICE_MERGE": 1} if plans[name].get("slice_merge") else {})}
             traced = get_kernel("attention_decode", layout, defines=defines, file="decode", trace="all")
