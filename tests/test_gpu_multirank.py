@@ -161,6 +161,34 @@ def test_back_to_back_and_graph_replays(group):
         _sync()
 
 
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
+def test_repeated_addresses_run_eager_then_captured_then_replayed(group, op):
+    """The same operands and output five times, new values each time: the first calls run
+    step by step, then the call is captured and replayed; every result is right."""
+    me, world = group.rank(), group.size()
+    n, k = 256, 512
+    a = _same_everywhere((256, k), torch.bfloat16, 21 + me)
+    b = _same_everywhere((n, k), torch.bfloat16, 22 + me)
+    m = 256 * world
+    out = torch.empty((m, n) if op == "all_gather_gemm" else (256 // world, n), device="cuda",
+                      dtype=torch.bfloat16)
+    fn = getattr(tfd, op)
+    for i in range(5):
+        a.normal_()
+        out.fill_(float("nan"))
+        fn(a, b, group=group, out=out)
+        if op == "all_gather_gemm":
+            want = torch.cat(_gathered(a, group)).double() @ b.double().T
+        else:
+            parts = [x.double() @ y.double().T for x, y in zip(_gathered(a, group), _gathered(b, group))]
+            want = sum(parts)[me * (256 // world):(me + 1) * (256 // world)]
+        torch.cuda.synchronize()
+        _close(out, want)
+        _sync()
+    plan = next(p for key, p in ops._PLANS.items() if key[0] == op and key[1] is group and not key[4])
+    assert len(plan.graphs) >= 1, "the repeated call was captured"
+
+
 def _gathered(x, group):
     parts = [torch.empty_like(x) for _ in range(group.size())]
     dist.all_gather(parts, x.contiguous(), group=group)

@@ -14,6 +14,7 @@ Inside ``torch.compile`` call the custom ops (``import tmaflow.torch``):
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from .. import checks
@@ -136,6 +137,9 @@ class _Plan:
         self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
         self.sum = get_kernel("sum_partials", None, file="signal", debug=debug, trace=trace)
         self.sms = devices.current_device().sm_count
+        self.graphs: OrderedDict = OrderedDict()  # (stream, addresses) -> a captured call
+        self.seen: dict = {}                       # (stream, addresses) -> eager calls so far
+        self.side = torch.cuda.Stream(device=device)  # where calls are captured
         spare = protocol.pad_slots(self.world)  # a slot the protocol never uses: the probe's
         self.stream_ops = not (debug or trace) and streamops.usable(
             self.comm.cuda_stream, self.buffer.pad_slot(self.rank, spare),
@@ -206,14 +210,64 @@ def release(group=None) -> int:
     return len(keys)
 
 
-def _run(plan: _Plan, actions: dict) -> None:
+GRAPH_AFTER = 2   # a call whose addresses come back this often is captured once, then replayed
+MAX_GRAPHS = 4    # captured calls kept a plan (least recently used dropped)
+
+
+def _execute(plan: _Plan, actions: dict, addresses: tuple) -> None:
+    """Queue one call: its schedule step by step, or, once a call with the same operands,
+    output and stream came ``GRAPH_AFTER`` times, the replay of a CUDA graph of it (one launch
+    where the steps are 20-40 host calls: at small shapes the host was the bottleneck). Debug
+    and trace builds, and a caller's own capture, take the steps."""
+    import torch  # optional dependency: distributed needs torch
+
+    if not plan.stream_ops or torch.cuda.is_current_stream_capturing():
+        _run(plan, actions)
+        return
+    current = torch.cuda.current_stream()
+    key = (current.cuda_stream, addresses)
+    graph = plan.graphs.get(key)
+    if graph is None:
+        plan.seen[key] = plan.seen.get(key, 0) + 1
+        if plan.seen[key] < GRAPH_AFTER:
+            _run(plan, actions)
+            return
+        del plan.seen[key]
+        graph = plan.graphs[key] = _capture(plan, actions, current)
+        if len(plan.graphs) > MAX_GRAPHS:
+            plan.graphs.popitem(last=False)
+        return  # _capture ran this call
+    plan.graphs.move_to_end(key)
+    graph.replay()
+
+
+def _capture(plan: _Plan, actions: dict, current):
+    """Run this call on the plan's side stream with the signal kernels (their launchers and
+    modules exist before a capture needs them), then capture the same call there."""
+    import torch  # optional dependency: distributed needs torch
+
+    plan.side.wait_stream(current)
+    with torch.cuda.stream(plan.side):
+        _run(plan, actions, stream_ops=False)
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(capture_error_mode="relaxed")
+        try:
+            _run(plan, actions)
+        finally:
+            graph.capture_end()
+    current.wait_stream(plan.side)
+    return graph
+
+
+def _run(plan: _Plan, actions: dict, stream_ops: bool | None = None) -> None:
     """Queue the plan's schedule, each step on its stream: signals, events and pulls here,
     ``actions[op](step)`` for publish, gemm and reduce."""
     import torch  # optional dependency: distributed needs torch
 
     compute = torch.cuda.current_stream()
     # graph capture takes the kernels (a capture holds them for sure); so do debug and trace builds
-    stream_ops = plan.stream_ops and not torch.cuda.is_current_stream_capturing()
+    if stream_ops is None:
+        stream_ops = plan.stream_ops and not torch.cuda.is_current_stream_capturing()
     events: dict = {}
     for step in plan.steps:
         stream = plan.comm if step.stream == "comm" else compute
@@ -270,6 +324,11 @@ def sum_partials(plan: _Plan, parts: list, out) -> None:
         keep_trace()
 
 
+def _address(t) -> tuple:
+    """What a captured call bakes in of a tensor: its address and strides."""
+    return t.data_ptr(), tuple(t.stride())
+
+
 def _options(debug, trace) -> tuple[bool, bool]:
     return (watchdog.env_debug() if debug is None else checks.as_bool("debug", debug),
             checks.as_bool("trace", trace))
@@ -307,7 +366,8 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
                 keep_trace()
 
     with on_device(a_shard.device):
-        _run(plan, {"publish": publish, "gemm": product})
+        _execute(plan, {"publish": publish, "gemm": product},
+                 (_address(a_shard), _address(b), _address(out), scale_a, scale_b))
     return out
 
 
@@ -343,7 +403,8 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
                                 for j in range(plan.world)], out)
 
     with on_device(a.device):
-        _run(plan, {"gemm": product, "reduce": reduce})
+        _execute(plan, {"gemm": product, "reduce": reduce},
+                 (_address(a), _address(b_shard), _address(out), scale_a, scale_b))
     return out
 
 
