@@ -110,3 +110,15 @@ def test_persistent_slots():
         slots = persistent_slots(int(key_blocks), int(groups), int(resident))
         assert slots * key_blocks <= resident and slots <= groups
         assert (slots == 0) == (key_blocks > resident)
+
+
+def test_head_dim_64_keeps_the_chain_past_64_key_blocks():
+    """Measured (H200): at head dim 64 the chain beat the rotation at 128 key blocks a group
+    (0.897 / 0.872 of the default) and lost at 32 (0.717 / 0.910): the plan takes the chain past
+    64 without asking the GPU how many CTAs it holds."""
+    from tmaflow.kernels import attention_backward_sm90 as sm90
+
+    defines = sm90.main_defines(64, causal=False, deterministic=True, fp16=False)
+    kernel, grid, slots = sm90._main_kernel(defines, True, sm90.ROTATE_KEY_BLOCKS_64 + 1, 8, 2, 0)
+    assert (grid, slots) == ((sm90.ROTATE_KEY_BLOCKS_64 + 1, 8, 2), 0)
+    assert not int(kernel.defines.get("DET_ROTATE", 0))

@@ -185,7 +185,8 @@ def test_repeated_addresses_run_eager_then_captured_then_replayed(group, op):
         torch.cuda.synchronize()
         _close(out, want)
         _sync()
-    plan = next(p for key, p in ops._PLANS.items() if key[0] == op and key[1] is group and not key[4])
+    plan = next(p for key, p in ops._PLANS.items()
+                if key[0] == op and key[1] is group and key[2].n == n and key[2].k == k and not key[4] and not key[5])
     assert len(plan.graphs) >= 1, "the repeated call was captured"
 
 

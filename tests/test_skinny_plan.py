@@ -32,8 +32,12 @@ def test_choose_config_takes_the_skinny_path_for_few_rows_of_nt():
         assert isinstance(choose_config(SKINNY_M, 2048, 1024, 132, "nt", dtype), SkinnyConfig)
         assert isinstance(choose_config(SKINNY_M + 1, 4096, 4096, 132, "nt", dtype), GemmConfig)
     assert isinstance(choose_config(64, 4096, 4096, 132, "nt", "float8_e4m3fn"), SkinnyConfig)
-    # fp8 with one full M tile and K of 16 k-blocks or more: 128 x 128 tiles, K split in pairs
-    assert choose_config(100, 4096, 2048, 132, "nt", "float8_e4m3fn") == GemmConfig(bn=128, cluster_m=1, cluster_k=2)
+    # fp8 with one full M tile and K of 16 k-blocks or more: K split in pairs, 64-column tiles
+    # where their pairs fit one wave (N up to 4224 on 132 SMs), else 128
+    assert choose_config(100, 4096, 2048, 132, "nt", "float8_e4m3fn") == \
+        GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2)
+    assert choose_config(100, 4224, 2048, 132, "nt", "float8_e4m3fn").bn == 64
+    assert choose_config(100, 4288, 2048, 132, "nt", "float8_e4m3fn") == GemmConfig(bn=128, cluster_m=1, cluster_k=2)
     assert isinstance(choose_config(100, 4096, 1920, 132, "nt", "float8_e4m3fn"), SkinnyConfig)
     assert isinstance(choose_config(16, 4096, 4096, 132, "nn"), GemmConfig)
 

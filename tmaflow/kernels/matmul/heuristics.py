@@ -32,7 +32,7 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
         if dtype == "bfloat16":
             one_tile = one_m_tile_config(m, n, k, sm_count)
         else:
-            one_tile = fp8_one_m_tile_config(m, k)
+            one_tile = fp8_one_m_tile_config(m, n, k, sm_count)
         return one_tile or skinny_config(m, n, sm_count)
     if dtype == "float8_e4m3fn":
         return fp8_config(m, n, k, sm_count)
@@ -85,12 +85,18 @@ def one_m_tile_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig | Non
     return GemmConfig(bn=bn, cluster_m=1, epi_cols=128 if bn == 128 else 64, cluster_k=ck)
 
 
-def fp8_one_m_tile_config(m: int, k: int) -> GemmConfig | None:
-    """fp8 products of 65-128 rows with K of 16 k-blocks (of 128) or more: 128 x 128 tiles, K
-    split in clusters of two (H200, cold / back to back against the skinny path's default:
+def fp8_one_m_tile_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig | None:
+    """fp8 products of 65-128 rows with K of 16 k-blocks (of 128) or more: one M tile, K split
+    in clusters of two (H200, cold / back to back against the skinny path's default:
     128x4096x4096 0.923 / 1.09x against 0.850x _scaled_mm cold, 128x8192x8192 1.016 against
-    0.935, 128x7168x16384 0.978 against 0.938; at M = 64 the skinny path stays ahead)."""
-    return GemmConfig(bn=128, cluster_m=1, cluster_k=2) if m > 64 and math.ceil(k / FP8_BK) >= 16 else None
+    0.935, 128x7168x16384 0.978 against 0.938; at M = 64 the skinny path stays ahead), in
+    64-column tiles where the pairs of them fit one wave (cuBLAS's 64x64 tiles in 128 CTAs:
+    128x4096x4096 1.133 / 1.347x the 128-column tiles, H200, session 18), else 128."""
+    if m <= 64 or math.ceil(k / FP8_BK) < 16:
+        return None
+    if 2 * -(-n // 64) <= sm_count:
+        return GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2)
+    return GemmConfig(bn=128, cluster_m=1, cluster_k=2)
 
 
 # fp8 promoted every 4 k-blocks, relative speed of a tile's math (H200, full waves)
