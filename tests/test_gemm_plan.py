@@ -183,7 +183,8 @@ def test_promote_sets_and_four_m_tiles_compile_clean(m, n, k, config, dtype):
 @pytest.mark.parametrize("layout,dtype", [("nt", "bfloat16"), ("nn", "bfloat16"), ("nt", "float8_e4m3fn")])
 def test_k_tail_keeps_the_wgmma_pipeline(layout, dtype):
     """K_TAIL (opt-in): the last k-block's k-steps past K are skipped behind a warp-uniform test;
-    ptxas keeps its wgmma pipeline (no C75xx note) and issues the steps in two paths."""
+    NVRTC 13's ptxas keeps its wgmma pipeline (no C75xx note) and issues the steps in two paths.
+    NVRTC 12's (CI's CUDA 12 stack) serializes it (C7519): one more reason it stays opt-in."""
     from tmaflow.kernels.registry import get_kernel
     from tmaflow.launch import compiler
     from tmaflow.launch.sass import disassemble
@@ -191,7 +192,13 @@ def test_k_tail_keeps_the_wgmma_pipeline(layout, dtype):
     plan = gemm_plan(1000, 3000, 520 if dtype == "bfloat16" else 2064, layout, GemmConfig(bn=128, cluster_m=2), dtype)
     plain = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
     tail = get_kernel("gemm_bf16", plan.layout, defines={**plan.defines, "K_TAIL": 1}, file="gemm")
-    assert tail.program.resources.spills == 0 and compiler.wgmma_pipeline_notes(tail.program.log) == []
+    assert tail.program.resources.spills == 0
+    notes = compiler.wgmma_pipeline_notes(tail.program.log)
+    if compiler.nvrtc_version()[0] >= 13:
+        assert notes == []
+    else:
+        assert notes and all("C7519" in n for n in notes), notes
+    assert compiler.wgmma_pipeline_notes(plain.program.log) == []
     assert disassemble(tail.cubin).count("HGMMA") > disassemble(plain.cubin).count("HGMMA")
 
 
