@@ -180,6 +180,30 @@ def test_repeated_calls_replay_captures_that_follow_their_operands(group, op, mo
     assert len(captured) > ops.MAX_GRAPHS and captured[0].graphs, "captured, evicted and captured again"
 
 
+@pytest.mark.parametrize("count", [1, 2, 3, 8])
+@pytest.mark.parametrize("rows,n,offset", [(77, 384, 0), (5, 100, 0), (64, 256, 3)])
+def test_partials_are_summed_in_rank_order_and_rounded_once(group, count, rows, n, offset):
+    """The reduce-scatter's sum: fp32 adds in rank order from the first partial, one rounding to
+    bf16; the kernel where every address is 16-byte aligned and the size a multiple of 8 (77 x
+    384), torch's adds elsewhere (5 x 100 elements; partials 3 elements into their storage):
+    the same bits either way."""
+    import types
+
+    from tmaflow.kernels.registry import get_kernel
+
+    plan = types.SimpleNamespace(sum=get_kernel("sum_partials", None, file="signal"),
+                                 sms=tf.current_device().sm_count, trace=False)
+    parts = [(torch.randn(rows * n + offset, device="cuda") * 4).to(torch.bfloat16)[offset:].view(rows, n)
+             for _ in range(count)]
+    acc = parts[0].float()
+    for part in parts[1:]:
+        acc += part.float()
+    out = _poisoned((rows, n))
+    ops.sum_partials(plan, parts, out)
+    torch.cuda.synchronize()
+    assert torch.equal(out, acc.to(torch.bfloat16))
+
+
 def test_torch_compile_runs_the_custom_ops(group):
     import tmaflow.torch  # noqa: F401 (registers torch.ops.tmaflow.*)
     a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)

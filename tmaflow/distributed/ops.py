@@ -316,12 +316,16 @@ def _pull(plan: _Plan, step, stream) -> None:
 def sum_partials(plan: _Plan, parts: list, out) -> None:
     """``out`` = the sum of the bf16 ``parts`` (rank order, fp32, one rounding: the same bits
     every call) on the current torch stream; one pass over them (``sum_partials`` in
-    signal.cu), or torch's ops where an address is not 16-byte aligned."""
+    signal.cu), or torch's adds in the same order where an address is not 16-byte aligned
+    (``torch.sum`` over a stack leaves its order to the reduction kernel)."""
     import torch  # optional dependency: distributed needs torch
 
     tensors = [out, *parts]
     if len(parts) > 8 or any(t.data_ptr() % 16 or not t.is_contiguous() for t in tensors) or out.numel() % 8:
-        out.copy_(torch.stack(parts).float().sum(0))
+        acc = parts[0].float()
+        for part in parts[1:]:
+            acc += part.float()
+        out.copy_(acc)
         return
     n8 = out.numel() // 8
     pointers = [p.data_ptr() for p in parts] + [0] * (8 - len(parts))
