@@ -308,3 +308,29 @@ def test_a_pad_without_a_spare_slot_is_refused(rigged, monkeypatch):
     with pytest.raises(ops.TmaflowError, match=r"world_size=2 needs 5 signal slots \(the protocol's 4 and a spare "
                                                r"for the stream operations' probe\); the pad has 4"):
         rigged(2, lambda r, group: ops.all_gather_gemm(T(np.ones((4, 16))), T(np.ones((8, 16))), group=group))
+
+
+def test_a_failed_capture_still_orders_the_callers_stream_after_the_call(monkeypatch):
+    """_capture runs the call on the side stream, then captures it: where the capture raises,
+    the caller's stream still waits for the side stream (the next call would otherwise race
+    the call's GEMMs and sum)."""
+    waits, runs = [], []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            waits.append((self.name, other.name))
+
+    class Graph:
+        def capture_begin(self, capture_error_mode):
+            raise RuntimeError("capture refused")
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        stream=lambda s: contextlib.nullcontext(), CUDAGraph=Graph)))
+    monkeypatch.setattr(ops, "_run", lambda plan, actions, stream_ops=None: runs.append(stream_ops))
+    plan = types.SimpleNamespace(side=Stream("side"))
+    with pytest.raises(RuntimeError, match="capture refused"):
+        ops._capture(plan, {}, Stream("caller"))
+    assert runs == [False] and waits == [("side", "caller"), ("caller", "side")]

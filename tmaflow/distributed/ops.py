@@ -254,15 +254,17 @@ def _capture(plan: _Plan, actions: dict, current):
     import torch  # optional dependency: distributed needs torch
 
     plan.side.wait_stream(current)
-    with torch.cuda.stream(plan.side):
-        _run(plan, actions, stream_ops=False)
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(capture_error_mode="relaxed")
-        try:
-            _run(plan, actions)
-        finally:
-            graph.capture_end()
-    current.wait_stream(plan.side)
+    try:
+        with torch.cuda.stream(plan.side):
+            _run(plan, actions, stream_ops=False)
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(capture_error_mode="relaxed")
+            try:
+                _run(plan, actions)
+            finally:
+                graph.capture_end()
+    finally:  # a failed capture still leaves the call queued on the side stream
+        current.wait_stream(plan.side)
     return graph
 
 
