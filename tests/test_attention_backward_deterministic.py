@@ -122,3 +122,40 @@ def test_head_dim_64_keeps_the_chain_past_64_key_blocks():
     kernel, grid, slots = sm90._main_kernel(defines, True, sm90.ROTATE_KEY_BLOCKS_64 + 1, 8, 2, 0)
     assert (grid, slots) == ((sm90.ROTATE_KEY_BLOCKS_64 + 1, 8, 2), 0)
     assert not int(kernel.defines.get("DET_ROTATE", 0))
+
+
+def test_the_plan_rotates_where_a_group_fits_and_head_dim_64_keeps_the_chain_past_64_key_blocks(monkeypatch):
+    """_main_kernel's choice (the GPU's resident CTAs stood in by 132): the rotated walk
+    (DET_ROTATE, whole groups a wave) where a (batch, kv head)'s key blocks fit, except at head
+    dim 64 past ROTATE_KEY_BLOCKS_64; else the chain from key block 0, a CTA a (key block, kv
+    head, batch); an override's DET_ROTATE=1 where a group does not fit is refused."""
+    import types
+
+    import tmaflow as tf
+    from tmaflow.kernels import attention_backward_sm90 as bwd
+
+    override: dict = {}
+
+    class Kernel:
+        def __init__(self, defines):
+            self.defines = {**defines, **override}
+
+        def launcher(self, **config):
+            return types.SimpleNamespace(max_active_clusters=lambda: 132)
+
+    monkeypatch.setattr(bwd, "get_kernel", lambda name, layout, file, defines: Kernel(defines))
+    limit = bwd.ROTATE_KEY_BLOCKS_64
+    for d, key_blocks, rotated in ((64, limit, True), (64, limit + 1, False), (128, limit + 1, True),
+                                   (128, 132, True), (128, 133, False)):
+        main, grid, slots = bwd._main_kernel(main_defines(d, False, True, False), True, key_blocks, 3, 2, 0)
+        assert bool(main.defines.get("DET_ROTATE", 0)) == rotated, (d, key_blocks)
+        assert slots == (min(132 // key_blocks, 6) if rotated else 0)
+        assert grid == ((slots * key_blocks, 1, 1) if rotated else (key_blocks, 3, 2))
+    main, grid, slots = bwd._main_kernel(main_defines(64, False, False, False), False, 8, 3, 2, 0)
+    assert (grid, slots) == ((8, 3, 2), 0) and "DET_ROTATE" not in main.defines  # not deterministic
+    override["DET_ROTATE"] = 1  # an override asks for the rotation
+    main, grid, slots = bwd._main_kernel(main_defines(64, False, True, False), True, limit + 1, 3, 2, 0)
+    assert slots == 2 and grid == (2 * (limit + 1), 1, 1)
+    with pytest.raises(tf.TmaflowError, match=r"attention_backward: DET_ROTATE=1 \(an override\) needs a \(batch, "
+                                              r"kv head\)'s 133 key blocks resident at once; the GPU holds 132 CTAs"):
+        bwd._main_kernel(main_defines(128, False, True, False), True, 133, 3, 2, 0)

@@ -4,6 +4,7 @@ build's synchronous launches do), numpy GEMMs and shared signal pads. It checks 
 executor dispatches every step of the schedules, indexes shards, chunks and staging right
 (ragged and empty shards included), and that issuing the steps in host order can never block
 a rank forever (the debug build's synchronous waits depend on it)."""
+import collections
 import contextlib
 import sys
 import threading
@@ -235,3 +236,101 @@ def test_release_drops_the_plans_of_a_group(rigged, rng):
     assert len(ops._PLANS) == 4
     assert ops.release(groups[0]) == 2 and len(ops._PLANS) == 2
     assert ops.release() == 2 and not ops._PLANS
+
+
+def test_repeated_addresses_are_captured_once_then_replayed(monkeypatch):
+    """_execute: a call's steps until its addresses came GRAPH_AFTER times, then one capture
+    (which runs that call) and replays from then on; the least recently used graph dropped past
+    MAX_GRAPHS; the steps under a caller's own capture and where the driver refused the stream
+    operations; address sets that never come back (fp8 scales changing every call) counted in
+    bounded memory."""
+    capturing = [False]
+    current = types.SimpleNamespace(cuda_stream=7)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        current_stream=lambda: current, is_current_stream_capturing=lambda: capturing[0])))
+    log = []
+
+    class Graph:
+        def __init__(self, key):
+            self.key = key
+
+        def replay(self):
+            log.append(("replay", self.key))
+
+    def capture(plan, actions, stream):
+        assert stream is current
+        log.append(("capture", actions["key"]))
+        return Graph(actions["key"])
+
+    monkeypatch.setattr(ops, "_run", lambda plan, actions: log.append(("steps", actions["key"])))
+    monkeypatch.setattr(ops, "_capture", capture)
+    plan = types.SimpleNamespace(stream_ops=True, graphs=collections.OrderedDict(), seen={})
+
+    def call(key):
+        ops._execute(plan, {"key": key}, (key,))
+
+    for _ in range(4):
+        call("a")
+    assert log == [("steps", "a"), ("capture", "a"), ("replay", "a"), ("replay", "a")]
+    for key in "bcde":
+        call(key)
+        call(key)
+    assert [k[1][0] for k in plan.graphs] == list("bcde"), "a, the least recently used, was dropped"
+    log.clear()
+    call("a")
+    call("b")
+    capturing[0] = True  # the caller captures: the steps go into its graph
+    call("b")
+    capturing[0] = False
+    plan.stream_ops = False  # refused: no capture, no replay
+    call("b")
+    assert log == [("steps", "a"), ("replay", "b"), ("steps", "b"), ("steps", "b")]
+    plan.stream_ops = True
+    log.clear()
+    call("x")
+    for i in range(ops.MAX_SEEN - 1):
+        call(i)
+    call("x")  # counted MAX_SEEN - 1 calls ago: still known
+    assert log[-1] == ("capture", "x")
+    for i in range(1000):
+        call(("fresh", i))
+    assert len(plan.seen) <= ops.MAX_SEEN
+
+
+def test_a_pad_without_a_spare_slot_is_refused(rigged, monkeypatch):
+    init = Buffer.__init__
+
+    def protocol_slots_only(self, shape, group):
+        init(self, shape, group)
+        self.pad = T(self.w.pads[self.rank][:protocol.pad_slots(2)])
+
+    monkeypatch.setattr(Buffer, "__init__", protocol_slots_only)
+    with pytest.raises(ops.TmaflowError, match=r"world_size=2 needs 5 signal slots \(the protocol's 4 and a spare "
+                                               r"for the stream operations' probe\); the pad has 4"):
+        rigged(2, lambda r, group: ops.all_gather_gemm(T(np.ones((4, 16))), T(np.ones((8, 16))), group=group))
+
+
+def test_a_failed_capture_still_orders_the_callers_stream_after_the_call(monkeypatch):
+    """_capture runs the call on the side stream, then captures it: where the capture raises,
+    the caller's stream still waits for the side stream (the next call would otherwise race
+    the call's GEMMs and sum)."""
+    waits, runs = [], []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            waits.append((self.name, other.name))
+
+    class Graph:
+        def capture_begin(self, capture_error_mode):
+            raise RuntimeError("capture refused")
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=types.SimpleNamespace(
+        stream=lambda s: contextlib.nullcontext(), CUDAGraph=Graph)))
+    monkeypatch.setattr(ops, "_run", lambda plan, actions, stream_ops=None: runs.append(stream_ops))
+    plan = types.SimpleNamespace(side=Stream("side"))
+    with pytest.raises(RuntimeError, match="capture refused"):
+        ops._capture(plan, {}, Stream("caller"))
+    assert runs == [False] and waits == [("side", "caller"), ("caller", "side")]

@@ -145,6 +145,65 @@ def test_graph_capture_replays_the_protocol(group):
         _close(scattered, a.float() @ b.float().T)
 
 
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
+def test_repeated_calls_replay_captures_that_follow_their_operands(group, op, monkeypatch):
+    """Calls whose operands, output and stream come back are captured (the second time) and
+    replayed; no host sync between calls, each result checked on the device right after it: new
+    values each call in a new tensor at the same address, outputs cycling through more
+    addresses than a plan keeps graphs (eviction, capture again), a fresh output every fifth
+    call (eager between replays), every fourth call on a second stream (its own graphs)."""
+    captured = []
+    real = ops._capture
+    monkeypatch.setattr(ops, "_capture", lambda *args: captured.append(args[0]) or real(*args))
+    fn = getattr(tfd, op)
+    m, n, k = 192, 256, 512
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    backing = torch.empty(m * k, device="cuda", dtype=torch.bfloat16)
+    outs = [_poisoned((m, n)) for _ in range(ops.MAX_GRAPHS + 1)]
+    second = torch.cuda.Stream()
+    checks = []
+    for i in range(8 * len(outs)):  # about 15-20 eager calls, 11-14 captures, 9-11 replays
+        stream = second if i % 4 == 3 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            a = backing.view(m, k)  # a new tensor at the same address every call
+            a.normal_()
+            out = _poisoned((m, n)) if i % 5 == 0 else outs[i % len(outs)].fill_(float("nan"))
+            fn(a, b, group=group, out=out, debug=False)
+            want = a.double() @ b.double().T
+            checks.append(torch.stack([torch.linalg.norm(out.double() - want) / torch.linalg.norm(want),
+                                       torch.isnan(out).any().double()]))
+        torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    errs = torch.stack(checks).cpu().numpy()
+    assert (errs[:, 1] == 0).all() and errs[:, 0].max() < 1e-2, f"calls' (error, any NaN): {errs.tolist()}"
+    assert len(captured) > ops.MAX_GRAPHS and captured[0].graphs, "captured, evicted and captured again"
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 8])
+@pytest.mark.parametrize("rows,n,offset", [(77, 384, 0), (5, 100, 0), (64, 256, 3)])
+def test_partials_are_summed_in_rank_order_and_rounded_once(group, count, rows, n, offset):
+    """The reduce-scatter's sum: fp32 adds in rank order from the first partial, one rounding to
+    bf16; the kernel where every address is 16-byte aligned and the size a multiple of 8 (77 x
+    384), torch's adds elsewhere (5 x 100 elements; partials 3 elements into their storage):
+    the same bits either way."""
+    import types
+
+    from tmaflow.kernels.registry import get_kernel
+
+    plan = types.SimpleNamespace(sum=get_kernel("sum_partials", None, file="signal"),
+                                 sms=tf.current_device().sm_count, trace=False)
+    parts = [(torch.randn(rows * n + offset, device="cuda") * 4).to(torch.bfloat16)[offset:].view(rows, n)
+             for _ in range(count)]
+    acc = parts[0].float()
+    for part in parts[1:]:
+        acc += part.float()
+    out = _poisoned((rows, n))
+    ops.sum_partials(plan, parts, out)
+    torch.cuda.synchronize()
+    assert torch.equal(out, acc.to(torch.bfloat16))
+
+
 def test_torch_compile_runs_the_custom_ops(group):
     import tmaflow.torch  # noqa: F401 (registers torch.ops.tmaflow.*)
     a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)

@@ -190,6 +190,36 @@ def test_repeated_addresses_run_eager_then_captured_then_replayed(group, op):
     assert len(plan.graphs) >= 1, "the repeated call was captured"
 
 
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
+def test_eager_calls_on_one_rank_meet_replays_on_the_others(group, op):
+    """Rank 0 passes a new output every call (its calls never repeat: eager stream operations),
+    the others one output (captured, then replayed: the signal kernels); back to back with no
+    host sync, every call's result right on every rank."""
+    me, world = group.rank(), group.size()
+    n, k = 256, 512
+    a = _same_everywhere((256, k), torch.bfloat16, 31 + me)
+    b = _same_everywhere((n, k), torch.bfloat16, 32 + me)
+    shape = (256 * world, n) if op == "all_gather_gemm" else (256 // world, n)
+    mine = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
+    fn = getattr(tfd, op)
+    alive, results = [], []  # rank 0's outputs stay alive: a new address every call
+    for _ in range(6):
+        a.normal_()
+        out = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16) if me == 0 else mine.fill_(float("nan"))
+        alive.append(out)
+        fn(a, b, group=group, out=out, debug=False)
+        if op == "all_gather_gemm":
+            want = torch.cat(_gathered(a, group)).double() @ b.double().T
+        else:
+            parts = [x.double() @ y.double().T for x, y in zip(_gathered(a, group), _gathered(b, group))]
+            want = sum(parts)[me * (256 // world):(me + 1) * (256 // world)]
+        results.append((out.clone(), want))
+    torch.cuda.synchronize()
+    for got, want in results:
+        _close(got, want)
+    _sync()
+
+
 def _gathered(x, group):
     parts = [torch.empty_like(x) for _ in range(group.size())]
     dist.all_gather(parts, x.contiguous(), group=group)

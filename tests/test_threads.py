@@ -81,3 +81,41 @@ def test_every_visible_gpu(rng):
         assert k._modules[ordinal].device is dev  # one module per device
     tf.set_device(0)
     print(f"ran on {count} GPU(s)")
+
+
+def test_a_thread_takes_the_device_of_its_current_context_once(monkeypatch):
+    """A thread that never called tf.set_device takes the device whose context is current on it
+    (torch.cuda.set_device(1) before tmaflow's first call), else device 0, and keeps it."""
+    import types
+
+    from tmaflow.runtime import device as devices
+
+    context = {"ctx": 0, "device": 0}  # what the driver says is current on every thread here
+    cu = types.SimpleNamespace(cuCtxGetCurrent=lambda: (0, context["ctx"]),
+                               cuCtxGetDevice=lambda: (0, context["device"]))
+
+    class Device:
+        def __init__(self, ordinal):
+            self.ordinal = ordinal
+
+        def activate(self):
+            return self
+
+    monkeypatch.setattr(devices.driver, "init", lambda: None)
+    monkeypatch.setattr(devices.driver, "cu", lambda: cu)
+    monkeypatch.setattr(devices, "Device", Device)
+    monkeypatch.setattr(devices, "_switched", [False])
+    seen = []
+
+    def first_use(ctx, ordinal, then):
+        context.update(ctx=ctx, device=ordinal)
+        seen.append(devices.current_device().ordinal)
+        context.update(ctx=then, device=then)  # a switch after the first use is not followed
+        seen.append(devices.current_device().ordinal)
+
+    for args in ((0xc0, 1, 2), (0, 3, 1), (0xc1, 2, 0)):
+        t = threading.Thread(target=first_use, args=args)
+        t.start()
+        t.join()
+    assert seen == [1, 1, 0, 0, 2, 2]
+    assert devices._switched[0], "Kernel.launch's C key takes the ordinal once a thread is off device 0"

@@ -3,10 +3,13 @@ overlaps the GEMM, by executing the schedules of ``protocol`` with torch streams
 
 Per call each rank queues, on the caller's (compute) stream and a communication stream of its
 own: the GEMM of what it already has at once; copy-engine pulls of peer data from symmetric
-memory, each after a device-side wait on the peer's signal (``signal_wait_reset``, a one-thread
-kernel: in debug builds a wait that never completes is a DeadlockError naming the rank, the
-peer and the signal); the GEMM of a pulled shard after an event on its copy. Everything is
-queued asynchronously with constant values, so ``torch.cuda.graph`` captures a call whole.
+memory, each after a device-side wait on the peer's signal (a driver stream operation,
+``streamops``; in debug and trace builds and under graph capture the one-thread kernel
+``signal_wait_reset``: in debug builds a wait that never completes is a DeadlockError naming
+the rank, the peer and the signal); the GEMM of a pulled shard after an event on its copy.
+Everything is queued asynchronously with constant values, so ``torch.cuda.graph`` captures a
+call whole, and a call whose operands, output and stream come back is captured once and
+replayed (``_execute``).
 Inside ``torch.compile`` call the custom ops (``import tmaflow.torch``):
 ``torch.ops.tmaflow.all_gather_gemm(a_shard, b, group.group_name, m)`` and
 ``torch.ops.tmaflow.gemm_reduce_scatter(a, b_shard, group.group_name)``.
@@ -123,9 +126,10 @@ class _Plan:
         # all_gather: the largest shard of A; reduce_scatter: my whole partial product (bf16)
         shape = (max(max(shapes.rows), 1), shapes.k) if gather else (max(shapes.m, 1), shapes.n)
         self.buffer = SymmetricBuffer.allocate(shape, dtype if gather else torch.bfloat16, group)
-        if protocol.pad_slots(self.world) >= self.buffer.pad.shape[0]:  # and one spare (the probe)
-            raise TmaflowError(f"world_size={self.world} needs {protocol.pad_slots(self.world)} "
-                               f"signal slots; the pad has {self.buffer.pad.shape[0]}")
+        if protocol.pad_slots(self.world) >= self.buffer.pad.shape[0]:
+            raise TmaflowError(f"world_size={self.world} needs {protocol.pad_slots(self.world) + 1} "
+                               f"signal slots (the protocol's {protocol.pad_slots(self.world)} and a "
+                               f"spare for the stream operations' probe); the pad has {self.buffer.pad.shape[0]}")
         device = self.buffer.tensor.device
         self.staging = (torch.empty((shapes.m, shapes.k), dtype=dtype, device=device) if gather else
                         torch.empty((self.world, shapes.rows[self.rank], shapes.n),
@@ -212,6 +216,7 @@ def release(group=None) -> int:
 
 GRAPH_AFTER = 2   # a call whose addresses come back this often is captured once, then replayed
 MAX_GRAPHS = 4    # captured calls kept a plan (least recently used dropped)
+MAX_SEEN = 64     # address sets counted a plan: fp8 scales that change every call never repeat
 
 
 def _execute(plan: _Plan, actions: dict, addresses: tuple) -> None:
@@ -228,8 +233,10 @@ def _execute(plan: _Plan, actions: dict, addresses: tuple) -> None:
     key = (current.cuda_stream, addresses)
     graph = plan.graphs.get(key)
     if graph is None:
-        plan.seen[key] = plan.seen.get(key, 0) + 1
+        plan.seen[key] = plan.seen.pop(key, 0) + 1  # the most recent last
         if plan.seen[key] < GRAPH_AFTER:
+            if len(plan.seen) > MAX_SEEN:
+                del plan.seen[next(iter(plan.seen))]
             _run(plan, actions)
             return
         del plan.seen[key]
@@ -247,15 +254,17 @@ def _capture(plan: _Plan, actions: dict, current):
     import torch  # optional dependency: distributed needs torch
 
     plan.side.wait_stream(current)
-    with torch.cuda.stream(plan.side):
-        _run(plan, actions, stream_ops=False)
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(capture_error_mode="relaxed")
-        try:
-            _run(plan, actions)
-        finally:
-            graph.capture_end()
-    current.wait_stream(plan.side)
+    try:
+        with torch.cuda.stream(plan.side):
+            _run(plan, actions, stream_ops=False)
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(capture_error_mode="relaxed")
+            try:
+                _run(plan, actions)
+            finally:
+                graph.capture_end()
+    finally:  # a failed capture still leaves the call queued on the side stream
+        current.wait_stream(plan.side)
     return graph
 
 
@@ -309,12 +318,16 @@ def _pull(plan: _Plan, step, stream) -> None:
 def sum_partials(plan: _Plan, parts: list, out) -> None:
     """``out`` = the sum of the bf16 ``parts`` (rank order, fp32, one rounding: the same bits
     every call) on the current torch stream; one pass over them (``sum_partials`` in
-    signal.cu), or torch's ops where an address is not 16-byte aligned."""
+    signal.cu), or torch's adds in the same order where an address is not 16-byte aligned
+    (``torch.sum`` over a stack leaves its order to the reduction kernel)."""
     import torch  # optional dependency: distributed needs torch
 
     tensors = [out, *parts]
     if len(parts) > 8 or any(t.data_ptr() % 16 or not t.is_contiguous() for t in tensors) or out.numel() % 8:
-        out.copy_(torch.stack(parts).float().sum(0))
+        acc = parts[0].float()
+        for part in parts[1:]:
+            acc += part.float()
+        out.copy_(acc)
         return
     n8 = out.numel() // 8
     pointers = [p.data_ptr() for p in parts] + [0] * (8 - len(parts))

@@ -197,9 +197,9 @@ def device_of(ordinal: int) -> Device:
 
 def current_device() -> Device:
     """The device set by :func:`set_device` on this thread (activated). A thread that never set
-    one takes the device of the context current on it, as another library left it
-    (``torch.cuda.set_device(1)``: tmaflow follows, and never moves torch back to device 0),
-    else device 0."""
+    one takes, once, the device of the context current on it, as another library left it
+    (after ``torch.cuda.set_device(1)`` tmaflow runs on device 1; a later switch is not
+    followed), else device 0."""
     dev = getattr(_thread, "device", None)
     if dev is None:
         dev = Device(_context_ordinal())
@@ -220,7 +220,7 @@ def _context_ordinal() -> int:
     return 0 if err else int(device)
 
 
-_switched = [False]  # has any thread ever selected a device other than 0?
+_switched = [False]  # has any thread ever taken a device other than 0? (Kernel.launch's C key)
 
 
 def current_ordinal() -> int:
