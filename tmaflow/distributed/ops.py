@@ -16,6 +16,8 @@ Inside ``torch.compile`` call the custom ops (``import tmaflow.torch``):
 """
 from __future__ import annotations
 
+import logging
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ from ..kernels.registry import get_kernel
 from ..runtime import device as devices
 from . import protocol, streamops
 from .symmetric import SymmetricBuffer, group_of, on_device
+
+log = logging.getLogger("tmaflow.distributed")
 
 DTYPES = ("bfloat16", "float8_e4m3fn")
 
@@ -141,8 +145,9 @@ class _Plan:
         self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
         self.sum = get_kernel("sum_partials", None, file="signal", debug=debug, trace=trace)
         self.sms = devices.current_device().sm_count
-        self.graphs: OrderedDict = OrderedDict()  # (stream, addresses) -> a captured call
-        self.seen: dict = {}                       # (stream, addresses) -> eager calls so far
+        self.graphs: OrderedDict = OrderedDict()  # (stream, thread, addresses) -> a captured call
+        self.seen: dict = {}                       # (stream, thread, addresses) -> eager calls so far
+        self.graph_lock = threading.Lock()         # the two above, and the side stream's captures
         self.side = torch.cuda.Stream(device=device)  # where calls are captured
         spare = protocol.pad_slots(self.world)  # a slot the protocol never uses: the probe's
         self.stream_ops = not (debug or trace) and streamops.usable(
@@ -230,27 +235,34 @@ def _execute(plan: _Plan, actions: dict, addresses: tuple) -> None:
         _run(plan, actions)
         return
     current = torch.cuda.current_stream()
-    key = (current.cuda_stream, addresses)
-    graph = plan.graphs.get(key)
-    if graph is None:
-        plan.seen[key] = plan.seen.pop(key, 0) + 1  # the most recent last
-        if plan.seen[key] < GRAPH_AFTER:
-            if len(plan.seen) > MAX_SEEN:
-                del plan.seen[next(iter(plan.seen))]
-            _run(plan, actions)
+    # the thread too: a capture bakes in per-thread resources (the GEMMs' split-K workspaces)
+    key = (current.cuda_stream, threading.get_ident(), addresses)
+    with plan.graph_lock:
+        graph = plan.graphs.get(key)
+        if graph is None:
+            plan.seen[key] = plan.seen.pop(key, 0) + 1  # the most recent last
+            if plan.seen[key] < GRAPH_AFTER:
+                if len(plan.seen) > MAX_SEEN:
+                    del plan.seen[next(iter(plan.seen))]
+                _run(plan, actions)
+                return
+            del plan.seen[key]
+            graph = _capture(plan, actions, current)  # runs this call
+            if graph is None:
+                plan.seen[key] = -math.inf  # steps only from now on (until it ages out of seen)
+            else:
+                plan.graphs[key] = graph
+                if len(plan.graphs) > MAX_GRAPHS:
+                    plan.graphs.popitem(last=False)
             return
-        del plan.seen[key]
-        graph = plan.graphs[key] = _capture(plan, actions, current)
-        if len(plan.graphs) > MAX_GRAPHS:
-            plan.graphs.popitem(last=False)
-        return  # _capture ran this call
-    plan.graphs.move_to_end(key)
-    graph.replay()
+        plan.graphs.move_to_end(key)
+        graph.replay()
 
 
 def _capture(plan: _Plan, actions: dict, current):
     """Run this call on the plan's side stream with the signal kernels (their launchers and
-    modules exist before a capture needs them), then capture the same call there."""
+    modules exist before a capture needs them), then capture the same call there; None (and
+    a warning) where the capture fails: the call ran, later ones take the steps."""
     import torch  # optional dependency: distributed needs torch
 
     plan.side.wait_stream(current)
@@ -258,11 +270,16 @@ def _capture(plan: _Plan, actions: dict, current):
         with torch.cuda.stream(plan.side):
             _run(plan, actions, stream_ops=False)
             graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(capture_error_mode="relaxed")
             try:
-                _run(plan, actions)
-            finally:
-                graph.capture_end()
+                graph.capture_begin(capture_error_mode="relaxed")
+                try:
+                    _run(plan, actions)
+                finally:
+                    graph.capture_end()
+            except (RuntimeError, TmaflowError) as e:  # what torch and tmaflow raise in a capture
+                log.warning("%s: capturing a repeated call failed (%s); its calls take the steps",
+                            plan.kind, e)
+                return None
     finally:  # a failed capture still leaves the call queued on the side stream
         current.wait_stream(plan.side)
     return graph
