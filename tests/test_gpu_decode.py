@@ -181,20 +181,30 @@ def test_cluster_merge_decode_against_float64_and_bit_equal_to_the_counter_merge
     (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
                                                            tokens=tokens)
     ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
-    results = []
-    for cluster_merge in (True, True, False):
-        out = poison(tf.empty(q.shape, dtype))
+
+    def run(out, cluster_merge):
         prepared = kernels.attention_decode.prepare(Q, K, V, T, L, num_splits=num_splits, cluster_merge=cluster_merge,
                                                     out=out)
         prepared()
         if cluster_merge:  # (the counter's launcher wraps the workspace)
             assert prepared.launcher.config.cluster == (num_splits, 1, 1), prepared.launcher.config
-        results.append(out.numpy())
+
+    _twice_then_the_counter_merge(run, ref, q.shape, dtype)
+
+
+def _twice_then_the_counter_merge(run, ref, shape, dtype):
+    """``run(out, True)`` twice and ``run(out, False)`` (the counter merge) into poisoned outputs:
+    each against float64 (a token that sees no key gets zeros), all three the same bits."""
+    results = []
+    for variant in (True, True, False):
+        out = poison(tf.empty(shape, dtype))
+        run(out, variant)
         got = _download(out, dtype)
-        assert rel_error(got, ref) < 1e-2, (cluster_merge, rel_error(got, ref))
+        assert rel_error(got, ref) < 1e-2, (variant, rel_error(got, ref))
         assert not got[ref == 0].any(), "a token that sees no key gets zeros"
-    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
-    np.testing.assert_array_equal(results[0].view(np.uint16), results[2].view(np.uint16))
+        results.append(out.numpy())
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
 
 
 @pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,num_splits", [
@@ -530,17 +540,10 @@ def test_merge_kernel_decode_against_float64_and_bit_equal_to_the_counter_merge(
     (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
                                                            tokens=tokens)
     ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
-    results = []
-    for merge_kernel in (True, True, False):
-        out = poison(tf.empty(q.shape, dtype))
-        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, merge_kernel=merge_kernel,
-                                 cluster_merge=False, out=out)
-        got = _download(out, dtype)
-        assert rel_error(got, ref) < 1e-2, (merge_kernel, rel_error(got, ref))
-        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
-        results.append(out.numpy())
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+    _twice_then_the_counter_merge(
+        lambda out, merge_kernel: kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits,
+                                                           merge_kernel=merge_kernel, cluster_merge=False, out=out),
+        ref, q.shape, dtype)
 
 
 @pytest.mark.parametrize("options", [{}, {"num_splits": 5}, {"num_splits": 4, "cluster_merge": True},

@@ -142,7 +142,13 @@ ODD_WIDTH_CONFIGS = [GemmConfig(bn=80, cluster_m=2, epi_cols=64), GemmConfig(bn=
 
 @pytest.mark.parametrize("config", ODD_WIDTH_CONFIGS, ids=_config_id)
 def test_gemm_odd_widths_against_float64(device, rng, config):
-    for m, n, k in [(600, 1000, 1000), (129, 264, 72), (1000, 3000, 520)]:
+    _check_nt_shapes(rng, config, [(600, 1000, 1000), (129, 264, 72), (1000, 3000, 520)])
+
+
+def _check_nt_shapes(rng, config, shapes):
+    """``config``'s "nt" products of ``shapes`` against float64, poisoned outputs; the 600 x 1000
+    x 1000 one in the debug build too."""
+    for m, n, k in shapes:
         A, B, ref = _operands(rng, m, n, k, "nt")
         for debug in (True, False) if (m, n, k) == (600, 1000, 1000) else (False,):
             out = poison(tf.empty((m, n), "bfloat16"))
@@ -200,12 +206,7 @@ def test_gemm_strided_rows(device, rng):
                                     GemmConfig(bn=256, cluster_m=4), GemmConfig(bn=160, cluster_m=4, epi_cols=64)],
                          ids=_config_id)
 def test_gemm_cluster_m4_against_float64(device, rng, config):
-    for m, n, k in [(1000, 3000, 520), (600, 1000, 1000), (2048, 2048, 256)]:
-        A, B, ref = _operands(rng, m, n, k, "nt")
-        for debug in (True, False) if (m, n, k) == (600, 1000, 1000) else (False,):
-            out = poison(tf.empty((m, n), "bfloat16"))
-            kernels.gemm(A, B, out, config=config, debug=debug)
-            _check(out, ref, (m, n, k, config, debug))
+    _check_nt_shapes(rng, config, [(1000, 3000, 520), (600, 1000, 1000), (2048, 2048, 256)])
 
 
 # K_TAIL (opt-in define): K's last, partial k-block issues only the k-steps that reach into K.

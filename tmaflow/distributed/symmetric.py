@@ -72,12 +72,8 @@ def on_device(device):
     import torch  # optional dependency: distributed needs torch
 
     ordinal = torch.cuda.current_device() if device.index is None else device.index
-    previous = getattr(devices._thread, "device", None)
-    with torch.cuda.device(ordinal):
-        try:
-            yield devices.set_device(ordinal)
-        finally:
-            devices._thread.device = previous  # activated again when next needed
+    with torch.cuda.device(ordinal), devices.using(ordinal) as dev:
+        yield dev
 
 
 class SymmetricBuffer:

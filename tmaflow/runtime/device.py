@@ -5,6 +5,7 @@ import operator
 import sys
 import threading
 import weakref
+from contextlib import contextmanager
 
 from ..checks import is_int
 from ..errors import KernelFaultError, LaunchError, TmaflowError, TmaflowWarning
@@ -241,6 +242,17 @@ def set_device(ordinal: int) -> Device:
         _switched[0] = True
     _thread.device = dev
     return dev.activate()
+
+
+@contextmanager
+def using(ordinal: int):
+    """``set_device(ordinal)`` for the block; the thread's device before it (or none yet) is
+    restored after, activated again when next needed."""
+    previous = getattr(_thread, "device", None)
+    try:
+        yield set_device(ordinal)
+    finally:
+        _thread.device = previous
 
 
 class Stream:

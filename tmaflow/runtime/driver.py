@@ -118,6 +118,8 @@ def encode_tiled_function():
 
 def _try_init() -> str | None:
     """Run ``cuInit`` once; return ``None`` on success or the reason it failed."""
+    if "reason" in _init_state:  # decided: no lock (current_ordinal asks on every call without a GPU)
+        return _init_state["reason"]
     with _lock:
         if "reason" in _init_state:
             return _init_state["reason"]
