@@ -111,14 +111,23 @@ VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
 # dQ buffers (TWO_DQ_BUFFERS: they ran equal in the chain, whose skew bound it; the rotated walk
 # has none). Where a group's key blocks do not all fit the GPU at once (persistent_slots 0) the
 # plan takes the chain from key block 0 (main_defines', as an override of DET_ROTATE=0 does).
-DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_BUFFERS}}
+# Head dim 128 also adds dQ from two producer warps (DQ_WARPS, a dQ buffer and every other step
+# each): a step's chain wait, reduction, wait for its completion and release are one serial
+# chain in its warp, about a step long (H200, session 18, one warp: 4k 0.834, 16k 0.806 of the
+# default mode; the rotated walk's chain waits on a key block two steps ahead).
+DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_BUFFERS, "DQ_WARPS": 2}}
 # Head dim 64 keeps the chain past 64 key blocks a group (8k keys): H200, session 18, TFLOP/s
 # over the default mode's, cold: 4k rotate 0.910 / chain 0.717, 16k rotate 0.872 / chain 0.897
 # (one group a wave leaves the rotation 4 idle SMs and no skew to remove); head dim 128 rotates
 # (4k 0.834 / 0.739, 16k 0.806 / 0.789).
 ROTATE_KEY_BLOCKS_64 = 64
-# The rotated walk with one dQ buffer and three stages at head dim 128 (an A/B's override)
-ROTATE_ONE_BUFFER = {"STAGES": STAGES, "DQ_BUFS": 1, "DQ_PACK": 0}
+# The rotated walk with one dQ buffer (so one dQ warp) and three stages at head dim 128 (an A/B's override)
+ROTATE_ONE_BUFFER = {"STAGES": STAGES, "DQ_BUFS": 1, "DQ_PACK": 0, "DQ_WARPS": 1}
+# Head dim 128's rotated walk with one dQ warp (session 18's plan; an A/B's override)
+ROTATE_ONE_DQ_WARP = {"DQ_WARPS": 1}
+# The kernel's DET_DIAG builds (A/B diagnostics of the deterministic dQ warp, sums in no fixed
+# order: never a plan's): no chain at all, no chain wait, the release once a reduction is read
+DET_DIAGNOSTICS = {"nochain": {"DET_DIAG": 1}, "nowait": {"DET_DIAG": 2}, "nodone": {"DET_DIAG": 3}}
 
 
 def persistent_slots(key_blocks: int, groups: int, resident: int) -> int:
