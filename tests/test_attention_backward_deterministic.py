@@ -9,8 +9,8 @@ import pytest
 from tmaflow.errors import CompileError
 from tmaflow.kernels.attention_backward_sm90 import (DET_DIAGNOSTICS, DET_ROTATE_DEFINES, DQ_ROWS_DEFINES,
                                                      ROTATE_ONE_BUFFER, ROTATE_ONE_DQ_WARP, SM90_HEAD_DIMS,
-                                                     TWO_DQ_BUFFERS, defines_smem, main_defines, persistent_slots,
-                                                     rotated_chain_rank, sm90_smem)
+                                                     TWO_DQ_WARPS, defines_smem, main_defines,
+                                                     persistent_slots, rotated_chain_rank, sm90_smem)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
@@ -46,8 +46,7 @@ def test_two_dq_warps_and_the_diagnostics_compile_clean(fp16):
     full, causal = main_defines(128, False, True, fp16), main_defines(128, True, True, fp16)
     rotate = {**full, **DET_ROTATE_DEFINES[128]}
     assert rotate["DQ_WARPS"] == 2 and rotate["DQ_BUFS"] == 2  # the plan's: two warps, a buffer each
-    two = {**TWO_DQ_BUFFERS, "DQ_WARPS": 2}
-    builds = [{**rotate, **ROTATE_ONE_DQ_WARP}, {**full, **two}, {**causal, **two}]
+    builds = [{**rotate, **ROTATE_ONE_DQ_WARP}, {**full, **TWO_DQ_WARPS}, {**causal, **TWO_DQ_WARPS}]
     builds += [{**rotate, **diag} for diag in DET_DIAGNOSTICS.values()]
     for defines in builds:
         program = _program(defines)

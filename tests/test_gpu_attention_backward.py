@@ -9,7 +9,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
 from tmaflow.kernels.attention_backward_sm90 import (DQ_TILE_DEFINES, ROTATE_ONE_BUFFER, ROTATE_ONE_DQ_WARP,
-                                                     TWO_DQ_BUFFERS, persistent_slots)
+                                                     TWO_DQ_WARPS, persistent_slots)
 from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
@@ -331,7 +331,7 @@ def test_attention_backward_deterministic_two_dq_warps_keep_the_bits(device, rng
     with extra_defines(walk):
         assert not _main_launch(inputs, causal).config.cooperative
         first = [_values(g, "bfloat16") for g in kernels.attention_backward(*inputs, causal=causal, deterministic=True)]
-    with extra_defines({**walk, **TWO_DQ_BUFFERS, "DQ_WARPS": 2}):
+    with extra_defines({**walk, **TWO_DQ_WARPS}):
         assert int(_main_launch(inputs, causal).kernel.defines["DQ_WARPS"]) == 2
         for _ in range(2):
             again = kernels.attention_backward(*inputs, causal=causal, deterministic=True)

@@ -115,7 +115,8 @@ VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
 # each): a step's chain wait, reduction, wait for its completion and release are one serial
 # chain in its warp, about a step long (H200, session 18, one warp: 4k 0.834, 16k 0.806 of the
 # default mode; the rotated walk's chain waits on a key block two steps ahead).
-DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_BUFFERS, "DQ_WARPS": 2}}
+TWO_DQ_WARPS = {**TWO_DQ_BUFFERS, "DQ_WARPS": 2}
+DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_WARPS}}
 # Head dim 64 keeps the chain past 64 key blocks a group (8k keys): H200, session 18, TFLOP/s
 # over the default mode's, cold: 4k rotate 0.910 / chain 0.717, 16k rotate 0.872 / chain 0.897
 # (one group a wave leaves the rotation 4 idle SMs and no skew to remove); head dim 128 rotates

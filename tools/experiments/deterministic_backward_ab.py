@@ -26,17 +26,17 @@ from __future__ import annotations
 import argparse
 
 from tmaflow import bench, kernels
-from tmaflow.kernels.attention_backward_sm90 import DET_DIAGNOSTICS, ROTATE_ONE_DQ_WARP, TWO_DQ_BUFFERS
+from tmaflow.kernels.attention_backward_sm90 import (DET_DIAGNOSTICS, ROTATE_ONE_DQ_WARP, TWO_DQ_BUFFERS,
+                                                     TWO_DQ_WARPS)
 from tmaflow.kernels.registry import extra_defines
 
-TWO_WARPS = {**TWO_DQ_BUFFERS, "DQ_WARPS": 2}
 # (label, deterministic, defines over the plan's, diagnostic: sums in no fixed order)
 FULL = [("default", False, {}, False), ("chain", True, {"DET_ROTATE": 0}, False),
         ("rotate1w", True, ROTATE_ONE_DQ_WARP, False), ("rotate", True, {}, False)]
-FULL_128 = [("chain2w", True, {"DET_ROTATE": 0, **TWO_WARPS}, False)] + [
+FULL_128 = [("chain2w", True, {"DET_ROTATE": 0, **TWO_DQ_WARPS}, False)] + [
     (name, True, {**ROTATE_ONE_DQ_WARP, **diag}, True) for name, diag in DET_DIAGNOSTICS.items()]
 CAUSAL = [("default", False, {}, False), ("det", True, {}, False), ("det2b", True, TWO_DQ_BUFFERS, False),
-          ("det2w", True, TWO_WARPS, False)]
+          ("det2w", True, TWO_DQ_WARPS, False)]
 ROWS = {"d128-4k": (128, 4096, False), "d128-16k": (128, 16384, False), "d128c-4k": (128, 4096, True),
         "d128c-16k": (128, 16384, True), "d64-4k": (64, 4096, False), "d64-16k": (64, 16384, False)}
 
