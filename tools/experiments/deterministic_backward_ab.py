@@ -1,14 +1,15 @@
 """The deterministic attention backward's walks and dQ warps beside the default mode, in one
 process. Full attention: "default" (atomic dQ adds, any order), "chain" (deterministic, every key
-block from query block 0, key block j adding after j - 1: DET_ROTATE=0), "rotate1w" (the rotated
-walk, a persistent cooperative grid of whole (batch, kv head) groups a wave, with one dQ warp:
-session 18's plan), "rotate" (the plan's: head dim 128 two dQ warps, DQ_WARPS=2), "chain2w" (the
-chain with two dQ buffers and two dQ warps), and the rotated walk's diagnostics (one dQ warp,
-DET_DIAG: sums in no fixed order): "nochain" (no wait, no completion wait, no release: the
-schedule alone), "nowait" (no chain wait; the completion wait and release kept), "nodone" (the
-release once the reduction is read, not complete; the chain wait kept). Causal: "default", "det"
-(the plan's last-first chain, one dQ buffer and warp), "det2b" (two buffers, one warp), "det2w"
-(two buffers, two warps).
+block from query block 0, key block j adding after j - 1: DET_ROTATE=0; head dim 128 two dQ
+warps), "chain1w" (head dim 128: the chain with one dQ buffer and warp, session 18's), "rotate1w"
+(the rotated walk, a persistent cooperative grid of whole (batch, kv head) groups a wave, with one
+dQ warp: session 18's plan), "rotate" (the plan's: head dim 128 two dQ warps, DQ_WARPS=2), and
+the rotated walk's diagnostics (one dQ warp, DET_DIAG: sums in no fixed order): "nochain" (no
+wait, no completion wait, no release: the schedule alone), "nowait" (no chain wait; the
+completion wait and release kept), "nodone" (the release once the reduction is read, not
+complete; the chain wait kept). Causal: "default", "det" (the plan's last-first chain: head dim
+128 two dQ buffers and warps), "det1w" (one buffer and warp, session 18's), "det2b" (two
+buffers, one warp).
 
 The benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16); interleaved
 rounds, L2 flushed before every call ("cold") and back to back ("warm"); TFLOP/s (backward = 2.5 x
@@ -26,23 +27,23 @@ from __future__ import annotations
 import argparse
 
 from tmaflow import bench, kernels
-from tmaflow.kernels.attention_backward_sm90 import (DET_DIAGNOSTICS, ROTATE_ONE_DQ_WARP, TWO_DQ_BUFFERS,
-                                                     TWO_DQ_WARPS)
+from tmaflow.kernels.attention_backward_sm90 import (DET_DIAGNOSTICS, ROTATE_ONE_BUFFER, ROTATE_ONE_DQ_WARP,
+                                                     TWO_DQ_BUFFERS)
 from tmaflow.kernels.registry import extra_defines
 
 # (label, deterministic, defines over the plan's, diagnostic: sums in no fixed order)
 FULL = [("default", False, {}, False), ("chain", True, {"DET_ROTATE": 0}, False),
         ("rotate1w", True, ROTATE_ONE_DQ_WARP, False), ("rotate", True, {}, False)]
-FULL_128 = [("chain2w", True, {"DET_ROTATE": 0, **TWO_DQ_WARPS}, False)] + [
+FULL_128 = [("chain1w", True, {"DET_ROTATE": 0, **ROTATE_ONE_BUFFER}, False)] + [
     (name, True, {**ROTATE_ONE_DQ_WARP, **diag}, True) for name, diag in DET_DIAGNOSTICS.items()]
-CAUSAL = [("default", False, {}, False), ("det", True, {}, False), ("det2b", True, TWO_DQ_BUFFERS, False),
-          ("det2w", True, TWO_DQ_WARPS, False)]
+CAUSAL = [("default", False, {}, False), ("det", True, {}, False), ("det1w", True, ROTATE_ONE_BUFFER, False),
+          ("det2b", True, {**TWO_DQ_BUFFERS, **ROTATE_ONE_DQ_WARP}, False)]
 ROWS = {"d128-4k": (128, 4096, False), "d128-16k": (128, 16384, False), "d128c-4k": (128, 4096, True),
         "d128c-16k": (128, 16384, True), "d64-4k": (64, 4096, False), "d64-16k": (64, 16384, False)}
 
 
 # Variants that must equal another's gradients to the bit (the same adds in the same order)
-TWINS = {"rotate": "rotate1w", "chain2w": "chain", "det2b": "det", "det2w": "det"}
+TWINS = {"rotate": "rotate1w", "chain": "chain1w", "det": "det1w", "det2b": "det1w"}
 
 
 def variants(d: int, causal: bool) -> list:
