@@ -6,9 +6,11 @@ the persistent plan's slots."""
 import numpy as np
 import pytest
 
-from tmaflow.kernels.attention_backward_sm90 import (DET_ROTATE_DEFINES, DQ_ROWS_DEFINES, ROTATE_ONE_BUFFER,
-                                                     SM90_HEAD_DIMS, defines_smem, main_defines, persistent_slots,
-                                                     rotated_chain_rank, sm90_smem)
+from tmaflow.errors import CompileError
+from tmaflow.kernels.attention_backward_sm90 import (DET_DIAGNOSTICS, DET_ROTATE_DEFINES, DQ_ROWS_DEFINES,
+                                                     ROTATE_ONE_BUFFER, ROTATE_ONE_DQ_WARP, SM90_HEAD_DIMS,
+                                                     TWO_DQ_WARPS, defines_smem, main_defines,
+                                                     persistent_slots, rotated_chain_rank, sm90_smem)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.launch import compiler
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
@@ -34,6 +36,42 @@ def test_rotated_walk_compiles_clean(d, fp16):
         assert program.resources.spills == 0 and program.resources.stack_frame == 0, (defines, program.resources)
         assert compiler.wgmma_pipeline_notes(program.log) == [], defines
         assert max(defines_smem(d, defines), sm90_smem(d)) <= HOPPER_SMEM_LIMIT  # what the plan reserves
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_two_dq_warps_and_the_diagnostics_compile_clean(fp16):
+    """Head dim 128: the A/B's builds (one dQ warp in the rotated walk, two in the chain from key
+    block 0 and the causal chain with two buffers, the DET_DIAG diagnostics) have no stack and no
+    serialized wgmma, and fit what the plan reserves."""
+    full, causal = main_defines(128, False, True, fp16), main_defines(128, True, True, fp16)
+    rotate = {**full, **DET_ROTATE_DEFINES[128]}
+    assert rotate["DQ_WARPS"] == 2 and rotate["DQ_BUFS"] == 2  # the plan's: two warps, a buffer each
+    builds = [{**rotate, **ROTATE_ONE_DQ_WARP}, {**full, **TWO_DQ_WARPS}, {**causal, **TWO_DQ_WARPS}]
+    builds += [{**rotate, **diag} for diag in DET_DIAGNOSTICS.values()]
+    for defines in builds:
+        program = _program(defines)
+        assert program.resources.spills == 0 and program.resources.stack_frame == 0, (defines, program.resources)
+        assert compiler.wgmma_pipeline_notes(program.log) == [], defines
+        assert max(defines_smem(128, defines), sm90_smem(128)) <= HOPPER_SMEM_LIMIT
+
+
+def test_two_dq_warps_need_a_buffer_each():
+    """DQ_WARPS=2 over one dQ buffer (the warps would wait on one barrier's phases out of turn)
+    is refused at compile time, naming the rule."""
+    defines = {**main_defines(128, False, True, False), **DET_ROTATE_DEFINES[128], **ROTATE_ONE_BUFFER, "DQ_WARPS": 2}
+    with pytest.raises(CompileError, match=r"DQ_WARPS: 1, or 2 with DQ_BULK and DQ_BUFS 2"):
+        _program(defines)
+
+
+@pytest.mark.parametrize("d", SM90_HEAD_DIMS)
+@pytest.mark.parametrize("varlen", [False, True])
+def test_no_plan_builds_a_diagnostic(d, varlen):
+    """DET_DIAG (sums in no fixed order) is the A/B's only: no plan's defines carry it."""
+    for causal in (False, True):
+        for deterministic in (False, True):
+            for fp16 in (False, True):
+                defines = main_defines(d, causal, deterministic, fp16, varlen)
+                assert "DET_DIAG" not in defines and "DET_DIAG" not in DET_ROTATE_DEFINES[d]
 
 
 @pytest.mark.parametrize("d", SM90_HEAD_DIMS)

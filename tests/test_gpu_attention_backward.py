@@ -8,7 +8,8 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
-from tmaflow.kernels.attention_backward_sm90 import DQ_TILE_DEFINES, ROTATE_ONE_BUFFER, persistent_slots
+from tmaflow.kernels.attention_backward_sm90 import (DQ_TILE_DEFINES, ROTATE_ONE_BUFFER, ROTATE_ONE_DQ_WARP,
+                                                     TWO_DQ_WARPS, persistent_slots)
 from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
@@ -311,12 +312,31 @@ def test_attention_backward_deterministic_rotated_walk(device, rng, d):
         chain = kernels.attention_backward(*inputs, deterministic=True)
     for a, g in zip(first, chain):
         assert rel_error(_values(g, "bfloat16"), a) < 1e-2
-    if d == 128:  # one dQ buffer (the A/B's): the same adds in the same order, to the bit
-        with extra_defines(ROTATE_ONE_BUFFER):
-            assert _main_launch(inputs).config.cooperative
-            one = kernels.attention_backward(*inputs, deterministic=True)
-        for a, g in zip(first, one):
-            assert np.array_equal(a, _values(g, "bfloat16"))
+    if d == 128:  # one dQ buffer, one dQ warp (the A/B's): the same adds in the same order, to the bit
+        for defines in (ROTATE_ONE_BUFFER, ROTATE_ONE_DQ_WARP):
+            with extra_defines(defines):
+                assert _main_launch(inputs).config.cooperative
+                one = kernels.attention_backward(*inputs, deterministic=True)
+            for a, g in zip(first, one):
+                assert np.array_equal(a, _values(g, "bfloat16")), defines
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_backward_deterministic_two_dq_warps_keep_the_bits(device, rng, causal):
+    """Two dQ warps (DQ_WARPS=2, every other step each) in the chain from key block 0 (full:
+    DET_ROTATE=0) and the causal last-first chain (SPT): the plan's one warp's sums to the bit
+    (the same adds in the same order), twice, head dim 128 (lengths off the tiles, GQA)."""
+    walk = {} if causal else {"DET_ROTATE": 0}
+    inputs = _run(rng, 2, 4, 2, 700, 900, 128, causal, deterministic=True)[0]
+    with extra_defines(walk):
+        assert not _main_launch(inputs, causal).config.cooperative
+        first = [_values(g, "bfloat16") for g in kernels.attention_backward(*inputs, causal=causal, deterministic=True)]
+    with extra_defines({**walk, **TWO_DQ_WARPS}):
+        assert int(_main_launch(inputs, causal).kernel.defines["DQ_WARPS"]) == 2
+        for _ in range(2):
+            again = kernels.attention_backward(*inputs, causal=causal, deterministic=True)
+            for a, g in zip(first, again):
+                assert np.array_equal(a, _values(g, "bfloat16"))
 
 
 def test_attention_backward_deterministic_chain_where_a_group_does_not_fit(device, rng):

@@ -114,6 +114,20 @@ using namespace tmaflow;
 #define DET_ROTATE 0
 #endif
 #define TF_PERSIST (DET_ROTATE && DETERMINISTIC && !CAUSAL && !VARLEN)
+// DETERMINISTIC with DQ_BULK: the producer warps that add dQ, step t's by warp 1 + t % DQ_WARPS.
+// A step's chain wait, bulk reduction, wait for its completion in global memory and release
+// are one serial chain in the warp that issues it (a bulk group is waited for by its issuing
+// thread only): 2 gives each warp two steps for it (each its own dQ buffer: DQ_BUFS 2).
+#ifndef DQ_WARPS
+#define DQ_WARPS 1
+#endif
+// Diagnostics of the DETERMINISTIC dQ warp (A/B only: sums in no fixed order, never a plan's):
+// 1 no chain at all (no wait, no completion wait, no release: the schedule alone); 2 no chain
+// wait (the completion wait and the release kept); 3 the release once the reduction is read,
+// not complete (the chain wait kept).
+#ifndef DET_DIAG
+#define DET_DIAG 0
+#endif
 #ifndef WARP_CHAIN
 #define WARP_CHAIN 1
 #endif
@@ -184,6 +198,8 @@ constexpr int kOffV = kKVBytes, kOffQ = 2 * kKVBytes, kOffDO = kOffQ + STAGES * 
 #define DQ_PACK 0
 #endif
 static_assert(DQ_BUFS == 1 || DQ_BUFS == 2, "DQ_BUFS is 1 or 2");
+static_assert(DQ_WARPS == 1 || (DQ_WARPS == 2 && DQ_BULK && DQ_BUFS == 2),
+              "DQ_WARPS: 1, or 2 with DQ_BULK and DQ_BUFS 2 (a buffer a warp)");
 constexpr int kDQRow = DQ_PACK ? 4 * D : 4 * D + 16, kDQBufs = DQ_BUFS;
 constexpr int kDQBuf = DQ_PACK ? BM * kDQRow + 96 : BM * kDQRow, kDQBytes = DQ_BULK ? kDQBufs * kDQBuf : 0;
 // Byte offset of row r of a dQ buffer.
@@ -585,17 +601,20 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
       }
     }
 #if DQ_BULK
-    if (threadIdx.x / 32 == 1) {  // the dQ warp: step t's rows, a lane each, 2 rows a lane
-      // (t0: the steps of the CTA's items before this one, for the dQ buffers' phases)
+    // The dQ warps (DQ_WARPS): step t's rows, a lane each, 2 rows a lane; warp 1 + t % DQ_WARPS
+    // (t0: the steps of the CTA's items before this one, for the dQ buffers' phases)
+    const int dq_warp = int(threadIdx.x / 32) - 1;
+    if (dq_warp >= 0 && dq_warp < DQ_WARPS) {
       for (int item = 0, t0 = 0; take_item(item); ++item, t0 += steps)
       for (int t = 0; t < steps; ++t) {
+        if (DQ_WARPS > 1 && (t0 + t) % DQ_WARPS != dq_warp) continue;
         const int bh = head_of(t), m0 = block_of(t) * BM, rows = min(BM, seq_q - m0), u = (t0 + t) % kDQBufs;
         mbarrier::wait(dq_full + u, ((t0 + t) / kDQBufs) & 1);
 #if DETERMINISTIC
         // After chain_rank key blocks, each counting one once its adds are complete.
         uint32_t* counter = counter_at(bh, block_of(t));
         const uint32_t rank = chain_rank(block_of(t));
-        if (lane == 0 && rank > 0)
+        if (lane == 0 && rank > 0 && DET_DIAG != 1 && DET_DIAG != 2)
           while (load_acquire(counter) < rank) {
           }
         __syncwarp();
@@ -626,8 +645,8 @@ attention_bwd_sm90(const __grid_constant__ CUtensorMap tq, const __grid_constant
         tma::wait_group_read<0>();
         __syncwarp();
         if (lane == 0) mbarrier::arrive(dq_empty + u);
-#if DETERMINISTIC
-        tma::wait_group<0>();  // the reductions are done in global memory
+#if DETERMINISTIC && DET_DIAG != 1
+        if (DET_DIAG != 3) tma::wait_group<0>();  // the reductions are done in global memory
         fence::proxy_async_global();
         __syncwarp();
         if (lane == 0) add_release(counter);

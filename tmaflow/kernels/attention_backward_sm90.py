@@ -74,6 +74,7 @@ def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
 # reductions of the last (H200, same rounds, cold, against one buffer and three stages: 1k
 # 1.09 / 1.08x, 4k 1.09 / 1.09x, 16k 1.08 / 1.10x full / causal; deterministic: equal, kept)
 TWO_DQ_BUFFERS = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
+TWO_DQ_WARPS = {**TWO_DQ_BUFFERS, "DQ_WARPS": 2}  # a dQ buffer and every other step a producer warp
 
 
 # The dQ accumulator in tiles, each the shared dQ buffer's image, a step's dQ one bulk reduction
@@ -92,7 +93,7 @@ def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, v
     """The defines of the plans' ``attention_bwd_sm90`` (the dense prep kernel's are the first
     three): the dense and the varlen (VARLEN) plan run the same schedule, dQ tiles included
     (DQ_TILE_HEAD_DIMS; the varlen plan's tiles per sequence, varlen_tiles_per_head)."""
-    two_buffers = TWO_DQ_BUFFERS if head_dim == 128 and not deterministic else {}
+    two_buffers = {} if head_dim != 128 else TWO_DQ_WARPS if deterministic else TWO_DQ_BUFFERS
     tiles = DQ_TILE_DEFINES[head_dim] if head_dim in DQ_TILE_HEAD_DIMS else {}
     return {"HEAD_DIM": head_dim, "DETERMINISTIC": int(deterministic), **({"FP16": 1} if fp16 else {}),
             **({"VARLEN": 1} if varlen else {}), "CAUSAL": int(causal), "STAGES": STAGES,
@@ -102,7 +103,7 @@ def main_defines(head_dim: int, causal: bool, deterministic: bool, fp16: bool, v
 # The varlen plan's schedule before it took main_defines (64-row steps; head dim 128 one dQ
 # buffer and three stages; dQ rows): an A/B's override (kernels.registry.extra_defines) of the plan's.
 VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
-                 128: {**DQ_ROWS_DEFINES[128], "STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0}}
+                 128: {**DQ_ROWS_DEFINES[128], "STAGES": 3, "DQ_BUFS": 1, "DQ_PACK": 0, "DQ_WARPS": 1}}
 
 
 # The deterministic full-attention walk (dense): a persistent, cooperative grid of whole (batch,
@@ -111,14 +112,27 @@ VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
 # dQ buffers (TWO_DQ_BUFFERS: they ran equal in the chain, whose skew bound it; the rotated walk
 # has none). Where a group's key blocks do not all fit the GPU at once (persistent_slots 0) the
 # plan takes the chain from key block 0 (main_defines', as an override of DET_ROTATE=0 does).
-DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_BUFFERS}}
+# Head dim 128 also adds dQ from two producer warps (DQ_WARPS, a dQ buffer and every other step
+# each): a step's chain wait, reduction, wait for its completion and release are one serial
+# chain in its warp, about a step long (H200, session 18, one warp: 4k 0.834, 16k 0.806 of the
+# default mode; the rotated walk's chain waits on a key block two steps ahead).
+DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_WARPS}}
+# The dense plan's deterministic head dim 128 adds dQ from two warps in every walk: H200, session
+# 19, TFLOP/s over the default mode's, cold, one warp / two: causal 4k 0.837 / 0.988, 16k 0.775 /
+# 0.944; the chain from key block 0 (full) 4k 0.742 / 0.863, 16k 0.795 / 1.010; the rotated walk
+# 4k 0.837 / 1.009, 16k 0.822 / 1.033. The varlen plan takes the same defines.
 # Head dim 64 keeps the chain past 64 key blocks a group (8k keys): H200, session 18, TFLOP/s
 # over the default mode's, cold: 4k rotate 0.910 / chain 0.717, 16k rotate 0.872 / chain 0.897
 # (one group a wave leaves the rotation 4 idle SMs and no skew to remove); head dim 128 rotates
 # (4k 0.834 / 0.739, 16k 0.806 / 0.789).
 ROTATE_KEY_BLOCKS_64 = 64
-# The rotated walk with one dQ buffer and three stages at head dim 128 (an A/B's override)
-ROTATE_ONE_BUFFER = {"STAGES": STAGES, "DQ_BUFS": 1, "DQ_PACK": 0}
+# The rotated walk with one dQ buffer (so one dQ warp) and three stages at head dim 128 (an A/B's override)
+ROTATE_ONE_BUFFER = {"STAGES": STAGES, "DQ_BUFS": 1, "DQ_PACK": 0, "DQ_WARPS": 1}
+# Head dim 128's rotated walk with one dQ warp (session 18's plan; an A/B's override)
+ROTATE_ONE_DQ_WARP = {"DQ_WARPS": 1}
+# The kernel's DET_DIAG builds (A/B diagnostics of the deterministic dQ warp, sums in no fixed
+# order: never a plan's): no chain at all, no chain wait, the release once a reduction is read
+DET_DIAGNOSTICS = {"nochain": {"DET_DIAG": 1}, "nowait": {"DET_DIAG": 2}, "nodone": {"DET_DIAG": 3}}
 
 
 def persistent_slots(key_blocks: int, groups: int, resident: int) -> int:
