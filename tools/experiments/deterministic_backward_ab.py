@@ -39,7 +39,8 @@ FULL_128 = [("chain1w", True, {"DET_ROTATE": 0, **ROTATE_ONE_BUFFER}, False)] + 
 CAUSAL = [("default", False, {}, False), ("det", True, {}, False), ("det1w", True, ROTATE_ONE_BUFFER, False),
           ("det2b", True, {**TWO_DQ_BUFFERS, **ROTATE_ONE_DQ_WARP}, False)]
 ROWS = {"d128-4k": (128, 4096, False), "d128-16k": (128, 16384, False), "d128c-4k": (128, 4096, True),
-        "d128c-16k": (128, 16384, True), "d64-4k": (64, 4096, False), "d64-16k": (64, 16384, False)}
+        "d128c-16k": (128, 16384, True), "d64-4k": (64, 4096, False), "d64-16k": (64, 16384, False),
+        "d64c-4k": (64, 4096, True), "d64c-16k": (64, 16384, True)}
 
 
 # Variants that must equal another's gradients to the bit (the same adds in the same order)
