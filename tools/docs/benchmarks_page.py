@@ -44,6 +44,9 @@ AREAS = [
      "python tools/peers/bench_attention.py --varlen --backward --json bench/results/attention_varlen_backward.json"),
     ("attention_backward", "Attention backward",
      "python tools/peers/bench_attention.py --backward --json bench/results/attention_backward.json"),
+    ("attention_deterministic", "Attention backward, deterministic mode against the default",
+     "python tools/experiments/deterministic_backward_ab.py --rows d128-4k d128-16k d128c-4k d128c-16k d64-4k "
+     "d64-16k d64c-4k d64c-16k --json bench/results/attention_deterministic.json"),
     ("attention_decode", "Attention decode (paged KV cache)",
      "python tools/peers/bench_attention.py --decode --json bench/results/attention_decode.json"),
     ("attention_training", "Attention in training (2-layer transformer, 100 steps)",

@@ -20,7 +20,7 @@ the bit (the same adds in the same order: TWINS), "rerun" whether each determini
 gradients after the timed calls equal its first call's.
 
     PYTHONPATH=. python3 tools/experiments/deterministic_backward_ab.py [--rows d128-4k d128-16k
-        d128c-4k d128c-16k d64-4k ...] [--repeats N]
+        d128c-4k d128c-16k d64-4k ...] [--repeats N] [--json FILE]
 """
 from __future__ import annotations
 
@@ -53,7 +53,14 @@ def variants(d: int, causal: bool) -> list:
     return FULL + FULL_128 if d == 128 else [FULL[0], FULL[1], FULL[3]]
 
 
-def row(torch, d: int, seq: int, causal: bool, repeats: int) -> None:
+COLUMNS = ["d", "seq", "batch", "causal", "det grid", "cold default TFLOP/s", "cold det TFLOP/s", "cold ratio",
+           "warm ratio", "bit-identical reruns"]
+
+
+def row(torch, d: int, seq: int, causal: bool, repeats: int) -> dict:
+    """Time one shape's variants; the record's row: the plan's deterministic mode ("rotate" for
+    full attention, "det" for causal: the variants without defines over the plan's) against the
+    default mode, cold and back to back."""
     heads, batch = {64: 32, 128: 16}[d], max(1, 16384 // seq)
     q, k, v, dout = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = kernels.attention(q, k, v, causal=causal, return_lse=True)
@@ -78,11 +85,17 @@ def row(torch, d: int, seq: int, causal: bool, repeats: int) -> None:
             for label, twin in TWINS.items() if label in first and twin in first}
     flop = 2.5 * 4.0 * batch * heads * seq * seq * d * (0.5 if causal else 1.0)
     kind = "causal" if causal else "full"
+    plan = "det" if causal else "rotate"
+    record = {"d": d, "seq": seq, "batch": batch, "heads": heads, "causal": causal, "det grid": grids[plan]}
     for mode, flush in (("cold", True), ("warm", False)):
         got = bench.rounds(fns, repeats=repeats, warmup=2, flush_l2=flush)
         cells = [f"{label} {flop / got[label].median / 1e12:5.0f}" for label in fns]
         cells += [f"{label}/default {got.ratio(label, 'default').median:.3f}" for label in fns if label != "default"]
         print(f"detbwd d{d:<4d} seq {seq:5d} b{batch:<3d} {kind} {mode} " + " ".join(cells) + "  TFLOP/s", flush=True)
+        record[f"{mode} default TFLOP/s"] = flop / got["default"].median / 1e12
+        record[f"{mode} det TFLOP/s"] = flop / got[plan].median / 1e12
+        record[f"{mode} ratio"] = got.ratio(plan, "default").median
+        record[f"{mode} ratios"] = {label: got.ratio(label, "default").median for label in fns if label != "default"}
     torch.cuda.synchronize()
     rerun = {label: all(torch.equal(a, b) for a, b in zip(grads[label], first[label])) for label in first}
     print("    grids " + " ".join(f"{label} {g}" for label, g in grids.items()) + " | err " +
@@ -92,6 +105,8 @@ def row(torch, d: int, seq: int, causal: bool, repeats: int) -> None:
     worst = max(errs.values())
     assert worst < 2e-2, f"d{d} seq {seq}: relative error {worst:.2e} against the default mode"
     assert all(rerun.values()) and all(same.values()), f"d{d} seq {seq}: bits differ: {rerun} {same}"
+    record["bit-identical reruns"] = all(rerun.values())
+    return record
 
 
 def main():
@@ -99,12 +114,15 @@ def main():
     p.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=["d128-4k", "d128-16k", "d128c-4k",
                                                                        "d128c-16k", "d64-4k"])
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--json", help="write the bench record (area attention_deterministic) here")
     args = p.parse_args()
     import torch  # optional dependency (--help works without it), before the driver is touched
 
-    for name in args.rows:
-        d, seq, causal = ROWS[name]
-        row(torch, d, seq, causal, args.repeats)
+    rows = [row(torch, *ROWS[name], args.repeats) for name in args.rows]
+    if args.json:
+        bench.records.write(args.json, "attention_deterministic",
+                            "Deterministic attention backward against the default mode (same rounds)",
+                            COLUMNS, rows, repeats=args.repeats)
 
 
 if __name__ == "__main__":
