@@ -8,8 +8,9 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default, decode_plan,
-                                          evict_first_default, head_group_default, persistent_default)
+from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default, decode_defaults,
+                                          decode_plan, evict_first_default, head_group_default, persistent_default,
+                                          slice_merge_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -71,6 +72,9 @@ def decode_args(**change):
     ({"warp_slices": 1}, r"attention_decode: warp_slices=1 must be"),
     ({"merge_kernel": "yes"}, r"attention_decode: merge_kernel='yes' must be"),
     ({"pdl": 1}, r"attention_decode: pdl=1 must be"),
+    ({"cooperative": "yes"}, r"attention_decode: cooperative='yes' must be"),
+    ({"cooperative": True, "num_splits": 4, "cluster_merge": True},
+     r"attention_decode: cooperative=True with cluster_merge=True; .* leave cluster_merge None or False"),
     ({"merge_kernel": True, "num_splits": 1}, r"attention_decode: merge_kernel=True with num_splits=1, .* give num_splits None or 2-64"),
     ({"merge_kernel": True, "num_splits": 4, "cluster_merge": True}, r"merge_kernel=True with num_splits=4, cluster_merge=True"),
     ({"merge_kernel": True, "head_group": True}, r"merge_kernel=True .*head_group=True; the merge kernel merges"),
@@ -252,10 +256,43 @@ def test_persistent_once_one_split_leaves_several_waves(batch, heads_kv, d, spli
     (32768, 1, True),     # 134 MB
     (1024, 4, False),
     (1024, 16, True),     # 67 MB
+    (1024, 64, True),     # 268 MB: 5.1 L2s
+    (131072, 1, False),   # 537 MB: past 8 L2s, normal priority streams faster
+    (8192, 16, False),
+    (32768, 16, False),   # 2.1 GB
 ])
-def test_evict_first_once_the_caches_outgrow_the_l2(context, batch, expected):
+def test_evict_first_once_the_caches_outgrow_the_l2_up_to_eight_of_them(context, batch, expected):
     assert evict_first_default(batch, 8, 128, context, 2, 50 * 1024 * 1024) is expected
     assert evict_first_default(batch, 8, 128, context, 2, 4 * 2 * batch * 8 * 128 * context) is False
+
+
+@pytest.mark.parametrize("batch,items,splits,ctas_per_sm,expected", [
+    (1, 8, 32, 2, True),      # batch 1 at 8k-128k: 256 CTAs in 264 slots
+    (1, 8, 16, 1, True),      # 128 CTAs of six stages on 132 SMs
+    (1, 8, 8, 2, False),      # below 16 splits: the cluster or the counter merge
+    (2, 8, 16, 2, True),
+    (4, 8, 16, 2, False),     # 512 CTAs: not all at once
+    (1, 8, 48, 3, True),      # 384 of 396
+    (1, 1, 64, 2, True),
+])
+def test_slice_merge_where_many_splits_all_fit_at_once(batch, items, splits, ctas_per_sm, expected):
+    assert slice_merge_default(batch, items, splits, 132, ctas_per_sm) is expected
+
+
+@pytest.mark.parametrize("batch,context,options,expected", [
+    (1, 8192, {}, (32, True, False)),                                  # the b1 8k row: slices
+    (1, 131072, {}, (32, True, False)),
+    (1, 1024, {}, (8, False, True)),                                   # clusters of 8 at 1k
+    (1, 8192, {"slice_merge": False}, (32, False, False)),             # the counter merge, as asked
+    (1, 8192, {"num_splits": 16, "ctas": 1}, (16, True, False)),
+    (16, 8192, {}, (2, False, False)),                                 # two splits: the counter merge
+    (1, 8192, {"persistent": True}, (1, False, False)),
+])
+def test_decode_defaults_plan_the_slice_merge_for_batch_one(batch, context, options, expected):
+    """(splits, slice merge, cluster merge) at 8 kv heads, head dim 128, page 16, on 132 SMs."""
+    from types import SimpleNamespace
+    plan = decode_defaults(batch, 8, 128, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20), **options)
+    assert (plan.splits, plan.slice_merge, plan.cluster_merge) == expected
 
 
 def test_every_decode_plan_keeps_the_merge_region_whole():

@@ -258,6 +258,39 @@ def test_decode_with_l2_promotion_gives_the_same_bits(device, rng, lens, heads_q
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
 
 
+@pytest.mark.parametrize("lens,heads_q,heads_kv,page,dtype", [
+    ([8192], 64, 8, 16, "bfloat16"),          # the b1 8k row: 32 splits, 256 CTAs
+    ([5000], 32, 8, 64, "float16"),           # a length short of the table: splits past it see no key
+    ([40000], 8, 1, 16, "bfloat16"),          # one kv head: 64 splits
+])
+def test_decode_plans_a_cooperative_slice_merge_for_one_long_request(device, rng, lens, heads_q, heads_kv, page,
+                                                                     dtype):
+    """Batch 1 past 16 splits: the default merges by slices in a cooperative grid; against
+    float64, the same bits again, as the counter merge's and as the slice merge launched plainly."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, 128, page, dtype,
+                                                           width=-(-8192 // page) if lens == [5000] else None)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for options in ({}, {}, {"slice_merge": False}, {"cooperative": False}):
+        out = poison(tf.empty(q.shape, dtype))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, out=out, **options)
+        config = getattr(prepared.launcher, "launcher", prepared.launcher).config  # (the split workspace wraps it)
+        assert config.cooperative is (options == {}), (options, config)
+        assert config.grid[0] >= 16 and config.cluster == (1, 1, 1), config
+        prepared()
+        results.append(out.numpy())
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (options, rel_error(got, ref))
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
+def test_cooperative_decode_refuses_more_ctas_than_fit_at_once(device, rng):
+    _, (Q, K, V, T, L) = _problem(rng, [2048, 2048], 8, 8, 32, 16, "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=r"cooperative=True with 512 CTAs .* a cooperative grid runs all at once"):
+        kernels.attention_decode(Q, K, V, T, L, num_splits=32, cooperative=True)
+
+
 def test_slice_merge_refuses_more_ctas_than_fit_at_once(device, rng):
     """Its splits wait on each other: a grid that does not fit the GPU at once could hang."""
     _, (Q, K, V, T, L) = _problem(rng, [2048, 2048], 8, 8, 32, 16, "bfloat16")
@@ -331,10 +364,13 @@ def test_decode_of_one_request_of_128k_keys(device, rng, num_splits, evict_first
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 
 
-@pytest.mark.parametrize("num_splits,evict_first,merge_kernel", [(5, None, None), (None, True, None), (5, None, True)])
-def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first, merge_kernel):
+@pytest.mark.parametrize("num_splits,evict_first,merge_kernel,slice_merge", [
+    (5, None, None, None), (None, True, None, None), (5, None, True, None), (5, None, None, True)])
+def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first, merge_kernel,
+                                                                slice_merge):
     """Captured at the table's full width (the block-table window loaded with the length is
-    the right one), replayed at lengths where it is not; the merge kernel's PDL launch too."""
+    the right one), replayed at lengths where it is not; the merge kernel's PDL launch and the
+    slice merge's cooperative launch too."""
     torch = pytest.importorskip("torch")
     width, page = 40, 16
     (q, k, v, table, lens), _ = _problem(rng, [width * page] * 5, 32, 8, 128, page, "bfloat16")
@@ -347,12 +383,12 @@ def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up outside the capture: the split workspace is made here
         kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
-                                 merge_kernel=merge_kernel)
+                                 merge_kernel=merge_kernel, slice_merge=slice_merge)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         out = kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
-                                       merge_kernel=merge_kernel)
+                                       merge_kernel=merge_kernel, slice_merge=slice_merge)
     for replay in range(4):
         new = rng.integers(0, width * page + 1, size=5).astype(np.int32)
         new[replay] = [0, 1, 17, width * page][replay]
