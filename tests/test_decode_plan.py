@@ -441,7 +441,7 @@ def test_head_group_options_are_checked():
     args, _ = decode_args(k_cache=arr((10, 16, 4, 128)), v_cache=arr((10, 16, 4, 128)))
     with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=1 must be"):
         kernels.attention_decode(*args.values(), head_group=1)
-    for other in ({"cluster_merge": True, "num_splits": 4}, {"slice_merge": True}, {"wide_box": True}):
+    for other in ({"cluster_merge": True, "num_splits": 4}, {"wide_box": True}):
         with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=True with cluster_merge=.*leave those None"):
             kernels.attention_decode(*args.values(), head_group=True, **other)
     args, _ = decode_args()  # two kv heads
@@ -560,3 +560,26 @@ def test_pdl_decode_kernel_waits_before_its_first_global_load(extra):
              for op in ("ACQBULK", "PREEXIT", "LDG", "UTMALDG")}
     assert None not in first.values(), first
     assert first["ACQBULK"] < first["LDG"] and first["ACQBULK"] < first["UTMALDG"], first
+
+
+@pytest.mark.parametrize("d,page,ctas,fp16,evict_first", [(128, 16, 1, 0, 0), (128, 64, 2, 1, 1), (64, 16, 1, 0, 1),
+                                                          (256, 16, None, 0, 0)])
+def test_head_group_slice_merge_kernel_compiles_without_bulk_copies(d, page, ctas, fp16, evict_first):
+    """Four kv heads a CTA, each split merging its share of the four heads' columns: the slice
+    merge's two counts and acquire load, no bulk copy, no spills, the plan's CTAs an SM."""
+    _, layout, got_ctas = decode_plan(d, page, ctas=ctas, head_group=True)
+    k, sass = _four_d_decode_kernel(layout, d, page, 0, evict_first, got_ctas,
+                                    {"HEAD_GROUP": 1, "SLICE_MERGE": 1, **({"FP16": 1} if fp16 else {})})
+    assert "UBLKCP" not in sass and "MEMBAR.SC.GPU" not in sass
+    assert sass.count("ATOMG.E.ADD") == 2 and "LDG.E.STRONG.GPU" in sass
+    assert len(k.params) == 15
+
+
+def test_head_group_takes_the_slice_merge_where_asked_and_its_ctas_fit():
+    """Batch 1 at 8k, one CTA an SM: two groups x 63 splits in 132 slots (95% of them)."""
+    from types import SimpleNamespace
+    plan = decode_defaults(1, 8, 128, 16, 8192, SimpleNamespace(sm_count=132, l2_bytes=50 << 20), head_group=True,
+                           slice_merge=True, ctas=1)
+    assert (plan.splits, plan.items, plan.slice_merge, plan.ctas_per_sm) == (63, 2, True, 1)
+    assert not decode_defaults(1, 8, 128, 16, 8192, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
+                               head_group=True).slice_merge  # not by default

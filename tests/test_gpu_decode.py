@@ -532,6 +532,35 @@ def test_head_group_decode_of_one_long_request_merges_many_splits(device, rng):
         assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, (options, rel_error(_download(out, "bfloat16"), ref))
 
 
+@pytest.mark.parametrize("lens,heads_q,heads_kv,page,tokens,dtype,options", [
+    ([20000], 32, 8, 16, None, "bfloat16", {"ctas_per_sm": 1}),            # batch 1, one CTA an SM: 2 x 63 splits
+    ([0, 1, 15, 17, 100, 1000], 32, 4, 64, None, "float16", {"num_splits": 7}),  # lengths 0 and short: splits without keys
+    ([3, 2500, 1], 16, 8, 16, 2, "bfloat16", {"num_splits": 13}),          # 2 new tokens x 1 query head a kv head
+])
+def test_head_group_slice_merge_against_float64_and_bit_equal_to_its_counter_merge(device, rng, lens, heads_q,
+                                                                                   heads_kv, page, tokens, dtype,
+                                                                                   options):
+    """Four kv heads a CTA, every split merging its share of the group's columns: against
+    float64, the same bits launch after launch and as the group's counter merge."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, 128, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for slice_merge in (True, True, False):
+        out = poison(tf.empty(q.shape, dtype))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, head_group=True, slice_merge=slice_merge, out=out,
+                                                    **options)
+        config = getattr(prepared.launcher, "launcher", prepared.launcher).config
+        assert config.cooperative is slice_merge and config.grid[1] == heads_kv // 4, config
+        prepared()
+        results.append(out.numpy())
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (slice_merge, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
 @pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,options", [
     ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 1}),
     ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 7}),   # the counter's merge

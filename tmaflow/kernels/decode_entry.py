@@ -315,10 +315,10 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
             raise TmaflowError(f"attention_decode: slice_merge=True with num_splits={num_splits}, cluster_merge="
                                f"{cluster_merge} and persistent={persistent}; the slice merge merges the splits of the "
                                "workspace-and-counter path: give num_splits None or 2-64 and leave the others off")
-        if head_group and (cluster_merge or slice_merge or wide_box):
-            raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge}, slice_merge="
-                               f"{slice_merge} and wide_box={wide_box}; a head group's splits merge by the workspace "
-                               "and counter, its box is already wide: leave those None or False")
+        if head_group and (cluster_merge or wide_box):
+            raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge} and wide_box="
+                               f"{wide_box}; a head group's splits merge by the workspace (the counter or slices), "
+                               "its box is already wide: leave those None or False")
         if cooperative and cluster_merge:
             raise TmaflowError("attention_decode: cooperative=True with cluster_merge=True; a cooperative grid is "
                                "launched without clusters: leave cluster_merge None or False")
@@ -438,10 +438,10 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     splits, evict_first, persistent, cluster_merge, slice_merge, head_group, items, ctas_per_sm = (
         plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.slice_merge, plan.head_group,
         plan.items, plan.ctas_per_sm)
-    if slice_merge and b * hkv * splits > device.sm_count * ctas_per_sm:
-        raise TmaflowError(f"attention_decode: slice_merge=True with {b * hkv * splits} CTAs (batch {b} x {hkv} kv "
-                           f"heads x {splits} splits); its splits wait on each other, so every CTA must run at once: "
-                           f"at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
+    if slice_merge and b * items * splits > device.sm_count * ctas_per_sm:
+        raise TmaflowError(f"attention_decode: slice_merge=True with {b * items * splits} CTAs (batch {b} x {items} "
+                           f"CTAs a request x {splits} splits); its splits wait on each other, so every CTA must run "
+                           f"at once: at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
     cooperative = slice_merge if cooperative is None else cooperative
     if cooperative and not persistent and b * items * splits > device.sm_count * ctas_per_sm:
         raise TmaflowError(f"attention_decode: cooperative=True with {b * items * splits} CTAs (batch {b} x {items} "

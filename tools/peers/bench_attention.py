@@ -458,7 +458,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     SM of six stages ("s1c1"), one 4-D box a page piece ("s1wb") or both ("s1c1wb"); at batch 1
     past 16 splits, 16 splits in one CTA an SM of six stages ("s16c1": fewer, longer splits,
     half the merge); where the plan merges its splits by slices (a cooperative launch), the
-    counter's merge ("sl0": the plan before session 19) and the slice merge launched plainly ("co0"); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half
+    counter's merge ("sl0": the plan before session 19) and the slice merge launched plainly ("co0");
+    at batch 1 from 8k, four kv heads a CTA of six stages, one CTA an SM, merged by slices ("hgc1sl"); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half
     the copies) and with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
@@ -512,6 +513,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["s1c1wb"] = {**one, "ctas_per_sm": 1, "wide_box": True}
     if batch == 1 and splits > 16:  # fewer, larger splits: 16 in one CTA an SM of six stages, half the merge
         alts["s16c1"] = {"num_splits": 16, "cluster_merge": False, "ctas_per_sm": 1}
+    if batch == 1 and heads_kv % HEAD_GROUP == 0 and ctx >= 8192:  # 1 KB runs, the groups' splits merged by slices
+        alts["hgc1sl"] = {"head_group": True, "ctas_per_sm": 1, "slice_merge": True}
     if heads_kv % HEAD_GROUP == 0:
         alts["hg"] = {"head_group": True}
         if batch * heads_kv // HEAD_GROUP >= current_device().sm_count // 2 and \
