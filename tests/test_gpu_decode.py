@@ -5,7 +5,8 @@ one and several splits (up to 64, merged in several rounds), persistent CTAs wal
 requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
 CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
-merged by slices (slice_merge) or by a second kernel (merge_kernel), the maps' L2 promotion
+merged by slices (slice_merge: the default at 16+ splits that fit, a cooperative launch; four
+kv heads a CTA too) or by a second kernel (merge_kernel), the maps' L2 promotion
 and the warps merged a warp at a time (warp_slices=False), bit-equal to the default paths;
 PDL launches (pdl=True) in a chain that reads what the kernel before wrote."""
 import numpy as np
@@ -356,7 +357,8 @@ def test_decode_plans_persistent_for_many_short_requests(device, rng):
 @pytest.mark.parametrize("num_splits,evict_first", [(None, None), (16, False)])
 def test_decode_of_one_request_of_128k_keys(device, rng, num_splits, evict_first):
     """131072 keys on one kv head, GQA 8:1: the automatic plan spreads it over 64 splits of
-    2048 keys, evict-first (67 MB of K+V outgrow the L2); the merge stays exact to bf16."""
+    2048 keys, evict-first (67 MB of K+V outgrow the L2), merged by slices in a cooperative
+    grid; the merge stays exact to bf16."""
     (q, k, v, table, lens), (Q, K, V, T, L) = _problem(rng, [1 << 17], 8, 1, 128, 64, "bfloat16")
     out = poison(tf.empty(q.shape, "bfloat16"))
     kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first, out=out, scale=0.1)

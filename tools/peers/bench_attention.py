@@ -459,8 +459,10 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     past 16 splits, 16 splits in one CTA an SM of six stages ("s16c1": fewer, longer splits,
     half the merge); where the plan merges its splits by slices (a cooperative launch), the
     counter's merge ("sl0": the plan before session 19) and the slice merge launched plainly ("co0");
-    at batch 1 from 8k, four kv heads a CTA of six stages, one CTA an SM, merged by slices ("hgc1sl"); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half
-    the copies) and with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
+    at batch 1 from 8k, four kv heads a CTA of six stages, one CTA an SM, merged by slices
+    ("hgc1sl"); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the
+    copies; at batch 1 where the plan slices, the plan with it) and with one CTA an SM of six
+    stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
     a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"), and where the
@@ -504,6 +506,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["c1"] = {**same, "ctas_per_sm": 1}
         if not persistent:
             alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
+    elif batch == 1 and slices:  # one 4-D box a page piece: half the copies (the first tile sooner?)
+        alts["wb"] = {"wide_box": True}
     if batch >= 16 and (splits > 1 or persistent):  # cuDNN's grid: one CTA an item, no split, no walk
         one = {"num_splits": 1, "persistent": False, "head_group": False}
         if splits > 1:  # (a walking plan's one CTA an item is "p0")
