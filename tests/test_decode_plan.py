@@ -223,10 +223,12 @@ def test_slice_merge_decode_kernel_compiles_without_spills_or_bulk_copies(d, pag
     (1, 8, 8, True),      # batch 1 at 1k: 64 CTAs
     (2, 8, 8, True),      # 128 CTAs on 132 SMs
     (4, 8, 8, False),     # 256 CTAs: clusters of 8 at two an SM may not all fit the GPCs at once
+    (16, 8, 2, True),     # 256 CTAs in pairs: a pair fits an SM
+    (64, 8, 2, True),
     (1, 8, 32, False),    # over a portable cluster
     (16, 8, 1, False),    # nothing to merge
 ])
-def test_cluster_merge_when_few_ctas_split_in_portable_clusters(batch, heads_kv, splits, expected):
+def test_cluster_merge_when_few_ctas_split_in_portable_clusters_or_two_splits(batch, heads_kv, splits, expected):
     assert cluster_merge_default(batch, heads_kv, splits, 132) is expected
 
 
@@ -285,7 +287,7 @@ def test_slice_merge_where_many_splits_all_fit_at_once(batch, items, splits, cta
     (1, 1024, {}, (8, False, True)),                                   # clusters of 8 at 1k
     (1, 8192, {"slice_merge": False}, (32, False, False)),             # the counter merge, as asked
     (1, 8192, {"num_splits": 16, "ctas": 1}, (16, True, False)),
-    (16, 8192, {}, (2, False, False)),                                 # two splits: the counter merge
+    (16, 8192, {}, (2, False, True)),                                  # two splits: merged in pairs
     (1, 8192, {"persistent": True}, (1, False, False)),
 ])
 def test_decode_defaults_plan_the_slice_merge_for_batch_one(batch, context, options, expected):

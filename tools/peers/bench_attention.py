@@ -458,7 +458,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     SM of six stages ("s1c1"), one 4-D box a page piece ("s1wb") or both ("s1c1wb"); at batch 1
     past 16 splits, 16 splits in one CTA an SM of six stages ("s16c1": fewer, longer splits,
     half the merge); where the plan merges its splits by slices (a cooperative launch), the
-    counter's merge ("sl0": the plan before session 19) and the slice merge launched plainly ("co0");
+    counter's merge ("sl0") and the slice merge launched plainly ("co0"); where it differs, session
+    18's plan ("s18": evict-first past one L2, no slice merge, clusters only where every CTA fits);
     at batch 1 from 8k, four kv heads a CTA of six stages, one CTA an SM, merged by slices
     ("hgc1sl"); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the
     copies; at batch 1 where the plan slices, the plan with it) and with one CTA an SM of six
@@ -481,6 +482,12 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     if slices:  # the counter's merge (the plan before session 19), the slice merge without a cooperative launch
         alts["sl0"] = {"slice_merge": False}
         alts["co0"] = {"cooperative": False}
+    device = current_device()  # session 18's plan: evict-first past one L2, clusters only where every CTA fits
+    old_cluster = 2 <= splits <= 8 and batch * heads_kv * splits <= device.sm_count
+    old = {"evict_first": 2 * batch * heads_kv * 128 * ctx * 2 > device.l2_bytes, "slice_merge": False,
+           "cluster_merge": None if persistent or four_heads else old_cluster}
+    if old["evict_first"] != evict_first and (slices or old_cluster != cluster):  # (else "sl0", "cl0" or "ef" is it)
+        alts["s18"] = old
     if not (persistent or four_heads):  # the plan with the warps' merge a warp at a time (before session 18)
         alts["ws0"] = {"warp_slices": False}
     if splits > 1 and not (persistent or four_heads):  # the plan's splits merged by a second kernel (PDL)
