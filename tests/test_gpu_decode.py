@@ -286,6 +286,24 @@ def test_decode_plans_a_cooperative_slice_merge_for_one_long_request(device, rng
         np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
 
 
+def test_decode_plans_pairs_of_clusters_for_two_splits(device, rng):
+    """Batch 16, 8 kv heads: two splits (256 CTAs in 264 slots) merge in clusters of two by
+    default, more CTAs than the SMs; against float64 and bit-equal to the counter merge."""
+    lens = [1000] * 15 + [17]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, 32, 8, 128, 16, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for options in ({}, {"cluster_merge": False}):
+        out = poison(tf.empty(q.shape, "bfloat16"))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, out=out, **options)
+        config = getattr(prepared.launcher, "launcher", prepared.launcher).config
+        assert config.grid == (2, 8, 16) and config.cluster == ((2, 1, 1) if not options else (1, 1, 1)), config
+        prepared()
+        results.append(out.numpy())
+        assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, options
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
 def test_cooperative_decode_refuses_more_ctas_than_fit_at_once(device, rng):
     _, (Q, K, V, T, L) = _problem(rng, [2048, 2048], 8, 8, 32, 16, "bfloat16")
     with pytest.raises(tf.TmaflowError, match=r"cooperative=True with 512 CTAs .* a cooperative grid runs all at once"):
@@ -615,7 +633,7 @@ def test_merge_kernel_decode_against_float64_and_bit_equal_to_the_counter_merge(
 
 @pytest.mark.parametrize("options", [{}, {"num_splits": 5}, {"num_splits": 4, "cluster_merge": True},
                                      {"num_splits": 3, "merge_kernel": True}, {"num_splits": 2, "head_group": True},
-                                     {"persistent": True}])
+                                     {"persistent": True}, {"num_splits": 5, "slice_merge": True}])
 def test_pdl_decode_chain_sees_every_write_before_it(device, rng, options):
     """pdl=True, launched back to back with no host sync: append_kv writes each request's new
     key and value, a decode reads them, and a second decode's q is the first one's output (the

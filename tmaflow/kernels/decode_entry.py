@@ -277,7 +277,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     other splits, so every CTA of the call must fit on the GPU at once. None: at 16 or more
     splits (one kv head a CTA) whose CTAs all fit (``slice_merge_default``).
     ``cooperative``: the grid is launched cooperative (the driver runs it only with every CTA
-    resident at once; it refuses a grid larger than the GPU holds). None: with the slice merge.
+    resident at once; it refuses a grid larger than the GPU holds). None: with the slice merge
+    (not with ``pdl``).
     ``l2_promotion``: the K/V maps' L2 promotion ("none", "64B", "128B", "256B": a box row's
     miss fetches that much from DRAM; a kv head's key row is head_dim x 2 bytes); None: "none".
     ``ctas_per_sm`` (1-3): the K/V pipeline's stages fill that share of an SM's shared memory
@@ -446,7 +447,8 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
         raise TmaflowError(f"attention_decode: slice_merge=True with {b * items * splits} CTAs (batch {b} x {items} "
                            f"CTAs a request x {splits} splits); its splits wait on each other, so every CTA must run "
                            f"at once: at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
-    cooperative = slice_merge if cooperative is None else cooperative
+    if cooperative is None:  # (a PDL launch's CTAs wait on nothing but the kernel before: they all start)
+        cooperative = slice_merge and not pdl
     if cooperative and not persistent and b * items * splits > device.sm_count * ctas_per_sm:
         raise TmaflowError(f"attention_decode: cooperative=True with {b * items * splits} CTAs (batch {b} x {items} "
                            f"items x {splits} splits); a cooperative grid runs all at once: at most "
