@@ -8,9 +8,9 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default, decode_defaults,
-                                          decode_plan, evict_first_default, head_group_default, persistent_default,
-                                          slice_merge_default)
+from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default,
+                                          decode_defaults, decode_plan, evict_first_default, head_group_default,
+                                          persistent_default, slice_merge_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 

@@ -554,7 +554,7 @@ def test_head_group_decode_of_one_long_request_merges_many_splits(device, rng):
 
 @pytest.mark.parametrize("lens,heads_q,heads_kv,page,tokens,dtype,options", [
     ([20000], 32, 8, 16, None, "bfloat16", {"ctas_per_sm": 1}),            # batch 1, one CTA an SM: 2 x 63 splits
-    ([0, 1, 15, 17, 100, 1000], 32, 4, 64, None, "float16", {"num_splits": 7}),  # lengths 0 and short: splits without keys
+    ([0, 1, 15, 17, 100, 1000], 32, 4, 64, None, "float16", {"num_splits": 7}),  # splits without keys
     ([3, 2500, 1], 16, 8, 16, 2, "bfloat16", {"num_splits": 13}),          # 2 new tokens x 1 query head a kv head
 ])
 def test_head_group_slice_merge_against_float64_and_bit_equal_to_its_counter_merge(device, rng, lens, heads_q,

@@ -271,7 +271,8 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     head) items (one split: num_splits None or 1); None: when one split leaves more items than
     CTA slots. ``cluster_merge``: the splits of a (request, kv head) run as one thread-block
     cluster and merge through distributed shared memory instead of a workspace and a counter
-    (2-16 splits: give num_splits); None: at 2-8 splits when the CTAs are at most the SMs.
+    (2-16 splits: give num_splits); None: at 2-8 splits when the CTAs are at most the SMs, and at
+    two splits whatever the count (``cluster_merge_default``).
     ``slice_merge``: the workspace-and-counter merge, but every split merges a share of the
     output's columns once all have counted (no last CTA reads every split); it waits on the
     other splits, so every CTA of the call must fit on the GPU at once. None: at 16 or more

@@ -43,9 +43,10 @@ splits in a cluster (s16cl), in the same rounds ("alt" cells: their time over th
 above 1 = the plan is faster). Each row prints the plan (splits, evict-first, persistent,
 cluster merge); ``--decode-grid focus``: the 12 rows still short of issue 32's goal
 (session 18: batch 1 at 1k-32k, batch 16 at 8k-32k, batch 64 at 8k, batch 128 at 1k) with the
-quick grid's alternatives; ``--decode-rows 8:16:1:131072 ...``: these rows (GQA group, page, batch,
-context) alone, with the quick grid's alternatives; ``--clean``: also cold after a read of 2x L2 instead of a write (the write
-leaves the whole L2 dirty, and a call after it writes that back as it reads).
+quick grid's alternatives; ``--decode-rows 8:16:1:131072 ...``: these rows (GQA group, page,
+batch, context) alone, with the quick grid's alternatives; ``--clean``: also cold after a read of
+2x L2 instead of a write (the write leaves the whole L2 dirty, and a call after it writes that
+back as it reads).
 ``--decode-sweep``: the same shapes at page 16, the automatic plan against other split counts
 and the other L2 priority, with the copy, in the same rounds (cold, clean and back to back):
 the best per row.
@@ -67,8 +68,8 @@ from tmaflow import bench, kernels
 
 CP_ASYNC_HEAD_DIMS = (64, 128)  # the head dims kernels.attention_cp_async takes
 COLUMNS = ["dtype", "d", "seq", "batch", "causal", "best_peer", "cold ratio", "warm ratio", "rel_err_vs_peer"]
-DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "persistent", "head_group", "slice_merge",
-                  "best_peer", "cold GB/s", "cold ratio", "cold vs memcpy", "warm ratio", "warm vs memcpy",
+DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "persistent", "head_group",
+                  "slice_merge", "best_peer", "cold GB/s", "cold ratio", "cold vs memcpy", "warm ratio", "warm vs memcpy",
                   "rel_err_vs_peer"]
 DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "cold GB/s", "cold vs memcpy",
                         "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
