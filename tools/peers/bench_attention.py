@@ -462,7 +462,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     counter's merge ("sl0") and the slice merge launched plainly ("co0"); where it differs, session
     18's plan ("s18": evict-first past one L2, no slice merge, clusters only where every CTA fits);
     at batch 1 from 8k, four kv heads a CTA of six stages, one CTA an SM, merged by slices
-    ("hgc1sl"); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the
+    ("hgc1sl"), past batch 1 where its splits all fit, the same at its own CTAs an SM ("hgsl");
+    at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the
     copies; at batch 1 where the plan slices, the plan with it) and with one CTA an SM of six
     stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
@@ -529,6 +530,10 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["hgc1sl"] = {"head_group": True, "ctas_per_sm": 1, "slice_merge": True}
     if heads_kv % HEAD_GROUP == 0:
         alts["hg"] = {"head_group": True}
+        grouped = decode_defaults(batch, heads_kv, 128, page, ctx, device, head_group=True, slice_merge=True)
+        if batch > 1 and grouped.slice_merge and \
+                batch * grouped.items * grouped.splits <= device.sm_count * grouped.ctas_per_sm:
+            alts["hgsl"] = {"head_group": True, "slice_merge": True}  # its automatic splits merged by slices
         if batch * heads_kv // HEAD_GROUP >= current_device().sm_count // 2 and \
                 decode_defaults(batch, heads_kv, 128, page, ctx, current_device(), ctas=1, head_group=True).splits > 1:
             alts["hgs1c1"] = {"head_group": True, "num_splits": 1, "persistent": False, "ctas_per_sm": 1}
