@@ -254,7 +254,8 @@ def test_persistent_once_one_split_leaves_several_waves(batch, heads_kv, d, spli
 
 
 @pytest.mark.parametrize("context,batch,expected", [
-    (8192, 1, False),     # 33.5 MB of K+V at 8 kv heads: kept in a 50 MB L2 for the next call
+    (8192, 1, True),      # 33.5 MB of K+V at 8 kv heads: past half a 50 MB L2
+    (4096, 1, False),     # 16.8 MB: kept in L2 for the next call
     (32768, 1, True),     # 134 MB
     (1024, 4, False),
     (1024, 16, True),     # 67 MB
@@ -263,7 +264,7 @@ def test_persistent_once_one_split_leaves_several_waves(batch, heads_kv, d, spli
     (8192, 16, False),
     (32768, 16, False),   # 2.1 GB
 ])
-def test_evict_first_once_the_caches_outgrow_the_l2_up_to_eight_of_them(context, batch, expected):
+def test_evict_first_once_the_caches_outgrow_half_the_l2_up_to_eight_of_them(context, batch, expected):
     assert evict_first_default(batch, 8, 128, context, 2, 50 * 1024 * 1024) is expected
     assert evict_first_default(batch, 8, 128, context, 2, 4 * 2 * batch * 8 * 128 * context) is False
 
@@ -295,6 +296,26 @@ def test_decode_defaults_plan_the_slice_merge_for_batch_one(batch, context, opti
     from types import SimpleNamespace
     plan = decode_defaults(batch, 8, 128, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20), **options)
     assert (plan.splits, plan.slice_merge, plan.cluster_merge) == expected
+
+
+@pytest.mark.parametrize("batch,context,heads_kv,options,expected", [
+    (64, 8192, 8, {}, (True, 2, True, False)),             # the b64 8k row: four kv heads a CTA, slices
+    (64, 32768, 8, {}, (True, 2, True, False)),
+    (64, 1024, 8, {}, (False, 1, False, True)),            # short contexts keep the persistent walk
+    (64, 8192, 8, {"persistent": True}, (False, 1, False, True)),   # as asked
+    (64, 8192, 8, {"head_group": False}, (False, 1, False, True)),
+    (64, 16384, 6, {"persistent": True}, (False, 1, False, True)),  # kv heads not in fours: no groups
+    (16, 8192, 8, {}, (False, 2, False, False)),           # not persistent: pairs, as planned
+])
+def test_decode_defaults_take_head_groups_merged_by_slices_over_a_persistent_walk(batch, context, heads_kv, options,
+                                                                                 expected):
+    """(head group, splits, slice merge, persistent) at head dim 128, page 16, on 132 SMs."""
+    from types import SimpleNamespace
+    plan = decode_defaults(batch, heads_kv, 128, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
+                           **options)
+    assert (plan.head_group, plan.splits, plan.slice_merge, plan.persistent) == expected
+    if plan.slice_merge:  # the cooperative launch's condition: every CTA at once
+        assert batch * plan.items * plan.splits <= 132 * plan.ctas_per_sm
 
 
 def test_every_decode_plan_keeps_the_merge_region_whole():

@@ -38,6 +38,8 @@ _TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, hal
 _SM_SMEM = 228 * 1024  # an SM's shared memory (three CTAs: a third each, less their 1 KB)
 _MAX_STAGES = 8
 EVICT_FIRST_MAX_L2S = 8   # evict-first K/V up to this many L2s of them (evict_first_default)
+EVICT_FIRST_MIN_L2S = 0.5  # ... from this share of an L2 on
+GROUP_SLICE_MIN_CONTEXT = 8192  # head groups merged by slices replace a persistent plan from here (group_slice_default)
 MIN_SLICE_SPLITS = 16     # splits a default slice merge takes at least (below: the cluster or counter merge)
 
 
@@ -165,10 +167,12 @@ def evict_first_default(batch: int, heads_kv: int, head_dim: int, max_context: i
                         l2_bytes: int) -> bool:
     """Whether K and V pass through L2 at evict-first priority when the call does not say: when
     the keys and values a call may read (every request at the block table's full width) are
-    more than the L2 holds, up to EVICT_FIRST_MAX_L2S times it. Such a cache cannot stay in L2
-    from one call to the next, and read at normal priority its lines push out everything else
-    there, dirty lines written back to DRAM on the way (a cold benchmark's flush leaves the
-    whole L2 dirty: up to 50 MB more DRAM traffic a call). A smaller cache keeps normal
+    more than half the L2, up to EVICT_FIRST_MAX_L2S times it. Such a cache does not stay in L2
+    from one call to the next beside a model's other layers, and read at normal priority its
+    lines push out everything else there, dirty lines written back to DRAM on the way (a cold
+    benchmark's flush leaves the whole L2 dirty: up to 50 MB more DRAM traffic a call; H200,
+    session 19, batch 1 8k, 34 MB: evict-first 0.940 / 0.949 of normal priority's time cold,
+    0.999 / 0.978 back to back, 8:1 page 16 / 4:1 page 64). A smaller cache keeps normal
     priority, so a second read of it hits L2. A much larger one keeps it too: there the
     evict-first stream ran slower than the write-backs it saves (H200, session 16, three runs,
     cold, time at normal priority over evict-first's: 537 MB of K+V 0.959-0.965 at batch 1 128k
@@ -176,7 +180,15 @@ def evict_first_default(batch: int, heads_kv: int, head_dim: int, max_context: i
     at batch 128 1k 0.981-0.996; against 1.007-1.010 at 268 MB (batch 64 1k) and 1.05-1.09 at
     134 MB (batch 1 32k, batch 4 8k); after a clean flush 0.996-1.003 at 537 MB and up)."""
     kv_bytes = 2 * batch * heads_kv * head_dim * max_context * itemsize
-    return l2_bytes < kv_bytes <= EVICT_FIRST_MAX_L2S * l2_bytes
+    return EVICT_FIRST_MIN_L2S * l2_bytes < kv_bytes <= EVICT_FIRST_MAX_L2S * l2_bytes
+
+
+def group_slice_default(batch: int, max_context: int, persistent: bool) -> bool:
+    """Whether a call whose one-head plan walks items persistently takes four kv heads a CTA
+    with their automatic splits merged by slices instead (when the call says nothing and
+    those CTAs all fit at once: the caller checks): H200, session 19, batch 64 8k 8:1 page 64,
+    time over the persistent plan's 0.972 cold / 0.974 back to back (two splits, 256 CTAs)."""
+    return persistent and batch > 1 and max_context >= GROUP_SLICE_MIN_CONTEXT
 
 
 class Problem(NamedTuple):
@@ -402,6 +414,8 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
     """What a call plans on ``device`` for the options it was given (None: the defaults, in this
     order): head groups, splits and evict-first, persistence, the cluster and slice merges; also
     the CTAs a request and split (``items``) and the CTAs an SM of the non-persistent plan."""
+    free = head_group is None and num_splits is None and persistent is None and ctas is None and \
+        cluster_merge is None and slice_merge is None and not wide_box
     if head_group is None:
         head_group = num_splits is None and persistent is None and not (cluster_merge or slice_merge or wide_box) \
             and head_group_default(batch, heads_kv, head_dim, page_size, max_context, device.sm_count, ctas)
@@ -423,6 +437,12 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
         slice_merge = not (persistent or cluster_merge or head_group) and \
             slice_merge_default(batch, items, splits, device.sm_count, ctas_per_sm)
     slice_merge = bool(slice_merge) and splits > 1 and not persistent and not cluster_merge
+    if free and not head_group and heads_kv % HEAD_GROUP == 0 and head_dim in (64, 128) and \
+            group_slice_default(batch, max_context, persistent):
+        grouped = decode_defaults(batch, heads_kv, head_dim, page_size, max_context, device, evict_first=evict_first,
+                                  head_group=True, slice_merge=True)
+        if grouped.slice_merge and batch * grouped.items * grouped.splits <= device.sm_count * grouped.ctas_per_sm:
+            return grouped
     return SimpleNamespace(splits=splits, evict_first=evict_first, persistent=persistent,
                            cluster_merge=cluster_merge, slice_merge=slice_merge, head_group=head_group, items=items,
                            ctas_per_sm=ctas_per_sm)
