@@ -8,8 +8,9 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default, decode_plan,
-                                          evict_first_default, head_group_default, persistent_default)
+from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default,
+                                          decode_defaults, decode_plan, evict_first_default, head_group_default,
+                                          persistent_default, slice_merge_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -71,6 +72,9 @@ def decode_args(**change):
     ({"warp_slices": 1}, r"attention_decode: warp_slices=1 must be"),
     ({"merge_kernel": "yes"}, r"attention_decode: merge_kernel='yes' must be"),
     ({"pdl": 1}, r"attention_decode: pdl=1 must be"),
+    ({"cooperative": "yes"}, r"attention_decode: cooperative='yes' must be"),
+    ({"cooperative": True, "num_splits": 4, "cluster_merge": True},
+     r"attention_decode: cooperative=True with cluster_merge=True; .* leave cluster_merge None or False"),
     ({"merge_kernel": True, "num_splits": 1}, r"attention_decode: merge_kernel=True with num_splits=1, .* give num_splits None or 2-64"),
     ({"merge_kernel": True, "num_splits": 4, "cluster_merge": True}, r"merge_kernel=True with num_splits=4, cluster_merge=True"),
     ({"merge_kernel": True, "head_group": True}, r"merge_kernel=True .*head_group=True; the merge kernel merges"),
@@ -219,10 +223,12 @@ def test_slice_merge_decode_kernel_compiles_without_spills_or_bulk_copies(d, pag
     (1, 8, 8, True),      # batch 1 at 1k: 64 CTAs
     (2, 8, 8, True),      # 128 CTAs on 132 SMs
     (4, 8, 8, False),     # 256 CTAs: clusters of 8 at two an SM may not all fit the GPCs at once
+    (16, 8, 2, True),     # 256 CTAs in pairs: a pair fits an SM
+    (64, 8, 2, True),
     (1, 8, 32, False),    # over a portable cluster
     (16, 8, 1, False),    # nothing to merge
 ])
-def test_cluster_merge_when_few_ctas_split_in_portable_clusters(batch, heads_kv, splits, expected):
+def test_cluster_merge_when_few_ctas_split_in_portable_clusters_or_two_splits(batch, heads_kv, splits, expected):
     assert cluster_merge_default(batch, heads_kv, splits, 132) is expected
 
 
@@ -248,14 +254,68 @@ def test_persistent_once_one_split_leaves_several_waves(batch, heads_kv, d, spli
 
 
 @pytest.mark.parametrize("context,batch,expected", [
-    (8192, 1, False),     # 33.5 MB of K+V at 8 kv heads: kept in a 50 MB L2 for the next call
+    (8192, 1, True),      # 33.5 MB of K+V at 8 kv heads: past half a 50 MB L2
+    (4096, 1, False),     # 16.8 MB: kept in L2 for the next call
     (32768, 1, True),     # 134 MB
     (1024, 4, False),
     (1024, 16, True),     # 67 MB
+    (1024, 64, True),     # 268 MB: 5.1 L2s
+    (131072, 1, False),   # 537 MB: past 8 L2s, normal priority streams faster
+    (8192, 16, False),
+    (32768, 16, False),   # 2.1 GB
 ])
-def test_evict_first_once_the_caches_outgrow_the_l2(context, batch, expected):
+def test_evict_first_once_the_caches_outgrow_half_the_l2_up_to_eight_of_them(context, batch, expected):
     assert evict_first_default(batch, 8, 128, context, 2, 50 * 1024 * 1024) is expected
     assert evict_first_default(batch, 8, 128, context, 2, 4 * 2 * batch * 8 * 128 * context) is False
+
+
+@pytest.mark.parametrize("batch,items,splits,ctas_per_sm,expected", [
+    (1, 8, 32, 2, True),      # batch 1 at 8k-128k: 256 CTAs in 264 slots
+    (1, 8, 16, 1, True),      # 128 CTAs of six stages on 132 SMs
+    (1, 8, 8, 2, False),      # below 16 splits: the cluster or the counter merge
+    (2, 8, 16, 2, True),
+    (4, 8, 16, 2, False),     # 512 CTAs: not all at once
+    (1, 8, 48, 3, True),      # 384 of 396
+    (1, 1, 64, 2, True),
+])
+def test_slice_merge_where_many_splits_all_fit_at_once(batch, items, splits, ctas_per_sm, expected):
+    assert slice_merge_default(batch, items, splits, 132, ctas_per_sm) is expected
+
+
+@pytest.mark.parametrize("batch,context,options,expected", [
+    (1, 8192, {}, (32, True, False)),                                  # the b1 8k row: slices
+    (1, 131072, {}, (32, True, False)),
+    (1, 1024, {}, (8, False, True)),                                   # clusters of 8 at 1k
+    (1, 8192, {"slice_merge": False}, (32, False, False)),             # the counter merge, as asked
+    (1, 8192, {"num_splits": 16, "ctas": 1}, (16, True, False)),
+    (16, 8192, {}, (2, False, True)),                                  # two splits: merged in pairs
+    (1, 8192, {"persistent": True}, (1, False, False)),
+])
+def test_decode_defaults_plan_the_slice_merge_for_batch_one(batch, context, options, expected):
+    """(splits, slice merge, cluster merge) at 8 kv heads, head dim 128, page 16, on 132 SMs."""
+    from types import SimpleNamespace
+    plan = decode_defaults(batch, 8, 128, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20), **options)
+    assert (plan.splits, plan.slice_merge, plan.cluster_merge) == expected
+
+
+@pytest.mark.parametrize("batch,context,heads_kv,options,expected", [
+    (64, 8192, 8, {}, (True, 2, True, False)),             # the b64 8k row: four kv heads a CTA, slices
+    (64, 32768, 8, {}, (True, 2, True, False)),
+    (64, 1024, 8, {}, (False, 1, False, True)),            # short contexts keep the persistent walk
+    (64, 8192, 8, {"persistent": True}, (False, 1, False, True)),   # as asked
+    (64, 8192, 8, {"head_group": False}, (False, 1, False, True)),
+    (64, 16384, 6, {"persistent": True}, (False, 1, False, True)),  # kv heads not in fours: no groups
+    (16, 8192, 8, {}, (False, 2, False, False)),           # not persistent: pairs, as planned
+])
+def test_decode_defaults_take_head_groups_merged_by_slices_over_a_persistent_walk(batch, context, heads_kv, options,
+                                                                                 expected):
+    """(head group, splits, slice merge, persistent) at head dim 128, page 16, on 132 SMs."""
+    from types import SimpleNamespace
+    plan = decode_defaults(batch, heads_kv, 128, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
+                           **options)
+    assert (plan.head_group, plan.splits, plan.slice_merge, plan.persistent) == expected
+    if plan.slice_merge:  # the cooperative launch's condition: every CTA at once
+        assert batch * plan.items * plan.splits <= 132 * plan.ctas_per_sm
 
 
 def test_every_decode_plan_keeps_the_merge_region_whole():
@@ -404,7 +464,7 @@ def test_head_group_options_are_checked():
     args, _ = decode_args(k_cache=arr((10, 16, 4, 128)), v_cache=arr((10, 16, 4, 128)))
     with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=1 must be"):
         kernels.attention_decode(*args.values(), head_group=1)
-    for other in ({"cluster_merge": True, "num_splits": 4}, {"slice_merge": True}, {"wide_box": True}):
+    for other in ({"cluster_merge": True, "num_splits": 4}, {"wide_box": True}):
         with pytest.raises(tf.TmaflowError, match=r"attention_decode: head_group=True with cluster_merge=.*leave those None"):
             kernels.attention_decode(*args.values(), head_group=True, **other)
     args, _ = decode_args()  # two kv heads
@@ -523,3 +583,26 @@ def test_pdl_decode_kernel_waits_before_its_first_global_load(extra):
              for op in ("ACQBULK", "PREEXIT", "LDG", "UTMALDG")}
     assert None not in first.values(), first
     assert first["ACQBULK"] < first["LDG"] and first["ACQBULK"] < first["UTMALDG"], first
+
+
+@pytest.mark.parametrize("d,page,ctas,fp16,evict_first", [(128, 16, 1, 0, 0), (128, 64, 2, 1, 1), (64, 16, 1, 0, 1),
+                                                          (256, 16, None, 0, 0)])
+def test_head_group_slice_merge_kernel_compiles_without_bulk_copies(d, page, ctas, fp16, evict_first):
+    """Four kv heads a CTA, each split merging its share of the four heads' columns: the slice
+    merge's two counts and acquire load, no bulk copy, no spills, the plan's CTAs an SM."""
+    _, layout, got_ctas = decode_plan(d, page, ctas=ctas, head_group=True)
+    k, sass = _four_d_decode_kernel(layout, d, page, 0, evict_first, got_ctas,
+                                    {"HEAD_GROUP": 1, "SLICE_MERGE": 1, **({"FP16": 1} if fp16 else {})})
+    assert "UBLKCP" not in sass and "MEMBAR.SC.GPU" not in sass
+    assert sass.count("ATOMG.E.ADD") == 2 and "LDG.E.STRONG.GPU" in sass
+    assert len(k.params) == 15
+
+
+def test_head_group_takes_the_slice_merge_where_asked_and_its_ctas_fit():
+    """Batch 1 at 8k, one CTA an SM: two groups x 63 splits in 132 slots (95% of them)."""
+    from types import SimpleNamespace
+    plan = decode_defaults(1, 8, 128, 16, 8192, SimpleNamespace(sm_count=132, l2_bytes=50 << 20), head_group=True,
+                           slice_merge=True, ctas=1)
+    assert (plan.splits, plan.items, plan.slice_merge, plan.ctas_per_sm) == (63, 2, True, 1)
+    assert not decode_defaults(1, 8, 128, 16, 8192, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
+                               head_group=True).slice_merge  # not by default

@@ -5,7 +5,8 @@ one and several splits (up to 64, merged in several rounds), persistent CTAs wal
 requests (bit-equal to one CTA a request), K and V at normal or evict-first L2 priority, 1-8
 new tokens a request, one request of 128k keys, poisoned outputs and split workspace; a torch
 CUDA graph replayed with new lengths; append then decode; both under torch.compile; the splits
-merged by slices (slice_merge) or by a second kernel (merge_kernel), the maps' L2 promotion
+merged by slices (slice_merge: the default at 16+ splits that fit, a cooperative launch; four
+kv heads a CTA too) or by a second kernel (merge_kernel), the maps' L2 promotion
 and the warps merged a warp at a time (warp_slices=False), bit-equal to the default paths;
 PDL launches (pdl=True) in a chain that reads what the kernel before wrote."""
 import numpy as np
@@ -258,6 +259,57 @@ def test_decode_with_l2_promotion_gives_the_same_bits(device, rng, lens, heads_q
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
 
 
+@pytest.mark.parametrize("lens,heads_q,heads_kv,page,dtype", [
+    ([8192], 64, 8, 16, "bfloat16"),          # the b1 8k row: 32 splits, 256 CTAs
+    ([5000], 32, 8, 64, "float16"),           # a length short of the table: splits past it see no key
+    ([40000], 8, 1, 16, "bfloat16"),          # one kv head: 64 splits
+])
+def test_decode_plans_a_cooperative_slice_merge_for_one_long_request(device, rng, lens, heads_q, heads_kv, page,
+                                                                     dtype):
+    """Batch 1 past 16 splits: the default merges by slices in a cooperative grid; against
+    float64, the same bits again, as the counter merge's and as the slice merge launched plainly."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, 128, page, dtype,
+                                                           width=-(-8192 // page) if lens == [5000] else None)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for options in ({}, {}, {"slice_merge": False}, {"cooperative": False}):
+        out = poison(tf.empty(q.shape, dtype))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, out=out, **options)
+        config = getattr(prepared.launcher, "launcher", prepared.launcher).config  # (the split workspace wraps it)
+        assert config.cooperative is (options == {}), (options, config)
+        assert config.grid[0] >= 16 and config.cluster == (1, 1, 1), config
+        prepared()
+        results.append(out.numpy())
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (options, rel_error(got, ref))
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
+def test_decode_plans_pairs_of_clusters_for_two_splits(device, rng):
+    """Batch 16, 8 kv heads: two splits (256 CTAs in 264 slots) merge in clusters of two by
+    default, more CTAs than the SMs; against float64 and bit-equal to the counter merge."""
+    lens = [1000] * 15 + [17]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, 32, 8, 128, 16, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for options in ({}, {"cluster_merge": False}):
+        out = poison(tf.empty(q.shape, "bfloat16"))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, out=out, **options)
+        config = getattr(prepared.launcher, "launcher", prepared.launcher).config
+        assert config.grid == (2, 8, 16) and config.cluster == ((2, 1, 1) if not options else (1, 1, 1)), config
+        prepared()
+        results.append(out.numpy())
+        assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, options
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+def test_cooperative_decode_refuses_more_ctas_than_fit_at_once(device, rng):
+    _, (Q, K, V, T, L) = _problem(rng, [2048, 2048], 8, 8, 32, 16, "bfloat16")
+    with pytest.raises(tf.TmaflowError, match=r"cooperative=True with 512 CTAs .* a cooperative grid runs all at once"):
+        kernels.attention_decode(Q, K, V, T, L, num_splits=32, cooperative=True)
+
+
 def test_slice_merge_refuses_more_ctas_than_fit_at_once(device, rng):
     """Its splits wait on each other: a grid that does not fit the GPU at once could hang."""
     _, (Q, K, V, T, L) = _problem(rng, [2048, 2048], 8, 8, 32, 16, "bfloat16")
@@ -323,7 +375,8 @@ def test_decode_plans_persistent_for_many_short_requests(device, rng):
 @pytest.mark.parametrize("num_splits,evict_first", [(None, None), (16, False)])
 def test_decode_of_one_request_of_128k_keys(device, rng, num_splits, evict_first):
     """131072 keys on one kv head, GQA 8:1: the automatic plan spreads it over 64 splits of
-    2048 keys, evict-first (67 MB of K+V outgrow the L2); the merge stays exact to bf16."""
+    2048 keys, evict-first (67 MB of K+V outgrow the L2), merged by slices in a cooperative
+    grid; the merge stays exact to bf16."""
     (q, k, v, table, lens), (Q, K, V, T, L) = _problem(rng, [1 << 17], 8, 1, 128, 64, "bfloat16")
     out = poison(tf.empty(q.shape, "bfloat16"))
     kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first, out=out, scale=0.1)
@@ -331,10 +384,13 @@ def test_decode_of_one_request_of_128k_keys(device, rng, num_splits, evict_first
     assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 
 
-@pytest.mark.parametrize("num_splits,evict_first,merge_kernel", [(5, None, None), (None, True, None), (5, None, True)])
-def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first, merge_kernel):
+@pytest.mark.parametrize("num_splits,evict_first,merge_kernel,slice_merge", [
+    (5, None, None, None), (None, True, None, None), (5, None, True, None), (5, None, None, True)])
+def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_splits, evict_first, merge_kernel,
+                                                                slice_merge):
     """Captured at the table's full width (the block-table window loaded with the length is
-    the right one), replayed at lengths where it is not; the merge kernel's PDL launch too."""
+    the right one), replayed at lengths where it is not; the merge kernel's PDL launch and the
+    slice merge's cooperative launch too."""
     torch = pytest.importorskip("torch")
     width, page = 40, 16
     (q, k, v, table, lens), _ = _problem(rng, [width * page] * 5, 32, 8, 128, page, "bfloat16")
@@ -347,12 +403,12 @@ def test_decode_in_a_torch_cuda_graph_replays_with_new_lengths(device, rng, num_
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up outside the capture: the split workspace is made here
         kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
-                                 merge_kernel=merge_kernel)
+                                 merge_kernel=merge_kernel, slice_merge=slice_merge)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=s):
         out = kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, evict_first=evict_first,
-                                       merge_kernel=merge_kernel)
+                                       merge_kernel=merge_kernel, slice_merge=slice_merge)
     for replay in range(4):
         new = rng.integers(0, width * page + 1, size=5).astype(np.int32)
         new[replay] = [0, 1, 17, width * page][replay]
@@ -496,6 +552,35 @@ def test_head_group_decode_of_one_long_request_merges_many_splits(device, rng):
         assert rel_error(_download(out, "bfloat16"), ref) < 1e-2, (options, rel_error(_download(out, "bfloat16"), ref))
 
 
+@pytest.mark.parametrize("lens,heads_q,heads_kv,page,tokens,dtype,options", [
+    ([20000], 32, 8, 16, None, "bfloat16", {"ctas_per_sm": 1}),            # batch 1, one CTA an SM: 2 x 63 splits
+    ([0, 1, 15, 17, 100, 1000], 32, 4, 64, None, "float16", {"num_splits": 7}),  # splits without keys
+    ([3, 2500, 1], 16, 8, 16, 2, "bfloat16", {"num_splits": 13}),          # 2 new tokens x 1 query head a kv head
+])
+def test_head_group_slice_merge_against_float64_and_bit_equal_to_its_counter_merge(device, rng, lens, heads_q,
+                                                                                   heads_kv, page, tokens, dtype,
+                                                                                   options):
+    """Four kv heads a CTA, every split merging its share of the group's columns: against
+    float64, the same bits launch after launch and as the group's counter merge."""
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, 128, page, dtype,
+                                                           tokens=tokens)
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for slice_merge in (True, True, False):
+        out = poison(tf.empty(q.shape, dtype))
+        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, head_group=True, slice_merge=slice_merge, out=out,
+                                                    **options)
+        config = getattr(prepared.launcher, "launcher", prepared.launcher).config
+        assert config.cooperative is slice_merge and config.grid[1] == heads_kv // 4, config
+        prepared()
+        results.append(out.numpy())
+        got = _download(out, dtype)
+        assert rel_error(got, ref) < 1e-2, (slice_merge, rel_error(got, ref))
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+    for other in results[1:]:
+        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+
 @pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,options", [
     ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 1}),
     ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 7}),   # the counter's merge
@@ -548,7 +633,7 @@ def test_merge_kernel_decode_against_float64_and_bit_equal_to_the_counter_merge(
 
 @pytest.mark.parametrize("options", [{}, {"num_splits": 5}, {"num_splits": 4, "cluster_merge": True},
                                      {"num_splits": 3, "merge_kernel": True}, {"num_splits": 2, "head_group": True},
-                                     {"persistent": True}])
+                                     {"persistent": True}, {"num_splits": 5, "slice_merge": True}])
 def test_pdl_decode_chain_sees_every_write_before_it(device, rng, options):
     """pdl=True, launched back to back with no host sync: append_kv writes each request's new
     key and value, a decode reads them, and a second decode's q is the first one's output (the

@@ -24,17 +24,19 @@
 // off a short call's critical path). The sums run over the splits in order, as the counter's
 // merge does: the two give equal bits. All five warps (the producer's too) meet at both
 // cluster barriers.
-// SLICE_MERGE (counter path, every CTA of the grid resident at once: decode_entry checks it):
-// no last CTA reads every split. Each split publishes its partials and counts, waits until all
-// splits of its (request, kv head) have counted, then merges its own share of the output's
-// columns (every split's piece of them, one L2 round trip): same weights, sums and order as
-// the counter's merge, equal bits.
+// SLICE_MERGE (counter path, every CTA of the grid resident at once: decode_entry checks it and
+// launches the grid cooperative): no last CTA reads every split. Each split publishes its
+// partials and counts, waits until all splits of its (request, kv head) have counted, then
+// merges its own share of the output's columns (every split's piece of them, one L2 round
+// trip): same weights, sums and order as the counter's merge, equal bits. With HEAD_GROUP the
+// share is of the four heads' columns.
 // HEAD_GROUP (head dims a multiple of 64, heads_kv a multiple of 4): a CTA is one (split, four
 // kv heads, request), consumer warp w the whole key range of kv head 4 g + w (no warps' merge).
 // A stage is 16 keys of the four heads: one copy of a 4-D box (4 heads, column blocks, 16 rows,
 // 64), 16 runs of 1 KB where one kv head's boxes are 256 B at a 2 KB stride (a page's row is
 // every kv head's). Q's fragments live in registers, loaded once from global memory. Several
-// splits: the last CTA of the group merges its four heads at once (their slots are one run).
+// splits: the last CTA of the group merges its four heads at once (their slots are one run),
+// or (SLICE_MERGE) every split its share of them.
 // MERGE_KERNEL (counter path, one kv head a CTA): no count and no last CTA. Each split publishes
 // its partials and leaves; attention_decode_merge, launched next with PDL (its CTAs resident
 // and waiting on this grid's completion meanwhile), merges them, a thread a 4-column group of
@@ -107,8 +109,8 @@ constexpr int kStepKeys = kKeys / kHeads;                       // keys of a kv 
 constexpr int kBoxKeys = HEAD_GROUP ? kStepKeys : PAGE_SIZE < kKeys ? PAGE_SIZE : kKeys;  // one page, or a tile's part of one
 constexpr int kPieces = kKeys / kBoxKeys;                       // page pieces (HEAD_GROUP: heads) a tile
 constexpr bool kWideTile = WIDE_BOX || HEAD_GROUP;             // pieces of every column block, piece-major
-static_assert(!HEAD_GROUP || (PAGE_SIZE % kStepKeys == 0 && !CLUSTER_MERGE && !SLICE_MERGE && !WIDE_BOX),
-              "HEAD_GROUP: 16-key steps within a page, the counter merge");
+static_assert(!HEAD_GROUP || (PAGE_SIZE % kStepKeys == 0 && !CLUSTER_MERGE && !WIDE_BOX),
+              "HEAD_GROUP: 16-key steps within a page, the counter or the slice merge");
 constexpr int kRows = 16;                                       // query rows of the mma: q_len x group
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
 static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
@@ -132,7 +134,8 @@ static_assert(!CLUSTER_MERGE || !PERSISTENT, "a persistent CTA walks whole reque
 static_assert(!SLICE_MERGE || (!PERSISTENT && !CLUSTER_MERGE), "the slice merge is the counter path's");
 static_assert(!MERGE_KERNEL || (!PERSISTENT && !CLUSTER_MERGE && !SLICE_MERGE && !HEAD_GROUP),
               "MERGE_KERNEL replaces the counter's merge of one kv head's splits");
-static_assert(kMergeBytes >= kLseBytes + (kRows * D / 4 + MAX_SPLITS) * 16, "the slice merge's pieces fit");
+static_assert(kMergeBytes >= kHeads * kLseBytes + (kHeads * kRows * D / 4 + MAX_SPLITS) * 16,
+              "the slice merge's log-sum-exps and pieces fit");
 constexpr int kBoxBytes = kWideTile ? kBoxKeys * kTileCols * 2 : kBoxKeys * 128;
 static_assert(L::kv::k_bytes == kKeys * kTileCols * 2 && L::kv::k_box_stride == kHeads * kBoxBytes,
               "plan does not match HEAD_DIM, PAGE_SIZE, WIDE_BOX and HEAD_GROUP");
@@ -272,7 +275,9 @@ TMAFLOW_DEVICE uint32_t load_acquire(const uint32_t* at) {
 // The splits' merge, each split its share of the output's 4-column groups (consumer warps;
 // this CTA's partials are in the workspace, the named barrier after them passed). The counter
 // goes 0 .. splits - 1 as the splits arrive, on to 2 splits - 1 as they leave (each after it
-// saw every arrival): the last to leave sets it back to 0 for the next launch.
+// saw every arrival): the last to leave sets it back to 0 for the next launch. HEAD_GROUP: the
+// columns are the group's kHeads heads' one after another (head h's split s is slot
+// h x splits + s from `first`, as in merge_splits).
 template <class RowOffset>
 TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part_lse, uint32_t* counter,
                                 size_t first, elem_t* out, int rows, int splits, int split, RowOffset row_offset) {
@@ -284,42 +289,48 @@ TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part
   }
   named_barrier::sync(1, kConsumers);  // thread 0's acquire is the CTA's
   trace::mark(5);
-  float* lse = static_cast<float*>(S.kv_k(0));                           // [split][kRows]
-  float4* pieces = reinterpret_cast<float4*>(lse + MAX_SPLITS * kRows);  // [split][n]
-  const int columns = rows * D / 4, share = (columns + splits - 1) / splits;
+  float* lse = static_cast<float*>(S.kv_k(0));                                    // [slot][kRows]
+  float4* pieces = reinterpret_cast<float4*>(lse + kHeads * MAX_SPLITS * kRows);  // [split][n]
+  const int head_columns = rows * D / 4, columns = kHeads * head_columns, share = (columns + splits - 1) / splits;
   const int c0 = min(columns, split * share), n = min(columns, c0 + share) - c0;
+  const int lse_count = kHeads * splits * rows;
   // The pieces and log-sum-exps, kBatch of each a thread in flight before any is stored: one L2
   // round trip at 32 splits (.cg: other SMs wrote them).
   constexpr int kBatch = 4;
-  for (int i0 = threadIdx.x; i0 < splits * max(n, rows); i0 += kBatch * kConsumers) {
+  for (int i0 = threadIdx.x; i0 < max(splits * n, lse_count); i0 += kBatch * kConsumers) {
     float4 v[kBatch];
     float x[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int i = i0 + k * kConsumers;
-      if (i < splits * n) v[k] = __ldcg(reinterpret_cast<const float4*>(part + (first + i / n) * rows * D) + c0 + i % n);
-      if (i < splits * rows) x[k] = __ldcg(part_lse + (first + i / rows) * kRows + i % rows);
+      if (i < splits * n) {
+        const int column = c0 + i % n, h = column / head_columns;
+        v[k] = __ldcg(reinterpret_cast<const float4*>(part + (first + h * splits + i / n) * rows * D) +
+                      column % head_columns);
+      }
+      if (i < lse_count) x[k] = __ldcg(part_lse + (first + i / rows) * kRows + i % rows);
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
       const int i = i0 + k * kConsumers;
       if (i < splits * n) pieces[i] = v[k];
-      if (i < splits * rows) lse[(i / rows) * kRows + i % rows] = x[k];
+      if (i < lse_count) lse[(i / rows) * kRows + i % rows] = x[k];
     }
   }
   named_barrier::sync(1, kConsumers);
   for (int j = threadIdx.x; j < n; j += kConsumers) {
-    const int i = c0 + j, r = i / (D / 4);
+    const int i = c0 + j, h = i / head_columns, c = i % head_columns, r = c / (D / 4);
+    const float* head_lse = lse + h * splits * kRows;
     float m = neg_inf(), total = 0.f;
-    for (int s = 0; s < splits; ++s) m = fmaxf(m, lse[s * kRows + r]);
+    for (int s = 0; s < splits; ++s) m = fmaxf(m, head_lse[s * kRows + r]);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < splits; ++s) {
-      const float w = m == neg_inf() ? 0.f : math::exp2_approx(lse[s * kRows + r] - m);
+      const float w = m == neg_inf() ? 0.f : math::exp2_approx(head_lse[s * kRows + r] - m);
       total += w;
       add_weighted(acc, w, pieces[s * n + j]);
     }
     const float inv = total > 0.f ? 1.f / total : 0.f;
-    *reinterpret_cast<uint2*>(out + row_offset(r) + (i % (D / 4)) * 4) =
+    *reinterpret_cast<uint2*>(out + row_offset(h, r) + (c % (D / 4)) * 4) =
         make_uint2(pack2(acc.x * inv, acc.y * inv), pack2(acc.z * inv, acc.w * inv));
   }
   trace::mark(6);
@@ -735,7 +746,8 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   // thread 0 reads the other splits' partials (by bulk copies): its acquire is the CTA's.
   named_barrier::sync(1, kConsumers);
 #if SLICE_MERGE
-  slice_merge(S, part, part_lse, counters + b * heads_kv + kvh, first, out, rows, splits, split, row_offset);
+  slice_merge(S, part, part_lse, counters + b * heads_kv + kvh, (size_t(b) * heads_kv + kvh) * splits, out, rows,
+              splits, split, [&](int h, int r) { return row_offset_of(kvh + h, r); });
   return;
 #endif
   bool last = false;

@@ -37,6 +37,10 @@ MERGE_THREADS = 64        # attention_decode_merge's CTAs (decode.cu's __launch_
 _TWO_CTAS = HOPPER_SMEM_LIMIT // 2 - 1024  # an SM's 228 KB less 1 KB a CTA, halved
 _SM_SMEM = 228 * 1024  # an SM's shared memory (three CTAs: a third each, less their 1 KB)
 _MAX_STAGES = 8
+EVICT_FIRST_MAX_L2S = 8   # evict-first K/V up to this many L2s of them (evict_first_default)
+EVICT_FIRST_MIN_L2S = 0.5  # ... from this share of an L2 on
+GROUP_SLICE_MIN_CONTEXT = 8192  # head groups merged by slices replace a persistent plan from here (group_slice_default)
+MIN_SLICE_SPLITS = 16     # splits a default slice merge takes at least (below: the cluster or counter merge)
 
 
 @functools.lru_cache(maxsize=64)
@@ -139,19 +143,52 @@ def cluster_merge_default(batch: int, heads_kv: int, splits: int, sm_count: int)
     memory, when the call does not say: 2-8 splits (a portable cluster) and at most one CTA an
     SM in all (every cluster fits at once whatever the GPCs' sizes). That is a short call (batch
     1 at 1k: 8 splits x 8 kv heads), whose time is a chain of round trips: the counter's merge
-    adds a workspace write, an atomic (in DRAM after a cold flush) and a copy of the partials."""
-    return 2 <= splits <= 8 and batch * heads_kv * splits <= sm_count
+    adds a workspace write, an atomic (in DRAM after a cold flush) and a copy of the partials.
+    Two splits merge in pairs at any CTA count (a pair shares an SM of two CTAs): H200, session
+    16, two runs, time over the counter merge's, cold / back to back: batch 16 8k 4:1 0.985-0.990
+    / 0.975-0.979, 32k 8:1 0.987-0.988 / 0.979-0.987 (256 CTAs; eight a cluster at batch 4 8k:
+    1.17-1.22)."""
+    return splits == 2 or (2 <= splits <= 8 and batch * heads_kv * splits <= sm_count)
+
+
+def slice_merge_default(batch: int, items: int, splits: int, sm_count: int, ctas_per_sm: int) -> bool:
+    """Whether the splits of a (request, kv head) merge by slices when the call does not say:
+    at MIN_SLICE_SPLITS or more splits (a short call's: batch 1 at 8k-128k, 32 splits of 8 kv
+    heads) whose CTAs all fit the GPU at once (the launch is cooperative: the driver runs it
+    only with every CTA resident, as the splits wait on each other). Each split then merges its
+    share of the columns after one count, where the counter's last CTA copies in every split's
+    partials and merges them alone (H200, session 16, batch 1, cold / back to back, time over
+    the counter merge's: 8k 0.940 / 0.884 (8:1) and 0.969 / 0.975 (4:1), 32k 0.972 / 0.953 and
+    0.986 / 0.966, 128k 0.985 / 0.980 and 0.996 / 0.992; at 1k 1.07 against the cluster merge)."""
+    return splits >= MIN_SLICE_SPLITS and batch * items * splits <= sm_count * ctas_per_sm
 
 
 def evict_first_default(batch: int, heads_kv: int, head_dim: int, max_context: int, itemsize: int,
                         l2_bytes: int) -> bool:
     """Whether K and V pass through L2 at evict-first priority when the call does not say: when
     the keys and values a call may read (every request at the block table's full width) are
-    more than the L2 holds. Such a cache cannot stay in L2 from one call to the next, and read
-    at normal priority its lines push out everything else there, dirty lines written back to
-    DRAM on the way (a cold benchmark's flush leaves the whole L2 dirty: up to 50 MB more DRAM
-    traffic a call). A smaller cache keeps normal priority, so a second read of it hits L2."""
-    return 2 * batch * heads_kv * head_dim * max_context * itemsize > l2_bytes
+    more than half the L2, up to EVICT_FIRST_MAX_L2S times it. Such a cache does not stay in L2
+    from one call to the next beside a model's other layers, and read at normal priority its
+    lines push out everything else there, dirty lines written back to DRAM on the way (a cold
+    benchmark's flush leaves the whole L2 dirty: up to 50 MB more DRAM traffic a call; H200,
+    session 19, batch 1 8k, 34 MB: evict-first 0.940 / 0.949 of normal priority's time cold,
+    0.999 / 0.978 back to back, 8:1 page 16 / 4:1 page 64). A smaller cache keeps normal
+    priority, so a second read of it hits L2. A much larger one keeps it too: there the
+    evict-first stream ran slower than the write-backs it saves (H200, session 16, three runs,
+    cold, time at normal priority over evict-first's: 537 MB of K+V 0.959-0.965 at batch 1 128k
+    and 0.958-0.963 at batch 16 8k, 2.1 GB 0.958-0.973 at batch 16 32k and batch 64 8k, 537 MB
+    at batch 128 1k 0.981-0.996; against 1.007-1.010 at 268 MB (batch 64 1k) and 1.05-1.09 at
+    134 MB (batch 1 32k, batch 4 8k); after a clean flush 0.996-1.003 at 537 MB and up)."""
+    kv_bytes = 2 * batch * heads_kv * head_dim * max_context * itemsize
+    return EVICT_FIRST_MIN_L2S * l2_bytes < kv_bytes <= EVICT_FIRST_MAX_L2S * l2_bytes
+
+
+def group_slice_default(batch: int, max_context: int, persistent: bool) -> bool:
+    """Whether a call whose one-head plan walks items persistently takes four kv heads a CTA
+    with their automatic splits merged by slices instead (when the call says nothing and
+    those CTAs all fit at once: the caller checks): H200, session 19, batch 64 8k 8:1 page 64,
+    time over the persistent plan's 0.972 cold / 0.974 back to back (two splits, 256 CTAs)."""
+    return persistent and batch > 1 and max_context >= GROUP_SLICE_MIN_CONTEXT
 
 
 class Problem(NamedTuple):
@@ -222,7 +259,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
                      cluster_merge: bool | None = None, slice_merge: bool | None = None, l2_promotion: str | None = None,
                      ctas_per_sm: int | None = None, wide_box: bool | None = None, head_group: bool | None = None,
                      warp_slices: bool | None = None, merge_kernel: bool | None = None, pdl: bool | None = None,
-                     out=None, stream=None):
+                     cooperative: bool | None = None, out=None, stream=None):
     """One decode step of attention over a paged KV cache: ``out[b, h] = softmax(scale * q[b, h]
     . K_b^T) V_b`` where request b's keys are its first ``seq_lens[b]`` cache rows, key j at
     ``k_cache[block_table[b, j // page_size], j % page_size, h // (heads_q / heads_kv)]``.
@@ -246,10 +283,15 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     head) items (one split: num_splits None or 1); None: when one split leaves more items than
     CTA slots. ``cluster_merge``: the splits of a (request, kv head) run as one thread-block
     cluster and merge through distributed shared memory instead of a workspace and a counter
-    (2-16 splits: give num_splits); None: at 2-8 splits when the CTAs are at most the SMs.
+    (2-16 splits: give num_splits); None: at 2-8 splits when the CTAs are at most the SMs, and at
+    two splits whatever the count (``cluster_merge_default``).
     ``slice_merge``: the workspace-and-counter merge, but every split merges a share of the
     output's columns once all have counted (no last CTA reads every split); it waits on the
-    other splits, so every CTA of the call must fit on the GPU at once. None: off.
+    other splits, so every CTA of the call must fit on the GPU at once. None: at 16 or more
+    splits (one kv head a CTA) whose CTAs all fit (``slice_merge_default``).
+    ``cooperative``: the grid is launched cooperative (the driver runs it only with every CTA
+    resident at once; it refuses a grid larger than the GPU holds). None: with the slice merge
+    (not with ``pdl``).
     ``l2_promotion``: the K/V maps' L2 promotion ("none", "64B", "128B", "256B": a box row's
     miss fetches that much from DRAM; a kv head's key row is head_dim x 2 bytes); None: "none".
     ``ctas_per_sm`` (1-3): the K/V pipeline's stages fill that share of an SM's shared memory
@@ -274,11 +316,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     Returns out, q's shape, of q's kind."""
     if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
             or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None \
-            or head_group is not None or warp_slices is not None or merge_kernel is not None or pdl is not None:
+            or head_group is not None or warp_slices is not None or merge_kernel is not None or pdl is not None \
+            or cooperative is not None:
         num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
-            head_group, warp_slices, merge_kernel, pdl = _OPTIONS.check(
+            head_group, warp_slices, merge_kernel, pdl, cooperative = _OPTIONS.check(
                 num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box,
-                head_group, warp_slices, merge_kernel, pdl)
+                head_group, warp_slices, merge_kernel, pdl, cooperative)
         if persistent and num_splits not in (None, 1):
             raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                                "CTA walks whole requests: give num_splits None or 1")
@@ -290,10 +333,13 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
             raise TmaflowError(f"attention_decode: slice_merge=True with num_splits={num_splits}, cluster_merge="
                                f"{cluster_merge} and persistent={persistent}; the slice merge merges the splits of the "
                                "workspace-and-counter path: give num_splits None or 2-64 and leave the others off")
-        if head_group and (cluster_merge or slice_merge or wide_box):
-            raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge}, slice_merge="
-                               f"{slice_merge} and wide_box={wide_box}; a head group's splits merge by the workspace "
-                               "and counter, its box is already wide: leave those None or False")
+        if head_group and (cluster_merge or wide_box):
+            raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge} and wide_box="
+                               f"{wide_box}; a head group's splits merge by the workspace (the counter or slices), "
+                               "its box is already wide: leave those None or False")
+        if cooperative and cluster_merge:
+            raise TmaflowError("attention_decode: cooperative=True with cluster_merge=True; a cooperative grid is "
+                               "launched without clusters: leave cluster_merge None or False")
         if merge_kernel and (cluster_merge or slice_merge or persistent or head_group or num_splits == 1):
             raise TmaflowError(f"attention_decode: merge_kernel=True with num_splits={num_splits}, cluster_merge="
                                f"{cluster_merge}, slice_merge={slice_merge}, persistent={persistent} and head_group="
@@ -317,15 +363,15 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (Q, K, V, T, L, O), ordinal)
     key = (who, Q.dtype.name, Q.shape, K.shape, T.shape, num_splits, evict_first, persistent, cluster_merge,
-           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, warp_slices, merge_kernel, pdl, stream,
-           Q.device, ordinal, get_ident())
+           slice_merge, l2_promotion, ctas_per_sm, wide_box, head_group, warp_slices, merge_kernel, pdl, cooperative,
+           stream, Q.device, ordinal, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
                                                           slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box),
                                                           head_group, warp_slices is not False, bool(merge_kernel),
-                                                          bool(pdl)))
+                                                          bool(pdl), cooperative))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
@@ -343,7 +389,8 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
                           l2_promotion=checks.choice(*checks.L2_PROMOTIONS, optional=True),
                           ctas_per_sm=checks.integer(1, 3, optional=True), wide_box=checks.flag(optional=True),
                           head_group=checks.flag(optional=True), warp_slices=checks.flag(optional=True),
-                          merge_kernel=checks.flag(optional=True), pdl=checks.flag(optional=True))
+                          merge_kernel=checks.flag(optional=True), pdl=checks.flag(optional=True),
+                          cooperative=checks.flag(optional=True))
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
@@ -367,6 +414,8 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
     """What a call plans on ``device`` for the options it was given (None: the defaults, in this
     order): head groups, splits and evict-first, persistence, the cluster and slice merges; also
     the CTAs a request and split (``items``) and the CTAs an SM of the non-persistent plan."""
+    free = head_group is None and num_splits is None and persistent is None and ctas is None and \
+        cluster_merge is None and slice_merge is None and not wide_box
     if head_group is None:
         head_group = num_splits is None and persistent is None and not (cluster_merge or slice_merge or wide_box) \
             and head_group_default(batch, heads_kv, head_dim, page_size, max_context, device.sm_count, ctas)
@@ -384,7 +433,16 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
     if cluster_merge is None:
         cluster_merge = not persistent and not slice_merge and not head_group and \
             cluster_merge_default(batch, heads_kv, splits, device.sm_count)
+    if slice_merge is None:
+        slice_merge = not (persistent or cluster_merge or head_group) and \
+            slice_merge_default(batch, items, splits, device.sm_count, ctas_per_sm)
     slice_merge = bool(slice_merge) and splits > 1 and not persistent and not cluster_merge
+    if free and not head_group and heads_kv % HEAD_GROUP == 0 and head_dim in (64, 128) and \
+            group_slice_default(batch, max_context, persistent):
+        grouped = decode_defaults(batch, heads_kv, head_dim, page_size, max_context, device, evict_first=evict_first,
+                                  head_group=True, slice_merge=True)
+        if grouped.slice_merge and batch * grouped.items * grouped.splits <= device.sm_count * grouped.ctas_per_sm:
+            return grouped
     return SimpleNamespace(splits=splits, evict_first=evict_first, persistent=persistent,
                            cluster_merge=cluster_merge, slice_merge=slice_merge, head_group=head_group, items=items,
                            ctas_per_sm=ctas_per_sm)
@@ -392,21 +450,31 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
 
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
                   stream, ctas, wide_box, head_group, warp_slices=True, merge_kernel=False,
-                  pdl=False) -> SimpleNamespace:
+                  pdl=False, cooperative=None) -> SimpleNamespace:
     b, d, hkv = p.batch, p.head_dim, p.heads_kv
     on_current_device("attention_decode", Q)
     device = current_device()
     if merge_kernel:  # the counter path's splits, one kv head a CTA
         persistent, cluster_merge, head_group = bool(persistent), bool(cluster_merge), bool(head_group)
+        slice_merge = bool(slice_merge)
+    if cooperative:  # a cooperative grid has no clusters
+        cluster_merge = bool(cluster_merge)
     plan = decode_defaults(b, hkv, d, p.page_size, p.max_pages * p.page_size, device, num_splits, evict_first,
                            persistent, cluster_merge, slice_merge, ctas, wide_box, head_group)
     splits, evict_first, persistent, cluster_merge, slice_merge, head_group, items, ctas_per_sm = (
         plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.slice_merge, plan.head_group,
         plan.items, plan.ctas_per_sm)
-    if slice_merge and b * hkv * splits > device.sm_count * ctas_per_sm:
-        raise TmaflowError(f"attention_decode: slice_merge=True with {b * hkv * splits} CTAs (batch {b} x {hkv} kv "
-                           f"heads x {splits} splits); its splits wait on each other, so every CTA must run at once: "
-                           f"at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
+    if slice_merge and b * items * splits > device.sm_count * ctas_per_sm:
+        raise TmaflowError(f"attention_decode: slice_merge=True with {b * items * splits} CTAs (batch {b} x {items} "
+                           f"CTAs a request x {splits} splits); its splits wait on each other, so every CTA must run "
+                           f"at once: at most {device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm})")
+    if cooperative is None:  # (a PDL launch's CTAs wait on nothing but the kernel before: they all start)
+        cooperative = slice_merge and not pdl
+    if cooperative and not persistent and b * items * splits > device.sm_count * ctas_per_sm:
+        raise TmaflowError(f"attention_decode: cooperative=True with {b * items * splits} CTAs (batch {b} x {items} "
+                           f"items x {splits} splits); a cooperative grid runs all at once: at most "
+                           f"{device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm}); give "
+                           "cooperative None or False")
     spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent, ctas, wide_box, head_group)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
@@ -422,7 +490,7 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     kern = get_kernel("attention_decode", layout, defines=defines, file="decode")
     grid = (max(1, min(b * items, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, items, max(b, 1))
     decode = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
-                           stream=stream, pdl=pdl)
+                           stream=stream, pdl=pdl, cooperative=bool(cooperative))
     if merge_kernel:  # a thread a 4-column group of a kv head's rows, in CTAs of two warps (more SMs reading)
         columns = p.tokens * p.group * d // 4
         merge = get_kernel("attention_decode_merge", layout, defines=defines, file="decode").launcher(
@@ -441,6 +509,7 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
                                                swizzle="128B", l2_promotion=l2_promotion or "none"))
     return SimpleNamespace(launcher=launcher, workspace=workspace, splits=splits, evict_first=evict_first,
                            persistent=persistent, cluster_merge=cluster_merge, slice_merge=slice_merge,
+                           cooperative=bool(cooperative),
                            partial_floats=rows * d, workspace_sizes=(b * hkv, rows * d + lse_floats),
                            tk=template, tv=template, view=view)
 

@@ -6,6 +6,7 @@ backends, in one run: TFLOP/s and the ratio to the better backend, causal and no
     PYTHONPATH=. python3 tools/peers/bench_attention.py --varlen [--json FILE] [--repeats N] [--dtype ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --decode | --decode-sweep [--json FILE] [--repeats N]
         [--decode-grid acceptance|quick|focus] [--quick] [--clean] [--decode-batches B ...] [--decode-alts NAME ...]
+        [--decode-rows GROUP:PAGE:BATCH:CONTEXT ...]
     PYTHONPATH=. python3 tools/peers/bench_attention.py --backward [--json FILE] [--repeats N] [--quick]
         [--dims D ...] [--seqs S ...] [--dtype bfloat16|float16] [--deterministic]
 
@@ -42,8 +43,10 @@ splits in a cluster (s16cl), in the same rounds ("alt" cells: their time over th
 above 1 = the plan is faster). Each row prints the plan (splits, evict-first, persistent,
 cluster merge); ``--decode-grid focus``: the 12 rows still short of issue 32's goal
 (session 18: batch 1 at 1k-32k, batch 16 at 8k-32k, batch 64 at 8k, batch 128 at 1k) with the
-quick grid's alternatives; ``--clean``: also cold after a read of 2x L2 instead of a write (the write
-leaves the whole L2 dirty, and a call after it writes that back as it reads).
+quick grid's alternatives; ``--decode-rows 8:16:1:131072 ...``: these rows (GQA group, page,
+batch, context) alone, with the quick grid's alternatives; ``--clean``: also cold after a read of
+2x L2 instead of a write (the write leaves the whole L2 dirty, and a call after it writes that
+back as it reads).
 ``--decode-sweep``: the same shapes at page 16, the automatic plan against other split counts
 and the other L2 priority, with the copy, in the same rounds (cold, clean and back to back):
 the best per row.
@@ -66,7 +69,7 @@ from tmaflow import bench, kernels
 CP_ASYNC_HEAD_DIMS = (64, 128)  # the head dims kernels.attention_cp_async takes
 COLUMNS = ["dtype", "d", "seq", "batch", "causal", "best_peer", "cold ratio", "warm ratio", "rel_err_vs_peer"]
 DECODE_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "persistent", "head_group",
-                  "best_peer", "cold GB/s", "cold ratio", "cold vs memcpy", "warm ratio", "warm vs memcpy",
+                  "slice_merge", "best_peer", "cold GB/s", "cold ratio", "cold vs memcpy", "warm ratio", "warm vs memcpy",
                   "rel_err_vs_peer"]
 DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_first", "cold GB/s", "cold vs memcpy",
                         "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
@@ -130,6 +133,8 @@ def main():
                    "or the rows still short of the goal (12)")
     p.add_argument("--decode-batches", type=int, nargs="+", help="--decode: only the grid's rows of these batch sizes")
     p.add_argument("--decode-alts", nargs="+", help="--decode: only these alternatives beside the plan (e.g. hg p0)")
+    p.add_argument("--decode-rows", type=_decode_row_spec, nargs="+",
+                   help="--decode: only these rows, GROUP:PAGE:BATCH:CONTEXT each (e.g. 8:16:1:131072)")
     p.add_argument("--clean", action="store_true", help="--decode: also time cold after a read of 2x L2 (no dirty line)")
     p.add_argument("--backward", action="store_true", help="dq, dk, dv against the SDPA backends' backward")
     p.add_argument("--deterministic", action="store_true", help="--backward: time deterministic=True")
@@ -401,12 +406,23 @@ DECODE_FOCUS = [(4, 16, 16, 8192), (4, 16, 1, 8192), (8, 16, 16, 32768), (8, 16,
                 (4, 64, 1, 1024), (4, 64, 1, 32768)]
 
 
+def _decode_row_spec(text: str) -> tuple[int, int, int, int]:
+    """--decode-rows entries: "GROUP:PAGE:BATCH:CONTEXT"."""
+    parts = text.split(":")
+    if len(parts) != 4 or not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give GROUP:PAGE:BATCH:CONTEXT, e.g. 8:16:1:131072")
+    group, page, batch, ctx = (int(p) for p in parts)
+    return group, page, batch, ctx
+
+
 def _decode_grid(args) -> list[tuple[int, int, int, int]]:
     """(group, page, batch, context) rows, GQA 4:1 page 16 first. The acceptance grid keeps the
     rows whose caches fit: 4M tokens a row at most (17 GB of K+V a layout at 8 kv heads, head
     dim 128; the paged cache, SDPA's contiguous one and the copy's destination make 52 GB), so
-    batch 64 and 128 stop at 32k."""
-    if args.quick or args.decode_grid in ("quick", "focus"):
+    batch 64 and 128 stop at 32k. ``--decode-rows``: those rows, in their order."""
+    if getattr(args, "decode_rows", None):
+        grid = list(args.decode_rows)
+    elif args.quick or args.decode_grid in ("quick", "focus"):
         grid = list(DECODE_FOCUS if args.decode_grid == "focus" else DECODE_QUICK)
     else:
         grid = [(group, page, b, c) for group in DECODE_GROUPS for page in DECODE_PAGES
@@ -414,14 +430,14 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
     return [row for row in grid if not args.decode_batches or row[2] in args.decode_batches]
 
 
-def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool, bool]:
-    """(splits, evict_first, persistent, cluster_merge, head_group) a call plans at head dim 128 on
-    the current device."""
+def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool, bool, bool]:
+    """(splits, evict_first, persistent, cluster_merge, head_group, slice_merge) a call plans at head
+    dim 128 on the current device."""
     from tmaflow.kernels.decode_entry import decode_defaults
     from tmaflow.runtime.device import current_device
 
     plan = decode_defaults(batch, heads_kv, 128, page, ctx, current_device())
-    return plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.head_group
+    return plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.head_group, plan.slice_merge
 
 
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
@@ -442,8 +458,14 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     splits or walks, cuDNN's grid: one CTA an item, one split, no walk ("s1"), with one CTA an
     SM of six stages ("s1c1"), one 4-D box a page piece ("s1wb") or both ("s1c1wb"); at batch 1
     past 16 splits, 16 splits in one CTA an SM of six stages ("s16c1": fewer, longer splits,
-    half the merge); at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half
-    the copies) and with one CTA an SM of six stages ("c1"), and (not persistent) three CTAs an SM of two
+    half the merge); where the plan merges its splits by slices (a cooperative launch), the
+    counter's merge ("sl0") and the slice merge launched plainly ("co0"); where it differs, session
+    18's plan ("s18": evict-first past one L2, no slice merge, clusters only where every CTA fits);
+    at batch 1 from 8k, four kv heads a CTA of six stages, one CTA an SM, merged by slices
+    ("hgc1sl"), past batch 1 where its splits all fit, the same at its own CTAs an SM ("hgsl");
+    at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the
+    copies; at batch 1 where the plan slices, the plan with it) and with one CTA an SM of six
+    stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
     a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"), and where the
@@ -455,10 +477,19 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
                                               decode_plan, persistent_default)
     from tmaflow.runtime.device import current_device
 
-    if not (args.quick or args.decode_grid in ("quick", "focus")):
+    if not (args.quick or args.decode_grid in ("quick", "focus") or getattr(args, "decode_rows", None)):
         return {}
-    splits, evict_first, persistent, cluster, four_heads = _decode_plan(batch, ctx, heads_kv, page)
-    alts = {f"ef{int(not evict_first)}": (splits, not evict_first, persistent, cluster)}
+    splits, evict_first, persistent, cluster, four_heads, slices = _decode_plan(batch, ctx, heads_kv, page)
+    alts = {f"ef{int(not evict_first)}": {"evict_first": not evict_first}}  # the rest of the plan as it is
+    if slices:  # the counter's merge (the plan before session 19), the slice merge without a cooperative launch
+        alts["sl0"] = {"slice_merge": False}
+        alts["co0"] = {"cooperative": False}
+    device = current_device()  # session 18's plan: evict-first past one L2, clusters only where every CTA fits
+    old_cluster = 2 <= splits <= 8 and batch * heads_kv * splits <= device.sm_count
+    old = {"evict_first": 2 * batch * heads_kv * 128 * ctx * 2 > device.l2_bytes, "slice_merge": False,
+           "cluster_merge": None if persistent or four_heads else old_cluster}
+    if old["evict_first"] != evict_first and (slices or old_cluster != cluster):  # (else "sl0", "cl0" or "ef" is it)
+        alts["s18"] = old
     if not (persistent or four_heads):  # the plan with the warps' merge a warp at a time (before session 18)
         alts["ws0"] = {"warp_slices": False}
     if splits > 1 and not (persistent or four_heads):  # the plan's splits merged by a second kernel (PDL)
@@ -473,7 +504,7 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts[f"cl{int(not cluster)}"] = (splits, evict_first, False, not cluster)
     if batch == 1 and splits > MAX_CLUSTER:
         alts[f"s{MAX_CLUSTER}cl"] = (MAX_CLUSTER, evict_first, False, True)
-    if batch == 1 and splits > 1 and not persistent:  # every CTA at once (batch 1 x 8 kv heads x <= 32 splits)
+    if batch == 1 and splits > 1 and not persistent and not slices:  # every CTA at once (8 kv heads x <= 32 splits)
         alts["sl1"] = (splits, evict_first, False, False, True)
     if batch >= 16 and ctx <= 8192:  # the plan on a cache whose pages lie in table order (DRAM locality)
         alts["ord"] = (None, None, None, None, None, True)
@@ -484,6 +515,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["c1"] = {**same, "ctas_per_sm": 1}
         if not persistent:
             alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
+    elif batch == 1 and slices:  # one 4-D box a page piece: half the copies (the first tile sooner?)
+        alts["wb"] = {"wide_box": True}
     if batch >= 16 and (splits > 1 or persistent):  # cuDNN's grid: one CTA an item, no split, no walk
         one = {"num_splits": 1, "persistent": False, "head_group": False}
         if splits > 1:  # (a walking plan's one CTA an item is "p0")
@@ -493,8 +526,14 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         alts["s1c1wb"] = {**one, "ctas_per_sm": 1, "wide_box": True}
     if batch == 1 and splits > 16:  # fewer, larger splits: 16 in one CTA an SM of six stages, half the merge
         alts["s16c1"] = {"num_splits": 16, "cluster_merge": False, "ctas_per_sm": 1}
+    if batch == 1 and heads_kv % HEAD_GROUP == 0 and ctx >= 8192:  # 1 KB runs, the groups' splits merged by slices
+        alts["hgc1sl"] = {"head_group": True, "ctas_per_sm": 1, "slice_merge": True}
     if heads_kv % HEAD_GROUP == 0:
         alts["hg"] = {"head_group": True}
+        grouped = decode_defaults(batch, heads_kv, 128, page, ctx, device, head_group=True, slice_merge=True)
+        if batch > 1 and grouped.slice_merge and \
+                batch * grouped.items * grouped.splits <= device.sm_count * grouped.ctas_per_sm:
+            alts["hgsl"] = {"head_group": True, "slice_merge": True}  # its automatic splits merged by slices
         if batch * heads_kv // HEAD_GROUP >= current_device().sm_count // 2 and \
                 decode_defaults(batch, heads_kv, 128, page, ctx, current_device(), ctas=1, head_group=True).splits > 1:
             alts["hgs1c1"] = {"head_group": True, "num_splits": 1, "persistent": False, "ctas_per_sm": 1}
@@ -631,7 +670,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
 
     def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None, ordered=False,
              l2_promotion=None, ctas_per_sm=None, wide_box=None, head_group=None, warp_slices=None,
-             merge_kernel=None, pdl=None):
+             merge_kernel=None, pdl=None, cooperative=None):
         caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
             else (k_cache, v_cache, table)
         kept.append(caches)  # alive while the prepared call is
@@ -640,9 +679,10 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
                                                 cluster_merge=cluster_merge, slice_merge=slice_merge,
                                                 l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
                                                 head_group=head_group, warp_slices=warp_slices,
-                                                merge_kernel=merge_kernel, pdl=pdl,
+                                                merge_kernel=merge_kernel, pdl=pdl, cooperative=cooperative,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
-    splits, evict_first, persistent, cluster, four_heads = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
+    splits, evict_first, persistent, cluster, four_heads, slices = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx,
+                                                                                page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
     if sweep:
         fns = {name: ours(*choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
@@ -668,7 +708,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     kv_bytes = 2 * k.numel() * k.element_size()
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
            "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "persistent": persistent,
-           "cluster_merge": cluster, "head_group": four_heads,
+           "cluster_merge": cluster, "head_group": four_heads, "slice_merge": slices,
            "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
     cells = []
@@ -693,7 +733,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
             cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
                          f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}{alt_cells}")
     print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
-          f"cl{int(cluster)} hg{int(four_heads)} "
+          f"cl{int(cluster)} hg{int(four_heads)} sl{int(slices)} "
           + " | ".join(cells)
           + f"  err {err:.1e}" + (f"  (hg plan: {_head_group_plan(batch, ctx, heads_kv, page)})" if "hg" in alts else ""),
           flush=True)

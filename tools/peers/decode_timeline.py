@@ -67,8 +67,9 @@ def main():
         table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(1, pages)
         lens = torch.full((1,), ctx, device="cuda", dtype=torch.int32)
         q = torch.randn(1, heads_kv * group, d, device="cuda", dtype=dt)
-        plans: dict = {"plan": {}}  # 1k: 8 splits in clusters; 8k: 32 splits and the counter
+        plans: dict = {"plan": {}}  # 1k: 8 splits in clusters; 8k: 32 splits merged by slices
         for name, options in (("counter s8", {"num_splits": 8, "cluster_merge": False}),
+                              ("counter s32", {"num_splits": 32, "cluster_merge": False, "slice_merge": False}),
                               ("cluster s8", {"num_splits": 8, "cluster_merge": True}),
                               ("cluster s16", {"num_splits": 16, "cluster_merge": True}),
                               ("slice s32", {"num_splits": 32, "cluster_merge": False, "slice_merge": True})):
@@ -86,13 +87,13 @@ def main():
             splits = config.grid[0]
             cluster = config.cluster != (1, 1, 1)
             _, layout, _ = decode_plan(d, page)
-            defines = {"HEAD_DIM": d, "PAGE_SIZE": page, "MAX_SPLITS": 64, "WARP_SLICES": 1,
-                       **({"CLUSTER_MERGE": 1} if cluster else {}),
-                       **({"SLICE_MERGE": 1} if plans[name].get("slice_merge") else {})}
+            defines = dict(launcher.kernel.defines)  # the plan's own (merge, L2 priority), traced
             traced = get_kernel("attention_decode", layout, defines=defines, file="decode", trace="all")
-            run = traced.launcher(grid=config.grid, block=THREADS, cluster=config.cluster)
+            run = traced.launcher(grid=config.grid, block=THREADS, cluster=config.cluster,
+                                  cooperative=config.cooperative)
             run(*prepared.args)  # compile and warm the code path
-            print(f"b1 ctx {ctx:5d} {name:11s} s{splits:<2d} cl{int(cluster)} plain call cold "
+            slices = int("SLICE_MERGE" in defines)
+            print(f"b1 ctx {ctx:5d} {name:11s} s{splits:<2d} cl{int(cluster)} sl{slices} plain call cold "
                   f"{cold[name].median * 1e6:6.1f} us; traced, µs from the first entry (min/median/max CTA):")
             for mode in ("cold", "warm"):  # warm: right after the same call (code and data in L2)
                 if mode == "cold":
