@@ -61,6 +61,10 @@ AREAS = [
      "python tools/peers/bench_attention.py --quick --json ..."),
     ("attention_backward_h100", "Attention backward on an H100",
      "python tools/peers/bench_attention.py --backward --json ..."),
+    ("attention_deterministic_h100", "Attention backward, deterministic mode against the default, on an H100",
+     "python tools/experiments/deterministic_backward_ab.py --json ..."),
+    ("attention_decode_h100", "Attention decode (paged KV cache) on an H100",
+     "python tools/peers/bench_attention.py --decode --decode-grid quick --json ..."),
     ("tracing", "Tracing cost", "python tools/experiments/trace_overhead.py"),
     ("sanitizers", "Sanitizers", "SANITIZE=1 bash tools/gpu_check.sh"),
 ]
