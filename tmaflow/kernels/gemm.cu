@@ -106,6 +106,28 @@ namespace L = tmaflow_layout;
 #ifndef K_TAIL
 #define K_TAIL 0  // 1: K's last k-block, when partial, issues only the k-steps that reach into K
 #endif
+// 1: a tile's first wgmma overwrites the accumulators (scale-d 0) instead of 32-128 zeroings a
+// thread before the k-loop (1000x3000x520: 48 of a consumer warp's ~810 instructions). The plain
+// k-loop only, and not with cluster K-splits (a rank may have no k-blocks; zeroing only those
+// made ptxas serialize the wgmmas, C7514) nor tail splits (ptxas then grew four loops 62-69 ->
+// 101 instructions; NVRTC 13.5)
+#ifndef ACC_OVERWRITE
+#define ACC_OVERWRITE 1
+#endif
+// 1: tile_of's divisions unsigned (every operand is >= 0): 8 instructions shorter each, on the
+// producer's path from the launch to its first TMA load
+#ifndef UDIV_TILE
+#define UDIV_TILE 1
+#endif
+// 1: before the CTA exits, wait only until the last TMA stores have read shared memory (CUTLASS's
+// store tail), not until their global writes completed
+#ifndef EXIT_WAIT_READ
+#define EXIT_WAIT_READ 0
+#endif
+// 1: the prologue's cluster barrier arrives relaxed (the barrier init's fence publishes the barriers)
+#ifndef CLUSTER_ARRIVE_RELAXED
+#define CLUSTER_ARRIVE_RELAXED 1
+#endif
 #ifndef PATCH_ALL
 #define PATCH_ALL 0  // grouped: every warpgroup's rows leave through its group's patched C map, not
 #endif               // only rows that cross the group's end (GemmConfig.patch_full_tiles, kept to compare)
@@ -156,17 +178,22 @@ constexpr uint32_t kOwnArrivals = SCALE_RELEASE == 1   ? L::ab::consumer_lanes
 
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
 TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
-  constexpr int band = GROUP_M / CLUSTER_M;
-  const int per_band = band * tiles_n;
-  const int q = w / per_band, r = w - q * per_band;
-  const int first = q * band;
-  const int rows = min(groups_m - first, band);
+#if UDIV_TILE
+  using I = uint32_t;
+#else
+  using I = int;
+#endif
+  constexpr I band = GROUP_M / CLUSTER_M;
+  const I per_band = band * I(tiles_n);
+  const I q = I(w) / per_band, r = I(w) - q * per_band;
+  const I first = q * band;
+  const I rows = min(I(groups_m) - first, band);  // w is an item: first < groups_m
   if (rows == band) {  // every band but the last: a compile-time divisor, no division
-    gm = first + int(uint32_t(r) % band);
+    gm = int(first + uint32_t(r) % band);
     tn = int(uint32_t(r) / band);
   } else {
-    gm = first + r % rows;
-    tn = r / rows;
+    gm = int(first + r % rows);
+    tn = int(r / rows);
   }
 }
 
@@ -490,6 +517,12 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   griddep::launch_dependents();
 #if CLUSTER_M == 1 && CLUSTER_K == 1
   __syncthreads();  // the barriers exist for every thread
+#elif CLUSTER_ARRIVE_RELAXED
+  // every CTA's barriers exist before any multicast or st.async signals them: pipe.init's
+  // fence.mbarrier_init.release.cluster publishes them, so the arrival need not release (its
+  // .release form is a MEMBAR.ALL.GPU before the barrier; CUTLASS's cluster_arrive_relaxed)
+  cluster::arrive_relaxed();
+  cluster::wait();
 #else
   cluster::sync();  // every CTA's barriers exist before any multicast or st.async signals them
 #endif
@@ -589,11 +622,15 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       const bool part = kb1 - kb0 < k_blocks;  // a tail tile's part
 #endif
       float acc[kAcc];
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
       // 0 after a promotion: the next wgmma overwrites acc (scale-d 0), which spares the 64
       // zeroings a thread that would sit between the promotion's wait and the next issue.
       uint32_t acc_live = 1;
+#if ACC_OVERWRITE && !PROMOTE && !BLOCK_SCALES && CLUSTER_K == 1 && !SPLIT_TAIL
+      acc_live = 0;  // the tile's first wgmma overwrites acc
+#else
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+#endif
 #if PROMOTE
       float total[kAcc];  // the fp32 sum of the promoted k-blocks
 #pragma unroll
@@ -843,7 +880,11 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       }
       trace::mark(2);  // the tile's stores are issued
     }
+#if EXIT_WAIT_READ
+    if (gt == 0) tma::wait_group_read<0>();  // the global writes complete after the CTA left
+#else
     if (gt == 0) tma::wait_group<0>();
+#endif
 #if CLUSTER_K > 1
     if (group != int(krank)) red.drain();
 #endif
