@@ -124,6 +124,11 @@ namespace L = tmaflow_layout;
 #ifndef EXIT_WAIT_READ
 #define EXIT_WAIT_READ 0
 #endif
+// 1: the epilogue writes C's swizzled boxes with stmatrix, two 8-column blocks (four 8 x 8
+// matrices) an instruction, where it took four 32-bit st.shared
+#ifndef EPI_STMATRIX
+#define EPI_STMATRIX 0
+#endif
 // 1: the prologue's cluster barrier arrives relaxed (the barrier init's fence publishes the barriers)
 #ifndef CLUSTER_ARRIVE_RELAXED
 #define CLUSTER_ARRIVE_RELAXED 1
@@ -185,7 +190,12 @@ TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) 
 #endif
   constexpr I band = GROUP_M / CLUSTER_M;
   const I per_band = band * I(tiles_n);
-  const I q = I(w) / per_band, r = I(w) - q * per_band;
+#if UDIV_TILE
+  const I q = I(w) < per_band ? 0 : I(w) / per_band;  // the first band's items: no division
+#else
+  const I q = I(w) / per_band;
+#endif
+  const I r = I(w) - q * per_band;
   const I first = q * band;
   const I rows = min(I(groups_m) - first, band);  // w is an item: first < groups_m
   if (rows == band) {  // every band but the last: a compile-time divisor, no division
@@ -853,6 +863,21 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         const bool rem = r == EPI_FULL / EPI_COLS;  // the last EPI_REM columns (a compile-time test)
         if (gt == 0) tma::wait_group_read<0>();  // the previous store has read the buffer
         named_barrier::sync(1 + group, kEpiThreads);
+#if EPI_STMATRIX
+        // Two 8-column blocks a stmatrix (every width is a multiple of 16 columns): lane l
+        // addresses row l % 8 (+ 8 for l / 8 odd) of the warp's 16, in block jj + l / 16.
+        const int srow = erow - lane / 4 + lane % 8 + 8 * (lane / 8 % 2);
+#pragma unroll
+        for (int jj = 0; jj < (rem ? EPI_REM : EPI_COLS) / 8; jj += 2) {
+          const int j = r * (EPI_COLS / 8) + jj;
+          const uint32_t at = (jj / 8) * kEpiBoxBytes + srow * 128 + ((jj % 8 + lane / 16) ^ (srow % 8)) * 16;
+          const uint32_t v[4] = {wgmma::bf16x2(f * acc[4 * j], f * acc[4 * j + 1]),
+                                 wgmma::bf16x2(f * acc[4 * j + 2], f * acc[4 * j + 3]),
+                                 wgmma::bf16x2(f * acc[4 * j + 4], f * acc[4 * j + 5]),
+                                 wgmma::bf16x2(f * acc[4 * j + 6], f * acc[4 * j + 7])};
+          warp::stmatrix_x4(cbuf + at, v);
+        }
+#else
 #pragma unroll
         for (int jj = 0; jj < (rem ? EPI_REM : EPI_COLS) / 8; ++jj) {  // 8-column blocks, fragment as mma.m16n8
           const int j = r * (EPI_COLS / 8) + jj;
@@ -862,6 +887,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           *reinterpret_cast<uint32_t*>(cbuf + at + erow * 128) = wgmma::bf16x2(f * acc[4 * j], f * acc[4 * j + 1]);
           *reinterpret_cast<uint32_t*>(cbuf + at + (erow + 8) * 128) = wgmma::bf16x2(f * acc[4 * j + 2], f * acc[4 * j + 3]);
         }
+#endif
         fence::proxy_async_shared_cta();  // generic-proxy writes visible to the TMA store
         named_barrier::sync(1 + group, kEpiThreads);
         if (gt == 0) {
