@@ -104,7 +104,9 @@ namespace L = tmaflow_layout;
 #define PROMOTE_SETS 1  // per-tensor fp8, BN <= 128: 2 promotes every k-block, alternating two accumulator sets
 #endif
 #ifndef K_TAIL
-#define K_TAIL 0  // 1: K's last k-block, when partial, issues only the k-steps that reach into K
+// 1: K's last k-block, when partial, issues only the k-steps that reach into K; 2: the same, that
+// k-block after the k-loop in straight-line code per count (no test between its wgmmas)
+#define K_TAIL 0
 #endif
 // 1: a tile's first wgmma overwrites the accumulators (scale-d 0) instead of 32-128 zeroings a
 // thread before the k-loop (1000x3000x520: 48 of a consumer warp's ~810 instructions). The plain
@@ -751,7 +753,10 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #else
       const int cwd = cw;
 #endif
-      for (int kb = kb0; kb < kb1; ++kb) {
+      // One k-block: its wgmmas (`steps` of its 4 k-steps: a constant at every call, so each
+      // inlined copy issues a fixed sequence), then the previous k-block's stage released. (A
+      // generic lambda is a host function to NVRTC 13.0.)
+      auto k_block = [&](int kb, int steps) {
         pipe.consumer_wait(c);
         const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cwd * 64 * 128);
 #if B_N_MAJOR
@@ -763,17 +768,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #endif
         wgmma::fence_operands(acc);
         wgmma::fence();
-#if K_TAIL
+#if K_TAIL == 1
         // K's last, partial k-block: only the k-steps that reach into K (the rest multiply the
         // TMA's zero fill)
-        const int steps = kb == k_blocks - 1 ? k_tail_steps : 4;
+        const int live_steps = kb == k_blocks - 1 ? k_tail_steps : 4;
+        (void)steps;  // always 4 here
 #pragma unroll
         for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
-          if (k == 0 || k < steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+          if (k == 0 || k < live_steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
 #else
 #pragma unroll
         for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
-          mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+          if (k < steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
 #endif
         acc_live = 1;
         wgmma::commit_group();
@@ -794,7 +800,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           acc_live = 0;
         }
 #endif
-      }
+      };
+#if K_TAIL == 2
+      // K's last, partial k-block after the loop, in straight-line code for its count of k-steps
+      // (K_TAIL 1's test inside the loop: NVRTC 13.0's ptxas serialized the wgmmas, C7519)
+      const int tail = kb1 == k_blocks && kb0 < kb1 && k_tail_steps < 4 ? k_tail_steps : 0;
+      for (int kb = kb0; kb < kb1 - (tail > 0); ++kb) k_block(kb, 4);
+      if (tail == 1) k_block(kb1 - 1, 1);
+      else if (tail == 2) k_block(kb1 - 1, 2);
+      else if (tail == 3) k_block(kb1 - 1, 3);
+#else
+      for (int kb = kb0; kb < kb1; ++kb) k_block(kb, 4);
+#endif
       wgmma::wait_group<0>();
       wgmma::fence_operands(acc);
       // A cluster's rank may have no k-blocks (K shorter than the cluster): a zero partial, no

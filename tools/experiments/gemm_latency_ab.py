@@ -96,12 +96,14 @@ SHAPES = [
 LEAN_CUTS = ("ACC_OVERWRITE", "UDIV_TILE", "CLUSTER_ARRIVE_RELAXED")
 BEFORE = {key: 0 for key in LEAN_CUTS}
 EXIT_READ = {"EXIT_WAIT_READ": 1}
+K_TAIL2 = {"K_TAIL": 2}  # K_TAIL's last k-block after the loop, straight-line per k-step count (no C7519 on NVRTC 13.0)
 STSM = {"EPI_STMATRIX": 1}  # opt-in: C's boxes written by stmatrix (4 instructions where 16 st.shared)
 _BN192, _EPI192 = GemmConfig(bn=192, cluster_m=2, epi_cols=64), GemmConfig(bn=192, cluster_m=2, epi_cols=192)
 _CK2 = GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2)
 LEAN = {
     "1000x3000x520": [(_BN192, BEFORE)] + [(_BN192, {key: 0}) for key in LEAN_CUTS] + [
-        (_BN192, EXIT_READ), (_BN192, STSM), (_BN192, {**STSM, **EXIT_READ}), _EPI192, (_EPI192, {**STSM, **EXIT_READ})],
+        (_BN192, EXIT_READ), (_BN192, STSM), (_BN192, {**STSM, **EXIT_READ}), _EPI192, (_EPI192, {**STSM, **EXIT_READ}),
+        (_BN192, K_TAIL2), (_BN192, {**K_TAIL2, **STSM, **EXIT_READ})],
     # ACC_OVERWRITE does not apply to cluster K-splits
     "512x512x2048": [(_CK2, BEFORE), (_CK2, {"UDIV_TILE": 0}), (_CK2, {"CLUSTER_ARRIVE_RELAXED": 0}), (_CK2, EXIT_READ),
                      (_CK2, {**STSM, **EXIT_READ})],
