@@ -227,7 +227,7 @@ def test_gemm_k_tail_against_float64(device, rng, config, layout, tail):
             out = poison(tf.empty((m, n), "bfloat16"))
             with registry.extra_defines({"K_TAIL": tail}):
                 kernels.gemm(A, B, out, layout=layout, config=config, debug=debug)
-            _check(out, ref, (m, n, k, config, layout, debug))
+            _check(out, ref, (m, n, k, config, layout, debug, tail))
 
 
 # Session 19's opt-in epilogue and exit (EPI_STMATRIX: C's swizzled boxes written by stmatrix, two
