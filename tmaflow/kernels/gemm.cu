@@ -114,7 +114,7 @@ namespace L = tmaflow_layout;
 // made ptxas serialize the wgmmas, C7514) nor tail splits (ptxas then grew four loops 62-69 ->
 // 101 instructions; NVRTC 13.5)
 #ifndef ACC_OVERWRITE
-#define ACC_OVERWRITE 1
+#define ACC_OVERWRITE 0  // opt-in: H100, session 19, 1000x3000x520, time with it over without 1.012 / 1.007
 #endif
 // 1: tile_of's divisions unsigned and fewer (below): 78 -> 45 instructions a warp at
 // 1000x3000x520, on the producer's path from the launch to its first TMA load
@@ -537,10 +537,8 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   __syncthreads();  // the barriers exist for every thread
 #elif CLUSTER_ARRIVE_RELAXED
   // every CTA's barriers exist before any multicast or st.async signals them: pipe.init's
-  // fence.mbarrier_init.release.cluster publishes them, so the arrival need not release (its
-  // .release form is a MEMBAR.ALL.GPU before the barrier; CUTLASS's cluster_arrive_relaxed)
-  cluster::arrive_relaxed();
-  cluster::wait();
+  // fence.mbarrier_init.release.cluster publishes them, so the arrival need not release
+  cluster::sync_after_init();
 #else
   cluster::sync();  // every CTA's barriers exist before any multicast or st.async signals them
 #endif
