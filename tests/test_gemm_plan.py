@@ -182,9 +182,10 @@ def test_promote_sets_and_four_m_tiles_compile_clean(m, n, k, config, dtype):
 
 @pytest.mark.parametrize("layout,dtype", [("nt", "bfloat16"), ("nn", "bfloat16"), ("nt", "float8_e4m3fn")])
 def test_k_tail_keeps_the_wgmma_pipeline(layout, dtype):
-    """K_TAIL (opt-in): the last k-block's k-steps past K are skipped behind a warp-uniform test;
-    NVRTC 13's ptxas keeps its wgmma pipeline (no C75xx note) and issues the steps in two paths.
-    NVRTC 12's (CI's CUDA 12 stack) serializes it (C7519): one more reason it stays opt-in."""
+    """K_TAIL (opt-in): the last k-block's k-steps past K are skipped. K_TAIL=1 tests the step
+    count inside the k-loop: NVRTC 13.5's ptxas keeps its wgmma pipeline (no C75xx note), NVRTC
+    12's and 13.0's (the GPU image's) serialize it (C7519). K_TAIL=2 issues that k-block after
+    the loop in straight-line code per count: no note from either."""
     from tmaflow.kernels.registry import get_kernel
     from tmaflow.launch import compiler
     from tmaflow.launch.sass import disassemble
@@ -192,14 +193,17 @@ def test_k_tail_keeps_the_wgmma_pipeline(layout, dtype):
     plan = gemm_plan(1000, 3000, 520 if dtype == "bfloat16" else 2064, layout, GemmConfig(bn=128, cluster_m=2), dtype)
     plain = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
     tail = get_kernel("gemm_bf16", plan.layout, defines={**plan.defines, "K_TAIL": 1}, file="gemm")
-    assert tail.program.resources.spills == 0
+    after = get_kernel("gemm_bf16", plan.layout, defines={**plan.defines, "K_TAIL": 2}, file="gemm")
+    assert tail.program.resources.spills == 0 and after.program.resources.spills == 0
     notes = compiler.wgmma_pipeline_notes(tail.program.log)
-    if compiler.nvrtc_version()[0] >= 13:
+    if compiler.nvrtc_version() >= (13, 5):
         assert notes == []
     else:
-        assert notes and all("C7519" in n for n in notes), notes
+        assert all("C7519" in n for n in notes), notes
+    assert compiler.wgmma_pipeline_notes(after.program.log) == []
     assert compiler.wgmma_pipeline_notes(plain.program.log) == []
-    assert disassemble(tail.cubin).count("HGMMA") > disassemble(plain.cubin).count("HGMMA")
+    mmas = {kernel: disassemble(kernel.cubin).count("GMMA") for kernel in (plain, tail, after)}  # HGMMA, QGMMA
+    assert mmas[tail] > mmas[plain] and mmas[after] == mmas[plain] + 1 + 2 + 3, mmas
 
 
 def test_cluster_k_refuses_what_it_does_not_run():
@@ -543,3 +547,34 @@ def _k_loop(sass: str) -> list:
                 loops.append(body)
     assert loops, "no k-loop found in the SASS"
     return min(loops, key=len)
+
+
+@pytest.mark.parametrize("shape", [(1000, 3000, 520), (512, 512, 2048)])
+def test_prologue_cuts_and_stmatrix_drop_instructions(shape):
+    """gemm.cu's UDIV_TILE and CLUSTER_ARRIVE_RELAXED (defaults since session 19) and
+    ACC_OVERWRITE (opt-in: measured 1% slower on an H100) take instructions out: no MEMBAR.ALL.GPU
+    before the cluster barrier, no accumulator zeroing where the first wgmma overwrites (not
+    with cluster K-splits), fewer SASS instructions, the wgmma pipeline intact. EPI_STMATRIX
+    (opt-in) writes C's boxes with a quarter the stores."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+    from tmaflow.launch.sass import disassemble, sass_instructions
+
+    config = choose_config(*shape, 132, "nt", "bfloat16")
+    plan = gemm_plan(*shape, "nt", config)
+    before = {"ACC_OVERWRITE": 0, "UDIV_TILE": 0, "CLUSTER_ARRIVE_RELAXED": 0}
+    sass = {}
+    for name, extra in (("before", before), ("now", {"ACC_OVERWRITE": 1}),
+                        ("stmatrix", {"ACC_OVERWRITE": 1, "EPI_STMATRIX": 1})):
+        kernel = get_kernel("gemm_bf16", plan.layout, defines={**plan.defines, **extra}, file="gemm")
+        r = kernel.resources
+        assert r.spill_stores == 0 and r.spill_loads == 0, (name, r)
+        assert compiler.wgmma_pipeline_notes(kernel.program.log) == [], name
+        sass[name] = [text for _, text in sass_instructions(disassemble(kernel.cubin))]
+    count = {name: {op: sum(text.split()[0] == op for text in ins) for op in ("MEMBAR.ALL.GPU", "CS2R", "STS", "STSM.16.M88.4")}
+             for name, ins in sass.items()}
+    assert count["before"]["MEMBAR.ALL.GPU"] == 1 and count["now"]["MEMBAR.ALL.GPU"] == 0, count
+    if config.cluster_k == 1:
+        assert count["now"]["CS2R"] <= count["before"]["CS2R"] - config.bn // 4, count  # kAcc / 2 zeroings
+    assert len(sass["now"]) < len(sass["before"]) and len(sass["stmatrix"]) < len(sass["now"])
+    assert count["stmatrix"]["STS"] == 0 and count["stmatrix"]["STSM.16.M88.4"] * 4 == count["now"]["STS"], count

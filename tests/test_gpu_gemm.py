@@ -212,17 +212,41 @@ def test_gemm_cluster_m4_against_float64(device, rng, config):
 # K_TAIL (opt-in define): K's last, partial k-block issues only the k-steps that reach into K.
 # K = 520, 72, 1000: 1, 1 and 3 of 4 k-steps; split K (the last split owns it) and cluster
 # K-splits (the last rank does); both layouts.
+# K_TAIL 2: the same k-steps, that k-block after the k-loop in straight-line code per count.
+@pytest.mark.parametrize("tail", [1, 2])
 @pytest.mark.parametrize("layout", ["nt", "nn"])
 @pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=1, split_k=3),
                                     GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)],
                          ids=["auto", "bn128-split3", "bn64-ck4"])
-def test_gemm_k_tail_against_float64(device, rng, config, layout):
+def test_gemm_k_tail_against_float64(device, rng, config, layout, tail):
     from tmaflow.kernels import registry
 
     for m, n, k in [(1000, 3000, 520), (129, 264, 72), (300, 1000, 1000)]:
         A, B, ref = _operands(rng, m, n, k, layout)
         for debug in (True, False) if (m, n, k) == (129, 264, 72) else (False,):
             out = poison(tf.empty((m, n), "bfloat16"))
-            with registry.extra_defines({"K_TAIL": 1}):
+            with registry.extra_defines({"K_TAIL": tail}):
                 kernels.gemm(A, B, out, layout=layout, config=config, debug=debug)
-            _check(out, ref, (m, n, k, config, layout, debug))
+            _check(out, ref, (m, n, k, config, layout, debug, tail))
+
+
+# Session 19's opt-in epilogue and exit (EPI_STMATRIX: C's swizzled boxes written by stmatrix, two
+# 8-column blocks an instruction; EXIT_WAIT_READ: a CTA leaves once its last stores have read
+# shared memory): 64-column boxes whole and in halves (bn192), a last narrow box (bn80: 16
+# columns, bn176: 48), 32-row boxes (cluster K in fours), split K's reload, both layouts.
+@pytest.mark.parametrize("config", [None, GemmConfig(bn=80, cluster_m=2, epi_cols=64),
+                                    GemmConfig(bn=176, cluster_m=1, epi_cols=64, cluster_k=2),
+                                    GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4),
+                                    GemmConfig(bn=128, cluster_m=1, split_k=3)],
+                         ids=["auto", "bn80-c2", "bn176-ck2", "bn64-ck4", "bn128-split3"])
+def test_gemm_stmatrix_epilogue_against_float64(device, rng, config):
+    from tmaflow.kernels import registry
+
+    for m, n, k, layout in [(1000, 3000, 520, "nt"), (129, 264, 72, "nt"), (600, 1000, 1000, "nn")]:
+        if layout == "nn" and config is not None and config.bn % 64:
+            continue  # odd widths are "nt" only
+        A, B, ref = _operands(rng, m, n, k, layout)
+        out = poison(tf.empty((m, n), "bfloat16"))
+        with registry.extra_defines({"EPI_STMATRIX": 1, "EXIT_WAIT_READ": 1}):
+            kernels.gemm(A, B, out, layout=layout, config=config)
+        _check(out, ref, (m, n, k, config, layout))

@@ -104,7 +104,36 @@ namespace L = tmaflow_layout;
 #define PROMOTE_SETS 1  // per-tensor fp8, BN <= 128: 2 promotes every k-block, alternating two accumulator sets
 #endif
 #ifndef K_TAIL
-#define K_TAIL 0  // 1: K's last k-block, when partial, issues only the k-steps that reach into K
+// 1: K's last k-block, when partial, issues only the k-steps that reach into K; 2: the same, that
+// k-block after the k-loop in straight-line code per count (no test between its wgmmas)
+#define K_TAIL 0
+#endif
+// 1: a tile's first wgmma overwrites the accumulators (scale-d 0) instead of 32-128 zeroings a
+// thread before the k-loop (1000x3000x520: 48 of a consumer warp's ~810 instructions). The plain
+// k-loop only, and not with cluster K-splits (a rank may have no k-blocks; zeroing only those
+// made ptxas serialize the wgmmas, C7514) nor tail splits (ptxas then grew four loops 62-69 ->
+// 101 instructions; NVRTC 13.5)
+#ifndef ACC_OVERWRITE
+#define ACC_OVERWRITE 0  // opt-in: H100, session 19, 1000x3000x520, time with it over without 1.012 / 1.007
+#endif
+// 1: tile_of's divisions unsigned and fewer (below): 78 -> 45 instructions a warp at
+// 1000x3000x520, on the producer's path from the launch to its first TMA load
+#ifndef UDIV_TILE
+#define UDIV_TILE 1
+#endif
+// 1: before the CTA exits, wait only until the last TMA stores have read shared memory (CUTLASS's
+// store tail), not until their global writes completed
+#ifndef EXIT_WAIT_READ
+#define EXIT_WAIT_READ 0
+#endif
+// 1: the epilogue writes C's swizzled boxes with stmatrix, two 8-column blocks (four 8 x 8
+// matrices) an instruction, where it took four 32-bit st.shared
+#ifndef EPI_STMATRIX
+#define EPI_STMATRIX 0
+#endif
+// 1: the prologue's cluster barrier arrives relaxed (the barrier init's fence publishes the barriers)
+#ifndef CLUSTER_ARRIVE_RELAXED
+#define CLUSTER_ARRIVE_RELAXED 1
 #endif
 #ifndef PATCH_ALL
 #define PATCH_ALL 0  // grouped: every warpgroup's rows leave through its group's patched C map, not
@@ -157,6 +186,21 @@ constexpr uint32_t kOwnArrivals = SCALE_RELEASE == 1   ? L::ab::consumer_lanes
 // Work item w -> (group of CLUSTER_M M tiles, N tile); GROUP_M M tiles share a band of N tiles.
 TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) {
   constexpr int band = GROUP_M / CLUSTER_M;
+#if UDIV_TILE
+  // Unsigned (every operand is >= 0), the first band's items without a division, and each
+  // remainder from its quotient: ptxas had computed r % rows and r / rows as two divisions.
+  const uint32_t per_band = band * uint32_t(tiles_n), uw = uint32_t(w);
+  const uint32_t q = uw < per_band ? 0 : uw / per_band, r = uw - q * per_band;
+  const uint32_t first = q * band, rows = min(uint32_t(groups_m) - first, uint32_t(band));  // first < groups_m
+  if (rows == band) {  // every band but the last: a compile-time divisor, no division
+    gm = int(first + r % band);
+    tn = int(r / band);
+  } else {
+    const uint32_t t = r / rows;
+    gm = int(first + r - t * rows);
+    tn = int(t);
+  }
+#else
   const int per_band = band * tiles_n;
   const int q = w / per_band, r = w - q * per_band;
   const int first = q * band;
@@ -168,6 +212,7 @@ TMAFLOW_DEVICE void tile_of(int w, int groups_m, int tiles_n, int& gm, int& tn) 
     gm = first + r % rows;
     tn = r / rows;
   }
+#endif
 }
 
 // Work items of a group of `rows` rows (GROUPED): CLUSTER_M-tile groups of M tiles x N tiles.
@@ -490,6 +535,10 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
   griddep::launch_dependents();
 #if CLUSTER_M == 1 && CLUSTER_K == 1
   __syncthreads();  // the barriers exist for every thread
+#elif CLUSTER_ARRIVE_RELAXED
+  // every CTA's barriers exist before any multicast or st.async signals them: pipe.init's
+  // fence.mbarrier_init.release.cluster publishes them, so the arrival need not release
+  cluster::sync_after_init();
 #else
   cluster::sync();  // every CTA's barriers exist before any multicast or st.async signals them
 #endif
@@ -589,11 +638,15 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       const bool part = kb1 - kb0 < k_blocks;  // a tail tile's part
 #endif
       float acc[kAcc];
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
       // 0 after a promotion: the next wgmma overwrites acc (scale-d 0), which spares the 64
       // zeroings a thread that would sit between the promotion's wait and the next issue.
       uint32_t acc_live = 1;
+#if ACC_OVERWRITE && !PROMOTE && !BLOCK_SCALES && CLUSTER_K == 1 && !SPLIT_TAIL
+      acc_live = 0;  // the tile's first wgmma overwrites acc
+#else
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+#endif
 #if PROMOTE
       float total[kAcc];  // the fp32 sum of the promoted k-blocks
 #pragma unroll
@@ -704,7 +757,10 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #else
       const int cwd = cw;
 #endif
-      for (int kb = kb0; kb < kb1; ++kb) {
+      // One k-block: its wgmmas (`steps` of its 4 k-steps: a constant at every call, so each
+      // inlined copy issues a fixed sequence), then the previous k-block's stage released. (A
+      // generic lambda is a host function to NVRTC 13.0.)
+      auto k_block = [&](int kb, int steps) {
         pipe.consumer_wait(c);
         const uint64_t da = wgmma::desc_k_major_sw128(static_cast<uint8_t*>(S.ab_a(c.stage)) + cwd * 64 * 128);
 #if B_N_MAJOR
@@ -716,17 +772,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
 #endif
         wgmma::fence_operands(acc);
         wgmma::fence();
-#if K_TAIL
+#if K_TAIL == 1
         // K's last, partial k-block: only the k-steps that reach into K (the rest multiply the
         // TMA's zero fill)
-        const int steps = kb == k_blocks - 1 ? k_tail_steps : 4;
+        const int live_steps = kb == k_blocks - 1 ? k_tail_steps : 4;
+        (void)steps;  // always 4 here
 #pragma unroll
         for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
-          if (k == 0 || k < steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+          if (k == 0 || k < live_steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
 #else
 #pragma unroll
         for (int k = 0; k < 4; ++k)  // 4 k-steps of 32 B
-          mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
+          if (k < steps) mma(acc, da + 2 * k, db + kStepB * k, k > 0 || acc_live);
 #endif
         acc_live = 1;
         wgmma::commit_group();
@@ -747,7 +804,18 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           acc_live = 0;
         }
 #endif
-      }
+      };
+#if K_TAIL == 2
+      // K's last, partial k-block after the loop, in straight-line code for its count of k-steps
+      // (K_TAIL 1's test inside the loop: NVRTC 13.0's ptxas serialized the wgmmas, C7519)
+      const int tail = kb1 == k_blocks && kb0 < kb1 && k_tail_steps < 4 ? k_tail_steps : 0;
+      for (int kb = kb0; kb < kb1 - (tail > 0); ++kb) k_block(kb, 4);
+      if (tail == 1) k_block(kb1 - 1, 1);
+      else if (tail == 2) k_block(kb1 - 1, 2);
+      else if (tail == 3) k_block(kb1 - 1, 3);
+#else
+      for (int kb = kb0; kb < kb1; ++kb) k_block(kb, 4);
+#endif
       wgmma::wait_group<0>();
       wgmma::fence_operands(acc);
       // A cluster's rank may have no k-blocks (K shorter than the cluster): a zero partial, no
@@ -816,6 +884,21 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
         const bool rem = r == EPI_FULL / EPI_COLS;  // the last EPI_REM columns (a compile-time test)
         if (gt == 0) tma::wait_group_read<0>();  // the previous store has read the buffer
         named_barrier::sync(1 + group, kEpiThreads);
+#if EPI_STMATRIX
+        // Two 8-column blocks a stmatrix (every width is a multiple of 16 columns): lane l
+        // addresses row l % 8 (+ 8 for l / 8 odd) of the warp's 16, in block jj + l / 16.
+        const int srow = erow - lane / 4 + lane % 8 + 8 * (lane / 8 % 2);
+#pragma unroll
+        for (int jj = 0; jj < (rem ? EPI_REM : EPI_COLS) / 8; jj += 2) {
+          const int j = r * (EPI_COLS / 8) + jj;
+          const uint32_t at = (jj / 8) * kEpiBoxBytes + srow * 128 + ((jj % 8 + lane / 16) ^ (srow % 8)) * 16;
+          const uint32_t v[4] = {wgmma::bf16x2(f * acc[4 * j], f * acc[4 * j + 1]),
+                                 wgmma::bf16x2(f * acc[4 * j + 2], f * acc[4 * j + 3]),
+                                 wgmma::bf16x2(f * acc[4 * j + 4], f * acc[4 * j + 5]),
+                                 wgmma::bf16x2(f * acc[4 * j + 6], f * acc[4 * j + 7])};
+          warp::stmatrix_x4(cbuf + at, v);
+        }
+#else
 #pragma unroll
         for (int jj = 0; jj < (rem ? EPI_REM : EPI_COLS) / 8; ++jj) {  // 8-column blocks, fragment as mma.m16n8
           const int j = r * (EPI_COLS / 8) + jj;
@@ -825,6 +908,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
           *reinterpret_cast<uint32_t*>(cbuf + at + erow * 128) = wgmma::bf16x2(f * acc[4 * j], f * acc[4 * j + 1]);
           *reinterpret_cast<uint32_t*>(cbuf + at + (erow + 8) * 128) = wgmma::bf16x2(f * acc[4 * j + 2], f * acc[4 * j + 3]);
         }
+#endif
         fence::proxy_async_shared_cta();  // generic-proxy writes visible to the TMA store
         named_barrier::sync(1 + group, kEpiThreads);
         if (gt == 0) {
@@ -843,7 +927,11 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       }
       trace::mark(2);  // the tile's stores are issued
     }
+#if EXIT_WAIT_READ
+    if (gt == 0) tma::wait_group_read<0>();  // the global writes complete after the CTA left
+#else
     if (gt == 0) tma::wait_group<0>();
+#endif
 #if CLUSTER_K > 1
     if (group != int(krank)) red.drain();
 #endif

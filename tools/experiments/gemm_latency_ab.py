@@ -16,7 +16,8 @@ Session 17 call 4 made ``heuristics.m_chunk_config`` and UNIFORM_DESC defaults f
 peer's column there was off: cuBLAS 10-25 us at 512^3-1024^3 against its 5-6 us kernel.) So each
 shape also times its default against the peer alone, as tools/peers/bench_gemm.py does (two
 functions, not rotated: the acceptance figure), and the summary multiplies that ratio by the best
-candidate's gain over the default. ``--uniform`` adds each default with UNIFORM_DESC=0."""
+candidate's gain over the default. ``--uniform`` adds each default with UNIFORM_DESC=0; ``--lean``
+times the LEAN rows (gemm.cu's instruction cuts off, alone and together) instead of the candidates."""
 from __future__ import annotations
 
 import argparse
@@ -85,6 +86,28 @@ SHAPES = [
     # bn64 128 CTAs (default; H200 0.974)
     ("128x8192x8192", 128, 8192, 8192, BF16, [SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(split_k=1, cluster=2)]),
 ]
+
+
+# --lean (session 19, gemm20): the instruction cuts of gemm.cu's prologue and k-loop start, each
+# turned off alone and all together (the kernel before them), against the default that has them;
+# EXIT_WAIT_READ (opt-in: the CTA leaves once its last stores read shared memory) and the epilogue
+# in one round (epi_cols = bn: no wait for the TMA store to read the buffer between rounds, one
+# stage fewer). These rows replace the shape's candidates above.
+LEAN_CUTS = ("ACC_OVERWRITE", "UDIV_TILE", "CLUSTER_ARRIVE_RELAXED")  # the first opt-in (session 19: 1% slower)
+BEFORE = {key: 0 for key in LEAN_CUTS}
+EXIT_READ = {"EXIT_WAIT_READ": 1}
+K_TAIL2 = {"K_TAIL": 2}  # K_TAIL's last k-block after the loop, straight-line per k-step count (no C7519 on NVRTC 13.0)
+STSM = {"EPI_STMATRIX": 1}  # opt-in: C's boxes written by stmatrix (4 instructions where 16 st.shared)
+_BN192, _EPI192 = GemmConfig(bn=192, cluster_m=2, epi_cols=64), GemmConfig(bn=192, cluster_m=2, epi_cols=192)
+_CK2 = GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2)
+LEAN = {
+    "1000x3000x520": [(_BN192, BEFORE), (_BN192, {"ACC_OVERWRITE": 1})] + [(_BN192, {key: 0}) for key in LEAN_CUTS[1:]] + [
+        (_BN192, EXIT_READ), (_BN192, STSM), (_BN192, {**STSM, **EXIT_READ}), _EPI192, (_EPI192, {**STSM, **EXIT_READ}),
+        (_BN192, K_TAIL2), (_BN192, {**K_TAIL2, **STSM, **EXIT_READ})],
+    # ACC_OVERWRITE does not apply to cluster K-splits
+    "512x512x2048": [(_CK2, BEFORE), (_CK2, {"UDIV_TILE": 0}), (_CK2, {"CLUSTER_ARRIVE_RELAXED": 0}), (_CK2, EXIT_READ),
+                     (_CK2, {**STSM, **EXIT_READ})],
+}
 
 
 UNIFORM = {"UNIFORM_DESC": 0}  # gemm.cu / skinny.cu: the k-loop's descriptors per thread (before session 17's default)
@@ -260,8 +283,11 @@ def main():
     p.add_argument("--sms", type=int, default=132, help="--precompile: the SM count plans assume (H100/H200: 132)")
     p.add_argument("--precompile", action="store_true", help="compile every config (no GPU), print resources, exit")
     p.add_argument("--uniform", action="store_true", help="also each default with UNIFORM_DESC=0 (session 17's A/B)")
+    p.add_argument("--lean", action="store_true", help="the LEAN rows instead of the candidates where a shape has them")
     args = p.parse_args()
     shapes = [s for s in SHAPES if not args.shape or any(part in s[0] for part in args.shape)]
+    if args.lean:
+        shapes = [(*s[:5], LEAN.get(s[0], s[5])) for s in shapes]
     if not shapes:
         p.error(f"--shape {args.shape} matches none of {[s[0] for s in SHAPES]}")
     if args.precompile:

@@ -1,4 +1,4 @@
-// Warp-level tensor-core math (mma.sync, sm_80 style) and ldmatrix: small GEMMs where a
+// Warp-level tensor-core math (mma.sync, sm_80 style), ldmatrix and stmatrix: small GEMMs where a
 // wgmma's 64 rows would be mostly padding (attention_cp_async, decode attention).
 #pragma once
 namespace tmaflow { namespace warp {
@@ -18,6 +18,17 @@ TMAFLOW_DEVICE void ldmatrix_x4(uint32_t (&r)[4], const void* at) {
 TMAFLOW_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* at) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(at)));
+}
+// Four 8x8 16-bit matrices to shared memory, ldmatrix_x4's inverse: lane l gives the address of
+// row l % 8 of matrix l / 8 (16 contiguous bytes); register i holds this lane's two elements of
+// matrix i (row lane / 4, columns 2 (lane % 4) and + 1): an accumulator fragment's layout.
+// ptx: stmatrix.sync.aligned.m8n8.x4.shared.b16
+// who: all 32 lanes of a warp, converged
+// order: a shared-memory store (a TMA store of the rows takes fence::proxy_async_shared_cta and
+// a barrier after it).
+TMAFLOW_DEVICE void stmatrix_x4(void* at, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};"
+               :: "r"(smem_u32(at)), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
 }
 // D(16x8, fp32) += A(16x16, bf16, row-major) * B(16x8, bf16, column-major). Fragments: a[0..3]
 // rows lane / 4 (+ 8 in a[1], a[3]), columns 2 (lane % 4) (+ 8 in a[2], a[3]); b0 / b1 rows
