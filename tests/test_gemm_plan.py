@@ -578,3 +578,19 @@ def test_prologue_cuts_and_stmatrix_drop_instructions(shape):
         assert count["now"]["CS2R"] <= count["before"]["CS2R"] - config.bn // 4, count  # kAcc / 2 zeroings
     assert len(sass["now"]) < len(sass["before"]) and len(sass["stmatrix"]) < len(sass["now"])
     assert count["stmatrix"]["STS"] == 0 and count["stmatrix"]["STSM.16.M88.4"] * 4 == count["now"]["STS"], count
+
+
+def test_unsigned_tile_divisions_are_the_default_under_nvrtc_13_only():
+    """gemm.cu's UDIV_TILE default follows the compiler: on under NVRTC 13 (measured on the GPU,
+    whose image has 13.0), off under 12.x (its ptxas put 12 R2UR moves into the fp8 row-major
+    block-scale loop with it): the default build is byte-identical to the explicit one."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+
+    plan = gemm_plan(1000, 3000, 520, "nt", choose_config(1000, 3000, 520, 132, "nt", "bfloat16"))
+    default = get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines), file="gemm").cubin
+    expected = 1 if compiler.nvrtc_version() >= (13, 0) else 0
+    cubins = {value: get_kernel("gemm_bf16", plan.layout, defines={**plan.defines, "UDIV_TILE": value},
+                                file="gemm").cubin for value in (0, 1)}
+    assert cubins[0] != cubins[1]
+    assert default == cubins[expected]

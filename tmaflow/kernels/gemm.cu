@@ -117,9 +117,15 @@ namespace L = tmaflow_layout;
 #define ACC_OVERWRITE 0  // opt-in: H100, session 19, 1000x3000x520, time with it over without 1.012 / 1.007
 #endif
 // 1: tile_of's divisions unsigned and fewer (below): 78 -> 45 instructions a warp at
-// 1000x3000x520, on the producer's path from the launch to its first TMA load
+// 1000x3000x520, on the producer's path from the launch to its first TMA load. NVRTC 13 only:
+// under 12.x the fp8 row-major block-scale loop then took 12 R2UR moves and 12 instructions
+// more (ptxas scheduled it otherwise; measured on the GPU with 13.0 only)
 #ifndef UDIV_TILE
+#if __CUDACC_VER_MAJOR__ >= 13
 #define UDIV_TILE 1
+#else
+#define UDIV_TILE 0
+#endif
 #endif
 // 1: before the CTA exits, wait only until the last TMA stores have read shared memory (CUTLASS's
 // store tail), not until their global writes completed
