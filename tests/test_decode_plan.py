@@ -73,6 +73,7 @@ def decode_args(**change):
     ({"merge_kernel": "yes"}, r"attention_decode: merge_kernel='yes' must be"),
     ({"pdl": 1}, r"attention_decode: pdl=1 must be"),
     ({"cooperative": "yes"}, r"attention_decode: cooperative='yes' must be"),
+    ({"cooperative": True, "pdl": True}, r"attention_decode: cooperative=True with pdl=True; .* leave one None or False"),
     ({"cooperative": True, "num_splits": 4, "cluster_merge": True},
      r"attention_decode: cooperative=True with cluster_merge=True; .* leave cluster_merge None or False"),
     ({"merge_kernel": True, "num_splits": 1}, r"attention_decode: merge_kernel=True with num_splits=1, .* give num_splits None or 2-64"),
@@ -306,6 +307,8 @@ def test_decode_defaults_plan_the_slice_merge_for_batch_one(batch, context, opti
     (64, 8192, 8, {"head_group": False}, (False, 1, False, True)),
     (64, 16384, 6, {"persistent": True}, (False, 1, False, True)),  # kv heads not in fours: no groups
     (16, 8192, 8, {}, (False, 2, False, False)),           # not persistent: pairs, as planned
+    (64, 8192, 8, {"clusters": False}, (True, 2, True, False)),      # a cooperative launch's: the same plan
+    (16, 8192, 8, {"clusters": False}, (False, 2, False, False)),    # ... without the pairs' clusters
 ])
 def test_decode_defaults_take_head_groups_merged_by_slices_over_a_persistent_walk(batch, context, heads_kv, options,
                                                                                  expected):
@@ -314,6 +317,7 @@ def test_decode_defaults_take_head_groups_merged_by_slices_over_a_persistent_wal
     plan = decode_defaults(batch, heads_kv, 128, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
                            **options)
     assert (plan.head_group, plan.splits, plan.slice_merge, plan.persistent) == expected
+    assert not (plan.cluster_merge and options.get("clusters") is False)
     if plan.slice_merge:  # the cooperative launch's condition: every CTA at once
         assert batch * plan.items * plan.splits <= 132 * plan.ctas_per_sm
 

@@ -9,6 +9,8 @@ merged by slices (slice_merge: the default at 16+ splits that fit, a cooperative
 kv heads a CTA too) or by a second kernel (merge_kernel), the maps' L2 promotion
 and the warps merged a warp at a time (warp_slices=False), bit-equal to the default paths;
 PDL launches (pdl=True) in a chain that reads what the kernel before wrote."""
+import re
+
 import numpy as np
 import pytest
 
@@ -315,6 +317,24 @@ def test_slice_merge_refuses_more_ctas_than_fit_at_once(device, rng):
     _, (Q, K, V, T, L) = _problem(rng, [2048, 2048], 8, 8, 32, 16, "bfloat16")
     with pytest.raises(tf.TmaflowError, match=r"slice_merge=True with 512 CTAs .* every CTA must run at once"):
         kernels.attention_decode(Q, K, V, T, L, num_splits=32, slice_merge=True)
+
+
+def test_slice_merge_checks_residency_by_the_kernels_occupancy(device, rng):
+    """Four kv heads a CTA at three CTAs an SM by shared memory: their registers (155 under
+    NVRTC 13.5) let two run, and a slice merge sized by shared memory alone would wait forever
+    (review, session 19). Refused by name, or, where this compiler's registers let three run,
+    right against float64: never a hang."""
+    batch = device.sm_count * 3 // 12  # 2 CTAs a request x 6 splits: three an SM by shared memory
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, [1024] * batch, 32, 8, 128, 16, "bfloat16")
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    try:
+        kernels.attention_decode(Q, K, V, T, L, head_group=True, slice_merge=True, ctas_per_sm=3, num_splits=6,
+                                 out=out)
+    except tf.TmaflowError as e:
+        assert re.search(r"slice_merge=True with \d+ CTAs .* the device runs \d+ of this kernel at once", str(e)), e
+        return
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    assert rel_error(_download(out, "bfloat16"), ref) < 1e-2
 
 
 def test_decode_plans_a_cluster_merge_for_one_short_request(device, rng):

@@ -278,20 +278,24 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     zeros. ``num_splits`` (1-64) splits each request's keys (flash-decoding); None picks it from
     the batch, kv heads, SM count and the block table's width. ``evict_first``: K and V pass
     through L2 at evict-first priority (read once a step, they push nothing else out); None:
-    when the caches a call may read (the block table's width for every request) exceed the
-    L2. ``persistent``: at most as many CTAs as run at once, each walking whole (request, kv
+    when the caches a call may read (the block table's width for every request) exceed half the
+    L2, up to eight times it (``evict_first_default``). ``persistent``: at most as many CTAs as run at once, each walking whole (request, kv
     head) items (one split: num_splits None or 1); None: when one split leaves more items than
-    CTA slots. ``cluster_merge``: the splits of a (request, kv head) run as one thread-block
+    CTA slots, unless four kv heads a CTA merged by slices take the call instead (from 8k keys
+    where those CTAs all fit: ``group_slice_default``). ``cluster_merge``: the splits of a (request, kv head) run as one thread-block
     cluster and merge through distributed shared memory instead of a workspace and a counter
     (2-16 splits: give num_splits); None: at 2-8 splits when the CTAs are at most the SMs, and at
     two splits whatever the count (``cluster_merge_default``).
     ``slice_merge``: the workspace-and-counter merge, but every split merges a share of the
     output's columns once all have counted (no last CTA reads every split); it waits on the
-    other splits, so every CTA of the call must fit on the GPU at once. None: at 16 or more
-    splits (one kv head a CTA) whose CTAs all fit (``slice_merge_default``).
+    other splits, so every CTA of the call must fit on the GPU at once (refused otherwise, by
+    the kernel's occupancy). None: at 16 or more splits (one kv head a CTA) whose CTAs all fit
+    (``slice_merge_default``), and with head groups where ``group_slice_default`` takes them.
+    Launched plainly (``cooperative=False`` or ``pdl=True``), its waiting CTAs rely on the rest
+    getting SMs: do not run another grid that spins on its peers concurrently.
     ``cooperative``: the grid is launched cooperative (the driver runs it only with every CTA
     resident at once; it refuses a grid larger than the GPU holds). None: with the slice merge
-    (not with ``pdl``).
+    (not with ``pdl``; True with ``pdl=True`` is refused).
     ``l2_promotion``: the K/V maps' L2 promotion ("none", "64B", "128B", "256B": a box row's
     miss fetches that much from DRAM; a kv head's key row is head_dim x 2 bytes); None: "none".
     ``ctas_per_sm`` (1-3): the K/V pipeline's stages fill that share of an SM's shared memory
@@ -300,8 +304,9 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     brings a page piece's every column (a 4-D map), half the copies at head dim 128; None: off.
     ``head_group`` (heads_kv a multiple of 4, head dims a multiple of 64): a CTA reads four kv
     heads of a request (each copy 16 keys of all four: runs four times as long), a consumer
-    warp each; splits merge by the workspace and counter. None: ``head_group_default`` when no
-    split count, persistence or other merge / box option is given.
+    warp each; splits merge by the workspace and counter, or by slices. None: ``head_group_default``
+    when no split count, persistence or other merge / box option is given (and with the slice
+    merge where ``group_slice_default`` takes it).
     ``warp_slices``: the CTA's four consumer warps merge from a slice of O each, written at once
     (two barriers), where the plan merges them in its stages (not persistent, one kv head a
     CTA); False: a warp at a time (four more barriers). The same bits either way. None: True.
@@ -337,6 +342,9 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
             raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge} and wide_box="
                                f"{wide_box}; a head group's splits merge by the workspace (the counter or slices), "
                                "its box is already wide: leave those None or False")
+        if cooperative and pdl:
+            raise TmaflowError("attention_decode: cooperative=True with pdl=True; the two launch attributes together "
+                               "are not tested: leave one None or False (pdl=True launches the slice merge plainly)")
         if cooperative and cluster_merge:
             raise TmaflowError("attention_decode: cooperative=True with cluster_merge=True; a cooperative grid is "
                                "launched without clusters: leave cluster_merge None or False")
@@ -410,10 +418,12 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
 
 def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int, device,
                     num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None,
-                    ctas=None, wide_box=False, head_group=None) -> SimpleNamespace:
+                    ctas=None, wide_box=False, head_group=None, clusters: bool = True) -> SimpleNamespace:
     """What a call plans on ``device`` for the options it was given (None: the defaults, in this
     order): head groups, splits and evict-first, persistence, the cluster and slice merges; also
-    the CTAs a request and split (``items``) and the CTAs an SM of the non-persistent plan."""
+    the CTAs a request and split (``items``) and the CTAs an SM of the non-persistent plan.
+    ``clusters`` False: no cluster merge by default (a cooperative launch has no clusters), the
+    other defaults as without it."""
     free = head_group is None and num_splits is None and persistent is None and ctas is None and \
         cluster_merge is None and slice_merge is None and not wide_box
     if head_group is None:
@@ -431,7 +441,7 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
             except TmaflowError:
                 persistent = False
     if cluster_merge is None:
-        cluster_merge = not persistent and not slice_merge and not head_group and \
+        cluster_merge = clusters and not persistent and not slice_merge and not head_group and \
             cluster_merge_default(batch, heads_kv, splits, device.sm_count)
     if slice_merge is None:
         slice_merge = not (persistent or cluster_merge or head_group) and \
@@ -440,7 +450,7 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
     if free and not head_group and heads_kv % HEAD_GROUP == 0 and head_dim in (64, 128) and \
             group_slice_default(batch, max_context, persistent):
         grouped = decode_defaults(batch, heads_kv, head_dim, page_size, max_context, device, evict_first=evict_first,
-                                  head_group=True, slice_merge=True)
+                                  head_group=True, slice_merge=True, clusters=clusters)
         if grouped.slice_merge and batch * grouped.items * grouped.splits <= device.sm_count * grouped.ctas_per_sm:
             return grouped
     return SimpleNamespace(splits=splits, evict_first=evict_first, persistent=persistent,
@@ -457,10 +467,9 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     if merge_kernel:  # the counter path's splits, one kv head a CTA
         persistent, cluster_merge, head_group = bool(persistent), bool(cluster_merge), bool(head_group)
         slice_merge = bool(slice_merge)
-    if cooperative:  # a cooperative grid has no clusters
-        cluster_merge = bool(cluster_merge)
     plan = decode_defaults(b, hkv, d, p.page_size, p.max_pages * p.page_size, device, num_splits, evict_first,
-                           persistent, cluster_merge, slice_merge, ctas, wide_box, head_group)
+                           persistent, cluster_merge, slice_merge, ctas, wide_box, head_group,
+                           clusters=not cooperative)  # a cooperative grid has no clusters
     splits, evict_first, persistent, cluster_merge, slice_merge, head_group, items, ctas_per_sm = (
         plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.slice_merge, plan.head_group,
         plan.items, plan.ctas_per_sm)
@@ -491,6 +500,17 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     grid = (max(1, min(b * items, device.sm_count * ctas_per_sm)), 1, 1) if persistent else (splits, items, max(b, 1))
     decode = kern.launcher(grid=grid, block=THREADS, cluster=(splits, 1, 1) if cluster_merge else (1, 1, 1),
                            stream=stream, pdl=pdl, cooperative=bool(cooperative))
+    if (slice_merge or cooperative) and not persistent:
+        # the check above counts CTAs an SM by shared memory; registers may allow fewer (a head
+        # group at three CTAs an SM: 155 registers, two fit), and a slice merge whose CTAs are not
+        # all resident waits forever (a cooperative launch is refused by the driver)
+        resident = decode.max_active_clusters()
+        if b * items * splits > resident:
+            raise TmaflowError(f"attention_decode: {'slice_merge' if slice_merge else 'cooperative'}=True with "
+                               f"{b * items * splits} CTAs (batch {b} x {items} CTAs a request x {splits} splits), but "
+                               f"the device runs {resident} of this kernel at once (its registers and shared memory); "
+                               "every CTA must run at once: give fewer num_splits, ctas_per_sm None, or "
+                               f"{'slice_merge' if slice_merge else 'cooperative'} None or False")
     if merge_kernel:  # a thread a 4-column group of a kv head's rows, in CTAs of two warps (more SMs reading)
         columns = p.tokens * p.group * d // 4
         merge = get_kernel("attention_decode_merge", layout, defines=defines, file="decode").launcher(
