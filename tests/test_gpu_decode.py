@@ -195,11 +195,12 @@ def test_cluster_merge_decode_against_float64_and_bit_equal_to_the_counter_merge
     _twice_then_the_counter_merge(run, ref, q.shape, dtype)
 
 
-def _twice_then_the_counter_merge(run, ref, shape, dtype):
-    """``run(out, True)`` twice and ``run(out, False)`` (the counter merge) into poisoned outputs:
-    each against float64 (a token that sees no key gets zeros), all three the same bits."""
+def _twice_then_the_counter_merge(run, ref, shape, dtype, repeats=2):
+    """``run(out, True)`` ``repeats`` times and ``run(out, False)`` (the counter merge) into
+    poisoned outputs: each against float64 (a token that sees no key gets zeros), all the same
+    bits."""
     results = []
-    for variant in (True, True, False):
+    for variant in (True,) * repeats + (False,):
         out = poison(tf.empty(shape, dtype))
         run(out, variant)
         got = _download(out, dtype)
@@ -226,18 +227,10 @@ def test_slice_merge_decode_against_float64_and_bit_equal_to_the_counter_merge(d
     (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, d, page, dtype,
                                                            tokens=tokens)
     ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(d))
-    results = []
-    for slice_merge in (True, True, True, False):
-        out = poison(tf.empty(q.shape, dtype))
-        prepared = kernels.attention_decode.prepare(Q, K, V, T, L, num_splits=num_splits, slice_merge=slice_merge,
-                                                    cluster_merge=False, out=out)
-        prepared()
-        results.append(out.numpy())
-        got = _download(out, dtype)
-        assert rel_error(got, ref) < 1e-2, (slice_merge, rel_error(got, ref))
-        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+    _twice_then_the_counter_merge(
+        lambda out, slice_merge: kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, slice_merge=slice_merge,
+                                                          cluster_merge=False, out=out),
+        ref, q.shape, dtype, repeats=3)
 
 
 @pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,num_splits", [
@@ -585,20 +578,15 @@ def test_head_group_slice_merge_against_float64_and_bit_equal_to_its_counter_mer
     (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, heads_kv, 128, page, dtype,
                                                            tokens=tokens)
     ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
-    results = []
-    for slice_merge in (True, True, False):
-        out = poison(tf.empty(q.shape, dtype))
+
+    def run(out, slice_merge):
         prepared = kernels.attention_decode.prepare(Q, K, V, T, L, head_group=True, slice_merge=slice_merge, out=out,
                                                     **options)
         config = getattr(prepared.launcher, "launcher", prepared.launcher).config
         assert config.cooperative is slice_merge and config.grid[1] == heads_kv // 4, config
         prepared()
-        results.append(out.numpy())
-        got = _download(out, dtype)
-        assert rel_error(got, ref) < 1e-2, (slice_merge, rel_error(got, ref))
-        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
-    for other in results[1:]:
-        np.testing.assert_array_equal(results[0].view(np.uint16), other.view(np.uint16))
+
+    _twice_then_the_counter_merge(run, ref, q.shape, dtype)
 
 
 @pytest.mark.parametrize("lens,heads_q,heads_kv,d,page,tokens,dtype,options", [

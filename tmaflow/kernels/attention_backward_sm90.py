@@ -74,7 +74,13 @@ def sm90_smem(head_dim: int, stages: int = STAGES) -> int:
 # reductions of the last (H200, same rounds, cold, against one buffer and three stages: 1k
 # 1.09 / 1.08x, 4k 1.09 / 1.09x, 16k 1.08 / 1.10x full / causal; deterministic: equal, kept)
 TWO_DQ_BUFFERS = {"STAGES": 2, "DQ_BUFS": 2, "DQ_PACK": 1}
-TWO_DQ_WARPS = {**TWO_DQ_BUFFERS, "DQ_WARPS": 2}  # a dQ buffer and every other step a producer warp
+# The deterministic mode at head dim 128, every walk (dense and varlen): a dQ buffer and every
+# other step a producer warp (DQ_WARPS). A step's chain wait, reduction, wait for its completion
+# and release are one serial chain in the warp that issues the reduction, about a step long: H200,
+# session 19, TFLOP/s over the default mode's, cold, one warp / two: causal 4k 0.837 / 0.988, 16k
+# 0.775 / 0.944; the chain from key block 0 (full) 4k 0.742 / 0.863, 16k 0.795 / 1.010; the rotated
+# walk 4k 0.837 / 1.009, 16k 0.822 / 1.033.
+TWO_DQ_WARPS = {**TWO_DQ_BUFFERS, "DQ_WARPS": 2}
 
 
 # The dQ accumulator in tiles, each the shared dQ buffer's image, a step's dQ one bulk reduction
@@ -108,19 +114,11 @@ VARLEN_BEFORE = {64: {**DQ_ROWS_DEFINES[64], "BLOCK_M": ROWS},
 
 # The deterministic full-attention walk (dense): a persistent, cooperative grid of whole (batch,
 # kv head) groups a wave, each key block's walk rotated, each query block's chain in the order
-# its key blocks reach it (the kernel's DET_ROTATE); at head dim 128 with the default mode's two
-# dQ buffers (TWO_DQ_BUFFERS: they ran equal in the chain, whose skew bound it; the rotated walk
-# has none). Where a group's key blocks do not all fit the GPU at once (persistent_slots 0) the
-# plan takes the chain from key block 0 (main_defines', as an override of DET_ROTATE=0 does).
-# Head dim 128 also adds dQ from two producer warps (DQ_WARPS, a dQ buffer and every other step
-# each): a step's chain wait, reduction, wait for its completion and release are one serial
-# chain in its warp, about a step long (H200, session 18, one warp: 4k 0.834, 16k 0.806 of the
-# default mode; the rotated walk's chain waits on a key block two steps ahead).
-DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1, **TWO_DQ_WARPS}}
-# The dense plan's deterministic head dim 128 adds dQ from two warps in every walk: H200, session
-# 19, TFLOP/s over the default mode's, cold, one warp / two: causal 4k 0.837 / 0.988, 16k 0.775 /
-# 0.944; the chain from key block 0 (full) 4k 0.742 / 0.863, 16k 0.795 / 1.010; the rotated walk
-# 4k 0.837 / 1.009, 16k 0.822 / 1.033. The varlen plan takes the same defines.
+# its key blocks reach it (the kernel's DET_ROTATE). Where a group's key blocks do not all fit
+# the GPU at once (persistent_slots 0) the plan takes the chain from key block 0 (main_defines',
+# as an override of DET_ROTATE=0 does). Head dim 128's two dQ buffers and warps come with
+# main_defines (TWO_DQ_WARPS, every deterministic walk).
+DET_ROTATE_DEFINES = {64: {"DET_ROTATE": 1}, 128: {"DET_ROTATE": 1}}
 # Head dim 64 keeps the chain past 64 key blocks a group (8k keys): H200, session 18, TFLOP/s
 # over the default mode's, cold: 4k rotate 0.910 / chain 0.717, 16k rotate 0.872 / chain 0.897
 # (one group a wave leaves the rotation 4 idle SMs and no skew to remove); head dim 128 rotates
