@@ -102,6 +102,23 @@ def _attention_backward(gen):
     return call
 
 
+def _attention_backward_rotated(gen):
+    # full attention, head dim 128, seq 200: the deterministic plan's rotated walk (a persistent
+    # cooperative grid, two dQ warps); deterministic: bit-exact by design
+    q = _bf16(gen, 1, 4, 200, 128)
+    k, v = _bf16(gen, 1, 2, 200, 128), _bf16(gen, 1, 2, 200, 128)
+    out, lse = kernels.attention(q, k, v, return_lse=True)
+    dout = _bf16(gen, 1, 4, 200, 128)
+    cuts = [0, q.numel(), q.numel() + k.numel(), q.numel() + 2 * k.numel()]
+
+    def call(stream=None):
+        grads = torch.empty(cuts[-1], device="cuda", dtype=q.dtype)
+        dq, dk, dv = (grads[a:b].view(t.shape) for a, b, t in zip(cuts, cuts[1:], (q, k, v)))
+        kernels.attention_backward(q, k, v, out, dout, lse, deterministic=True, dq=dq, dk=dk, dv=dv, stream=stream)
+        return grads
+    return call
+
+
 def _attention_varlen_backward(gen):
     # ragged packed sequences (an empty one, one of 1 row), GQA 2:1, head dim 128 (the Hopper
     # kernel's VARLEN build); deterministic: bit-exact by design; workspace per call and stream
@@ -147,6 +164,16 @@ def _transpose(gen):
     x = torch.randn(256, 512, device="cuda", generator=gen)
     return lambda stream=None: kernels.transpose(x, stream=stream)
 
+def _decode_slices(gen):
+    # one request of 2999 keys (not a page multiple): 24 splits merged by slices, a cooperative
+    # launch per call (the plan's at batch 1 from 16 splits)
+    pages, page = 188, 16
+    q = _bf16(gen, 1, 16, 128)
+    k_cache, v_cache = _bf16(gen, pages, page, 8, 128), _bf16(gen, pages, page, 8, 128)
+    table = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32).reshape(1, pages)
+    lens = torch.tensor([2999], dtype=torch.int32, device="cuda")
+    return lambda stream=None: kernels.attention_decode(q, k_cache, v_cache, table, lens, stream=stream)
+
 
 CASES = {
     "gemm dense": _gemm(256, 512, 1024),
@@ -159,8 +186,10 @@ CASES = {
     "grouped host offsets": _grouped(True),
     "attention": _attention,
     "attention backward": _attention_backward,
+    "attention backward rotated": _attention_backward_rotated,
     "attention varlen backward": _attention_varlen_backward,
     "attention decode": _decode,
+    "attention decode slice merge": _decode_slices,
     "softmax": _softmax,
     "copy": _copy,
     "transpose": _transpose,
