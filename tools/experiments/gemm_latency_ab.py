@@ -83,6 +83,13 @@ SHAPES = [
                                      SkinnyConfig(m_rows=32, cluster=2)]),
     ("512^3", 512, 512, 512, BF16, [SkinnyConfig(m_rows=32, cluster=2), SkinnyConfig(m_rows=48, cluster=2),
                                      SkinnyConfig(m_rows=48)]),
+    # 224 64-row tiles of 16 stages, one CTA an SM (default; H200 0.928): a second wave of 92
+    # CTAs. Fewer stages fit two or four CTAs an SM; 128-row tiles leave one wave of 112.
+    ("16x14336x7168", 16, 14336, 7168, BF16, [SkinnyConfig(stages=8), SkinnyConfig(stages=5), SkinnyConfig(rows=128),
+                                               SkinnyConfig(split_k=2, stages=5), SkinnyConfig(split_k=2, stages=8)]),
+    # 64 tiles x 2 splits, one CTA an SM (default; H200 0.988): more splits at two CTAs an SM
+    ("16x4096x14336", 16, 4096, 14336, BF16, [SkinnyConfig(split_k=4, stages=8), SkinnyConfig(split_k=3, stages=8),
+                                               SkinnyConfig(split_k=2, stages=8)]),
     # bn64 128 CTAs (default; H200 0.974)
     ("128x8192x8192", 128, 8192, 8192, BF16, [SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(split_k=1, cluster=2)]),
 ]
