@@ -254,7 +254,11 @@ def test_choose_config():
     assert choose_config(4096, 2112, 7168, 132) == GemmConfig(bn=176, cluster_m=1, epi_cols=64)
     assert choose_config(4096, 2048, 7168, 132).bn == 256  # whole waves already: no odd width
     assert choose_config(4096, 2112, 7168, 132, "nn").bn == 192  # odd widths: "nt" only
-    assert choose_config(2304, 4608, 1024, 132).bn == 128  # 5 waves of 128 columns beat 4 of 192
+    # 5 waves of 128 columns beat 4 of 192; several waves of them pair up where B is wide
+    assert choose_config(2304, 4608, 1024, 132) == GemmConfig(bn=128, cluster_m=2)
+    assert choose_config(6144, 1024, 1024, 132) == GemmConfig(bn=128, cluster_m=1)  # 8 N tiles: unpaired
+    assert choose_config(1024, 2048, 512, 132).cluster_m == 2  # one wave, short K (as 1000x3000x520)
+    assert choose_config(1024, 2048, 2048, 132).cluster_m == 1  # one wave, 32 k-blocks
     assert choose_config(4096, 7168, 16384, 132) == GemmConfig(bn=256, cluster_m=2)
     # 64 tiles of 128 columns or 128 of 64 columns: one wave either way, the narrow ones half the math
     assert choose_config(1024, 1024, 1024, 132) == GemmConfig(bn=64, cluster_m=1, epi_cols=64)  # 16 k-blocks: no split

@@ -27,6 +27,19 @@ def test_splits_fill_one_wave_and_keep_four_k_blocks(n, k):
         assert math.ceil(k_blocks / math.ceil(k_blocks / split)) == split  # no empty split
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_skinny_tiles_that_outnumber_the_sms_share_them(dtype):
+    """224 tiles of 64 rows on 132 SMs: 5 stages, so two or more CTAs an SM hold every tile in
+    one wave (16 stages left a second wave of 92); 64 rows of M take 128-row tiles instead."""
+    few = choose_config(16, 14336, 7168, 132, "nt", dtype)
+    assert few == SkinnyConfig(stages=5)
+    plan = skinny_plan(16, 14336, 7168, few, 132, dtype)
+    assert plan.config.stages == 5 and plan.config.split_k == 1
+    assert 2 * plan.layout.total_bytes <= 227 * 1024  # at least two CTAs an SM
+    assert choose_config(16, 8448, 7168, 132, "nt", dtype) == SkinnyConfig()  # 132 tiles: one each
+    assert choose_config(64, 14336, 4096, 132, "nt", dtype) == SkinnyConfig(rows=128)
+
+
 def test_choose_config_takes_the_skinny_path_for_few_rows_of_nt():
     for dtype in ("bfloat16", "float8_e4m3fn"):
         assert isinstance(choose_config(SKINNY_M, 2048, 1024, 132, "nt", dtype), SkinnyConfig)
@@ -406,5 +419,5 @@ def test_one_m_tile_keeps_the_skinny_path_when_dense_tiles_leave_sms_idle(m, n, 
 
 def test_skinny_rows_double_when_64_row_tiles_outnumber_the_sms():
     assert choose_config(64, 14336, 4096, 132) == SkinnyConfig(rows=128)
-    assert choose_config(16, 14336, 4096, 132) == SkinnyConfig(rows=64)  # MP 16: a light tile
+    assert choose_config(16, 14336, 4096, 132) == SkinnyConfig(rows=64, stages=5)  # MP 16: a light tile
     assert choose_config(64, 4096, 4096, 132, "nt", "float8_e4m3fn") == SkinnyConfig(rows=64)

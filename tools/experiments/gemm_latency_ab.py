@@ -74,14 +74,14 @@ SHAPES = [
     # bn64 128 CTAs unclustered (default) 0.977; cuBLAS: 128x64 tiles in pairs
     ("1024^3", 1024, 1024, 1024, BF16, [GemmConfig(bn=64, cluster_m=2, epi_cols=64), GemmConfig(bn=64, cluster_m=4, epi_cols=64),
                                          GemmConfig(bn=128, cluster_m=4)]),
-    # bn128 persistent, 648 tiles, unclustered (default) 0.981; cuBLAS: 128x128 tiles in pairs
-    ("2304x4608x1024", 2304, 4608, 1024, BF16, [GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=4),
+    # bn128 persistent, 648 tiles, unclustered (default before session 20) 0.981; cuBLAS: 128x128 tiles in pairs
+    ("2304x4608x1024", 2304, 4608, 1024, BF16, [GemmConfig(bn=128, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=128, cluster_m=4),
                                                  GemmConfig(bn=256, cluster_m=4)]),
-    # 128-column tiles over several waves, unclustered (default): pairs sharing B (H100, session
-    # 20: 2304x4608x1024 1.045 / 1.057; session 19: 1.027 / 0.988)
-    ("2048x5120x2048", 2048, 5120, 2048, BF16, [GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=256, cluster_m=2)]),
-    ("3072x4608x4096", 3072, 4608, 4096, BF16, [GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=256, cluster_m=2)]),
-    ("6144x1024x1024", 6144, 1024, 1024, BF16, [GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=256, cluster_m=2)]),
+    # 128-column tiles over several waves: pairs sharing B (default since session 20 from n >= 2048;
+    # H100: 2304x4608x1024 1.039-1.045 / 1.057-1.065 over unclustered; session 19: 1.027 / 0.988)
+    ("2048x5120x2048", 2048, 5120, 2048, BF16, [GemmConfig(bn=128, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=256, cluster_m=2)]),
+    ("3072x4608x4096", 3072, 4608, 4096, BF16, [GemmConfig(bn=128, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=256, cluster_m=2)]),
+    ("6144x1024x1024", 6144, 1024, 1024, BF16, [GemmConfig(bn=128, cluster_m=1), GemmConfig(bn=128, cluster_m=2), GemmConfig(bn=256, cluster_m=2)]),
     # M chunks of 16 / 32 rows (default; H200 0.976 / 0.972): pairs of N tiles sharing A's chunk;
     # cuBLAS: 256^3 64x8 tiles in 1x2 clusters (128 CTAs), 512^3 64x48 in 2x4 (96)
     ("256^3", 256, 256, 256, BF16, [SkinnyConfig(m_rows=16, cluster=2), SkinnyConfig(m_rows=8, m_halves=2),
@@ -90,11 +90,11 @@ SHAPES = [
                                      SkinnyConfig(m_rows=48)]),
     # 224 64-row tiles of 16 stages, one CTA an SM (default; H200 0.928): a second wave of 92
     # CTAs. Fewer stages fit two or four CTAs an SM; 128-row tiles leave one wave of 112.
-    ("16x14336x7168", 16, 14336, 7168, BF16, [SkinnyConfig(stages=8), SkinnyConfig(stages=5), SkinnyConfig(rows=128),
+    ("16x14336x7168", 16, 14336, 7168, BF16, [SkinnyConfig(), SkinnyConfig(stages=8), SkinnyConfig(stages=5), SkinnyConfig(rows=128),
                                                SkinnyConfig(split_k=2, stages=5), SkinnyConfig(split_k=2, stages=8)]),
-    ("32x14336x4096", 32, 14336, 4096, BF16, [SkinnyConfig(stages=8), SkinnyConfig(stages=5), SkinnyConfig(rows=128)]),
-    ("1x14336x4096", 1, 14336, 4096, BF16, [SkinnyConfig(stages=8), SkinnyConfig(stages=5)]),
-    ("fp8 16x14336x7168", 16, 14336, 7168, FP8, [SkinnyConfig(stages=8), SkinnyConfig(stages=5)]),
+    ("32x14336x4096", 32, 14336, 4096, BF16, [SkinnyConfig(), SkinnyConfig(stages=8), SkinnyConfig(stages=5), SkinnyConfig(rows=128)]),
+    ("1x14336x4096", 1, 14336, 4096, BF16, [SkinnyConfig(), SkinnyConfig(stages=8), SkinnyConfig(stages=5)]),
+    ("fp8 16x14336x7168", 16, 14336, 7168, FP8, [SkinnyConfig(), SkinnyConfig(stages=8), SkinnyConfig(stages=5)]),
     # 64 tiles x 2 splits, one CTA an SM (default; H200 0.988): more splits at two CTAs an SM
     ("16x4096x14336", 16, 4096, 14336, BF16, [SkinnyConfig(split_k=4, stages=8), SkinnyConfig(split_k=3, stages=8),
                                                SkinnyConfig(split_k=2, stages=8)]),

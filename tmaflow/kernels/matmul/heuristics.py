@@ -55,11 +55,23 @@ def m_chunk_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     return SkinnyConfig(m_rows=rows)
 
 
+SKINNY_SHARED_STAGES = 5  # 64-row tiles that outnumber the SMs: stages for several CTAs an SM
+
+
 def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:
     """64 rows of B a CTA, or 128 when M fills the MMA's 64 columns and 64-row tiles alone
     outnumber the SMs (H200, gemm_sweep: 64x14336x4096 1.044x / 1.073x cold / back to back;
-    at fewer tiles 64 rows won, as on 11 of the 12 decode shapes before)."""
-    return SkinnyConfig(rows=128 if m > 32 and math.ceil(n / 64) > sm_count else 64)
+    at fewer tiles 64 rows won, as on 11 of the 12 decode shapes before). Fewer rows whose
+    64-row tiles outnumber the SMs keep 64 rows in 5 stages instead of 16: a CTA an SM left
+    a second, partial wave; at 5 stages (50-60 KB) every tile is resident from the start (H100,
+    tools/experiments/gemm_latency_ab.py, over 16 stages cold / back to back: 16x14336x7168
+    1.023 / 1.023, 32x14336x4096 1.028 / 1.040, 1x14336x4096 1.016 / 1.024, fp8 16x14336x7168
+    1.022 / 1.039; 8 stages 1.01-1.02, 128-row tiles 1.02)."""
+    if math.ceil(n / 64) <= sm_count:
+        return SkinnyConfig()
+    if m > 32:
+        return SkinnyConfig(rows=128)
+    return SkinnyConfig(stages=SKINNY_SHARED_STAGES)
 
 
 _ONE_TILE_FILL = 0.8  # the dense path must keep this share of the SMs busy to beat the skinny one
@@ -158,6 +170,11 @@ def dense_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> G
     tiles = tiles_m * math.ceil(n / bn)
     k_blocks = math.ceil(k / BK)
     cluster_m = 2 if bn == 256 and tiles_m > 1 and tiles > sm_count else 1
+    # 128-column tiles over several waves pair up too where B is wide (H100, gemm_latency_ab,
+    # over unclustered cold / back to back: 2304x4608x1024 1.039 / 1.065, 2048x5120x2048
+    # 1.061 / 1.009, 3072x4608x4096 1.058 / 0.999; 6144x1024x1024, 8 N tiles, 0.991 / 0.993)
+    if bn == 128 and tiles_m > 1 and tiles > sm_count and n >= _PAIRED_128_MIN_N:
+        cluster_m = 2
     # One nearly full wave over a short K: pairs sharing B by multicast halve its loads, which
     # is most of a tile's time (H200, 1000x3000x520, 128 tiles of 192 columns, 9 k-blocks:
     # 1.076x / 1.098x cold / back to back; pairs of 64-column tiles were slower: 256^3, 512^3,
@@ -176,6 +193,9 @@ def dense_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> G
     cluster_k = 2 if 2 * tiles <= sm_count and k_blocks >= 8 and split <= 2 and cluster_m == 1 else 1
     return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=epi_cols, cluster_k=cluster_k,
                       split_k=1 if cluster_k > 1 else split)
+
+
+_PAIRED_128_MIN_N = 2048
 
 
 def _cheapest_width(tiles_m: int, n: int, sm_count: int, speed: dict, widths=None) -> int:
