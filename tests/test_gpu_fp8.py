@@ -187,12 +187,53 @@ def test_fp8_block_scales_on_the_skinny_path(device, rng, m, config, k):
     assert per_column.max() < 2e-2, (np.argmax(per_column), per_column.max())
 
 
-def test_fp8_row_major_block_scales_take_the_dense_kernel(device, rng):
-    """Row-major scale_a is gathered by the dense kernel; a SkinnyConfig says so."""
-    A, B, SA, SB, ref = _block_operands(rng, 16, 512, 1024)
+# Row-major scale_a on the skinny path (the default up to M = 128 when its pitch and base are
+# 16-byte multiples, K a multiple of 512 packed): a stage's box holds 4 k-blocks' scales of its
+# MP rows, the stage uses column kb % 4. K splits start a split at any k-block; K = 1000 ends in a
+# partial k-block.
+@pytest.mark.parametrize("m", [1, 3, 16, 40, 128])
+@pytest.mark.parametrize("config", [None, SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
+                         ids=["auto", "split3", "rows128-c2"])
+@pytest.mark.parametrize("k", [1024, 1000, 2560], ids=["8kb", "8kb-tail", "20kb"])
+def test_fp8_row_major_block_scales_on_the_skinny_path(device, rng, m, config, k):
+    n = 904
+    A, B, SA, SB, ref = _block_operands(rng, m, n, k, b_apart=True)
+    assert SA.strides == (4 * SA.shape[1], 4)  # packed row-major
+    _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
+    out = poison(tf.empty((m, n), "bfloat16"))
+    run = kernels.gemm.prepare(A, B, out, config=config, scale_a=SA, scale_b=SB)
+    kernel = getattr(run.launcher, "launcher", run.launcher).kernel  # split-K wraps the launcher
+    assert kernel.name == "gemm_skinny_bf16"
+    run()
+    got = bf16_to_float32(out.numpy()).astype(np.float64)
+    per_column = np.linalg.norm(got - ref, axis=0) / np.linalg.norm(ref, axis=0)
+    assert per_column.max() < 2e-2, (np.argmax(per_column), per_column.max())
+
+
+def _kernel_name(A, B, SA, SB, m, n):
+    run = kernels.gemm.prepare(A, B, poison(tf.empty((m, n), "bfloat16")), scale_a=SA, scale_b=SB)
+    return getattr(run.launcher, "launcher", run.launcher).kernel.name
+
+
+def test_fp8_row_major_block_scales_the_tma_cannot_read_are_gathered(device, rng):
+    """A row-major scale_a whose pitch (9 k-blocks: 36 bytes) or base (4 bytes past a 16-byte
+    boundary) no TMA map takes goes to the dense kernel, whose warp gathers it; a SkinnyConfig
+    asked for it says why."""
+    A, B, SA, SB, ref = _block_operands(rng, 16, 512, 1040)  # 9 k-blocks
     _check_gemm(A, B, ref, None, scale_a=SA, scale_b=SB)
-    with pytest.raises(tf.TmaflowError, match=r"skinny path takes fp8 block scales with scale_a M-major"):
+    assert _kernel_name(A, B, SA, SB, 16, 512) == "gemm_bf16"
+    with pytest.raises(tf.TmaflowError, match=r"row-major scale_a reaches the skinny kernel through a TMA map: "
+                                              r"its base and row pitch must be multiples of 16 bytes .*pitch 36 bytes"):
         kernels.gemm(A, B, scale_a=SA, scale_b=SB, config=SkinnyConfig())
+    A, B, SA, SB, ref = _block_operands(rng, 16, 512, 1024)
+    sa = SA.numpy()
+    buf = tf.from_numpy(np.concatenate([np.full(1, np.nan, np.float32), sa.ravel()]))
+    shifted = DeviceArray(buf.ptr + 4, sa.shape, "float32", (4 * sa.shape[1], 4), owner=buf)
+    assert _kernel_name(A, B, SA, SB, 16, 512) == "gemm_skinny_bf16"  # the aligned one first: its own state
+    assert _kernel_name(A, B, shifted, SB, 16, 512) == "gemm_bf16"
+    _check_gemm(A, B, ref, None, scale_a=shifted, scale_b=SB)
+    with pytest.raises(tf.TmaflowError, match=r"row-major scale_a reaches the skinny kernel through a TMA map"):
+        kernels.gemm(A, B, scale_a=shifted, scale_b=SB, config=SkinnyConfig())
 
 
 @pytest.mark.parametrize("k", [128, 256, 384, 640])

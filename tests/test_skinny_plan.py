@@ -77,9 +77,23 @@ def test_block_scaled_skinny_plan_loads_a_k_blocks_scales_with_its_stage(m, mp):
     assert wide.defines["BLOCK_SCALE_SETS"] == (1 if mp == 128 else 2)  # 3 x 64 registers of 168 do not fit
     stage = plan.spec_x.smem_bytes + plan.spec_w.smem_bytes
     assert plan.config.stages == min(16, (HOPPER_SMEM_LIMIT - 256) // (stage + plan.spec_s.smem_bytes))
-    for scales, dtype in (("row_major", "float8_e4m3fn"), ("m_major", "bfloat16")):
-        with pytest.raises(tf.TmaflowError, match=r"skinny path takes fp8 block scales with scale_a M-major"):
+    for scales, dtype in (("row_major", "bfloat16"), ("m_major", "bfloat16"), ("k_major", "float8_e4m3fn")):
+        with pytest.raises(tf.TmaflowError, match=r"skinny path takes block scales with fp8 operands, scale_a "
+                                                  r"M-major or row-major \(got '.+' scales, .+ operands\)"):
             skinny_plan(m, 4096, 4096, SkinnyConfig(), 132, dtype, scales)
+
+
+@pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (100, 128)])
+def test_row_major_block_scales_load_four_k_blocks_a_stage(m, mp):
+    """Row-major scale_a (M, KB): a box of MP rows x 4 k-blocks (16 bytes a row, the TMA's
+    least), the stage's k-block one column of it; otherwise as M-major."""
+    plan = skinny_plan(m, 4096, 16384, SkinnyConfig(), 132, "float8_e4m3fn", "row_major")
+    assert plan.spec_s.box == (mp, 4) and plan.spec_s.smem_bytes == 16 * mp
+    assert plan.spec_s.shape == (m, 128) and plan.spec_s.strides[0] == 512
+    assert plan.defines["SCALES_ROW_MAJOR"] == 1 and plan.defines["BLOCK_SCALES"] == 1
+    m_major = skinny_plan(m, 4096, 16384, SkinnyConfig(), 132, "float8_e4m3fn", "m_major")
+    assert "SCALES_ROW_MAJOR" not in m_major.defines
+    assert {key: v for key, v in plan.defines.items() if key != "SCALES_ROW_MAJOR"} == m_major.defines
 
 
 @pytest.mark.parametrize("n,k,split", [(4096, 4096, 1), (4096, 8192, 2), (4096, 16384, 2), (7168, 16384, 1),

@@ -20,7 +20,9 @@
 // tensor cores' partial sums are added into fp32 registers every PROMOTE k-blocks (gemm.cu).
 // BLOCK_SCALES (DeepSeek's, scale_a M-major): every k-block is promoted with its scales. The TMA
 // loads A's MP row scales of the k-block with its stage (map tsa over (KB, M)); they scale the
-// columns of C^T. B's 128 x 128 blocks give each consumer warpgroup's 64 rows one scale a k-block,
+// columns of C^T. SCALES_ROW_MAJOR: scale_a row-major, map tsa over (M, KB); a TMA box's rows
+// are at least 16 bytes, so each stage loads 4 k-blocks' scales of its MP rows (k-blocks
+// kb & ~3 to (kb & ~3) + 3, an MP x 4 box) and uses column kb % 4. B's 128 x 128 blocks give each consumer warpgroup's 64 rows one scale a k-block,
 // read from global memory (scales_b, (N / 128, KB) row-major).
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
@@ -46,6 +48,10 @@ namespace L = tmaflow_layout;
 #ifndef BLOCK_SCALES
 #define BLOCK_SCALES 0
 #endif
+#ifndef SCALES_ROW_MAJOR
+#define SCALES_ROW_MAJOR 0  // block scales: scale_a (M, KB) row-major (else M-major, (KB, M))
+#endif
+constexpr int kScaleCols = SCALES_ROW_MAJOR ? 4 : 1;  // k-blocks of scales a stage's box holds, per row of A
 #ifndef M_HALVES
 #define M_HALVES 1  // 2: a cluster of two CTAs on neighbouring MP-row chunks of M, sharing B by multicast
 #endif
@@ -74,6 +80,7 @@ static_assert(M_HALVES == 1 || (M_HALVES == 2 && CLUSTER == 2 && !BLOCK_SCALES &
               "M halves: in clusters of two, per-tensor scales");
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
+static_assert(!SCALES_ROW_MAJOR || BLOCK_SCALES, "row-major scale_a: block scales");
 static_assert(BLOCK_SCALE_SETS == 1 || BLOCK_SCALE_SETS == 2, "one or two accumulator sets");
 static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && PROMOTE == 1 && !BLOCK_SCALES),
               "two promotion sets: per-tensor fp8, promoted every k-block");
@@ -152,7 +159,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
 #endif
   // After the wait for its wgmmas: add the k-block in d (with block scales, scaled) to total;
   // release its stage.
-  auto retire = [&](float (&d)[kAcc], [[maybe_unused]] float sb, const Cursor& at) {
+  auto retire = [&](float (&d)[kAcc], [[maybe_unused]] float sb, const Cursor& at, [[maybe_unused]] int kb) {
     wgmma::fence_operands(d);
 #if !BLOCK_SCALES
 #pragma unroll
@@ -161,8 +168,13 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
     const float* sa = static_cast<const float*>(S.wx_s(at.stage));
 #pragma unroll
     for (int j = 0; j < MP / 8; ++j) {  // A's scales of columns mc + 8 j, mc + 8 j + 1, times B's
+#if SCALES_ROW_MAJOR
+      const float* row = sa + (8 * j + mc) * kScaleCols + kb % kScaleCols;
+      const float s0 = row[0] * sb, s1 = row[kScaleCols] * sb;
+#else
       const float2 a = *reinterpret_cast<const float2*>(sa + 8 * j + mc);
       const float s0 = a.x * sb, s1 = a.y * sb;
+#endif
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows n0 and n0 + 8
         total[4 * j + 2 * h] += d[4 * j + 2 * h] * s0;
@@ -180,6 +192,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   float acc2[kAcc];
   float sb_a, sb_b;  // B's scale of each set's k-block
   Cursor at_a, at_b;  // each set's stage
+  int kb_a = kb0, kb_b = kb0;  // each set's k-block
   // Issue k-block kb on d from the next stage; read its B scale while the wgmmas run.
   auto issue = [&](float (&d)[kAcc], [[maybe_unused]] int kb, float& sb, Cursor& at) {
     issue_k_block(S, pipe, c, cwd, d, 0);
@@ -192,31 +205,31 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
     c.advance();
   };
   const int n = kb1 - kb0;
-  issue(acc, kb0, sb_a, at_a);
+  issue(acc, kb_a = kb0, sb_a, at_a);
   for (int j = 1; j + 1 < n; j += 2) {
-    issue(acc2, kb0 + j, sb_b, at_b);
+    issue(acc2, kb_b = kb0 + j, sb_b, at_b);
     wgmma::wait_group<1>();
-    retire(acc, sb_a, at_a);
-    issue(acc, kb0 + j + 1, sb_a, at_a);
+    retire(acc, sb_a, at_a, kb_a);
+    issue(acc, kb_a = kb0 + j + 1, sb_a, at_a);
     wgmma::wait_group<1>();
-    retire(acc2, sb_b, at_b);
+    retire(acc2, sb_b, at_b, kb_b);
   }
   if (n % 2 == 0) {
-    issue(acc2, kb1 - 1, sb_b, at_b);
+    issue(acc2, kb_b = kb1 - 1, sb_b, at_b);
     wgmma::wait_group<1>();
-    retire(acc, sb_a, at_a);
+    retire(acc, sb_a, at_a, kb_a);
     wgmma::wait_group<0>();
-    retire(acc2, sb_b, at_b);
+    retire(acc2, sb_b, at_b, kb_b);
   } else {
     wgmma::wait_group<0>();
-    retire(acc, sb_a, at_a);
+    retire(acc, sb_a, at_a, kb_a);
   }
 #else
   for (int kb = kb0; kb < kb1; ++kb) {
     issue_k_block(S, pipe, c, cwd, acc, 0);  // each k-block starts from zero
     const float sb = __ldg(b_scales + kb);  // read while the wgmmas run
     wgmma::wait_group<0>();
-    retire(acc, sb, c);
+    retire(acc, sb, c, kb);
     c.advance();
   }
 #endif
@@ -358,7 +371,12 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
           tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
 #endif
 #if BLOCK_SCALES
+#if SCALES_ROW_MAJOR
+        // MP rows x k-blocks kb & ~3 .. (kb & ~3) + 3 of tsa (zeros past M and KB)
+        tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), kb & ~(kScaleCols - 1), row0);
+#else
         tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), row0, kb);  // row kb of tsa: MP scales (zeros past M)
+#endif
 #endif
 #if M_HALVES == 2
 #elif CLUSTER == 1

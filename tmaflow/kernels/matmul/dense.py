@@ -18,7 +18,7 @@ from .config import BF16, BM, GemmConfig, LAYOUTS, SKINNY_M, SkinnyConfig
 from .heuristics import block_scale_config, choose_config, tail_splits
 from .operands import (_check_operands, _check_rows, _empty_product, _scale_map_view, _scales,
                        _template)
-from .plan import gemm_plan, skinny_plan
+from .plan import gemm_plan, skinny_plan, skinny_takes_row_major_scales
 from .splitk import _split_k_buffers, _with_split_k
 
 
@@ -54,7 +54,7 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
     # operands' and the addresses' alignment whether the TMA kernel runs as given
     key = ("gemm", A.dtype.name, A.shape, A.strides, B.shape, B.strides, C and C.strides,
            edge.aligned(A, B, C), layout, config, stream, pdl, A.device, ordinal,
-           debug, trace, get_ident(), mode, blocks and (blocks[0].strides, blocks[1].strides))
+           debug, trace, get_ident(), mode, blocks and (blocks[0].strides, blocks[1].strides, blocks[0].ptr % 16))
     try:
         st, windows = STATES[key]
     except (KeyError, TypeError):
@@ -101,8 +101,9 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
         _check_rows(name, arr)
     device = current_device()
     dtype = A.dtype.name
-    if config is None and block_scales:  # M-major scale_a can take the skinny path (row-major: gathered)
-        skinny = block_scales == "m_major" and layout == "nt" and m <= SKINNY_M
+    if config is None and block_scales:  # the skinny path where its map can read scale_a (else gathered)
+        readable = block_scales == "m_major" or skinny_takes_row_major_scales(scale_view)
+        skinny = readable and layout == "nt" and m <= SKINNY_M
         config = SkinnyConfig() if skinny else block_scale_config(m, n, k, device.sm_count)
     config = config or choose_config(m, n, k, device.sm_count, layout, dtype)
     if isinstance(config, SkinnyConfig):
@@ -133,6 +134,11 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
 
 def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace,
                   block_scales=None, scale_view=None) -> _GemmState:
+    if block_scales == "row_major" and not skinny_takes_row_major_scales(scale_view):
+        raise TmaflowError(f"gemm: a row-major scale_a reaches the skinny kernel through a TMA map: its base "
+                           f"and row pitch must be multiples of 16 bytes (got address {scale_view.ptr:#x}, "
+                           f"pitch {scale_view.strides[0]} bytes: K/128 = {scale_view.shape[1]} k-blocks); "
+                           "leave config=None: the dense kernel gathers it")
     plan = skinny_plan(m, n, k, config, device.sm_count, A.dtype.name, block_scales)
     kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny",
                       debug=debug, trace=trace)

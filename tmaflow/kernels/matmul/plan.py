@@ -22,6 +22,24 @@ def _m_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
     return TensorMapSpec.tiled("float32", (math.ceil(k / bk), m), (1, rows), strides=(16 * -(-m // 4), 4))
 
 
+SKINNY_ROW_SCALE_COLS = 4  # k-blocks of a row-major scale_a box: its rows' 16 bytes, the TMA's least
+
+
+def _row_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
+    """The map of a row-major scale_a (M, KB) for the skinny kernel: a box of ``rows`` rows x 4
+    k-blocks (a stage uses one column); the pitch is padded to 4 k-blocks here (the binding
+    takes the real one, which must be a multiple of 16 bytes: ``skinny_takes_row_major_scales``)."""
+    kb = math.ceil(k / bk)
+    return TensorMapSpec.tiled("float32", (m, kb), (rows, SKINNY_ROW_SCALE_COLS), strides=(16 * -(-kb // 4), 4))
+
+
+def skinny_takes_row_major_scales(scale_a) -> bool:
+    """A row-major scale_a the skinny kernel's map can cover: 16-byte aligned, its row pitch a
+    multiple of 16 bytes (K a multiple of 512 when packed). Others take the dense kernel, whose
+    warp gathers them."""
+    return not (scale_a.ptr | scale_a.strides[0]) % 16
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     spec_a: TensorMapSpec
@@ -141,7 +159,7 @@ class SkinnyPlan:
     layout: SharedLayout
     defines: dict
     config: SkinnyConfig       # with split_k and stages filled in
-    spec_s: TensorMapSpec | None = None  # block scales: one k-block's MP scales of A (M-major)
+    spec_s: TensorMapSpec | None = None  # block scales: a stage's box of A's MP row scales
     grid_z: int = 1  # CTAs (pairs with m_halves) along M: chunks of MP rows
 
 
@@ -151,16 +169,15 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     """The skinny kernel's specs, layout and defines for bfloat16 or float8_e4m3fn operands
     (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
     fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
-    stage (row-major ones take the dense kernel)."""
+    stage; ``"row_major"``: the same from a row-major scale_a, 4 k-blocks' scales a stage's box."""
     if m > SKINNY_MP[-1] and config.m_rows is None:
         raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig, "
                            "or a SkinnyConfig with m_rows (M in chunks)")
     if dtype not in ("bfloat16", "float8_e4m3fn"):
         raise TmaflowError(f"gemm: the skinny path takes bfloat16 or float8_e4m3fn operands (got {dtype})")
-    if block_scales not in (None, "m_major") or block_scales and dtype != "float8_e4m3fn":
-        raise TmaflowError(f"gemm: the skinny path takes fp8 block scales with scale_a M-major (stored "
-                           f"k-block by k-block; got {block_scales!r} scales, {dtype} operands); row-major "
-                           "scale_a takes a GemmConfig (bn=128, promote=1)")
+    if block_scales not in (None, "m_major", "row_major") or block_scales and dtype != "float8_e4m3fn":
+        raise TmaflowError(f"gemm: the skinny path takes block scales with fp8 operands, scale_a M-major "
+                           f"or row-major (got {block_scales!r} scales, {dtype} operands)")
     halves, mp = config.m_halves, config.m_rows or (64 if config.m_halves > 1 else next(p for p in SKINNY_MP if p >= m))
     chunks = math.ceil(m / mp)  # of M, a CTA each
     if halves > 1 and chunks < 2:
@@ -185,7 +202,8 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     spec_x = TensorMapSpec.tiled(dtype, (m, k), (mp, bk), **l2)
     # M halves: each CTA of the pair loads and multicasts one 32-row slice of every 64-row box
     spec_w = TensorMapSpec.tiled(dtype, (n, k), (64 // halves, bk), **l2)
-    spec_s = _m_major_scales_spec(m, k, bk, mp) if block_scales else None
+    scales_spec = {"m_major": _m_major_scales_spec, "row_major": _row_major_scales_spec}.get(block_scales or "")
+    spec_s = scales_spec(m, k, bk, mp) if scales_spec else None
     stage_bytes = spec_x.smem_bytes + halves * boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
     stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
     cl = max(config.cluster, halves)
@@ -211,5 +229,7 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         # two accumulator sets, one promoted while the next k-block's wgmmas run, where they fit
         # (H200, against one set: 1.06x at M = 16, 1.09x at 64, 1.13-1.24x at 128)
         defines.update(BLOCK_SCALES=1, BLOCK_SCALE_SETS=2 if boxes == 1 or mp <= 64 else 1)
+        if block_scales == "row_major":
+            defines["SCALES_ROW_MAJOR"] = 1
     return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages),
                       spec_s, grid_z)
