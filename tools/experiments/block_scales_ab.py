@@ -82,7 +82,8 @@ def main():
     torch.cuda.init()
     sms = tf.current_device().sm_count
     for shape in args.shape or SHAPES:
-        shape_rows(*bench.parse_gemm_shape(shape), sms, args.repeats)
+        m, n, k, _ = bench.parse_gemm_shape(shape)  # ("nt" always here)
+        shape_rows(m, n, k, sms, args.repeats)
 
 
 if __name__ == "__main__":
