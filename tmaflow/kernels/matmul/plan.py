@@ -23,12 +23,6 @@ def _m_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
 
 
 SKINNY_ROW_SCALE_COLS = 4  # k-blocks of a row-major scale_a box: its rows' 16 bytes, the TMA's least
-# Row-major scale_a takes the skinny path by default up to this M: a stage's box is MP rows of
-# 16 bytes each, one TMA row request apiece. H100, session 20, ratio to cuBLAS's block-scaled
-# kernel cold, skinny row-major / M-major in one run: M = 16-64 1.02-1.35 / 1.05-1.31 (the dense
-# kernel's gather 0.91-0.96 before); M = 128 0.88-0.99 / 0.98-1.04, 128x7168x16384 0.908 where
-# the gather measured 0.957 (an earlier run): a stage fewer and 128 row requests a stage.
-SKINNY_ROW_SCALES_M = 64
 
 
 def _row_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
