@@ -33,6 +33,16 @@ def _row_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
     return TensorMapSpec.tiled("float32", (m, kb), (rows, SKINNY_ROW_SCALE_COLS), strides=(16 * -(-kb // 4), 4))
 
 
+# Row-major scale_a takes the skinny path by default up to this M. A stage's box is MP rows of
+# 16 bytes, a TMA row request each: 3-5% slower than M-major's one row (at M-major's stage count
+# or the row-major one's alike). Against the dense kernel's gather, H100, session 20, cold:
+# M = 1-64 1.02-1.35x cuBLAS against 0.65-1.04x, both ways of timing; at M = 128 the two ways
+# disagree: one set of rotated rounds (tools/experiments/block_scales_ab.py) put the skinny
+# kernel 1-6% ahead at all three shapes, bench_gemm's pairs at 0.885 / 0.985 and 0.908 (two runs)
+# against the gather's 0.957-0.985 at 128x7168x16384. Not taken where they disagree.
+SKINNY_ROW_SCALES_M = 64
+
+
 def skinny_takes_row_major_scales(scale_a) -> bool:
     """A row-major scale_a the skinny kernel's map can cover: 16-byte aligned, its row pitch a
     multiple of 16 bytes (K a multiple of 512 when packed). Others take the dense kernel, whose
