@@ -22,8 +22,9 @@
 // loads A's MP row scales of the k-block with its stage (map tsa over (KB, M)); they scale the
 // columns of C^T. SCALES_ROW_MAJOR: scale_a row-major, map tsa over (M, KB); a TMA box's rows
 // are at least 16 bytes, so each stage loads 4 k-blocks' scales of its MP rows (k-blocks
-// kb & ~3 to (kb & ~3) + 3, an MP x 4 box) and uses column kb % 4. B's 128 x 128 blocks give each consumer warpgroup's 64 rows one scale a k-block,
-// read from global memory (scales_b, (N / 128, KB) row-major).
+// kb & ~3 to (kb & ~3) + 3, an MP x 4 box) and uses column kb % 4. B's 128 x 128 blocks give
+// each consumer warpgroup's 64 rows one scale a k-block, read from global memory (scales_b,
+// (N / 128, KB) row-major).
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
@@ -320,7 +321,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
                  __nv_bfloat16* C, int ldc, float* partial, uint32_t* counters, int M, int N, int K,
                  int splits, float scale, const float* scales_b
 #if BLOCK_SCALES
-                 , const __grid_constant__ CUtensorMap tsa  // A's scales, (KB, M) k-block by k-block
+                 , const __grid_constant__ CUtensorMap tsa  // A's scales: (KB, M), or (M, KB) row-major
 #endif
                  ) {
   extern __shared__ __align__(1024) uint8_t smem[];
