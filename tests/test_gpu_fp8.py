@@ -188,7 +188,7 @@ def test_fp8_block_scales_on_the_skinny_path(device, rng, m, config, k):
 
 
 # Row-major scale_a on the skinny path (the default up to M = 64 when its pitch and base are
-# 16-byte multiples, K a multiple of 512 packed; a SkinnyConfig to M = 128): a stage's box holds
+# 16-byte multiples, ceil(K/128) a multiple of 4 packed; a SkinnyConfig to M = 128): a stage's box holds
 # 4 k-blocks' scales of its MP rows, the stage uses column kb % 4. K splits start a split at any
 # k-block; K = 1008 ends in a partial k-block. Per-column errors where a column has several rows
 # (one row's entries near zero have no relative error to speak of).
@@ -226,7 +226,8 @@ def test_fp8_row_major_block_scales_the_tma_cannot_read_are_gathered(device, rng
     _check_gemm(A, B, ref, None, scale_a=SA, scale_b=SB)
     assert _kernel_name(A, B, SA, SB, 16, 512) == "gemm_bf16"
     with pytest.raises(tf.TmaflowError, match=r"row-major scale_a reaches the skinny kernel through a TMA map: "
-                                              r"its base and row pitch must be multiples of 16 bytes .*pitch 36 bytes"):
+                                              r"its base and row pitch must be multiples of 16 bytes .*pitch 36 bytes: "
+                                              r"ceil\(K/128\) = 9 k-blocks"):
         kernels.gemm(A, B, scale_a=SA, scale_b=SB, config=SkinnyConfig())
     A, B, SA, SB, ref = _block_operands(rng, 16, 512, 1024)
     sa = SA.numpy()

@@ -7,6 +7,8 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import (BK, FP8_BK, SKINNY_FP8_PROMOTE, SKINNY_M, GemmConfig, SkinnyConfig,
                                     choose_config, skinny_plan, skinny_splits)
+from tmaflow.kernels.matmul.plan import skinny_takes_row_major_scales
+from tmaflow.runtime.memory import DeviceArray
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 
 
@@ -35,7 +37,7 @@ def test_skinny_tiles_that_outnumber_the_sms_share_them(dtype):
     assert few == SkinnyConfig(stages=5)
     plan = skinny_plan(16, 14336, 7168, few, 132, dtype)
     assert plan.config.stages == 5 and plan.config.split_k == 1
-    assert 2 * plan.layout.total_bytes <= 227 * 1024  # at least two CTAs an SM
+    assert 2 * (plan.layout.total_bytes + 1024) <= 228 * 1024  # two CTAs an SM (1 KB reserved each)
     assert choose_config(16, 8448, 7168, 132, "nt", dtype) == SkinnyConfig()  # 132 tiles: one each
     assert choose_config(64, 14336, 4096, 132, "nt", dtype) == SkinnyConfig(rows=128)
 
@@ -81,6 +83,18 @@ def test_block_scaled_skinny_plan_loads_a_k_blocks_scales_with_its_stage(m, mp):
         with pytest.raises(tf.TmaflowError, match=r"skinny path takes block scales with fp8 operands, scale_a "
                                                   r"M-major or row-major \(got '.+' scales, .+ operands\)"):
             skinny_plan(m, 4096, 4096, SkinnyConfig(), 132, dtype, scales)
+
+
+@pytest.mark.parametrize("base,shape,strides,readable", [
+    (0x1000, (16, 8), (32, 4), True),     # packed, 8 k-blocks: pitch 32 bytes
+    (0x1000, (16, 9), (36, 4), False),    # 9 k-blocks: pitch 36
+    (0x1004, (16, 8), (32, 4), False),    # base 4 bytes past 16
+    (0x1000, (1, 8), (32, 4), True),
+    (0x1000, (1, 8), (4, 4), False),      # one row, pitch 4: gathered (the rule, not the TMA's)
+])
+def test_skinny_reads_row_major_scales_of_16_byte_base_and_pitch(base, shape, strides, readable):
+    scale_a = DeviceArray(base, shape, "float32", strides)
+    assert skinny_takes_row_major_scales(scale_a) is readable
 
 
 @pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (100, 128)])

@@ -154,7 +154,11 @@ def block_rows(a, b, c, m, n, k, per_tensor, repeats) -> list:
         variants += [("M-major, dense", sa_m, dense),
                      ("row-major, dense", sa, dense) if m <= SKINNY_ROW_SCALES_M else ("row-major, skinny", sa, SkinnyConfig())]
     for layout, scale_a, cfg in variants:
-        run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)
+        try:
+            run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)
+        except tf.TmaflowError as exc:  # (row-major scales the skinny kernel's map cannot read)
+            print(f"{m}x{n}x{k} fp8 block scales, {layout}: skipped: {str(exc).splitlines()[0]}", flush=True)
+            continue
         c.fill_(float("nan"))
         run()
         torch.cuda.synchronize()

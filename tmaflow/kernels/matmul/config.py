@@ -48,9 +48,10 @@ WARP = 32  # lanes
 CONSUMER_WARPS = 2 * 4  # gemm.cu's consumers: two warpgroups of four warps
 
 
-# How A's block scales reach shared memory, by their layout (the value: the kernel's SCALES_TMA).
-# "row_major" (M, KB): a producer warp gathers a stage's BM scales 4 bytes apart with cp.async
-# (a TMA box would be 16 bytes wide, 4 k-blocks, and run no faster on H200). "m_major" (M, KB)
+# How A's block scales reach the dense kernel's shared memory, by their layout (the value: its
+# SCALES_TMA). "row_major" (M, KB): a producer warp gathers a stage's BM scales 4 bytes apart
+# with cp.async (a TMA box would be 16 bytes wide, 4 k-blocks, and ran no faster on H200 there;
+# the skinny kernel does load such boxes: skinny.cu's SCALES_ROW_MAJOR). "m_major" (M, KB)
 # stored k-block by k-block (DeepGEMM's and cuBLAS's layout): one TMA box of BM scales.
 SCALE_MODES = {"row_major": 0, "m_major": 1}
 
@@ -183,6 +184,7 @@ def _m_major(arr) -> bool:
 
 
 def _readable_scale_a(arr) -> bool:
-    """scale_a as the kernels read it: row-major (gathered), or M-major (one k-block's M scales,
-    then the next one's) with the 16-byte pitch and base its TMA map needs."""
+    """scale_a as the kernels read it: row-major (gathered by the dense kernel, or boxes of 4
+    k-blocks on the skinny path), or M-major (one k-block's M scales, then the next one's) with
+    the 16-byte pitch and base its TMA map needs."""
     return _row_major(arr) or _m_major(arr) and not (arr.ptr | arr.strides[1]) % 16

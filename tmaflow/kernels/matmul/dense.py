@@ -137,8 +137,9 @@ def _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, 
     if block_scales == "row_major" and not skinny_takes_row_major_scales(scale_view):
         raise TmaflowError(f"gemm: a row-major scale_a reaches the skinny kernel through a TMA map: its base "
                            f"and row pitch must be multiples of 16 bytes (got address {scale_view.ptr:#x}, "
-                           f"pitch {scale_view.strides[0]} bytes: K/128 = {scale_view.shape[1]} k-blocks); "
-                           "leave config=None: the dense kernel gathers it")
+                           f"pitch {scale_view.strides[0]} bytes: ceil(K/128) = {scale_view.shape[1]} "
+                           "k-blocks); leave config=None (the dense kernel gathers it) or pass scale_a "
+                           "M-major")
     plan = skinny_plan(m, n, k, config, device.sm_count, A.dtype.name, block_scales)
     kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny",
                       debug=debug, trace=trace)

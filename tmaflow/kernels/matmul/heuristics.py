@@ -22,7 +22,7 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
     shapes: median 0.97-0.99x _scaled_mm against 0.75x in dense tiles), except bf16 ones of one
     full M tile that dense tiles spread over the SMs (``one_m_tile_config``). Otherwise
     ``dense_config``: the tile width whose whole waves take least time, wide tiles in clusters
-    of two from two waves on, K split among several CTAs when the tiles leave most SMs idle and
+    of two past one wave, K split among several CTAs when the tiles leave most SMs idle and
     K is long. fp8: ``fp8_config``. (Block scales take ``block_scale_config``.) Small bf16
     products take ``m_chunk_config`` before all of these."""
     chunks = m_chunk_config(m, n, k, sm_count, layout, dtype)
@@ -63,7 +63,8 @@ def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:
     outnumber the SMs (H200, gemm_sweep: 64x14336x4096 1.044x / 1.073x cold / back to back;
     at fewer tiles 64 rows won, as on 11 of the 12 decode shapes before). Fewer rows whose
     64-row tiles outnumber the SMs keep 64 rows in 5 stages instead of 16: a CTA an SM left
-    a second, partial wave; at 5 stages (50-60 KB) every tile is resident from the start (H100,
+    a second, partial wave; at 5 stages (50-60 KB) three or four CTAs an SM hold every tile from
+    the start up to N of about 25k-34k (H100,
     tools/experiments/gemm_latency_ab.py, over 16 stages cold / back to back: 16x14336x7168
     1.023 / 1.023, 32x14336x4096 1.028 / 1.040, 1x14336x4096 1.016 / 1.024, fp8 16x14336x7168
     1.022 / 1.039; 8 stages 1.01-1.02, 128-row tiles 1.02)."""
@@ -157,9 +158,10 @@ def dense_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> G
     """The dense kernel's tiles for this shape (``choose_config`` without the skinny path): the
     width (64, 128, 192 or 256 columns) whose whole waves of tiles take least time (a last wave
     a fifth full costs a whole wave: H200, 3072^3, 128 x 256 tiles in 3 waves 0.75x cuBLAS,
-    128 x 128 ones in 5 waves 0.87x, 128 x 192 ones in 3 nearly full waves 0.97x). Wide tiles
-    go in clusters of two sharing B when there are two waves or more (in one wave, unclustered
-    ran faster: 2048^3, 24.0 against 25.0 us)."""
+    128 x 128 ones in 5 waves 0.87x, 128 x 192 ones in 3 nearly full waves 0.97x). 256-column
+    tiles go in clusters of two sharing B over more than one wave (in one wave, unclustered ran
+    faster: 2048^3, 24.0 against 25.0 us), 128-column ones too from N = 2048 ("nt"), and 128+
+    column tiles in one nearly full wave over a short K."""
     tiles_m = math.ceil(m / BM)
     # 64-column tiles only with two M tiles or more (one M tile is the split-K path's, measured
     # with 128 columns)
@@ -172,8 +174,9 @@ def dense_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> G
     cluster_m = 2 if bn == 256 and tiles_m > 1 and tiles > sm_count else 1
     # 128-column tiles over several waves pair up too where B is wide (H100, gemm_latency_ab,
     # over unclustered cold / back to back: 2304x4608x1024 1.039 / 1.065, 2048x5120x2048
-    # 1.061 / 1.009, 3072x4608x4096 1.058 / 0.999; 6144x1024x1024, 8 N tiles, 0.991 / 0.993)
-    if bn == 128 and tiles_m > 1 and tiles > sm_count and n >= _PAIRED_128_MIN_N:
+    # 1.061 / 1.009, 3072x4608x4096 1.058 / 0.999; 6144x1024x1024, 8 N tiles, 0.991 / 0.993;
+    # "nn" not timed)
+    if bn == 128 and tiles_m > 1 and tiles > sm_count and n >= _PAIRED_128_MIN_N and layout == "nt":
         cluster_m = 2
     # One nearly full wave over a short K: pairs sharing B by multicast halve its loads, which
     # is most of a tile's time (H200, 1000x3000x520, 128 tiles of 192 columns, 9 k-blocks:

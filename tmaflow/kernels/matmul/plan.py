@@ -27,26 +27,30 @@ SKINNY_ROW_SCALE_COLS = 4  # k-blocks of a row-major scale_a box: its rows' 16 b
 
 def _row_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
     """The map of a row-major scale_a (M, KB) for the skinny kernel: a box of ``rows`` rows x 4
-    k-blocks (a stage uses one column); the pitch is padded to 4 k-blocks here (the binding
-    takes the real one, which must be a multiple of 16 bytes: ``skinny_takes_row_major_scales``)."""
+    k-blocks (a stage uses one column; past KB the box reads zeros); the pitch is padded to 4
+    k-blocks here (the binding takes the real one: ``skinny_takes_row_major_scales``)."""
     kb = math.ceil(k / bk)
     return TensorMapSpec.tiled("float32", (m, kb), (rows, SKINNY_ROW_SCALE_COLS), strides=(16 * -(-kb // 4), 4))
 
 
 # Row-major scale_a takes the skinny path by default up to this M. A stage's box is MP rows of
 # 16 bytes, a TMA row request each: 3-5% slower than M-major's one row (at M-major's stage count
-# or the row-major one's alike). Against the dense kernel's gather, H100, session 20, cold:
-# M = 1-64 1.02-1.35x cuBLAS against 0.65-1.04x, both ways of timing; at M = 128 the two ways
-# disagree: one set of rotated rounds (tools/experiments/block_scales_ab.py) put the skinny
-# kernel 1-6% ahead at all three shapes, bench_gemm's pairs at 0.885 / 0.985 and 0.908 (two runs)
-# against the gather's 0.957-0.985 at 128x7168x16384. Not taken where they disagree.
+# or the row-major one's alike). Against the dense kernel's gather, H100, session 20, cold, x
+# cuBLAS's block-scaled kernel in bench_gemm's record (f500e3d): M = 16 1.05-1.26 against
+# 0.94-1.05, M = 64 1.02 against 0.97 (64x8192x8192) and a tie at 64x7168x16384 (0.994 / 1.001,
+# back to back 1.094 / 1.139); M = 1 x per-tensor _scaled_mm 0.90-1.02 against 0.66-0.97; the
+# rotated rounds of tools/experiments/block_scales_ab.py agree (64x4096x4096 16.6 / 19.3 us). At
+# M = 128 the two ways disagree: the rotated rounds put the skinny kernel 1-6% ahead at all three
+# shapes, bench_gemm's pairs at 0.908, 0.885 and 0.884 (three runs) against the gather's
+# 0.957-0.985 at 128x7168x16384. Not taken where they disagree.
 SKINNY_ROW_SCALES_M = 64
 
 
 def skinny_takes_row_major_scales(scale_a) -> bool:
-    """A row-major scale_a the skinny kernel's map can cover: 16-byte aligned, its row pitch a
-    multiple of 16 bytes (K a multiple of 512 when packed). Others take the dense kernel, whose
-    warp gathers them."""
+    """A row-major scale_a the skinny kernel reads through its map: 16-byte aligned, its row pitch
+    a multiple of 16 bytes (packed rows: ceil(K / 128) a multiple of 4). Others take the dense
+    kernel, whose warp gathers them. (A single row's pitch is moot to the TMA; one row of a
+    K whose k-blocks are no multiple of 4 is still gathered: not yet run on a GPU that way.)"""
     return not (scale_a.ptr | scale_a.strides[0]) % 16
 
 
