@@ -45,10 +45,14 @@ KERNELS = {
                                    ("release quads", {}, {"SCALE_RELEASE": 2})]},
     "gemm fp8 block scales m_major c1": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128, promote=1, cluster_m=1),
                                                       block_scales="m_major"),
-    **{f"skinny fp8 block scales M={m} {name}": (lambda m=m, cfg=cfg: get_kernel(
-        "gemm_skinny_bf16", skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", "m_major").layout,
-        defines=skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", "m_major").defines, file="skinny"))
-       for m, name, cfg in [(16, "rows64", SkinnyConfig()), (128, "rows128 c2", SkinnyConfig(rows=128, cluster=2))]},
+    **{f"skinny fp8 block scales {mode} M={m} {name}": (lambda m=m, cfg=cfg, mode=mode: get_kernel(
+        "gemm_skinny_bf16", skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", mode).layout,
+        defines=skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", mode).defines, file="skinny"))
+       for m, name, cfg in [(16, "rows64", SkinnyConfig()), (128, "rows128 c2", SkinnyConfig(rows=128, cluster=2))]
+       for mode in ("m_major", "row_major")},
+    "skinny fp8 block scales row_major M=1": lambda: get_kernel(
+        "gemm_skinny_bf16", skinny_plan(1, 4096, 4096, SkinnyConfig(), 132, "float8_e4m3fn", "row_major").layout,
+        defines=skinny_plan(1, 4096, 4096, SkinnyConfig(), 132, "float8_e4m3fn", "row_major").defines, file="skinny"),
     **{f"skinny M={m}": (lambda m=m: get_kernel("gemm_skinny_bf16", skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).layout,
                                                 defines=skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).defines,
                                                 file="skinny"))
