@@ -12,7 +12,7 @@ from .events import EventPair, L2Flush, flush_bytes
 from .internals import call as cuda_call
 from .internals import cuda_driver
 from .operands import (block_scales, nt_operands, parse_gemm_shape, parse_shape, parse_shapes,
-                       random_array, rel_error)
+                       poisoned_error, random_array, rel_error)
 from .peers import Versus, versus
 from .result import Result, ratios
 from .timing import Rounds, Sampler, do_bench, host_rounds, per_call_host, rounds
@@ -20,4 +20,4 @@ from .timing import Rounds, Sampler, do_bench, host_rounds, per_call_host, round
 __all__ = ["EventPair", "L2Flush", "Result", "Rounds", "Sampler", "Versus", "block_scales", "call_times", "cublas", "cuda_call", "cuda_driver", "cupti", "gemm_shapes",
            "do_bench", "flush_bytes", "memcpy_bandwidth", "host_rounds", "kernel_times", "nt_operands", "parse_gemm_shape",
            "parse_shape", "parse_shapes", "per_call_host", "random_array", "ratios", "records",
-           "rel_error", "rounds", "versus"]
+           "poisoned_error", "rel_error", "rounds", "versus"]
