@@ -68,6 +68,16 @@ def _fp8_block_scaled(gen):
     return lambda stream=None: kernels.gemm(a, b, scale_a=sa, scale_b=sb, stream=stream)
 
 
+def _fp8_row_major_skinny(gen):
+    """Row-major block scales on the skinny path (M <= 64, ceil(K/128) a multiple of 4): M and N
+    no multiples of the tiles."""
+    m, n, k = 40, 904, 1024
+    a, b = _fp8(gen, m, k), _fp8(gen, n, k)
+    sa = torch.rand(m, k // 128, device="cuda", generator=gen) * 0.01 + 0.001
+    sb = torch.rand(-(-n // 128), k // 128, device="cuda", generator=gen) * 0.01 + 0.001
+    return lambda stream=None: kernels.gemm(a, b, scale_a=sa, scale_b=sb, stream=stream)
+
+
 def _grouped(host_offsets):
     def make(gen):
         a, b = _bf16(gen, 370, 1024), _bf16(gen, 3, 256, 1024)
@@ -178,10 +188,13 @@ def _decode_slices(gen):
 CASES = {
     "gemm dense": _gemm(256, 512, 1024),
     "gemm skinny": _gemm(64, 512, 4096),               # M <= 128: the skinny kernel, K split 16 ways
+    "gemm skinny 5 stages": _gemm(16, 8704, 1008),     # 136 tiles of 64 rows: several CTAs an SM
+    "gemm 128-column pairs": _gemm(2048, 5120, 512),   # over a wave: pairs sharing B
     "gemm split_k=8": _gemm(256, 512, 4096, GemmConfig(split_k=8)),
     "gemm split_tail": _split_tail,
     "fp8 gemm": _fp8_gemm,
     "fp8 block-scaled": _fp8_block_scaled,
+    "fp8 block-scaled skinny row-major": _fp8_row_major_skinny,
     "grouped device offsets": _grouped(False),
     "grouped host offsets": _grouped(True),
     "attention": _attention,
