@@ -183,7 +183,8 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     """The skinny kernel's specs, layout and defines for bfloat16 or float8_e4m3fn operands
     (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
     fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
-    stage; ``"row_major"``: the same from a row-major scale_a, 4 k-blocks' scales a stage's box."""
+    stage; ``"row_major"``: the same from a row-major scale_a, 4 k-blocks' scales a stage's box,
+    or with ``config.scale_ring`` a box a group of 4 k-blocks in the ring ``sc`` beside ``wx``."""
     if m > SKINNY_MP[-1] and config.m_rows is None:
         raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig, "
                            "or a SkinnyConfig with m_rows (M in chunks)")
@@ -218,18 +219,18 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     spec_w = TensorMapSpec.tiled(dtype, (n, k), (64 // halves, bk), **l2)
     scales_spec = {"m_major": _m_major_scales_spec, "row_major": _row_major_scales_spec}.get(block_scales or "")
     spec_s = scales_spec(m, k, bk, mp) if scales_spec else None
-    ring = config.scale_ring
-    if ring and block_scales != "row_major":
+    if config.scale_ring and block_scales != "row_major":
         raise TmaflowError(f"gemm: SkinnyConfig(scale_ring=True) holds a row-major scale_a's boxes of 4 k-blocks "
                            f"in a ring of their own (got block scales {block_scales!r}); use scale_ring=False")
-    staged_s = spec_s if spec_s and not ring else None  # the scales a main stage carries
+    ring_s = spec_s if config.scale_ring else None  # the scale boxes of the ring sc
+    staged_s = None if ring_s else spec_s           # the scale box a main stage carries
     stage_bytes = spec_x.smem_bytes + halves * boxes * spec_w.smem_bytes + (staged_s.smem_bytes if staged_s else 0)
     cl = max(config.cluster, halves)
-    if ring:
-        stages = config.stages or _stages_beside_scale_ring(stage_bytes, spec_s)
-        scale_pipe = _scale_ring(spec_s, stages, 4 * boxes, cl)
+    if ring_s is not None:
+        stages = config.stages or _stages_beside_scale_ring(stage_bytes, ring_s)
     else:
         stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
+    rings = [_scale_ring(ring_s, stages, 4 * boxes, cl)] if ring_s is not None else []
     tiles = {"w": (spec_w, halves * boxes), "x": spec_x, **({"s": staged_s} if staged_s else {})}
     if halves > 1:
         multicast: list | None = ["x", None]  # B shared by the halves, A each its own
@@ -254,10 +255,10 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         defines.update(BLOCK_SCALES=1, BLOCK_SCALE_SETS=2 if boxes == 1 or mp <= 64 else 1)
         if block_scales == "row_major":
             defines["SCALES_ROW_MAJOR"] = 1
-        if ring:
+        if rings:
             defines["SCALE_RING"] = 1
-    layout = SharedLayout([pipe, scale_pipe] if ring else [pipe])
-    return SkinnyPlan(spec_x, spec_w, layout, defines, replace(config, split_k=split, stages=stages), spec_s, grid_z)
+    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe, *rings]), defines,
+                      replace(config, split_k=split, stages=stages), spec_s, grid_z)
 
 
 def skinny_scale_ring_slots(stages: int) -> int:
