@@ -156,6 +156,49 @@ def test_scale_ring_slots_let_the_producer_run_a_ring_ahead(stages):
     assert max(spans) == slots
 
 
+def _ring_model(kb0, kb1, stages, slots, two_sets):
+    """skinny.cu's order as a model: the producer takes a group's scale slot, then each k-block's
+    stage; the consumers issue k-block j + 1 before they retire j (two sets) or not, and release
+    a stage at its retire, a slot at its group's last. The producer moves whenever it can.
+    Returns "deadlock", or the times the producer waited on the ring with the main stage free."""
+    group = {kb: (kb - kb0 + kb0 % 4) // 4 for kb in range(kb0, kb1)}
+    last = {group[kb]: kb for kb in range(kb0, kb1)}
+    producer = [op for kb in range(kb0, kb1)
+                for op in ([("slot", group[kb])] if kb == kb0 or kb % 4 == 0 else []) + [("stage", kb)]]
+    consumer = [("issue", kb0)] + [op for kb in range(kb0 + 1, kb1) for op in (("issue", kb), ("retire", kb - 1))] \
+        + [("retire", kb1 - 1)] if two_sets else [op for kb in range(kb0, kb1) for op in (("issue", kb), ("retire", kb))]
+    loaded, freed_slots, freed_stages, stalls = set(), set(), set(), 0
+    while producer or consumer:
+        if producer:
+            what, i = producer[0]
+            stage_free = lambda kb: kb - stages < kb0 or kb - stages in freed_stages  # noqa: E731
+            if what == "slot" and (i < slots or i - slots in freed_slots) or what == "stage" and stage_free(i):
+                loaded.add(producer.pop(0))
+                continue
+            stalls += what == "slot" and stage_free(producer[1][1])
+        if not consumer or consumer[0][0] == "issue" and ("stage", consumer[0][1]) not in loaded:
+            return "deadlock"
+        what, kb = consumer.pop(0)
+        if what == "retire":
+            freed_stages.add(kb)
+            if last[group[kb]] == kb:
+                freed_slots.add(group[kb])
+    return stalls
+
+
+@pytest.mark.parametrize("stages", [2, 4, 5, 8, 13, 16])
+def test_scale_ring_never_holds_the_producer_back(stages):
+    """Every split start (kb0 % 4) and length: with skinny_scale_ring_slots the producer never
+    waits on a slot while its stage is free; one slot deadlocks the two-set loop (it waits for
+    the next k-block's stage before it retires the group's last)."""
+    for kb0 in range(4):
+        for n in range(1, 24):
+            for two_sets in (True, False):
+                assert _ring_model(kb0, kb0 + n, stages, skinny_scale_ring_slots(stages), two_sets) == 0
+    assert _ring_model(0, 20, stages, 1, True) == "deadlock"
+    assert _ring_model(0, 20, stages, 1, False) != "deadlock"
+
+
 @pytest.mark.parametrize("scales", [None, "m_major"])
 def test_scale_ring_is_for_row_major_scales(scales):
     with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig\(scale_ring=True\) holds a row-major scale_a's "

@@ -266,9 +266,11 @@ def skinny_scale_ring_slots(stages: int) -> int:
     ``stages`` k-blocks ahead of the consumers without waiting on it. With k-block r the oldest
     still held, the producer may next load k-block r + stages (once r is released), and it takes
     that k-block's group slot first: r .. r + stages, stages + 1 k-blocks, span at most
-    ceil(stages / 4) + 1 groups (a split's first group is part of one). It takes a group's slot
-    before the stage of the group's first k-block, which the consumers of the two-set loop wait
-    for before they retire (and release) the previous group's last: one slot would deadlock."""
+    ceil(stages / 4) + 1 groups (a split's first group is part of one), so the slot is free
+    before the stage is (one fewer would hold the producer back no longer than the stage does
+    only at stages % 4 == 1). It takes a group's slot before the stage of the group's first
+    k-block, which the consumers of the two-set loop wait for before they retire (and release)
+    the previous group's last: one slot would deadlock."""
     return -(-stages // SKINNY_ROW_SCALE_COLS) + 1
 
 
