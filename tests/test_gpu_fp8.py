@@ -213,6 +213,39 @@ def test_fp8_row_major_block_scales_on_the_skinny_path(device, rng, m, config, k
         assert per_column.max() < 2e-2, (np.argmax(per_column), per_column.max())
 
 
+# The same shapes with the scale ring (SkinnyConfig(scale_ring=True): a box of 4 k-blocks'
+# scales loaded once into a ring of its own, waited for at a group's first k-block, released
+# after its last; a split starting mid-group (split3 of 8 k-blocks: 3 and 6) begins with a part
+# of one). _check_gemm launches the debug build first (its waits name sc.full / sc.empty).
+@pytest.mark.parametrize("m", [1, 3, 16, 40, 64, 128])
+@pytest.mark.parametrize("config", [SkinnyConfig(scale_ring=True), SkinnyConfig(split_k=3, scale_ring=True),
+                                    SkinnyConfig(rows=128, cluster=2, scale_ring=True)],
+                         ids=["auto", "split3", "rows128-c2"])
+@pytest.mark.parametrize("k", [1024, 1008, 2560], ids=["8kb", "8kb-tail", "20kb"])
+def test_fp8_row_major_block_scales_in_the_scale_ring(device, rng, m, config, k):
+    n = 904
+    A, B, SA, SB, ref = _block_operands(rng, m, n, k, b_apart=True)
+    _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
+    out = poison(tf.empty((m, n), "bfloat16"))
+    run = kernels.gemm.prepare(A, B, out, config=config, scale_a=SA, scale_b=SB)
+    kernel = getattr(run.launcher, "launcher", run.launcher).kernel  # split-K wraps the launcher
+    assert kernel.name == "gemm_skinny_bf16" and kernel.defines["SCALE_RING"] == 1
+    run()
+    got = bf16_to_float32(out.numpy()).astype(np.float64)
+    assert rel_error(got, ref) < 1e-2
+    if m > 1:
+        per_column = np.linalg.norm(got - ref, axis=0) / np.linalg.norm(ref, axis=0)
+        assert per_column.max() < 2e-2, (np.argmax(per_column), per_column.max())
+
+
+def test_fp8_scale_ring_takes_row_major_scales_only(device, rng):
+    """M-major scale_a with scale_ring=True is refused before any launch, naming the rule."""
+    A, B, SA, SB, _ = _block_operands(rng, 16, 512, 1024, m_major=True)
+    with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig\(scale_ring=True\) holds a row-major scale_a's "
+                                              r"boxes .*\(got block scales 'm_major'\)"):
+        kernels.gemm(A, B, scale_a=SA, scale_b=SB, config=SkinnyConfig(scale_ring=True))
+
+
 def _kernel_name(A, B, SA, SB, m, n):
     run = kernels.gemm.prepare(A, B, poison(tf.empty((m, n), "bfloat16")), scale_a=SA, scale_b=SB)
     return getattr(run.launcher, "launcher", run.launcher).kernel.name

@@ -1,5 +1,6 @@
 """The skinny GEMM's plan and configuration checks (no GPU)."""
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -7,7 +8,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import (BK, FP8_BK, SKINNY_FP8_PROMOTE, SKINNY_M, GemmConfig, SkinnyConfig,
                                     choose_config, skinny_plan, skinny_splits)
-from tmaflow.kernels.matmul.plan import skinny_takes_row_major_scales
+from tmaflow.kernels.matmul.plan import skinny_scale_ring_slots, skinny_takes_row_major_scales
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 
@@ -108,6 +109,113 @@ def test_row_major_block_scales_load_four_k_blocks_a_stage(m, mp):
     m_major = skinny_plan(m, 4096, 16384, SkinnyConfig(), 132, "float8_e4m3fn", "m_major")
     assert "SCALES_ROW_MAJOR" not in m_major.defines
     assert {key: v for key, v in plan.defines.items() if key != "SCALES_ROW_MAJOR"} == m_major.defines
+
+
+def _pipes(plan) -> dict:
+    return {item.name: item for item in plan.layout.items if isinstance(item, tf.Pipeline)}
+
+
+@pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (64, 64), (128, 128)])
+@pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
+                         ids=["rows64", "split3", "rows128-c2"])
+def test_row_major_scale_ring_loads_a_box_a_group_of_four_k_blocks(m, mp, config):
+    """scale_ring=True: the stages carry A and B only; the MP x 4 scale boxes have a ring of their
+    own (sc, tile s) of ceil(stages / 4) + 1 slots, released by every consumer warp to its own CTA
+    (no multicast in clusters of two), its bytes counted before the stages are chosen."""
+    box = skinny_plan(m, 4096, 16384, config, 132, "float8_e4m3fn", "row_major")
+    plan = skinny_plan(m, 4096, 16384, replace(config, scale_ring=True), 132, "float8_e4m3fn", "row_major")
+    wx, sc = _pipes(plan)["wx"], _pipes(plan)["sc"]
+    assert wx.tile_names == ("w", "x") and _pipes(box)["wx"].tile_names == ("w", "x", "s")
+    assert wx.tx_bytes == _pipes(box)["wx"].tx_bytes - 16 * mp
+    assert sc.tile_names == ("s",) and sc.tiles == (plan.spec_s,) and plan.spec_s == box.spec_s
+    assert plan.spec_s.box == (mp, 4) and sc.tx_bytes == 16 * mp
+    stages = plan.config.stages
+    assert sc.stages == skinny_scale_ring_slots(stages) == math.ceil(stages / 4) + 1
+    boxes = config.rows // 64
+    assert sc.consumers == 4 * boxes and sc.empty_arrivals == 4 * boxes and not sc.uses_cluster
+    assert wx.multicast == ((None, "x") if config.cluster > 1 else None)  # A shared, as without scales
+    assert plan.defines == {**box.defines, "SCALE_RING": 1}
+    # the most stages (<= 16) that fit beside the ring and its barriers; never fewer than the box's
+    stage = plan.spec_x.smem_bytes + boxes * plan.spec_w.smem_bytes
+    room = HOPPER_SMEM_LIMIT - 256
+    assert stages * stage + sc.stages * (16 * mp + 16) <= room
+    assert stages == 16 or (stages + 1) * stage + skinny_scale_ring_slots(stages + 1) * (16 * mp + 16) > room
+    assert stages >= box.config.stages and plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
+    assert plan.layout.offset("sc_s") + sc.stages * 16 * mp <= plan.layout.offset("wx_full")
+    assert skinny_plan(m, 4096, 16384, replace(config, scale_ring=True, stages=4), 132, "float8_e4m3fn",
+                       "row_major").layout.items[1].stages == 2
+
+
+@pytest.mark.parametrize("stages", range(2, 17))
+def test_scale_ring_slots_let_the_producer_run_a_ring_ahead(stages):
+    """With k-block r the oldest the consumers hold, the producer takes the scale slot of k-block
+    r + stages before waiting for r's stage: the groups of 4 k-blocks r .. r + stages, from any
+    split's first k-block, must have slots, and one fewer would not always do."""
+    slots = skinny_scale_ring_slots(stages)
+    spans = [len({kb // 4 for kb in range(r, r + stages + 1)}) for kb0 in range(4) for r in range(kb0, kb0 + 8)]
+    assert max(spans) == slots
+
+
+def _ring_model(kb0, kb1, stages, slots, two_sets):
+    """skinny.cu's order as a model: the producer takes a group's scale slot, then each k-block's
+    stage; the consumers issue k-block j + 1 before they retire j (two sets) or not, and release
+    a stage at its retire, a slot at its group's last. The producer moves whenever it can.
+    Returns "deadlock", or the times the producer waited on the ring with the main stage free."""
+    group = {kb: (kb - kb0 + kb0 % 4) // 4 for kb in range(kb0, kb1)}
+    last = {group[kb]: kb for kb in range(kb0, kb1)}
+    producer = [op for kb in range(kb0, kb1)
+                for op in ([("slot", group[kb])] if kb == kb0 or kb % 4 == 0 else []) + [("stage", kb)]]
+    consumer = [("issue", kb0)] + [op for kb in range(kb0 + 1, kb1) for op in (("issue", kb), ("retire", kb - 1))] \
+        + [("retire", kb1 - 1)] if two_sets else [op for kb in range(kb0, kb1) for op in (("issue", kb), ("retire", kb))]
+    loaded, freed_slots, freed_stages, stalls = set(), set(), set(), 0
+    while producer or consumer:
+        if producer:
+            what, i = producer[0]
+            stage_free = lambda kb: kb - stages < kb0 or kb - stages in freed_stages  # noqa: E731
+            if what == "slot" and (i < slots or i - slots in freed_slots) or what == "stage" and stage_free(i):
+                loaded.add(producer.pop(0))
+                continue
+            stalls += what == "slot" and stage_free(producer[1][1])
+        if not consumer or consumer[0][0] == "issue" and ("stage", consumer[0][1]) not in loaded:
+            return "deadlock"
+        what, kb = consumer.pop(0)
+        if what == "retire":
+            freed_stages.add(kb)
+            if last[group[kb]] == kb:
+                freed_slots.add(group[kb])
+    return stalls
+
+
+@pytest.mark.parametrize("stages", [2, 4, 5, 8, 13, 16])
+def test_scale_ring_never_holds_the_producer_back(stages):
+    """Every split start (kb0 % 4) and length: with skinny_scale_ring_slots the producer never
+    waits on a slot while its stage is free; one slot deadlocks the two-set loop (it waits for
+    the next k-block's stage before it retires the group's last)."""
+    for kb0 in range(4):
+        for n in range(1, 24):
+            for two_sets in (True, False):
+                assert _ring_model(kb0, kb0 + n, stages, skinny_scale_ring_slots(stages), two_sets) == 0
+    assert _ring_model(0, 20, stages, 1, True) == "deadlock"
+    assert _ring_model(0, 20, stages, 1, False) != "deadlock"
+
+
+@pytest.mark.parametrize("scales", [None, "m_major"])
+def test_scale_ring_is_for_row_major_scales(scales):
+    with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig\(scale_ring=True\) holds a row-major scale_a's "
+                                              r"boxes of 4 k-blocks in a ring of their own \(got block scales "):
+        skinny_plan(16, 4096, 4096, SkinnyConfig(scale_ring=True), 132, "float8_e4m3fn", scales)
+    with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig: scale_ring=1"):
+        SkinnyConfig(scale_ring=1)
+
+
+def test_scale_ring_debug_build_compiles_without_spills():
+    """The debug build (its waits name sc.full / sc.empty on a hang) of the ring, M = 16 and 128."""
+    from tmaflow.kernels.registry import get_kernel
+
+    for m, config in ((16, SkinnyConfig(scale_ring=True)), (128, SkinnyConfig(rows=128, cluster=2, scale_ring=True))):
+        plan = skinny_plan(m, 4096, 4096, config, 132, "float8_e4m3fn", "row_major")
+        kernel = get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny", debug=True)
+        assert '"sc.full"' in plan.layout.header() and kernel.resources.spills == 0, (m, kernel.resources)
 
 
 @pytest.mark.parametrize("n,k,split", [(4096, 4096, 1), (4096, 8192, 2), (4096, 16384, 2), (7168, 16384, 1),

@@ -17,6 +17,11 @@ def _gemm(dtype, config, extra=None, block_scales=None):
     return get_kernel("gemm_bf16", plan.layout, defines=dict(plan.defines, **(extra or {})), file="gemm")
 
 
+def _skinny(m, config, block_scales=None, dtype="float8_e4m3fn"):
+    plan = skinny_plan(m, 4096, 4096, config, 132, dtype, block_scales)
+    return get_kernel("gemm_skinny_bf16", plan.layout, defines=plan.defines, file="skinny")
+
+
 KERNELS = {
     "gemm bf16 256": lambda: _gemm("bfloat16", GemmConfig()),
     "gemm bf16 128 split-K": lambda: _gemm("bfloat16", GemmConfig(bn=128, cluster_m=1, split_k=2)),
@@ -53,6 +58,11 @@ KERNELS = {
     "skinny fp8 block scales row_major M=1": lambda: get_kernel(
         "gemm_skinny_bf16", skinny_plan(1, 4096, 4096, SkinnyConfig(), 132, "float8_e4m3fn", "row_major").layout,
         defines=skinny_plan(1, 4096, 4096, SkinnyConfig(), 132, "float8_e4m3fn", "row_major").defines, file="skinny"),
+    # row-major scale boxes in a ring of their own (K splits are a launch argument: the same builds)
+    **{f"skinny fp8 block scales row_major ring M={m} {name}": (lambda m=m, cfg=cfg: _skinny(m, cfg, "row_major"))
+       for m in (1, 16, 64, 128)
+       for name, cfg in [("rows64", SkinnyConfig(scale_ring=True)),
+                         ("rows128 c2", SkinnyConfig(rows=128, cluster=2, scale_ring=True))]},
     **{f"skinny M={m}": (lambda m=m: get_kernel("gemm_skinny_bf16", skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).layout,
                                                 defines=skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).defines,
                                                 file="skinny"))
@@ -170,3 +180,15 @@ def test_gathered_scales_are_released_by_every_lane(cm):
     # NVRTC 13.5: 227 against 224 instructions in clusters of two; 13.0 (the GPU image's): 230 / 221
     assert len(lanes) <= len(warp) + 12, (len(lanes), len(warp))
     assert sum(t.startswith("R2UR") for t in lanes) <= sum(t.startswith("R2UR") for t in warp)
+
+
+@pytest.mark.parametrize("m,config", [(16, SkinnyConfig()), (64, SkinnyConfig()), (128, SkinnyConfig(rows=128, cluster=2))])
+def test_scale_ring_keeps_the_skinny_k_loop_uniform(m, config):
+    """The scale ring's consumer adds a wait at a group's first k-block and a release after its
+    last to the retire step (M = 16: the two-set k-loop 142 -> 175 instructions); its
+    descriptors must stay in uniform registers (no more R2UR than the per-stage box's loop)."""
+    box = _mma_loop(_skinny(m, config, "row_major"))
+    ring = _mma_loop(_skinny(m, replace(config, scale_ring=True), "row_major"))
+    assert len(ring) <= len(box) + 48, (len(box), len(ring))
+    moves = [sum(t.startswith("R2UR") for t in body) for body in (box, ring)]
+    assert moves[1] <= moves[0], moves

@@ -22,7 +22,10 @@
 // loads A's MP row scales of the k-block with its stage (map tsa over (KB, M)); they scale the
 // columns of C^T. SCALES_ROW_MAJOR: scale_a row-major, map tsa over (M, KB); a TMA box's rows
 // are at least 16 bytes, so each stage loads 4 k-blocks' scales of its MP rows (k-blocks
-// kb & ~3 to (kb & ~3) + 3, an MP x 4 box) and uses column kb % 4. B's 128 x 128 blocks give
+// kb & ~3 to (kb & ~3) + 3, an MP x 4 box) and uses column kb % 4. SCALE_RING: that box is
+// loaded once a group of 4 k-blocks (a split's first group may be partial), into a ring of its
+// own (pipeline sc, planned by skinny_plan's scale_ring), waited for at the group's first
+// k-block and released after its last; the stages carry only A and B. B's 128 x 128 blocks give
 // each consumer warpgroup's 64 rows one scale a k-block, read from global memory (scales_b,
 // (N / 128, KB) row-major).
 #include <cuda_bf16.h>
@@ -51,6 +54,9 @@ namespace L = tmaflow_layout;
 #endif
 #ifndef SCALES_ROW_MAJOR
 #define SCALES_ROW_MAJOR 0  // block scales: scale_a (M, KB) row-major (else M-major, (KB, M))
+#endif
+#ifndef SCALE_RING
+#define SCALE_RING 0  // row-major scale_a: each 4 k-blocks' box loaded once, into the ring sc
 #endif
 constexpr int kScaleCols = SCALES_ROW_MAJOR ? 4 : 1;  // k-blocks of scales a stage's box holds, per row of A
 #ifndef M_HALVES
@@ -82,6 +88,7 @@ static_assert(M_HALVES == 1 || (M_HALVES == 2 && CLUSTER == 2 && !BLOCK_SCALES &
 static_assert(!PROMOTE || FP8, "promotion is for fp8");
 static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1), "block scales: fp8, promoted every k-block");
 static_assert(!SCALES_ROW_MAJOR || BLOCK_SCALES, "row-major scale_a: block scales");
+static_assert(!SCALE_RING || SCALES_ROW_MAJOR, "the scale ring holds row-major scale_a's boxes");
 static_assert(BLOCK_SCALE_SETS == 1 || BLOCK_SCALE_SETS == 2, "one or two accumulator sets");
 static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && PROMOTE == 1 && !BLOCK_SCALES),
               "two promotion sets: per-tensor fp8, promoted every k-block");
@@ -158,15 +165,24 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   const float* const b_scales = scales_b + size_t(min(tile * kRows + cw * 64, N - 1) / 128) * k_blocks;
   const int mc = 2 * (lane % 4);  // this thread's columns of C^T: mc + 8 j and mc + 8 j + 1
 #endif
+#if SCALE_RING
+  auto rings = S.sc();
+  decltype(rings)::Cursor ring;  // the slot of the current group of 4 k-blocks
+#endif
   // After the wait for its wgmmas: add the k-block in d (with block scales, scaled) to total;
-  // release its stage.
+  // release its stage. Called in k-block order (both loops below).
   auto retire = [&](float (&d)[kAcc], [[maybe_unused]] float sb, const Cursor& at, [[maybe_unused]] int kb) {
     wgmma::fence_operands(d);
 #if !BLOCK_SCALES
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] += d[i];
 #else
+#if SCALE_RING
+    if (kb == kb0 || kb % kScaleCols == 0) rings.consumer_wait(ring);  // a group's first k-block
+    const float* sa = static_cast<const float*>(S.sc_s(ring.stage));
+#else
     const float* sa = static_cast<const float*>(S.wx_s(at.stage));
+#endif
 #pragma unroll
     for (int j = 0; j < MP / 8; ++j) {  // A's scales of columns mc + 8 j, mc + 8 j + 1, times B's
 #if SCALES_ROW_MAJOR
@@ -185,6 +201,12 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
 #endif
     __syncwarp();
     if (lane == 0) pipe.consumer_release(at);  // one arrival per consumer warp
+#if SCALE_RING
+    if (kb % kScaleCols == kScaleCols - 1 || kb == kb1 - 1) {  // the group's last k-block: its slot
+      if (lane == 0) rings.consumer_release(ring);
+      ring.advance();
+    }
+#endif
   };
 #if BLOCK_SCALE_SETS == 2 || PROMOTE_SETS == 2
   // k-block j of the split runs on acc (j even) or acc2 (j odd): while one set is promoted, the
@@ -344,6 +366,9 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
     tma::prefetch_descriptor(&tsa);
 #endif
     pipe.init();
+#if SCALE_RING
+    S.sc().init();
+#endif
   }
   griddep::wait();  // under PDL: A, B and the split-K state of the previous kernel are visible
   griddep::launch_dependents();
@@ -356,7 +381,21 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   if (threadIdx.x < 128) {
     if (threadIdx.x == 0) {
       Cursor c;
+#if SCALE_RING
+      auto rings = S.sc();
+      decltype(rings)::Cursor ring;
+#endif
       for (int kb = kb0; kb < kb1; ++kb, c.advance()) {
+#if SCALE_RING
+        // a group's first k-block: MP rows x its 4 k-blocks of tsa into the next slot, before
+        // the stage (the ring's depth lets this run `stages` k-blocks ahead unblocked)
+        if (kb == kb0 || kb % kScaleCols == 0) {
+          rings.producer_acquire(ring);
+          rings.producer_commit(ring);
+          tma::load(S.sc_s(ring.stage), &tsa, rings.barrier(ring), kb & ~(kScaleCols - 1), row0);
+          ring.advance();
+        }
+#endif
         pipe.producer_acquire(c);
         pipe.producer_commit(c);
 #if M_HALVES == 2
@@ -371,7 +410,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
         for (int box = 0; box < CONSUMERS; ++box)
           tma::load(S.wx_w(c.stage, box), &tw, pipe.barrier(c), kb * BK, tile * kRows + box * 64);
 #endif
-#if BLOCK_SCALES
+#if BLOCK_SCALES && !SCALE_RING
 #if SCALES_ROW_MAJOR
         // MP rows x k-blocks kb & ~3 .. (kb & ~3) + 3 of tsa (zeros past M and KB)
         tma::load(S.wx_s(c.stage), &tsa, pipe.barrier(c), kb & ~(kScaleCols - 1), row0);

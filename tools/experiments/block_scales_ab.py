@@ -1,7 +1,9 @@
 """fp8 block-scaled decode shapes: where row-major scale_a should go (issue 33). Per shape, in ONE
 set of interleaved rounds (cold: L2 flushed before every call, then back to back; order rotated
 every round) with cuBLAS's block-scaled _scaled_mm: the skinny kernel reading row-major scale_a
-(a stage's TMA box of MP rows x 4 k-blocks), the same at one stage fewer, the skinny kernel on
+(a stage's TMA box of MP rows x 4 k-blocks), the same with each box loaded once per 4 k-blocks
+into a ring of its own (SkinnyConfig(scale_ring=True); also at the per-stage box's stage count
+where the ring's differs), the per-stage box at one stage fewer, the skinny kernel on
 M-major scale_a at its own stage count and at the row-major one's (is the lost stage the cost?),
 and the dense kernel gathering row-major scale_a (the default before session 20):
 
@@ -27,7 +29,12 @@ def variants(m: int, n: int, k: int, sms: int) -> list:
     stages = {mode: skinny_plan(m, n, k, SkinnyConfig(), sms, "float8_e4m3fn", mode).config.stages
               for mode in ("row_major", "m_major")}
     fewer = stages["row_major"] - 1
+    ring = skinny_plan(m, n, k, SkinnyConfig(scale_ring=True), sms, "float8_e4m3fn", "row_major").config.stages
+    at_box = [(f"skinny row-major ring s{stages['row_major']}", "row",
+               SkinnyConfig(scale_ring=True, stages=stages["row_major"]))] if ring != stages["row_major"] else []
     return [("skinny row-major", "row", SkinnyConfig()),
+            (f"skinny row-major ring (s{ring})", "row", SkinnyConfig(scale_ring=True)),
+            *at_box,
             (f"skinny row-major s{fewer}", "row", SkinnyConfig(stages=fewer)),
             (f"skinny M-major (s{stages['m_major']})", "m", SkinnyConfig()),
             (f"skinny M-major s{stages['row_major']}", "m", SkinnyConfig(stages=stages["row_major"])),

@@ -143,7 +143,8 @@ class SkinnyConfig:
     rows, a CTA each (any M; None: all of M, at most 128, in one). ``m_halves=2``: the two CTAs
     of a cluster compute neighbouring chunks (64 rows without ``m_rows``) on the same rows of B,
     which they share by multicast (cuBLAS's fp8 M = 128 scheme; not with ``cluster=2``).
-    Neither takes block scales."""
+    Neither takes block scales. ``scale_ring=True`` (row-major scale_a only): each box of 4
+    k-blocks' scales is loaded once, into a ring of its own, instead of with every stage."""
 
     rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
     split_k: int | None = None
@@ -156,6 +157,7 @@ class SkinnyConfig:
     m_rows: int | None = None
     m_halves: int = 1
     promote_sets: int = 1  # fp8 per-tensor: 2 alternates two accumulator sets (GemmConfig's)
+    scale_ring: bool = False  # row-major block scales: a box a group of 4 k-blocks (skinny_plan)
 
     def __post_init__(self):
         who = "SkinnyConfig"
@@ -167,7 +169,8 @@ class SkinnyConfig:
                tile_fastest=as_bool(f"{who}: tile_fastest", self.tile_fastest),
                m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_M_ROWS),
                m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)),
-               promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS))
+               promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS),
+               scale_ring=as_bool(f"{who}: scale_ring", self.scale_ring))
         if self.m_halves > 1 and self.cluster > 1:
             raise TmaflowError(f"{who}: m_halves={self.m_halves} pairs the CTAs of a cluster along M; "
                                f"it takes cluster=1 (got cluster={self.cluster})")

@@ -183,7 +183,8 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     """The skinny kernel's specs, layout and defines for bfloat16 or float8_e4m3fn operands
     (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
     fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
-    stage; ``"row_major"``: the same from a row-major scale_a, 4 k-blocks' scales a stage's box."""
+    stage; ``"row_major"``: the same from a row-major scale_a, 4 k-blocks' scales a stage's box,
+    or with ``config.scale_ring`` a box a group of 4 k-blocks in the ring ``sc`` beside ``wx``."""
     if m > SKINNY_MP[-1] and config.m_rows is None:
         raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig, "
                            "or a SkinnyConfig with m_rows (M in chunks)")
@@ -218,14 +219,23 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     spec_w = TensorMapSpec.tiled(dtype, (n, k), (64 // halves, bk), **l2)
     scales_spec = {"m_major": _m_major_scales_spec, "row_major": _row_major_scales_spec}.get(block_scales or "")
     spec_s = scales_spec(m, k, bk, mp) if scales_spec else None
-    stage_bytes = spec_x.smem_bytes + halves * boxes * spec_w.smem_bytes + (spec_s.smem_bytes if spec_s else 0)
-    stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
+    if config.scale_ring and block_scales != "row_major":
+        raise TmaflowError(f"gemm: SkinnyConfig(scale_ring=True) holds a row-major scale_a's boxes of 4 k-blocks "
+                           f"in a ring of their own (got block scales {block_scales!r}); use scale_ring=False")
+    ring_s = spec_s if config.scale_ring else None  # the scale boxes of the ring sc
+    staged_s = None if ring_s else spec_s           # the scale box a main stage carries
+    stage_bytes = spec_x.smem_bytes + halves * boxes * spec_w.smem_bytes + (staged_s.smem_bytes if staged_s else 0)
     cl = max(config.cluster, halves)
-    tiles = {"w": (spec_w, halves * boxes), "x": spec_x, **({"s": spec_s} if spec_s else {})}
+    if ring_s is not None:
+        stages = config.stages or _stages_beside_scale_ring(stage_bytes, ring_s)
+    else:
+        stages = config.stages or min(16, (HOPPER_SMEM_LIMIT - _BARRIER_RESERVE) // stage_bytes)
+    rings = [_scale_ring(ring_s, stages, 4 * boxes, cl)] if ring_s is not None else []
+    tiles = {"w": (spec_w, halves * boxes), "x": spec_x, **({"s": staged_s} if staged_s else {})}
     if halves > 1:
         multicast: list | None = ["x", None]  # B shared by the halves, A each its own
     else:
-        multicast = [None, "x"] + [None] * bool(spec_s) if cl > 1 else None
+        multicast = [None, "x"] + [None] * bool(staged_s) if cl > 1 else None
     pipe = Pipeline("wx", stages=stages, tiles=tiles, consumers=4 * boxes, cluster=(cl, 1, 1),
                     multicast=multicast)
     min_k_blocks = _SKINNY_FP8_MIN_K_BLOCKS if fp8 else 4
@@ -245,5 +255,35 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         defines.update(BLOCK_SCALES=1, BLOCK_SCALE_SETS=2 if boxes == 1 or mp <= 64 else 1)
         if block_scales == "row_major":
             defines["SCALES_ROW_MAJOR"] = 1
-    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe]), defines, replace(config, split_k=split, stages=stages),
-                      spec_s, grid_z)
+        if rings:
+            defines["SCALE_RING"] = 1
+    return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe, *rings]), defines,
+                      replace(config, split_k=split, stages=stages), spec_s, grid_z)
+
+
+def skinny_scale_ring_slots(stages: int) -> int:
+    """Slots of the row-major scale ring (a box of 4 k-blocks each) that let the producer run
+    ``stages`` k-blocks ahead of the consumers without waiting on it. With k-block r the oldest
+    still held, the producer may next load k-block r + stages (once r is released), and it takes
+    that k-block's group slot first: r .. r + stages, stages + 1 k-blocks, span at most
+    ceil(stages / 4) + 1 groups (a split's first group is part of one), so the slot is free
+    before the stage is (one fewer would hold the producer back no longer than the stage does
+    only at stages % 4 == 1). It takes a group's slot before the stage of the group's first
+    k-block, which the consumers of the two-set loop wait for before they retire (and release)
+    the previous group's last: one slot would deadlock."""
+    return -(-stages // SKINNY_ROW_SCALE_COLS) + 1
+
+
+def _stages_beside_scale_ring(stage_bytes: int, spec_s: TensorMapSpec) -> int:
+    """The most main stages (at most 16) that fit with their scale ring and its barriers."""
+    room = HOPPER_SMEM_LIMIT - _BARRIER_RESERVE
+    slot = spec_s.smem_bytes + 16  # a box and its full/empty mbarriers
+    return next(s for s in range(16, 0, -1) if s * stage_bytes + skinny_scale_ring_slots(s) * slot <= room)
+
+
+def _scale_ring(spec_s: TensorMapSpec, stages: int, consumers: int, cluster: int) -> Pipeline:
+    """The ring ``sc`` of row-major scale boxes (tile ``s``), filled by the producer of ``wx``
+    at a group's first k-block and released by every consumer warp after its last; each CTA
+    loads its own rows' scales (no multicast, releases to this CTA only, in any cluster)."""
+    return Pipeline("sc", stages=skinny_scale_ring_slots(stages), tiles={"s": spec_s}, consumers=consumers,
+                    cluster=(cluster, 1, 1))
