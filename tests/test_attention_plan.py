@@ -102,10 +102,15 @@ def test_dense_plans_prefetch_nothing_into_l2(d, causal, one_q):
     assert sass.count("STG.E.128") == d // 16 and "STG.E " in sass
 
 
-def test_attention_plan_q_split_refused_with_varlen():
+def test_attention_plan_q_split_forced_with_varlen_compiles():
+    """Varlen plans keep Q whole unless asked (tools/experiments/varlen_ab.py compares); asked,
+    each Q buffer is two 64-row stages and the kernel builds without spills."""
     assert "Q_SPLIT" not in attention_plan(128, False, varlen=True).defines
-    with pytest.raises(tf.TmaflowError, match=r"attention: q_split=True must be True or False \(and False with varlen\)"):
-        attention_plan(128, False, varlen=True, q_split=True)
+    split = attention_plan(128, False, varlen=True, q_split=True)
+    assert split.defines["Q_SPLIT"] == 1 and split.layout.items[0].stages == 2
+    kernel = attention_kernel(split, "bfloat16")
+    assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
+    assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, kernel.resources
     with pytest.raises(tf.TmaflowError, match=r"attention: q_split=1 must be True or False"):
         attention_plan(128, False, q_split=1)
 

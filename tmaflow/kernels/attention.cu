@@ -78,7 +78,7 @@ static_assert(!PAIRED || (CAUSAL && !VARLEN), "PAIRED is a schedule of dense cau
 #ifndef Q_SPLIT
 #define Q_SPLIT 0  // 1: each Q buffer is two pipeline stages of 64 rows, one a consumer warpgroup
 #endif
-static_assert(!(L2_PREFETCH || Q_SPLIT) || !VARLEN, "L2_PREFETCH and Q_SPLIT are schedules of dense tiles");
+static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles");
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.

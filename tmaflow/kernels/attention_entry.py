@@ -117,8 +117,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
                            "K and V stages fit shared memory")
     if q_stages not in (None, 1, 2):
         raise TmaflowError(f"attention: q_stages={q_stages!r} must be 1 or 2")
-    if (q_split is not None and type(q_split) is not bool) or (q_split and varlen):
-        raise TmaflowError(f"attention: q_split={q_split!r} must be True or False (and False with varlen)")
+    if q_split is not None and type(q_split) is not bool:
+        raise TmaflowError(f"attention: q_split={q_split!r} must be True or False")
     spec_k, spec_v = _box_spec(keys, head_dim), _box_spec(keys, dv)
     qk_boxes, v_boxes = head_dim // spec_k.box[-1], dv // spec_v.box[-1]
     q_bytes, k_bytes, v_bytes = BM * head_dim * 2, keys * head_dim * 2, keys * dv * 2

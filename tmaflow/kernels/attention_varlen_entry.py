@@ -209,6 +209,10 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespac
     tk, hkv = K.shape[:2]
     plan = attention_plan(d, causal, dv, varlen=True)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
+    forced = (int(kernel.defines["Q_STAGES"]), int(kernel.defines["BLOCK_N"]), bool(kernel.defines.get("Q_SPLIT")))
+    if forced != (plan.defines["Q_STAGES"], plan.keys, bool(plan.defines.get("Q_SPLIT"))):  # extra_defines
+        plan = attention_plan(d, causal, dv, varlen=True, q_stages=forced[0], keys=forced[1], q_split=forced[2])
+        kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
     # in all, whatever the lengths on the device. CTAs past the last tile leave at once.
     tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))

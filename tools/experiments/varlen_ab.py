@@ -1,0 +1,140 @@
+"""Packed (varlen) attention forward against the dense kernel at equal tokens (issue 32: within
+5%), and the schedules that might close the gap, in one set of interleaved rounds (cold: L2
+flushed before every call; warm: back to back). Varlen plans differ from dense ones in two
+choices made before any varlen measurement: O stored a 4-byte word a column pair (dense:
+STORE16, 16 B a lane) and Q loaded whole (dense plans of one Q buffer split it, Q_SPLIT). The
+variants (extra defines on the varlen build):
+
+- "default": what ``kernels.attention_varlen`` plans;
+- "st16": STORE16;
+- "split": STORE16 and Q_SPLIT (each warpgroup's 64 Q rows a stage, released after its last S);
+- "kNN": STORE16 with NN keys a tile (fewer keys read past a short sequence's end);
+- "2q": STORE16 and two Q buffers (the next tile's Q loads under this one), where K and V keep
+  two stages.
+
+Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
+and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
+"ragged 8" against dense 8 x 2048. TFLOP/s count each kernel's own work; "vs dense" is the
+varlen TFLOP/s over the dense kernel's in the same round (the acceptance's ratio), and each
+variant's output is checked against the default's.
+
+    PYTHONPATH=. python3 tools/experiments/varlen_ab.py [--dims 128 64] [--cases "short 128"]
+        [--repeats N] [--precompile] [--ncu]
+
+``--precompile``: build every variant's kernel in a process pool and exit (for a device call's
+first step). ``--ncu``: one cold call of each function after the warm-up, nothing timed (for
+``ncu --kernel-name regex:attention_fwd``)."""
+from __future__ import annotations
+
+import argparse
+import itertools
+
+from tmaflow import bench, kernels
+from tmaflow.kernels.registry import extra_defines
+
+CASES = {"short 128": ([32, 96, 160, 224] * 32, (128, 128)),
+         "equal 128": ([128] * 128, (128, 128)),
+         "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048))}
+HEADS = {64: 32, 128: 16, 256: 8}
+
+
+def variants(d: int, causal: bool) -> list:
+    """(label, extra defines) of the varlen build, the default first."""
+    from tmaflow.kernels.attention_entry import attention_plan
+
+    keys = attention_plan(d, causal, varlen=True).keys
+    out = [("default", {}), ("st16", {"STORE16": 1}), ("split", {"STORE16": 1, "Q_SPLIT": 1})]
+    out += [(f"k{n}", {"STORE16": 1, "BLOCK_N": n}) for n in (128, 64) if n != keys]
+    two = attention_plan(d, causal, varlen=True, q_stages=2)
+    if min(p.stages for p in two.layout.items[1:3]) >= 2:
+        out.append(("2q", {"STORE16": 1, "Q_STAGES": 2}))
+    return out
+
+
+def _build(job):
+    d, causal, defines = job
+    from tmaflow.kernels.attention_entry import attention_kernel, attention_plan
+
+    plan = attention_plan(d, causal, varlen=True, q_stages=defines.get("Q_STAGES"), keys=defines.get("BLOCK_N"),
+                          q_split=bool(defines.get("Q_SPLIT")))
+    with extra_defines(defines):
+        attention_kernel(plan, "bfloat16").program  # noqa: B018 (compiles into the cache)
+    dense = attention_plan(d, causal)
+    attention_kernel(dense, "bfloat16").program  # noqa: B018
+
+
+def precompile(dims) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(d, c, v) for d in dims for c in (False, True) for _, v in variants(d, c)]
+    with ProcessPoolExecutor(16) as pool:
+        list(pool.map(_build, jobs))
+    print(f"precompiled {len(jobs)} varlen builds", flush=True)
+
+
+def row(torch, d: int, case: str, causal: bool, repeats: int, ncu: bool) -> None:
+    lengths, (batch, seq) = CASES[case]
+    heads, total, longest = HEADS[d], sum(lengths), max(lengths)
+    assert total == batch * seq, case
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    dq, dk, dv = (x.reshape(batch, seq, heads, d).transpose(1, 2).contiguous() for x in (q, k, v))
+    fns, outs = {}, {}
+    for label, defines in variants(d, causal):
+        outs[label] = torch.full_like(q, float("nan"))
+        with extra_defines(defines):
+            fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
+                                                           causal=causal)
+    dense_out = torch.empty_like(dq)
+    fns["dense"] = kernels.attention.prepare(dq, dk, dv, dense_out, causal=causal)
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    ref = outs["default"].float()
+    errs = {label: (torch.linalg.norm(out.float() - ref) / torch.linalg.norm(ref)).item() for label, out in outs.items()}
+    if case.startswith("equal"):  # the same sequences both ways
+        errs["dense"] = (torch.linalg.norm(dense_out.transpose(1, 2).reshape(total, heads, d).float() - ref) /
+                         torch.linalg.norm(ref)).item()
+    if ncu:
+        for fn in fns.values():
+            fn()
+        torch.cuda.synchronize()
+        print(f"ncu d{d} {case} {'causal' if causal else 'full'}: " + " ".join(fns), flush=True)
+        return
+    half = 0.5 if causal else 1.0
+    flop = {label: 4.0 * heads * d * sum(n * n for n in lengths) * half for label in outs}
+    flop["dense"] = 4.0 * batch * heads * seq * seq * d * half
+    cells = []
+    for mode, got in (("cold", bench.rounds(fns, repeats=repeats, warmup=2, flush_l2=True)),
+                      ("warm", bench.rounds(fns, repeats=repeats, warmup=2, batch=5))):
+        dense_tf = flop["dense"] / got["dense"].median / 1e12
+        cells.append(f"{mode} dense {dense_tf:5.0f} " + " ".join(
+            f"{label} {flop[label] / got[label].median / 1e12:5.0f} "
+            f"({got.ratio(label, 'dense').median * flop[label] / flop['dense']:.3f})" for label in outs))
+    print(f"d{d:<4d} {case:<10} {'causal' if causal else 'full  '} " + " | ".join(cells) +
+          "  TFLOP/s (x dense)  err " + " ".join(f"{n} {e:.1e}" for n, e in errs.items()), flush=True)
+    worst = max(errs.values())
+    assert worst < 2e-2, f"d{d} {case} causal={causal}: relative error {worst:.2e} against the default"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dims", type=int, nargs="+", default=[128, 64])
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--precompile", action="store_true", help="build every variant and exit")
+    p.add_argument("--ncu", action="store_true", help="one call of each function, nothing timed")
+    args = p.parse_args()
+    if args.precompile:
+        precompile(args.dims)
+        return
+    import torch  # optional dependency (--help works without it), before the driver is touched
+
+    for d in args.dims:
+        for case in args.cases:
+            for causal in (False, True):
+                row(torch, d, case, causal, args.repeats, args.ncu)
+
+
+if __name__ == "__main__":
+    main()
