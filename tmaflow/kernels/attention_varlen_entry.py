@@ -24,6 +24,10 @@ from .entry import STATES, cached_state, contiguous_strides, entry_point, new_ou
 from .matmul.splitk import _foreign_capture
 
 WHO = "attention_varlen"
+# Causal tiles differ in length (a row block's keys end at its last row). Up to this many
+# queries a sequence (max_seqlen_q, a hint: any lengths compute) one CTA an SM strides over
+# them, as over non-causal tiles; past it one CTA a tile, so the block scheduler balances.
+PERSISTENT_CAUSAL_MAX_SEQLEN = 0
 
 
 @entry_point
@@ -72,12 +76,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         CQ, CK = (_upload(c, Q.device, stream) if isinstance(c, np.ndarray) else c for c in (CQ, CK))
     if O is not None:
         checks.no_aliasing(WHO, O, (("q", Q), ("k", K), ("v", V), ("cu_seqlens_q", CQ), ("cu_seqlens_k", CK)))
-    key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, stream, pdl, Q.device, ordinal, debug,
-           trace, get_ident())
+    persistent = not causal or max_q <= PERSISTENT_CAUSAL_MAX_SEQLEN
+    key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, persistent, stream, pdl, Q.device, ordinal,
+           debug, trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace))
+        st = cached_state(key, lambda: _state(Q, K, dv, batch, causal, persistent, stream, pdl, debug, trace))
     result, O = (out, O) if O is not None else new_output(q, Q, (tq, hq, dv), None, stream)
     lse_out, lse = (None, 0)
     if return_lse:
@@ -202,7 +207,7 @@ def _upload(host: np.ndarray, device, stream: int, who: str = WHO) -> DeviceArra
     return arr
 
 
-def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespace:
+def _state(Q, K, dv, batch, causal, persistent, stream, pdl, debug, trace) -> SimpleNamespace:
     _OPTIONS.check(causal, pdl, debug, trace)
     on_current_device(WHO, Q)
     tq, hq, d = Q.shape
@@ -216,7 +221,7 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespac
     # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
     # in all, whatever the lengths on the device. CTAs past the last tile leave at once.
     tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
-    grid = tiles if causal else min(tiles, current_device().sm_count)
+    grid = min(tiles, current_device().sm_count) if persistent else tiles
     dt = Q.dtype.name
     return SimpleNamespace(launcher=kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl),
                            tq=map_template(dt, (tq, hq, d), plan.spec_q, varlen=True),

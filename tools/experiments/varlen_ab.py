@@ -10,11 +10,13 @@ variants (extra defines on the varlen build):
 - "split": STORE16 and Q_SPLIT (each warpgroup's 64 Q rows a stage, released after its last S);
 - "kNN": STORE16 with NN keys a tile (fewer keys read past a short sequence's end);
 - "2q": STORE16 and two Q buffers (the next tile's Q loads under this one), where K and V keep
-  two stages.
+  two stages;
+- "... pers" (causal): one CTA an SM striding over the tiles (as non-causal plans), not a CTA a
+  tile (``attention_varlen_entry.PERSISTENT_CAUSAL_MAX_SEQLEN``).
 
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
-"ragged 8" against dense 8 x 2048. TFLOP/s count each kernel's own work; "vs dense" is the
+"mixed 1k" (128 to 1024) against dense 16 x 1024; "ragged 8" (256 to 5120) against dense 8 x 2048. TFLOP/s count each kernel's own work; "vs dense" is the
 varlen TFLOP/s over the dense kernel's in the same round (the acceptance's ratio), and each
 variant's output is checked against the default's.
 
@@ -30,24 +32,37 @@ import argparse
 import itertools
 
 from tmaflow import bench, kernels
+from tmaflow.kernels import attention_varlen_entry as entry
 from tmaflow.kernels.registry import extra_defines
 
 CASES = {"short 128": ([32, 96, 160, 224] * 32, (128, 128)),
          "equal 128": ([128] * 128, (128, 128)),
+         "mixed 1k": ([1024, 896, 768, 640, 512, 384, 256, 128] * 3 + [1024, 896, 512, 128], (16, 1024)),
          "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048))}
 HEADS = {64: 32, 128: 16, 256: 8}
 
 
 def variants(d: int, causal: bool) -> list:
-    """(label, extra defines) of the varlen build, the default first."""
+    """(label, extra defines, persistent) of the varlen build, the default first; persistent:
+    None as planned, True / False forces one CTA an SM (causal: the default is a CTA a tile)."""
     from tmaflow.kernels.attention_entry import attention_plan
 
     keys = attention_plan(d, causal, varlen=True).keys
-    out = [("default", {}), ("st16", {"STORE16": 1}), ("split", {"STORE16": 1, "Q_SPLIT": 1})]
-    out += [(f"k{n}", {"STORE16": 1, "BLOCK_N": n}) for n in (128, 64) if n != keys]
+    out = [("default", {}, None), ("st16", {"STORE16": 1}, None)]
+    if not causal:
+        out.append(("split", {"STORE16": 1, "Q_SPLIT": 1}, None))
+        if keys > 128:  # 176 at head dim 128
+            out += [("k128", {"STORE16": 1, "BLOCK_N": 128}, None),
+                    ("k128 split", {"STORE16": 1, "BLOCK_N": 128, "Q_SPLIT": 1}, None),
+                    ("k128 2q", {"STORE16": 1, "BLOCK_N": 128, "Q_STAGES": 2}, None)]
     two = attention_plan(d, causal, varlen=True, q_stages=2)
-    if min(p.stages for p in two.layout.items[1:3]) >= 2:
-        out.append(("2q", {"STORE16": 1, "Q_STAGES": 2}))
+    two_fits = min(p.stages for p in two.layout.items[1:3]) >= 2
+    if two_fits:
+        out.append(("2q", {"STORE16": 1, "Q_STAGES": 2}, None))
+    if causal:
+        out += [("pers", {"STORE16": 1}, True), ("split pers", {"STORE16": 1, "Q_SPLIT": 1}, True)]
+        if two_fits:
+            out.append(("2q pers", {"STORE16": 1, "Q_STAGES": 2}, True))
     return out
 
 
@@ -66,7 +81,7 @@ def _build(job):
 def precompile(dims) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(d, c, v) for d in dims for c in (False, True) for _, v in variants(d, c)]
+    jobs = [(d, c, v) for d in dims for c in (False, True) for _, v, _ in variants(d, c)]
     with ProcessPoolExecutor(16) as pool:
         list(pool.map(_build, jobs))
     print(f"precompiled {len(jobs)} varlen builds", flush=True)
@@ -80,11 +95,17 @@ def row(torch, d: int, case: str, causal: bool, repeats: int, ncu: bool) -> None
     q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     dq, dk, dv = (x.reshape(batch, seq, heads, d).transpose(1, 2).contiguous() for x in (q, k, v))
     fns, outs = {}, {}
-    for label, defines in variants(d, causal):
+    for label, defines, persistent in variants(d, causal):
         outs[label] = torch.full_like(q, float("nan"))
-        with extra_defines(defines):
-            fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
-                                                           causal=causal)
+        saved = entry.PERSISTENT_CAUSAL_MAX_SEQLEN
+        if persistent is not None:
+            entry.PERSISTENT_CAUSAL_MAX_SEQLEN = (1 << 31) if persistent else -1
+        try:
+            with extra_defines(defines):
+                fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
+                                                               causal=causal)
+        finally:
+            entry.PERSISTENT_CAUSAL_MAX_SEQLEN = saved
     dense_out = torch.empty_like(dq)
     fns["dense"] = kernels.attention.prepare(dq, dk, dv, dense_out, causal=causal)
     for fn in fns.values():
