@@ -8,7 +8,9 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.attention_entry import HEAD_DIMS, attention_kernel, attention_plan, keys_per_tile, swizzle_span
+from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_KEYS, attention_kernel, attention_plan, keys_per_tile,
+                                            swizzle_span)
+from tmaflow.kernels.attention_varlen_entry import PERSISTENT_CAUSAL_MAX_HEAD_DIM, is_persistent, varlen_plan
 from tmaflow.launch import compiler
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 from tmaflow.runtime.memory import DeviceArray
@@ -98,7 +100,7 @@ def test_dense_plans_prefetch_nothing_into_l2(d, causal, one_q):
         assert "UTMAPF" in attention_kernel(asked, "bfloat16").sass()
     # STORE16 (dense): O stored 16 B a lane, 8 columns of one row (d / 16 stores a thread),
     # beside the 4-byte stores an out at a 4-byte boundary takes
-    assert plan.defines["STORE16"] == 1 and "STORE16" not in attention_plan(d, causal, varlen=True).defines
+    assert plan.defines["STORE16"] == 1 and attention_plan(d, causal, varlen=True).defines["STORE16"] == 1
     assert sass.count("STG.E.128") == d // 16 and "STG.E " in sass
 
 
@@ -141,14 +143,17 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     assert stages["qp"] in (1, 2) and stages["kp"] >= stages["vp"] >= 2
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
     assert plan.keys % 16 == 0 and 16 <= plan.keys <= (128 if causal else 176) and plan.keys == keys_per_tile(d, causal, dv)
-    # varlen: one Q stage (the dense plan's second costs no K or V stage) and no pairs
+    # varlen: one Q stage (the dense plan's second costs no K or V stage), no pairs, at most
+    # VARLEN_KEYS keys a tile
     one_q = attention_plan(d, causal, dv, q_stages=1, q_split=False)
     assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
-    varlen = attention_plan(d, causal, dv, varlen=True)
-    dense_defines = {k: v for k, v in one_q.defines.items()
-                     if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT", "STORE16")}
     assert "L2_PREFETCH" not in one_q.defines  # measured slower: off
-    assert varlen.layout.header() == one_q.layout.header() and varlen.defines == {**dense_defines, "VARLEN": 1}
+    varlen = attention_plan(d, causal, dv, varlen=True)
+    assert varlen.keys == min(plan.keys, VARLEN_KEYS)
+    same_keys = attention_plan(d, causal, dv, q_stages=1, q_split=False, keys=varlen.keys)
+    dense_defines = {k: v for k, v in same_keys.defines.items() if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT")}
+    assert varlen.layout.header() == same_keys.layout.header() and varlen.defines == {**dense_defines, "VARLEN": 1}
+    assert varlen.defines["STORE16"] == 1
 
 
 def test_swizzle_spans_and_the_measured_tiles():
@@ -164,18 +169,34 @@ def _compiled_widths(kernel) -> set:
 
 @pytest.mark.parametrize("d,dv,causal,varlen",
                          [(d, dv, causal, True) for d, dv in DIMS for causal in (False, True)] +
+                         [(d, dv, True, "persistent") for d, dv in DIMS if d <= PERSISTENT_CAUSAL_MAX_HEAD_DIM] +
                          [(d, dv, causal, False) for d, dv in ((32, 32), (80, 80), (192, 128), (240, 240))
                           for causal in (False, True)])
 def test_every_forward_variant_compiles_without_spills(d, dv, causal, varlen):
     """Each head-dim pair, causal or not, varlen (its walk and per-tile bounds take registers the
-    dense build's constants do not; a few dense ones too; bf16; tools/attention_variants.py
-    prints the whole table): no local memory, no wgmma serialised by ptxas, and the two GEMMs
-    at their widths (S: keys a tile; P V: v's head dim)."""
-    plan = attention_plan(d, causal, dv, varlen)
+    dense build's constants do not; "persistent": the causal plan of short sequences, two Q
+    buffers where they fit; a few dense ones too; bf16; tools/attention_variants.py prints the
+    whole table): no local memory, no wgmma serialised by ptxas, and the two GEMMs at their
+    widths (S: keys a tile; P V: v's head dim)."""
+    plan = varlen_plan(d, causal, dv, True) if varlen == "persistent" else attention_plan(d, causal, dv, varlen)
     kernel = attention_kernel(plan, "bfloat16")
     assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, causal, varlen, kernel.resources)
     assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
     assert _compiled_widths(kernel) == {plan.keys, dv}
+
+
+def test_varlen_persistence_follows_the_measured_rule():
+    """Non-causal varlen tiles always take one CTA an SM; causal ones only for short sequences
+    (max_seqlen_q up to 256) at head dims up to 128, with two Q buffers where K and V keep two
+    stages (H200 A/B, attention_varlen_entry)."""
+    assert is_persistent(False, 1 << 20, 256) and is_persistent(True, 256, 128) and is_persistent(True, 1, 32)
+    assert not is_persistent(True, 257, 128) and not is_persistent(True, 128, 144)
+    for d in (64, 128):
+        short = varlen_plan(d, True, d, True)
+        assert short.defines["Q_STAGES"] == 2 and min(p.stages for p in short.layout.items[1:3]) >= 2
+        assert varlen_plan(d, True, d, False) == attention_plan(d, True, d, varlen=True)
+        assert varlen_plan(d, False, d, True) == attention_plan(d, False, d, varlen=True)
+    assert varlen_plan(128, True, 128, False).defines["Q_STAGES"] == 1
 
 
 @pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (80, 80)])

@@ -10,6 +10,9 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
+from tmaflow.kernels.attention_entry import attention_plan
+from tmaflow.kernels.attention_varlen_entry import is_persistent
+from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
 from attention_reference import attention_forward
@@ -103,8 +106,8 @@ def test_varlen_queries_and_keys_of_other_lengths(device, rng, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_matches_the_dense_kernel_on_each_sequence(device, rng, d, causal):
     """The same tiles in the same order: each sequence's rows are bit-identical to
-    kernels.attention on that sequence alone (keys of the next sequence, masked, count as the
-    zeros past a dense sequence's end)."""
+    kernels.attention on that sequence alone with as many keys a tile (keys of the next
+    sequence, masked, count as the zeros past a dense sequence's end)."""
     lens = [300, 1, 128, 0, 77, 257]
     cu = _cu(lens)
     hq, hkv = 4, 2
@@ -119,7 +122,8 @@ def test_varlen_matches_the_dense_kernel_on_each_sequence(device, rng, d, causal
         rows = slice(cu[b], cu[b + 1])
         dense = [tf.from_numpy(np.ascontiguousarray(x[rows].transpose(1, 0, 2)[None]), dtype="bfloat16")
                  for x in host]
-        o, m = kernels.attention(*dense, causal=causal, return_lse=True)
+        with extra_defines({"BLOCK_N": attention_plan(d, causal, varlen=True).keys}):  # varlen's key tiles
+            o, m = kernels.attention(*dense, causal=causal, return_lse=True)
         assert np.array_equal(got[rows], o.numpy()[0].transpose(1, 0, 2)), (d, causal, b)
         assert np.array_equal(got_lse[:, rows], m.numpy()[0]), (d, causal, b)
 
@@ -131,6 +135,29 @@ def test_varlen_walks_many_sequences_and_strides_over_tiles(device, rng, causal)
     sequences and heads."""
     lens = rng.integers(0, 41, 300).tolist() + [700, 390, 1000]
     _run(rng, lens, lens, 8, 8, 64, 64, causal, pad=0)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_causal_short_sequences_persistent(device, rng, d):
+    """Causal batches of sequences up to 256 tokens run one CTA an SM over two Q buffers
+    (attention_varlen_entry.PERSISTENT_CAUSAL_MAX_SEQLEN): many more tiles than SMs, empty and
+    one-token sequences, tile edges, GQA 4:1."""
+    lens = rng.integers(0, 257, 400).tolist() + [0, 1, 128, 129, 256]
+    assert is_persistent(True, max(lens), d)
+    _run(rng, lens, lens, 8, 2, d, d, True)
+
+
+def test_varlen_causal_max_seqlen_is_a_hint(device, rng):
+    """max_seqlen_q below the longest device-side sequence picks the persistent schedule;
+    every row is still right (the kernel reads the lengths, the hint only sizes the grid)."""
+    lens = [600, 3, 0, 200, 1000, 64]
+    cu = _cu(lens)
+    (q, k, v), (qf, kf, vf) = _operands(rng, int(cu[-1]), int(cu[-1]), 4, 4, 128, 128)
+    out = poison(tf.empty(q.shape, "bfloat16"))
+    assert is_persistent(True, 64, 128)
+    kernels.attention_varlen(q, k, v, tf.from_numpy(cu), tf.from_numpy(cu), 64, 64, out, causal=True)
+    ref, _ = _reference(qf, kf, vf, cu, cu, True, 1 / np.sqrt(128))
+    _check(_float(out), None, ref, None, 1e-2, "max_seqlen hint")
 
 
 NEW_DIMS = [(32, 32), (48, 48), (80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (224, 224), (240, 240)]

@@ -31,6 +31,12 @@ _BUDGET = HOPPER_SMEM_LIMIT - _BARRIER_RESERVE
 # Keys a tile measured on H100 / H200 (docs/history.md, session 6), by (head dim, causal).
 _MEASURED_KEYS = {(64, False): 128, (64, True): 128, (128, False): 176, (128, True): 128,
                   (256, False): 64, (256, True): 64}
+# Keys a tile at most in varlen plans: a tile past a sequence's end reads the next sequence's
+# keys (TMA does not stop there) only to mask them. H200 (session 21, tools/experiments/
+# varlen_ab.py, cold, x the dense kernel at equal tokens): head dim 128 non-causal with 128 keys
+# against 176, 128 x 128 tokens 0.979 against 0.861, lengths 32-224 0.834 / 0.775, 128-1024
+# 0.869 / 0.804, 256-5120 1.015 / 1.008.
+VARLEN_KEYS = 128
 # (head dim, v's, causal) planned with one whole Q buffer where a second would fit (H200, session
 # 17, cold / back to back ratio to cuDNN at 1k-16k, one buffer against two: head dim 64 full
 # 0.997-1.053 / 1.014-1.047 against 0.969-0.997 / 0.958-1.021)
@@ -101,16 +107,17 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     ``q_stages`` forces 1 or 2 (the kernel's Q_STAGES, to compare: a forced
     second stage takes its bytes first, K and V stages get what is left); ``keys`` forces the
     keys a tile (a multiple of 16 up to 256 whose Q and two K and V stages fit; the kernel's
-    BLOCK_N, to compare). Plans of one Q buffer split it (Q_SPLIT, dense only: two stages of 64
-    rows, each consumer warpgroup's released after its own last S, so the first one's next Q
-    loads half a step earlier); ``q_split`` forces it on or off. Dense plans store O 16 B a lane
-    (STORE16)."""
+    BLOCK_N, to compare; varlen plans take at most VARLEN_KEYS). Dense plans of one Q buffer
+    split it (Q_SPLIT: two stages of 64 rows, each consumer warpgroup's released after its own
+    last S, so the first one's next Q loads half a step earlier); ``q_split`` forces it on or
+    off (varlen too). Every plan stores O 16 B a lane (STORE16)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     for name, d in (("head dim", head_dim), ("head dim of v", dv)):
         if d not in HEAD_DIMS:
             raise TmaflowError(f"attention: {name} {d} is not supported; use a multiple of 16 from 32 to 256")
     if keys is None:
         keys = keys_per_tile(head_dim, causal, dv)
+        keys = min(keys, VARLEN_KEYS) if varlen else keys
     elif type(keys) is not int or keys % 16 or not 16 <= keys <= 256 or \
             BM * head_dim * 2 + 2 * keys * (head_dim + dv) * 2 > _BUDGET:
         raise TmaflowError(f"attention: keys={keys!r} must be a multiple of 16 up to 256 whose Q tile and two "
@@ -140,8 +147,7 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
                **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages,
-               **({"Q_SPLIT": 1} if q_split else {}),
-               **({} if varlen else {"STORE16": 1})}
+               **({"Q_SPLIT": 1} if q_split else {}), "STORE16": 1}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 
 
