@@ -222,10 +222,6 @@ struct Tiles {
   }
   TMAFLOW_DEVICE int first_tile() const { return blockIdx.x; }
   TMAFLOW_DEVICE int next_tile(int t) const { return t + gridDim.x; }
-  TMAFLOW_DEVICE bool last(int t) {  // is t this CTA's last tile?
-    Tile next;
-    return !find(t + gridDim.x, next);
-  }
   // Rows of out (of DV elements) and of lse ((heads, tokens)) of query row `row`.
   TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return size_t(w.q_base + row) * heads + w.q_head; }
   TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * total_q + w.q_base + row; }
@@ -565,7 +561,13 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   };
   if (cw == 1) named_barrier::arrive(1, 256);
   if (Q_SPLIT && cw == 1) cq.advance();  // its half of each Q buffer is the second stage
+#if VARLEN
+  // The walk that tells a tile is the CTA's last finds the next one: kept, not walked again.
+  Tile w_next;
+  for (int t = tiles.first_tile(), more = tiles.find(t, w); more; t = tiles.next_tile(t), cq.advance()) {
+#else
   for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
+#endif
     const int n = begin_work();
     qp.consumer_wait(cq);
     kp.consumer_wait(ck);
@@ -592,7 +594,12 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       cv.advance();
       convert();
     }
+#if VARLEN
+    more = tiles.find(tiles.next_tile(t), w_next);
+    const bool last = !more;
+#else
     const bool last = tiles.last(t);
+#endif
     turn_begin();
     issue_pv();
     turn_end(last);
@@ -601,6 +608,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     if (lane == 0) vp.consumer_release(cv);
     cv.advance();
     store();
+#if VARLEN
+    w = w_next;
+#endif
     if (Q_SPLIT) cq.advance();  // past the other warpgroup's half
   }
 }

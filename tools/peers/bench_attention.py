@@ -19,12 +19,13 @@ our output against the first peer's (cuDNN, flash, or torch's memory-efficient b
 the others refuse V's head dim). At head dims 64 and 128 the pre-Hopper kernel kept from seed
 002 (kernels.attention_cp_async) runs in the same rounds.
 
-``--varlen``: kernels.attention_varlen over 16k packed tokens (head dim 128, 16 heads): four
-sequences of 4096 (its time against the dense kernel on batch 4 x 4096 is the varlen path's
-own cost), eight ragged ones (256 to 5120) and 128 short ones (32 to 224), each against the
-dense kernel at the same token count (batch x seq = 16k, ratio of TFLOP/s: the FLOPs differ)
-and torch's flash varlen (``torch.nn.attention.varlen.varlen_attn``, where torch has it), cold
-and back to back (about 30 s).
+``--varlen``: kernels.attention_varlen over 16k packed tokens at each --dims head dim (16 heads at
+128, 32 at 64, 8 at 256): four sequences of 4096 and 128 of 128 (their time against the dense
+kernel on as many sequences of that length is the varlen path's own cost), eight ragged ones
+(256 to 5120) and 128 short ones (32 to 224), each against the dense kernel at the same token
+count (batch x seq = 16k, ratio of TFLOP/s: the FLOPs differ) and torch's flash varlen
+(``torch.nn.attention.varlen.varlen_attn``, where torch has it), cold and back to back (about
+30 s a head dim).
 
 ``--decode``: kernels.attention_decode over a paged cache (random block tables, every request
 at the full context) against torch SDPA (the fastest backend that takes q_len 1 with GQA) over
@@ -75,12 +76,13 @@ DECODE_SWEEP_COLUMNS = ["group", "page", "batch", "context", "splits", "evict_fi
                         "cold best", "cold best vs auto", "clean best", "clean best vs auto", "warm best",
                         "warm best vs auto"]
 DECODE_TOKENS = 1 << 22  # batch x context at most: 16 GiB of K+V a layout at 8 kv heads, head dim 128
-VARLEN_COLUMNS = ["dtype", "case", "causal", "cold tflops", "cold vs dense", "cold vs flash varlen", "warm vs dense",
+VARLEN_COLUMNS = ["dtype", "d", "case", "causal", "cold tflops", "cold vs dense", "cold vs flash varlen", "warm vs dense",
                   "warm vs flash varlen", "rel_err_vs_peer"]
 # Packed batches of 16k tokens: (sequence lengths, the dense (batch, seq) of as many tokens).
 VARLEN_CASES = {"equal 4x4096": ([4096] * 4, (4, 4096)),
                 "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048)),
-                "short 128": ([32, 96, 160, 224] * 32, (128, 128))}
+                "short 128": ([32, 96, 160, 224] * 32, (128, 128)),
+                "equal 128x128": ([128] * 128, (128, 128))}
 
 
 def _cold_and_warm(fns: dict, repeats: int, settle: int = 0):
@@ -215,9 +217,10 @@ def varlen(args):
     import torch  # optional dependency, as in main
 
     rows = []
-    for case, (lengths, dense) in VARLEN_CASES.items():
-        for causal in (False, True):
-            rows.append(_varlen_row(torch, args, case, lengths, dense, causal))
+    for d in [d for d, dv in args.dims if d == dv]:
+        for case, (lengths, dense) in VARLEN_CASES.items():
+            for causal in (False, True):
+                rows.append(_varlen_row(torch, args, d, case, lengths, dense, causal))
     if args.json:
         bench.records.write(args.json, "attention_varlen", "Packed sequences against the dense kernel and flash varlen",
                             VARLEN_COLUMNS, rows, repeats=args.repeats)
@@ -298,10 +301,10 @@ def _flash_varlen(torch):
     return lambda q, k, v, cu, n, causal: varlen_attn(q, k, v, cu, cu, n, n, window_size=(-1, 0 if causal else -1))
 
 
-def _varlen_row(torch, args, case: str, lengths: list, dense: tuple, causal: bool) -> dict:
+def _varlen_row(torch, args, d: int, case: str, lengths: list, dense: tuple, causal: bool) -> dict:
     import itertools
 
-    d, heads, dt = 128, 16, getattr(torch, args.dtype)
+    heads, dt = _heads(d), getattr(torch, args.dtype)
     total, longest, (batch, seq) = sum(lengths), max(lengths), dense
     cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
     q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=dt) for _ in range(3))
@@ -322,7 +325,7 @@ def _varlen_row(torch, args, case: str, lengths: list, dense: tuple, causal: boo
     flop = {"tmaflow": 4.0 * heads * d * sum(n * n for n in lengths) / half,
             "dense": 4.0 * batch * heads * seq * seq * d / half}
     flop["flash varlen"] = flop["tmaflow"]
-    row = {"dtype": args.dtype, "case": case, "causal": causal, "tokens": total, "rel_err_vs_peer": err}
+    row = {"dtype": args.dtype, "d": d, "case": case, "causal": causal, "tokens": total, "rel_err_vs_peer": err}
     cells = []
     for mode, got in _cold_and_warm(available, args.repeats):
         tflops = {n: flop[n] / got[n].median / 1e12 for n in available}
@@ -334,7 +337,7 @@ def _varlen_row(torch, args, case: str, lengths: list, dense: tuple, causal: boo
                                           else None)
         cells.append(f"{mode} " + " ".join(f"{n} {tflops[n]:6.1f}" for n in available) +
                      f" vs dense {row[f'{mode} vs dense']:.3f} vs flash {_fmt(row[f'{mode} vs flash varlen'], '.3f')}")
-    print(f"varlen {case:<13} {'causal' if causal else 'full  '} " + " | ".join(cells) +
+    print(f"varlen d{d:<4d} {case:<13} {'causal' if causal else 'full  '} " + " | ".join(cells) +
           f"  TFLOP/s  err {_fmt(err, '.1e')}", flush=True)
     return row
 
