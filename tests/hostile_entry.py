@@ -79,7 +79,7 @@ _GEMM_CONFIG = dict(bn=(), cluster_m=(), epi_cols=(), group_m=INTS, stages=INTS 
 PARAMS += [row("GemmConfig", name, lambda value, name=name: kernels.GemmConfig(**{name: value}), valid=kinds)
            for name, kinds in _GEMM_CONFIG.items()]
 _SKINNY_CONFIG = dict(rows=(), split_k=INTS | OPTIONAL, stages=INTS | OPTIONAL, l2_promotion=(), cluster=(),
-                      tile_fastest=FLAGS)
+                      tile_fastest=FLAGS, scale_ring=FLAGS | OPTIONAL)
 PARAMS += [row("SkinnyConfig", name, lambda value, name=name: kernels.SkinnyConfig(**{name: value}), valid=kinds)
            for name, kinds in _SKINNY_CONFIG.items()]
 

@@ -33,6 +33,14 @@ def test_bools():
             checks.as_bool("causal", bad)
 
 
+def test_optional_bools():
+    assert checks.as_optional_bool("ring", None) is None
+    assert checks.as_optional_bool("ring", np.bool_(False)) is False
+    for bad in (1, 0, "yes", 1.0):
+        with pytest.raises(tf.TmaflowError, match=r"ring=.* must be True, False or None \(got "):
+            checks.as_optional_bool("ring", bad)
+
+
 def test_floats():
     assert checks.as_float("scale", np.float32(0.5)) == 0.5
     assert checks.as_float("scale", 2) == 2.0

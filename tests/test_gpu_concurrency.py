@@ -69,8 +69,8 @@ def _fp8_block_scaled(gen):
 
 
 def _fp8_row_major_skinny(gen):
-    """Row-major block scales on the skinny path (M <= 64, ceil(K/128) a multiple of 4): M and N
-    no multiples of the tiles."""
+    """Row-major block scales on the skinny path (M <= 64, ceil(K/128) a multiple of 4), in the
+    scale ring (the default): M and N no multiples of the tiles."""
     m, n, k = 40, 904, 1024
     a, b = _fp8(gen, m, k), _fp8(gen, n, k)
     sa = torch.rand(m, k // 128, device="cuda", generator=gen) * 0.01 + 0.001

@@ -188,13 +188,15 @@ def test_fp8_block_scales_on_the_skinny_path(device, rng, m, config, k):
 
 
 # Row-major scale_a on the skinny path (the default up to M = 64 when its pitch and base are
-# 16-byte multiples, ceil(K/128) a multiple of 4 packed; a SkinnyConfig to M = 128): a stage's box holds
-# 4 k-blocks' scales of its MP rows, the stage uses column kb % 4. K splits start a split at any
-# k-block; K = 1008 ends in a partial k-block. Per-column errors where a column has several rows
-# (one row's entries near zero have no relative error to speak of).
+# 16-byte multiples, ceil(K/128) a multiple of 4 packed; a SkinnyConfig to M = 128) in the
+# per-stage box (SkinnyConfig(scale_ring=False); the ring below is the default): a stage's box
+# holds 4 k-blocks' scales of its MP rows, the stage uses column kb % 4. K splits start a split
+# at any k-block; K = 1008 ends in a partial k-block. Per-column errors where a column has
+# several rows (one row's entries near zero have no relative error to speak of).
 @pytest.mark.parametrize("m", [1, 3, 16, 40, 64, 128])
-@pytest.mark.parametrize("config", [None, SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
-                         ids=["auto", "split3", "rows128-c2"])
+@pytest.mark.parametrize("config", [SkinnyConfig(scale_ring=False), SkinnyConfig(split_k=3, scale_ring=False),
+                                    SkinnyConfig(rows=128, cluster=2, scale_ring=False)],
+                         ids=["rows64", "split3", "rows128-c2"])
 @pytest.mark.parametrize("k", [1024, 1008, 2560], ids=["8kb", "8kb-tail", "20kb"])
 def test_fp8_row_major_block_scales_on_the_skinny_path(device, rng, m, config, k):
     n = 904
@@ -204,7 +206,7 @@ def test_fp8_row_major_block_scales_on_the_skinny_path(device, rng, m, config, k
     out = poison(tf.empty((m, n), "bfloat16"))
     run = kernels.gemm.prepare(A, B, out, config=config, scale_a=SA, scale_b=SB)
     kernel = getattr(run.launcher, "launcher", run.launcher).kernel  # split-K wraps the launcher
-    assert kernel.name == ("gemm_bf16" if config is None and m > 64 else "gemm_skinny_bf16")
+    assert kernel.name == "gemm_skinny_bf16" and "SCALE_RING" not in kernel.defines
     run()
     got = bf16_to_float32(out.numpy()).astype(np.float64)
     assert rel_error(got, ref) < 1e-2
@@ -213,14 +215,16 @@ def test_fp8_row_major_block_scales_on_the_skinny_path(device, rng, m, config, k
         assert per_column.max() < 2e-2, (np.argmax(per_column), per_column.max())
 
 
-# The same shapes with the scale ring (SkinnyConfig(scale_ring=True): a box of 4 k-blocks'
-# scales loaded once into a ring of its own, waited for at a group's first k-block, released
-# after its last; a split starting mid-group (split3 of 8 k-blocks: 3 and 6) begins with a part
-# of one). _check_gemm launches the debug build first (its waits name sc.full / sc.empty).
+# The same shapes with the scale ring, the default (SkinnyConfig(scale_ring=None or True): a box
+# of 4 k-blocks' scales loaded once into a ring of its own, waited for at a group's first
+# k-block, released after its last; a split starting mid-group (split3 of 8 k-blocks: 3 and 6)
+# begins with a part of one). config=None: the automatic route (the skinny kernel's ring to
+# M = 64, the dense kernel's gather above). _check_gemm launches the debug build first (its
+# waits name sc.full / sc.empty).
 @pytest.mark.parametrize("m", [1, 3, 16, 40, 64, 128])
-@pytest.mark.parametrize("config", [SkinnyConfig(scale_ring=True), SkinnyConfig(split_k=3, scale_ring=True),
+@pytest.mark.parametrize("config", [None, SkinnyConfig(), SkinnyConfig(split_k=3),
                                     SkinnyConfig(rows=128, cluster=2, scale_ring=True)],
-                         ids=["auto", "split3", "rows128-c2"])
+                         ids=["auto", "rows64", "split3", "rows128-c2"])
 @pytest.mark.parametrize("k", [1024, 1008, 2560], ids=["8kb", "8kb-tail", "20kb"])
 def test_fp8_row_major_block_scales_in_the_scale_ring(device, rng, m, config, k):
     n = 904
@@ -229,7 +233,10 @@ def test_fp8_row_major_block_scales_in_the_scale_ring(device, rng, m, config, k)
     out = poison(tf.empty((m, n), "bfloat16"))
     run = kernels.gemm.prepare(A, B, out, config=config, scale_a=SA, scale_b=SB)
     kernel = getattr(run.launcher, "launcher", run.launcher).kernel  # split-K wraps the launcher
-    assert kernel.name == "gemm_skinny_bf16" and kernel.defines["SCALE_RING"] == 1
+    if config is None and m > 64:  # SKINNY_ROW_SCALES_M: the dense kernel gathers them
+        assert kernel.name == "gemm_bf16"
+    else:
+        assert kernel.name == "gemm_skinny_bf16" and kernel.defines["SCALE_RING"] == 1
     run()
     got = bf16_to_float32(out.numpy()).astype(np.float64)
     assert rel_error(got, ref) < 1e-2

@@ -2,6 +2,7 @@
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 import tmaflow as tf
@@ -100,9 +101,10 @@ def test_skinny_reads_row_major_scales_of_16_byte_base_and_pitch(base, shape, st
 
 @pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (100, 128)])
 def test_row_major_block_scales_load_four_k_blocks_a_stage(m, mp):
-    """Row-major scale_a (M, KB): a box of MP rows x 4 k-blocks (16 bytes a row, the TMA's
-    least), the stage's k-block one column of it; otherwise as M-major."""
-    plan = skinny_plan(m, 4096, 16384, SkinnyConfig(), 132, "float8_e4m3fn", "row_major")
+    """Row-major scale_a (M, KB) in the per-stage box (scale_ring=False): a box of MP rows x 4
+    k-blocks (16 bytes a row, the TMA's least), the stage's k-block one column of it; otherwise
+    as M-major."""
+    plan = skinny_plan(m, 4096, 16384, SkinnyConfig(scale_ring=False), 132, "float8_e4m3fn", "row_major")
     assert plan.spec_s.box == (mp, 4) and plan.spec_s.smem_bytes == 16 * mp
     assert plan.spec_s.shape == (m, 128) and plan.spec_s.strides[0] == 512
     assert plan.defines["SCALES_ROW_MAJOR"] == 1 and plan.defines["BLOCK_SCALES"] == 1
@@ -115,6 +117,13 @@ def _pipes(plan) -> dict:
     return {item.name: item for item in plan.layout.items if isinstance(item, tf.Pipeline)}
 
 
+def _same(a, b) -> bool:
+    """Two plans alike: their specs, defines, configs and layouts (a SharedLayout compares by
+    identity; its header says all the kernel sees of it)."""
+    return (a.spec_x, a.spec_w, a.spec_s, a.defines, a.config, a.grid_z, a.layout.header()) == \
+        (b.spec_x, b.spec_w, b.spec_s, b.defines, b.config, b.grid_z, b.layout.header())
+
+
 @pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (64, 64), (128, 128)])
 @pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
                          ids=["rows64", "split3", "rows128-c2"])
@@ -122,7 +131,7 @@ def test_row_major_scale_ring_loads_a_box_a_group_of_four_k_blocks(m, mp, config
     """scale_ring=True: the stages carry A and B only; the MP x 4 scale boxes have a ring of their
     own (sc, tile s) of ceil(stages / 4) + 1 slots, released by every consumer warp to its own CTA
     (no multicast in clusters of two), its bytes counted before the stages are chosen."""
-    box = skinny_plan(m, 4096, 16384, config, 132, "float8_e4m3fn", "row_major")
+    box = skinny_plan(m, 4096, 16384, replace(config, scale_ring=False), 132, "float8_e4m3fn", "row_major")
     plan = skinny_plan(m, 4096, 16384, replace(config, scale_ring=True), 132, "float8_e4m3fn", "row_major")
     wx, sc = _pipes(plan)["wx"], _pipes(plan)["sc"]
     assert wx.tile_names == ("w", "x") and _pipes(box)["wx"].tile_names == ("w", "x", "s")
@@ -202,10 +211,70 @@ def test_scale_ring_never_holds_the_producer_back(stages):
 @pytest.mark.parametrize("scales", [None, "m_major"])
 def test_scale_ring_is_for_row_major_scales(scales):
     with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig\(scale_ring=True\) holds a row-major scale_a's "
-                                              r"boxes of 4 k-blocks in a ring of their own \(got block scales "):
+                                              r"boxes of 4 k-blocks in a ring of their own \(got block scales "
+                                              r".+\); use scale_ring=False or None"):
         skinny_plan(16, 4096, 4096, SkinnyConfig(scale_ring=True), 132, "float8_e4m3fn", scales)
-    with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig: scale_ring=1"):
-        SkinnyConfig(scale_ring=1)
+
+
+@pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (64, 64), (128, 128)])
+@pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
+                         ids=["rows64", "split3", "rows128-c2"])
+def test_default_config_takes_the_scale_ring_for_row_major_scales(m, mp, config):
+    """scale_ring=None (the default) with row-major scale_a: the ring (H200, 30 rounds: 1-13%
+    less time than the per-stage box but at 64x4096x4096 cold), the same plan as
+    scale_ring=True, the choice kept in the plan's config; the stages carry A and B only."""
+    assert config.scale_ring is None
+    plan = skinny_plan(m, 4096, 16384, config, 132, "float8_e4m3fn", "row_major")
+    assert plan.defines["SCALE_RING"] == 1 and plan.defines["SCALES_ROW_MAJOR"] == 1
+    assert plan.config.scale_ring is True
+    pipes = _pipes(plan)
+    assert set(pipes) == {"wx", "sc"} and pipes["wx"].tile_names == ("w", "x") and pipes["sc"].tile_names == ("s",)
+    assert pipes["sc"].tx_bytes == 16 * mp and plan.spec_s.box == (mp, 4)
+    assert _same(plan, skinny_plan(m, 4096, 16384, replace(config, scale_ring=True), 132, "float8_e4m3fn",
+                                   "row_major"))
+    # planning again from the plan's config takes the same plan
+    assert _same(skinny_plan(m, 4096, 16384, plan.config, 132, "float8_e4m3fn", "row_major"), plan)
+
+
+@pytest.mark.parametrize("m,mp", [(1, 8), (16, 16), (64, 64), (128, 128)])
+@pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(split_k=3), SkinnyConfig(rows=128, cluster=2)],
+                         ids=["rows64", "split3", "rows128-c2"])
+def test_scale_ring_false_keeps_the_per_stage_scale_box(m, mp, config):
+    """scale_ring=False forces the per-stage box (users and tools/experiments/block_scales_ab.py
+    pick either): the MP x 4 box rides in every stage of wx, no ring, no SCALE_RING."""
+    plan = skinny_plan(m, 4096, 16384, replace(config, scale_ring=False), 132, "float8_e4m3fn", "row_major")
+    assert "SCALE_RING" not in plan.defines and plan.defines["SCALES_ROW_MAJOR"] == 1
+    assert plan.config.scale_ring is False
+    pipes = _pipes(plan)
+    assert set(pipes) == {"wx"} and pipes["wx"].tile_names == ("w", "x", "s") and plan.spec_s.box == (mp, 4)
+    ring = skinny_plan(m, 4096, 16384, config, 132, "float8_e4m3fn", "row_major")
+    assert pipes["wx"].tx_bytes == _pipes(ring)["wx"].tx_bytes + 16 * mp
+    assert plan.config.stages <= ring.config.stages
+
+
+@pytest.mark.parametrize("dtype,scales", [("bfloat16", None), ("float8_e4m3fn", None), ("float8_e4m3fn", "m_major")])
+@pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(rows=128, cluster=2), SkinnyConfig(split_k=2)],
+                         ids=["rows64", "rows128-c2", "split2"])
+def test_default_config_plans_no_ring_without_row_major_scales(dtype, scales, config):
+    """scale_ring=None with bf16, fp8 per-tensor or M-major block scales: no ring and no refusal
+    (only an explicit True is refused there); the plan's config says False, and planning with
+    scale_ring=False gives the same plan."""
+    for m in (1, 16, 64, 128):
+        plan = skinny_plan(m, 4096, 4096, config, 132, dtype, scales)
+        assert "SCALE_RING" not in plan.defines and set(_pipes(plan)) == {"wx"}
+        assert plan.config.scale_ring is False
+        assert _same(plan, skinny_plan(m, 4096, 4096, replace(config, scale_ring=False), 132, dtype, scales))
+    halves = skinny_plan(100, 4096, 4096, SkinnyConfig(m_halves=2), 132, dtype)
+    chunks = skinny_plan(300, 4096, 4096, SkinnyConfig(m_rows=64), 132, dtype)
+    assert halves.config.scale_ring is False and chunks.config.scale_ring is False
+
+
+@pytest.mark.parametrize("value", ["yes", "", 1, 0, 1.0, np.int64(1), [True]])
+def test_scale_ring_takes_true_false_or_none(value):
+    with pytest.raises(tf.TmaflowError, match=r"SkinnyConfig: scale_ring=.* must be True, False or None \(got "):
+        SkinnyConfig(scale_ring=value)
+    assert SkinnyConfig(scale_ring=np.bool_(True)).scale_ring is True
+    assert type(SkinnyConfig(scale_ring=np.bool_(False)).scale_ring) is bool
 
 
 def test_scale_ring_debug_build_compiles_without_spills():

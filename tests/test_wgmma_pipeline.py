@@ -50,18 +50,19 @@ KERNELS = {
                                    ("release quads", {}, {"SCALE_RELEASE": 2})]},
     "gemm fp8 block scales m_major c1": lambda: _gemm("float8_e4m3fn", GemmConfig(bn=128, promote=1, cluster_m=1),
                                                       block_scales="m_major"),
+    # row-major scale_a in the per-stage box (scale_ring=False; the ring is the default)
     **{f"skinny fp8 block scales {mode} M={m} {name}": (lambda m=m, cfg=cfg, mode=mode: get_kernel(
         "gemm_skinny_bf16", skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", mode).layout,
         defines=skinny_plan(m, 4096, 4096, cfg, 132, "float8_e4m3fn", mode).defines, file="skinny"))
-       for m, name, cfg in [(16, "rows64", SkinnyConfig()), (128, "rows128 c2", SkinnyConfig(rows=128, cluster=2))]
+       for m, name, cfg in [(16, "rows64", SkinnyConfig(scale_ring=False)),
+                            (128, "rows128 c2", SkinnyConfig(rows=128, cluster=2, scale_ring=False))]
        for mode in ("m_major", "row_major")},
-    "skinny fp8 block scales row_major M=1": lambda: get_kernel(
-        "gemm_skinny_bf16", skinny_plan(1, 4096, 4096, SkinnyConfig(), 132, "float8_e4m3fn", "row_major").layout,
-        defines=skinny_plan(1, 4096, 4096, SkinnyConfig(), 132, "float8_e4m3fn", "row_major").defines, file="skinny"),
-    # row-major scale boxes in a ring of their own (K splits are a launch argument: the same builds)
+    "skinny fp8 block scales row_major M=1": lambda: _skinny(1, SkinnyConfig(scale_ring=False), "row_major"),
+    # row-major scale boxes in a ring of their own, the default (K splits are a launch argument:
+    # the same builds)
     **{f"skinny fp8 block scales row_major ring M={m} {name}": (lambda m=m, cfg=cfg: _skinny(m, cfg, "row_major"))
        for m in (1, 16, 64, 128)
-       for name, cfg in [("rows64", SkinnyConfig(scale_ring=True)),
+       for name, cfg in [("rows64", SkinnyConfig()),
                          ("rows128 c2", SkinnyConfig(rows=128, cluster=2, scale_ring=True))]},
     **{f"skinny M={m}": (lambda m=m: get_kernel("gemm_skinny_bf16", skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).layout,
                                                 defines=skinny_plan(m, 4096, 4096, SkinnyConfig(), 132).defines,
@@ -187,8 +188,8 @@ def test_scale_ring_keeps_the_skinny_k_loop_uniform(m, config):
     """The scale ring's consumer adds a wait at a group's first k-block and a release after its
     last to the retire step (M = 16: the two-set k-loop 142 -> 175 instructions); its
     descriptors must stay in uniform registers (no more R2UR than the per-stage box's loop)."""
-    box = _mma_loop(_skinny(m, config, "row_major"))
-    ring = _mma_loop(_skinny(m, replace(config, scale_ring=True), "row_major"))
+    box = _mma_loop(_skinny(m, replace(config, scale_ring=False), "row_major"))
+    ring = _mma_loop(_skinny(m, config, "row_major"))  # the default: the ring
     assert len(ring) <= len(box) + 48, (len(box), len(ring))
     moves = [sum(t.startswith("R2UR") for t in body) for body in (box, ring)]
     assert moves[1] <= moves[0], moves

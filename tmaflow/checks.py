@@ -66,6 +66,13 @@ def as_bool(field: str, value, error: type[TmaflowError] = TmaflowError) -> bool
     raise error(f"{field}={value!r} must be True or False (got {type(value).__name__})")
 
 
+def as_optional_bool(field: str, value, error: type[TmaflowError] = TmaflowError) -> bool | None:
+    """``None`` (a choice left to the library) or :func:`as_bool`'s flag."""
+    if value is None or isinstance(value, (bool, np.bool_)):
+        return None if value is None else bool(value)
+    raise error(f"{field}={value!r} must be True, False or None (got {type(value).__name__})")
+
+
 def as_float(field: str, value, *, lo: float | None = None, hi: float | None = None,
              open_lo: bool = False, error: type[TmaflowError] = TmaflowError) -> float:
     """``value`` as a finite float (ints and numpy scalars too, bools not), in ``[lo, hi]``

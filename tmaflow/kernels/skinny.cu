@@ -24,10 +24,10 @@
 // are at least 16 bytes, so each stage loads 4 k-blocks' scales of its MP rows (k-blocks
 // kb & ~3 to (kb & ~3) + 3, an MP x 4 box) and uses column kb % 4. SCALE_RING: that box is
 // loaded once a group of 4 k-blocks (a split's first group may be partial), into a ring of its
-// own (pipeline sc, planned by skinny_plan's scale_ring), waited for at the group's first
-// k-block and released after its last; the stages carry only A and B. B's 128 x 128 blocks give
-// each consumer warpgroup's 64 rows one scale a k-block, read from global memory (scales_b,
-// (N / 128, KB) row-major).
+// own (pipeline sc: skinny_plan's default for row-major scale_a, SkinnyConfig(scale_ring=False)
+// keeps the per-stage box), waited for at the group's first k-block and released after its
+// last; the stages carry only A and B. B's 128 x 128 blocks give each consumer warpgroup's 64
+// rows one scale a k-block, read from global memory (scales_b, (N / 128, KB) row-major).
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"

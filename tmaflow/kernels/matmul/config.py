@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...checks import as_bool, as_choice, as_int, as_optional_int
+from ...checks import as_bool, as_choice, as_int, as_optional_bool, as_optional_int
 from ...dtypes import as_dtype
 from ...errors import TmaflowError
 from ..checks import L2_PROMOTIONS, int_in, settle
@@ -136,15 +136,18 @@ _SKINNY_FP8_MIN_K_BLOCKS = 32
 @dataclass(frozen=True)
 class SkinnyConfig:
     """The skinny path (``layout="nt"``, M <= 128, bf16 or fp8 with per-tensor scales or block
-    scales whose scale_a is M-major): operands swapped so B's rows fill the MMA's 64 rows
+    scales, scale_a M-major or row-major): operands swapped so B's rows fill the MMA's 64 rows
     (gemm_skinny_bf16 in skinny.cu). ``rows`` of B per CTA (64 per consumer warpgroup);
     ``split_k=None`` picks enough K splits to fill the GPU; ``cluster=2`` pairs neighbouring
     tiles, which share A by multicast. ``m_rows`` (one of SKINNY_M_ROWS): M in chunks of that many
     rows, a CTA each (any M; None: all of M, at most 128, in one). ``m_halves=2``: the two CTAs
     of a cluster compute neighbouring chunks (64 rows without ``m_rows``) on the same rows of B,
     which they share by multicast (cuBLAS's fp8 M = 128 scheme; not with ``cluster=2``).
-    Neither takes block scales. ``scale_ring=True`` (row-major scale_a only): each box of 4
-    k-blocks' scales is loaded once, into a ring of its own, instead of with every stage."""
+    Neither takes block scales. ``scale_ring`` (block scales, row-major scale_a): True loads each
+    box of 4 k-blocks' scales once, into a ring of its own (row-major scale_a only); False loads
+    the box with every stage; None (the default) takes the ring for row-major block scales and
+    nothing otherwise (H200, 30 rounds: 1-13% less time than the per-stage box at M = 64 and 128,
+    but for 64x4096x4096 cold, 2% more). ``skinny_plan(...).config`` holds the choice made."""
 
     rows: int = 64  # H200: 64-row CTAs beat 128 on 11 of the 12 decode shapes of BENCHMARKS.md
     split_k: int | None = None
@@ -157,7 +160,7 @@ class SkinnyConfig:
     m_rows: int | None = None
     m_halves: int = 1
     promote_sets: int = 1  # fp8 per-tensor: 2 alternates two accumulator sets (GemmConfig's)
-    scale_ring: bool = False  # row-major block scales: a box a group of 4 k-blocks (skinny_plan)
+    scale_ring: bool | None = None  # row-major block scales: a box a group of 4 k-blocks (skinny_plan)
 
     def __post_init__(self):
         who = "SkinnyConfig"
@@ -170,7 +173,7 @@ class SkinnyConfig:
                m_rows=None if self.m_rows is None else int_in(f"{who}: m_rows", self.m_rows, SKINNY_M_ROWS),
                m_halves=int_in(f"{who}: m_halves", self.m_halves, (1, 2)),
                promote_sets=int_in(f"{who}: promote_sets", self.promote_sets, PROMOTE_SETS),
-               scale_ring=as_bool(f"{who}: scale_ring", self.scale_ring))
+               scale_ring=as_optional_bool(f"{who}: scale_ring", self.scale_ring))
         if self.m_halves > 1 and self.cluster > 1:
             raise TmaflowError(f"{who}: m_halves={self.m_halves} pairs the CTAs of a cluster along M; "
                                f"it takes cluster=1 (got cluster={self.cluster})")

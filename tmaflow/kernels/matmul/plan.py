@@ -172,7 +172,7 @@ class SkinnyPlan:
     spec_w: TensorMapSpec      # one 64 x 64 box of B (the weights); a stage holds rows / 64
     layout: SharedLayout
     defines: dict
-    config: SkinnyConfig       # with split_k and stages filled in
+    config: SkinnyConfig       # with split_k, stages and scale_ring filled in
     spec_s: TensorMapSpec | None = None  # block scales: a stage's box of A's MP row scales
     grid_z: int = 1  # CTAs (pairs with m_halves) along M: chunks of MP rows
 
@@ -183,8 +183,9 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     """The skinny kernel's specs, layout and defines for bfloat16 or float8_e4m3fn operands
     (fp8: k-blocks of 128, promoted every ``SKINNY_FP8_PROMOTE``). ``block_scales="m_major"``:
     fp8 promoted every k-block with DeepSeek's block scales, A's loaded by the TMA with each
-    stage; ``"row_major"``: the same from a row-major scale_a, 4 k-blocks' scales a stage's box,
-    or with ``config.scale_ring`` a box a group of 4 k-blocks in the ring ``sc`` beside ``wx``."""
+    stage; ``"row_major"``: the same from a row-major scale_a, a box of 4 k-blocks' scales in the
+    ring ``sc`` beside ``wx`` once a group of 4 k-blocks (``config.scale_ring`` None, the default,
+    or True), or with every stage (False). The returned config holds the choice made."""
     if m > SKINNY_MP[-1] and config.m_rows is None:
         raise TmaflowError(f"gemm: the skinny path takes M <= {SKINNY_MP[-1]} (got M={m}); use a GemmConfig, "
                            "or a SkinnyConfig with m_rows (M in chunks)")
@@ -219,10 +220,15 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
     spec_w = TensorMapSpec.tiled(dtype, (n, k), (64 // halves, bk), **l2)
     scales_spec = {"m_major": _m_major_scales_spec, "row_major": _row_major_scales_spec}.get(block_scales or "")
     spec_s = scales_spec(m, k, bk, mp) if scales_spec else None
-    if config.scale_ring and block_scales != "row_major":
+    # None: the ring wherever scale_a is row-major (H200, 30 rounds, cold / back to back against
+    # the per-stage box: 64x7168x16384 45.6 / 38.6 us against 50.4 / 44.4, 64x4096x4096 15.5 /
+    # 11.1 against 15.1 / 11.4, 1-4% at the three M = 128 shapes)
+    scale_ring = block_scales == "row_major" if config.scale_ring is None else config.scale_ring
+    if scale_ring and block_scales != "row_major":
         raise TmaflowError(f"gemm: SkinnyConfig(scale_ring=True) holds a row-major scale_a's boxes of 4 k-blocks "
-                           f"in a ring of their own (got block scales {block_scales!r}); use scale_ring=False")
-    ring_s = spec_s if config.scale_ring else None  # the scale boxes of the ring sc
+                           f"in a ring of their own (got block scales {block_scales!r}); use scale_ring=False "
+                           f"or None")
+    ring_s = spec_s if scale_ring else None  # the scale boxes of the ring sc
     staged_s = None if ring_s else spec_s           # the scale box a main stage carries
     stage_bytes = spec_x.smem_bytes + halves * boxes * spec_w.smem_bytes + (staged_s.smem_bytes if staged_s else 0)
     cl = max(config.cluster, halves)
@@ -258,7 +264,7 @@ def skinny_plan(m: int, n: int, k: int, config: SkinnyConfig, sm_count: int,
         if rings:
             defines["SCALE_RING"] = 1
     return SkinnyPlan(spec_x, spec_w, SharedLayout([pipe, *rings]), defines,
-                      replace(config, split_k=split, stages=stages), spec_s, grid_z)
+                      replace(config, split_k=split, stages=stages, scale_ring=scale_ring), spec_s, grid_z)
 
 
 def skinny_scale_ring_slots(stages: int) -> int:
