@@ -1,24 +1,21 @@
 """Packed (varlen) attention forward against the dense kernel at equal tokens (issue 32: within
 5%), and the schedules that might close the gap, in one set of interleaved rounds (cold: L2
-flushed before every call; warm: back to back). Varlen plans differ from dense ones in two
-choices made before any varlen measurement: O stored a 4-byte word a column pair (dense:
-STORE16, 16 B a lane) and Q loaded whole (dense plans of one Q buffer split it, Q_SPLIT). The
-variants (extra defines on the varlen build):
+flushed before every call; warm: back to back). The variants (extra defines on the varlen
+build; session 21's first rounds compared STORE16, 128-key tiles and persistence against the
+plans before them, docs/history.md):
 
-- "default": what ``kernels.attention_varlen`` plans;
-- "st16": STORE16;
-- "split": STORE16 and Q_SPLIT (each warpgroup's 64 Q rows a stage, released after its last S);
-- "kNN": STORE16 with NN keys a tile (fewer keys read past a short sequence's end);
-- "2q": STORE16 and two Q buffers (the next tile's Q loads under this one), where K and V keep
-  two stages;
-- "... pers" (causal): one CTA an SM striding over the tiles (as non-causal plans), not a CTA a
-  tile (``attention_varlen_entry.PERSISTENT_CAUSAL_MAX_SEQLEN``).
+- "default": what ``kernels.attention_varlen`` plans (``attention_varlen_entry.varlen_plan``);
+- "split": one Q buffer split into two 64-row stages (Q_SPLIT);
+- "2q" (non-causal): two Q buffers;
+- causal: "cta" one CTA a tile with one Q buffer, "pers 1q" / "pers 2q" one CTA an SM striding
+  over the tiles with one / two Q buffers (the default picks by max_seqlen_q and head dim).
 
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
-"mixed 1k" (128 to 1024) against dense 16 x 1024; "ragged 8" (256 to 5120) against dense 8 x 2048. TFLOP/s count each kernel's own work; "vs dense" is the
-varlen TFLOP/s over the dense kernel's in the same round (the acceptance's ratio), and each
-variant's output is checked against the default's.
+"mixed 1k" (128 to 1024) against dense 16 x 1024; "ragged 8" (256 to 5120) against dense
+8 x 2048. TFLOP/s count each kernel's own work; "vs dense" is the varlen TFLOP/s over the dense
+kernel's in the same round (the acceptance's ratio), and each variant's output is checked
+against the default's.
 
     PYTHONPATH=. python3 tools/experiments/varlen_ab.py [--dims 128 64] [--cases "short 128"]
         [--repeats N] [--precompile] [--ncu]
@@ -44,25 +41,17 @@ HEADS = {64: 32, 128: 16, 256: 8}
 
 def variants(d: int, causal: bool) -> list:
     """(label, extra defines, persistent) of the varlen build, the default first; persistent:
-    None as planned, True / False forces one CTA an SM (causal: the default is a CTA a tile)."""
+    None as planned (attention_varlen_entry.is_persistent), True / False forced."""
     from tmaflow.kernels.attention_entry import attention_plan
 
-    keys = attention_plan(d, causal, varlen=True).keys
-    out = [("default", {}, None), ("st16", {"STORE16": 1}, None)]
-    if not causal:
-        out.append(("split", {"STORE16": 1, "Q_SPLIT": 1}, None))
-        if keys > 128:  # 176 at head dim 128
-            out += [("k128", {"STORE16": 1, "BLOCK_N": 128}, None),
-                    ("k128 split", {"STORE16": 1, "BLOCK_N": 128, "Q_SPLIT": 1}, None),
-                    ("k128 2q", {"STORE16": 1, "BLOCK_N": 128, "Q_STAGES": 2}, None)]
+    out = [("default", {}, None), ("split", {"Q_SPLIT": 1, "Q_STAGES": 1}, None)]
     two = attention_plan(d, causal, varlen=True, q_stages=2)
     two_fits = min(p.stages for p in two.layout.items[1:3]) >= 2
+    if not causal:
+        return out + ([("2q", {"Q_STAGES": 2}, None)] if two_fits else [])
+    out += [("cta", {"Q_STAGES": 1}, False), ("pers 1q", {"Q_STAGES": 1}, True)]
     if two_fits:
-        out.append(("2q", {"STORE16": 1, "Q_STAGES": 2}, None))
-    if causal:
-        out += [("pers", {"STORE16": 1}, True), ("split pers", {"STORE16": 1, "Q_SPLIT": 1}, True)]
-        if two_fits:
-            out.append(("2q pers", {"STORE16": 1, "Q_STAGES": 2}, True))
+        out.append(("pers 2q", {"Q_STAGES": 2}, True))
     return out
 
 
