@@ -185,6 +185,20 @@ def test_every_forward_variant_compiles_without_spills(d, dv, causal, varlen):
     assert _compiled_widths(kernel) == {plan.keys, dv}
 
 
+@pytest.mark.parametrize("d,dv", [(d, dv) for d, dv in DIMS if d <= PERSISTENT_CAUSAL_MAX_HEAD_DIM])
+def test_varlen_paired_builds_compile_without_spills(d, dv):
+    """Causal varlen with PAIRED (units of a sequence's row blocks i and m - 1 - i, strided over
+    by one CTA an SM; the kernel's paired walk and next tile) at the head dims that may run
+    persistent (208 spills 8 B), one Q buffer and two where K and V keep two stages."""
+    from tmaflow.kernels.registry import extra_defines
+
+    for plan in (attention_plan(d, True, dv, varlen=True), varlen_plan(d, True, dv, True)):
+        with extra_defines({"PAIRED": 1}):
+            kernel = attention_kernel(plan, "bfloat16")
+            assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, kernel.resources)
+            assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
+
+
 def test_varlen_persistence_follows_the_measured_rule():
     """Non-causal varlen tiles always take one CTA an SM; causal ones only for short sequences
     (max_seqlen_q up to 256) at head dims up to 128, with two Q buffers where K and V keep two

@@ -147,6 +147,19 @@ def test_varlen_causal_short_sequences_persistent(device, rng, d):
     _run(rng, lens, lens, 8, 2, d, d, True)
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("q_stages", [1, 2])
+def test_varlen_causal_paired_units(device, rng, monkeypatch, d, q_stages):
+    """PAIRED over packed sequences: one CTA an SM striding over units of a sequence's row blocks
+    i and m - 1 - i, odd and even block counts (an odd count's middle unit has one tile), empty
+    and one-token sequences, more units than SMs, against float64."""
+    from tmaflow.kernels import attention_varlen_entry
+    monkeypatch.setattr(attention_varlen_entry, "PERSISTENT_CAUSAL_MAX_SEQLEN", 1 << 30)
+    lens = RAGGED + [1024, 640, 0, 1, 385] + rng.integers(0, 300, 40).tolist()
+    with extra_defines({"PAIRED": 1, "Q_STAGES": q_stages}):
+        _run(rng, lens, lens, 4, 2, d, d, True)
+
+
 def test_varlen_causal_max_seqlen_is_a_hint(device, rng):
     """max_seqlen_q below the longest device-side sequence picks the persistent schedule;
     every row is still right (the kernel reads the lengths, the hint only sizes the grid)."""

@@ -65,7 +65,7 @@ namespace L = tmaflow_layout;
 #ifndef PAIRED
 #define PAIRED 0
 #endif
-static_assert(!PAIRED || (CAUSAL && !VARLEN), "PAIRED is a schedule of dense causal tiles");
+static_assert(!PAIRED || CAUSAL, "PAIRED is a schedule of causal tiles");
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0  // 1 (dense): the next work tile's Q, K_0 and V_0 prefetched into L2
 #endif
@@ -152,7 +152,9 @@ TMAFLOW_DEVICE void load_box(void* dst, const CUtensorMap* map, uint64_t* bar, i
 // number past the last says so. Each warp walks cu_q from where its last tile was (tile numbers
 // only grow), a warp prefix sum of tile counts a step: 32 sequences a step, 128 in a CTA's first
 // walk (skip_to). Offsets are clamped into the tensors, so bad device values give wrong rows,
-// never stores outside out.
+// never stores outside out. PAIRED: a sequence's slots of a head are 2 ceil(m / 2) for its m
+// row blocks, slot 2 u + 0 or 1 unit u's later or earlier block, as dense PAIRED tiles; CTAs
+// stride over units (an odd m's middle unit has one tile: its second slot is skipped).
 struct Tiles {
   const int* cu_q;
   const int* cu_k;
@@ -170,7 +172,7 @@ struct Tiles {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         start[i + 1] = max(start[i + 1], start[i]);  // as find's clamps
-        mine += b0 + i < batch ? (start[i + 1] - start[i] + BM - 1) / BM * heads : 0;
+        mine += b0 + i < batch ? slots(start[i + 1] - start[i]) : 0;
       }
       const int upto = warp::inclusive_sum(mine);
       const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
@@ -185,9 +187,17 @@ struct Tiles {
     }
     return false;
   }
-  // Tiles there can be at most, whatever the lengths (the grid's size, attention_varlen_entry):
-  // a CTA's last tile needs no walk to the end of the batch to know it is the last.
-  TMAFLOW_DEVICE long long bound() const { return heads * ((total_q + batch * (BM - 1LL)) / BM); }
+  // Tile numbers of a sequence of `len` queries: its row blocks (PAIRED: rounded up to pairs)
+  // of every head.
+  TMAFLOW_DEVICE int slots(int len) const {
+    const int blocks = (len + BM - 1) / BM;
+    return (PAIRED ? (blocks + 1) / 2 * 2 : blocks) * heads;
+  }
+  // Tile numbers there can be at most, whatever the lengths (attention_varlen_entry sizes the
+  // grid by the blocks): a CTA's last tile needs no walk to the end of the batch to know it is.
+  TMAFLOW_DEVICE long long bound() const {
+    return heads * ((total_q + batch * (BM - 1LL)) / BM + (PAIRED ? batch : 0));
+  }
   TMAFLOW_DEVICE bool find(int t, Tile& w) {
     const int lane = threadIdx.x % 32;
     if (t >= bound()) return false;
@@ -198,15 +208,20 @@ struct Tiles {
         q0 = min(max(__ldg(cu_q + b), 0), total_q);
         len = min(max(__ldg(cu_q + b + 1), q0), total_q) - q0;
       }
-      const int blocks = (len + BM - 1) / BM, n = blocks * heads;
+      const int blocks = (len + BM - 1) / BM, n = slots(len);
       const int upto = warp::inclusive_sum(n);  // tiles of sequences first .. b
       const unsigned past = __ballot_sync(0xffffffffu, before + upto > t);
       if (past != 0) {
         const int l = __ffs(past) - 1, seq = first + l;
         const int mb = __shfl_sync(0xffffffffu, blocks, l);
         const int local = t - before - __shfl_sync(0xffffffffu, upto - n, l);
+#if PAIRED
+        const int units = (mb + 1) / 2, p = (local >> 1) % units, h = (local >> 1) / units;
+        w.m0 = (local & 1 ? p : mb - 1 - p) * BM;
+#else
         const int i = local % mb, h = local / mb;
         w.m0 = (CAUSAL ? mb - 1 - i : i) * BM;
+#endif
         w.q_base = __shfl_sync(0xffffffffu, q0, l);
         w.len_q = __shfl_sync(0xffffffffu, len, l);
         w.k_base = min(max(__ldg(cu_k + seq), 0), total_k);
@@ -220,8 +235,17 @@ struct Tiles {
     }
     return false;
   }
+#if PAIRED
+  TMAFLOW_DEVICE int first_tile() const { return 2 * blockIdx.x; }
+  // After tile t (w): its unit's earlier block, unless t is that or the middle block of an odd
+  // count; else the CTA's next unit.
+  TMAFLOW_DEVICE int next_tile(int t, const Tile& w) const {
+    return t % 2 == 0 && 2 * (w.m0 / BM) + 1 != (w.len_q + BM - 1) / BM ? t + 1 : 2 * ((t >> 1) + gridDim.x);
+  }
+#else
   TMAFLOW_DEVICE int first_tile() const { return blockIdx.x; }
-  TMAFLOW_DEVICE int next_tile(int t) const { return t + gridDim.x; }
+  TMAFLOW_DEVICE int next_tile(int t, const Tile&) const { return t + gridDim.x; }
+#endif
   // Rows of out (of DV elements) and of lse ((heads, tokens)) of query row `row`.
   TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return size_t(w.q_base + row) * heads + w.q_head; }
   TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * total_q + w.q_base + row; }
@@ -260,6 +284,7 @@ struct Tiles {
   TMAFLOW_DEVICE int first_tile() const { return blockIdx.x; }
   TMAFLOW_DEVICE int next_tile(int t) const { return t + gridDim.x; }
 #endif
+  TMAFLOW_DEVICE int next_tile(int t, const Tile&) const { return next_tile(t); }
   TMAFLOW_DEVICE bool last(int t) const { return next_tile(t) >= work; }
   TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
   TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
@@ -302,7 +327,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   griddep::launch_dependents();
 #if VARLEN
   {  // the grid is sized for the longest sequences: CTAs past the last tile leave at once
-    if (!tiles.skip_to(blockIdx.x)) return;
+    if (!tiles.skip_to(tiles.first_tile())) return;
   }
 #endif
   __syncthreads();
@@ -357,7 +382,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
                    w.q_head);
         cq.advance();
       };
-      for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t)) {
+      for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t, w)) {
         if (issuer) {
           load_q(0);
           const int n = key_tiles(w);
@@ -564,7 +589,8 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #if VARLEN
   // The walk that tells a tile is the CTA's last finds the next one: kept, not walked again.
   Tile w_next;
-  for (int t = tiles.first_tile(), more = tiles.find(t, w); more; t = tiles.next_tile(t), cq.advance()) {
+  int t_next;
+  for (int t = tiles.first_tile(), more = tiles.find(t, w); more; t = t_next, cq.advance()) {
 #else
   for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t), cq.advance()) {
 #endif
@@ -595,7 +621,8 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       convert();
     }
 #if VARLEN
-    more = tiles.find(tiles.next_tile(t), w_next);
+    t_next = tiles.next_tile(t, w);
+    more = tiles.find(t_next, w_next);
     const bool last = !more;
 #else
     const bool last = tiles.last(t);

@@ -8,7 +8,9 @@ plans before them, docs/history.md):
 - "split": one Q buffer split into two 64-row stages (Q_SPLIT);
 - "2q" (non-causal): two Q buffers;
 - causal: "cta" one CTA a tile with one Q buffer, "pers 1q" / "pers 2q" one CTA an SM striding
-  over the tiles with one / two Q buffers (the default picks by max_seqlen_q and head dim).
+  over the tiles with one / two Q buffers (the default picks by max_seqlen_q and head dim),
+  "paired" / "paired 2q" one CTA an SM striding over pairs of a sequence's row blocks i and
+  m - 1 - i (PAIRED: equal units within a sequence, as the dense causal schedule).
 
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
@@ -52,6 +54,9 @@ def variants(d: int, causal: bool) -> list:
     out += [("cta", {"Q_STAGES": 1}, False), ("pers 1q", {"Q_STAGES": 1}, True)]
     if two_fits:
         out.append(("pers 2q", {"Q_STAGES": 2}, True))
+    out.append(("paired", {"PAIRED": 1, "Q_STAGES": 1}, True))
+    if two_fits:
+        out.append(("paired 2q", {"PAIRED": 1, "Q_STAGES": 2}, True))
     return out
 
 
