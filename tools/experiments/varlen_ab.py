@@ -15,7 +15,7 @@ plans before them, docs/history.md):
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
 "mixed 1k" (128 to 1024) against dense 16 x 1024; "ragged 8" (256 to 5120) against dense
-8 x 2048. TFLOP/s count each kernel's own work; "vs dense" is the varlen TFLOP/s over the dense
+8 x 2048; "equal 4k" (4 x 4096) against dense 4 x 4096. TFLOP/s count each kernel's own work; "vs dense" is the varlen TFLOP/s over the dense
 kernel's in the same round (the acceptance's ratio), and each variant's output is checked
 against the default's.
 
@@ -37,7 +37,8 @@ from tmaflow.kernels.registry import extra_defines
 CASES = {"short 128": ([32, 96, 160, 224] * 32, (128, 128)),
          "equal 128": ([128] * 128, (128, 128)),
          "mixed 1k": ([1024, 896, 768, 640, 512, 384, 256, 128] * 3 + [1024, 896, 512, 128], (16, 1024)),
-         "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048))}
+         "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048)),
+         "equal 4k": ([4096] * 4, (4, 4096))}
 HEADS = {64: 32, 128: 16, 256: 8}
 
 
