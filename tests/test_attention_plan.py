@@ -10,7 +10,6 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_KEYS, attention_kernel, attention_plan, keys_per_tile,
                                             swizzle_span)
-from tmaflow.kernels.attention_varlen_entry import PERSISTENT_CAUSAL_MAX_HEAD_DIM, is_persistent, varlen_plan
 from tmaflow.launch import compiler
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 from tmaflow.runtime.memory import DeviceArray
@@ -143,8 +142,8 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     assert stages["qp"] in (1, 2) and stages["kp"] >= stages["vp"] >= 2
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
     assert plan.keys % 16 == 0 and 16 <= plan.keys <= (128 if causal else 176) and plan.keys == keys_per_tile(d, causal, dv)
-    # varlen: one Q stage (the dense plan's second costs no K or V stage), no pairs, at most
-    # VARLEN_KEYS keys a tile
+    # varlen: one Q stage (the dense plan's second costs no K or V stage), at most VARLEN_KEYS
+    # keys a tile
     one_q = attention_plan(d, causal, dv, q_stages=1, q_split=False)
     assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
     assert "L2_PREFETCH" not in one_q.defines  # measured slower: off
@@ -152,7 +151,9 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     assert varlen.keys == min(plan.keys, VARLEN_KEYS)
     same_keys = attention_plan(d, causal, dv, q_stages=1, q_split=False, keys=varlen.keys)
     dense_defines = {k: v for k, v in same_keys.defines.items() if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT")}
-    assert varlen.layout.header() == same_keys.layout.header() and varlen.defines == {**dense_defines, "VARLEN": 1}
+    paired = {"PAIRED": 1} if causal and dv not in (208, 240) else {}  # varlen pairs too, where it fits
+    assert varlen.layout.header() == same_keys.layout.header()
+    assert varlen.defines == {**dense_defines, "VARLEN": 1, **paired}
     assert varlen.defines["STORE16"] == 1
 
 
@@ -169,48 +170,35 @@ def _compiled_widths(kernel) -> set:
 
 @pytest.mark.parametrize("d,dv,causal,varlen",
                          [(d, dv, causal, True) for d, dv in DIMS for causal in (False, True)] +
-                         [(d, dv, True, "persistent") for d, dv in DIMS if d <= PERSISTENT_CAUSAL_MAX_HEAD_DIM] +
                          [(d, dv, causal, False) for d, dv in ((32, 32), (80, 80), (192, 128), (240, 240))
                           for causal in (False, True)])
 def test_every_forward_variant_compiles_without_spills(d, dv, causal, varlen):
     """Each head-dim pair, causal or not, varlen (its walk and per-tile bounds take registers the
-    dense build's constants do not; "persistent": the causal plan of short sequences, two Q
-    buffers where they fit; a few dense ones too; bf16; tools/attention_variants.py prints the
-    whole table): no local memory, no wgmma serialised by ptxas, and the two GEMMs at their
-    widths (S: keys a tile; P V: v's head dim)."""
-    plan = varlen_plan(d, causal, dv, True) if varlen == "persistent" else attention_plan(d, causal, dv, varlen)
+    dense build's constants do not; causal ones paired but at V head dims 208 and 240; a few
+    dense ones too; bf16; tools/attention_variants.py prints the whole table): no local memory,
+    no wgmma serialised by ptxas, and the two GEMMs at their widths (S: keys a tile; P V: v's
+    head dim)."""
+    plan = attention_plan(d, causal, dv, varlen)
+    assert ("PAIRED" in plan.defines) == (causal and not (varlen and dv in (208, 240)))
     kernel = attention_kernel(plan, "bfloat16")
     assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, causal, varlen, kernel.resources)
     assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
     assert _compiled_widths(kernel) == {plan.keys, dv}
 
 
-@pytest.mark.parametrize("d,dv", [(d, dv) for d, dv in DIMS if d <= PERSISTENT_CAUSAL_MAX_HEAD_DIM])
-def test_varlen_paired_builds_compile_without_spills(d, dv):
-    """Causal varlen with PAIRED (units of a sequence's row blocks i and m - 1 - i, strided over
-    by one CTA an SM; the kernel's paired walk and next tile) at the head dims that may run
-    persistent (208 spills 8 B), one Q buffer and two where K and V keep two stages."""
-    from tmaflow.kernels.registry import extra_defines
-
-    for plan in (attention_plan(d, True, dv, varlen=True), varlen_plan(d, True, dv, True)):
-        with extra_defines({"PAIRED": 1}):
-            kernel = attention_kernel(plan, "bfloat16")
-            assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, kernel.resources)
-            assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
+def _two_q_buffers_fit(d, dv):
+    return min(p.stages for p in attention_plan(d, True, dv, varlen=True, q_stages=2).layout.items[1:3]) >= 2
 
 
-def test_varlen_persistence_follows_the_measured_rule():
-    """Non-causal varlen tiles always take one CTA an SM; causal ones only for short sequences
-    (max_seqlen_q up to 256) at head dims up to 128, with two Q buffers where K and V keep two
-    stages (H200 A/B, attention_varlen_entry)."""
-    assert is_persistent(False, 1 << 20, 256) and is_persistent(True, 256, 128) and is_persistent(True, 1, 32)
-    assert not is_persistent(True, 257, 128) and not is_persistent(True, 128, 144)
-    for d in (64, 128):
-        short = varlen_plan(d, True, d, True)
-        assert short.defines["Q_STAGES"] == 2 and min(p.stages for p in short.layout.items[1:3]) >= 2
-        assert varlen_plan(d, True, d, False) == attention_plan(d, True, d, varlen=True)
-        assert varlen_plan(d, False, d, True) == attention_plan(d, False, d, varlen=True)
-    assert varlen_plan(128, True, 128, False).defines["Q_STAGES"] == 1
+@pytest.mark.parametrize("d,dv", [(d, dv) for d, dv in DIMS if dv not in (208, 240) and _two_q_buffers_fit(d, dv)])
+def test_varlen_causal_with_two_q_buffers_compiles_without_spills(d, dv):
+    """Causal varlen plans forced to two Q buffers (tools/experiments/varlen_ab.py's "2q") where
+    K and V keep two stages, with the paired walk."""
+    plan = attention_plan(d, True, dv, varlen=True, q_stages=2)
+    kernel = attention_kernel(plan, "bfloat16")
+    assert plan.defines["PAIRED"] == 1 and plan.defines["Q_STAGES"] == 2
+    assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, kernel.resources)
+    assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
 
 
 @pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (80, 80)])

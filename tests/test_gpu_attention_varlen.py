@@ -11,7 +11,6 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_bits, bf16_to_float32
 from tmaflow.kernels.attention_entry import attention_plan
-from tmaflow.kernels.attention_varlen_entry import is_persistent
 from tmaflow.kernels.registry import extra_defines
 from tmaflow.testing import poison, rel_error
 
@@ -137,40 +136,18 @@ def test_varlen_walks_many_sequences_and_strides_over_tiles(device, rng, causal)
     _run(rng, lens, lens, 8, 8, 64, 64, causal, pad=0)
 
 
-@pytest.mark.parametrize("d", [64, 128])
-def test_varlen_causal_short_sequences_persistent(device, rng, d):
-    """Causal batches of sequences up to 256 tokens run one CTA an SM over two Q buffers
-    (attention_varlen_entry.PERSISTENT_CAUSAL_MAX_SEQLEN): many more tiles than SMs, empty and
-    one-token sequences, tile edges, GQA 4:1."""
-    lens = rng.integers(0, 257, 400).tolist() + [0, 1, 128, 129, 256]
-    assert is_persistent(True, max(lens), d)
-    _run(rng, lens, lens, 8, 2, d, d, True)
-
-
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("q_stages", [1, 2])
-def test_varlen_causal_paired_units(device, rng, monkeypatch, d, q_stages):
-    """PAIRED over packed sequences: one CTA an SM striding over units of a sequence's row blocks
-    i and m - 1 - i, odd and even block counts (an odd count's middle unit has one tile), empty
-    and one-token sequences, more units than SMs, against float64."""
-    from tmaflow.kernels import attention_varlen_entry
-    monkeypatch.setattr(attention_varlen_entry, "PERSISTENT_CAUSAL_MAX_SEQLEN", 1 << 30)
+@pytest.mark.parametrize("d,paired,q_stages", [(d, p, q) for d in (64, 128, 256) for p, q in ((1, 1), (1, 2), (0, 1))
+                                                 if q == 1 or d < 256])  # 256: two Q buffers leave K one stage
+def test_varlen_causal_schedules(device, rng, d, paired, q_stages):
+    """Causal packed batches under each schedule varlen_ab compares: PAIRED (the plan: one CTA an
+    SM striding over units of a sequence's row blocks i and m - 1 - i, an odd count's middle
+    unit one tile), with two Q buffers (where K and V keep two stages), and a CTA a tile; odd
+    and even block counts, empty and one-token sequences, many more units than SMs, GQA 2:1,
+    against float64."""
+    assert attention_plan(d, True, varlen=True).defines["PAIRED"] == 1
     lens = RAGGED + [1024, 640, 0, 1, 385] + rng.integers(0, 300, 40).tolist()
-    with extra_defines({"PAIRED": 1, "Q_STAGES": q_stages}):
+    with extra_defines({"PAIRED": paired, "Q_STAGES": q_stages}):
         _run(rng, lens, lens, 4, 2, d, d, True)
-
-
-def test_varlen_causal_max_seqlen_is_a_hint(device, rng):
-    """max_seqlen_q below the longest device-side sequence picks the persistent schedule;
-    every row is still right (the kernel reads the lengths, the hint only sizes the grid)."""
-    lens = [600, 3, 0, 200, 1000, 64]
-    cu = _cu(lens)
-    (q, k, v), (qf, kf, vf) = _operands(rng, int(cu[-1]), int(cu[-1]), 4, 4, 128, 128)
-    out = poison(tf.empty(q.shape, "bfloat16"))
-    assert is_persistent(True, 64, 128)
-    kernels.attention_varlen(q, k, v, tf.from_numpy(cu), tf.from_numpy(cu), 64, 64, out, causal=True)
-    ref, _ = _reference(qf, kf, vf, cu, cu, True, 1 / np.sqrt(128))
-    _check(_float(out), None, ref, None, 1e-2, "max_seqlen hint")
 
 
 NEW_DIMS = [(32, 32), (48, 48), (80, 80), (96, 96), (160, 160), (192, 192), (192, 128), (224, 224), (240, 240)]

@@ -26,9 +26,10 @@
 //   32 (64B) or 16 (32B), so no column of shared memory is padding; BLOCK_N keys a tile.
 //   CAUSAL: key j is seen by query i when j <= i (top-left aligned, as torch's is_causal);
 //   key tiles past a work tile's last row are skipped.
-//   PAIRED (dense causal): CTAs persist over pairs of row blocks of one head, i and m - 1 - i
+//   PAIRED (causal): CTAs persist over pairs of row blocks of one head, i and m - 1 - i
 //   (m blocks), whose key tiles add up to m + 1 whatever i: equal units, so a stride over them
-//   balances as the non-causal tiles do, and a CTA's next Q and K load under its last P V.
+//   balances as the non-causal tiles do, and a CTA's next Q and K load under its last P V
+//   (VARLEN: the units of one sequence are equal, a stride crosses sequences of other m).
 //   Without it a causal CTA runs one tile (the block scheduler balances, every tile pays its
 //   loads' latency).
 //   One Q buffer (dense, head dims over 64 or so): its next Q loads only after this tile's last

@@ -37,6 +37,9 @@ _MEASURED_KEYS = {(64, False): 128, (64, True): 128, (128, False): 176, (128, Tr
 # against 176, 128 x 128 tokens 0.979 against 0.861, lengths 32-224 0.834 / 0.775, 128-1024
 # 0.869 / 0.804, 256-5120 1.015 / 1.008.
 VARLEN_KEYS = 128
+# V head dims whose causal varlen build keeps a CTA a tile: with PAIRED's walk ptxas spills
+# 8 B (208) and 24 B (240) (NVRTC 13.5).
+_VARLEN_UNPAIRED = {208, 240}
 # (head dim, v's, causal) planned with one whole Q buffer where a second would fit (H200, session
 # 17, cold / back to back ratio to cuDNN at 1k-16k, one buffer against two: head dim 64 full
 # 0.997-1.053 / 1.014-1.047 against 0.969-0.997 / 0.958-1.021)
@@ -110,7 +113,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     BLOCK_N, to compare; varlen plans take at most VARLEN_KEYS). Dense plans of one Q buffer
     split it (Q_SPLIT: two stages of 64 rows, each consumer warpgroup's released after its own
     last S, so the first one's next Q loads half a step earlier); ``q_split`` forces it on or
-    off (varlen too). Every plan stores O 16 B a lane (STORE16)."""
+    off (varlen too). Every plan stores O 16 B a lane (STORE16). Causal plans pair row blocks
+    (PAIRED; varlen ones but at V head dims 208 and 240, where the paired walk spills)."""
     dv = head_dim if head_dim_v is None else head_dim_v
     for name, d in (("head dim", head_dim), ("head dim of v", dv)):
         if d not in HEAD_DIMS:
@@ -146,7 +150,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
                            Pipeline("vp", stages=pairs, tiles={"v": (spec_v, v_boxes)}, consumers=8)])
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
-               **({"PAIRED": 1} if causal and not varlen else {}), "Q_STAGES": q_stages,
+               **({"PAIRED": 1} if causal and not (varlen and dv in _VARLEN_UNPAIRED) else {}),
+               "Q_STAGES": q_stages,
                **({"Q_SPLIT": 1} if q_split else {}), "STORE16": 1}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 

@@ -24,16 +24,6 @@ from .entry import STATES, cached_state, contiguous_strides, entry_point, new_ou
 from .matmul.splitk import _foreign_capture
 
 WHO = "attention_varlen"
-# Causal tiles differ in length (a row block's keys end at its last row). Up to this many
-# queries a sequence (max_seqlen_q, a hint: any lengths compute) and head dim 128, one CTA an SM
-# strides over them, as over non-causal tiles, with two Q buffers where K and V keep two stages
-# (the next tile's Q loads under this one); else one CTA a tile, so the block scheduler
-# balances. H200 (session 21, tools/experiments/varlen_ab.py, cold, x the dense kernel at equal
-# tokens; a CTA a tile -> persistent, two Q buffers): head dim 128, 128 x 128 tokens 0.643 ->
-# 0.973, lengths 32-224 0.644 -> 0.824; head dim 64 0.432 -> 0.784, 0.420 -> 0.608; but lengths
-# 128-1024 0.686 -> 0.622 and 256-5120 0.983 -> 0.820, and head dim 256 0.954 -> 0.909 at 32-224.
-PERSISTENT_CAUSAL_MAX_SEQLEN = 256
-PERSISTENT_CAUSAL_MAX_HEAD_DIM = 128
 
 
 @entry_point
@@ -82,13 +72,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         CQ, CK = (_upload(c, Q.device, stream) if isinstance(c, np.ndarray) else c for c in (CQ, CK))
     if O is not None:
         checks.no_aliasing(WHO, O, (("q", Q), ("k", K), ("v", V), ("cu_seqlens_q", CQ), ("cu_seqlens_k", CK)))
-    persistent = is_persistent(causal, max_q, d)
-    key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, persistent, stream, pdl, Q.device, ordinal,
-           debug, trace, get_ident())
+    key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, stream, pdl, Q.device, ordinal, debug,
+           trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _state(Q, K, dv, batch, causal, persistent, stream, pdl, debug, trace))
+        st = cached_state(key, lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace))
     result, O = (out, O) if O is not None else new_output(q, Q, (tq, hq, dv), None, stream)
     lse_out, lse = (None, 0)
     if return_lse:
@@ -213,37 +202,28 @@ def _upload(host: np.ndarray, device, stream: int, who: str = WHO) -> DeviceArra
     return arr
 
 
-def is_persistent(causal: bool, max_seqlen_q: int, head_dim: int) -> bool:
-    """Whether one CTA an SM strides over the work tiles (else one CTA a tile)."""
-    return not causal or (max_seqlen_q <= PERSISTENT_CAUSAL_MAX_SEQLEN and head_dim <= PERSISTENT_CAUSAL_MAX_HEAD_DIM)
-
-
-def varlen_plan(d: int, causal: bool, dv: int, persistent: bool):
-    """The varlen forward's plan: persistent causal CTAs take two Q buffers where K and V keep
-    two stages (PERSISTENT_CAUSAL_MAX_SEQLEN)."""
-    plan = attention_plan(d, causal, dv, varlen=True)
-    if causal and persistent and plan.defines["Q_STAGES"] == 1:
-        two = attention_plan(d, causal, dv, varlen=True, q_stages=2)
-        if min(p.stages for p in two.layout.items[1:3]) >= 2:
-            return two
-    return plan
-
-
-def _state(Q, K, dv, batch, causal, persistent, stream, pdl, debug, trace) -> SimpleNamespace:
+def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     _OPTIONS.check(causal, pdl, debug, trace)
     on_current_device(WHO, Q)
     tq, hq, d = Q.shape
     tk, hkv = K.shape[:2]
-    plan = varlen_plan(d, causal, dv, persistent)
+    plan = attention_plan(d, causal, dv, varlen=True)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     forced = (int(kernel.defines["Q_STAGES"]), int(kernel.defines["BLOCK_N"]), bool(kernel.defines.get("Q_SPLIT")))
     if forced != (plan.defines["Q_STAGES"], plan.keys, bool(plan.defines.get("Q_SPLIT"))):  # extra_defines
         plan = attention_plan(d, causal, dv, varlen=True, q_stages=forced[0], keys=forced[1], q_split=forced[2])
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
-    # in all, whatever the lengths on the device. CTAs past the last tile leave at once.
+    # in all, whatever the lengths on the device. CTAs past the last tile leave at once. One CTA
+    # an SM strides over them, or with a causal mask over pairs of a sequence's blocks (PAIRED,
+    # equal units within a sequence, as dense causal plans); a causal plan without pairs (V
+    # head dims 208 and 240) takes a CTA a tile, so the block scheduler balances. H200 (session
+    # 21, tools/experiments/varlen_ab.py, cold, x the dense kernel at equal tokens, a CTA a tile
+    # -> paired): head dim 128, 4 x 4096 tokens 0.891 -> 0.989, lengths 256-5120 0.981 -> 1.000,
+    # 128-1024 0.684 -> 0.755, 32-224 0.631 -> 0.929; head dim 64 0.892 -> 0.982, 0.945 ->
+    # 1.050, 0.613 -> 0.768, 0.417 -> 0.689; head dim 256 0.873 -> 0.949, 0.951 -> 1.040.
     tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
-    grid = min(tiles, current_device().sm_count) if persistent else tiles
+    grid = tiles if causal and not kernel.defines.get("PAIRED") else min(tiles, current_device().sm_count)
     dt = Q.dtype.name
     return SimpleNamespace(launcher=kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl),
                            tq=map_template(dt, (tq, hq, d), plan.spec_q, varlen=True),

@@ -4,20 +4,18 @@ flushed before every call; warm: back to back). The variants (extra defines on t
 build; session 21's first rounds compared STORE16, 128-key tiles and persistence against the
 plans before them, docs/history.md):
 
-- "default": what ``kernels.attention_varlen`` plans (``attention_varlen_entry.varlen_plan``);
+- "default": what ``kernels.attention_varlen`` plans (causal: PAIRED, one CTA an SM striding
+  over pairs of a sequence's row blocks i and m - 1 - i);
 - "split": one Q buffer split into two 64-row stages (Q_SPLIT);
-- "2q" (non-causal): two Q buffers;
-- causal: "cta" one CTA a tile with one Q buffer, "pers 1q" / "pers 2q" one CTA an SM striding
-  over the tiles with one / two Q buffers (the default picks by max_seqlen_q and head dim),
-  "paired" / "paired 2q" one CTA an SM striding over pairs of a sequence's row blocks i and
-  m - 1 - i (PAIRED: equal units within a sequence, as the dense causal schedule).
+- "2q": two Q buffers, where K and V keep two stages;
+- "cta" (causal): one CTA a tile (the plan before PAIRED came to varlen).
 
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
 "mixed 1k" (128 to 1024) against dense 16 x 1024; "ragged 8" (256 to 5120) against dense
-8 x 2048; "equal 4k" (4 x 4096) against dense 4 x 4096. TFLOP/s count each kernel's own work; "vs dense" is the varlen TFLOP/s over the dense
-kernel's in the same round (the acceptance's ratio), and each variant's output is checked
-against the default's.
+8 x 2048; "equal 4k" (4 x 4096) against dense 4 x 4096. TFLOP/s count each kernel's own work;
+"vs dense" is the varlen TFLOP/s over the dense kernel's in the same round (the acceptance's
+ratio), and each variant's output is checked against the default's.
 
     PYTHONPATH=. python3 tools/experiments/varlen_ab.py [--dims 128 64] [--cases "short 128"]
         [--repeats N] [--precompile] [--ncu]
@@ -31,7 +29,6 @@ import argparse
 import itertools
 
 from tmaflow import bench, kernels
-from tmaflow.kernels import attention_varlen_entry as entry
 from tmaflow.kernels.registry import extra_defines
 
 CASES = {"short 128": ([32, 96, 160, 224] * 32, (128, 128)),
@@ -43,21 +40,15 @@ HEADS = {64: 32, 128: 16, 256: 8}
 
 
 def variants(d: int, causal: bool) -> list:
-    """(label, extra defines, persistent) of the varlen build, the default first; persistent:
-    None as planned (attention_varlen_entry.is_persistent), True / False forced."""
+    """(label, extra defines) of the varlen build, the default first."""
     from tmaflow.kernels.attention_entry import attention_plan
 
-    out = [("default", {}, None), ("split", {"Q_SPLIT": 1, "Q_STAGES": 1}, None)]
+    out = [("default", {}), ("split", {"Q_SPLIT": 1, "Q_STAGES": 1})]
     two = attention_plan(d, causal, varlen=True, q_stages=2)
-    two_fits = min(p.stages for p in two.layout.items[1:3]) >= 2
-    if not causal:
-        return out + ([("2q", {"Q_STAGES": 2}, None)] if two_fits else [])
-    out += [("cta", {"Q_STAGES": 1}, False), ("pers 1q", {"Q_STAGES": 1}, True)]
-    if two_fits:
-        out.append(("pers 2q", {"Q_STAGES": 2}, True))
-    out.append(("paired", {"PAIRED": 1, "Q_STAGES": 1}, True))
-    if two_fits:
-        out.append(("paired 2q", {"PAIRED": 1, "Q_STAGES": 2}, True))
+    if min(p.stages for p in two.layout.items[1:3]) >= 2:
+        out.append(("2q", {"Q_STAGES": 2}))
+    if causal:
+        out.append(("cta", {"PAIRED": 0}))
     return out
 
 
@@ -76,7 +67,7 @@ def _build(job):
 def precompile(dims) -> None:
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(d, c, v) for d in dims for c in (False, True) for _, v, _ in variants(d, c)]
+    jobs = [(d, c, v) for d in dims for c in (False, True) for _, v in variants(d, c)]
     with ProcessPoolExecutor(16) as pool:
         list(pool.map(_build, jobs))
     print(f"precompiled {len(jobs)} varlen builds", flush=True)
@@ -90,17 +81,11 @@ def row(torch, d: int, case: str, causal: bool, repeats: int, ncu: bool) -> None
     q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     dq, dk, dv = (x.reshape(batch, seq, heads, d).transpose(1, 2).contiguous() for x in (q, k, v))
     fns, outs = {}, {}
-    for label, defines, persistent in variants(d, causal):
+    for label, defines in variants(d, causal):
         outs[label] = torch.full_like(q, float("nan"))
-        saved = entry.PERSISTENT_CAUSAL_MAX_SEQLEN
-        if persistent is not None:
-            entry.PERSISTENT_CAUSAL_MAX_SEQLEN = (1 << 31) if persistent else -1
-        try:
-            with extra_defines(defines):
-                fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
-                                                               causal=causal)
-        finally:
-            entry.PERSISTENT_CAUSAL_MAX_SEQLEN = saved
+        with extra_defines(defines):
+            fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
+                                                           causal=causal)
     dense_out = torch.empty_like(dq)
     fns["dense"] = kernels.attention.prepare(dq, dk, dv, dense_out, causal=causal)
     for fn in fns.values():
