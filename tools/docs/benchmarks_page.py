@@ -59,6 +59,8 @@ AREAS = [
     ("gemm_grouped_h100", "GEMM grouped (MoE) on an H100", "python tools/peers/bench_grouped.py --grid quick --json ..."),
     ("attention_quick_h100", "Attention forward, quick set, on an H100",
      "python tools/peers/bench_attention.py --quick --json ..."),
+    ("attention_varlen_h100", "Attention over packed sequences (varlen) on an H100",
+     "python tools/peers/bench_attention.py --varlen --json ..."),
     ("attention_backward_h100", "Attention backward on an H100",
      "python tools/peers/bench_attention.py --backward --json ..."),
     ("attention_deterministic_h100", "Attention backward, deterministic mode against the default, on an H100",
