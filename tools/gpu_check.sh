@@ -35,7 +35,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   CONC=tests/test_gpu_concurrency.py
   apart="--ignore=$CONC"
   for f in $FAULTS; do apart="$apart --ignore=$f"; done
-  timeout "${TEST_BUDGET:-330}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
+  timeout "${TEST_BUDGET:-420}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
     --maxfail=${MAXFAIL:-15} ${PYTEST_JOBS:+-n "$PYTEST_JOBS" --dist loadfile $apart} \
     ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
@@ -101,7 +101,7 @@ if [ -n "${CUDA12_WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$CUDA12_WHEELS"/*.whl
   ( unset LD_LIBRARY_PATH; export CUDA_HOME=/nonexistent CUDA_PATH=/nonexistent TMAFLOW_CACHE_DIR=/tmp/tmaflow-cache12
     "$v12/bin/python" -c "import cuda.bindings, tmaflow.launch.compiler as c; from cuda.bindings import nvrtc; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])"
-    timeout "${TEST_BUDGET:-330}" "$v12/bin/python" -m pytest tests -m gpu -q -p no:cacheprovider -rfE \
+    timeout "${TEST_BUDGET:-420}" "$v12/bin/python" -m pytest tests -m gpu -q -p no:cacheprovider -rfE \
       > "$OUT/pytest_gpu_cuda12.log" 2>&1 )
   echo "cuda12 pytest exit $?"
 fi
