@@ -8,8 +8,9 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_KEYS, attention_kernel, attention_plan, keys_per_tile,
-                                            swizzle_span)
+from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_KEYS, _VARLEN_UNPAIRED, attention_kernel, attention_plan,
+                                            keys_per_tile, swizzle_span)
+from tmaflow.kernels.attention_varlen_entry import varlen_plan
 from tmaflow.launch import compiler
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 from tmaflow.runtime.memory import DeviceArray
@@ -151,7 +152,7 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     assert varlen.keys == min(plan.keys, VARLEN_KEYS)
     same_keys = attention_plan(d, causal, dv, q_stages=1, q_split=False, keys=varlen.keys)
     dense_defines = {k: v for k, v in same_keys.defines.items() if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT")}
-    paired = {"PAIRED": 1} if causal and dv not in (208, 240) else {}  # varlen pairs too, where it fits
+    paired = {"PAIRED": 1} if causal and dv not in _VARLEN_UNPAIRED else {}  # varlen pairs too, where it fits
     assert varlen.layout.header() == same_keys.layout.header()
     assert varlen.defines == {**dense_defines, "VARLEN": 1, **paired}
     assert varlen.defines["STORE16"] == 1
@@ -179,7 +180,7 @@ def test_every_forward_variant_compiles_without_spills(d, dv, causal, varlen):
     no wgmma serialised by ptxas, and the two GEMMs at their widths (S: keys a tile; P V: v's
     head dim)."""
     plan = attention_plan(d, causal, dv, varlen)
-    assert ("PAIRED" in plan.defines) == (causal and not (varlen and dv in (208, 240)))
+    assert ("PAIRED" in plan.defines) == (causal and not (varlen and dv in _VARLEN_UNPAIRED))
     kernel = attention_kernel(plan, "bfloat16")
     assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, causal, varlen, kernel.resources)
     assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
@@ -190,7 +191,8 @@ def _two_q_buffers_fit(d, dv):
     return min(p.stages for p in attention_plan(d, True, dv, varlen=True, q_stages=2).layout.items[1:3]) >= 2
 
 
-@pytest.mark.parametrize("d,dv", [(d, dv) for d, dv in DIMS if dv not in (208, 240) and _two_q_buffers_fit(d, dv)])
+@pytest.mark.parametrize("d,dv", [(d, dv) for d, dv in DIMS
+                                  if dv not in _VARLEN_UNPAIRED and _two_q_buffers_fit(d, dv)])
 def test_varlen_causal_with_two_q_buffers_compiles_without_spills(d, dv):
     """Causal varlen plans forced to two Q buffers (tools/experiments/varlen_ab.py's "2q") where
     K and V keep two stages, with the paired walk."""
@@ -201,9 +203,19 @@ def test_varlen_causal_with_two_q_buffers_compiles_without_spills(d, dv):
     assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
 
 
+def test_varlen_plans_keep_tile_numbers_in_int32():
+    """PAIRED's slots reach about 2 x tokens x heads (one-token sequences, two slots a unit):
+    from 2^31 on a causal varlen plan keeps a CTA a tile (its numbers stay below tokens x heads,
+    which the entry checks)."""
+    assert varlen_plan(128, True, 128, (1 << 30) // 64 - 1, 64).defines["PAIRED"] == 1
+    big = varlen_plan(128, True, 128, (1 << 30) // 64, 64)
+    assert "PAIRED" not in big.defines and big.layout.header() == attention_plan(128, True, varlen=True).layout.header()
+    assert "PAIRED" not in varlen_plan(128, False, 128, 1 << 30, 64).defines
+
+
 @pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (80, 80)])
 def test_fp16_variants_compile_without_spills(d, dv):
-    for causal, varlen in ((False, True), (True, False)):
+    for causal, varlen in ((False, True), (True, False), (True, True)):
         kernel = attention_kernel(attention_plan(d, causal, dv, varlen), "float16")
         assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, dv, kernel.resources)
         mma = [line for line in kernel.sass().splitlines() if "HGMMA.64x" in line]

@@ -130,8 +130,8 @@ def test_varlen_matches_the_dense_kernel_on_each_sequence(device, rng, d, causal
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_walks_many_sequences_and_strides_over_tiles(device, rng, causal):
     """300 sequences (each warp's walk crosses 128-sequence rounds) of 0 to 40 tokens, then
-    three long ones: more tiles than SMs, so non-causal CTAs stride over several, crossing
-    sequences and heads."""
+    three long ones: more tiles than SMs, so CTAs stride over several (causal ones over pairs of
+    row blocks), crossing sequences and heads."""
     lens = rng.integers(0, 41, 300).tolist() + [700, 390, 1000]
     _run(rng, lens, lens, 8, 8, 64, 64, causal, pad=0)
 

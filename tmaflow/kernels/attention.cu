@@ -327,7 +327,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   griddep::wait();
   griddep::launch_dependents();
 #if VARLEN
-  {  // the grid is sized for the longest sequences: CTAs past the last tile leave at once
+  {  // the grid is a bound (tokens and batch) or the SM count: CTAs past the last tile leave at once
     if (!tiles.skip_to(tiles.first_tile())) return;
   }
 #endif

@@ -202,16 +202,27 @@ def _upload(host: np.ndarray, device, stream: int, who: str = WHO) -> DeviceArra
     return arr
 
 
+def varlen_plan(d: int, causal: bool, dv: int, tokens: int, heads: int, **forced):
+    """``attention_plan(..., varlen=True)`` for ``tokens`` query rows of ``heads`` heads. PAIRED
+    numbers two slots a unit, so its tile numbers reach about 2 x tokens x heads (sequences of
+    one token): from 2^31 on (the kernel's tile numbers are 32-bit) the plan keeps a CTA a tile,
+    whose numbers stay below tokens x heads (``_check``)."""
+    plan = attention_plan(d, causal, dv, varlen=True, **forced)
+    if plan.defines.get("PAIRED") and 2 * tokens * heads >= 1 << 31:
+        plan = plan._replace(defines={k: v for k, v in plan.defines.items() if k != "PAIRED"})
+    return plan
+
+
 def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     _OPTIONS.check(causal, pdl, debug, trace)
     on_current_device(WHO, Q)
     tq, hq, d = Q.shape
     tk, hkv = K.shape[:2]
-    plan = attention_plan(d, causal, dv, varlen=True)
+    plan = varlen_plan(d, causal, dv, tq, hq)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     forced = (int(kernel.defines["Q_STAGES"]), int(kernel.defines["BLOCK_N"]), bool(kernel.defines.get("Q_SPLIT")))
     if forced != (plan.defines["Q_STAGES"], plan.keys, bool(plan.defines.get("Q_SPLIT"))):  # extra_defines
-        plan = attention_plan(d, causal, dv, varlen=True, q_stages=forced[0], keys=forced[1], q_split=forced[2])
+        plan = varlen_plan(d, causal, dv, tq, hq, q_stages=forced[0], keys=forced[1], q_split=forced[2])
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
     # in all, whatever the lengths on the device. CTAs past the last tile leave at once. One CTA
