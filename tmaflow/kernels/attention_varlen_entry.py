@@ -202,6 +202,11 @@ def _upload(host: np.ndarray, device, stream: int, who: str = WHO) -> DeviceArra
     return arr
 
 
+# True: a CTA a tile at every plan (the block scheduler balances unequal tiles; each pays its
+# loads' latency). Off; tools/experiments/varlen_ab.py's "tiles" rows set it to compare.
+A_TILE_A_CTA = False
+
+
 def varlen_plan(d: int, causal: bool, dv: int, tokens: int, heads: int, **forced):
     """``attention_plan(..., varlen=True)`` for ``tokens`` query rows of ``heads`` heads. PAIRED
     numbers two slots a unit, so its tile numbers reach about 2 x tokens x heads (sequences of
@@ -234,7 +239,8 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespac
     # 128-1024 0.684 -> 0.755, 32-224 0.631 -> 0.929; head dim 64 0.892 -> 0.982, 0.945 ->
     # 1.050, 0.613 -> 0.768, 0.417 -> 0.689; head dim 256 0.873 -> 0.949, 0.951 -> 1.040.
     tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
-    grid = tiles if causal and not kernel.defines.get("PAIRED") else min(tiles, current_device().sm_count)
+    one_a_tile = causal and not kernel.defines.get("PAIRED") or A_TILE_A_CTA
+    grid = tiles if one_a_tile else min(tiles, current_device().sm_count)
     dt = Q.dtype.name
     return SimpleNamespace(launcher=kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl),
                            tq=map_template(dt, (tq, hq, d), plan.spec_q, varlen=True),

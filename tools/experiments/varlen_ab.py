@@ -8,7 +8,10 @@ plans before them, docs/history.md):
   over pairs of a sequence's row blocks i and m - 1 - i);
 - "split": one Q buffer split into two 64-row stages (Q_SPLIT);
 - "2q": two Q buffers, where K and V keep two stages;
-- "cta" (causal): one CTA a tile (the plan before PAIRED came to varlen).
+- "cta" (causal): one CTA a tile (the plan before PAIRED came to varlen);
+- "tiles" (non-causal): one CTA a tile (``attention_varlen_entry.A_TILE_A_CTA``), not one an
+  SM striding over them: the block scheduler balances tiles of unequal length where a stride
+  may not (ragged batches at head dim 256, few tiles a CTA).
 
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
@@ -29,6 +32,7 @@ import argparse
 import itertools
 
 from tmaflow import bench, kernels
+from tmaflow.kernels import attention_varlen_entry as entry
 from tmaflow.kernels.registry import extra_defines
 
 CASES = {"short 128": ([32, 96, 160, 224] * 32, (128, 128)),
@@ -49,7 +53,7 @@ def variants(d: int, causal: bool) -> list:
         out.append(("2q", {"Q_STAGES": 2}))
     if causal:
         out.append(("cta", {"PAIRED": 0}))
-    return out
+    return out + ([] if causal else [("tiles", {})])
 
 
 def _build(job):
@@ -83,9 +87,13 @@ def row(torch, d: int, case: str, causal: bool, repeats: int, ncu: bool) -> None
     fns, outs = {}, {}
     for label, defines in variants(d, causal):
         outs[label] = torch.full_like(q, float("nan"))
-        with extra_defines(defines):
-            fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
-                                                           causal=causal)
+        entry.A_TILE_A_CTA = label == "tiles"
+        try:
+            with extra_defines(defines):
+                fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
+                                                               causal=causal)
+        finally:
+            entry.A_TILE_A_CTA = False
     dense_out = torch.empty_like(dq)
     fns["dense"] = kernels.attention.prepare(dq, dk, dv, dense_out, causal=causal)
     for fn in fns.values():
