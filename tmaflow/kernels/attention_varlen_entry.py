@@ -237,7 +237,9 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespac
     # 21, tools/experiments/varlen_ab.py, cold, x the dense kernel at equal tokens, a CTA a tile
     # -> paired): head dim 128, 4 x 4096 tokens 0.891 -> 0.989, lengths 256-5120 0.981 -> 1.000,
     # 128-1024 0.684 -> 0.755, 32-224 0.631 -> 0.929; head dim 64 0.892 -> 0.982, 0.945 ->
-    # 1.050, 0.613 -> 0.768, 0.417 -> 0.689; head dim 256 0.873 -> 0.949, 0.951 -> 1.040.
+    # 1.050, 0.613 -> 0.768, 0.417 -> 0.689; head dim 256 (call 8) 4 x 4096 0.884 -> 0.975,
+    # 32-224 0.922 -> 1.020, but ragged 0.952 -> 0.901 (8 heads: few units a CTA, and a stride
+    # balances unequal ones worse than the block scheduler does).
     tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
     one_a_tile = causal and not kernel.defines.get("PAIRED") or A_TILE_A_CTA
     grid = tiles if one_a_tile else min(tiles, current_device().sm_count)
