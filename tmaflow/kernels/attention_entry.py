@@ -156,6 +156,16 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)
 
 
+def forced_layout(plan: AttentionPlan, kernel) -> dict:
+    """The ``attention_plan`` arguments (q_stages, keys, q_split) that defines given through
+    ``kernels.registry.extra_defines`` force on ``kernel`` where they change ``plan``'s shared
+    layout: the plan to build again with them; empty when they do not."""
+    forced = {"q_stages": int(kernel.defines["Q_STAGES"]), "keys": int(kernel.defines["BLOCK_N"]),
+              "q_split": bool(kernel.defines.get("Q_SPLIT"))}
+    planned = {"q_stages": plan.defines["Q_STAGES"], "keys": plan.keys, "q_split": bool(plan.defines.get("Q_SPLIT"))}
+    return forced if forced != planned else {}
+
+
 def attention_kernel(plan: AttentionPlan, dtype: str, debug=None, trace: bool = False):
     """The compiled forward kernel of ``plan`` for bfloat16 or float16 operands."""
     defines = {**plan.defines, **({"FP16": 1} if dtype == "float16" else {})}
@@ -293,9 +303,9 @@ def _state(Q, K, dv, causal, stream, pdl, debug, trace) -> SimpleNamespace:
     hkv, skv = K.shape[1], K.shape[2]
     plan = attention_plan(d, causal, dv)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
-    forced = (int(kernel.defines["Q_STAGES"]), int(kernel.defines["BLOCK_N"]), bool(kernel.defines.get("Q_SPLIT")))
-    if forced != (plan.defines["Q_STAGES"], plan.keys, bool(plan.defines.get("Q_SPLIT"))):  # extra_defines
-        plan = attention_plan(d, causal, dv, q_stages=forced[0], keys=forced[1], q_split=forced[2])
+    forced = forced_layout(plan, kernel)
+    if forced:
+        plan = attention_plan(d, causal, dv, **forced)
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     launcher_of = kernel.launcher
     # Non-causal work tiles are all alike: one CTA an SM striding over them (persistent).

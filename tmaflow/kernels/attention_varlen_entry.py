@@ -19,7 +19,7 @@ from ..runtime.graph import capturing
 from ..runtime.memory import DeviceArray, as_array, empty, from_numpy
 from . import checks
 from .attention_entry import (BM, DTYPES, HEAD_DIMS, _given_out, _scale, attention_kernel, attention_plan,
-                              dims_rule, map_template)
+                              dims_rule, forced_layout, map_template)
 from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device, packed
 from .matmul.splitk import _foreign_capture
 
@@ -225,9 +225,9 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespac
     tk, hkv = K.shape[:2]
     plan = varlen_plan(d, causal, dv, tq, hq)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
-    forced = (int(kernel.defines["Q_STAGES"]), int(kernel.defines["BLOCK_N"]), bool(kernel.defines.get("Q_SPLIT")))
-    if forced != (plan.defines["Q_STAGES"], plan.keys, bool(plan.defines.get("Q_SPLIT"))):  # extra_defines
-        plan = varlen_plan(d, causal, dv, tq, hq, q_stages=forced[0], keys=forced[1], q_split=forced[2])
+    forced = forced_layout(plan, kernel)
+    if forced:
+        plan = varlen_plan(d, causal, dv, tq, hq, **forced)
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
     # in all, whatever the lengths on the device. CTAs past the last tile leave at once. One CTA
