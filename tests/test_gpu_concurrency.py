@@ -129,6 +129,18 @@ def _attention_backward_rotated(gen):
     return call
 
 
+def _attention_varlen(causal):
+    def make(gen):
+        # ragged packed sequences (empty, one token, 129, 300: odd and even row-block counts, so
+        # causal CTAs stride over paired units and middle blocks alone), GQA 2:1, head dim 128
+        lens = [300, 0, 1, 129, 77, 256]
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        q, k, v = _bf16(gen, sum(lens), 4, 128), _bf16(gen, sum(lens), 2, 128), _bf16(gen, sum(lens), 2, 128)
+        return lambda stream=None: kernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
+                                                             stream=stream)
+    return make
+
+
 def _attention_varlen_backward(gen):
     # ragged packed sequences (an empty one, one of 1 row), GQA 2:1, head dim 128 (the Hopper
     # kernel's VARLEN build); deterministic: bit-exact by design; workspace per call and stream
@@ -200,6 +212,8 @@ CASES = {
     "attention": _attention,
     "attention backward": _attention_backward,
     "attention backward rotated": _attention_backward_rotated,
+    "attention varlen": _attention_varlen(False),
+    "attention varlen causal (paired)": _attention_varlen(True),
     "attention varlen backward": _attention_varlen_backward,
     "attention decode": _decode,
     "attention decode slice merge": _decode_slices,
