@@ -151,7 +151,7 @@ struct Sched {
   Tile q[L::qp::stages];    // the work tile of each Q stage (both halves' with Q_SPLIT)
   int more[L::vp::stages];  // with a work tile's last V stage: 1 if the CTA runs another tile
 };
-constexpr int kSchedBytes = 256;  // attention_varlen_entry.SCHED_BYTES
+constexpr int kSchedBytes = 128;  // attention_varlen_entry.SCHED_BYTES
 static_assert(sizeof(Sched) <= kSchedBytes && L::total_bytes % 16 == 0, "Sched past the layout");
 
 // A CTA done (the producer's issuing lane, after its last take, or thread 0 of a CTA with no
