@@ -36,16 +36,17 @@ def _plan(d, causal, forced):
                           q_split=bool(forced["Q_SPLIT"]) if "Q_SPLIT" in forced else None)
 
 
-def _dynamic(d, causal, dtype, forced):
+def _dynamic(d, causal, dtype, forced, mode=1):
     plan = _plan(d, causal, forced)
-    with extra_defines({**DYNAMIC, **forced}):
+    with extra_defines({"DYNAMIC_TILES": mode, **forced}):
         return plan, attention_kernel(plan, dtype)
 
 
+@pytest.mark.parametrize("mode", [1, 2])  # the take before a tile's last V tile, or as its loads begin
 @pytest.mark.parametrize("d,causal,dtype,forced", BUILDS)
-def test_dynamic_builds_compile_without_spills(d, causal, dtype, forced):
-    plan, kernel = _dynamic(d, causal, dtype, forced)
-    assert kernel.defines["DYNAMIC_TILES"] == 1
+def test_dynamic_builds_compile_without_spills(d, causal, dtype, forced, mode):
+    plan, kernel = _dynamic(d, causal, dtype, forced, mode)
+    assert kernel.defines["DYNAMIC_TILES"] == mode
     assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, causal, dtype, kernel.resources)
     assert compiler.wgmma_pipeline_notes(kernel.program.log) == []
     sass = kernel.sass()

@@ -244,14 +244,15 @@ DYNAMIC_BUILDS = ([(d, c, "bfloat16", {}) for d in (64, 128, 256) for c in (Fals
                    (64, True, "bfloat16", {"Q_STAGES": 2}), (128, True, "bfloat16", {"PAIRED": 0})])
 
 
+@pytest.mark.parametrize("mode", [1, 2])  # the take before a tile's last V tile, or a tile ahead
 @pytest.mark.parametrize("d,causal,dtype,forced", DYNAMIC_BUILDS)
-def test_varlen_dynamic_tiles_against_float64(device, rng, d, causal, dtype, forced):
+def test_varlen_dynamic_tiles_against_float64(device, rng, d, causal, dtype, forced, mode):
     """Ragged lengths with empty and one-token sequences, many more tiles (causal: pairs) than
     SMs, GQA 4:1, three launches in a row on one prepared state (a counter left dirty would
     skip tiles, whose rows would stay poisoned); the schedules the CPU tier compiles (two
     64-row Q stages, two Q buffers, a causal build without pairs), one fp16."""
     lens = RAGGED + [1024, 640, 0, 1, 385] + rng.integers(0, 300, 60).tolist()
-    with extra_defines({**DYNAMIC, **forced}):
+    with extra_defines({"DYNAMIC_TILES": mode, **forced}):
         for _ in range(3):
             _run(rng, lens, lens, 8, 2, d, d, causal, dtype=dtype)
 
@@ -270,21 +271,22 @@ def _torch_batch(torch, lens, hq=8, hkv=2, d=128):
     return q, k, v, cu, max(lens)
 
 
+@pytest.mark.parametrize("mode", [1, 2])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_dynamic_tiles_equal_the_stride_bit_for_bit(device, rng, d, causal):
+def test_varlen_dynamic_tiles_equal_the_stride_bit_for_bit(device, rng, d, causal, mode):
     """A tile's work does not depend on the CTA that takes it: out and lse of the counter
     schedule equal the default schedule's exactly, launch after launch (the counter resets)."""
     torch = pytest.importorskip("torch")
     lens = RAGGED + [2048, 1, 0, 700] + rng.integers(0, 500, 100).tolist()
     q, k, v, cu, longest = _torch_batch(torch, lens, d=d)
     want, want_lse = kernels.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
-    with extra_defines(DYNAMIC):
+    with extra_defines({"DYNAMIC_TILES": mode}):
         for launch in range(3):
             got, got_lse = kernels.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
                                                     return_lse=True)
             torch.cuda.synchronize()
-            assert torch.equal(got, want) and torch.equal(got_lse, want_lse), (d, causal, launch)
+            assert torch.equal(got, want) and torch.equal(got_lse, want_lse), (d, causal, mode, launch)
 
 
 @pytest.mark.parametrize("causal", [False, True])

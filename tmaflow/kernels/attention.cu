@@ -44,7 +44,8 @@
 //   DYNAMIC_TILES (VARLEN, off by default): CTAs take their work from a counter instead of a
 //   stride (FlashAttention-3's scheduler): CTA c's first tile (PAIRED: unit) is c, every later
 //   one atomicAdd(tile_counter, 1) + gridDim.x, taken by the producer warp's lane 0 while the
-//   CTA's last V tile is still to load. The producer tells the consumers through shared memory
+//   CTA's last V tile is still to load (DYNAMIC_TILES=2: as its current tile's loads begin, a
+//   tile ahead, as FlashAttention-3). The producer tells the consumers through shared memory
 //   past the layout (struct Sched): each Q stage's work tile, and with a tile's last V stage
 //   whether another follows. tile_counter[1] counts the CTAs done; the last resets both, so the
 //   counter (attention_varlen_entry: the stream's split-K workspace) is zero between launches.
@@ -88,9 +89,10 @@ static_assert(!PAIRED || CAUSAL, "PAIRED is a schedule of causal tiles");
 #endif
 static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles");
 #ifndef DYNAMIC_TILES
-#define DYNAMIC_TILES 0  // 1 (VARLEN): tiles taken from a counter, not a stride
+#define DYNAMIC_TILES 0  // 1 or 2 (VARLEN): tiles taken from a counter, not a stride (2: a tile ahead)
 #endif
 static_assert(!DYNAMIC_TILES || VARLEN, "DYNAMIC_TILES is a schedule of packed sequences");
+static_assert(DYNAMIC_TILES >= 0 && DYNAMIC_TILES <= 2, "DYNAMIC_TILES is 0, 1 or 2");
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -466,12 +468,21 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
         cq.advance();
       };
 #if DYNAMIC_TILES
-      // The CTA's next tile is taken (and walked to by the whole warp) once this one's loads
-      // but its last V tile are issued (the producer waits for free stages there anyway, and
-      // the CTA still has a few key tiles to run): that V stage tells the consumers whether
-      // another tile follows, the next tile's Q stage which it is.
+      // DYNAMIC_TILES 1: the CTA's next tile is taken (and walked to by the whole warp) once
+      // this one's loads but its last V tile are issued (the producer waits for free stages
+      // there anyway, and the CTA still has a few key tiles to run); 2 (FlashAttention-3's
+      // order): as this one's loads begin, a tile ahead, the take's and the walk's latency under
+      // the wait for Q's stage (1 may delay a one-key-tile tile's V by them). Either way the
+      // last V stage tells the consumers whether another tile follows, the next tile's Q stage
+      // which it is.
       for (int t = tiles.first_tile(), more = tiles.find(t, w); more;) {
         const int n = key_tiles(w);
+        Tile w_next;
+        int t_next = 0;
+        if (DYNAMIC_TILES == 2) {
+          t_next = tiles.take_tile(t, w, tile_counter);
+          more_next = tiles.find(t_next, w_next);
+        }
         if (issuer) {
           load_q(0);
           load_k(0);
@@ -481,9 +492,10 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
             load_v(j - 1);
           }
         }
-        Tile w_next;
-        const int t_next = tiles.take_tile(t, w, tile_counter);
-        more_next = tiles.find(t_next, w_next);
+        if (DYNAMIC_TILES == 1) {
+          t_next = tiles.take_tile(t, w, tile_counter);
+          more_next = tiles.find(t_next, w_next);
+        }
         if (issuer) load_v(n - 1);
         t = t_next, w = w_next, more = more_next;
       }
