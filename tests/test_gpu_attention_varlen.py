@@ -298,7 +298,7 @@ def test_varlen_dynamic_tiles_on_two_streams_at_once(device, rng, causal):
     batches = [_torch_batch(torch, RAGGED + [1024, 2048, 77] * 4),
                _torch_batch(torch, rng.integers(1, 600, 80).tolist())]
     with extra_defines(DYNAMIC):
-        calls = [lambda b=b: kernels.attention_varlen(*b[:4], b[4], b[4], causal=causal) for b in batches]
+        calls = [lambda b=b: kernels.attention_varlen(*b[:4], b[3], b[4], b[4], causal=causal) for b in batches]
         torch.cuda.synchronize()
         refs = [call() for call in calls]
         torch.cuda.synchronize()
