@@ -290,14 +290,15 @@ def test_varlen_dynamic_tiles_equal_the_stride_bit_for_bit(device, rng, d, causa
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_dynamic_tiles_on_two_streams_at_once(device, rng, causal):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_varlen_dynamic_tiles_on_two_streams_at_once(device, rng, causal, mode):
     """Two torch streams made current in turn, each running its own batch 50 times: each
     stream's counter is its own (the split-K workspace of the stream), so every launch equals
     its call alone, bit for bit."""
     torch = pytest.importorskip("torch")
     batches = [_torch_batch(torch, RAGGED + [1024, 2048, 77] * 4),
                _torch_batch(torch, rng.integers(1, 600, 80).tolist())]
-    with extra_defines(DYNAMIC):
+    with extra_defines({"DYNAMIC_TILES": mode}):
         calls = [lambda b=b: kernels.attention_varlen(*b[:4], b[3], b[4], b[4], causal=causal) for b in batches]
         torch.cuda.synchronize()
         refs = [call() for call in calls]
