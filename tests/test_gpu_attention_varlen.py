@@ -234,3 +234,142 @@ def test_varlen_inside_torch_compile_runs_the_custom_op(device):
     assert torch.ops.tmaflow.attention_varlen(meta, meta[:, :2], meta_v, cu_meta, cu_meta, 25, 25).shape == (50, 4, 128)
     with pytest.raises(Exception, match=r"tmaflow.attention_varlen: needs cu_seqlens_q and cu_seqlens_k as 1-D int32"):
         torch.ops.tmaflow.attention_varlen(meta, meta, meta, cu_meta.long(), cu_meta.long(), 25, 25)
+
+
+# --- DYNAMIC_TILES: CTAs take their tiles from a counter (opt-in, varlen_ab's "dyn") ------------
+
+DYNAMIC = {"DYNAMIC_TILES": 1}
+DYNAMIC_BUILDS = ([(d, c, "bfloat16", {}) for d in (64, 128, 256) for c in (False, True)] +
+                  [(128, True, "float16", {}), (128, False, "bfloat16", {"Q_SPLIT": 1, "Q_STAGES": 1}),
+                   (64, True, "bfloat16", {"Q_STAGES": 2}), (128, True, "bfloat16", {"PAIRED": 0})])
+
+
+@pytest.mark.parametrize("mode", [1, 2])  # the take before a tile's last V tile, or a tile ahead
+@pytest.mark.parametrize("d,causal,dtype,forced", DYNAMIC_BUILDS)
+def test_varlen_dynamic_tiles_against_float64(device, rng, d, causal, dtype, forced, mode):
+    """Ragged lengths with empty and one-token sequences, many more tiles (causal: pairs) than
+    SMs, GQA 4:1, three launches in a row on one prepared state (a counter left dirty would
+    skip tiles, whose rows would stay poisoned); the schedules the CPU tier compiles (two
+    64-row Q stages, two Q buffers, a causal build without pairs), one fp16."""
+    lens = RAGGED + [1024, 640, 0, 1, 385] + rng.integers(0, 300, 60).tolist()
+    with extra_defines({"DYNAMIC_TILES": mode, **forced}):
+        for _ in range(3):
+            _run(rng, lens, lens, 8, 2, d, d, causal, dtype=dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_dynamic_tiles_queries_and_keys_of_other_lengths(device, rng, causal):
+    with extra_defines(DYNAMIC):
+        _run(rng, [5, 200, 0, 64, 3, 130], [300, 1, 7, 0, 129, 250], 6, 2, 128, 128, causal, host=True)
+
+
+def _torch_batch(torch, lens, hq=8, hkv=2, d=128):
+    cu = torch.tensor(_cu(lens), device="cuda")
+    total = int(cu[-1])
+    q = torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(total, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v, cu, max(lens)
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_dynamic_tiles_equal_the_stride_bit_for_bit(device, rng, d, causal, mode):
+    """A tile's work does not depend on the CTA that takes it: out and lse of the counter
+    schedule equal the default schedule's exactly, launch after launch (the counter resets)."""
+    torch = pytest.importorskip("torch")
+    lens = RAGGED + [2048, 1, 0, 700] + rng.integers(0, 500, 100).tolist()
+    q, k, v, cu, longest = _torch_batch(torch, lens, d=d)
+    want, want_lse = kernels.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
+    with extra_defines({"DYNAMIC_TILES": mode}):
+        for launch in range(3):
+            got, got_lse = kernels.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
+                                                    return_lse=True)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want) and torch.equal(got_lse, want_lse), (d, causal, mode, launch)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", [1, 2])
+def test_varlen_dynamic_tiles_on_two_streams_at_once(device, rng, causal, mode):
+    """Two torch streams made current in turn, each running its own batch 50 times: each
+    stream's counter is its own (the split-K workspace of the stream), so every launch equals
+    its call alone, bit for bit."""
+    torch = pytest.importorskip("torch")
+    batches = [_torch_batch(torch, RAGGED + [1024, 2048, 77] * 4),
+               _torch_batch(torch, rng.integers(1, 600, 80).tolist())]
+    with extra_defines({"DYNAMIC_TILES": mode}):
+        calls = [lambda b=b: kernels.attention_varlen(*b[:4], b[3], b[4], b[4], causal=causal) for b in batches]
+        torch.cuda.synchronize()
+        refs = [call() for call in calls]
+        torch.cuda.synchronize()
+        streams = [torch.cuda.Stream() for _ in calls]
+        results = []
+        for _ in range(50):
+            for call, s in zip(calls, streams):
+                with torch.cuda.stream(s):
+                    results.append(call())
+        torch.cuda.synchronize()
+    bad = [i for i, got in enumerate(results) if not torch.equal(got, refs[i % 2])]
+    assert not bad, f"{len(bad)} of {len(results)} launches differ from the call alone (first: {bad[:8]})"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_dynamic_tiles_in_graphs_replayed_with_new_lengths(device, rng, causal):
+    """A tf.Graph (its stream's workspace made and zeroed at the capture) and a torch CUDA graph
+    (captured on a stream warmed up first, as split-K GEMMs are), each replayed three times a
+    length set after the lengths changed in place: every replay computes the new sequences
+    (the counter returns to zero inside graphs too)."""
+    torch = pytest.importorskip("torch")
+    hq, d, total = 4, 128, 2000
+    q, k, v = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor(_cu([400] * 5), device="cuda")
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    outs = {name: torch.empty(total, hq, d, device="cuda", dtype=torch.bfloat16) for name in ("tf", "torch")}
+    with extra_defines(DYNAMIC):
+        def call(out):
+            kernels.attention_varlen(q, k, v, cu, cu, total, total, out, causal=causal)
+
+        graph = tf.Graph()
+        with graph.capture():
+            call(outs["tf"])
+        capture = torch.cuda.Stream()
+        capture.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(capture):
+            call(outs["torch"])  # warm-up: the stream's state and workspace exist before the capture
+        capture.synchronize()
+        torch_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(torch_graph, stream=capture):
+            call(outs["torch"])
+        replays = {"tf": graph.replay, "torch": torch_graph.replay}
+        for lens in ([400] * 5, [1, 1999, 0, 0, 0], [0, 129, 128, 1, 1700], [7, 0, 0, 0, 13]):
+            new = _cu(lens)
+            cu.copy_(torch.tensor(new, device="cuda"))
+            ref, _ = _reference(*host, new, new, causal, 1 / np.sqrt(d))
+            for name, replay in replays.items():
+                for _ in range(3):
+                    outs[name].fill_(float("nan"))
+                    replay()
+                    torch.cuda.synchronize()
+                    _check(outs[name].float().cpu().numpy().astype(np.float64), None, ref, None, 1e-2,
+                           (name, lens, causal))
+        graph.close()
+
+
+def test_varlen_dynamic_tiles_cold_stream_refused_in_a_torch_capture(device):
+    """The counter is the stream's split-K workspace, made once per stream outside captures: a
+    capture on a stream no dynamic call warmed up is refused by name, as a split-K GEMM's."""
+    torch = pytest.importorskip("torch")
+    from tmaflow.kernels import entry
+    from tmaflow.kernels.matmul import splitk
+
+    entry.STATES.clear()  # torch's pooled streams recur: no state of an earlier test may be warm
+    splitk._workspaces.__dict__.clear()
+    q, k, v, cu, longest = _torch_batch(torch, [100, 300])
+    with extra_defines(DYNAMIC):
+        kernels.attention_varlen(q, k, v, cu, cu, longest, longest)  # warm on the default stream only
+        capture = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(tf.TmaflowError, match=r"split-K workspace.*being captured.*warm up on a stream s"):
+            with torch.cuda.graph(graph, stream=capture):
+                kernels.attention_varlen(q, k, v, cu, cu, longest, longest)

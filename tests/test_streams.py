@@ -17,7 +17,7 @@ from tmaflow import kernels
 from tmaflow.runtime.device import StreamHandle, stream_handle
 from tmaflow.dtypes import as_dtype
 from tmaflow.runtime.graph import ACTIVE
-from tmaflow.kernels import attention_entry, entry, examples
+from tmaflow.kernels import attention_entry, attention_varlen_entry, entry, examples
 from tmaflow.kernels.matmul import dense, grouped, splitk
 from tmaflow.launch.config import LaunchConfig, resolve_stream
 from tmaflow.runtime.memory import DeviceArray, _contiguous_strides
@@ -135,7 +135,8 @@ def fake_states(monkeypatch):
         return build
 
     for module, name in ((dense, "_gemm_state"), (grouped, "_grouped_state"), (examples, "_softmax_state"),
-                         (examples, "_copy_state"), (examples, "_transpose_state"), (attention_entry, "_state")):
+                         (examples, "_copy_state"), (examples, "_transpose_state"), (attention_entry, "_state"),
+                         (attention_varlen_entry, "_state")):
         monkeypatch.setattr(module, name, fake(getattr(module, name)))
     yield built, calls
     entry.STATES.clear()
@@ -150,6 +151,9 @@ CALLS = {
     "softmax": lambda: kernels.softmax(view((64, 512), "float32"), view((64, 512), "float32")),
     "copy": lambda: kernels.copy(view((64, 512), "float32"), view((64, 512), "float32")),
     "attention": lambda: kernels.attention(*(view((1, 2, 128, 64)),) * 3, view((1, 2, 128, 64))),
+    "attention_varlen": lambda: kernels.attention_varlen(view((700, 4, 64)), view((700, 2, 64)), view((700, 2, 64)),
+                                                         view((4,), "int32"), view((4,), "int32"), 512, 512,
+                                                         view((700, 4, 64))),
 }
 
 

@@ -41,6 +41,14 @@
 //   lane: whole 32 B sectors, a quarter of the stores) where out is 16-byte aligned; else a
 //   4-byte word a column pair.
 //   Grouped-query attention: query head h reads key/value head h / group.
+//   DYNAMIC_TILES (VARLEN, off by default): CTAs take their work from a counter instead of a
+//   stride (FlashAttention-3's scheduler): CTA c's first tile (PAIRED: unit) is c, every later
+//   one atomicAdd(tile_counter, 1) + gridDim.x, taken by the producer warp's lane 0 while the
+//   CTA's last V tile is still to load (DYNAMIC_TILES=2: as its current tile's loads begin, a
+//   tile ahead, as FlashAttention-3). The producer tells the consumers through shared memory
+//   past the layout (struct Sched): each Q stage's work tile, and with a tile's last V stage
+//   whether another follows. tile_counter[1] counts the CTAs done; the last resets both, so the
+//   counter (attention_varlen_entry: the stream's split-K workspace) is zero between launches.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <tmaflow.cuh>
@@ -80,6 +88,11 @@ static_assert(!PAIRED || CAUSAL, "PAIRED is a schedule of causal tiles");
 #define Q_SPLIT 0  // 1: each Q buffer is two pipeline stages of 64 rows, one a consumer warpgroup
 #endif
 static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles");
+#ifndef DYNAMIC_TILES
+#define DYNAMIC_TILES 0  // 1 or 2 (VARLEN): tiles taken from a counter, not a stride (2: a tile ahead)
+#endif
+static_assert(!DYNAMIC_TILES || VARLEN, "DYNAMIC_TILES is a schedule of packed sequences");
+static_assert(DYNAMIC_TILES >= 0 && DYNAMIC_TILES <= 2, "DYNAMIC_TILES is 0, 1 or 2");
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -126,6 +139,39 @@ struct Tile {
   int q_head, kv_head;  // the maps' head coordinate: dense, the (batch x heads) row; varlen, the head
   int q_base, k_base;   // varlen: the sequence's first token in q and in k / v (dense: 0)
 };
+
+#if DYNAMIC_TILES
+// What the producer tells the consumers, in shared memory past the layout (the launch asks for
+// kSchedBytes more): the work tile whose rows each Q stage holds, and, with a work tile's last V
+// stage, whether the CTA has another. Written by the producer between its acquire and its
+// commit of the stage, read by the consumers after their wait on it: the commit
+// (mbarrier.arrive.expect_tx, release at CTA scope by default) orders the write before the
+// phase completes, and the wait (mbarrier.try_wait, acquire) makes it visible, as it does the
+// TMA's bytes. The producer writes a stage's slot again only after acquiring the stage back,
+// that is after every consumer warp released it, which each does after reading the slot.
+struct Sched {
+  Tile q[L::qp::stages];    // the work tile of each Q stage (both halves' with Q_SPLIT)
+  int more[L::vp::stages];  // with a work tile's last V stage: 1 if the CTA runs another tile
+};
+constexpr int kSchedBytes = 128;  // attention_varlen_entry.SCHED_BYTES
+static_assert(sizeof(Sched) <= kSchedBytes && L::total_bytes % 16 == 0, "Sched past the layout");
+
+// A CTA done (the producer's issuing lane, after its last take, or thread 0 of a CTA with no
+// tile): tile_counter[1] counts them, and the grid's last resets both counters. Each CTA's
+// takes from tile_counter[0] precede its count in program order and the fence releases them;
+// the last CTA's atomic reads the count every other CTA's fenced increment wrote, and its fence
+// acquires them, so every take happened before the reset (no take follows a CTA's count). The
+// next launch on the stream starts after this grid (under PDL: griddep::wait() comes first), so
+// it finds zeros.
+TMAFLOW_DEVICE void tiles_done(unsigned* tile_counter) {
+  __threadfence();
+  if (atomicAdd(tile_counter + 1, 1u) == gridDim.x - 1) {
+    __threadfence();
+    tile_counter[0] = 0;
+    tile_counter[1] = 0;
+  }
+}
+#endif
 
 // Key tiles a work tile reads (at least one: a varlen sequence without keys reads one tile, all
 // masked, and stores zeros).
@@ -247,6 +293,21 @@ struct Tiles {
   TMAFLOW_DEVICE int first_tile() const { return blockIdx.x; }
   TMAFLOW_DEVICE int next_tile(int t, const Tile&) const { return t + gridDim.x; }
 #endif
+#if DYNAMIC_TILES
+  // The CTA's tile after t (w) with a counter: PAIRED, the unit's earlier block as next_tile;
+  // else the next unit (tile) atomicAdd(counter, 1) + gridDim.x, taken by lane 0 for the warp
+  // (capped where twice it stays an int: a number past bound() is no tile). A CTA's numbers
+  // only grow (each take returns more than the last, and more than blockIdx.x), as find needs.
+  TMAFLOW_DEVICE int take_tile(int t, const Tile& w, unsigned* counter) const {
+#if PAIRED
+    if (t % 2 == 0 && 2 * (w.m0 / BM) + 1 != (w.len_q + BM - 1) / BM) return t + 1;
+#endif
+    unsigned got = 0;
+    if (threadIdx.x % 32 == 0) got = atomicAdd(counter, 1u);
+    const int u = int(min(__shfl_sync(0xffffffffu, got, 0) + gridDim.x, 0x3fffffffu));
+    return PAIRED ? 2 * u : u;
+  }
+#endif
   // Rows of out (of DV elements) and of lse ((heads, tokens)) of query row `row`.
   TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return size_t(w.q_base + row) * heads + w.q_head; }
   TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * total_q + w.q_base + row; }
@@ -300,7 +361,11 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #else
               int seq_q, int seq_kv, int batch_heads,
 #endif
-              int heads, int group, float scale_log2) {
+              int heads, int group, float scale_log2
+#if VARLEN
+              , unsigned* tile_counter  // DYNAMIC_TILES: two zeroed counters; else unused (null)
+#endif
+              ) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto qp = S.qp();
@@ -310,6 +375,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   using KCursor = decltype(kp)::Cursor;
   using VCursor = decltype(vp)::Cursor;
   const int wg = threadIdx.x / 128, lane = threadIdx.x % 32;
+#if DYNAMIC_TILES
+  Sched& sched = *reinterpret_cast<Sched*>(smem + L::total_bytes);
+#endif
 #if VARLEN
   Tiles tiles{cu_q, cu_k, total_q, total_k, batch, heads, group};
 #else
@@ -328,7 +396,14 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   griddep::launch_dependents();
 #if VARLEN
   {  // the grid is a bound (tokens and batch) or the SM count: CTAs past the last tile leave at once
+#if DYNAMIC_TILES
+    if (!tiles.skip_to(tiles.first_tile())) {
+      if (threadIdx.x == 0) tiles_done(tile_counter);
+      return;
+    }
+#else
     if (!tiles.skip_to(tiles.first_tile())) return;
+#endif
   }
 #endif
   __syncthreads();
@@ -344,6 +419,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       KCursor ck;
       VCursor cv;
       Tile w;
+#if DYNAMIC_TILES
+      int more_next = 0;  // the CTA has a tile after w (known before w's last V tile loads)
+#endif
       auto load_k = [&](int j) {
         kp.producer_acquire(ck);
         kp.producer_commit(ck);
@@ -354,6 +432,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       };
       auto load_v = [&](int j) {
         vp.producer_acquire(cv);
+#if DYNAMIC_TILES
+        sched.more[cv.stage] = more_next;  // the consumers read it with a tile's last V stage only
+#endif
         vp.producer_commit(cv);
 #pragma unroll
         for (int box = 0; box < kBoxesV; ++box)
@@ -376,6 +457,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       };
       auto load_q = [&](int half) {  // rows m0 + half * kQRows .. of the work tile
         qp.producer_acquire(cq);
+#if DYNAMIC_TILES
+        sched.q[cq.stage] = w;
+#endif
         qp.producer_commit(cq);
 #pragma unroll
         for (int box = 0; box < kBoxesQK; ++box)
@@ -383,6 +467,40 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
                    w.q_head);
         cq.advance();
       };
+#if DYNAMIC_TILES
+      // DYNAMIC_TILES 1: the CTA's next tile is taken (and walked to by the whole warp) once
+      // this one's loads but its last V tile are issued (the producer waits for free stages
+      // there anyway, and the CTA still has a few key tiles to run); 2 (FlashAttention-3's
+      // order): as this one's loads begin, a tile ahead, the take's and the walk's latency under
+      // the wait for Q's stage (1 may delay a one-key-tile tile's V by them). Either way the
+      // last V stage tells the consumers whether another tile follows, the next tile's Q stage
+      // which it is.
+      for (int t = tiles.first_tile(), more = tiles.find(t, w); more;) {
+        const int n = key_tiles(w);
+        Tile w_next;
+        int t_next = 0;
+        if (DYNAMIC_TILES == 2) {
+          t_next = tiles.take_tile(t, w, tile_counter);
+          more_next = tiles.find(t_next, w_next);
+        }
+        if (issuer) {
+          load_q(0);
+          load_k(0);
+          if (Q_SPLIT) load_q(1);
+          for (int j = 1; j < n; ++j) {
+            load_k(j);
+            load_v(j - 1);
+          }
+        }
+        if (DYNAMIC_TILES == 1) {
+          t_next = tiles.take_tile(t, w, tile_counter);
+          more_next = tiles.find(t_next, w_next);
+        }
+        if (issuer) load_v(n - 1);
+        t = t_next, w = w_next, more = more_next;
+      }
+      if (issuer) tiles_done(tile_counter);
+#else
       for (int t = tiles.first_tile(); tiles.find(t, w); t = tiles.next_tile(t, w)) {
         if (issuer) {
           load_q(0);
@@ -398,6 +516,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
           if (n == 1) prefetch_next(t);
         }
       }
+#endif
     }
     return;
   }
@@ -587,6 +706,16 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   };
   if (cw == 1) named_barrier::arrive(1, 256);
   if (Q_SPLIT && cw == 1) cq.advance();  // its half of each Q buffer is the second stage
+#if DYNAMIC_TILES
+  // The work tile comes with its Q stage (read after the wait; the warp syncs before any lane
+  // goes on, so every lane's read precedes lane 0's release of the stage), whether another
+  // follows with its last V stage.
+  for (int more = 1; more; cq.advance()) {
+    qp.consumer_wait(cq);
+    w = sched.q[cq.stage];
+    __syncwarp();
+    const int n = begin_work();
+#else
 #if VARLEN
   // The walk that tells a tile is the CTA's last finds the next one: kept, not walked again.
   Tile w_next;
@@ -597,6 +726,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #endif
     const int n = begin_work();
     qp.consumer_wait(cq);
+#endif
     kp.consumer_wait(ck);
     turn_begin();
     issue_s();
@@ -621,7 +751,13 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       cv.advance();
       convert();
     }
-#if VARLEN
+#if DYNAMIC_TILES
+    // cv is V_(n-1)'s stage, waited for by wait_ahead (and read again after the release below
+    // only by the producer's next write, which acquires the stage first)
+    more = sched.more[cv.stage];
+    __syncwarp();
+    const bool last = !more;
+#elif VARLEN
     t_next = tiles.next_tile(t, w);
     more = tiles.find(t_next, w_next);
     const bool last = !more;
@@ -636,7 +772,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     if (lane == 0) vp.consumer_release(cv);
     cv.advance();
     store();
-#if VARLEN
+#if VARLEN && !DYNAMIC_TILES
     w = w_next;
 #endif
     if (Q_SPLIT) cq.advance();  // past the other warpgroup's half

@@ -21,7 +21,7 @@ from . import checks
 from .attention_entry import (BM, DTYPES, HEAD_DIMS, _given_out, _scale, attention_kernel, attention_plan,
                               dims_rule, forced_layout, map_template)
 from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device, packed
-from .matmul.splitk import _foreign_capture
+from .matmul.splitk import _foreign_capture, _split_k_buffers, _with_split_k
 
 WHO = "attention_varlen"
 
@@ -85,8 +85,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     ret = (result, lse_out) if return_lse else result
     if batch * tq * hq == 0:
         return None, (), ret
+    _, counter = _split_k_buffers(st)  # DYNAMIC_TILES: the stream's zeroed counters; else 0 (unused)
     args = (st.tq.bind(Q), st.tk.bind(K), st.tv.bind(V), O, lse, CQ, CK, tq, tk, batch, hq, hq // hkv,
-            float(scale) * math.log2(math.e))
+            float(scale) * math.log2(math.e), counter)
     return st.launcher, args, ret
 
 
@@ -202,6 +203,10 @@ def _upload(host: np.ndarray, device, stream: int, who: str = WHO) -> DeviceArra
     return arr
 
 
+# Shared memory a DYNAMIC_TILES launch takes past the layout (attention.cu's kSchedBytes): where
+# the producer tells the consumers their tiles.
+SCHED_BYTES = 128
+
 # True: a CTA a tile at every plan (the block scheduler balances unequal tiles; each pays its
 # loads' latency). Off; tools/experiments/varlen_ab.py's "tiles" rows set it to compare.
 A_TILE_A_CTA = False
@@ -240,11 +245,23 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespac
     # 1.050, 0.613 -> 0.768, 0.417 -> 0.689; head dim 256 (call 8) 4 x 4096 0.884 -> 0.975,
     # 32-224 0.922 -> 1.020, but ragged 0.952 -> 0.901 (8 heads: few units a CTA, and a stride
     # balances unequal ones worse than the block scheduler does).
+    # DYNAMIC_TILES (kernels.registry.extra_defines, off; tools/experiments/varlen_ab.py's "dyn"
+    # rows): one CTA an SM, each taking its later tiles (PAIRED: units) from a counter, two
+    # uint32 of the stream's split-K workspace (zero between launches: the grid's last CTA resets
+    # them). Per stream like split-K's, with its rules: a torch.cuda.graph capture needs a call
+    # on its stream first, and a graph keeps the workspace of the stream it captured on, so two
+    # replays of graphs captured on one stream must not run at once on different streams (they
+    # would share its counters, as split-K GEMMs' would their counters and partials).
     tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
-    one_a_tile = causal and not kernel.defines.get("PAIRED") or A_TILE_A_CTA
-    grid = tiles if one_a_tile else min(tiles, current_device().sm_count)
+    dynamic = bool(int(kernel.defines.get("DYNAMIC_TILES", 0)))
+    one_a_tile = not dynamic and (causal and not kernel.defines.get("PAIRED") or A_TILE_A_CTA)
+    device = current_device()
+    grid = tiles if one_a_tile else min(tiles, device.sm_count)
+    smem = {"smem": plan.layout.total_bytes + SCHED_BYTES} if dynamic else {}
+    launcher, workspace = _with_split_k(kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl, **smem),
+                                        dynamic, device, stream)
     dt = Q.dtype.name
-    return SimpleNamespace(launcher=kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl),
+    return SimpleNamespace(launcher=launcher, workspace=workspace, workspace_sizes=(2, 0),
                            tq=map_template(dt, (tq, hq, d), plan.spec_q, varlen=True),
                            tk=map_template(dt, (tk, hkv, d), plan.spec_k, varlen=True),
                            tv=map_template(dt, (tk, hkv, dv), plan.spec_v, varlen=True))

@@ -11,7 +11,13 @@ plans before them, docs/history.md):
 - "cta" (causal): one CTA a tile (the plan before PAIRED came to varlen);
 - "tiles" (non-causal): one CTA a tile (``attention_varlen_entry.A_TILE_A_CTA``), not one an
   SM striding over them: the block scheduler balances tiles of unequal length where a stride
-  may not (ragged batches at head dim 256, few tiles a CTA).
+  may not (ragged batches at head dim 256, few tiles a CTA);
+- "dyn" (both): one CTA an SM taking its later tiles (causal: pairs) from a counter
+  (DYNAMIC_TILES, FlashAttention-3's scheduler): the stride's balance of equal tiles and the
+  block scheduler's of unequal ones, hoped for; the next tile taken once a tile's loads but its
+  last V tile are issued;
+- "dyn2" (both): the same, the next tile taken a tile ahead, as a tile's loads begin
+  (FlashAttention-3's order: the take's latency under the producer's wait for Q's stage).
 
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
@@ -53,7 +59,7 @@ def variants(d: int, causal: bool) -> list:
         out.append(("2q", {"Q_STAGES": 2}))
     if causal:
         out.append(("cta", {"PAIRED": 0}))
-    return out + ([] if causal else [("tiles", {})])
+    return out + ([] if causal else [("tiles", {})]) + [("dyn", {"DYNAMIC_TILES": 1}), ("dyn2", {"DYNAMIC_TILES": 2})]
 
 
 def _build(job):
