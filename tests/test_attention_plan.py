@@ -8,7 +8,7 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_KEYS, _VARLEN_UNPAIRED, attention_kernel, attention_plan,
+from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_DYNAMIC, VARLEN_KEYS, _VARLEN_UNPAIRED, attention_kernel, attention_plan,
                                             keys_per_tile, swizzle_span)
 from tmaflow.kernels.attention_varlen_entry import varlen_plan
 from tmaflow.launch import compiler
@@ -153,8 +153,9 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     same_keys = attention_plan(d, causal, dv, q_stages=1, q_split=False, keys=varlen.keys)
     dense_defines = {k: v for k, v in same_keys.defines.items() if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT")}
     paired = {"PAIRED": 1} if causal and dv not in _VARLEN_UNPAIRED else {}  # varlen pairs too, where it fits
+    dynamic = {"DYNAMIC_TILES": VARLEN_DYNAMIC} if dv not in _VARLEN_UNPAIRED else {}  # and takes tiles from a counter
     assert varlen.layout.header() == same_keys.layout.header()
-    assert varlen.defines == {**dense_defines, "VARLEN": 1, **paired}
+    assert varlen.defines == {**dense_defines, "VARLEN": 1, **paired, **dynamic}
     assert varlen.defines["STORE16"] == 1
 
 
@@ -207,10 +208,14 @@ def test_varlen_plans_keep_tile_numbers_in_int32():
     """PAIRED's slots reach about 2 x tokens x heads (one-token sequences, two slots a unit):
     from 2^31 on a causal varlen plan keeps a CTA a tile (its numbers stay below tokens x heads,
     which the entry checks)."""
-    assert varlen_plan(128, True, 128, (1 << 30) // 64 - 1, 64).defines["PAIRED"] == 1
+    small = varlen_plan(128, True, 128, (1 << 30) // 64 - 1, 64)
+    assert small.defines["PAIRED"] == 1 and small.defines["DYNAMIC_TILES"] == VARLEN_DYNAMIC
     big = varlen_plan(128, True, 128, (1 << 30) // 64, 64)
     assert "PAIRED" not in big.defines and big.layout.header() == attention_plan(128, True, varlen=True).layout.header()
-    assert "PAIRED" not in varlen_plan(128, False, 128, 1 << 30, 64).defines
+    assert "DYNAMIC_TILES" not in big.defines  # its counter runs a grid past the last tile
+    assert not {"PAIRED", "DYNAMIC_TILES"} & set(varlen_plan(128, False, 128, 1 << 30, 64).defines)
+    static = varlen_plan(128, True, 128, 4096, 8, static=True)
+    assert "DYNAMIC_TILES" not in static.defines and static.defines["PAIRED"] == 1
 
 
 @pytest.mark.parametrize("d,dv", [(96, 96), (192, 128), (80, 80)])

@@ -1,9 +1,10 @@
-"""DYNAMIC_TILES, the packed-sequence forward's opt-in tile counter (no GPU; its GPU cases are in
-test_gpu_attention_varlen.py): every build compiles without spills or serialised wgmma and
-leaves room for its schedule slots in shared memory; default builds never read the counter
-argument (their SASS is that of the source without it); the entry passes the stream's counter
-(or null) as the kernel's last argument and sizes its grid and shared memory; one counter a
-stream and thread (the split-K workspace's)."""
+"""DYNAMIC_TILES, the packed-sequence forward's tile counter (the plans' default; no GPU: its GPU
+cases are in test_gpu_attention_varlen.py): every build compiles without spills or serialised
+wgmma and leaves room for its schedule slots in shared memory; static builds never read the
+counter argument (their SASS is that of the source without it); the entry passes the stream's
+counter (or null) as the kernel's last argument and sizes its grid and shared memory; one
+counter a stream and thread (the split-K workspace's) for eager calls, a pair of its own for
+each captured one (tile_counters), the stride when none is reserved."""
 import itertools
 import struct
 import types
@@ -12,8 +13,9 @@ import pytest
 
 from tmaflow import kernels
 from tmaflow.kernels import attention_varlen_entry as varlen_entry
+from tmaflow.kernels import tile_counters
 from tmaflow.kernels import entry as entry_mod
-from tmaflow.kernels.attention_entry import HEAD_DIMS, attention_kernel, attention_plan
+from tmaflow.kernels.attention_entry import HEAD_DIMS, VARLEN_DYNAMIC, attention_kernel, attention_plan
 from tmaflow.kernels.matmul import splitk
 from tmaflow.kernels.registry import extra_defines, source
 from tmaflow.launch import compiler
@@ -74,13 +76,14 @@ def test_every_varlen_plan_has_room_for_the_schedule_slots():
 
 
 @pytest.mark.parametrize("d,causal", [(128, False), (256, True)])
-def test_default_builds_never_read_the_counter(d, causal):
+def test_static_builds_never_read_the_counter(d, causal):
     """The static schedule's SASS is that of the source without the trailing tile_counter
     parameter: the argument costs the default builds nothing (checked against the commit before
     it, for every default varlen build at head dims 64 / 128 / 256 and 96 / 192 / 240, when it
     was written)."""
-    plan = attention_plan(d, causal, varlen=True)
+    plan = varlen_entry.varlen_plan(d, causal, d, 4096, 8, static=True)
     kernel = attention_kernel(plan, "bfloat16")
+    assert "DYNAMIC_TILES" not in kernel.defines
     param = "              , unsigned* tile_counter  // DYNAMIC_TILES: two zeroed counters; else unused (null)\n"
     src = source("attention")
     assert src.count(param) == 1
@@ -120,6 +123,8 @@ def fake_device(monkeypatch):
                 DeviceArray(0x7800_0000_0000 + (self.stream << 20), (1 << 20,), "float32"))
 
     monkeypatch.setattr(splitk._Workspace, "views", views)
+    monkeypatch.setattr(varlen_entry, "_foreign_capture", lambda stream: False)
+    monkeypatch.setattr(tile_counters, "reserve", lambda device: built.append(("reserve", device.ordinal)))
     entry_mod.STATES.clear()
     splitk._workspaces.__dict__.clear()
     yield built
@@ -148,7 +153,7 @@ def test_entry_passes_the_stream_counter_as_the_last_argument(fake_device, causa
         a = _prepare(causal, 0x10)
         b = _prepare(causal, 0x20)
         again = _prepare(causal, 0x10)
-    (kernel, config), (_, config_b) = built  # one state a stream; the third call reuses the first
+    (kernel, config), (_, config_b) = [b for b in built if b[0] != "reserve"]  # one state a stream
     assert kernel.defines["DYNAMIC_TILES"] == 1 and config["stream"] == 0x10 and config_b["stream"] == 0x20
     plan = attention_plan(128, causal, varlen=True)
     tiles = 4 * ((700 + 3 * 127) // 128)
@@ -159,12 +164,39 @@ def test_entry_passes_the_stream_counter_as_the_last_argument(fake_device, causa
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_default_entry_passes_null_and_no_workspace(fake_device, causal):
+def test_static_entry_passes_null_and_no_workspace(fake_device, causal):
+    built = fake_device
+    with extra_defines({"DYNAMIC_TILES": 0}):
+        p = _prepare(causal, 0x10)
+    (kernel, config), = built
+    assert kernel.defines["DYNAMIC_TILES"] == 0 and "smem" not in config and config["grid"] <= 132
+    assert _counter_argument(kernel, p.args) == 0 and not splitk._workspaces.__dict__
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_entry_is_dynamic_and_reserves_pairs_for_captures(fake_device, causal):
     built = fake_device
     p = _prepare(causal, 0x10)
-    (kernel, config), = built
-    assert "DYNAMIC_TILES" not in kernel.defines and "smem" not in config
-    assert _counter_argument(kernel, p.args) == 0 and not splitk._workspaces.__dict__
+    (what, ordinal), (kernel, config) = built
+    assert (what, ordinal) == ("reserve", 0) and kernel.defines["DYNAMIC_TILES"] == VARLEN_DYNAMIC == 2
+    assert _counter_argument(kernel, p.args) == 0x7700_0000_0000 + (0x10 << 20)  # eager: the stream's
+
+
+def test_captured_calls_take_pairs_of_their_own_or_the_stride(fake_device, monkeypatch):
+    """Under a capture each call takes a pair from tile_counters (never its stream's, which
+    eager calls share); with none reserved, the static stride and a null counter."""
+    built = fake_device
+    _prepare(False, 0x10)  # eager: the state
+    monkeypatch.setattr(varlen_entry, "_foreign_capture", lambda stream: True)
+    pairs = iter([0x5500_0000, 0x5500_0008, None])
+    monkeypatch.setattr(tile_counters, "take", lambda device: next(pairs))
+    captured = [_prepare(False, 0x10) for _ in range(3)]
+    kernels_built = [b for b in built if b[0] != "reserve"]
+    (dynamic, _), (static, static_config) = kernels_built  # the stride built once, for the third
+    got = [_counter_argument(k, p.args) for k, p in zip((dynamic, dynamic, static), captured)]
+    assert got == [0x5500_0000, 0x5500_0008, 0]
+    assert "DYNAMIC_TILES" not in static.defines and "smem" not in static_config
+    assert captured[2].launcher is not captured[0].launcher
 
 
 def test_dynamic_causal_without_pairs_keeps_one_cta_an_sm(fake_device):
@@ -174,7 +206,8 @@ def test_dynamic_causal_without_pairs_keeps_one_cta_an_sm(fake_device):
     _prepare(True, 0x10, d=240, tokens=9000)
     with extra_defines(DYNAMIC):
         _prepare(True, 0x10, d=240, tokens=9000)
-    (static, static_config), (dynamic, dynamic_config) = built
+    (static, static_config), (dynamic, dynamic_config) = [b for b in built if b[0] != "reserve"]
+    assert "DYNAMIC_TILES" not in static.defines  # the plan's at V head dim 240: ptxas spills with the slots
     assert "PAIRED" not in static.defines and "PAIRED" not in dynamic.defines
     tiles = 4 * ((9000 + 3 * 127) // 128)
     assert static_config["grid"] == tiles and dynamic_config["grid"] == 132

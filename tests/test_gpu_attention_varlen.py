@@ -236,7 +236,7 @@ def test_varlen_inside_torch_compile_runs_the_custom_op(device):
         torch.ops.tmaflow.attention_varlen(meta, meta, meta, cu_meta.long(), cu_meta.long(), 25, 25)
 
 
-# --- DYNAMIC_TILES: CTAs take their tiles from a counter (opt-in, varlen_ab's "dyn") ------------
+# --- DYNAMIC_TILES: CTAs take their tiles from a counter (the plan's 2, or 1; 0: the stride) --------
 
 DYNAMIC = {"DYNAMIC_TILES": 1}
 DYNAMIC_BUILDS = ([(d, c, "bfloat16", {}) for d in (64, 128, 256) for c in (False, True)] +
@@ -276,11 +276,14 @@ def _torch_batch(torch, lens, hq=8, hkv=2, d=128):
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_dynamic_tiles_equal_the_stride_bit_for_bit(device, rng, d, causal, mode):
     """A tile's work does not depend on the CTA that takes it: out and lse of the counter
-    schedule equal the default schedule's exactly, launch after launch (the counter resets)."""
+    schedule equal the stride's (DYNAMIC_TILES=0) exactly, launch after launch (the counter
+    resets)."""
     torch = pytest.importorskip("torch")
     lens = RAGGED + [2048, 1, 0, 700] + rng.integers(0, 500, 100).tolist()
     q, k, v, cu, longest = _torch_batch(torch, lens, d=d)
-    want, want_lse = kernels.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal, return_lse=True)
+    with extra_defines({"DYNAMIC_TILES": 0}):
+        want, want_lse = kernels.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
+                                                  return_lse=True)
     with extra_defines({"DYNAMIC_TILES": mode}):
         for launch in range(3):
             got, got_lse = kernels.attention_varlen(q, k, v, cu, cu, longest, longest, causal=causal,
@@ -316,10 +319,9 @@ def test_varlen_dynamic_tiles_on_two_streams_at_once(device, rng, causal, mode):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_dynamic_tiles_in_graphs_replayed_with_new_lengths(device, rng, causal):
-    """A tf.Graph (its stream's workspace made and zeroed at the capture) and a torch CUDA graph
-    (captured on a stream warmed up first, as split-K GEMMs are), each replayed three times a
-    length set after the lengths changed in place: every replay computes the new sequences
-    (the counter returns to zero inside graphs too)."""
+    """A tf.Graph and a torch CUDA graph (each captured launch with a counter pair of its own),
+    each replayed three times a length set after the lengths changed in place: every replay
+    computes the new sequences (the counter returns to zero inside graphs too)."""
     torch = pytest.importorskip("torch")
     hq, d, total = 4, 128, 2000
     q, k, v = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -333,13 +335,8 @@ def test_varlen_dynamic_tiles_in_graphs_replayed_with_new_lengths(device, rng, c
         graph = tf.Graph()
         with graph.capture():
             call(outs["tf"])
-        capture = torch.cuda.Stream()
-        capture.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(capture):
-            call(outs["torch"])  # warm-up: the stream's state and workspace exist before the capture
-        capture.synchronize()
         torch_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(torch_graph, stream=capture):
+        with torch.cuda.graph(torch_graph):  # torch's capture stream, never used eagerly
             call(outs["torch"])
         replays = {"tf": graph.replay, "torch": torch_graph.replay}
         for lens in ([400] * 5, [1, 1999, 0, 0, 0], [0, 129, 128, 1, 1700], [7, 0, 0, 0, 13]):
@@ -356,20 +353,68 @@ def test_varlen_dynamic_tiles_in_graphs_replayed_with_new_lengths(device, rng, c
         graph.close()
 
 
-def test_varlen_dynamic_tiles_cold_stream_refused_in_a_torch_capture(device):
-    """The counter is the stream's split-K workspace, made once per stream outside captures: a
-    capture on a stream no dynamic call warmed up is refused by name, as a split-K GEMM's."""
+def test_varlen_captured_launch_keeps_its_counter_beside_eager_calls_on_its_stream(device, rng):
+    """A launch captured into a torch graph takes a counter pair of its own (tile_counters), not
+    its capture stream's: replays on a second stream, each beside an eager call of another batch
+    on the capture stream, all equal their calls alone (a shared counter would skip or repeat
+    tiles of one of them)."""
     torch = pytest.importorskip("torch")
-    from tmaflow.kernels import entry
-    from tmaflow.kernels.matmul import splitk
+    from tmaflow.kernels import tile_counters
 
-    entry.STATES.clear()  # torch's pooled streams recur: no state of an earlier test may be warm
-    splitk._workspaces.__dict__.clear()
-    q, k, v, cu, longest = _torch_batch(torch, [100, 300])
+    a, b = (_torch_batch(torch, RAGGED + rng.integers(1, 900, 60).tolist()) for _ in range(2))
+    outs = [torch.empty_like(a[0]), torch.empty_like(b[0])]
+
+    def call(batch, out):
+        kernels.attention_varlen(*batch[:4], batch[3], batch[4], batch[4], out, causal=True)
+
+    call(a, outs[0]), call(b, outs[1])  # eager: states built, the pool reserved
+    torch.cuda.synchronize()
+    refs = [o.clone() for o in outs]
+    before = tile_counters.untaken(tf.current_device())
+    capture, replay = torch.cuda.Stream(), torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        call(a, outs[0])
+    assert tile_counters.untaken(tf.current_device()) == before - 1
+    got = []
+    for _ in range(30):
+        outs[0].fill_(float("nan"))
+        outs[1].fill_(float("nan"))
+        replay.wait_stream(torch.cuda.current_stream())
+        capture.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(replay):
+            graph.replay()
+        with torch.cuda.stream(capture):
+            call(b, outs[1])
+        torch.cuda.current_stream().wait_stream(replay)
+        torch.cuda.current_stream().wait_stream(capture)
+        got.append((torch.equal(outs[0], refs[0]), torch.equal(outs[1], refs[1])))
+    torch.cuda.synchronize()
+    assert all(x and y for x, y in got), got
+
+
+def test_varlen_capture_before_any_eager_call_takes_the_stride(device, rng, monkeypatch):
+    """A torch capture that finds no counter pair reserved (its first call is the captured one)
+    launches the static stride, which needs none: replays compute the sequences; a build forced
+    to DYNAMIC_TILES there is refused by name."""
+    torch = pytest.importorskip("torch")
+    from tmaflow.kernels import entry, tile_counters
+
+    monkeypatch.setattr(tile_counters, "_pools", {})
+    entry.STATES.clear()  # no state of an earlier test reserved the pool
+    q, k, v, cu, longest = _torch_batch(torch, [100, 300, 0, 129])
+    out = torch.full_like(q, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.attention_varlen(q, k, v, cu, cu, longest, longest, out)
+    assert tile_counters.untaken(tf.current_device()) == 0
+    graph.replay()
+    torch.cuda.synchronize()
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    ref, _ = _reference(*host, _cu([100, 300, 0, 129]), _cu([100, 300, 0, 129]), False, 1 / np.sqrt(128))
+    _check(out.float().cpu().numpy().astype(np.float64), None, ref, None, 1e-2, "static in a capture")
     with extra_defines(DYNAMIC):
-        kernels.attention_varlen(q, k, v, cu, cu, longest, longest)  # warm on the default stream only
-        capture = torch.cuda.Stream()
-        graph = torch.cuda.CUDAGraph()
-        with pytest.raises(tf.TmaflowError, match=r"split-K workspace.*being captured.*warm up on a stream s"):
-            with torch.cuda.graph(graph, stream=capture):
-                kernels.attention_varlen(q, k, v, cu, cu, longest, longest)
+        with pytest.raises(tf.TmaflowError, match=r"DYNAMIC_TILES, forced through extra_defines, needs a tile "
+                                                  r"counter.*being captured"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                kernels.attention_varlen(q, k, v, cu, cu, longest, longest, out)

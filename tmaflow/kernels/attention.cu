@@ -41,14 +41,15 @@
 //   lane: whole 32 B sectors, a quarter of the stores) where out is 16-byte aligned; else a
 //   4-byte word a column pair.
 //   Grouped-query attention: query head h reads key/value head h / group.
-//   DYNAMIC_TILES (VARLEN, off by default): CTAs take their work from a counter instead of a
+//   DYNAMIC_TILES (VARLEN; the plans' 2): CTAs take their work from a counter instead of a
 //   stride (FlashAttention-3's scheduler): CTA c's first tile (PAIRED: unit) is c, every later
 //   one atomicAdd(tile_counter, 1) + gridDim.x, taken by the producer warp's lane 0 while the
 //   CTA's last V tile is still to load (DYNAMIC_TILES=2: as its current tile's loads begin, a
 //   tile ahead, as FlashAttention-3). The producer tells the consumers through shared memory
 //   past the layout (struct Sched): each Q stage's work tile, and with a tile's last V stage
 //   whether another follows. tile_counter[1] counts the CTAs done; the last resets both, so the
-//   counter (attention_varlen_entry: the stream's split-K workspace) is zero between launches.
+//   counter (attention_varlen_entry: the stream's split-K workspace, or a captured launch's own
+//   pair from tile_counters) is zero between launches.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <tmaflow.cuh>

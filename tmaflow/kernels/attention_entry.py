@@ -37,9 +37,15 @@ _MEASURED_KEYS = {(64, False): 128, (64, True): 128, (128, False): 176, (128, Tr
 # against 176, 128 x 128 tokens 0.979 against 0.861, lengths 32-224 0.834 / 0.775, 128-1024
 # 0.869 / 0.804, 256-5120 1.015 / 1.008.
 VARLEN_KEYS = 128
-# V head dims whose causal varlen build keeps a CTA a tile: with PAIRED's walk ptxas spills
-# 8 B (208) and 24 B (240) (NVRTC 13.5).
+# V head dims whose varlen builds keep the static schedule: with PAIRED's walk ptxas spills
+# 8 B (208) and 24 B (240) (NVRTC 13.5), and with DYNAMIC_TILES' slots 8 B at 240.
 _VARLEN_UNPAIRED = {208, 240}
+# The varlen schedule: CTAs take their tiles from a counter, a tile ahead (attention.cu's
+# DYNAMIC_TILES=2). H200 (session 21 call 9, tools/experiments/varlen_ab.py, cold, x the dense
+# kernel at equal tokens, stride -> counter): head dim 256 ragged 0.922 -> 1.020, causal 0.909
+# -> 1.076; head dim 128 ragged causal 0.998 -> 1.105, 128-1024 causal 0.760 -> 0.843, 32-224
+# 0.798 -> 0.878; head dim 64 128 x 128 0.904 -> 0.949, causal 0.837 -> 0.941.
+VARLEN_DYNAMIC = 2
 # (head dim, v's, causal) planned with one whole Q buffer where a second would fit (H200, session
 # 17, cold / back to back ratio to cuDNN at 1k-16k, one buffer against two: head dim 64 full
 # 0.997-1.053 / 1.014-1.047 against 0.969-0.997 / 0.958-1.021)
@@ -151,6 +157,7 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
                **({"PAIRED": 1} if causal and not (varlen and dv in _VARLEN_UNPAIRED) else {}),
+               **({"DYNAMIC_TILES": VARLEN_DYNAMIC} if varlen and dv not in _VARLEN_UNPAIRED else {}),
                "Q_STAGES": q_stages,
                **({"Q_SPLIT": 1} if q_split else {}), "STORE16": 1}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)

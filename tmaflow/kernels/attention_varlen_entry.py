@@ -17,7 +17,7 @@ from ..runtime import driver
 from ..runtime.device import current_device, current_ordinal
 from ..runtime.graph import capturing
 from ..runtime.memory import DeviceArray, as_array, empty, from_numpy
-from . import checks
+from . import checks, tile_counters
 from .attention_entry import (BM, DTYPES, HEAD_DIMS, _given_out, _scale, attention_kernel, attention_plan,
                               dims_rule, forced_layout, map_template)
 from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device, packed
@@ -85,7 +85,16 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     ret = (result, lse_out) if return_lse else result
     if batch * tq * hq == 0:
         return None, (), ret
-    _, counter = _split_k_buffers(st)  # DYNAMIC_TILES: the stream's zeroed counters; else 0 (unused)
+    counter = 0  # DYNAMIC_TILES: two zeroed counters no concurrent launch shares; else null (unused)
+    if st.workspace is not None:
+        if capturing() is None and not _foreign_capture(stream):
+            _, counter = _split_k_buffers(st)  # eager: the stream's (its launches run in order)
+        else:
+            counter = tile_counters.take(current_device())  # captured: a pair of its own (tile_counters)
+            if counter is None:  # a torch capture before any eager dynamic call: nothing reserved
+                st = cached_state(key + ("static",),
+                                  lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=True))
+                counter = 0
     args = (st.tq.bind(Q), st.tk.bind(K), st.tv.bind(V), O, lse, CQ, CK, tq, tk, batch, hq, hq // hkv,
             float(scale) * math.log2(math.e), counter)
     return st.launcher, args, ret
@@ -212,27 +221,29 @@ SCHED_BYTES = 128
 A_TILE_A_CTA = False
 
 
-def varlen_plan(d: int, causal: bool, dv: int, tokens: int, heads: int, **forced):
+def varlen_plan(d: int, causal: bool, dv: int, tokens: int, heads: int, static: bool = False, **forced):
     """``attention_plan(..., varlen=True)`` for ``tokens`` query rows of ``heads`` heads. PAIRED
     numbers two slots a unit, so its tile numbers reach about 2 x tokens x heads (sequences of
-    one token): from 2^31 on (the kernel's tile numbers are 32-bit) the plan keeps a CTA a tile,
-    whose numbers stay below tokens x heads (``_check``)."""
+    one token), and the counter of DYNAMIC_TILES runs a grid past the last tile: from 2^31 on
+    (the kernel's tile numbers are 32-bit) the plan keeps a CTA a tile, whose numbers stay below
+    tokens x heads (``_check``). ``static``: the stride, without the counter."""
     plan = attention_plan(d, causal, dv, varlen=True, **forced)
-    if plan.defines.get("PAIRED") and 2 * tokens * heads >= 1 << 31:
-        plan = plan._replace(defines={k: v for k, v in plan.defines.items() if k != "PAIRED"})
+    drop = ("PAIRED", "DYNAMIC_TILES") if 2 * tokens * heads >= 1 << 31 else ("DYNAMIC_TILES",) if static else ()
+    if any(name in plan.defines for name in drop):
+        plan = plan._replace(defines={k: v for k, v in plan.defines.items() if k not in drop})
     return plan
 
 
-def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespace:
+def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=False) -> SimpleNamespace:
     _OPTIONS.check(causal, pdl, debug, trace)
     on_current_device(WHO, Q)
     tq, hq, d = Q.shape
     tk, hkv = K.shape[:2]
-    plan = varlen_plan(d, causal, dv, tq, hq)
+    plan = varlen_plan(d, causal, dv, tq, hq, static=static)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     forced = forced_layout(plan, kernel)
     if forced:
-        plan = varlen_plan(d, causal, dv, tq, hq, **forced)
+        plan = varlen_plan(d, causal, dv, tq, hq, static=static, **forced)
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
     # in all, whatever the lengths on the device. CTAs past the last tile leave at once. One CTA
@@ -245,17 +256,21 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace) -> SimpleNamespac
     # 1.050, 0.613 -> 0.768, 0.417 -> 0.689; head dim 256 (call 8) 4 x 4096 0.884 -> 0.975,
     # 32-224 0.922 -> 1.020, but ragged 0.952 -> 0.901 (8 heads: few units a CTA, and a stride
     # balances unequal ones worse than the block scheduler does).
-    # DYNAMIC_TILES (kernels.registry.extra_defines, off; tools/experiments/varlen_ab.py's "dyn"
-    # rows): one CTA an SM, each taking its later tiles (PAIRED: units) from a counter, two
-    # uint32 of the stream's split-K workspace (zero between launches: the grid's last CTA resets
-    # them). Per stream like split-K's, with its rules: a torch.cuda.graph capture needs a call
-    # on its stream first, and a graph keeps the workspace of the stream it captured on, so two
-    # replays of graphs captured on one stream must not run at once on different streams (they
-    # would share its counters, as split-K GEMMs' would their counters and partials).
+    # DYNAMIC_TILES (the plan's, attention_entry.VARLEN_DYNAMIC): one CTA an SM, each taking its
+    # later tiles (PAIRED: units) from a counter, two uint32 zero between launches (the grid's
+    # last CTA resets them): an eager call's are its stream's (two words of the split-K
+    # workspace), a captured call's a pair of its own (tile_counters), or, in a torch capture
+    # before any eager call made the pool, the static stride (``static``).
     tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
     dynamic = bool(int(kernel.defines.get("DYNAMIC_TILES", 0)))
-    one_a_tile = not dynamic and (causal and not kernel.defines.get("PAIRED") or A_TILE_A_CTA)
+    if dynamic and static:
+        raise TmaflowError(f"{WHO}: DYNAMIC_TILES, forced through extra_defines, needs a tile counter, but the "
+                           f"stream 0x{int(stream):x} is being captured into a CUDA graph before any eager "
+                           "call reserved one; make the same call once outside the capture first")
     device = current_device()
+    if dynamic and not _foreign_capture(stream):
+        tile_counters.reserve(device)  # for calls captured later
+    one_a_tile = not dynamic and (causal and not kernel.defines.get("PAIRED") or A_TILE_A_CTA)
     grid = tiles if one_a_tile else min(tiles, device.sm_count)
     smem = {"smem": plan.layout.total_bytes + SCHED_BYTES} if dynamic else {}
     launcher, workspace = _with_split_k(kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl, **smem),

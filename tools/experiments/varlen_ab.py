@@ -4,20 +4,19 @@ flushed before every call; warm: back to back). The variants (extra defines on t
 build; session 21's first rounds compared STORE16, 128-key tiles and persistence against the
 plans before them, docs/history.md):
 
-- "default": what ``kernels.attention_varlen`` plans (causal: PAIRED, one CTA an SM striding
-  over pairs of a sequence's row blocks i and m - 1 - i);
+- "default": what ``kernels.attention_varlen`` plans: one CTA an SM taking tiles (causal:
+  PAIRED units of a sequence's row blocks i and m - 1 - i) from a counter, a tile ahead
+  (DYNAMIC_TILES=2, FlashAttention-3's scheduler and order; the default from session 22);
 - "split": one Q buffer split into two 64-row stages (Q_SPLIT);
 - "2q": two Q buffers, where K and V keep two stages;
 - "cta" (causal): one CTA a tile (the plan before PAIRED came to varlen);
 - "tiles" (non-causal): one CTA a tile (``attention_varlen_entry.A_TILE_A_CTA``), not one an
   SM striding over them: the block scheduler balances tiles of unequal length where a stride
   may not (ragged batches at head dim 256, few tiles a CTA);
-- "dyn" (both): one CTA an SM taking its later tiles (causal: pairs) from a counter
-  (DYNAMIC_TILES, FlashAttention-3's scheduler): the stride's balance of equal tiles and the
-  block scheduler's of unequal ones, hoped for; the next tile taken once a tile's loads but its
-  last V tile are issued;
-- "dyn2" (both): the same, the next tile taken a tile ahead, as a tile's loads begin
-  (FlashAttention-3's order: the take's latency under the producer's wait for Q's stage).
+- "stride" (both): one CTA an SM striding over tiles (causal: units) in a fixed order (session
+  21's plan, before the counter);
+- "dyn" (both): the counter, the next tile taken once a tile's loads but its last V tile are
+  issued (DYNAMIC_TILES=1).
 
 Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
@@ -58,8 +57,9 @@ def variants(d: int, causal: bool) -> list:
     if min(p.stages for p in two.layout.items[1:3]) >= 2:
         out.append(("2q", {"Q_STAGES": 2}))
     if causal:
-        out.append(("cta", {"PAIRED": 0}))
-    return out + ([] if causal else [("tiles", {})]) + [("dyn", {"DYNAMIC_TILES": 1}), ("dyn2", {"DYNAMIC_TILES": 2})]
+        out.append(("cta", {"PAIRED": 0, "DYNAMIC_TILES": 0}))
+    return out + ([] if causal else [("tiles", {"DYNAMIC_TILES": 0})]) + [("stride", {"DYNAMIC_TILES": 0}),
+                                                                          ("dyn", {"DYNAMIC_TILES": 1})]
 
 
 def _build(job):
