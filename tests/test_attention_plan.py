@@ -143,14 +143,18 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     assert stages["qp"] in (1, 2) and stages["kp"] >= stages["vp"] >= 2
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
     assert plan.keys % 16 == 0 and 16 <= plan.keys <= (128 if causal else 176) and plan.keys == keys_per_tile(d, causal, dv)
-    # varlen: one Q stage (the dense plan's second costs no K or V stage), at most VARLEN_KEYS
-    # keys a tile
+    # varlen: at most VARLEN_KEYS keys a tile, Q whole, a second Q buffer where it costs no K
+    # or V stage (head dims up to 80)
     one_q = attention_plan(d, causal, dv, q_stages=1, q_split=False)
     assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
     assert "L2_PREFETCH" not in one_q.defines  # measured slower: off
     varlen = attention_plan(d, causal, dv, varlen=True)
     assert varlen.keys == min(plan.keys, VARLEN_KEYS)
-    same_keys = attention_plan(d, causal, dv, q_stages=1, q_split=False, keys=varlen.keys)
+    q_stages = varlen.defines["Q_STAGES"]
+    single = attention_plan(d, causal, dv, varlen=True, q_stages=1)
+    assert q_stages == (2 if max(d, dv) <= 80 else 1)
+    assert [p.stages for p in varlen.layout.items[1:3]] == [p.stages for p in single.layout.items[1:3]]
+    same_keys = attention_plan(d, causal, dv, q_stages=q_stages, q_split=False, keys=varlen.keys)
     dense_defines = {k: v for k, v in same_keys.defines.items() if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT")}
     paired = {"PAIRED": 1} if causal and dv not in _VARLEN_UNPAIRED else {}  # varlen pairs too, where it fits
     dynamic = {"DYNAMIC_TILES": VARLEN_DYNAMIC} if dv not in _VARLEN_UNPAIRED else {}  # and takes tiles from a counter

@@ -149,13 +149,28 @@ struct Tile {
 // (mbarrier.arrive.expect_tx, release at CTA scope by default) orders the write before the
 // phase completes, and the wait (mbarrier.try_wait, acquire) makes it visible, as it does the
 // TMA's bytes. The producer writes a stage's slot again only after acquiring the stage back,
-// that is after every consumer warp released it, which each does after reading the slot.
+// that is after every consumer warp released it. Each warp's lane 0 reads the slot and hands
+// it to the other lanes (sched_read): the read precedes, in the same thread, the arrive that
+// releases the stage (compute-sanitizer's racecheck orders a read before another thread's
+// write only through the reading thread's own arrive; lanes reading and lane 0 releasing after
+// __syncwarp is ordered by the memory model but reported as a race).
 struct Sched {
   Tile q[L::qp::stages];    // the work tile of each Q stage (both halves' with Q_SPLIT)
   int more[L::vp::stages];  // with a work tile's last V stage: 1 if the CTA runs another tile
 };
 constexpr int kSchedBytes = 128;  // attention_varlen_entry.SCHED_BYTES
 static_assert(sizeof(Sched) <= kSchedBytes && L::total_bytes % 16 == 0, "Sched past the layout");
+
+// ``slot`` as lane 0 of the warp reads it, in every lane.
+TMAFLOW_DEVICE int sched_read(const int& slot) {
+  int v = 0;
+  if (threadIdx.x % 32 == 0) v = slot;
+  return __shfl_sync(0xffffffffu, v, 0);
+}
+TMAFLOW_DEVICE Tile sched_read(const Tile& slot) {
+  return Tile{sched_read(slot.m0),     sched_read(slot.len_q),  sched_read(slot.len_k), sched_read(slot.q_head),
+              sched_read(slot.kv_head), sched_read(slot.q_base), sched_read(slot.k_base)};
+}
 
 // A CTA done (the producer's issuing lane, after its last take, or thread 0 of a CTA with no
 // tile): tile_counter[1] counts them, and the grid's last resets both counters. Each CTA's
@@ -708,13 +723,11 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   if (cw == 1) named_barrier::arrive(1, 256);
   if (Q_SPLIT && cw == 1) cq.advance();  // its half of each Q buffer is the second stage
 #if DYNAMIC_TILES
-  // The work tile comes with its Q stage (read after the wait; the warp syncs before any lane
-  // goes on, so every lane's read precedes lane 0's release of the stage), whether another
-  // follows with its last V stage.
+  // The work tile comes with its Q stage (read after the wait by lane 0, which releases the
+  // stage), whether another follows with its last V stage.
   for (int more = 1; more; cq.advance()) {
     qp.consumer_wait(cq);
-    w = sched.q[cq.stage];
-    __syncwarp();
+    w = sched_read(sched.q[cq.stage]);
     const int n = begin_work();
 #else
 #if VARLEN
@@ -753,10 +766,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       convert();
     }
 #if DYNAMIC_TILES
-    // cv is V_(n-1)'s stage, waited for by wait_ahead (and read again after the release below
-    // only by the producer's next write, which acquires the stage first)
-    more = sched.more[cv.stage];
-    __syncwarp();
+    // cv is V_(n-1)'s stage, waited for by wait_ahead (and written again only by the producer,
+    // after acquiring the stage lane 0 releases below)
+    more = sched_read(sched.more[cv.stage]);
     const bool last = !more;
 #elif VARLEN
     t_next = tiles.next_tile(t, w);

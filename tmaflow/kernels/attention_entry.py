@@ -49,6 +49,10 @@ VARLEN_DYNAMIC = 2
 # (head dim, v's, causal) planned with one whole Q buffer where a second would fit (H200, session
 # 17, cold / back to back ratio to cuDNN at 1k-16k, one buffer against two: head dim 64 full
 # 0.997-1.053 / 1.014-1.047 against 0.969-0.997 / 0.958-1.021)
+# Varlen plans (their counter schedule) take the second buffer where it costs no K or V stage,
+# head dims up to 80 (H200, session 22, varlen_ab, head dim 64, cold x dense: 128 x 128 tokens
+# 0.945 -> 1.054, causal 0.943 -> 1.011; 32-224 0.697 -> 0.718, causal 0.788 -> 0.812; at head
+# dim 128, where it costs a stage, level).
 _ONE_Q_BUFFER = {(64, 64, False)}
 # Per consumer thread, 232 registers hold O (head_dim_v / 2), S (keys / 2), P (keys / 4) and
 # about 36 more (indices, sums, addresses): head dim 128 with 176 keys is the measured limit.
@@ -145,7 +149,7 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     one_q = (head_dim, dv, causal) in _ONE_Q_BUFFER and not varlen  # whole, unless q_split says
     if q_stages is None:
         left = _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) - (k_stages - pairs) * k_bytes
-        q_stages = 2 if not varlen and left >= q_bytes and not one_q else 1
+        q_stages = 2 if left >= q_bytes and not one_q else 1
     if q_split is None:
         q_split = q_stages == 1 and not varlen and not one_q
     halves = 2 if q_split else 1  # a split Q stage is one warpgroup's 64 rows, released by its 4 warps

@@ -8,7 +8,9 @@ plans before them, docs/history.md):
   PAIRED units of a sequence's row blocks i and m - 1 - i) from a counter, a tile ahead
   (DYNAMIC_TILES=2, FlashAttention-3's scheduler and order; the default from session 22);
 - "split": one Q buffer split into two 64-row stages (Q_SPLIT);
-- "2q": two Q buffers, where K and V keep two stages;
+- "2q": two Q buffers, where K and V keep two stages ("1q": one, where the plan has two: head
+  dims up to 80);
+- "k64": 64 keys a tile (a short sequence's masked keys cost less);
 - "cta" (causal): one CTA a tile (the plan before PAIRED came to varlen);
 - "tiles" (non-causal): one CTA a tile (``attention_varlen_entry.A_TILE_A_CTA``), not one an
   SM striding over them: the block scheduler balances tiles of unequal length where a stride
@@ -54,8 +56,12 @@ def variants(d: int, causal: bool) -> list:
 
     out = [("default", {}), ("split", {"Q_SPLIT": 1, "Q_STAGES": 1})]
     two = attention_plan(d, causal, varlen=True, q_stages=2)
-    if min(p.stages for p in two.layout.items[1:3]) >= 2:
+    if attention_plan(d, causal, varlen=True).defines["Q_STAGES"] == 2:
+        out.append(("1q", {"Q_STAGES": 1}))
+    elif min(p.stages for p in two.layout.items[1:3]) >= 2:
         out.append(("2q", {"Q_STAGES": 2}))
+    if attention_plan(d, causal, varlen=True).keys > 64:
+        out.append(("k64", {"BLOCK_N": 64}))
     if causal:
         out.append(("cta", {"PAIRED": 0, "DYNAMIC_TILES": 0}))
     return out + ([] if causal else [("tiles", {"DYNAMIC_TILES": 0})]) + [("stride", {"DYNAMIC_TILES": 0}),
