@@ -8,8 +8,8 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_DYNAMIC, VARLEN_KEYS, _VARLEN_UNPAIRED, attention_kernel, attention_plan,
-                                            keys_per_tile, swizzle_span)
+from tmaflow.kernels.attention_entry import (HEAD_DIMS, VARLEN_DYNAMIC, VARLEN_KEYS, _VARLEN_UNPAIRED, _VARLEN_WHOLE_Q,
+                                            attention_kernel, attention_plan, keys_per_tile, swizzle_span)
 from tmaflow.kernels.attention_varlen_entry import varlen_plan
 from tmaflow.launch import compiler
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
@@ -105,9 +105,13 @@ def test_dense_plans_prefetch_nothing_into_l2(d, causal, one_q):
 
 
 def test_attention_plan_q_split_forced_with_varlen_compiles():
-    """Varlen plans keep Q whole unless asked (tools/experiments/varlen_ab.py compares); asked,
-    each Q buffer is two 64-row stages and the kernel builds without spills."""
-    assert "Q_SPLIT" not in attention_plan(128, False, varlen=True).defines
+    """Varlen plans split a single Q buffer as dense plans do, but at V head dims 208-240 (spills)
+    and where two buffers fit (tools/experiments/varlen_ab.py compares);
+    forced, each Q buffer is two 64-row stages and the kernel builds without spills."""
+    assert attention_plan(128, False, varlen=True).defines["Q_SPLIT"] == 1
+    assert "Q_SPLIT" not in attention_plan(64, False, varlen=True).defines  # two whole buffers
+    assert not any("Q_SPLIT" in attention_plan(d, False, varlen=True).defines for d in (208, 224, 240))
+    assert "Q_SPLIT" not in attention_plan(128, False, varlen=True, q_split=False).defines
     split = attention_plan(128, False, varlen=True, q_split=True)
     assert split.defines["Q_SPLIT"] == 1 and split.layout.items[0].stages == 2
     kernel = attention_kernel(split, "bfloat16")
@@ -143,8 +147,8 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     assert stages["qp"] in (1, 2) and stages["kp"] >= stages["vp"] >= 2
     assert plan.layout.total_bytes <= HOPPER_SMEM_LIMIT
     assert plan.keys % 16 == 0 and 16 <= plan.keys <= (128 if causal else 176) and plan.keys == keys_per_tile(d, causal, dv)
-    # varlen: at most VARLEN_KEYS keys a tile, Q whole, a second Q buffer where it costs no K
-    # or V stage (head dims up to 80)
+    # varlen: at most VARLEN_KEYS keys a tile, a second Q buffer where it costs no K or V stage
+    # (head dims up to 80), else one split in two 64-row stages (but at V head dims 208-240)
     one_q = attention_plan(d, causal, dv, q_stages=1, q_split=False)
     assert [p.stages for p in one_q.layout.items[1:3]] == [stages["kp"], stages["vp"]]
     assert "L2_PREFETCH" not in one_q.defines  # measured slower: off
@@ -154,8 +158,10 @@ def test_every_head_dim_plans_unpadded_boxes_and_two_stages(d, dv, causal):
     single = attention_plan(d, causal, dv, varlen=True, q_stages=1)
     assert q_stages == (2 if max(d, dv) <= 80 else 1)
     assert [p.stages for p in varlen.layout.items[1:3]] == [p.stages for p in single.layout.items[1:3]]
-    same_keys = attention_plan(d, causal, dv, q_stages=q_stages, q_split=False, keys=varlen.keys)
-    dense_defines = {k: v for k, v in same_keys.defines.items() if k not in ("PAIRED", "L2_PREFETCH", "Q_SPLIT")}
+    split = q_stages == 1 and dv not in _VARLEN_WHOLE_Q
+    assert ("Q_SPLIT" in varlen.defines) == split
+    same_keys = attention_plan(d, causal, dv, q_stages=q_stages, q_split=split, keys=varlen.keys)
+    dense_defines = {k: v for k, v in same_keys.defines.items() if k not in ("PAIRED", "L2_PREFETCH")}
     paired = {"PAIRED": 1} if causal and dv not in _VARLEN_UNPAIRED else {}  # varlen pairs too, where it fits
     dynamic = {"DYNAMIC_TILES": VARLEN_DYNAMIC} if dv not in _VARLEN_UNPAIRED else {}  # and takes tiles from a counter
     assert varlen.layout.header() == same_keys.layout.header()

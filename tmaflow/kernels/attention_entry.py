@@ -46,13 +46,19 @@ _VARLEN_UNPAIRED = {208, 240}
 # -> 1.076; head dim 128 ragged causal 0.998 -> 1.105, 128-1024 causal 0.760 -> 0.843, 32-224
 # 0.798 -> 0.878; head dim 64 128 x 128 0.904 -> 0.949, causal 0.837 -> 0.941.
 VARLEN_DYNAMIC = 2
+# V head dims whose varlen builds keep a single Q buffer whole: the static schedule (above), and
+# 224, where ptxas spills 108 B with the split and the counter.
+_VARLEN_WHOLE_Q = _VARLEN_UNPAIRED | {224}
 # (head dim, v's, causal) planned with one whole Q buffer where a second would fit (H200, session
 # 17, cold / back to back ratio to cuDNN at 1k-16k, one buffer against two: head dim 64 full
 # 0.997-1.053 / 1.014-1.047 against 0.969-0.997 / 0.958-1.021)
 # Varlen plans (their counter schedule) take the second buffer where it costs no K or V stage,
 # head dims up to 80 (H200, session 22, varlen_ab, head dim 64, cold x dense: 128 x 128 tokens
-# 0.945 -> 1.054, causal 0.943 -> 1.011; 32-224 0.697 -> 0.718, causal 0.788 -> 0.812; at head
-# dim 128, where it costs a stage, level).
+# 0.945 -> 1.054, causal 0.943 -> 1.011; 32-224 0.697 -> 0.718, causal 0.788 -> 0.812), and
+# split one into two 64-row stages past that, as dense plans (two runs, whole -> split: head dim
+# 128 4 x 4096 0.958 -> 0.972, causal 0.935 -> 0.976, lengths 256-5120 1.008 -> 1.016, causal
+# 1.030 -> 1.076, 128-1024 0.875 -> 0.894, causal 0.801 -> 0.835; head dim 256 0.913 -> 0.945,
+# 0.913 -> 0.970, 0.946 -> 0.992, 1.000 -> 1.058, 0.778 -> 0.812, 0.722 -> 0.747).
 _ONE_Q_BUFFER = {(64, 64, False)}
 # Per consumer thread, 232 registers hold O (head_dim_v / 2), S (keys / 2), P (keys / 4) and
 # about 36 more (indices, sums, addresses): head dim 128 with 176 keys is the measured limit.
@@ -151,7 +157,7 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
         left = _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) - (k_stages - pairs) * k_bytes
         q_stages = 2 if left >= q_bytes and not one_q else 1
     if q_split is None:
-        q_split = q_stages == 1 and not varlen and not one_q
+        q_split = q_stages == 1 and not one_q and not (varlen and dv in _VARLEN_WHOLE_Q)
     halves = 2 if q_split else 1  # a split Q stage is one warpgroup's 64 rows, released by its 4 warps
     spec_q = _box_spec(BM // halves, head_dim)
     layout = SharedLayout([Pipeline("qp", stages=q_stages * halves, tiles={"q": (spec_q, qk_boxes)},

@@ -7,7 +7,8 @@ plans before them, docs/history.md):
 - "default": what ``kernels.attention_varlen`` plans: one CTA an SM taking tiles (causal:
   PAIRED units of a sequence's row blocks i and m - 1 - i) from a counter, a tile ahead
   (DYNAMIC_TILES=2, FlashAttention-3's scheduler and order; the default from session 22);
-- "split": one Q buffer split into two 64-row stages (Q_SPLIT);
+- "split": one Q buffer split into two 64-row stages (Q_SPLIT; "whole": not split, where the
+  plan splits: head dims past 80);
 - "2q": two Q buffers, where K and V keep two stages ("1q": one, where the plan has two: head
   dims up to 80);
 - "k64": 64 keys a tile (a short sequence's masked keys cost less);
@@ -54,9 +55,11 @@ def variants(d: int, causal: bool) -> list:
     """(label, extra defines) of the varlen build, the default first."""
     from tmaflow.kernels.attention_entry import attention_plan
 
-    out = [("default", {}), ("split", {"Q_SPLIT": 1, "Q_STAGES": 1})]
+    planned = attention_plan(d, causal, varlen=True).defines
+    split = ("whole", {"Q_SPLIT": 0}) if planned.get("Q_SPLIT") else ("split", {"Q_SPLIT": 1, "Q_STAGES": 1})
+    out = [("default", {}), split]
     two = attention_plan(d, causal, varlen=True, q_stages=2)
-    if attention_plan(d, causal, varlen=True).defines["Q_STAGES"] == 2:
+    if planned["Q_STAGES"] == 2:
         out.append(("1q", {"Q_STAGES": 1}))
     elif min(p.stages for p in two.layout.items[1:3]) >= 2:
         out.append(("2q", {"Q_STAGES": 2}))
@@ -73,7 +76,7 @@ def _build(job):
     from tmaflow.kernels.attention_entry import attention_kernel, attention_plan
 
     plan = attention_plan(d, causal, varlen=True, q_stages=defines.get("Q_STAGES"), keys=defines.get("BLOCK_N"),
-                          q_split=bool(defines.get("Q_SPLIT")))
+                          q_split=bool(defines["Q_SPLIT"]) if "Q_SPLIT" in defines else None)
     with extra_defines(defines):
         attention_kernel(plan, "bfloat16").program  # noqa: B018 (compiles into the cache)
     dense = attention_plan(d, causal)
