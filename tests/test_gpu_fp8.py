@@ -7,6 +7,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
+from tmaflow.kernels.matmul.plan import skinny_row_scales_by_default
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
 
@@ -227,7 +228,7 @@ def _row_scaled_gemm_column_by_column(A, B, SA, SB, ref, config):
 # of 4 k-blocks' scales loaded once into a ring of its own, waited for at a group's first
 # k-block, released after its last; a split starting mid-group (split3 of 8 k-blocks: 3 and 6)
 # begins with a part of one). config=None: the automatic route (the skinny kernel's ring to
-# M = 64, the dense kernel's gather above). _check_gemm launches the debug build first (its
+# M = 64, and at M = 128 under 128 k-blocks; the dense kernel's gather elsewhere). _check_gemm launches the debug build first (its
 # waits name sc.full / sc.empty).
 @pytest.mark.parametrize("m", [1, 3, 16, 40, 64, 128])
 @pytest.mark.parametrize("config", [None, SkinnyConfig(), SkinnyConfig(split_k=3),
@@ -238,7 +239,7 @@ def test_fp8_row_major_block_scales_in_the_scale_ring(device, rng, m, config, k)
     n = 904
     A, B, SA, SB, ref = _block_operands(rng, m, n, k, b_apart=True)
     kernel = _row_scaled_gemm_column_by_column(A, B, SA, SB, ref, config)
-    if config is None and m > 64:  # SKINNY_ROW_SCALES_M: the dense kernel gathers them
+    if config is None and not skinny_row_scales_by_default(m, k):  # the dense kernel gathers them
         assert kernel.name == "gemm_bf16"
     else:
         assert kernel.name == "gemm_skinny_bf16" and kernel.defines["SCALE_RING"] == 1

@@ -626,3 +626,14 @@ def test_skinny_rows_double_when_64_row_tiles_outnumber_the_sms():
     assert choose_config(64, 14336, 4096, 132) == SkinnyConfig(rows=128)
     assert choose_config(16, 14336, 4096, 132) == SkinnyConfig(rows=64, stages=5)  # MP 16: a light tile
     assert choose_config(64, 4096, 4096, 132, "nt", "float8_e4m3fn") == SkinnyConfig(rows=64)
+
+
+def test_row_major_block_scales_take_the_skinny_path_to_m_64_and_at_m_128_under_128_k_blocks():
+    """The default route of row-major scale_a (session 21's records on both GPUs: the skinny
+    kernel's ring ahead of the dense gather at M = 128 but at 128 k-blocks and more)."""
+    from tmaflow.kernels.matmul.plan import skinny_row_scales_by_default
+
+    assert all(skinny_row_scales_by_default(m, 16384) for m in (1, 16, 64))
+    assert skinny_row_scales_by_default(128, 4096) and skinny_row_scales_by_default(128, 8192)
+    assert skinny_row_scales_by_default(128, 127 * 128) and not skinny_row_scales_by_default(128, 127 * 128 + 1)
+    assert not skinny_row_scales_by_default(128, 16384) and not skinny_row_scales_by_default(129, 4096)

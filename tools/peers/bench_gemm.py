@@ -27,7 +27,7 @@ from tmaflow import bench, kernels
 from tmaflow.bench.gemm_shapes import SKINNY, SKINNY_SWEEP, SUITES, SWEEP, describe
 from tmaflow.kernels.matmul import (SKINNY_FP8_PROMOTE, GemmConfig, SkinnyConfig, block_scale_config,
                                     choose_config, dense_config, fp8_config, skinny_plan)
-from tmaflow.kernels.matmul.plan import SKINNY_ROW_SCALES_M
+from tmaflow.kernels.matmul.plan import skinny_row_scales_by_default
 
 COLUMNS = ["shape", "layout", "dtype", "config", "peer", "cold_ours_tflops", "cold_peer_tflops", "cold_ratio",
            "warm_ours_tflops", "warm_peer_tflops", "warm_ratio", "rel_err"]
@@ -149,7 +149,8 @@ def block_rows(a, b, c, m, n, k, per_tensor, repeats) -> list:
     if m <= 128:  # the skinny path's M: the other kernel beside the default (row-major: skinny to M = 64)
         dense = block_scale_config(m, n, k, tf.current_device().sm_count)
         variants += [("M-major, dense", sa_m, dense),
-                     ("row-major, dense", sa, dense) if m <= SKINNY_ROW_SCALES_M else ("row-major, skinny", sa, SkinnyConfig())]
+                     ("row-major, dense", sa, dense) if skinny_row_scales_by_default(m, k)
+                     else ("row-major, skinny", sa, SkinnyConfig())]
     for layout, scale_a, cfg in variants:
         try:
             run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)

@@ -18,7 +18,7 @@ from .config import BF16, BM, GemmConfig, LAYOUTS, SKINNY_M, SkinnyConfig
 from .heuristics import block_scale_config, choose_config, tail_splits
 from .operands import (_check_operands, _check_rows, _empty_product, _scale_map_view, _scales,
                        _template)
-from .plan import SKINNY_ROW_SCALES_M, gemm_plan, skinny_plan, skinny_takes_row_major_scales
+from .plan import gemm_plan, skinny_plan, skinny_row_scales_by_default, skinny_takes_row_major_scales
 from .splitk import _split_k_buffers, _with_split_k
 
 
@@ -102,7 +102,8 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
     device = current_device()
     dtype = A.dtype.name
     if config is None and block_scales:  # the skinny path where its map can read scale_a (else gathered)
-        readable = block_scales == "m_major" or m <= SKINNY_ROW_SCALES_M and skinny_takes_row_major_scales(scale_view)
+        readable = block_scales == "m_major" or skinny_row_scales_by_default(m, k) and \
+            skinny_takes_row_major_scales(scale_view)
         skinny = readable and layout == "nt" and m <= SKINNY_M
         config = SkinnyConfig() if skinny else block_scale_config(m, n, k, device.sm_count)
     config = config or choose_config(m, n, k, device.sm_count, layout, dtype)

@@ -11,7 +11,7 @@ from ...errors import TmaflowError
 from ...tma.layout import Barrier, Buffer, HOPPER_SMEM_LIMIT, Pipeline, SharedLayout
 from ...tma.spec import TensorMapSpec
 from .config import (BK, BM, CONSUMER_WARPS, FP8_BK, GemmConfig, LAYOUTS, SCALE_MODES, SCALE_STRIDE,
-                     SKINNY_FP8_PROMOTE, SKINNY_MP, SkinnyConfig, WARP, _BARRIER_RESERVE,
+                     SKINNY_FP8_PROMOTE, SKINNY_M, SKINNY_MP, SkinnyConfig, WARP, _BARRIER_RESERVE,
                      _SKINNY_FP8_MIN_K_BLOCKS)
 from .heuristics import _nonempty_splits, skinny_splits
 
@@ -40,10 +40,20 @@ def _row_major_scales_spec(m: int, k: int, bk: int, rows: int) -> TensorMapSpec:
 # 0.94-1.05, M = 64 1.02 against 0.97 (64x8192x8192) and a tie at 64x7168x16384 (0.994 / 1.001,
 # back to back 1.094 / 1.139); M = 1 x per-tensor _scaled_mm 0.90-1.02 against 0.66-0.97; the
 # rotated rounds of tools/experiments/block_scales_ab.py agree (64x4096x4096 16.6 / 19.3 us). At
-# M = 128 the two ways disagree: the rotated rounds put the skinny kernel 1-6% ahead at all three
+# M = 128 the two ways disagreed: the rotated rounds put the skinny kernel 1-6% ahead at all three
 # shapes, bench_gemm's pairs at 0.908, 0.885 and 0.884 (three runs) against the gather's
-# 0.957-0.985 at 128x7168x16384. Not taken where they disagree.
+# 0.957-0.985 at 128x7168x16384. Since the scale ring (session 21, bench_gemm's records, cold,
+# skinny against the gather): H200 (fb5fc30) 128x4096x4096 0.982 / 0.935, 128x8192x8192 0.998
+# / 0.992, 128x7168x16384 0.999 / 1.126; H100 (884aa48) 0.970 / 0.893, 0.980 / 0.940, 1.024 /
+# 0.958. So M = 128 takes it where K has fewer than 128 k-blocks, where both GPUs agree.
 SKINNY_ROW_SCALES_M = 64
+_ROW_SCALES_M128_MAX_K_BLOCKS = 127
+
+
+def skinny_row_scales_by_default(m: int, k: int) -> bool:
+    """Does a product with row-major block scales (its scale_a readable by the skinny kernel's
+    map) take the skinny path by default?"""
+    return m <= SKINNY_ROW_SCALES_M or m <= SKINNY_M and math.ceil(k / FP8_BK) <= _ROW_SCALES_M128_MAX_K_BLOCKS
 
 
 def skinny_takes_row_major_scales(scale_a) -> bool:
