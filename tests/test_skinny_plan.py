@@ -9,7 +9,8 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.matmul import (BK, FP8_BK, SKINNY_FP8_PROMOTE, SKINNY_M, GemmConfig, SkinnyConfig,
                                     choose_config, skinny_plan, skinny_splits)
-from tmaflow.kernels.matmul.plan import skinny_scale_ring_slots, skinny_takes_row_major_scales
+from tmaflow.kernels.matmul.plan import (skinny_row_scales_by_default, skinny_scale_ring_slots,
+                                         skinny_takes_row_major_scales)
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.tma.layout import HOPPER_SMEM_LIMIT
 
@@ -631,8 +632,6 @@ def test_skinny_rows_double_when_64_row_tiles_outnumber_the_sms():
 def test_row_major_block_scales_take_the_skinny_path_to_m_64_and_at_m_128_under_128_k_blocks():
     """The default route of row-major scale_a (session 21's records on both GPUs: the skinny
     kernel's ring ahead of the dense gather at M = 128 but at 128 k-blocks and more)."""
-    from tmaflow.kernels.matmul.plan import skinny_row_scales_by_default
-
     assert all(skinny_row_scales_by_default(m, 16384) for m in (1, 16, 64))
     assert skinny_row_scales_by_default(128, 4096) and skinny_row_scales_by_default(128, 8192)
     assert skinny_row_scales_by_default(128, 127 * 128) and not skinny_row_scales_by_default(128, 127 * 128 + 1)
