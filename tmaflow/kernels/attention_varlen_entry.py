@@ -90,11 +90,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         if capturing() is None and not _foreign_capture(stream):
             _, counter = _split_k_buffers(st)  # eager: the stream's (its launches run in order)
         else:
-            counter = tile_counters.take(current_device())  # captured: a pair of its own (tile_counters)
-            if counter is None:  # a torch capture before any eager dynamic call: nothing reserved
+            pair = tile_counters.take(current_device())  # captured: a pair of its own (tile_counters)
+            if pair is None:  # a torch capture before any eager dynamic call: nothing reserved
                 st = cached_state(key + ("static",),
                                   lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=True))
-                counter = 0
+            counter = pair or 0
     args = (st.tq.bind(Q), st.tk.bind(K), st.tv.bind(V), O, lse, CQ, CK, tq, tk, batch, hq, hq // hkv,
             float(scale) * math.log2(math.e), counter)
     return st.launcher, args, ret

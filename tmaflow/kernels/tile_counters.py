@@ -23,7 +23,7 @@ LOW = 1024  # free pairs below which ``reserve`` adds a chunk
 
 
 class _Pool:
-    def __init__(self):
+    def __init__(self) -> None:
         self.chunks: list[DeviceArray] = []  # kept: graphs captured with their pairs may replay at any time
         self.free: list[int] = []  # addresses of untaken pairs, the next one last
 
