@@ -6,7 +6,7 @@
 #      PEERS=1 (the peer-benchmark set: tools/peers/*, every row cold and back to back, bench records in $OUT/results), PEER_BUDGET (seconds each),
 #      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR),
 #      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster),
-#      FAULTS_BUDGET (seconds, the fault files' process), CONC_BUDGET (seconds, the concurrency suite under xdist), RESET_PROBE=1 (torch, planted hangs that reset the context, then saved traces + store sweep in one process).
+#      FAULTS_BUDGET (seconds, the fault files' process), CONC_BUDGET (seconds, the concurrency suite and the varlen file under xdist), RESET_PROBE=1 (torch, planted hangs that reset the context, then saved traces + store sweep in one process).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last. On a copied tree
 # (the device tool), write the commit to COMMIT (git ignores it) and carry it: records and the
 # table name it; the copy's own git HEAD can be stale.
@@ -32,17 +32,20 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   FAULTS="tests/test_gpu_trace.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py"
   # The concurrency suite is the longest file: under --dist loadfile it ran whole in one worker
   # past the budget (session 15); with xdist it runs after, its tests spread over the workers.
-  CONC=tests/test_gpu_concurrency.py
-  apart="--ignore=$CONC"
+  # The varlen file too since it outgrew one worker's share (session 22: 23 of its tests were
+  # still to run when the budget ended the main run).
+  CONC="tests/test_gpu_concurrency.py tests/test_gpu_attention_varlen.py"
+  apart=""
+  for f in $CONC; do apart="$apart --ignore=$f"; done
   for f in $FAULTS; do apart="$apart --ignore=$f"; done
   timeout "${TEST_BUDGET:-420}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
     --maxfail=${MAXFAIL:-15} ${PYTEST_JOBS:+-n "$PYTEST_JOBS" --dist loadfile $apart} \
     ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
   echo "pytest exit $?"
   if [ -n "${PYTEST_JOBS:-}" ]; then
-    timeout "${CONC_BUDGET:-150}" python3 -m pytest $CONC -m gpu -q -p no:cacheprovider --timeout=90 \
+    timeout "${CONC_BUDGET:-300}" python3 -m pytest $CONC -m gpu -q -p no:cacheprovider --timeout=90 \
       -n "$PYTEST_JOBS" --dist load ${K:+-k "$K"} -rfE > "$OUT/pytest_gpu_concurrency.log" 2>&1
-    echo "pytest (concurrency, --dist load) exit $?"
+    echo "pytest (concurrency and varlen, --dist load) exit $?"
     timeout "${FAULTS_BUDGET:-240}" python3 -m pytest $FAULTS -m gpu -q -p no:cacheprovider --timeout=90 ${K:+-k "$K"} -rfE \
       > "$OUT/pytest_gpu_faults.log" 2>&1
     echo "pytest (planted faults, no xdist) exit $?"
