@@ -15,7 +15,7 @@ from tmaflow import kernels
 from tmaflow.kernels import attention_varlen_entry as varlen_entry
 from tmaflow.kernels import tile_counters
 from tmaflow.kernels import entry as entry_mod
-from tmaflow.kernels.attention_entry import HEAD_DIMS, VARLEN_DYNAMIC, attention_kernel, attention_plan
+from tmaflow.kernels.attention_entry import HEAD_DIMS, attention_kernel, attention_plan, varlen_dynamic
 from tmaflow.kernels.matmul import splitk
 from tmaflow.kernels.registry import extra_defines, source
 from tmaflow.launch import compiler
@@ -47,6 +47,8 @@ def _dynamic(d, causal, dtype, forced, mode=1):
 @pytest.mark.parametrize("mode", [1, 2])  # the take before a tile's last V tile, or as its loads begin
 @pytest.mark.parametrize("d,causal,dtype,forced", BUILDS)
 def test_dynamic_builds_compile_without_spills(d, causal, dtype, forced, mode):
+    if mode == 2 and compiler.nvrtc_version()[0] < 13:
+        pytest.skip("CUDA 12's ptxas spills the tile ahead in the producer warp (varlen_dynamic: the stride there)")
     plan, kernel = _dynamic(d, causal, dtype, forced, mode)
     assert kernel.defines["DYNAMIC_TILES"] == mode
     assert kernel.resources.spills == 0 and kernel.resources.stack_frame == 0, (d, causal, dtype, kernel.resources)
@@ -175,16 +177,24 @@ def test_static_entry_passes_null_and_no_workspace(fake_device, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_default_entry_is_dynamic_and_reserves_pairs_for_captures(fake_device, causal):
+    """NVRTC 13: the counter, the stream's for an eager call, pairs reserved for captures.
+    CUDA 12 (varlen_dynamic() == 0): the stride, a null counter, nothing reserved."""
     built = fake_device
     p = _prepare(causal, 0x10)
+    if not varlen_dynamic():
+        (kernel, config), = built
+        assert "DYNAMIC_TILES" not in kernel.defines and _counter_argument(kernel, p.args) == 0
+        return
     (what, ordinal), (kernel, config) = built
-    assert (what, ordinal) == ("reserve", 0) and kernel.defines["DYNAMIC_TILES"] == VARLEN_DYNAMIC == 2
+    assert (what, ordinal) == ("reserve", 0) and kernel.defines["DYNAMIC_TILES"] == varlen_dynamic() == 2
     assert _counter_argument(kernel, p.args) == 0x7700_0000_0000 + (0x10 << 20)  # eager: the stream's
 
 
 def test_captured_calls_take_pairs_of_their_own_or_the_stride(fake_device, monkeypatch):
     """Under a capture each call takes a pair from tile_counters (never its stream's, which
     eager calls share); with none reserved, the static stride and a null counter."""
+    if not varlen_dynamic():
+        pytest.skip("CUDA 12 plans the stride (varlen_dynamic); the counter's captures run on the NVRTC 13 stack")
     built = fake_device
     _prepare(False, 0x10)  # eager: the state
     monkeypatch.setattr(varlen_entry, "_foreign_capture", lambda stream: True)

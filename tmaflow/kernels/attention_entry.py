@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from ..dtypes import as_dtype
 from ..errors import TmaflowError
+from ..launch.compiler import nvrtc_version
 from ..launch.config import resolve_stream
 from ..runtime.device import current_device, current_ordinal
 from ..runtime.memory import as_array
@@ -40,25 +41,35 @@ VARLEN_KEYS = 128
 # V head dims whose varlen builds keep the static schedule: with PAIRED's walk ptxas spills
 # 8 B (208) and 24 B (240) (NVRTC 13.5), and with DYNAMIC_TILES' slots 8 B at 240.
 _VARLEN_UNPAIRED = {208, 240}
-# The varlen schedule: CTAs take their tiles from a counter, a tile ahead (attention.cu's
-# DYNAMIC_TILES=2). H200 (session 21 call 9, tools/experiments/varlen_ab.py, cold, x the dense
-# kernel at equal tokens, stride -> counter): head dim 256 ragged 0.922 -> 1.020, causal 0.909
-# -> 1.076; head dim 128 ragged causal 0.998 -> 1.105, 128-1024 causal 0.760 -> 0.843, 32-224
-# 0.798 -> 0.878; head dim 64 128 x 128 0.904 -> 0.949, causal 0.837 -> 0.941.
-VARLEN_DYNAMIC = 2
+
+
+def varlen_dynamic() -> int:
+    """The varlen schedule: CTAs take their tiles from a counter, a tile ahead (attention.cu's
+    DYNAMIC_TILES=2), where NVRTC 13 builds it; 0 (the stride) with CUDA 12, whose ptxas spills
+    4-16 B with the counter (the producer warp holding the tile ahead at 40 registers; with the
+    take before a tile's last V load, DYNAMIC_TILES=1, still 12 B at head dim 176 causal and at
+    224). H200 (session 21 call 9, varlen_ab, cold, x the dense kernel at equal tokens, stride ->
+    counter): head dim 256 ragged 0.922 -> 1.020, causal 0.909 -> 1.076; head dim 128 ragged
+    causal 0.998 -> 1.105, 128-1024 causal 0.760 -> 0.843, 32-224 0.798 -> 0.878; head dim 64
+    128 x 128 0.904 -> 0.949, causal 0.837 -> 0.941."""
+    return 2 if nvrtc_version()[0] >= 13 else 0
+
+
 # V head dims whose varlen builds keep a single Q buffer whole: the static schedule (above), and
 # 224, where ptxas spills 108 B with the split and the counter.
 _VARLEN_WHOLE_Q = _VARLEN_UNPAIRED | {224}
 # (head dim, v's, causal) planned with one whole Q buffer where a second would fit (H200, session
 # 17, cold / back to back ratio to cuDNN at 1k-16k, one buffer against two: head dim 64 full
 # 0.997-1.053 / 1.014-1.047 against 0.969-0.997 / 0.958-1.021)
-# Varlen plans (their counter schedule) take the second buffer where it costs no K or V stage,
+# Varlen plans with the counter schedule take the second buffer where it costs no K or V stage,
 # head dims up to 80 (H200, session 22, varlen_ab, head dim 64, cold x dense: 128 x 128 tokens
 # 0.945 -> 1.054, causal 0.943 -> 1.011; 32-224 0.697 -> 0.718, causal 0.788 -> 0.812), and
 # split one into two 64-row stages past that, as dense plans (two runs, whole -> split: head dim
 # 128 4 x 4096 0.958 -> 0.972, causal 0.935 -> 0.976, lengths 256-5120 1.008 -> 1.016, causal
 # 1.030 -> 1.076, 128-1024 0.875 -> 0.894, causal 0.801 -> 0.835; head dim 256 0.913 -> 0.945,
-# 0.913 -> 0.970, 0.946 -> 0.992, 1.000 -> 1.058, 0.778 -> 0.812, 0.722 -> 0.747).
+# 0.913 -> 0.970, 0.946 -> 0.992, 1.000 -> 1.058, 0.778 -> 0.812, 0.722 -> 0.747). With the
+# stride (CUDA 12) they keep one whole buffer, session 21's plan (the split spills 12-24 B there
+# at head dims 144 and 176 causal).
 _ONE_Q_BUFFER = {(64, 64, False)}
 # Per consumer thread, 232 registers hold O (head_dim_v / 2), S (keys / 2), P (keys / 4) and
 # about 36 more (indices, sums, addresses): head dim 128 with 176 keys is the measured limit.
@@ -152,7 +163,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     q_total = q_bytes * (q_stages or 1)  # a forced second Q stage may cost K and V stages
     pairs = min(4, (_BUDGET - q_total) // (k_bytes + v_bytes))
     k_stages = pairs + (pairs < 4 and _BUDGET - q_total - pairs * (k_bytes + v_bytes) >= k_bytes)
-    one_q = (head_dim, dv, causal) in _ONE_Q_BUFFER and not varlen  # whole, unless q_split says
+    # whole, unless q_split says (varlen with the stride, CUDA 12: session 21's one whole buffer)
+    one_q = (head_dim, dv, causal) in _ONE_Q_BUFFER and not varlen or varlen and not varlen_dynamic()
     if q_stages is None:
         left = _BUDGET - q_bytes - pairs * (k_bytes + v_bytes) - (k_stages - pairs) * k_bytes
         q_stages = 2 if left >= q_bytes and not one_q else 1
@@ -167,7 +179,8 @@ def attention_plan(head_dim: int, causal: bool = False, head_dim_v: int | None =
     defines = {"HEAD_DIM": head_dim, "CAUSAL": int(causal), "BLOCK_N": keys,
                **({"HEAD_DIM_V": dv} if dv != head_dim else {}), **({"VARLEN": 1} if varlen else {}),
                **({"PAIRED": 1} if causal and not (varlen and dv in _VARLEN_UNPAIRED) else {}),
-               **({"DYNAMIC_TILES": VARLEN_DYNAMIC} if varlen and dv not in _VARLEN_UNPAIRED else {}),
+               **({"DYNAMIC_TILES": varlen_dynamic()} if varlen and dv not in _VARLEN_UNPAIRED and varlen_dynamic()
+                  else {}),
                "Q_STAGES": q_stages,
                **({"Q_SPLIT": 1} if q_split else {}), "STORE16": 1}
     return AttentionPlan(spec_q, spec_k, spec_v, layout, keys, defines)

@@ -256,7 +256,7 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=False) -> 
     # 1.050, 0.613 -> 0.768, 0.417 -> 0.689; head dim 256 (call 8) 4 x 4096 0.884 -> 0.975,
     # 32-224 0.922 -> 1.020, but ragged 0.952 -> 0.901 (8 heads: few units a CTA, and a stride
     # balances unequal ones worse than the block scheduler does).
-    # DYNAMIC_TILES (the plan's, attention_entry.VARLEN_DYNAMIC): one CTA an SM, each taking its
+    # DYNAMIC_TILES (the plan's, attention_entry.varlen_dynamic): one CTA an SM, each taking its
     # later tiles (PAIRED: units) from a counter, two uint32 zero between launches (the grid's
     # last CTA resets them): an eager call's are its stream's (two words of the split-K
     # workspace), a captured call's a pair of its own (tile_counters), or, in a torch capture
