@@ -68,10 +68,10 @@ def _fp8_block_scaled(gen):
     return lambda stream=None: kernels.gemm(a, b, scale_a=sa, scale_b=sb, stream=stream)
 
 
-def _fp8_row_major_skinny(gen):
-    """Row-major block scales on the skinny path (M <= 64, ceil(K/128) a multiple of 4), in the
-    scale ring (the default): M and N no multiples of the tiles."""
-    m, n, k = 40, 904, 1024
+def _fp8_row_major_skinny(gen, m=40):
+    """Row-major block scales on the skinny path (M <= 64, or 128 under 128 k-blocks; ceil(K/128)
+    a multiple of 4), in the scale ring (the default): N no multiple of the tiles."""
+    n, k = 904, 1024
     a, b = _fp8(gen, m, k), _fp8(gen, n, k)
     sa = torch.rand(m, k // 128, device="cuda", generator=gen) * 0.01 + 0.001
     sb = torch.rand(-(-n // 128), k // 128, device="cuda", generator=gen) * 0.01 + 0.001
@@ -207,6 +207,7 @@ CASES = {
     "fp8 gemm": _fp8_gemm,
     "fp8 block-scaled": _fp8_block_scaled,
     "fp8 block-scaled skinny row-major": _fp8_row_major_skinny,
+    "fp8 block-scaled skinny row-major M=128": lambda gen: _fp8_row_major_skinny(gen, 128),
     "grouped device offsets": _grouped(False),
     "grouped host offsets": _grouped(True),
     "attention": _attention,
