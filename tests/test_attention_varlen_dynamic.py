@@ -65,8 +65,10 @@ def test_every_varlen_plan_has_room_for_the_schedule_slots():
     static_assert bounds the slots of four Q and four V stages): every varlen plan, forced
     variants included, stays within the per-block limit."""
     src = source("attention")
-    assert f"constexpr int kSchedBytes = {varlen_entry.SCHED_BYTES};" in src
+    assert (f"constexpr int kSchedBytes = WINDOWS ? {varlen_entry.WINDOW_SCHED_BYTES} : "
+            f"{varlen_entry.SCHED_BYTES};") in src
     assert 7 * 4 * 4 + 4 * 4 <= varlen_entry.SCHED_BYTES  # Sched: 4 Tiles of 7 ints, 4 flags
+    assert 8 * 4 * 4 + 4 * 4 + 8 * 4 <= varlen_entry.WINDOW_SCHED_BYTES  # Tiles of 8, and the tile ahead
     for d, dv, causal, q_stages, q_split in itertools.product(HEAD_DIMS, HEAD_DIMS, (False, True), (None, 2),
                                                              (None, True)):
         try:
@@ -74,7 +76,8 @@ def test_every_varlen_plan_has_room_for_the_schedule_slots():
         except Exception:  # a forced variant that does not fit is refused by the plan itself
             continue
         assert plan.layout.total_bytes % 16 == 0
-        assert plan.layout.total_bytes + varlen_entry.SCHED_BYTES <= HOPPER_SMEM_LIMIT, (d, dv, causal, q_stages)
+        assert plan.layout.total_bytes + varlen_entry.WINDOW_SCHED_BYTES <= HOPPER_SMEM_LIMIT, (d, dv, causal,
+                                                                                                q_stages)
 
 
 @pytest.mark.parametrize("d,causal", [(128, False), (256, True)])

@@ -74,8 +74,9 @@ def _check(got, got_lse, ref, ref_lse, tol, what):
 RAGGED = [0, 1, 300, 17, 129, 128, 0, 513, 2]  # empty, one token, tile edges, over four tiles
 
 
-def _run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, pad=5, host=False, dtype="bfloat16", tol=None):
-    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+def _run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, pad=5, host=False, dtype="bfloat16", tol=None, skip=0):
+    """``skip``: tokens before the first sequence (cu_seqlens start there; never written)."""
+    cu_q, cu_k = _cu(lens_q) + skip, _cu(lens_k) + skip
     (q, k, v), (qf, kf, vf) = _operands(rng, int(cu_q[-1]) + pad, int(cu_k[-1]) + pad, hq, hkv, d, dv, dtype)
     out = poison(tf.empty((q.shape[0], hq, dv), dtype))
     lens = (cu_q.tolist(), cu_k.tolist()) if host else (tf.from_numpy(cu_q), tf.from_numpy(cu_k))
@@ -418,3 +419,87 @@ def test_varlen_capture_before_any_eager_call_takes_the_stride(device, rng, monk
                                                   r"counter.*being captured"):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
                 kernels.attention_varlen(q, k, v, cu, cu, longest, longest, out)
+
+
+# --- WINDOWS: tiles of 128 packed query rows whatever their sequences ------------------------------
+# (the plan's for short sequences, attention_varlen_entry.in_windows; right for any lengths)
+
+
+@pytest.fixture
+def in_windows(monkeypatch):
+    """Every call planned in windows, whatever its lengths."""
+    from tmaflow.kernels import attention_varlen_entry
+
+    monkeypatch.setattr(attention_varlen_entry, "in_windows", lambda *lengths: True)
+
+
+# the plan's (the counter: 2, or 1 at 112-176), the stride, the counter a tile late
+SCHEDULES = {"plan": {}, "stride": {"DYNAMIC_TILES": 0}, "late": {"DYNAMIC_TILES": 1}}
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("d,causal", [(d, c) for d in (64, 128, 144, 256) for c in (False, True)])
+def test_varlen_windows_against_float64(device, rng, in_windows, d, causal, schedule):
+    """Ragged lengths with empty and one-token sequences, sequences over eight windows (a
+    window's keys then span two long sequences), GQA 4:1, tokens before the first sequence and
+    after the last (never written), three launches on one prepared state."""
+    lens = RAGGED + [1024, 640, 0, 1, 385] + rng.integers(0, 300, 60).tolist()
+    with extra_defines(SCHEDULES[schedule]):
+        for _ in range(3):
+            _run(rng, lens, lens, 8, 2, d, d, causal, skip=3)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_windows_many_sequences_a_warp(device, rng, causal):
+    """The plan's windows (max_seqlen_q 5): runs of empty sequences and of one to four tokens,
+    so a warp's 16 rows span more than 31 sequence starts (its bound search takes several
+    rounds) and a window holds over a hundred sequences; keys of other lengths, fp16."""
+    lens_q = [0] * 70 + rng.integers(0, 5, 300).tolist() + [0] * 40 + [1] * 50 + [5]
+    lens_k = rng.integers(0, 200, len(lens_q)).tolist()
+    _run(rng, lens_q, lens_k, 4, 4, 128, 128, causal, dtype="float16")
+    _run(rng, lens_q, lens_q, 2, 1, 64, 64, causal, host=True, skip=1)
+
+
+@pytest.mark.parametrize("d,dv", [(192, 128), (96, 96), (176, 176), (240, 240)])
+def test_varlen_windows_head_dims(device, rng, in_windows, d, dv):
+    for causal in (False, True):
+        _run(rng, RAGGED + [40, 90, 17, 300], RAGGED + [40, 90, 17, 300], 4, 2, d, dv, causal)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_windows_counter_equals_the_stride_bit_for_bit(device, rng, d, causal):
+    """A window's work does not depend on the CTA that takes it, launch after launch."""
+    torch = pytest.importorskip("torch")
+    lens = RAGGED + rng.integers(0, 200, 200).tolist()
+    q, k, v, cu, longest = _torch_batch(torch, lens, d=d)
+    assert longest <= 513
+    with extra_defines({"DYNAMIC_TILES": 0}):
+        want, want_lse = kernels.attention_varlen(q, k, v, cu, cu, 200, 200, causal=causal, return_lse=True)
+    for launch in range(3):
+        got, got_lse = kernels.attention_varlen(q, k, v, cu, cu, 200, 200, causal=causal, return_lse=True)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want) and torch.equal(got_lse, want_lse), (d, causal, launch)
+
+
+def test_varlen_windows_graph_replays_longer_sequences(device, rng):
+    """A torch graph captured with short lengths (planned in windows) replays lengths past its
+    max_seqlen_q: windows hold any sequences."""
+    torch = pytest.importorskip("torch")
+    hq, d, total = 4, 64, 1500
+    q, k, v = (torch.randn(total, hq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor(_cu([100] * 15), device="cuda")
+    out = torch.empty(total, hq, d, device="cuda", dtype=torch.bfloat16)
+    kernels.attention_varlen(q, k, v, cu, cu, 100, 100, out, causal=True)  # outside the capture first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.attention_varlen(q, k, v, cu, cu, 100, 100, out, causal=True)
+    host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
+    for lens in ([100] * 15, [1400] + [0] * 13 + [100], [1, 1, 700, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 798]):
+        new = _cu(lens)
+        cu.copy_(torch.tensor(new, device="cuda"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, _ = _reference(*host, new, new, True, 1 / np.sqrt(d))
+        _check(out.float().cpu().numpy().astype(np.float64), None, ref, None, 1e-2, lens)

@@ -50,6 +50,11 @@
 //   whether another follows. tile_counter[1] counts the CTAs done; the last resets both, so the
 //   counter (attention_varlen_entry: the stream's split-K workspace, or a captured launch's own
 //   pair from tile_counters) is zero between launches.
+//   WINDOWS (VARLEN, not PAIRED; the plans' for short sequences): a work tile is 128 packed
+//   query rows whatever their sequences (Tiles::find), its keys those of every sequence it
+//   touches, and each row masks the keys outside its own sequence (row_bounds: a row's key
+//   bounds come from a search over cu_q by shuffles, while the first S runs). Sequences shorter
+//   than a tile share one instead of taking one each, mostly masked.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <tmaflow.cuh>
@@ -94,6 +99,10 @@ static_assert(!L2_PREFETCH || !VARLEN, "L2_PREFETCH is a schedule of dense tiles
 #endif
 static_assert(!DYNAMIC_TILES || VARLEN, "DYNAMIC_TILES is a schedule of packed sequences");
 static_assert(DYNAMIC_TILES >= 0 && DYNAMIC_TILES <= 2, "DYNAMIC_TILES is 0, 1 or 2");
+#ifndef WINDOWS
+#define WINDOWS 0  // 1 (VARLEN): work tiles are windows of BM packed query rows, whatever their sequences
+#endif
+static_assert(!WINDOWS || VARLEN && !PAIRED, "WINDOWS is a schedule of packed sequences, not paired");
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -139,6 +148,9 @@ struct Tile {
   int m0, len_q, len_k;
   int q_head, kv_head;  // the maps' head coordinate: dense, the (batch x heads) row; varlen, the head
   int q_base, k_base;   // varlen: the sequence's first token in q and in k / v (dense: 0)
+#if WINDOWS
+  int seq;  // the sequence holding the window's first row (its consumers' search starts there)
+#endif
 };
 
 #if DYNAMIC_TILES
@@ -157,8 +169,11 @@ struct Tile {
 struct Sched {
   Tile q[L::qp::stages];    // the work tile of each Q stage (both halves' with Q_SPLIT)
   int more[L::vp::stages];  // with a work tile's last V stage: 1 if the CTA runs another tile
+#if WINDOWS && DYNAMIC_TILES == 2
+  Tile ahead;  // the producer's own: the tile ahead waits here, not in its 40 registers
+#endif
 };
-constexpr int kSchedBytes = 128;  // attention_varlen_entry.SCHED_BYTES
+constexpr int kSchedBytes = WINDOWS ? 192 : 128;  // attention_varlen_entry.sched_bytes
 static_assert(sizeof(Sched) <= kSchedBytes && L::total_bytes % 16 == 0, "Sched past the layout");
 
 // ``slot`` as lane 0 of the warp reads it, in every lane.
@@ -169,7 +184,11 @@ TMAFLOW_DEVICE int sched_read(const int& slot) {
 }
 TMAFLOW_DEVICE Tile sched_read(const Tile& slot) {
   return Tile{sched_read(slot.m0),     sched_read(slot.len_q),  sched_read(slot.len_k), sched_read(slot.q_head),
-              sched_read(slot.kv_head), sched_read(slot.q_base), sched_read(slot.k_base)};
+              sched_read(slot.kv_head), sched_read(slot.q_base), sched_read(slot.k_base)
+#if WINDOWS
+              , sched_read(slot.seq)
+#endif
+  };
 }
 
 // A CTA done (the producer's issuing lane, after its last take, or thread 0 of a CTA with no
@@ -193,7 +212,7 @@ TMAFLOW_DEVICE void tiles_done(unsigned* tile_counter) {
 // masked, and stores zeros).
 TMAFLOW_DEVICE int key_tiles(const Tile& w) {
   int tiles = (w.len_k + BN - 1) / BN;
-#if CAUSAL
+#if CAUSAL && !WINDOWS  // (a window's key range ends at its last row's own keys)
   tiles = min(tiles, (min(w.m0 + BM, w.len_q) - 1) / BN + 1);
 #endif
   return VARLEN ? max(tiles, 1) : tiles;
@@ -223,6 +242,72 @@ struct Tiles {
   const int* cu_k;
   int total_q, total_k, batch, heads, group;
   int first = 0, before = 0;  // the walk: sequences from `first` on hold tiles from `before` on
+#if WINDOWS
+  // Windows: tile t is rows u BM .. u BM + BM - 1 of the packed queries (u = t / heads), of head
+  // t % heads, whatever sequences they belong to; its keys run from the first row's sequence's
+  // first key to the last row's sequence's last (causal: the last row's own last), and each row
+  // masks the keys outside its own sequence (the consumers' row_bounds). Windows number the
+  // tokens, not the sequences: a sequence shorter than a tile shares one with its neighbours
+  // instead of taking one of its own, and the tile count is known without a walk.
+  TMAFLOW_DEVICE int windows() const { return (total_q + BM - 1) / BM; }
+  TMAFLOW_DEVICE long long bound() const { return (long long)heads * windows(); }
+  // Lane l's sequence base + l: its first query and first key (past the batch: none), clamped
+  // into the tensors.
+  TMAFLOW_DEVICE void starts(int base, int& qs, int& ks) const {
+    const int b = base + threadIdx.x % 32;
+    qs = 0x7fffffff, ks = 0;
+    if (b <= batch) {
+      qs = min(max(__ldg(cu_q + b), 0), total_q);
+      ks = min(max(__ldg(cu_k + b), 0), total_k);
+    }
+  }
+  // The sequence holding packed query row x: the last b with cu_q[b] <= x (-1 before the first
+  // sequence, batch at or past the last one's end), the warp walking on from `first` 32
+  // sequences a round of loads (a CTA's windows only grow); qs holds the round that found it
+  // (lane l: sequence first + l's first query), where `first` stays.
+  TMAFLOW_DEVICE int seq_of(int x, int& qs) {
+    for (;; first += 32) {
+      const int b = first + threadIdx.x % 32;
+      qs = b <= batch ? min(max(__ldg(cu_q + b), 0), total_q) : 0x7fffffff;
+      const unsigned past = __ballot_sync(0xffffffffu, qs > x);
+      if (past != 0) return first + __ffs(past) - 2;
+    }
+  }
+  TMAFLOW_DEVICE bool skip_to(int t) {
+    if (t >= bound()) return false;
+    int qs;
+    first = max(seq_of(t / heads * BM, qs), 0);
+    return true;
+  }
+  TMAFLOW_DEVICE bool find(int t, Tile& w) {
+    if (t >= bound()) return false;
+    w.q_base = t / heads * BM;
+    w.m0 = 0;
+    w.len_q = min(BM, total_q - w.q_base);
+    // One round of loads finds the window's first and last rows' sequences where it spans
+    // fewer than 31 (else the last row's walk goes on), a second reads their keys' bounds.
+    const int last = w.q_base + w.len_q - 1;
+    int qs;
+    const int s0 = seq_of(w.q_base, qs), walked = first;
+    const unsigned past = __ballot_sync(0xffffffffu, qs > last);
+    const int s1 = past != 0 ? walked + __ffs(past) - 2 : seq_of(last, qs);
+    // rows outside every sequence (before the first, past the last) have no keys of their own
+    const int b0 = min(max(s0, 0), batch - 1), b1 = min(max(s1, 0), batch - 1);
+    w.k_base = min(max(__ldg(cu_k + b0), 0), total_k);
+    int end = min(max(__ldg(cu_k + b1 + 1), w.k_base), total_k);
+#if CAUSAL
+    end = min(end, max(__ldg(cu_k + b1), 0) + last - min(max(__ldg(cu_q + b1), 0), total_q) + 1);
+#endif
+    w.len_k = max(end - w.k_base, 0);
+    w.seq = b0;
+    w.q_head = t % heads;
+    w.kv_head = w.q_head / group;
+    // The walk stays at the first row's sequence: the CTA's next tile may be this window's
+    // next head (a take from the counter), whose first row is this one.
+    first = max(s0, 0);
+    return true;
+  }
+#else
   // A CTA's first walk, before the producer gives up registers: to the sequences holding tile
   // t, 128 sequences (4 a lane) a round of loads; false when t is past the last tile.
   TMAFLOW_DEVICE bool skip_to(int t) {
@@ -298,6 +383,7 @@ struct Tiles {
     }
     return false;
   }
+#endif
 #if PAIRED
   TMAFLOW_DEVICE int first_tile() const { return 2 * blockIdx.x; }
   // After tile t (w): its unit's earlier block, unless t is that or the middle block of an odd
@@ -367,6 +453,35 @@ struct Tiles {
   TMAFLOW_DEVICE size_t out_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
   TMAFLOW_DEVICE int lse_row(const Tile& w, int row) const { return w.q_head * seq_q + row; }
 };
+#endif
+
+#if WINDOWS
+// The keys of packed query row x in window w, relative to its first key: lo .. hi - 1 (lo > hi:
+// a row outside every sequence, masked whole and never stored). From a round of sequence starts
+// (Tiles::starts(base): lane l holds sequence base + l's), x's sequence is the last lane whose
+// first query is at or before x (a binary search over the lanes by shuffles); false when the
+// round cannot tell (x's sequence or the next one's start lies past it: another round, from
+// base + 31). Every lane calls it (shuffles), each with its own row. Bounds are clamped into the
+// window's keys (bad device values give wrong rows, never reads of other windows' keys).
+TMAFLOW_DEVICE bool row_keys(const Tiles& tiles, const Tile& w, int base, int qs, int ks, int x, int& lo, int& hi) {
+  int l = 0;  // lanes whose sequence starts at or before x (up to 31; lane 31's start tells 32)
+#pragma unroll
+  for (int step = 16; step > 0; step /= 2)
+    if (__shfl_sync(0xffffffffu, qs, l + step - 1) <= x) l += step;
+  const int at = max(l - 1, 0);
+  const int k0 = __shfl_sync(0xffffffffu, ks, at), k1 = __shfl_sync(0xffffffffu, ks, at + 1);
+  const int q0 = __shfl_sync(0xffffffffu, qs, at);
+  if (__shfl_sync(0xffffffffu, qs, 31) <= x) return false;
+  lo = 1, hi = 0;
+  if (l == 0 || base + at >= tiles.batch) return true;  // before the first sequence, past the last
+  int end = k1;
+#if CAUSAL
+  end = min(end, k0 + x - q0 + 1);
+#endif
+  lo = k0 - w.k_base;
+  hi = min(max(end - w.k_base, lo), w.len_k);
+  return true;
+}
 #endif
 
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -498,6 +613,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
         if (DYNAMIC_TILES == 2) {
           t_next = tiles.take_tile(t, w, tile_counter);
           more_next = tiles.find(t_next, w_next);
+#if WINDOWS && DYNAMIC_TILES == 2  // (a window's Tile has one int more: two spill the producer)
+          if (lane == 0) sched.ahead = w_next;
+#endif
         }
         if (issuer) {
           load_q(0);
@@ -513,6 +631,9 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
           more_next = tiles.find(t_next, w_next);
         }
         if (issuer) load_v(n - 1);
+#if WINDOWS && DYNAMIC_TILES == 2
+        w_next = sched_read(sched.ahead);
+#endif
         t = t_next, w = w_next, more = more_next;
       }
       if (issuer) tiles_done(tile_counter);
@@ -552,6 +673,27 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   float s[kS];
   uint32_t p[BN / 16][4];
   float alpha[2];
+#if WINDOWS
+  // The keys of this thread's rows (row0, row0 + 8) relative to the window's first key: lo ..
+  // hi - 1; lo > hi for a row outside every sequence (masked whole, never stored).
+  int key_lo[2], key_hi[2];
+  // qs, ks: tiles.starts(w.seq), loaded before the tile's waits (their latency is under them).
+  auto row_bounds = [&](int qs, int ks) {
+    int todo = 3;
+    for (int base = w.seq; __any_sync(0xffffffffu, todo != 0); base += 31) {
+      if (base != w.seq) tiles.starts(base, qs, ks);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int lo, hi;
+        if (row_keys(tiles, w, base, qs, ks, w.q_base + row0 + 8 * h, lo, hi) && (todo >> h & 1))
+          todo &= ~(1 << h), key_lo[h] = lo, key_hi[h] = hi;
+      }
+    }
+  };
+  auto row_stored = [&](int h) { return row0 + 8 * h < w.len_q && key_lo[h] <= key_hi[h]; };
+#else
+  auto row_stored = [&](int h) { return row0 + 8 * h < w.len_q; };
+#endif
   auto issue_s = [&]() {
     wgmma::fence_operands(s);
     wgmma::fence();
@@ -584,6 +726,21 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
   auto softmax = [&](int j) {
     // Masks cost a compare and a select per score: only tiles that reach past the sequence or
     // (causal) past this warpgroup's first row need them (a warp-uniform test).
+#if WINDOWS
+    // (a window's row masks the keys outside its own, key_lo[h] .. key_hi[h] - 1)
+    bool need_mask = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) need_mask = need_mask || j * BN < key_lo[h] || (j + 1) * BN > key_hi[h];
+    if (__any_sync(0xffffffffu, need_mask)) {
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = j * BN + 8 * jj + col + (e & 1);
+          if (key < key_lo[e >> 1] || key >= key_hi[e >> 1]) s[4 * jj + e] = neg_inf();
+        }
+    }
+#else
     bool need_mask = (j + 1) * BN > w.len_k;
 #if CAUSAL
     need_mask = need_mask || (j + 1) * BN - 1 > w.m0 + cw * 64;
@@ -601,6 +758,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
           if (masked) s[4 * jj + e] = neg_inf();
         }
     }
+#endif
     // Maxima of the raw scores (scale > 0 keeps the order); each score is then scaled and
     // shifted by one FMA inside 2^x.
     float mx[2] = {neg_inf(), neg_inf()};
@@ -638,13 +796,18 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       for (int h = 0; h < 2; ++h) {
         const float l = warp::quad_sum(l_run[h]);
         inv[h] = l > 0.f ? 1.f / l : 0.f;
-        if (row0 + 8 * h < w.len_q && lse != nullptr && lane % 4 == 0)
+        if (row_stored(h) && lse != nullptr && lane % 4 == 0)
           lse[tiles.lse_row(w, row0 + 8 * h)] = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718056f : neg_inf();
       }
       // Two quad exchanges turn each chunk pair (16 columns of rows row0 and row0 + 8, a word
       // of each a lane) into 16 B of one row a lane: lane c keeps row row0 + 8 (c & 1) and,
       // of the pair, chunk c >> 1.
       const int hr = lane & 1, a = (lane >> 1) & 1, row = row0 + 8 * hr;
+#if WINDOWS
+      const bool stored = hr ? row_stored(1) : row_stored(0);
+#else
+      const bool stored = row < w.len_q;
+#endif
       elem_t* dst = out + tiles.out_row(w, min(row, w.len_q - 1)) * DV + 8 * a;
 #pragma unroll
       for (int g = 0; g < DV / 16; ++g) {
@@ -661,7 +824,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
         const uint32_t lo = __shfl_xor_sync(0xffffffffu, a ? u[0][0] : u[1][0], 2);
         const uint32_t hi = __shfl_xor_sync(0xffffffffu, a ? u[0][1] : u[1][1], 2);
         const uint4 v = a ? make_uint4(lo, hi, u[1][0], u[1][1]) : make_uint4(u[0][0], u[0][1], lo, hi);
-        if (row < w.len_q) *reinterpret_cast<uint4*>(dst + 16 * g) = v;
+        if (stored) *reinterpret_cast<uint4*>(dst + 16 * g) = v;
       }
       return;
     }
@@ -671,7 +834,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       const int row = row0 + 8 * h;
       const float l = warp::quad_sum(l_run[h]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
-      if (row < w.len_q) {
+      if (row_stored(h)) {
         elem_t* dst = out + tiles.out_row(w, row) * DV + col;
 #pragma unroll
         for (int jj = 0; jj < DV / 8; ++jj)
@@ -741,10 +904,17 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     const int n = begin_work();
     qp.consumer_wait(cq);
 #endif
+#if WINDOWS
+    int seq_q, seq_k;
+    tiles.starts(w.seq, seq_q, seq_k);
+#endif
     kp.consumer_wait(ck);
     turn_begin();
     issue_s();
     turn_end(false);
+#if WINDOWS
+    row_bounds(seq_q, seq_k);  // under S_0
+#endif
     wait_ahead(0, n);
     wgmma::wait_group<0>();
     scores_done(0, n);

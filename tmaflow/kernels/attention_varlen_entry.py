@@ -72,12 +72,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         CQ, CK = (_upload(c, Q.device, stream) if isinstance(c, np.ndarray) else c for c in (CQ, CK))
     if O is not None:
         checks.no_aliasing(WHO, O, (("q", Q), ("k", K), ("v", V), ("cu_seqlens_q", CQ), ("cu_seqlens_k", CK)))
-    key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, stream, pdl, Q.device, ordinal, debug,
+    windows = in_windows(max_q, max_k, batch, tq, causal)
+    key = (WHO, Q.dtype.name, Q.shape, K.shape, dv, batch, causal, windows, stream, pdl, Q.device, ordinal, debug,
            trace, get_ident())
     try:
         st = STATES[key]
     except (KeyError, TypeError):
-        st = cached_state(key, lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace))
+        st = cached_state(key, lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, windows=windows))
     result, O = (out, O) if O is not None else new_output(q, Q, (tq, hq, dv), None, stream)
     lse_out, lse = (None, 0)
     if return_lse:
@@ -92,8 +93,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         else:
             pair = tile_counters.take(current_device())  # captured: a pair of its own (tile_counters)
             if pair is None:  # a torch capture before any eager dynamic call: nothing reserved
-                st = cached_state(key + ("static",),
-                                  lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=True))
+                st = cached_state(key + ("static",), lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace,
+                                                                     static=True, windows=windows))
             counter = pair or 0
     args = (st.tq.bind(Q), st.tk.bind(K), st.tv.bind(V), O, lse, CQ, CK, tq, tk, batch, hq, hq // hkv,
             float(scale) * math.log2(math.e), counter)
@@ -213,37 +214,72 @@ def _upload(host: np.ndarray, device, stream: int, who: str = WHO) -> DeviceArra
 
 
 # Shared memory a DYNAMIC_TILES launch takes past the layout (attention.cu's kSchedBytes): where
-# the producer tells the consumers their tiles.
+# the producer tells the consumers their tiles (with WINDOWS a Tile has one more int).
 SCHED_BYTES = 128
+WINDOW_SCHED_BYTES = 192
+
+
+def sched_bytes(defines: dict) -> int:
+    return WINDOW_SCHED_BYTES if int(defines.get("WINDOWS", 0)) else SCHED_BYTES
+
+
+# Packed batches of short sequences are planned in windows (attention.cu's WINDOWS): tiles of
+# 128 packed query rows whatever their sequences, each row masking the keys outside its own, so
+# sequences shorter than a tile share one. A window reads the keys of every sequence it touches
+# (128 one-query sequences with long keys would be one CTA's long walk), so max_seqlen_q and
+# max_seqlen_k both bound it: by causal, at most WINDOWS_UP_TO[causal]. And a row's key bounds
+# cost its warp a search (about 150 instructions a tile, measured with ncu): windows pay only
+# where sequences may leave tiles a third empty or more (batch x ceil(max_seqlen_q / 128) at least
+# 1.5 x the windows; 128 sequences of 128 tokens fill theirs). H200 (session 23,
+# tools/experiments/varlen_ab.py, cold, x dense at equal tokens, head dim 64 / 128, a
+# sequence's tiles -> windows): lengths 8-56 1.37 -> 3.52 / 1.57 -> 3.57, causal 1.23 -> 3.63 /
+# 1.30 -> 3.03; 16-112 1.27 -> 1.16 / 1.49 -> 1.46, causal 1.31 -> 1.57 / 1.27 -> 1.53; 32-224
+# 0.70 -> 0.67 / 0.94 -> 0.99, causal 0.79 -> 0.82 / 1.00 -> 1.12; 128 x 128 1.03 -> 0.85 / 1.03 ->
+# 1.00, causal 0.99 -> 0.75 / 1.01 -> 0.95; 128-1024 0.94 -> 0.84, causal 0.88 -> 0.76. The
+# kernel is right for any lengths (a captured graph may replay longer ones); these only choose.
+WINDOWS_UP_TO = {False: 64, True: 256}
+
+
+def in_windows(max_q: int, max_k: int, batch: int, tokens: int, causal: bool) -> bool:
+    """Whether a packed batch is planned in windows (above)."""
+    return max(max_q, max_k) <= WINDOWS_UP_TO[causal] and 2 * batch * -(-max_q // BM) >= 3 * -(-tokens // BM)
+# Q / K head dims whose window builds take their next tile before a tile's last V load
+# (DYNAMIC_TILES=1), not a tile ahead: a window's Tile holds one int more, and with 7-11 boxes of
+# 16 columns the tile ahead spills 12 B of the producer's 40 registers (NVRTC 13.0).
+_WINDOWS_TAKE_LATE = {112, 144, 176}
 
 # True: a CTA a tile at every plan (the block scheduler balances unequal tiles; each pays its
 # loads' latency). Off; tools/experiments/varlen_ab.py's "tiles" rows set it to compare.
 A_TILE_A_CTA = False
 
 
-def varlen_plan(d: int, causal: bool, dv: int, tokens: int, heads: int, static: bool = False, **forced):
+def varlen_plan(d: int, causal: bool, dv: int, tokens: int, heads: int, static: bool = False,
+                windows: bool = False, **forced):
     """``attention_plan(..., varlen=True)`` for ``tokens`` query rows of ``heads`` heads. PAIRED
     numbers two slots a unit, so its tile numbers reach about 2 x tokens x heads (sequences of
     one token), and the counter of DYNAMIC_TILES runs a grid past the last tile: from 2^31 on
     (the kernel's tile numbers are 32-bit) the plan keeps a CTA a tile, whose numbers stay below
-    tokens x heads (``_check``). ``static``: the stride, without the counter."""
+    tokens x heads (``_check``). ``static``: the stride, without the counter. ``windows``: tiles
+    of 128 packed query rows (WINDOWS, unpaired), whose numbers stay below tokens x heads / 128."""
     plan = attention_plan(d, causal, dv, varlen=True, **forced)
     drop = ("PAIRED", "DYNAMIC_TILES") if 2 * tokens * heads >= 1 << 31 else ("DYNAMIC_TILES",) if static else ()
-    if any(name in plan.defines for name in drop):
-        plan = plan._replace(defines={k: v for k, v in plan.defines.items() if k not in drop})
-    return plan
+    drop += ("PAIRED",) if windows else ()
+    late = windows and d in _WINDOWS_TAKE_LATE and "DYNAMIC_TILES" in plan.defines and "DYNAMIC_TILES" not in drop
+    defines = {**{k: v for k, v in plan.defines.items() if k not in drop},
+               **({"WINDOWS": 1} if windows else {}), **({"DYNAMIC_TILES": 1} if late else {})}
+    return plan._replace(defines=defines)
 
 
-def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=False) -> SimpleNamespace:
+def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=False, windows=False) -> SimpleNamespace:
     _OPTIONS.check(causal, pdl, debug, trace)
     on_current_device(WHO, Q)
     tq, hq, d = Q.shape
     tk, hkv = K.shape[:2]
-    plan = varlen_plan(d, causal, dv, tq, hq, static=static)
+    plan = varlen_plan(d, causal, dv, tq, hq, static=static, windows=windows)
     kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     forced = forced_layout(plan, kernel)
     if forced:
-        plan = varlen_plan(d, causal, dv, tq, hq, static=static, **forced)
+        plan = varlen_plan(d, causal, dv, tq, hq, static=static, windows=windows, **forced)
         kernel = attention_kernel(plan, Q.dtype.name, debug, trace)
     # Sequence b has ceil(len_b / BM) row blocks a head: at most (tokens + batch (BM - 1)) / BM
     # in all, whatever the lengths on the device. CTAs past the last tile leave at once. One CTA
@@ -261,7 +297,9 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=False) -> 
     # last CTA resets them): an eager call's are its stream's (two words of the split-K
     # workspace), a captured call's a pair of its own (tile_counters), or, in a torch capture
     # before any eager call made the pool, the static stride (``static``).
-    tiles = max(1, hq * ((tq + batch * (BM - 1)) // BM))
+    # WINDOWS: ceil(tokens / BM) windows a head, whatever the lengths.
+    windowed = bool(int(kernel.defines.get("WINDOWS", 0)))
+    tiles = max(1, hq * (-(-tq // BM) if windowed else (tq + batch * (BM - 1)) // BM))
     dynamic = bool(int(kernel.defines.get("DYNAMIC_TILES", 0)))
     if dynamic and static:
         raise TmaflowError(f"{WHO}: DYNAMIC_TILES, forced through extra_defines, needs a tile counter, but the "
@@ -272,7 +310,7 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=False) -> 
         tile_counters.reserve(device)  # for calls captured later
     one_a_tile = not dynamic and (causal and not kernel.defines.get("PAIRED") or A_TILE_A_CTA)
     grid = tiles if one_a_tile else min(tiles, device.sm_count)
-    smem = {"smem": plan.layout.total_bytes + SCHED_BYTES} if dynamic else {}
+    smem = {"smem": plan.layout.total_bytes + sched_bytes(kernel.defines)} if dynamic else {}
     launcher, workspace = _with_split_k(kernel.launcher(grid=grid, block=384, stream=stream, pdl=pdl, **smem),
                                         dynamic, device, stream)
     dt = Q.dtype.name

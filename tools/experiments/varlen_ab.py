@@ -19,9 +19,14 @@ plans before them, docs/history.md):
 - "stride" (both): one CTA an SM striding over tiles (causal: units) in a fixed order (session
   21's plan, before the counter);
 - "dyn" (both): the counter, the next tile taken once a tile's loads but its last V tile are
-  issued (DYNAMIC_TILES=1).
+  issued (DYNAMIC_TILES=1);
+- "win" / "seq" (both): the plan in windows (WINDOWS: tiles of 128 packed query rows whatever
+  their sequences, each row masking the keys outside its own; the plan's where max_seqlen_q and
+  max_seqlen_k are short, ``attention_varlen_entry.in_windows``) or a sequence's own tiles.
 
-Cases (16k tokens, as ``bench_attention.py --varlen``): "short 128" (32 / 96 / 160 / 224 x 32)
+Cases (16k tokens, as ``bench_attention.py --varlen``): "tiny 32" (8 / 24 / 40 / 56 x 128)
+against dense 512 x 32, "short 64" (16 / 48 / 80 / 112 x 64) against dense 256 x 64, "short 128"
+(32 / 96 / 160 / 224 x 32)
 and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against dense 128 x 128;
 "mixed 1k" (128 to 1024) against dense 16 x 1024; "ragged 8" (256 to 5120) against dense
 8 x 2048; "equal 4k" (4 x 4096) against dense 4 x 4096. TFLOP/s count each kernel's own work;
@@ -29,7 +34,7 @@ and "equal 128" (128 x 128: the varlen machinery alone, no raggedness) against d
 ratio), and each variant's output is checked against the default's.
 
     PYTHONPATH=. python3 tools/experiments/varlen_ab.py [--dims 128 64] [--cases "short 128"]
-        [--repeats N] [--precompile] [--ncu]
+        [--repeats N] [--only win seq] [--precompile] [--ncu]
 
 ``--precompile``: build every variant's kernel in a process pool and exit (for a device call's
 first step). ``--ncu``: one cold call of each function after the warm-up, nothing timed (for
@@ -43,7 +48,9 @@ from tmaflow import bench, kernels
 from tmaflow.kernels import attention_varlen_entry as entry
 from tmaflow.kernels.registry import extra_defines
 
-CASES = {"short 128": ([32, 96, 160, 224] * 32, (128, 128)),
+CASES = {"tiny 32": ([8, 24, 40, 56] * 128, (512, 32)),
+         "short 64": ([16, 48, 80, 112] * 64, (256, 64)),
+         "short 128": ([32, 96, 160, 224] * 32, (128, 128)),
          "equal 128": ([128] * 128, (128, 128)),
          "mixed 1k": ([1024, 896, 768, 640, 512, 384, 256, 128] * 3 + [1024, 896, 512, 128], (16, 1024)),
          "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048)),
@@ -68,13 +75,23 @@ def variants(d: int, causal: bool) -> list:
     if causal:
         out.append(("cta", {"PAIRED": 0, "DYNAMIC_TILES": 0}))
     return out + ([] if causal else [("tiles", {"DYNAMIC_TILES": 0})]) + [("stride", {"DYNAMIC_TILES": 0}),
-                                                                          ("dyn", {"DYNAMIC_TILES": 1})]
+                                                                          ("dyn", {"DYNAMIC_TILES": 1}),
+                                                                          ("win", WIN), ("seq", SEQ)]
+
+
+# The windows choice is the entry's (attention_varlen_entry.in_windows), not a define: these
+# stand for it.
+WIN, SEQ = {"windows": True}, {"windows": False}
 
 
 def _build(job):
     d, causal, defines = job
     from tmaflow.kernels.attention_entry import attention_kernel, attention_plan
 
+    if "windows" in defines:  # both plans (which one a case takes depends on its lengths)
+        for windows in (False, True):
+            attention_kernel(entry.varlen_plan(d, causal, d, 1 << 14, 16, windows=windows), "bfloat16").program  # noqa: B018
+        return
     plan = attention_plan(d, causal, varlen=True, q_stages=defines.get("Q_STAGES"), keys=defines.get("BLOCK_N"),
                           q_split=bool(defines["Q_SPLIT"]) if "Q_SPLIT" in defines else None)
     with extra_defines(defines):
@@ -103,12 +120,15 @@ def row(torch, d: int, case: str, causal: bool, repeats: int, ncu: bool) -> None
     for label, defines in variants(d, causal):
         outs[label] = torch.full_like(q, float("nan"))
         entry.A_TILE_A_CTA = label == "tiles"
+        planned = entry.in_windows
+        if "windows" in defines:
+            entry.in_windows = lambda *lengths, windows=defines["windows"]: windows
         try:
-            with extra_defines(defines):
+            with extra_defines({k: v for k, v in defines.items() if k != "windows"}):
                 fns[label] = kernels.attention_varlen.prepare(q, k, v, cu, cu, longest, longest, outs[label],
                                                                causal=causal)
         finally:
-            entry.A_TILE_A_CTA = False
+            entry.A_TILE_A_CTA, entry.in_windows = False, planned
     dense_out = torch.empty_like(dq)
     fns["dense"] = kernels.attention.prepare(dq, dk, dv, dense_out, causal=causal)
     for fn in fns.values():
@@ -147,9 +167,14 @@ def main():
     p.add_argument("--dims", type=int, nargs="+", default=[128, 64])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--only", nargs="+", help="these variants (and the default), not every one")
     p.add_argument("--precompile", action="store_true", help="build every variant and exit")
     p.add_argument("--ncu", action="store_true", help="one call of each function, nothing timed")
     args = p.parse_args()
+    if args.only:
+        global variants
+        every = variants
+        variants = lambda d, causal: [v for v in every(d, causal) if v[0] == "default" or v[0] in args.only]  # noqa: E731
     if args.precompile:
         precompile(args.dims)
         return

@@ -22,7 +22,8 @@ the others refuse V's head dim). At head dims 64 and 128 the pre-Hopper kernel k
 ``--varlen``: kernels.attention_varlen over 16k packed tokens at each --dims head dim (16 heads at
 128, 32 at 64, 8 at 256): four sequences of 4096 and 128 of 128 (their time against the dense
 kernel on as many sequences of that length is the varlen path's own cost), eight ragged ones
-(256 to 5120) and 128 short ones (32 to 224), each against the dense kernel at the same token
+(256 to 5120), 128 short ones (32 to 224) and 512 tiny ones (8 to 56; planned in windows of 128
+packed rows, as the short ones causal), each against the dense kernel at the same token
 count (batch x seq = 16k, ratio of TFLOP/s: the FLOPs differ) and torch's flash varlen
 (``torch.nn.attention.varlen.varlen_attn``, where torch has it), cold and back to back (about
 30 s a head dim).
@@ -82,7 +83,8 @@ VARLEN_COLUMNS = ["dtype", "d", "case", "causal", "cold tflops", "cold vs dense"
 VARLEN_CASES = {"equal 4x4096": ([4096] * 4, (4, 4096)),
                 "ragged 8": ([5120, 1024, 3072, 512, 2048, 256, 4096, 256], (8, 2048)),
                 "short 128": ([32, 96, 160, 224] * 32, (128, 128)),
-                "equal 128x128": ([128] * 128, (128, 128))}
+                "equal 128x128": ([128] * 128, (128, 128)),
+                "tiny 32": ([8, 24, 40, 56] * 128, (512, 32))}
 
 
 def _cold_and_warm(fns: dict, repeats: int, settle: int = 0):
