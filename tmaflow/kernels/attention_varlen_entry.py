@@ -262,7 +262,8 @@ def varlen_plan(d: int, causal: bool, dv: int, tokens: int, heads: int, static: 
     tokens x heads (``_check``). ``static``: the stride, without the counter. ``windows``: tiles
     of 128 packed query rows (WINDOWS, unpaired), whose numbers stay below tokens x heads / 128."""
     plan = attention_plan(d, causal, dv, varlen=True, **forced)
-    drop = ("PAIRED", "DYNAMIC_TILES") if 2 * tokens * heads >= 1 << 31 else ("DYNAMIC_TILES",) if static else ()
+    drop: tuple[str, ...] = (("PAIRED", "DYNAMIC_TILES") if 2 * tokens * heads >= 1 << 31 else
+                             ("DYNAMIC_TILES",) if static else ())
     drop += ("PAIRED",) if windows else ()
     late = windows and d in _WINDOWS_TAKE_LATE and "DYNAMIC_TILES" in plan.defines and "DYNAMIC_TILES" not in drop
     defines = {**{k: v for k, v in plan.defines.items() if k not in drop},
