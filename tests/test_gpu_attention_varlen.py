@@ -74,9 +74,11 @@ def _check(got, got_lse, ref, ref_lse, tol, what):
 RAGGED = [0, 1, 300, 17, 129, 128, 0, 513, 2]  # empty, one token, tile edges, over four tiles
 
 
-def _run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, pad=5, host=False, dtype="bfloat16", tol=None, skip=0):
-    """``skip``: tokens before the first sequence (cu_seqlens start there; never written)."""
-    cu_q, cu_k = _cu(lens_q) + skip, _cu(lens_k) + skip
+def _run(rng, lens_q, lens_k, hq, hkv, d, dv, causal, *, pad=5, host=False, dtype="bfloat16", tol=None, skip=0,
+         skip_k=None):
+    """``skip``: tokens before the first sequence (cu_seqlens start there; never written);
+    ``skip_k``: the keys' (``skip`` unless given)."""
+    cu_q, cu_k = _cu(lens_q) + skip, _cu(lens_k) + (skip if skip_k is None else skip_k)
     (q, k, v), (qf, kf, vf) = _operands(rng, int(cu_q[-1]) + pad, int(cu_k[-1]) + pad, hq, hkv, d, dv, dtype)
     out = poison(tf.empty((q.shape[0], hq, dv), dtype))
     lens = (cu_q.tolist(), cu_k.tolist()) if host else (tf.from_numpy(cu_q), tf.from_numpy(cu_k))
@@ -433,6 +435,17 @@ def in_windows(monkeypatch):
     monkeypatch.setattr(attention_varlen_entry, "in_windows", lambda *lengths: True)
 
 
+@pytest.fixture
+def planned_in_windows(monkeypatch):
+    """The plan's own gate, which must put every call of the test in windows."""
+    from tmaflow.kernels import attention_varlen_entry
+
+    gate, said = attention_varlen_entry.in_windows, []
+    monkeypatch.setattr(attention_varlen_entry, "in_windows", lambda *lengths: said.append(gate(*lengths)) or said[-1])
+    yield
+    assert said and all(said), said
+
+
 # the plan's (the counter: 2, or 1 at 112-176), the stride, the counter a tile late
 SCHEDULES = {"plan": {}, "stride": {"DYNAMIC_TILES": 0}, "late": {"DYNAMIC_TILES": 1}}
 
@@ -450,13 +463,14 @@ def test_varlen_windows_against_float64(device, rng, in_windows, d, causal, sche
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_windows_many_sequences_a_warp(device, rng, causal):
+def test_varlen_windows_many_sequences_a_warp(device, rng, planned_in_windows, causal):
     """The plan's windows (max_seqlen_q 5): runs of empty sequences and of one to four tokens,
     so a warp's 16 rows span more than 31 sequence starts (its bound search takes several
-    rounds) and a window holds over a hundred sequences; keys of other lengths, fp16."""
+    rounds) and a window holds over a hundred sequences; keys of other lengths from another
+    first token (up to the gate's longest: 64 keys, causal 200), fp16."""
     lens_q = [0] * 70 + rng.integers(0, 5, 300).tolist() + [0] * 40 + [1] * 50 + [5]
-    lens_k = rng.integers(0, 200, len(lens_q)).tolist()
-    _run(rng, lens_q, lens_k, 4, 4, 128, 128, causal, dtype="float16")
+    lens_k = rng.integers(0, 200 if causal else 65, len(lens_q)).tolist()
+    _run(rng, lens_q, lens_k, 4, 4, 128, 128, causal, dtype="float16", skip_k=9)
     _run(rng, lens_q, lens_q, 2, 1, 64, 64, causal, host=True, skip=1)
 
 
@@ -468,7 +482,7 @@ def test_varlen_windows_head_dims(device, rng, in_windows, d, dv):
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_windows_counter_equals_the_stride_bit_for_bit(device, rng, d, causal):
+def test_varlen_windows_counter_equals_the_stride_bit_for_bit(device, rng, in_windows, d, causal):
     """A window's work does not depend on the CTA that takes it, launch after launch."""
     torch = pytest.importorskip("torch")
     lens = RAGGED + rng.integers(0, 200, 200).tolist()
@@ -482,7 +496,7 @@ def test_varlen_windows_counter_equals_the_stride_bit_for_bit(device, rng, d, ca
         assert torch.equal(got, want) and torch.equal(got_lse, want_lse), (d, causal, launch)
 
 
-def test_varlen_windows_graph_replays_longer_sequences(device, rng):
+def test_varlen_windows_graph_replays_longer_sequences(device, rng, in_windows):
     """A torch graph captured with short lengths (planned in windows) replays lengths past its
     max_seqlen_q: windows hold any sequences."""
     torch = pytest.importorskip("torch")
@@ -503,3 +517,32 @@ def test_varlen_windows_graph_replays_longer_sequences(device, rng):
         torch.cuda.synchronize()
         ref, _ = _reference(*host, new, new, True, 1 / np.sqrt(d))
         _check(out.float().cpu().numpy().astype(np.float64), None, ref, None, 1e-2, lens)
+
+
+@pytest.mark.parametrize("windows", [False, True])
+def test_varlen_wrong_device_lengths_never_store_outside_out(device, rng, monkeypatch, windows):
+    """Device cu_seqlens that break every rule (decreasing, negative, past the tokens, near
+    INT_MIN / INT_MAX, random) give wrong rows but no fault and no store outside out, planned in
+    windows and not: out sits between two poisoned guards of one buffer. (tools/sanitize.sh runs
+    this under memcheck, which also sees loads outside q, k, v and cu_seqlens.)"""
+    torch = pytest.importorskip("torch")
+    from tmaflow.kernels import attention_varlen_entry
+
+    monkeypatch.setattr(attention_varlen_entry, "in_windows", lambda *lengths: windows)
+    tq, tk, hq, hkv, d, guard = 700, 500, 4, 2, 128, 200
+    q = torch.randn(tq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(tk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    buf = torch.full((guard + tq + guard, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    out = buf[guard:guard + tq]
+    big, small = 2**31 - 1, -2**31
+    wrong = [[0, -5, 900, 300, big, 100, small, 700], [700, 600, 500, 0, 0, 0, 0, 0],
+             [small, small, big, big, 3, 2, 1, 0], [-1, 699, 699, 701, 10_000, 0, 350, 351]]
+    wrong += [rng.integers(small, big, 8, endpoint=True).tolist(), rng.integers(-50, 800, 8).tolist()]
+    for causal in (False, True):
+        for i, values in enumerate(wrong):
+            cu_q = torch.tensor(values, dtype=torch.int32, device="cuda")
+            cu_k = torch.tensor(wrong[(i + 1) % len(wrong)], dtype=torch.int32, device="cuda")
+            _, lse = kernels.attention_varlen(q, k, v, cu_q, cu_k, 64, 64, out, causal=causal, return_lse=True)
+            torch.cuda.synchronize()
+            assert torch.isnan(buf[:guard]).all() and torch.isnan(buf[guard + tq:]).all(), (causal, values)
+            assert lse.shape == (hq, tq)

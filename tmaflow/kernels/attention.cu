@@ -296,7 +296,7 @@ struct Tiles {
     w.k_base = min(max(__ldg(cu_k + b0), 0), total_k);
     int end = min(max(__ldg(cu_k + b1 + 1), w.k_base), total_k);
 #if CAUSAL
-    end = min(end, max(__ldg(cu_k + b1), 0) + last - min(max(__ldg(cu_q + b1), 0), total_q) + 1);
+    end = min(end, min(max(__ldg(cu_k + b1), 0), total_k) + last - min(max(__ldg(cu_q + b1), 0), total_q) + 1);
 #endif
     w.len_k = max(end - w.k_base, 0);
     w.seq = b0;

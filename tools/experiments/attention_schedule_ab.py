@@ -10,6 +10,8 @@ they differ, round 2's candidates against round 1's default:
   of 176 (6 steps, the last one ragged, 2 stages);
 - "k80": head dim 256 non-causal with 80-key tiles (FlashAttention-3's; 13 steps at 1k, 2 K
   stages, the Q buffer whole: split, it spills) instead of 64 (16 steps, 3 K stages).
+With --keys K..., also the default with K keys a tile (BLOCK_N, "kK") and, causal, with
+one CTA a row block ("unpaired", the block scheduler balancing instead of PAIRED's stride).
 With --round1, round 1's rows instead: the schedule before it (one CTA a causal tile, one Q
 buffer), at head dim 64 the pairs with one Q buffer, and a forced second Q buffer ("2q").
 The benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16, 256 x 8);
@@ -17,17 +19,17 @@ interleaved rounds, cold (L2 flushed before each call) and back to back; TFLOP/s
 parentheses, the median per-round ratio to cuDNN (above 1: faster).
 
     PYTHONPATH=. python3 tools/experiments/attention_schedule_ab.py [--dims 64 128] [--seqs 1024 2048 4096]
-        [--extra 256:1024] [--repeats N] [--round1]
+        [--extra 256:1024] [--repeats N] [--round1] [--keys 64 96 128]
 """
 from __future__ import annotations
 
 import argparse
 
-from tmaflow import bench, kernels
+from tmaflow import TmaflowError, bench, kernels
 from tmaflow.kernels.registry import extra_defines
 
 
-def _variants(d: int, causal: bool, round1: bool = False) -> list:
+def _variants(d: int, causal: bool, round1: bool = False, keys: tuple = ()) -> list:
     """(label, extra defines) of the variants that differ at this head dim, "new" (what a call
     plans) first: a second Q buffer fits only up to about head dim 64 (the others prefetch
     into L2), PAIRED changes only causal plans."""
@@ -36,6 +38,15 @@ def _variants(d: int, causal: bool, round1: bool = False) -> list:
     plan = attention_plan(d, causal)
     two_q = plan.defines["Q_STAGES"] == 2
     keep = [("new", {})]
+    if keys:
+        for n in keys:
+            try:
+                attention_plan(d, causal, keys=n)
+            except TmaflowError:
+                continue  # its stages do not fit
+            if n != plan.defines["BLOCK_N"]:
+                keep.append((f"k{n}", {"BLOCK_N": n}))
+        return keep + ([("unpaired", {"PAIRED": 0})] if causal else [])
     if not round1:
         if two_q:  # two Q buffers: round 1's differs by STORE16 alone
             return keep + [("r1", {"STORE16": 0})]
@@ -55,14 +66,14 @@ def _variants(d: int, causal: bool, round1: bool = False) -> list:
     return keep
 
 
-def row(torch, d: int, seq: int, causal: bool, repeats: int, round1: bool = False):
+def row(torch, d: int, seq: int, causal: bool, repeats: int, round1: bool = False, keys: tuple = ()):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     heads = {64: 32, 128: 16, 256: 8}[d]
     batch = max(1, 16384 // seq)
     q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     fns, outs = {}, {}
-    for label, defines in _variants(d, causal, round1):
+    for label, defines in _variants(d, causal, round1, keys):
         outs[label] = torch.empty_like(q)
         with extra_defines(defines):
             fns[label] = kernels.attention.prepare(q, k, v, outs[label], causal=causal)
@@ -95,13 +106,15 @@ def main():
     p.add_argument("--extra", nargs="*", default=["256:1024"], help="more d:seq rows")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--round1", action="store_true", help="round 1's variants (PAIRED, Q buffers)")
+    p.add_argument("--keys", type=int, nargs="*", default=[], help="the default with these keys a tile instead")
+    p.add_argument("--causal-only", action="store_true")
     args = p.parse_args()
     import torch  # optional dependency (--help works without it), before the driver is touched
 
     shapes = [(d, s) for d in args.dims for s in args.seqs] + [tuple(int(x) for x in e.split(":")) for e in args.extra]
     for d, seq in shapes:
-        for causal in (True, False):
-            row(torch, d, seq, causal, args.repeats, args.round1)
+        for causal in (True,) if args.causal_only else (True, False):
+            row(torch, d, seq, causal, args.repeats, args.round1, tuple(args.keys))
 
 
 if __name__ == "__main__":
