@@ -360,9 +360,10 @@ def test_varlen_captured_launch_keeps_its_counter_beside_eager_calls_on_its_stre
     """A launch captured into a torch graph takes a counter pair of its own (tile_counters), not
     its capture stream's: replays on a second stream, each beside an eager call of another batch
     on the capture stream, all equal their calls alone (a shared counter would skip or repeat
-    tiles of one of them)."""
+    tiles of one of them). (CUDA 12's NVRTC plans the stride, which takes no pair.)"""
     torch = pytest.importorskip("torch")
     from tmaflow.kernels import tile_counters
+    from tmaflow.kernels.attention_entry import varlen_dynamic
 
     a, b = (_torch_batch(torch, RAGGED + rng.integers(1, 900, 60).tolist()) for _ in range(2))
     outs = [torch.empty_like(a[0]), torch.empty_like(b[0])]
@@ -378,7 +379,7 @@ def test_varlen_captured_launch_keeps_its_counter_beside_eager_calls_on_its_stre
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=capture):
         call(a, outs[0])
-    assert tile_counters.untaken(tf.current_device()) == before - 1
+    assert tile_counters.untaken(tf.current_device()) == before - (varlen_dynamic() > 0)
     got = []
     for _ in range(30):
         outs[0].fill_(float("nan"))

@@ -22,35 +22,36 @@ export TMAFLOW_CACHE_DIR=${TMAFLOW_CACHE_DIR:-/tmp/tmaflow-cache} TMAFLOW_REPORT
   cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo "commit unknown"
 } | tee "$OUT/env.txt"
 K=${1:-}
-if [ -z "${SKIP_TESTS:-}" ]; then
-  # With xdist, the files that plant kernel faults (traps, deadlocks) and recover with
-  # Device.reset() run apart, in one plain process of their own: a reset also destroys the
-  # context torch shares, so once a worker had run torch tests first, a planted fault's context
-  # could not be reset (CUDA_ERROR_LAUNCH_FAILED kept), failing every later test of that worker.
-  # (The battery ran apart too until session 15: its saved-trace cases failed inside xdist
-  # workers, whose files then also held the in-process resets; RESET_PROBE=1 tells the two apart.)
-  FAULTS="tests/test_gpu_trace.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py"
-  # The concurrency suite is the longest file: under --dist loadfile it ran whole in one worker
-  # past the budget (session 15); with xdist it runs after, its tests spread over the workers.
-  # The varlen file too since it outgrew one worker's share (session 22: 23 of its tests were
-  # still to run when the budget ended the main run).
-  CONC="tests/test_gpu_concurrency.py tests/test_gpu_attention_varlen.py"
-  apart=""
+# With xdist, the files that plant kernel faults (traps, deadlocks) and recover with
+# Device.reset() run apart, in one plain process of their own: a reset also destroys the
+# context torch shares, so once a worker had run torch tests first, a planted fault's context
+# could not be reset (CUDA_ERROR_LAUNCH_FAILED kept), failing every later test of that worker.
+# (The battery ran apart too until session 15: its saved-trace cases failed inside xdist
+# workers, whose files then also held the in-process resets; RESET_PROBE=1 tells the two apart.)
+FAULTS="tests/test_gpu_trace.py tests/test_gpu_faults.py tests/test_gpu_watchdog.py"
+# The concurrency suite is the longest file: under --dist loadfile it ran whole in one worker
+# past the budget (session 15); with xdist it runs after, its tests spread over the workers.
+# The varlen file too since it outgrew one worker's share (session 22: 23 of its tests were
+# still to run when the budget ended the main run).
+CONC="tests/test_gpu_concurrency.py tests/test_gpu_attention_varlen.py"
+run_tier() {  # python, log suffix: the GPU tier (with PYTEST_JOBS: main run, then CONC and FAULTS apart)
+  local py=$1 tag=$2 apart=""
   for f in $CONC; do apart="$apart --ignore=$f"; done
   for f in $FAULTS; do apart="$apart --ignore=$f"; done
-  timeout "${TEST_BUDGET:-420}" python3 -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
+  timeout "${TEST_BUDGET:-420}" "$py" -m pytest tests -m gpu -v -p no:cacheprovider --timeout=90 \
     --maxfail=${MAXFAIL:-15} ${PYTEST_JOBS:+-n "$PYTEST_JOBS" --dist loadfile $apart} \
-    ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu.log" 2>&1
-  echo "pytest exit $?"
+    ${K:+-k "$K"} --durations=10 -rfE > "$OUT/pytest_gpu$tag.log" 2>&1
+  echo "pytest$tag exit $?"
   if [ -n "${PYTEST_JOBS:-}" ]; then
-    timeout "${CONC_BUDGET:-300}" python3 -m pytest $CONC -m gpu -q -p no:cacheprovider --timeout=90 \
-      -n "$PYTEST_JOBS" --dist load ${K:+-k "$K"} -rfE > "$OUT/pytest_gpu_concurrency.log" 2>&1
-    echo "pytest (concurrency and varlen, --dist load) exit $?"
-    timeout "${FAULTS_BUDGET:-240}" python3 -m pytest $FAULTS -m gpu -q -p no:cacheprovider --timeout=90 ${K:+-k "$K"} -rfE \
-      > "$OUT/pytest_gpu_faults.log" 2>&1
-    echo "pytest (planted faults, no xdist) exit $?"
+    timeout "${CONC_BUDGET:-300}" "$py" -m pytest $CONC -m gpu -q -p no:cacheprovider --timeout=90 \
+      -n "$PYTEST_JOBS" --dist load ${K:+-k "$K"} -rfE > "$OUT/pytest_gpu_concurrency$tag.log" 2>&1
+    echo "pytest$tag (concurrency and varlen, --dist load) exit $?"
+    timeout "${FAULTS_BUDGET:-240}" "$py" -m pytest $FAULTS -m gpu -q -p no:cacheprovider --timeout=90 ${K:+-k "$K"} -rfE \
+      > "$OUT/pytest_gpu_faults$tag.log" 2>&1
+    echo "pytest$tag (planted faults, no xdist) exit $?"
   fi
-fi
+}
+[ -z "${SKIP_TESTS:-}" ] && run_tier python3 ""
 if [ -n "${RESET_PROBE:-}" ]; then
   # One plain process: torch initialises CUDA, planted hangs reset the context it shares, then
   # the saved-trace battery cases and the store-model sweep run. Failures here and none in the
@@ -96,20 +97,26 @@ if [ -n "${SANITIZE:-}" ]; then
   echo "sanitize done"
 fi
 if [ -n "${CUDA12_WHEELS:-}" ]; then
-  # A venv of the base interpreter: none of the image's CUDA 13 wheels are visible in it.
-  # --target (not --prefix): pip must not touch the packages of the interpreter running it.
-  v12=/tmp/tmaflow-cu12
-  python3 -m venv --without-pip "$v12"
-  site=$("$v12/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  # The CUDA 12 stack's kernels (NVRTC 12 compiles other code: its plans differ where its ptxas
+  # spills) on this driver: the image's interpreter and packages (torch, cupy, pytest-xdist),
+  # the CUDA 12 wheels in a directory ahead of them on PYTHONPATH (cuda-bindings 12 then, and
+  # its headers; torch keeps its own CUDA 13 runtime). (A venv over the "system" site-packages
+  # does not see the image's: they are not the base interpreter's.) NVRTC 12 is preloaded:
+  # cuda-pathfinder searches site.getsitepackages(), not PYTHONPATH, and takes the image's
+  # libnvrtc.so.13 first (session 24: cuda-bindings 12.9 then ran NVRTC 13.0). The NVRTC 12
+  # wheel holds two 106 MB libraries (libnvrtc.so.12 and an .alt one): carried, the wheel
+  # repacked without the .alt files (and their RECORD lines) fits the 64 MiB carry.
+  site=/tmp/tmaflow-cu12-site
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$CUDA12_WHEELS"/*.whl
-  ( unset LD_LIBRARY_PATH; export CUDA_HOME=/nonexistent CUDA_PATH=/nonexistent TMAFLOW_CACHE_DIR=/tmp/tmaflow-cache12
-    "$v12/bin/python" -c "import cuda.bindings, tmaflow.launch.compiler as c; from cuda.bindings import nvrtc; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:])"
-    timeout "${TEST_BUDGET:-420}" "$v12/bin/python" -m pytest tests -m gpu -q -p no:cacheprovider -rfE \
-      > "$OUT/pytest_gpu_cuda12.log" 2>&1 )
-  echo "cuda12 pytest exit $?"
+  ( export TMAFLOW_CACHE_DIR=/tmp/tmaflow-cache12 PYTHONPATH=$site:$PYTHONPATH
+    export LD_PRELOAD=$site/nvidia/cuda_nvrtc/lib/libnvrtc.so.12
+    python3 -c "import cuda.bindings, tmaflow.launch.compiler as c; from cuda.bindings import nvrtc; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:], 'headers', c.include_dirs()[2:])" | tee -a "$OUT/env.txt"
+    python3 -c "import cuda.bindings, sys; from cuda.bindings import nvrtc; sys.exit(cuda.bindings.__version__[:3] != '12.' or nvrtc.nvrtcVersion()[1] != 12)" \
+      || { echo "CUDA 12 stack not loaded"; exit 1; }
+    run_tier python3 _cuda12 )
 fi
 echo "== failures =="
-[ -f "$OUT/pytest_gpu.log" ] && grep -E "^(FAILED|ERROR)|Error|error:" "$OUT/pytest_gpu.log" | head -40
+for f in "$OUT"/pytest_gpu*.log; do grep -HE "^(FAILED|ERROR)" "$f" | head -40; done
 [ -f "$OUT/pytest_reset_probe.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_reset_probe.log" | head -20
 [ -f "$OUT/pytest_gpu_faults.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_faults.log" | head -20
 for f in "$OUT"/failures-*.txt; do  # written as each test fails (tests/conftest.py)
@@ -119,7 +126,7 @@ echo "== summary =="
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 3 "$OUT/pytest_gpu.log"
 [ -f "$OUT/pytest_reset_probe.log" ] && echo "reset probe: $(tail -n 1 "$OUT/pytest_reset_probe.log")"
 [ -f "$OUT/pytest_gpu_faults.log" ] && echo "planted faults: $(tail -n 1 "$OUT/pytest_gpu_faults.log")"
-[ -f "$OUT/pytest_gpu_cuda12.log" ] && echo "CUDA 12: $(tail -n 1 "$OUT/pytest_gpu_cuda12.log")"
+for f in "$OUT"/pytest_gpu*_cuda12.log; do [ -f "$f" ] && echo "CUDA 12 $(basename "$f" .log): $(tail -n 1 "$f")"; done
 [ -f "$OUT/sanitize.txt" ] && cat "$OUT/sanitize.txt"
 [ -f "$OUT/counts.json" ] && cat "$OUT/counts.json" && echo
 [ -f "$OUT/demo.log" ] && tail -n 14 "$OUT/demo.log"
