@@ -22,6 +22,16 @@ def pytest_configure(config):
         config.pluginmanager.register(tmaflow.testing, "tmaflow")
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (the README's test command): the CPU tier, mostly NVRTC and ptxas at work,
+    spreads over every CPU (2 CPUs: 6 minutes a stack where one process took 12). With a
+    Hopper GPU here the tests run in one process instead: the planted-fault files reset the
+    context, which fails every later test of a worker that had run torch's (session 15);
+    tools/gpu_check.sh spreads the GPU tier its own way and runs those files apart."""
+    return 0 if tmaflow.testing.hopper_reason() is None else None
+
+
 _ONE_BYTE = bytes(range(256))
 
 
