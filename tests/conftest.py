@@ -25,7 +25,8 @@ def pytest_configure(config):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
     """``-n auto`` (the README's test command): the CPU tier, mostly NVRTC and ptxas at work,
-    spreads over every CPU (2 CPUs: 6 minutes a stack where one process took 12). With a
+    spreads over every CPU (2 CPUs, --dist worksteal: 5 minutes a stack where one process took
+    12; --dist load left a worker idle for the last long compiles, 6 minutes). With a
     Hopper GPU here the tests run in one process instead: the planted-fault files reset the
     context, which fails every later test of a worker that had run torch's (session 15);
     tools/gpu_check.sh spreads the GPU tier its own way and runs those files apart."""
