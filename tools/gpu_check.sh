@@ -118,7 +118,6 @@ fi
 echo "== failures =="
 for f in "$OUT"/pytest_gpu*.log; do grep -HE "^(FAILED|ERROR)" "$f" | head -40; done
 [ -f "$OUT/pytest_reset_probe.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_reset_probe.log" | head -20
-[ -f "$OUT/pytest_gpu_faults.log" ] && grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu_faults.log" | head -20
 for f in "$OUT"/failures-*.txt; do  # written as each test fails (tests/conftest.py)
   [ -f "$f" ] && grep -E "^=== |^E  " "$f" | cut -c1-240 | head -40
 done
