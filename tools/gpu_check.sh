@@ -4,7 +4,7 @@
 # Env: SKIP_TESTS=1 / SKIP_DEMO=1 / SKIP_BENCH=1 / SKIP_GEMM=1, TEST_BUDGET / BENCH_BUDGET (seconds),
 #      BENCH_ARGS, GEMM_BUDGET, GEMM_ARGS (tools/peers/bench_gemm.py, e.g. --sweep), SANITIZE=1 (compute-sanitizer over the examples and seeds),
 #      PEERS=1 (the peer-benchmark set: tools/peers/*, every row cold and back to back, bench records in $OUT/results), PEER_BUDGET (seconds each),
-#      CUDA12_WHEELS=DIR (also run the GPU tier in a clean venv with the CUDA 12 wheels in DIR),
+#      CUDA12_WHEELS=DIR (also run the GPU tier on the CUDA 12 wheels in DIR: tools/cuda12_wheels.sh DIR makes them),
 #      PYTEST_JOBS=N (pytest-xdist workers, whole files each: the cold compile cache fills N times faster),
 #      FAULTS_BUDGET (seconds, the fault files' process), CONC_BUDGET (seconds, the concurrency suite and the varlen file under xdist), RESET_PROBE=1 (torch, planted hangs that reset the context, then saved traces + store sweep in one process).
 # Writes logs and JSON under $OUT (or ./.out) and prints a short table last. On a copied tree
