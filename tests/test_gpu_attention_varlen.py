@@ -379,14 +379,15 @@ def test_varlen_captured_launch_keeps_its_counter_beside_eager_calls_on_its_stre
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=capture):
         call(a, outs[0])
-    if tile_counters.untaken(tf.current_device()) != before - (varlen_dynamic() > 0):  # (seen once, session 24)
+    taken = before - tile_counters.untaken(tf.current_device())
+    if taken != (varlen_dynamic() > 0):  # (seen once, session 24)
         from tmaflow.kernels.entry import STATES
         from tmaflow.kernels.registry import _variant
         from tmaflow.launch.compiler import nvrtc_version
 
         states = [(k[7], hex(k[8]), st.workspace is not None, k[15:]) for k, st in STATES.items()
                   if k[0] == "attention_varlen"]
-        pytest.fail(f"the capture took {before - tile_counters.untaken(tf.current_device())} pairs; NVRTC "
+        pytest.fail(f"the capture took {taken} pairs; NVRTC "
                     f"{nvrtc_version()}, extra defines {_variant}, capture stream 0x{capture.cuda_stream:x}, "
                     f"states (windows, stream, dynamic, suffix): {states}")
     got = []

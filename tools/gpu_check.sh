@@ -110,9 +110,11 @@ if [ -n "${CUDA12_WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$CUDA12_WHEELS"/*.whl
   ( export TMAFLOW_CACHE_DIR=/tmp/tmaflow-cache12 PYTHONPATH=$site:$PYTHONPATH
     export LD_PRELOAD=$site/nvidia/cuda_nvrtc/lib/libnvrtc.so.12
-    python3 -c "import cuda.bindings, tmaflow.launch.compiler as c; from cuda.bindings import nvrtc; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', nvrtc.nvrtcVersion()[1:], 'headers', c.include_dirs()[2:])" | tee -a "$OUT/env.txt"
-    python3 -c "import cuda.bindings, sys; from cuda.bindings import nvrtc; sys.exit(cuda.bindings.__version__[:3] != '12.' or nvrtc.nvrtcVersion()[1] != 12)" \
-      || { echo "CUDA 12 stack not loaded"; exit 1; }
+    python3 -c "import cuda.bindings, sys, tmaflow.launch.compiler as c; from cuda.bindings import nvrtc; v = nvrtc.nvrtcVersion()[1:]; print('CUDA 12 stack: cuda-bindings', cuda.bindings.__version__, 'nvrtc', v, 'headers', c.include_dirs()[2:]); sys.exit(cuda.bindings.__version__[:3] != '12.' or v[0] != 12)" \
+      >> "$OUT/env.txt"
+    loaded=$?
+    tail -n 1 "$OUT/env.txt"
+    [ "$loaded" = 0 ] || { echo "CUDA 12 stack not loaded"; exit 1; }
     run_tier python3 _cuda12 )
 fi
 echo "== failures =="
