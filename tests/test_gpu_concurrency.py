@@ -129,11 +129,16 @@ def _attention_backward_rotated(gen):
     return call
 
 
-def _attention_varlen(causal):
+# 48 sequences of 0-61 tokens, which the plan packs into windows of 128 rows whatever their sequences
+SHORT_LENS = (5, 0, 1, 33, 17, 61, 2, 49, 40, 9, 58, 3) * 4
+
+
+def _attention_varlen(causal, lens=(300, 0, 1, 129, 77, 256), windows=False):
     def make(gen):
         # ragged packed sequences (empty, one token, 129, 300: odd and even row-block counts, so
         # causal CTAs stride over paired units and middle blocks alone), GQA 2:1, head dim 128
-        lens = [300, 0, 1, 129, 77, 256]
+        from tmaflow.kernels.attention_varlen_entry import in_windows
+        assert in_windows(max(lens), max(lens), len(lens), sum(lens), causal) == windows  # the case's plan
         cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
         q, k, v = _bf16(gen, sum(lens), 4, 128), _bf16(gen, sum(lens), 2, 128), _bf16(gen, sum(lens), 2, 128)
         return lambda stream=None: kernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
@@ -215,6 +220,8 @@ CASES = {
     "attention backward rotated": _attention_backward_rotated,
     "attention varlen": _attention_varlen(False),
     "attention varlen causal (paired)": _attention_varlen(True),
+    "attention varlen windows": _attention_varlen(False, SHORT_LENS, windows=True),
+    "attention varlen windows causal": _attention_varlen(True, SHORT_LENS, windows=True),
     "attention varlen backward": _attention_varlen_backward,
     "attention decode": _decode,
     "attention decode slice merge": _decode_slices,
