@@ -154,7 +154,9 @@ def test_cupy_current_stream_is_followed(device):
         x.fill(3.0)
         y = kernels.copy(x)
     s.synchronize()
-    assert isinstance(y, cupy.ndarray) and bool((y == 3.0).all())
+    # Checked on the host: cupy's own reductions compile with the NVRTC loaded, which need not
+    # be the one cupy was built for (gpu_check.sh's CUDA 12 run preloads NVRTC 12).
+    assert isinstance(y, cupy.ndarray) and (cupy.asnumpy(y) == 3.0).all()
 
 
 # --- memory -----------------------------------------------------------------------------------

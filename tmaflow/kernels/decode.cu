@@ -47,8 +47,10 @@
 // WARP_SLICES (not PERSISTENT): the warps' merge writes every warp's O at once, a slice each,
 // and each thread sums its elements' slices, in two barriers instead of a turn a warp (same bits).
 // Trace builds mark the critical path (tools/peers/decode_timeline.py): 1 entry, 2 the producer
-// has the block table, 3 Q in shared memory, 4 the tiles read, 7 the warps merged, 8 the split
-// counted (partials published), 5 the splits' merge begins, 6 the output written.
+// has the block table, 3 Q in shared memory, 4 the tiles read, 9 every warp at the warps' merge,
+// 10 the warps' O in their slices (WARP_SLICES), 7 the warps merged, 11 the partials stored, 8
+// the split counted (partials published), 5 the splits' merge begins, 12 the splits' pieces in
+// shared memory (SLICE_MERGE), 6 the output written.
 // Lengths are read on the device (a captured graph serves any lengths), clamped to
 // [0, max_pages x PAGE_SIZE]; they count the new tokens, whose keys are the last q_len: new token
 // i sees keys up to len - q_len + i (causal). A row that sees no key (length 0) gets zeros.
@@ -115,6 +117,16 @@ constexpr int kRows = 16;                                       // query rows of
 constexpr int kQStride = D * 2 + 16;  // padded Q rows: ldmatrix's 8 rows fall in 8 bank groups
 static_assert(D % 16 == 0 && D >= 32 && D <= 256, "HEAD_DIM is a multiple of 16 from 32 to 256");
 constexpr int kStatsFloats = (2 * kWarps + 2) * kRows;
+// Element (row, col) of O in shared memory (the warps' merge): rows of D floats, each row's
+// 8-float groups permuted (the group index xor the row's low bits) so that the 8 rows a warp's
+// float2 stores cover at once (lane / 4) fill the 32 banks; unpermuted, all 8 fell on the same
+// 8 banks (8-way conflicts in a short call's tail). The xor stays within a 32-float block (16
+// where D is not a multiple of 32): a row's columns stay its own, and 4-float groups whole.
+// WARP_SLICES builds only: the warp-at-a-turn merge (persistent plans) keeps plain rows, where
+// per-column addresses cost the registers a persistent CTA has not (it spilled).
+constexpr int kOSwizzle = !WARP_SLICES ? 0 : D % 32 == 0 ? 3 : 1;
+TMAFLOW_DEVICE int o_at(int row, int col) { return row * D + (col ^ ((row & kOSwizzle) << 3)); }
+TMAFLOW_DEVICE int o_at(int i) { return o_at(i / D, i % D); }  // element i (row i / D)
 #if !PERSISTENT  // persistent: decode_plan sizes the "warps" buffer to kRows x (D + kStatsFloats / kRows) floats
 static_assert(L::kv::k_bytes >= kRows * D * 4 && L::kv::v_bytes >= 4 * (kStatsFloats + kRows),
               "the warps' merge (O and statistics) fits stage 0");
@@ -225,7 +237,7 @@ TMAFLOW_DEVICE void cluster_merge(Stats st, float* so, elem_t* out, int rows, in
   float* lse = st.base + kStatsFloats;  // kRows: this split's log-sum-exps (log2 domain)
   for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
     const float l = st.row_sum(i / D);
-    so[i] = l > 0.f ? so[i] / l : 0.f;
+    so[o_at(i)] = l > 0.f ? so[o_at(i)] / l : 0.f;
   }
   if (threadIdx.x < rows) {
     const float l = st.row_sum(threadIdx.x);
@@ -243,7 +255,7 @@ TMAFLOW_DEVICE void cluster_merge(Stats st, float* so, elem_t* out, int rows, in
     float w[kMaxCluster];
 #pragma unroll
     for (int s = 0; s < kMaxCluster; ++s)
-      if (s < splits) v[s] = load_cluster(cluster::map_shared(so + 4 * i, s)), w[s] = load_cluster_f32(cluster::map_shared(lse + r, s));
+      if (s < splits) v[s] = load_cluster(cluster::map_shared(so + o_at(r, 4 * (i % (D / 4))), s)), w[s] = load_cluster_f32(cluster::map_shared(lse + r, s));
     float m = neg_inf(), total = 0.f;
 #pragma unroll
     for (int s = 0; s < kMaxCluster; ++s)
@@ -318,12 +330,17 @@ TMAFLOW_DEVICE void slice_merge(L::Smem& S, const float* part, const float* part
     }
   }
   named_barrier::sync(1, kConsumers);
+  trace::mark(12);
   for (int j = threadIdx.x; j < n; j += kConsumers) {
     const int i = c0 + j, h = i / head_columns, c = i % head_columns, r = c / (D / 4);
     const float* head_lse = lse + h * splits * kRows;
     float m = neg_inf(), total = 0.f;
+    // Unrolled: a few splits' shared-memory loads in flight at once, not one a trip (the max
+    // is exact in any order; the sums below keep theirs).
+#pragma unroll 8
     for (int s = 0; s < splits; ++s) m = fmaxf(m, head_lse[s * kRows + r]);
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
     for (int s = 0; s < splits; ++s) {
       const float w = m == neg_inf() ? 0.f : math::exp2_approx(head_lse[s * kRows + r] - m);
       total += w;
@@ -648,12 +665,13 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   // the statistics in its V tile; persistent, the producer is filling the stages with the next
   // item's tiles, and the merge has its own buffer.
   named_barrier::sync(1, kConsumers);
+  trace::mark(9);
 #if PERSISTENT
-  float* so = static_cast<float*>(S.warps());  // kRows x D, then the statistics
+  float* so = static_cast<float*>(S.warps());  // kRows x D (o_at), then the statistics
   Stats st{so + kRows * D};
 #else
   Stats st{static_cast<float*>(S.kv_v(0))};
-  float* so = static_cast<float*>(S.kv_k(0));  // kRows x D
+  float* so = static_cast<float*>(S.kv_k(0));  // kRows x D (o_at)
 #endif
   const int row0 = lane / 4;
 #if WARP_SLICES
@@ -687,15 +705,16 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
-      *reinterpret_cast<float2*>(so + (warp * kRows + row0 + 8 * h) * D + 8 * n + 2 * (lane % 4)) =
+      *reinterpret_cast<float2*>(so + warp * kRows * D + o_at(row0 + 8 * h, 8 * n + 2 * (lane % 4))) =
           make_float2(o[n][2 * h], o[n][2 * h + 1]);
   named_barrier::sync(1, kConsumers);
+  trace::mark(10);
   for (int i = threadIdx.x; i < rows * D; i += kConsumers) {
-    const int row = i / D;
-    float acc = so[i] * warp_weight[row];
+    const int row = i / D, at = o_at(i);
+    float acc = so[at] * warp_weight[row];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) acc = fmaf(so[w * kRows * D + i], warp_weight[w * kRows + row], acc);
-    so[i] = acc;  // slice 0, where the turns leave the sum: each thread reads back only its own elements
+    for (int w = 1; w < kWarps; ++w) acc = fmaf(so[w * kRows * D + at], warp_weight[w * kRows + row], acc);
+    so[at] = acc;  // slice 0, where the turns leave the sum: each thread reads back only its own elements
   }
 #else
   named_barrier::sync(1, kConsumers);
@@ -707,7 +726,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
         const float w = m_run[h] == neg_inf() ? 0.f : math::exp2_approx(m_run[h] - st.row_max(row));
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-          float2* at = reinterpret_cast<float2*>(so + row * D + 8 * n + 2 * (lane % 4));
+          float2* at = reinterpret_cast<float2*>(so + o_at(row, 8 * n + 2 * (lane % 4)));
           *at = turn == 0 ? make_float2(o[n][2 * h] * w, o[n][2 * h + 1] * w)
                           : make_float2(fmaf(o[n][2 * h], w, at->x), fmaf(o[n][2 * h + 1], w, at->y));
         }
@@ -719,7 +738,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
 
   auto normalised = [&](int i) {  // element i (row i / D) of this CTA's O / l; zeros without keys
     const float l = st.row_sum(i / D);
-    return l > 0.f ? so[i] / l : 0.f;
+    return l > 0.f ? so[o_at(i)] / l : 0.f;
   };
   trace::mark(7);
   if (splits == 1) {
@@ -737,6 +756,7 @@ TMAFLOW_DEVICE void decode_item(L::Smem& S, Cursor& c, const CUtensorMap& tk, co
     const float l = st.row_sum(threadIdx.x);
     part_lse[(first + split) * kRows + threadIdx.x] = l > 0.f ? st.row_max(threadIdx.x) + __log2f(l) : neg_inf();
   }
+  trace::mark(11);
 #endif
 #if MERGE_KERNEL
   trace::mark(8);

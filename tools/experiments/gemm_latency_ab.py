@@ -69,8 +69,21 @@ SHAPES = [
     ("fp8 128x7168x16384", 128, 7168, 16384, FP8, [GemmConfig(bn=128, cluster_m=1, cluster_k=2, **P1),
                                                     SkinnyConfig(split_k=1, promote_sets=2)]),
     # the skinny default (64-row CTAs, K split to fill the SMs, promoted every 4 k-blocks)
-    ("fp8 64x4096x4096", 64, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=1, promote_sets=2)]),
-    ("fp8 16x4096x4096", 16, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2)]),
+    # (unsplit by default: _SKINNY_FP8_MIN_K_BLOCKS; 64 CTAs a 4096-column B). Session 25: the
+    # block-scaled kernel (promoted every k-block on two sets) ran 16x4096x4096 faster than the
+    # per-tensor one (47.5 against 45.2 TFLOP/s cold, BENCHMARKS.md): two sets, more CTAs,
+    # fewer stages (two CTAs an SM), L2 promotion, A shared by pairs.
+    ("fp8 64x4096x4096", 64, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=2),
+                                               SkinnyConfig(split_k=2, promote_sets=2),
+                                               SkinnyConfig(split_k=2, stages=7, promote_sets=2)]),
+    ("fp8 16x4096x4096", 16, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=2),
+                                               SkinnyConfig(split_k=2, promote_sets=2),
+                                               SkinnyConfig(split_k=2, stages=8, promote_sets=2),
+                                               SkinnyConfig(split_k=4, stages=8, promote_sets=2),
+                                               SkinnyConfig(stages=8), SkinnyConfig(promote_sets=2, l2_promotion="none"),
+                                               SkinnyConfig(promote_sets=2, l2_promotion="128B"),
+                                               SkinnyConfig(cluster=2, promote_sets=2)]),
+    ("fp8 1x4096x4096", 1, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=2, promote_sets=2)]),
     # bn64 128 CTAs unclustered (default) 0.977; cuBLAS: 128x64 tiles in pairs
     ("1024^3", 1024, 1024, 1024, BF16, [GemmConfig(bn=64, cluster_m=2, epi_cols=64), GemmConfig(bn=64, cluster_m=4, epi_cols=64),
                                          GemmConfig(bn=128, cluster_m=4)]),

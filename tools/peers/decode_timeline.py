@@ -1,8 +1,9 @@
 """Where one short kernels.attention_decode call spends its time: a trace build (trace="all")
 of the call's own kernel, launched right after an L2 flush (cold), its marks and copies read
 per CTA (decode.cu's marks: 1 entry, 2 the producer has the block table, 3 Q in shared memory,
-4 the tiles read, 7 the warps merged, 8 the split counted (counter merges), 5 the splits' merge
-begins, 6 the output written).
+4 the tiles read, 9 every warp at the warps' merge, 10 the warps' O in their slices, 7 the warps
+merged, 11 the partials stored, 8 the split counted (counter merges), 5 the splits' merge begins,
+12 the pieces in shared memory (slice merge), 6 the output written).
 
     PYTHONPATH=. python3 tools/peers/decode_timeline.py [--repeats N] [--only-8k]
 
@@ -12,7 +13,10 @@ earliest / median / latest CTA, cold (after an L2 flush: code, table, pages and 
 DRAM) and warm (right after the same call). The recorder costs time of its own (each event a
 few stores): the gaps between steps, not the totals, are the numbers to read; a gap that
 does no memory access yet grows cold points at instruction fetches through a flushed L2.
-The plain call's cold time is printed beside it (median of --repeats)."""
+The plain call's cold time is printed beside it (median of --repeats). A third mode, "code":
+the L2 flushed, then the same kernel on another cache of the same shape, then the call: its
+code (and the counters) in L2 and in the SMs' instruction caches, its cache and table not (the
+cold tail's share that is instruction fetch through a flushed L2)."""
 from __future__ import annotations
 
 import argparse
@@ -26,8 +30,9 @@ from tmaflow.kernels.decode_entry import THREADS, decode_plan
 from tmaflow.kernels.registry import get_kernel
 
 STEPS = (("entry", "mark", 1), ("table", "mark", 2), ("first copy", "TMA load", None), ("Q", "mark", 3),
-         ("first tile", "wait", None), ("tiles read", "mark", 4), ("warps merged", "mark", 7),
-         ("counted", "mark", 8), ("merge", "mark", 5), ("out", "mark", 6))
+         ("first tile", "wait", None), ("tiles read", "mark", 4), ("at merge", "mark", 9), ("O slices", "mark", 10),
+         ("warps merged", "mark", 7), ("partials", "mark", 11), ("counted", "mark", 8), ("merge", "mark", 5),
+         ("pieces", "mark", 12), ("out", "mark", 6))
 
 
 def _steps(trace) -> dict:
@@ -67,6 +72,7 @@ def main():
         table = torch.randperm(pages, device="cuda", dtype=torch.int32).view(1, pages)
         lens = torch.full((1,), ctx, device="cuda", dtype=torch.int32)
         q = torch.randn(1, heads_kv * group, d, device="cuda", dtype=dt)
+        other = [torch.randn_like(k_cache), torch.randn_like(v_cache), table.clone(), lens.clone(), q.clone()]
         plans: dict = {"plan": {}}  # 1k: 8 splits in clusters; 8k: 32 splits merged by slices
         for name, options in (("counter s8", {"num_splits": 8, "cluster_merge": False}),
                               ("counter s32", {"num_splits": 32, "cluster_merge": False, "slice_merge": False}),
@@ -95,9 +101,14 @@ def main():
             slices = int("SLICE_MERGE" in defines)
             print(f"b1 ctx {ctx:5d} {name:11s} s{splits:<2d} cl{int(cluster)} sl{slices} plain call cold "
                   f"{cold[name].median * 1e6:6.1f} us; traced, µs from the first entry (min/median/max CTA):")
-            for mode in ("cold", "warm"):  # warm: right after the same call (code and data in L2)
-                if mode == "cold":
+            # the same call on the other cache: the launch's arguments with the cache's maps replaced
+            other_fn = kernels.attention_decode.prepare(other[4], other[0], other[1], other[2], other[3], **plans[name],
+                                                        out=torch.empty_like(q))
+            for mode in ("cold", "code", "warm"):  # warm: right after the same call (code and data in L2)
+                if mode != "warm":
                     flush()
+                if mode == "code":
+                    run(*other_fn.args)
                 run(*prepared.args)
                 steps = _steps(last_trace())
                 print(f"  {mode} " + " ".join(f"{step} {t.min():.1f}/{np.median(t):.1f}/{t.max():.1f}"
