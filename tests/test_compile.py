@@ -453,3 +453,17 @@ def test_nvrtc_output_leaves_the_shared_one_byte_bytes_alone():
     finally:
         nv.nvrtcDestroyProgram(prog)
     assert bytes([32]) == b" " and (b" " * 3) == b"   "
+
+
+def test_extra_defines_sources_build_from_the_given_text():
+    """A file's text replaced inside the block (tools/experiments/decode_source_ab.py times an
+    earlier commit's decode.cu so): that kernel is built from it, and the tree's again after."""
+    from tmaflow.kernels import registry
+
+    plan = examples.copy_plan("float32", (256, 256))[1:]
+    tree = registry.get_kernel("tile_copy", *plan)
+    marked = registry.source("copy") + "\n// an earlier version\n"
+    with registry.extra_defines({}, sources={"copy": marked}):
+        inside = registry.get_kernel("tile_copy", *plan)
+    assert inside.source == marked and inside is not tree
+    assert registry.get_kernel("tile_copy", *plan) is tree and tree.source == registry.source("copy")

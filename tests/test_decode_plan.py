@@ -610,3 +610,51 @@ def test_head_group_takes_the_slice_merge_where_asked_and_its_ctas_fit():
     assert (plan.splits, plan.items, plan.slice_merge, plan.ctas_per_sm) == (63, 2, True, 1)
     assert not decode_defaults(1, 8, 128, 16, 8192, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
                                head_group=True).slice_merge  # not by default
+
+
+def _bench_attention():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "peers" / "bench_attention.py"
+    spec = importlib.util.spec_from_file_location("bench_attention_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("sm_count", [132, 114], ids=["h200", "h100-pcie"])
+def test_every_decode_bench_alternative_is_a_call_the_entry_takes(sm_count):
+    """Session 25's quick record died on batch 64's "c3" (cluster_merge=True without its splits):
+    every alternative of every row the decode bench can time passes the entry's option checks."""
+    from types import SimpleNamespace
+
+    from tmaflow.kernels.decode_entry import check_decode_options
+
+    bench_attention = _bench_attention()
+    device = SimpleNamespace(sm_count=sm_count, l2_bytes=50 << 20)
+    args = SimpleNamespace(quick=False, decode_grid="quick", decode_rows=None, decode_alts=None, decode_batches=None)
+    rows = set(bench_attention.DECODE_QUICK) | set(bench_attention.DECODE_FOCUS) | {
+        (group, page, batch, ctx) for group in bench_attention.DECODE_GROUPS for page in bench_attention.DECODE_PAGES
+        for batch in bench_attention.DECODE_BATCHES for ctx in bench_attention.DECODE_CONTEXTS}
+    checked = set()
+    for group, page, batch, ctx in sorted(rows):
+        alternatives = bench_attention._decode_alternatives(args, batch, ctx, 8, page, device)
+        assert "pr256" in alternatives and f"ef{int(not decode_defaults(batch, 8, 128, page, ctx, device).evict_first)}" \
+            in alternatives, (group, page, batch, ctx)
+        for name, choice in alternatives.items():
+            ordered, options = bench_attention.decode_call(choice)
+            check_decode_options(**options)  # raises TmaflowError naming the rule a choice breaks
+            checked.add(name)
+    assert {"c3", "s18", "mk1", "hg", "s1", "wb"} <= checked, sorted(checked)
+
+
+def test_decode_options_are_checked_without_a_gpu():
+    from tmaflow.kernels.decode_entry import check_decode_options
+
+    assert check_decode_options() == (None,) * 13
+    assert check_decode_options(num_splits=4, cluster_merge=True)[:4] == (4, None, None, True)
+    with pytest.raises(tf.TmaflowError, match=r"cluster_merge=True with num_splits=None .* give num_splits 2-16"):
+        check_decode_options(persistent=False, cluster_merge=True, ctas_per_sm=3)
+    with pytest.raises(tf.TmaflowError, match=r"ctas_per_sm"):
+        check_decode_options(ctas_per_sm=4)

@@ -319,40 +319,12 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     for that kernel's completion before reading anything; it lets the kernel after it (when
     that one is launched with PDL) start early too. None: off.
     Returns out, q's shape, of q's kind."""
-    if num_splits is not None or evict_first is not None or persistent is not None or cluster_merge is not None \
-            or slice_merge is not None or l2_promotion is not None or ctas_per_sm is not None or wide_box is not None \
-            or head_group is not None or warp_slices is not None or merge_kernel is not None or pdl is not None \
-            or cooperative is not None:
-        num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
-            head_group, warp_slices, merge_kernel, pdl, cooperative = _OPTIONS.check(
-                num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box,
-                head_group, warp_slices, merge_kernel, pdl, cooperative)
-        if persistent and num_splits not in (None, 1):
-            raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
-                               "CTA walks whole requests: give num_splits None or 1")
-        if cluster_merge and (num_splits is None or not 2 <= num_splits <= MAX_CLUSTER or persistent):
-            raise TmaflowError(f"attention_decode: cluster_merge=True with num_splits={num_splits} and persistent="
-                               f"{persistent}; a cluster merges 2 to {MAX_CLUSTER} splits of one request: give "
-                               f"num_splits 2-{MAX_CLUSTER} and persistent None or False")
-        if slice_merge and (cluster_merge or persistent or num_splits == 1):
-            raise TmaflowError(f"attention_decode: slice_merge=True with num_splits={num_splits}, cluster_merge="
-                               f"{cluster_merge} and persistent={persistent}; the slice merge merges the splits of the "
-                               "workspace-and-counter path: give num_splits None or 2-64 and leave the others off")
-        if head_group and (cluster_merge or wide_box):
-            raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge} and wide_box="
-                               f"{wide_box}; a head group's splits merge by the workspace (the counter or slices), "
-                               "its box is already wide: leave those None or False")
-        if cooperative and pdl:
-            raise TmaflowError("attention_decode: cooperative=True with pdl=True; the two launch attributes together "
-                               "are not tested: leave one None or False (pdl=True launches the slice merge plainly)")
-        if cooperative and cluster_merge:
-            raise TmaflowError("attention_decode: cooperative=True with cluster_merge=True; a cooperative grid is "
-                               "launched without clusters: leave cluster_merge None or False")
-        if merge_kernel and (cluster_merge or slice_merge or persistent or head_group or num_splits == 1):
-            raise TmaflowError(f"attention_decode: merge_kernel=True with num_splits={num_splits}, cluster_merge="
-                               f"{cluster_merge}, slice_merge={slice_merge}, persistent={persistent} and head_group="
-                               f"{head_group}; the merge kernel merges the splits of one kv head a CTA in place of "
-                               "the counter: give num_splits None or 2-64 and leave the others None or False")
+    num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
+        head_group, warp_slices, merge_kernel, pdl, cooperative = check_decode_options(
+            num_splits=num_splits, evict_first=evict_first, persistent=persistent, cluster_merge=cluster_merge,
+            slice_merge=slice_merge, l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
+            head_group=head_group, warp_slices=warp_slices, merge_kernel=merge_kernel, pdl=pdl,
+            cooperative=cooperative)
     Q, K, V, T, L = (packed(as_array(a)) for a in (q, k_cache, v_cache, block_table, seq_lens))
     who = "attention_decode"
     p = _check_cache(who, Q, K, V, T, L)
@@ -399,6 +371,49 @@ _OPTIONS = checks.Options("attention_decode", num_splits=checks.integer(1, MAX_S
                           head_group=checks.flag(optional=True), warp_slices=checks.flag(optional=True),
                           merge_kernel=checks.flag(optional=True), pdl=checks.flag(optional=True),
                           cooperative=checks.flag(optional=True))
+
+
+def check_decode_options(*, num_splits=None, evict_first=None, persistent=None, cluster_merge=None,
+                         slice_merge=None, l2_promotion=None, ctas_per_sm=None, wide_box=None, head_group=None,
+                         warp_slices=None, merge_kernel=None, pdl=None, cooperative=None) -> tuple:
+    """attention_decode's plan options checked alone and together, before any tensor is read (a
+    benchmark or a caller can check a choice without a GPU); returns them in the signature's
+    order, each None or of its checked type. Raises TmaflowError naming the option, the value and
+    the rule."""
+    options = (num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box,
+               head_group, warp_slices, merge_kernel, pdl, cooperative)
+    if all(option is None for option in options):
+        return options
+    num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
+        head_group, warp_slices, merge_kernel, pdl, cooperative = _OPTIONS.check(*options)
+    if persistent and num_splits not in (None, 1):
+        raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
+                           "CTA walks whole requests: give num_splits None or 1")
+    if cluster_merge and (num_splits is None or not 2 <= num_splits <= MAX_CLUSTER or persistent):
+        raise TmaflowError(f"attention_decode: cluster_merge=True with num_splits={num_splits} and persistent="
+                           f"{persistent}; a cluster merges 2 to {MAX_CLUSTER} splits of one request: give "
+                           f"num_splits 2-{MAX_CLUSTER} and persistent None or False")
+    if slice_merge and (cluster_merge or persistent or num_splits == 1):
+        raise TmaflowError(f"attention_decode: slice_merge=True with num_splits={num_splits}, cluster_merge="
+                           f"{cluster_merge} and persistent={persistent}; the slice merge merges the splits of the "
+                           "workspace-and-counter path: give num_splits None or 2-64 and leave the others off")
+    if head_group and (cluster_merge or wide_box):
+        raise TmaflowError(f"attention_decode: head_group=True with cluster_merge={cluster_merge} and wide_box="
+                           f"{wide_box}; a head group's splits merge by the workspace (the counter or slices), "
+                           "its box is already wide: leave those None or False")
+    if cooperative and pdl:
+        raise TmaflowError("attention_decode: cooperative=True with pdl=True; the two launch attributes together "
+                           "are not tested: leave one None or False (pdl=True launches the slice merge plainly)")
+    if cooperative and cluster_merge:
+        raise TmaflowError("attention_decode: cooperative=True with cluster_merge=True; a cooperative grid is "
+                           "launched without clusters: leave cluster_merge None or False")
+    if merge_kernel and (cluster_merge or slice_merge or persistent or head_group or num_splits == 1):
+        raise TmaflowError(f"attention_decode: merge_kernel=True with num_splits={num_splits}, cluster_merge="
+                           f"{cluster_merge}, slice_merge={slice_merge}, persistent={persistent} and head_group="
+                           f"{head_group}; the merge kernel merges the splits of one kv head a CTA in place of "
+                           "the counter: give num_splits None or 2-64 and leave the others None or False")
+    return (num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box,
+            head_group, warp_slices, merge_kernel, pdl, cooperative)
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,

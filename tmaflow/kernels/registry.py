@@ -19,17 +19,19 @@ def source(name: str) -> str:
     return (HERE / f"{name}.cu").read_text()
 
 _kernels: dict[tuple, Kernel] = {}
-_variant: dict = {"defines": {}, "patch": None}  # what extra_defines() adds to kernels built now
+_variant: dict = {"defines": {}, "patch": None, "sources": {}}  # what extra_defines() adds to kernels built now
 
 
 @contextlib.contextmanager
-def extra_defines(defines: dict, patch=None):
+def extra_defines(defines: dict, patch=None, sources: dict | None = None):
     """Entry points called inside the block build their kernels with ``defines`` on top of
-    their own, and with ``patch(cubin, lowered_name) -> cubin`` applied to the CUBIN when
-    given: for trying a kernel change before it becomes a config. Prepared states are dropped
-    on entry and exit, so none built inside outlives the block or predates it."""
+    their own, with ``patch(cubin, lowered_name) -> cubin`` applied to the CUBIN when given,
+    and with ``sources`` ({file: text}, e.g. {"decode": an earlier commit's decode.cu}) in
+    place of those files of this tree: for trying a kernel change before it becomes a config,
+    or timing it against another version of its source. Prepared states are dropped on entry
+    and exit, so none built inside outlives the block or predates it."""
     saved = dict(_variant)
-    _variant.update(defines=dict(defines), patch=patch)
+    _variant.update(defines=dict(defines), patch=patch, sources=dict(sources or {}))
     STATES.clear()
     try:
         yield
@@ -49,12 +51,12 @@ def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = No
     file = file or _FILES[name]
     if _variant["defines"]:
         defines = {**(defines or {}), **_variant["defines"]}
-    patch = _variant["patch"]
+    patch, text = _variant["patch"], _variant["sources"].get(file)
     key = (file, name, tuple(sorted((defines or {}).items())),
-           layout.header() if layout is not None else "", debug, trace, patch)
+           layout.header() if layout is not None else "", debug, trace, patch, text)
     k = _kernels.get(key)
     if k is None:
-        k = Kernel(source(file), name, defines=defines, layout=layout, filename=f"{file}.cu",
+        k = Kernel(source(file) if text is None else text, name, defines=defines, layout=layout, filename=f"{file}.cu",
                    debug=debug, trace=trace)
         if patch is not None:
             program = k.program

@@ -14,7 +14,6 @@ Python side is this tree's): a change of the kernel alone."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from tmaflow import bench, kernels
 from tmaflow.kernels import registry
@@ -23,17 +22,10 @@ ROWS = ["8:16:1:1024", "8:16:1:8192", "8:16:1:32768", "4:16:1:8192", "8:16:4:819
 HEADS_KV, HEAD_DIM = 8, 128
 
 
-@contextlib.contextmanager
 def baseline_source(text: str, index: int):
     """Entry points called inside build decode.cu's kernels from ``text`` (a define marks them
-    apart in the kernel caches)."""
-    own = registry.source
-    registry.source = lambda name: text if name == "decode" else own(name)
-    try:
-        with registry.extra_defines({"TMAFLOW_BASELINE_SOURCE": index + 1}):
-            yield
-    finally:
-        registry.source = own
+    apart in the on-disk kernel caches too)."""
+    return registry.extra_defines({"TMAFLOW_BASELINE_SOURCE": index + 1}, sources={"decode": text})
 
 
 def reference(torch, q, k_cache, v_cache, table, ctx, group):

@@ -435,17 +435,28 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
     return [row for row in grid if not args.decode_batches or row[2] in args.decode_batches]
 
 
-def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int) -> tuple[int, bool, bool, bool, bool, bool]:
+def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int, device=None) -> tuple[int, bool, bool, bool, bool, bool]:
     """(splits, evict_first, persistent, cluster_merge, head_group, slice_merge) a call plans at head
-    dim 128 on the current device."""
+    dim 128 on ``device`` (the current one by default)."""
     from tmaflow.kernels.decode_entry import decode_defaults
     from tmaflow.runtime.device import current_device
 
-    plan = decode_defaults(batch, heads_kv, 128, page, ctx, current_device())
+    plan = decode_defaults(batch, heads_kv, 128, page, ctx, device or current_device())
     return plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.head_group, plan.slice_merge
 
 
-def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -> dict:
+DECODE_POSITIONS = ("num_splits", "evict_first", "persistent", "cluster_merge", "slice_merge", "ordered",
+                    "l2_promotion")
+
+
+def decode_call(choice) -> tuple[bool, dict]:
+    """An alternative's (ordered, attention_decode's keyword options): a dict as it is, a tuple
+    by DECODE_POSITIONS ("ordered": the caches with their pages in table order, not an option)."""
+    options = dict(choice) if isinstance(choice, dict) else dict(zip(DECODE_POSITIONS, choice))
+    return bool(options.pop("ordered", False)), {name: value for name, value in options.items() if value is not None}
+
+
+def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, device=None) -> dict:
     """name -> (num_splits, evict_first, persistent, cluster_merge[, slice_merge, ordered, l2_promotion]) timed beside the plan in the
     quick grid's rows: the other L2 priority, at batch 1 twice the splits merged in a cluster
     (up to 16, down to one 64-key tile a split: "s16cl"), a persistent plan's one CTA an item,
@@ -477,22 +488,26 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
     head-group plan walks items, one group a CTA without walking ("hgp0"), and where the groups
     are at least half the SMs and that plan splits them, one group a CTA of six stages, one split
     ("hgs1c1": cuDNN's one CTA an SM, a group's 1 KB runs).
-    ``--decode-alts``: only the named ones."""
+    ``--decode-alts``: only the named ones. ``device``: the current one by default (a test
+    plans for a described H200 without a GPU)."""
     from tmaflow.kernels.decode_entry import (HEAD_GROUP, MAX_CLUSTER, MAX_SPLITS, decode_choices, decode_defaults,
                                               decode_plan, persistent_default)
     from tmaflow.runtime.device import current_device
 
     if not (args.quick or args.decode_grid in ("quick", "focus") or getattr(args, "decode_rows", None)):
         return {}
-    splits, evict_first, persistent, cluster, four_heads, slices = _decode_plan(batch, ctx, heads_kv, page)
+    device = device or current_device()
+    splits, evict_first, persistent, cluster, four_heads, slices = _decode_plan(batch, ctx, heads_kv, page, device)
     alts = {f"ef{int(not evict_first)}": {"evict_first": not evict_first}}  # the rest of the plan as it is
     if slices:  # the counter's merge (the plan before session 19), the slice merge without a cooperative launch
         alts["sl0"] = {"slice_merge": False}
         alts["co0"] = {"cooperative": False}
-    device = current_device()  # session 18's plan: evict-first past one L2, clusters only where every CTA fits
+    # session 18's plan: evict-first past one L2, clusters only where every CTA fits
     old_cluster = 2 <= splits <= 8 and batch * heads_kv * splits <= device.sm_count
     old = {"evict_first": 2 * batch * heads_kv * 128 * ctx * 2 > device.l2_bytes, "slice_merge": False,
            "cluster_merge": None if persistent or four_heads else old_cluster}
+    if old["cluster_merge"]:  # a cluster's size is the splits: named
+        old["num_splits"] = splits
     if old["evict_first"] != evict_first and (slices or old_cluster != cluster):  # (else "sl0", "cl0" or "ef" is it)
         alts["s18"] = old
     if not (persistent or four_heads):  # the plan with the warps' merge a warp at a time (before session 18)
@@ -518,8 +533,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         same = {"num_splits": splits, "persistent": persistent, "cluster_merge": cluster}
         alts["wb"] = {**same, "wide_box": True}
         alts["c1"] = {**same, "ctas_per_sm": 1}
-        if not persistent:
-            alts["c3"] = {"persistent": False, "cluster_merge": cluster, "ctas_per_sm": 3}
+        if not persistent:  # (its own splits: a cluster merge of the plan's is named only with them)
+            alts["c3"] = {"persistent": False, "cluster_merge": None if cluster else False, "ctas_per_sm": 3}
     elif batch == 1 and slices:  # one 4-D box a page piece: half the copies (the first tile sooner?)
         alts["wb"] = {"wide_box": True}
     if batch >= 16 and (splits > 1 or persistent):  # cuDNN's grid: one CTA an item, no split, no walk
@@ -539,14 +554,14 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int) -
         if batch > 1 and grouped.slice_merge and \
                 batch * grouped.items * grouped.splits <= device.sm_count * grouped.ctas_per_sm:
             alts["hgsl"] = {"head_group": True, "slice_merge": True}  # its automatic splits merged by slices
-        if batch * heads_kv // HEAD_GROUP >= current_device().sm_count // 2 and \
-                decode_defaults(batch, heads_kv, 128, page, ctx, current_device(), ctas=1, head_group=True).splits > 1:
+        if batch * heads_kv // HEAD_GROUP >= device.sm_count // 2 and \
+                decode_defaults(batch, heads_kv, 128, page, ctx, device, ctas=1, head_group=True).splits > 1:
             alts["hgs1c1"] = {"head_group": True, "num_splits": 1, "persistent": False, "ctas_per_sm": 1}
         if batch >= 16:  # one CTA an SM of six stages: at batch 16 8k 128 CTAs of 4 splits, as cuDNN's grid
             alts["hgc1"] = {"head_group": True, "ctas_per_sm": 1}
-        if persistent_default(batch, heads_kv // HEAD_GROUP, 128, 1, current_device().sm_count,
+        if persistent_default(batch, heads_kv // HEAD_GROUP, 128, 1, device.sm_count,
                               decode_plan(128, page, head_group=True)[2]) and \
-                decode_choices(batch, heads_kv, 128, page, ctx, head_group=True)[0] == 1:
+                decode_choices(batch, heads_kv, 128, page, ctx, device=device, head_group=True)[0] == 1:
             alts["hgp0"] = {"head_group": True, "persistent": False, "num_splits": 1}
     return {name: choice for name, choice in alts.items() if not args.decode_alts or name in args.decode_alts}
 
@@ -673,28 +688,21 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
 
     kept: list = []
 
-    def ours(num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None, ordered=False,
-             l2_promotion=None, ctas_per_sm=None, wide_box=None, head_group=None, warp_slices=None,
-             merge_kernel=None, pdl=None, cooperative=None):
+    def ours(choice=()):
+        ordered, options = decode_call(choice)
         caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
             else (k_cache, v_cache, table)
         kept.append(caches)  # alive while the prepared call is
-        return kernels.attention_decode.prepare(q[:, :, 0], *caches, lens, num_splits=num_splits,
-                                                evict_first=evict_first, persistent=persistent,
-                                                cluster_merge=cluster_merge, slice_merge=slice_merge,
-                                                l2_promotion=l2_promotion, ctas_per_sm=ctas_per_sm, wide_box=wide_box,
-                                                head_group=head_group, warp_slices=warp_slices,
-                                                merge_kernel=merge_kernel, pdl=pdl, cooperative=cooperative,
+        return kernels.attention_decode.prepare(q[:, :, 0], *caches, lens, **options,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
     splits, evict_first, persistent, cluster, four_heads, slices = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx,
                                                                                 page=page)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
     if sweep:
-        fns = {name: ours(*choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
+        fns = {name: ours(choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
         peers = {"memcpy": memcpy}
     else:
-        fns = {"tmaflow": ours(), **{f"alt {name}": ours(**choice) if isinstance(choice, dict) else ours(*choice)
-                                 for name, choice in alts.items()}}
+        fns = {"tmaflow": ours(), **{f"alt {name}": ours(choice) for name, choice in alts.items()}}
         peers = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION),
                  "efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION), "memcpy": memcpy}
     available = dict(fns)
