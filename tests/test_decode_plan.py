@@ -625,7 +625,7 @@ def _bench_attention():
 
 @pytest.mark.parametrize("sm_count", [132, 114], ids=["h200", "h100-pcie"])
 def test_every_decode_bench_alternative_is_a_call_the_entry_takes(sm_count):
-    """Session 25's quick record died on batch 64's "c3" (cluster_merge=True without its splits):
+    """Session 25's quick record died on batch 16's "c3" (cluster_merge=True without its splits):
     every alternative of every row the decode bench can time passes the entry's option checks."""
     from types import SimpleNamespace
 

@@ -384,8 +384,9 @@ def check_decode_options(*, num_splits=None, evict_first=None, persistent=None, 
                head_group, warp_slices, merge_kernel, pdl, cooperative)
     if all(option is None for option in options):
         return options
+    checked = _OPTIONS.check(*options)
     num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box, \
-        head_group, warp_slices, merge_kernel, pdl, cooperative = _OPTIONS.check(*options)
+        head_group, warp_slices, merge_kernel, pdl, cooperative = checked
     if persistent and num_splits not in (None, 1):
         raise TmaflowError(f"attention_decode: num_splits={num_splits} with persistent=True; a persistent "
                            "CTA walks whole requests: give num_splits None or 1")
@@ -412,8 +413,7 @@ def check_decode_options(*, num_splits=None, evict_first=None, persistent=None, 
                            f"{cluster_merge}, slice_merge={slice_merge}, persistent={persistent} and head_group="
                            f"{head_group}; the merge kernel merges the splits of one kv head a CTA in place of "
                            "the counter: give num_splits None or 2-64 and leave the others None or False")
-    return (num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion, ctas_per_sm, wide_box,
-            head_group, warp_slices, merge_kernel, pdl, cooperative)
+    return checked
 
 
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,

@@ -445,19 +445,15 @@ def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int, device=None) ->
     return plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.head_group, plan.slice_merge
 
 
-DECODE_POSITIONS = ("num_splits", "evict_first", "persistent", "cluster_merge", "slice_merge", "ordered",
-                    "l2_promotion")
-
-
-def decode_call(choice) -> tuple[bool, dict]:
-    """An alternative's (ordered, attention_decode's keyword options): a dict as it is, a tuple
-    by DECODE_POSITIONS ("ordered": the caches with their pages in table order, not an option)."""
-    options = dict(choice) if isinstance(choice, dict) else dict(zip(DECODE_POSITIONS, choice))
-    return bool(options.pop("ordered", False)), {name: value for name, value in options.items() if value is not None}
+def decode_call(choice: dict) -> tuple[bool, dict]:
+    """An alternative's (ordered, attention_decode's keyword options): "ordered" (the caches
+    with their pages in table order) is not an option of the call."""
+    options = {name: value for name, value in choice.items() if value is not None}
+    return bool(options.pop("ordered", False)), options
 
 
 def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, device=None) -> dict:
-    """name -> (num_splits, evict_first, persistent, cluster_merge[, slice_merge, ordered, l2_promotion]) timed beside the plan in the
+    """name -> attention_decode's options (and "ordered", see decode_call) timed beside the plan in the
     quick grid's rows: the other L2 priority, at batch 1 twice the splits merged in a cluster
     (up to 16, down to one 64-key tile a split: "s16cl"), a persistent plan's one CTA an item,
     at 2-16 splits the other merge ("cl0": workspace and counter, "cl1": a cluster), at
@@ -517,18 +513,22 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
     if batch == 1:  # short calls: the plan launched with PDL (its start hidden behind the kernel before)
         alts["pdl1"] = {"pdl": True}
     if batch == 1 and 2 * splits <= min(MAX_CLUSTER, ctx // 64):  # (past 16: x1.26-1.37 slower, session 16)
-        alts[f"s{2 * splits}cl"] = (2 * splits, evict_first, False, True)
+        alts[f"s{2 * splits}cl"] = {"num_splits": 2 * splits, "evict_first": evict_first, "persistent": False,
+                                     "cluster_merge": True}
     if persistent:
-        alts["p0"] = (splits, evict_first, False, False)
+        alts["p0"] = {"num_splits": splits, "evict_first": evict_first, "persistent": False, "cluster_merge": False}
     if 2 <= splits <= MAX_CLUSTER:
-        alts[f"cl{int(not cluster)}"] = (splits, evict_first, False, not cluster)
+        alts[f"cl{int(not cluster)}"] = {"num_splits": splits, "evict_first": evict_first, "persistent": False,
+                                         "cluster_merge": not cluster}
     if batch == 1 and splits > MAX_CLUSTER:
-        alts[f"s{MAX_CLUSTER}cl"] = (MAX_CLUSTER, evict_first, False, True)
+        alts[f"s{MAX_CLUSTER}cl"] = {"num_splits": MAX_CLUSTER, "evict_first": evict_first, "persistent": False,
+                                      "cluster_merge": True}
     if batch == 1 and splits > 1 and not persistent and not slices:  # every CTA at once (8 kv heads x <= 32 splits)
-        alts["sl1"] = (splits, evict_first, False, False, True)
+        alts["sl1"] = {"num_splits": splits, "evict_first": evict_first, "persistent": False, "cluster_merge": False,
+                       "slice_merge": True}
     if batch >= 16 and ctx <= 8192:  # the plan on a cache whose pages lie in table order (DRAM locality)
-        alts["ord"] = (None, None, None, None, None, True)
-    alts["pr256"] = (None, None, None, None, None, False, "256B")  # the plan, maps at L2 promotion 256B
+        alts["ord"] = {"ordered": True}
+    alts["pr256"] = {"l2_promotion": "256B"}  # the plan, maps at L2 promotion 256B
     if batch >= 16:  # the bytes in flight an SM and the copies a stage (session 16, round 4)
         same = {"num_splits": splits, "persistent": persistent, "cluster_merge": cluster}
         alts["wb"] = {**same, "wide_box": True}
@@ -629,7 +629,7 @@ def _decode_modes(torch, fns: dict, repeats: int, clean: bool):
 
 
 def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
-    """name -> (num_splits, evict_first) for the sweep: "auto" (what a call plans), "sN" (N
+    """name -> options for the sweep: "auto" (what a call plans), "sN" (N
     splits, the automatic L2 priority) and "auto ef0/ef1" (the automatic splits, the other
     priority)."""
     from tmaflow.kernels.decode_entry import MAX_SPLITS, decode_choices, decode_plan
@@ -638,10 +638,10 @@ def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
     device = current_device()
     splits, evict_first = decode_choices(batch, heads_kv, 128, page, ctx)
     slots = device.sm_count * decode_plan(128, page)[2]
-    variants = {"auto": (None, None), f"auto ef{int(not evict_first)}": (None, not evict_first)}
+    variants = {"auto": {}, f"auto ef{int(not evict_first)}": {"evict_first": not evict_first}}
     for n in (1, 2, 4, 8, 16, 32, 64):
         if n <= min(MAX_SPLITS, ctx // 64) and batch * heads_kv * n <= 4 * slots and n != splits:
-            variants[f"s{n}"] = (n, None)
+            variants[f"s{n}"] = {"num_splits": n}
     return variants
 
 
@@ -688,8 +688,8 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
 
     kept: list = []
 
-    def ours(choice=()):
-        ordered, options = decode_call(choice)
+    def ours(choice: dict | None = None):
+        ordered, options = decode_call(choice or {})
         caches = (*in_order(), torch.arange(pages, device="cuda", dtype=torch.int32).view(batch, -1)) if ordered \
             else (k_cache, v_cache, table)
         kept.append(caches)  # alive while the prepared call is
