@@ -526,7 +526,8 @@ def test_head_group_is_the_default_only_where_its_items_fill_the_gpu_unsplit(bat
 @pytest.mark.parametrize("d,page,ctas,extra", [(128, 16, None, {}), (128, 16, None, {"CLUSTER_MERGE": 1}),
                                                (128, 64, 3, {"SLICE_MERGE": 1, "EVICT_FIRST": 1}),
                                                (256, 16, None, {"FP16": 1}), (96, 32, 3, {}), (32, 16, 1, {}),
-                                               (128, 16, 1, {"WIDE_BOX": 1})])
+                                               (128, 16, 1, {"WIDE_BOX": 1}),
+                                               (80, 16, None, {"CLUSTER_MERGE": 1, "FP16": 1})])
 def test_warp_slices_decode_kernel_drops_the_turns_barrier_without_spills(d, page, ctas, extra):
     """WARP_SLICES: every warp's O in a slice of the K tiles at once, one sum a thread: the
     turn loop (and its barrier, one a warp at run time) is gone; no spills, registers for

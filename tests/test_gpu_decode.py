@@ -593,6 +593,8 @@ def test_head_group_slice_merge_against_float64_and_bit_equal_to_its_counter_mer
     ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 1}),
     ([0, 1, 15, 16, 17, 100, 1000], 32, 4, 128, 16, None, "bfloat16", {"num_splits": 7}),   # the counter's merge
     ([1, 63, 64, 65, 333, 2049, 5], 16, 4, 128, 64, None, "bfloat16", {"num_splits": 4, "cluster_merge": True}),
+    ([1, 63, 64, 65, 333, 2049, 5], 8, 2, 80, 16, None, "float16", {"num_splits": 3, "cluster_merge": True}),  # O's
+    # 16-float swizzle (head dim not a multiple of 32) read across the cluster
     ([0, 1, 2, 3, 17, 80, 1000], 8, 2, 128, 16, 4, "bfloat16", {"num_splits": 5, "slice_merge": True}),
     ([4000, 129], 16, 1, 256, 32, None, "float16", {"num_splits": 64}),                      # 4 rounds of merge
     ([5, 77, 300, 1], 8, 2, 96, 16, None, "float16", {"num_splits": 3, "ctas_per_sm": 3}),   # two stages
