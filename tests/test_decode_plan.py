@@ -9,8 +9,8 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default,
-                                          decode_defaults, decode_plan, evict_first_default, head_group_default,
-                                          persistent_default, slice_merge_default)
+                                          decode_defaults, decode_plan, evict_first_default, group_one_cta_default,
+                                          head_group_default, persistent_default, slice_merge_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -299,27 +299,62 @@ def test_decode_defaults_plan_the_slice_merge_for_batch_one(batch, context, opti
     assert (plan.splits, plan.slice_merge, plan.cluster_merge) == expected
 
 
-@pytest.mark.parametrize("batch,context,heads_kv,options,expected", [
-    (64, 8192, 8, {}, (True, 2, True, False)),             # the b64 8k row: four kv heads a CTA, slices
-    (64, 32768, 8, {}, (True, 2, True, False)),
-    (64, 1024, 8, {}, (False, 1, False, True)),            # short contexts keep the persistent walk
-    (64, 8192, 8, {"persistent": True}, (False, 1, False, True)),   # as asked
-    (64, 8192, 8, {"head_group": False}, (False, 1, False, True)),
-    (64, 16384, 6, {"persistent": True}, (False, 1, False, True)),  # kv heads not in fours: no groups
-    (16, 8192, 8, {}, (False, 2, False, False)),           # not persistent: pairs, as planned
-    (64, 8192, 8, {"clusters": False}, (True, 2, True, False)),      # a cooperative launch's: the same plan
-    (16, 8192, 8, {"clusters": False}, (False, 2, False, False)),    # ... without the pairs' clusters
+@pytest.mark.parametrize("batch,context,heads_kv,d,options,expected", [
+    (64, 8192, 8, 64, {}, (True, 2, True, False)),          # head dim 64, b64 8k: four kv heads a CTA, slices
+    (64, 32768, 8, 64, {}, (True, 2, True, False)),
+    (64, 1024, 8, 64, {}, (False, 1, False, True)),         # short contexts keep the persistent walk
+    (64, 8192, 8, 128, {}, (True, 1, False, False)),        # head dim 128: one group a CTA an SM instead
+    (64, 8192, 8, 128, {"persistent": True}, (False, 1, False, True)),   # as asked
+    (64, 8192, 8, 128, {"head_group": False}, (False, 1, False, True)),
+    (64, 8192, 8, 128, {"ctas": 2}, (False, 1, False, True)),   # a CTA count given keeps the one-head plan
+    (64, 16384, 6, 128, {"persistent": True}, (False, 1, False, True)),  # kv heads not in fours: no groups
+    (16, 8192, 8, 128, {}, (False, 2, False, False)),       # not persistent: pairs, as planned
+    (64, 8192, 8, 64, {"clusters": False}, (True, 2, True, False)),      # a cooperative launch's: the same plan
+    (16, 8192, 8, 128, {"clusters": False}, (False, 2, False, False)),   # ... without the pairs' clusters
 ])
-def test_decode_defaults_take_head_groups_merged_by_slices_over_a_persistent_walk(batch, context, heads_kv, options,
+def test_decode_defaults_take_head_groups_merged_by_slices_over_a_persistent_walk(batch, context, heads_kv, d, options,
                                                                                  expected):
-    """(head group, splits, slice merge, persistent) at head dim 128, page 16, on 132 SMs."""
+    """(head group, splits, slice merge, persistent) at page 16 on 132 SMs."""
     from types import SimpleNamespace
-    plan = decode_defaults(batch, heads_kv, 128, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
+    plan = decode_defaults(batch, heads_kv, d, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20),
                            **options)
     assert (plan.head_group, plan.splits, plan.slice_merge, plan.persistent) == expected
     assert not (plan.cluster_merge and options.get("clusters") is False)
     if plan.slice_merge:  # the cooperative launch's condition: every CTA at once
         assert batch * plan.items * plan.splits <= 132 * plan.ctas_per_sm
+
+
+@pytest.mark.parametrize("batch,heads_kv,sm_count,expected", [
+    (64, 8, 132, True),      # 128 four-head CTAs: 97% of 132 SMs, one split
+    (63, 8, 132, True),      # 126: 95.5%
+    (66, 8, 132, True),      # 132: every SM
+    (62, 8, 132, False),     # 124: 94%
+    (67, 8, 132, False),     # 134: a second wave (at 128, two CTAs an SM: head_group_default's)
+    (16, 32, 132, True),     # 32 kv heads: the same 128 groups
+    (64, 6, 132, False),     # kv heads not in fours
+    (56, 8, 114, True),      # an H100's 114 SMs: 112 groups
+    (64, 8, 114, False),
+])
+def test_one_head_group_a_cta_an_sm_where_the_groups_fill_one_wave(batch, heads_kv, sm_count, expected):
+    """group_one_cta_default: four kv heads a CTA of six stages, one CTA an SM, where those
+    CTAs fill 95% of the SMs unsplit; decode_defaults plans it only when no option is given
+    (head dim 128, any context: measured 1k-32k)."""
+    from types import SimpleNamespace
+    assert group_one_cta_default(batch, heads_kv, 128, sm_count) is expected
+    assert group_one_cta_default(batch, heads_kv, 64, sm_count) is False  # measured at head dim 128 only
+    device = SimpleNamespace(sm_count=sm_count, l2_bytes=50 << 20)
+    for context in (1024, 8192, 131072):
+        plan = decode_defaults(batch, heads_kv, 128, 16, context, device)
+        if expected:
+            assert (plan.head_group, plan.ctas, plan.ctas_per_sm, plan.splits, plan.persistent, plan.slice_merge) == \
+                (True, 1, 1, 1, False, False), (context, vars(plan))
+        else:
+            assert plan.ctas is None and plan.ctas_per_sm == 2, (context, vars(plan))
+    if expected:  # any option given keeps the rules it had
+        for options in ({"num_splits": 1}, {"persistent": False}, {"ctas": 1}, {"head_group": True},
+                        {"slice_merge": False}, {"wide_box": True}):
+            assert decode_defaults(batch, heads_kv, 128, 16, 8192, device, **options).ctas == options.get("ctas"), \
+                options
 
 
 def test_every_decode_plan_keeps_the_merge_region_whole():

@@ -531,9 +531,10 @@ def test_decode_three_ctas_an_sm_without_persistent_asked_falls_back(device, rng
     (16, 4, 256, 16, 4, "float16"),       # 4 new tokens x 4 query heads: all 16 rows, four column blocks
     (64, 4, 128, 32, None, "bfloat16"),   # 16:1: every row of the mma
 ])
-@pytest.mark.parametrize("num_splits,persistent", [(1, False), (3, False), (None, None), (None, True)])
+@pytest.mark.parametrize("num_splits,persistent,ctas", [(1, False, None), (3, False, None), (None, None, None),
+                                                     (None, True, None), (None, None, 1), (2, False, 1)])
 def test_head_group_decode_against_float64(device, rng, heads_q, heads_kv, d, page, tokens, dtype, num_splits,
-                                           persistent):
+                                           persistent, ctas):
     """head_group=True (four kv heads a CTA, a warp each; the splits' merge takes the group's
     heads in turn) near the float64 reference: lengths 0, 1, 15-17, a page and one past it,
     ragged to 900; NaN in every cache row no request owns; outputs poisoned; 150 requests so
@@ -546,9 +547,36 @@ def test_head_group_decode_against_float64(device, rng, heads_q, heads_kv, d, pa
     results = []
     for _ in range(2):
         out = poison(tf.empty(q.shape, dtype))
-        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, persistent=persistent, head_group=True, out=out)
+        kernels.attention_decode(Q, K, V, T, L, num_splits=num_splits, persistent=persistent, head_group=True,
+                                 ctas_per_sm=ctas, out=out)
         got = _download(out, dtype)
         assert rel_error(got, ref) < 1e-2, rel_error(got, ref)
+        assert not got[ref == 0].any(), "a token that sees no key gets zeros"
+        results.append(out.numpy())
+    np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
+
+
+@pytest.mark.parametrize("heads_q,page", [(32, 16), (64, 64)])
+def test_default_reads_four_kv_heads_a_cta_one_cta_an_sm_where_they_fill_the_sms(device, rng, heads_q, page):
+    """Half the SMs' requests at 8 kv heads, head dim 128 (batch 66 on an H200, 57 on an H100:
+    group_one_cta_default, a CTA of four kv heads on every SM): the default call near float64
+    over ragged lengths (0, 1, a page and one past it, up to 3000), outputs poisoned, and
+    bit-equal to the explicit head_group=True, ctas_per_sm=1 call."""
+    from tmaflow.kernels.decode_entry import group_one_cta_default
+    from tmaflow.runtime.device import current_device
+
+    batch = current_device().sm_count // 2
+    assert group_one_cta_default(batch, 8, 128, current_device().sm_count)
+    lens = rng.integers(0, 3001, size=batch)
+    lens[:6] = [0, 1, page, page + 1, 64, 3000]
+    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, lens, heads_q, 8, 128, page, "bfloat16")
+    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
+    results = []
+    for options in ({}, {"head_group": True, "ctas_per_sm": 1}):
+        out = poison(tf.empty(q.shape, "bfloat16"))
+        kernels.attention_decode(Q, K, V, T, L, out=out, **options)
+        got = _download(out, "bfloat16")
+        assert rel_error(got, ref) < 1e-2, (options, rel_error(got, ref))
         assert not got[ref == 0].any(), "a token that sees no key gets zeros"
         results.append(out.numpy())
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))

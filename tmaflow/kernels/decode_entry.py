@@ -138,6 +138,20 @@ def head_group_default(batch: int, heads_kv: int, head_dim: int, page_size: int,
     return choose_splits(batch, heads_kv // HEAD_GROUP, max_context, sm_count, group_ctas) == 1
 
 
+def group_one_cta_default(batch: int, heads_kv: int, head_dim: int, sm_count: int) -> bool:
+    """Whether a call the two-CTA head-group plan would split (``head_group_default`` False)
+    takes four kv heads a CTA at one CTA an SM of six stages instead, when it says nothing:
+    where those items fill 95% of one wave of SMs unsplit (batch 64 at 8 kv heads on 132 SMs:
+    128 CTAs, each a request's four heads in 1 KB runs, no split to merge). H200, session 27,
+    time over the plan's (one kv head a CTA walking items to 4k, head groups of two splits merged
+    by slices from 8k), cold / back to back, batch 64: 8:1 page 16 1k 0.943 / 0.898; 4:1 page 16
+    1k 0.960 / 0.888 (a second run), page 64 0.959 / 0.906, 2k 0.945 / 0.947, 4k 0.966 / 0.961
+    (8:1 0.957 / 0.960), 8k 0.985 / 0.983 (8:1 page 64 0.998 / 0.992), 32k 0.989 / 0.988.
+    Measured at head dim 128 only, and in one wave (past it the two-CTA plan's slots fill)."""
+    items = batch * heads_kv // HEAD_GROUP
+    return heads_kv % HEAD_GROUP == 0 and head_dim == 128 and 0.95 * sm_count <= items <= sm_count
+
+
 def cluster_merge_default(batch: int, heads_kv: int, splits: int, sm_count: int) -> bool:
     """Whether the splits of a (request, kv head) merge in a cluster, through distributed shared
     memory, when the call does not say: 2-8 splits (a portable cluster) and at most one CTA an
@@ -300,13 +314,15 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     miss fetches that much from DRAM; a kv head's key row is head_dim x 2 bytes); None: "none".
     ``ctas_per_sm`` (1-3): the K/V pipeline's stages fill that share of an SM's shared memory
     (at head dim 128: 1 CTA of six 32 KB stages, 2 of three, 3 of two; persistent: 1-2); None:
-    two when three stages fit, else one. ``wide_box`` (head dims a multiple of 64): each copy
+    two when three stages fit, else one (and one with the head groups ``group_one_cta_default``
+    takes). ``wide_box`` (head dims a multiple of 64): each copy
     brings a page piece's every column (a 4-D map), half the copies at head dim 128; None: off.
     ``head_group`` (heads_kv a multiple of 4, head dims a multiple of 64): a CTA reads four kv
     heads of a request (each copy 16 keys of all four: runs four times as long), a consumer
     warp each; splits merge by the workspace and counter, or by slices. None: ``head_group_default``
     when no split count, persistence or other merge / box option is given (and with the slice
-    merge where ``group_slice_default`` takes it).
+    merge where ``group_slice_default`` takes it), or where ``group_one_cta_default`` holds (at
+    one CTA an SM, when no CTA count is given either).
     ``warp_slices``: the CTA's four consumer warps merge from a slice of O each, written at once
     (two barriers), where the plan merges them in its stages (not persistent, one kv head a
     CTA); False: a warp at a time (four more barriers). The same bits either way. None: True.
@@ -435,8 +451,10 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
                     num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None,
                     ctas=None, wide_box=False, head_group=None, clusters: bool = True) -> SimpleNamespace:
     """What a call plans on ``device`` for the options it was given (None: the defaults, in this
-    order): head groups, splits and evict-first, persistence, the cluster and slice merges; also
-    the CTAs a request and split (``items``) and the CTAs an SM of the non-persistent plan.
+    order): head groups (at one CTA an SM where ``group_one_cta_default`` holds), splits and
+    evict-first, persistence, the cluster and slice merges; also the CTAs a request and split
+    (``items``), the CTAs an SM of the non-persistent plan, and ``ctas``: decode_plan's argument
+    (the call's, or 1 from group_one_cta_default).
     ``clusters`` False: no cluster merge by default (a cooperative launch has no clusters), the
     other defaults as without it."""
     free = head_group is None and num_splits is None and persistent is None and ctas is None and \
@@ -444,6 +462,8 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
     if head_group is None:
         head_group = num_splits is None and persistent is None and not (cluster_merge or slice_merge or wide_box) \
             and head_group_default(batch, heads_kv, head_dim, page_size, max_context, device.sm_count, ctas)
+        if free and not head_group and group_one_cta_default(batch, heads_kv, head_dim, device.sm_count):
+            head_group, ctas = True, 1
     items = heads_kv // HEAD_GROUP if head_group else heads_kv
     splits, evict_first = decode_choices(batch, heads_kv, head_dim, page_size, max_context,
                                          1 if persistent else num_splits, evict_first, device, ctas, head_group)
@@ -470,7 +490,7 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
             return grouped
     return SimpleNamespace(splits=splits, evict_first=evict_first, persistent=persistent,
                            cluster_merge=cluster_merge, slice_merge=slice_merge, head_group=head_group, items=items,
-                           ctas_per_sm=ctas_per_sm)
+                           ctas_per_sm=ctas_per_sm, ctas=ctas)
 
 
 def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_merge, slice_merge, l2_promotion,
@@ -499,7 +519,7 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
                            f"items x {splits} splits); a cooperative grid runs all at once: at most "
                            f"{device.sm_count * ctas_per_sm} ({device.sm_count} SMs x {ctas_per_sm}); give "
                            "cooperative None or False")
-    spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent, ctas, wide_box, head_group)
+    spec, layout, ctas_per_sm = decode_plan(d, p.page_size, persistent, plan.ctas, wide_box, head_group)
     defines = {"HEAD_DIM": d, "PAGE_SIZE": p.page_size, "MAX_SPLITS": MAX_SPLITS,
                **({"FP16": 1} if Q.dtype.name == "float16" else {}),
                **({"EVICT_FIRST": 1} if evict_first else {}), **({"PERSISTENT": 1} if persistent else {}),

@@ -435,14 +435,14 @@ def _decode_grid(args) -> list[tuple[int, int, int, int]]:
     return [row for row in grid if not args.decode_batches or row[2] in args.decode_batches]
 
 
-def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int, device=None) -> tuple[int, bool, bool, bool, bool, bool]:
-    """(splits, evict_first, persistent, cluster_merge, head_group, slice_merge) a call plans at head
-    dim 128 on ``device`` (the current one by default)."""
+def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int, device=None):
+    """What a call plans at head dim 128 on ``device`` (the current one by default):
+    decode_defaults' splits, evict_first, persistent, cluster_merge, head_group, slice_merge,
+    items (CTAs a request and split) and ctas (1: one CTA an SM asked for by the plan)."""
     from tmaflow.kernels.decode_entry import decode_defaults
     from tmaflow.runtime.device import current_device
 
-    plan = decode_defaults(batch, heads_kv, 128, page, ctx, device or current_device())
-    return plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.head_group, plan.slice_merge
+    return decode_defaults(batch, heads_kv, 128, page, ctx, device or current_device())
 
 
 def decode_call(choice: dict) -> tuple[bool, dict]:
@@ -480,7 +480,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
     stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
-    a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"), and where the
+    a stage), at batch 16+ the same at one CTA an SM of six stages ("hgc1"; where that is the
+    plan, one kv head a CTA at its own plan instead: "hg0"), and where the
     head-group plan walks items, one group a CTA without walking ("hgp0"), and where the groups
     are at least half the SMs and that plan splits them, one group a CTA of six stages, one split
     ("hgs1c1": cuDNN's one CTA an SM, a group's 1 KB runs).
@@ -493,7 +494,11 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
     if not (args.quick or args.decode_grid in ("quick", "focus") or getattr(args, "decode_rows", None)):
         return {}
     device = device or current_device()
-    splits, evict_first, persistent, cluster, four_heads, slices = _decode_plan(batch, ctx, heads_kv, page, device)
+    plan = _decode_plan(batch, ctx, heads_kv, page, device)
+    splits, evict_first, persistent, cluster, four_heads, slices = (plan.splits, plan.evict_first, plan.persistent,
+                                                                    plan.cluster_merge, plan.head_group,
+                                                                    plan.slice_merge)
+    one_cta_groups = four_heads and plan.ctas == 1  # (group_one_cta_default's plan)
     alts = {f"ef{int(not evict_first)}": {"evict_first": not evict_first}}  # the rest of the plan as it is
     if slices:  # the counter's merge (the plan before session 19), the slice merge without a cooperative launch
         alts["sl0"] = {"slice_merge": False}
@@ -557,12 +562,14 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
         if batch * heads_kv // HEAD_GROUP >= device.sm_count // 2 and \
                 decode_defaults(batch, heads_kv, 128, page, ctx, device, ctas=1, head_group=True).splits > 1:
             alts["hgs1c1"] = {"head_group": True, "num_splits": 1, "persistent": False, "ctas_per_sm": 1}
-        if batch >= 16:  # one CTA an SM of six stages: at batch 16 8k 128 CTAs of 4 splits, as cuDNN's grid
+        if batch >= 16 and not one_cta_groups:  # one CTA an SM of six stages: at batch 16 8k 128 CTAs of 4 splits
             alts["hgc1"] = {"head_group": True, "ctas_per_sm": 1}
         if persistent_default(batch, heads_kv // HEAD_GROUP, 128, 1, device.sm_count,
                               decode_plan(128, page, head_group=True)[2]) and \
                 decode_choices(batch, heads_kv, 128, page, ctx, device=device, head_group=True)[0] == 1:
             alts["hgp0"] = {"head_group": True, "persistent": False, "num_splits": 1}
+    if one_cta_groups:  # one kv head a CTA at its own plan (batch 64's before session 27)
+        alts["hg0"] = {"head_group": False}
     return {name: choice for name, choice in alts.items() if not args.decode_alts or name in args.decode_alts}
 
 
@@ -695,8 +702,10 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
         kept.append(caches)  # alive while the prepared call is
         return kernels.attention_decode.prepare(q[:, :, 0], *caches, lens, **options,
                                                 out=torch.empty(batch, heads_kv * group, d, device="cuda", dtype=dt))
-    splits, evict_first, persistent, cluster, four_heads, slices = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx,
-                                                                                page=page)
+    plan = _decode_plan(batch, heads_kv=heads_kv, ctx=ctx, page=page)
+    splits, evict_first, persistent, cluster, four_heads, slices = (plan.splits, plan.evict_first, plan.persistent,
+                                                                    plan.cluster_merge, plan.head_group,
+                                                                    plan.slice_merge)
     alts = {} if sweep else _decode_alternatives(args, batch, ctx, heads_kv, page)
     if sweep:
         fns = {name: ours(choice) for name, choice in _sweep_variants(batch, ctx, heads_kv, page).items()}
@@ -720,7 +729,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     err = max((torch.linalg.norm(fn.out.float() - ref) / torch.linalg.norm(ref)).item() for fn in fns.values())
     kv_bytes = 2 * k.numel() * k.element_size()
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
-           "splits": splits, "ctas": splits * heads_kv * batch, "evict_first": evict_first, "persistent": persistent,
+           "splits": splits, "ctas": splits * plan.items * batch, "ctas_per_sm": plan.ctas_per_sm, "evict_first": evict_first, "persistent": persistent,
            "cluster_merge": cluster, "head_group": four_heads, "slice_merge": slices,
            "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
@@ -746,7 +755,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
             cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
                          f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}{alt_cells}")
     print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
-          f"cl{int(cluster)} hg{int(four_heads)} sl{int(slices)} "
+          f"cl{int(cluster)} hg{int(four_heads)} sl{int(slices)} c{plan.ctas_per_sm} "
           + " | ".join(cells)
           + f"  err {err:.1e}" + (f"  (hg plan: {_head_group_plan(batch, ctx, heads_kv, page)})" if "hg" in alts else ""),
           flush=True)
