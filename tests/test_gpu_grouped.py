@@ -180,39 +180,6 @@ def test_grouped_decode_hot_groups_among_empty_ones(device, rng, rows, tile_fast
                                    err_msg=f"{given} offsets, hint {hint}")
 
 
-@pytest.mark.parametrize("sizes,n,k,rows", [
-    ((0, 0, 3, 0, 0, 0, 0, 0), 64, 7168, 64),        # one item: its 112 k-blocks in 9 CTAs' pieces
-    ((10, 0, 0, 1, 0, 2, 0, 1, 0, 18, 0, 0), 2048, 1024, 64),  # 160 items on up to 132 CTAs
-    ((7, 0, 1, 0, 0, 5), 320, 4160, 128),            # ragged N and K (65 k-blocks), 128-row tiles
-])
-def test_grouped_decode_stream_k_pieces_sum_in_order(device, rng, sizes, n, k, rows):
-    """The decode path's stream-K ranges (items' k-blocks shared evenly among the CTAs, pieces
-    summed by the item's last to count): against float64 with outputs poisoned, bit-identical
-    over five calls (whichever piece counts last), and near the build that gives each CTA whole
-    items (STREAM_K=0)."""
-    from tmaflow.kernels.registry import extra_defines
-
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
-    t, g = int(offsets[-1]), len(sizes)
-    a, a64 = bf16(rng, (t, k))
-    b, b64 = bf16(rng, (g, n, k))
-    want = reference(a64, b64, offsets)
-    config = kernels.SkinnyConfig(rows=rows, split_k=1)
-    runs = []
-    for _ in range(5):
-        out = poison(tf.empty((t, n), "bfloat16"))
-        kernels.grouped_gemm(a, b, tf.from_numpy(offsets), out, config=config)
-        runs.append(out.numpy())
-    got = runs[0].astype(np.float64)
-    assert not np.isnan(got).any(), "rows left unwritten"
-    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * np.sqrt(k) / 4)
-    for run in runs[1:]:
-        assert np.array_equal(run.view(np.uint16), runs[0].view(np.uint16)), "the pieces' sum changed between calls"
-    with extra_defines({"STREAM_K": 0}):
-        whole = kernels.grouped_gemm(a, b, tf.from_numpy(offsets), config=config).numpy()
-    np.testing.assert_allclose(got, whole.astype(np.float64), rtol=2e-2, atol=1e-2 * np.sqrt(k) / 4)
-
-
 def test_grouped_known_hot_group_takes_the_dense_path(device, rng):
     """8 experts, 16 rows a group on average: host offsets (or the hint) showing a 118-row group
     keep the decode path, a 129-row one takes the dense path; right either way, bit-equal to the

@@ -80,7 +80,7 @@ constexpr int kScaleCols = SCALES_ROW_MAJOR ? 4 : 1;  // k-blocks of scales a st
 constexpr int BK = FP8 ? 128 : 64;  // elements of a k-block: 128-byte rows either way
 constexpr int kAcc = MP / 2;         // fp32 accumulators per thread: 64 x MP / 128
 constexpr int kRows = 64 * CONSUMERS;   // rows of B (columns of C) per CTA
-[[maybe_unused]] constexpr int kConsumerThreads = 128 * CONSUMERS;  // (the grouped kernel's with STREAM_K)
+[[maybe_unused]] constexpr int kConsumerThreads = 128 * CONSUMERS;  // unused by the grouped kernel
 static_assert(L::wx::w_boxes == CONSUMERS * M_HALVES && L::wx::x_bytes == MP * 128,
               "plan does not match MP / CONSUMERS / M_HALVES");
 static_assert(M_HALVES == 1 || (M_HALVES == 2 && CLUSTER == 2 && !BLOCK_SCALES && !GROUPED),
@@ -451,26 +451,15 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
 // 8 (map tx8) up to its last row, a whole chunk in one MP-row box (map tx): a wide MP costs a small
 // group only MMA work, whose columns are independent, so the rows of A left from an earlier chunk
 // (or past the group's end) only make columns that are never stored.
-// STREAM_K (the default): the items' k-blocks, all of them in a row, are shared evenly among the
-// CTAs (each a contiguous range, from item to item), not whole items a CTA in turn: 160 items on
-// 132 SMs (five experts' 32 tiles) would take two items' time where 1.2 do. A range's first and
-// last item may be pieces: each piece stores its fp32 partial in its CTA's slot (the first piece's
-// or the last's) and counts itself on the item's counter; the last to count sums every piece in
-// CTA order (the result does not depend on which finished last) and writes C.
 #ifndef TILE_FASTEST
 #define TILE_FASTEST 0  // 1: round 1's items (tile fastest, A in whole MP-row boxes), kept to compare
 #endif
-#ifndef STREAM_K
-#define STREAM_K 0
-#endif
 struct GroupedItems {
   const int* offsets;
-  int tiles, work;  // N tiles a chunk; items of all groups (STREAM_K: this CTA's last + 1)
+  int tiles, work;  // N tiles a chunk; items of all groups
   int w, step, g, base;  // the next item; its group and that group's first item
-  int item;  // the item next() returned
   TMAFLOW_DEVICE bool next(int& group, int& row0, int& rows, int& tile) {
     if (w >= work) return false;
-    item = w;
     int chunks;
     for (;;) {  // items come group by group; w only grows, so neither does g
       chunks = (offsets[g + 1] - offsets[g] + MP - 1) / MP;
@@ -494,57 +483,10 @@ struct GroupedItems {
   }
 };
 
-#if STREAM_K
-// CTA b of G takes k-block units [b U / G, (b + 1) U / G) of U = items x k-blocks.
-struct StreamRange {
-  long long units;
-  int ctas, k_blocks;
-  TMAFLOW_DEVICE long long start(int b) const { return units * b / ctas; }
-  TMAFLOW_DEVICE int cta_of(long long u) const { return int(((u + 1) * ctas + units - 1) / units) - 1; }
-  // The slot of CTA b's piece of `item`: its range's first piece (2 b) or its last (2 b + 1)
-  TMAFLOW_DEVICE int slot(int b, int item) const { return 2 * b + (start(b) / k_blocks == item ? 0 : 1); }
-};
-
-// The consumer threads of a CTA with a piece of `item` (k-blocks the CTA did not all do): store
-// its partial in the CTA's slot, count it, and if it was the item's last to count, reload every
-// piece's partial in CTA order into acc. True in every consumer thread of that CTA.
-TMAFLOW_DEVICE bool stream_partials_last(const StreamRange& r, float* partial, uint32_t* counters, int item,
-                                         float (&acc)[kAcc], int t) {
-  constexpr int kSlotFloats = kAcc * kConsumerThreads;  // a thread's floats kConsumerThreads apart: coalesced
-  const int first = r.cta_of((long long)item * r.k_blocks), last_cta = r.cta_of((long long)(item + 1) * r.k_blocks - 1);
-  const int pieces = last_cta - first + 1;
-  float* mine = partial + size_t(r.slot(blockIdx.x, item)) * kSlotFloats + t;
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) mine[i * kConsumerThreads] = acc[i];
-  __threadfence();                             // this thread's partial is visible GPU-wide ...
-  named_barrier::sync(1, kConsumerThreads);    // ... for every consumer thread, before the count
-  bool last = false;
-  if (t == 0) last = atomicAdd(counters + item, 1u) == uint32_t(pieces - 1);
-  if (!named_barrier::sync_or(1, kConsumerThreads, last)) return false;
-  __threadfence();
-  if (t == 0) counters[item] = 0;  // every piece has counted: ready for the next launch
-  if (pieces == 2) {  // a + b == b + a exactly: add the other piece's partial to ours
-    const int other = first == int(blockIdx.x) ? last_cta : first;
-    const float* src = partial + size_t(r.slot(other, item)) * kSlotFloats + t;
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] += __ldcg(src + i * kConsumerThreads);
-    return true;
-  }
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
-  for (int b = first; b <= last_cta; ++b) {
-    const float* src = partial + size_t(r.slot(b, item)) * kSlotFloats + t;
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i) acc[i] += __ldcg(src + i * kConsumerThreads);
-  }
-  return true;
-}
-#endif
-
 extern "C" __global__ void __launch_bounds__(128 * (CONSUMERS + 1), 1)
 gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__ CUtensorMap tx8,
                  const __grid_constant__ CUtensorMap tw, __nv_bfloat16* C, int ldc, int N, int K,
-                 const int* offsets, int groups, float* partial, uint32_t* counters) {
+                 const int* offsets, int groups) {
   extern __shared__ __align__(1024) uint8_t smem[];
   L::Smem S(smem);
   auto pipe = S.wx();
@@ -563,20 +505,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   for (int g = threadIdx.x % 32; g < groups; g += 32) work += (offsets[g + 1] - offsets[g] + MP - 1) / MP * tiles;
   work = __reduce_add_sync(0xffffffffu, work);
   __syncthreads();  // the barriers exist for every thread
-#if STREAM_K
-  const StreamRange range{(long long)work * k_blocks, int(gridDim.x), k_blocks};
-  const long long u0 = range.start(blockIdx.x), u1 = range.start(blockIdx.x + 1);
-  const int first_item = int(u0 / k_blocks);
-  GroupedItems items{offsets, tiles, u1 > u0 ? int((u1 - 1) / k_blocks) + 1 : 0, first_item, 1, 0, 0, 0};
-  // an item's k-blocks in this CTA's range: [kb_begin, kb_end)
-  auto kb_begin = [&](int item) { return int(max(u0, (long long)item * k_blocks) - (long long)item * k_blocks); };
-  auto kb_end = [&](int item) { return int(min(u1, (long long)(item + 1) * k_blocks) - (long long)item * k_blocks); };
-#else
-  (void)partial, (void)counters;
-  GroupedItems items{offsets, tiles, work, int(blockIdx.x), int(gridDim.x), 0, 0, 0};
-  auto kb_begin = [](int) { return 0; };
-  auto kb_end = [&](int) { return k_blocks; };
-#endif
+  GroupedItems items{offsets, tiles, work, int(blockIdx.x), int(gridDim.x), 0, 0};
   int g, row0, rows, tile;
   if (threadIdx.x < 128) {
     if (threadIdx.x == 0) {
@@ -586,7 +515,7 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
       while (items.next(g, row0, rows, tile)) {
         const int boxes8 = TILE_FASTEST ? MP / 8 : (rows + 7) / 8;  // a whole chunk: one MP-row box
         const uint32_t bytes = L::wx::w_bytes + boxes8 * kBox8;
-        for (int kb = kb_begin(items.item), kb1 = kb_end(items.item); kb < kb1; ++kb, c.advance()) {
+        for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
           pipe.producer_acquire(c);
           mbarrier::arrive_expect_tx(pipe.barrier(c), bytes);  // producer_commit, for this chunk's bytes
 #pragma unroll
@@ -609,22 +538,17 @@ gemm_skinny_bf16(const __grid_constant__ CUtensorMap tx, const __grid_constant__
   Cursor c, prev;
   while (items.next(g, row0, rows, tile)) {
     float acc[kAcc];
-    const int kb0 = kb_begin(items.item), kb1 = kb_end(items.item);
-    for (int kb = kb0; kb < kb1; ++kb) {
-      issue_k_block(S, pipe, c, cwd, acc, kb > kb0);  // the first k-block overwrites acc
+    for (int kb = 0; kb < k_blocks; ++kb) {
+      issue_k_block(S, pipe, c, cwd, acc, kb > 0);  // k-block 0 overwrites acc
       wgmma::wait_group<1>();  // keep this k-block's group in flight; the previous one is done
       wgmma::fence_operands(acc);
-      if (kb > kb0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp
+      if (kb > 0 && lane == 0) pipe.consumer_release(prev);  // one arrival per consumer warp
       prev = c;
       c.advance();
     }
     wgmma::wait_group<0>();
     wgmma::fence_operands(acc);
     if (lane == 0) pipe.consumer_release(prev);
-#if STREAM_K
-    if ((kb0 > 0 || kb1 < k_blocks) && !stream_partials_last(range, partial, counters, items.item, acc, t))
-      continue;  // another piece of this item sums it
-#endif
     // The fragment (as mma.m16n8): rows n0 and n0 + 8 of C^T, columns m0 + 8 j and m0 + 8 j + 1.
     const int n0 = tile * kRows + cw * 64 + wq * 16 + lane / 4, m0 = 2 * (lane % 4);
 #pragma unroll

@@ -17,9 +17,8 @@ kernel for rows the decode path now takes, the C map patched for every tile on t
 times kernels.gemm of one T x N x K product (the same work, expert 0 for every row: what the
 grouping costs) against the same torch call, "one-gemm ratio". On the decode path it also times
 round 1's decode items ("r1": tile fastest, chunks of the mean group's rows, A in whole boxes),
-the new items in chunks of the mean group's rows ("mean MP", where that is not 64), the dense
-path (what host offsets showing a group of more than 128 rows now take) and whole items a CTA
-("wi": the decode kernel without its stream-K ranges, before session 27).
+the new items in chunks of the mean group's rows ("mean MP", where that is not 64) and the dense
+path (what host offsets showing a group of more than 128 rows now take).
 ``--add-rows 128:7168x2048:64s,...`` appends rows of the acceptance grid (G, N x K, tokens per
 expert, ``s`` skewed) with the acceptance grid's loads, to any grid.
 """
@@ -48,7 +47,7 @@ COLUMNS = ["G", "N", "K", "tokens/expert", "skew", "path", "cold ours_ms", "cold
            "warm ours_ms", "warm peer_ms", "warm ratio", "max rel diff"]
 OLD_COLUMNS = ["old path", "cold old ratio", "warm old ratio", "cold one-gemm ratio", "warm one-gemm ratio",
                "cold r1 ratio", "warm r1 ratio", "cold mean-mp ratio", "warm mean-mp ratio",
-               "cold dense ratio", "warm dense ratio", "cold wi ratio", "warm wi ratio"]
+               "cold dense ratio", "warm dense ratio"]
 
 
 def grid(name: str) -> list[tuple]:
@@ -109,10 +108,8 @@ def old_config(t: int, n: int, k: int, g: int, sm_count: int):
 def decode_variants(a, b, offs, out, t: int, n: int, k: int, g: int, sm_count: int, torch) -> dict:
     """The decode path's alternatives on one row, each into its own output: round 1's items in
     the mean group's chunks, the new items in the mean group's chunks (where that is not 64),
-    the dense path, and whole items a CTA in turn ("wi": the build without STREAM_K, before
-    session 27; a call prepared with it)."""
+    and the dense path."""
     from tmaflow.kernels.matmul.heuristics import grouped_chunk_rows, grouped_config, grouped_dense_config
-    from tmaflow.kernels.registry import extra_defines
 
     config = grouped_config(t, n, k, g, sm_count)
     mean = -(-t // g)
@@ -125,8 +122,6 @@ def decode_variants(a, b, offs, out, t: int, n: int, k: int, g: int, sm_count: i
         dst = torch.empty_like(out)
         fns[key] = lambda cfg=cfg, hint=hint, dst=dst: kernels.grouped_gemm(a, b, offs, dst, config=cfg,
                                                                            max_tokens_per_group=hint)
-    with extra_defines({"STREAM_K": 0}):
-        fns["wi"] = kernels.grouped_gemm.prepare(a, b, offs, torch.empty_like(out), config=config)
     return fns
 
 
@@ -202,7 +197,7 @@ def main():
                 row.update({f"{mode} one-gemm ratio": one.ratio(mode).median for mode in ("cold", "warm")})
                 line += f" | one gemm cold {row['cold one-gemm ratio']:.3f} b2b {row['warm one-gemm ratio']:.3f}"
             for key, words in (("r1", "round 1 (tile fastest, mean's chunks)"), ("mean-mp", "mean's chunks"),
-                               ("dense", "dense"), ("wi", "whole items a CTA")):
+                               ("dense", "dense")):
                 if key in fns:
                     other = Versus(v.cold, v.warm, key, "peer")
                     row.update({f"{mode} {key} ratio": other.ratio(mode).median for mode in ("cold", "warm")})
@@ -227,11 +222,9 @@ def main():
             if decode:
                 print(f"{mode}, decode rows ({len(decode)}): median {statistics.median(r[f'{mode} ratio'] for r in decode):.3f}, "
                       f"round 1's items {statistics.median(r[f'{mode} r1 ratio'] for r in decode):.3f}, "
-                      f"whole items a CTA {statistics.median(r[f'{mode} wi ratio'] for r in decode):.3f}, "
                       f"dense {statistics.median(r[f'{mode} dense ratio'] for r in decode):.3f}; skewed: "
                       + ", ".join(f"G={r['G']} {r['N']}x{r['K']} {r['tokens/expert']}s {r[f'{mode} ratio']:.3f} "
-                                  f"(r1 {r[f'{mode} r1 ratio']:.3f}, wi {r[f'{mode} wi ratio']:.3f}, "
-                                  f"dense {r[f'{mode} dense ratio']:.3f})"
+                                  f"(r1 {r[f'{mode} r1 ratio']:.3f}, dense {r[f'{mode} dense ratio']:.3f})"
                                   for r in decode if r["skew"]))
     for line in skipped:
         print("skipped (over ~40 GB):", line)

@@ -114,8 +114,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     if st.tc is None:  # the decode path writes C through its pointer
-        return st.launcher, (st.ta.bind(A), st.ta8.bind(A), st.tb.bind(B2), C, st.ldc, n, k, offs, g,
-                             *_split_k_buffers(st)), result
+        return st.launcher, (st.ta.bind(A), st.ta8.bind(A), st.tb.bind(B2), C, st.ldc, n, k, offs, g), result
     return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
                          st.split, offs, g, st.slots.array, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
 
@@ -174,21 +173,16 @@ def _skinny_state(A, C, t, n, k, g, config, chunk, device, stream, pdl, debug, t
     expert) items, counted on the device from the offsets (skinny.cu's GROUPED)."""
     plan = skinny_plan(chunk, g * n, k, replace(config, split_k=1), device.sm_count)
     order = {"TILE_FASTEST": 1} if config.tile_fastest else {}
-    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, STREAM_K=1, **order),
+    kern = get_kernel("gemm_skinny_bf16", plan.layout, defines=dict(plan.defines, GROUPED=1, **order),
                       file="skinny", debug=debug, trace=trace)
     rows = plan.config.rows
     items = (math.ceil(t / chunk) + g) * math.ceil(n / rows)  # at most: a group adds one partial chunk
-    ctas = max(1, min(items, device.sm_count))
-    launcher = kern.launcher(grid=ctas, block=128 * (1 + rows // 64), stream=stream, pdl=pdl)
-    stream_k = bool(kern.defines.get("STREAM_K"))  # (an experiment's extra_defines may turn it off)
-    launcher, ws = _with_split_k(launcher, stream_k, device, stream)
+    launcher = kern.launcher(grid=max(1, min(items, device.sm_count)), block=128 * (1 + rows // 64),
+                             stream=stream, pdl=pdl)
     B2 = DeviceArray(0, (g * n, k), "bfloat16", (k * 2, 2))
     rows8 = replace(plan.spec_x, box=(8, plan.spec_x.box[1]))  # a partial chunk's A, 8 rows a box
-    # STREAM_K: a counter an item, two fp32 slots a CTA (its range's first and last pieces) of
-    # the CTA's tile: MP x rows floats
     return _GemmState(launcher=launcher, ta=_template(A, plan.spec_x), ta8=_template(A, rows8),
-                      tb=_template(B2, plan.spec_w), tc=None, ldc=C.strides[0] // 2, plan=plan, workspace=ws,
-                      workspace_sizes=(items, 2 * ctas * chunk * rows))
+                      tb=_template(B2, plan.spec_w), tc=None, ldc=C.strides[0] // 2, plan=plan)
 
 
 class _ProvedSlots:
