@@ -402,8 +402,10 @@ def test_tail_splits_only_where_they_pay():
 # --- grouped decode path (skinny.cu's GROUPED): route, chunks, checks ---------------------------
 
 @pytest.mark.parametrize("t,n,g,layout,max_rows,want", [
-    (8, 4096, 8, "nt", None, SkinnyConfig(rows=64, split_k=1)),        # a token an expert
-    (64, 4096, 8, "nt", None, SkinnyConfig(rows=64, split_k=1)),       # 8 a group, sizes unknown
+    (8, 4096, 8, "nt", None, SkinnyConfig(rows=128, split_k=1)),       # a token an expert: 512 items of 64
+    (64, 4096, 8, "nt", None, SkinnyConfig(rows=128, split_k=1)),      # 8 a group, sizes unknown
+    (8, 1024, 8, "nt", None, SkinnyConfig(rows=64, split_k=1)),        # 128 items of 64 at most: one round
+    (8, 4096, 8, "nt", 1, SkinnyConfig(rows=64, split_k=1)),           # known sizes: 64-row tiles
     (72, 4096, 8, "nt", None, None),                                   # 9 a group, unknown: maybe skewed
     (512, 7168, 8, "nt", None, None),                                  # 64 a group, unknown: dense
     (512, 7168, 8, "nt", 64, SkinnyConfig(rows=64, split_k=1)),        # 64 a group, none larger
@@ -418,6 +420,21 @@ def test_grouped_route(t, n, g, layout, max_rows, want):
 
     got = grouped_config(t, n, 2048, g, 132, layout, max_rows)
     assert got == (want or grouped_dense_config(t, n, 2048, g, 132))
+
+
+@pytest.mark.parametrize("t,n,g,max_rows,wide", [
+    (32, 2048, 32, None, True),      # 32 groups x 32 tiles of 64 rows could need 8 rounds of 132 SMs
+    (8, 2048, 8, None, True),        # 8 x 32 = 256 items of 64 at most
+    (8, 1024, 8, None, False),       # 8 x 16 = 128: one round
+    (4, 4096, 8, None, True),        # 4 tokens: at most 4 groups with rows, 4 x 64 = 256
+    (2, 4096, 8, None, False),       # 2 x 64 = 128
+    (32, 2048, 32, 1, False),        # known sizes: 64 rows
+    (8192, 4096, 128, 64, True),     # 64 a group, 4096 wide tiles (four items an SM at 128 rows)
+])
+def test_grouped_decode_wide_tiles_where_64_row_items_could_take_two_rounds(t, n, g, max_rows, wide):
+    from tmaflow.kernels.matmul.heuristics import grouped_wide_tiles
+
+    assert grouped_wide_tiles(t, n, g, 132, max_rows) is wide
 
 
 @pytest.mark.parametrize("max_rows,decode", [(None, False), (1, True), (64, True), (128, True), (129, False),

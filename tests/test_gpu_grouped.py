@@ -209,12 +209,14 @@ def test_grouped_decode_path_is_the_default_for_few_tokens(device, rng):
     from tmaflow.kernels.matmul.heuristics import grouped_config
 
     g, t, n, k = 8, 64, 4096, 512
-    assert isinstance(grouped_config(t, n, k, g, tf.current_device().sm_count), kernels.SkinnyConfig)
+    config = grouped_config(t, n, k, g, tf.current_device().sm_count)
+    assert isinstance(config, kernels.SkinnyConfig)
     a, a64 = bf16(rng, (t, k))
     b, b64 = bf16(rng, (g, n, k))
     host = np.concatenate([[0], np.sort(rng.integers(0, t + 1, g - 1)), [t]]).astype(np.int32)
     default = kernels.grouped_gemm(a, b, tf.from_numpy(host)).numpy()
-    forced = kernels.grouped_gemm(a, b, tf.from_numpy(host), config=kernels.SkinnyConfig(split_k=1)).numpy()
+    forced = kernels.grouped_gemm(a, b, tf.from_numpy(host), config=kernels.SkinnyConfig(rows=config.rows,
+                                                                                          split_k=1)).numpy()
     assert np.array_equal(default.view(np.uint16), forced.view(np.uint16))
     np.testing.assert_allclose(default.astype(np.float64), reference(a64, b64, host), rtol=2e-2, atol=2e-2)
 

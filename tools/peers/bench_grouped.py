@@ -16,7 +16,8 @@ kernel for rows the decode path now takes, the C map patched for every tile on t
 (``GemmConfig(patch_full_tiles=True)``); its columns are "old ...". On the dense path it also
 times kernels.gemm of one T x N x K product (the same work, expert 0 for every row: what the
 grouping costs) against the same torch call, "one-gemm ratio". On the decode path it also times
-round 1's decode items ("r1": tile fastest, chunks of the mean group's rows, A in whole boxes),
+round 1's decode items ("r1": tile fastest, chunks of the mean group's rows, A in whole boxes,
+64-row tiles), the plan at the other tile height ("rows": 64 or 128 rows of an expert an item),
 the new items in chunks of the mean group's rows ("mean MP", where that is not 64) and the dense
 path (what host offsets showing a group of more than 128 rows now take).
 ``--add-rows 128:7168x2048:64s,...`` appends rows of the acceptance grid (G, N x K, tokens per
@@ -47,7 +48,7 @@ COLUMNS = ["G", "N", "K", "tokens/expert", "skew", "path", "cold ours_ms", "cold
            "warm ours_ms", "warm peer_ms", "warm ratio", "max rel diff"]
 OLD_COLUMNS = ["old path", "cold old ratio", "warm old ratio", "cold one-gemm ratio", "warm one-gemm ratio",
                "cold r1 ratio", "warm r1 ratio", "cold mean-mp ratio", "warm mean-mp ratio",
-               "cold dense ratio", "warm dense ratio"]
+               "cold dense ratio", "warm dense ratio", "cold rows ratio", "warm rows ratio"]
 
 
 def grid(name: str) -> list[tuple]:
@@ -93,7 +94,7 @@ def route(t: int, n: int, k: int, g: int, sm_count: int, config=None) -> str:
     config = config or grouped_config(t, n, k, g, sm_count)
     if isinstance(config, kernels.SkinnyConfig):
         order = ", tile fastest" if config.tile_fastest else ""
-        return f"decode, {grouped_chunk_rows(None)}-row chunks{order}"
+        return f"decode, {grouped_chunk_rows(None)}-row chunks, {config.rows}-row tiles{order}"
     patch = ", every tile patched" if config.patch_full_tiles else ""
     return f"dense {config.bn} cols x {config.cluster_m}, split {config.split_k}{patch}"
 
@@ -107,14 +108,16 @@ def old_config(t: int, n: int, k: int, g: int, sm_count: int):
 
 def decode_variants(a, b, offs, out, t: int, n: int, k: int, g: int, sm_count: int, torch) -> dict:
     """The decode path's alternatives on one row, each into its own output: round 1's items in
-    the mean group's chunks, the new items in the mean group's chunks (where that is not 64),
-    and the dense path."""
+    the mean group's chunks (64-row tiles, as then), the plan's items in the mean group's chunks
+    (where that is not 64), the dense path, and the plan at the other tile height ("rows": 64
+    rows of an expert an item where it takes 128, 128 where it takes 64)."""
     from tmaflow.kernels.matmul.heuristics import grouped_chunk_rows, grouped_config, grouped_dense_config
 
     config = grouped_config(t, n, k, g, sm_count)
     mean = -(-t // g)
-    r1 = dataclasses.replace(config, tile_fastest=True)
-    variants = {"r1": (r1, mean), "dense": (grouped_dense_config(t, n, k, g, sm_count), None)}
+    r1 = dataclasses.replace(config, rows=64, tile_fastest=True)
+    variants = {"r1": (r1, mean), "dense": (grouped_dense_config(t, n, k, g, sm_count), None),
+                "rows": (dataclasses.replace(config, rows=192 - config.rows), None)}
     if grouped_chunk_rows(mean) != grouped_chunk_rows(None):
         variants["mean-mp"] = (config, mean)
     fns = {}
@@ -197,7 +200,7 @@ def main():
                 row.update({f"{mode} one-gemm ratio": one.ratio(mode).median for mode in ("cold", "warm")})
                 line += f" | one gemm cold {row['cold one-gemm ratio']:.3f} b2b {row['warm one-gemm ratio']:.3f}"
             for key, words in (("r1", "round 1 (tile fastest, mean's chunks)"), ("mean-mp", "mean's chunks"),
-                               ("dense", "dense")):
+                               ("dense", "dense"), ("rows", "the other tile height")):
                 if key in fns:
                     other = Versus(v.cold, v.warm, key, "peer")
                     row.update({f"{mode} {key} ratio": other.ratio(mode).median for mode in ("cold", "warm")})
@@ -222,6 +225,7 @@ def main():
             if decode:
                 print(f"{mode}, decode rows ({len(decode)}): median {statistics.median(r[f'{mode} ratio'] for r in decode):.3f}, "
                       f"round 1's items {statistics.median(r[f'{mode} r1 ratio'] for r in decode):.3f}, "
+                      f"the other tile height {statistics.median(r[f'{mode} rows ratio'] for r in decode):.3f}, "
                       f"dense {statistics.median(r[f'{mode} dense ratio'] for r in decode):.3f}; skewed: "
                       + ", ".join(f"G={r['G']} {r['N']}x{r['K']} {r['tokens/expert']}s {r[f'{mode} ratio']:.3f} "
                                   f"(r1 {r[f'{mode} r1 ratio']:.3f}, dense {r[f'{mode} dense ratio']:.3f})"
