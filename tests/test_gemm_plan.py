@@ -401,40 +401,44 @@ def test_tail_splits_only_where_they_pay():
 
 # --- grouped decode path (skinny.cu's GROUPED): route, chunks, checks ---------------------------
 
-@pytest.mark.parametrize("t,n,g,layout,max_rows,want", [
-    (8, 4096, 8, "nt", None, SkinnyConfig(rows=128, split_k=1)),       # a token an expert: 512 items of 64
-    (64, 4096, 8, "nt", None, SkinnyConfig(rows=128, split_k=1)),      # 8 a group, sizes unknown
-    (8, 1024, 8, "nt", None, SkinnyConfig(rows=64, split_k=1)),        # 128 items of 64 at most: one round
-    (8, 4096, 8, "nt", 1, SkinnyConfig(rows=64, split_k=1)),           # known sizes: 64-row tiles
-    (72, 4096, 8, "nt", None, None),                                   # 9 a group, unknown: maybe skewed
-    (512, 7168, 8, "nt", None, None),                                  # 64 a group, unknown: dense
-    (512, 7168, 8, "nt", 64, SkinnyConfig(rows=64, split_k=1)),        # 64 a group, none larger
-    (8192, 4096, 128, "nt", 64, SkinnyConfig(rows=128, split_k=1)),    # 64 a group, 4096 wide tiles
-    (2048, 4096, 128, "nt", 16, SkinnyConfig(rows=64, split_k=1)),     # 16 a group: weight traffic
-    (520, 7168, 8, "nt", 65, None),                                    # mean 65 rows: the dense kernel
-    (512, 7168, 8, "nn", 64, None),                                    # "nn": the dense kernel
-    (4, 256, 2, "nt", 2, None),                                        # 2 x 4 tiles would leave SMs idle
+@pytest.mark.parametrize("t,n,g,layout,max_rows,chunks,want", [
+    (8, 4096, 8, "nt", None, None, SkinnyConfig(rows=128, split_k=1)),   # a token an expert: 512 items of 64
+    (64, 4096, 8, "nt", None, None, SkinnyConfig(rows=128, split_k=1)),  # 8 a group, sizes unknown
+    (8, 1024, 8, "nt", None, None, SkinnyConfig(rows=64, split_k=1)),    # 128 items of 64 at most: one round
+    (8, 4096, 8, "nt", 1, None, SkinnyConfig(rows=128, split_k=1)),      # a hint: which groups have rows unknown
+    (8, 4096, 8, "nt", 6, 2, SkinnyConfig(rows=64, split_k=1)),          # host offsets: 2 x 64 items of 64
+    (8, 4096, 8, "nt", 3, 3, SkinnyConfig(rows=128, split_k=1)),         # 3 x 64: two rounds
+    (72, 4096, 8, "nt", None, None, None),                               # 9 a group, unknown: maybe skewed
+    (512, 7168, 8, "nt", None, None, None),                              # 64 a group, unknown: dense
+    (512, 7168, 8, "nt", 64, 8, SkinnyConfig(rows=128, split_k=1)),      # 64 a group, none larger
+    (8192, 4096, 128, "nt", 64, None, SkinnyConfig(rows=128, split_k=1)),  # 64 a group, 4096 wide tiles
+    (2048, 4096, 128, "nt", 16, 128, SkinnyConfig(rows=128, split_k=1)),   # 16 a group: 8192 items of 64
+    (520, 7168, 8, "nt", 65, None, None),                                # mean 65 rows: the dense kernel
+    (512, 7168, 8, "nn", 64, None, None),                                # "nn": the dense kernel
+    (4, 256, 2, "nt", 2, None, None),                                    # 2 x 4 tiles would leave SMs idle
 ])
-def test_grouped_route(t, n, g, layout, max_rows, want):
+def test_grouped_route(t, n, g, layout, max_rows, chunks, want):
     from tmaflow.kernels.matmul.heuristics import grouped_config, grouped_dense_config
 
-    got = grouped_config(t, n, 2048, g, 132, layout, max_rows)
+    got = grouped_config(t, n, 2048, g, 132, layout, max_rows, chunks)
     assert got == (want or grouped_dense_config(t, n, 2048, g, 132))
 
 
-@pytest.mark.parametrize("t,n,g,max_rows,wide", [
+@pytest.mark.parametrize("t,n,g,chunks,wide", [
     (32, 2048, 32, None, True),      # 32 groups x 32 tiles of 64 rows could need 8 rounds of 132 SMs
     (8, 2048, 8, None, True),        # 8 x 32 = 256 items of 64 at most
     (8, 1024, 8, None, False),       # 8 x 16 = 128: one round
     (4, 4096, 8, None, True),        # 4 tokens: at most 4 groups with rows, 4 x 64 = 256
     (2, 4096, 8, None, False),       # 2 x 64 = 128
-    (32, 2048, 32, 1, False),        # known sizes: 64 rows
-    (8192, 4096, 128, 64, True),     # 64 a group, 4096 wide tiles (four items an SM at 128 rows)
+    (32, 2048, 32, 5, True),         # host offsets: 5 chunks x 32 tiles = 160 items
+    (32, 2048, 32, 4, False),        # 4 x 32 = 128: one round
+    (8, 4096, 8, 2, False),          # 2 x 64 = 128
+    (8192, 4096, 128, 128, True),    # 64 a group, 4096 wide tiles (four items an SM at 128 rows)
 ])
-def test_grouped_decode_wide_tiles_where_64_row_items_could_take_two_rounds(t, n, g, max_rows, wide):
+def test_grouped_decode_wide_tiles_where_64_row_items_take_two_rounds(t, n, g, chunks, wide):
     from tmaflow.kernels.matmul.heuristics import grouped_wide_tiles
 
-    assert grouped_wide_tiles(t, n, g, 132, max_rows) is wide
+    assert grouped_wide_tiles(t, n, g, 132, chunks) is wide
 
 
 @pytest.mark.parametrize("max_rows,decode", [(None, False), (1, True), (64, True), (128, True), (129, False),
@@ -446,7 +450,7 @@ def test_grouped_route_sends_a_known_hot_group_to_the_dense_path(max_rows, decod
     from tmaflow.kernels.matmul.heuristics import grouped_config, grouped_dense_config
 
     got = grouped_config(128, 7168, 2048, 8, 132, "nt", max_rows)
-    assert got == (SkinnyConfig(rows=64, split_k=1) if decode else grouped_dense_config(128, 7168, 2048, 8, 132))
+    assert got == (SkinnyConfig(rows=128, split_k=1) if decode else grouped_dense_config(128, 7168, 2048, 8, 132))
 
 
 @pytest.mark.parametrize("max_rows,want", [

@@ -23,7 +23,7 @@ from ..entry import (STATES, cached_state, entry_point, given_output, new_output
 from ..registry import get_kernel
 from .config import BM, GemmConfig, LAYOUTS, SkinnyConfig
 from .dense import _resident_clusters
-from .heuristics import GROUPED_HOT_ROWS, grouped_chunk_rows, grouped_config
+from .heuristics import GROUPED_HOT_ROWS, grouped_chunk_rows, grouped_config, grouped_wide_tiles
 from .operands import _check_rows, _device_offsets, _empty_product, _offsets, _template, _upload
 from .plan import gemm_plan, skinny_plan
 from .splitk import _refuse_foreign_capture, _split_k_buffers, _with_split_k
@@ -77,11 +77,13 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     C = None if out is None else given_output("grouped_gemm", out, (t, n), A.dtype)
     ordinal = current_ordinal()
     stream = resolve_stream(stream, (A, B, C), ordinal)
+    sizes = chunks = None  # the groups' rows and the chunks of those with rows, where the host knows them
     if _device_offsets(offsets):
         offs, known = _offsets("grouped_gemm", offsets, g, t, A.device, stream), hint
     else:  # the host knows every group's size: the largest sizes the decode path's chunks
         host = checks.host_offsets("grouped_gemm", offsets, g, t)
-        known = int(np.diff(host).max()) if g else 0
+        sizes = np.diff(host)
+        known = int(sizes.max()) if g else 0
         if hint is not None and known > hint:
             group = int(np.argmax(np.diff(host)))
             raise TmaflowError(f"grouped_gemm: max_tokens_per_group={hint} but group {group} has "
@@ -92,8 +94,12 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     given = as_array(offs) if C is not None and offs is offsets else None
     chunk = grouped_chunk_rows(known)  # the decode path's rows a chunk (a kernel variant)
     hot = known is not None and known > GROUPED_HOT_ROWS  # the default route takes the dense path
+    wide = None  # host offsets: their chunks decide the decode path's tiles (grouped_wide_tiles)
+    if sizes is not None and config is None:
+        chunks = int(np.sum(-(-sizes // chunk)))
+        wide = grouped_wide_tiles(t, n, g, current_device().sm_count, chunks)
     key = ("grouped_gemm", A.shape, A.strides, B.shape, B.strides, layout, C and C.strides,
-           given and given.strides, edge.aligned(A, B, C), config, chunk, hot, known is None, stream, pdl,
+           given and given.strides, edge.aligned(A, B, C), config, chunk, hot, known is None, wide, stream, pdl,
            A.device, ordinal, debug, trace, get_ident())
     try:
         st, windows = STATES[key]
@@ -110,7 +116,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
                                                   stream=stream, pdl=pdl, debug=debug, trace=trace))
         c_strides = output_strides(C, (t, n), 2)
         st, _ = cached_state(key, lambda: (_grouped_state(A, c_strides, t, n, k, g, layout, config, chunk,
-                                                          known, stream, pdl, debug, trace), windows))
+                                                          known, chunks, stream, pdl, debug, trace), windows))
     result, C = (out, C) if C is not None else new_output(a, A, (t, n), None, stream)
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     if st.tc is None:  # the decode path writes C through its pointer
@@ -131,7 +137,7 @@ def _check_skinny(config: SkinnyConfig, layout: str) -> None:
                                f"the grouped decode path takes {name}={want[-1]}")
 
 
-def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, known, stream, pdl, debug,
+def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, known, chunks, stream, pdl, debug,
                    trace) -> _GemmState:
     _GROUPED_OPTIONS.check(pdl, debug, trace)
     on_current_device("grouped_gemm", A)
@@ -142,7 +148,7 @@ def _grouped_state(A, c_strides, t, n, k, g, layout, config, chunk, known, strea
     if getattr(config, "split_tail", False):
         raise TmaflowError("grouped_gemm: split_tail=True is for single products (a group's tiles "
                            "change with its offsets); use split_k")
-    config = config or grouped_config(t, n, k, g, device.sm_count, layout, known)
+    config = config or grouped_config(t, n, k, g, device.sm_count, layout, known, chunks)
     if isinstance(config, SkinnyConfig):
         return _skinny_state(A, C, t, n, k, g, config, chunk, device, stream, pdl, debug, trace)
     plan = gemm_plan(max(t, 1), n, k, layout, config)

@@ -304,7 +304,7 @@ GROUPED_BLIND_MEAN = 8
 
 
 def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = "nt",
-                   max_rows: int | None = None) -> GemmConfig | SkinnyConfig:
+                   max_rows: int | None = None, chunks: int | None = None) -> GemmConfig | SkinnyConfig:
     """Decode-time MoE (mean group of at most 64 rows, "nt", tiles of 64 columns for at least
     half the SMs): the grouped skinny kernel, whose CTAs read only their group's rows of A and
     stream each expert's weights once (the dense path's 128-row tiles compute mostly padding
@@ -314,34 +314,39 @@ def grouped_config(t: int, n: int, k: int, g: int, sm_count: int, layout: str = 
     Without ``max_rows`` (device offsets, no hint) only a mean of at most GROUPED_BLIND_MEAN
     rows takes the decode path: skewed loads of a larger mean run faster dense. ``max_rows``
     also sizes the chunks (``grouped_chunk_rows``). Tiles of 128 rows (two consumer warpgroups)
-    where ``grouped_wide_tiles`` takes them."""
+    where ``grouped_wide_tiles`` takes them (``chunks``: the chunks of the groups with rows, where
+    host offsets tell them)."""
     if max_rows is None:  # the largest group is unknown: a hot expert may hide behind the mean
         small = t <= GROUPED_BLIND_MEAN * g
     else:
         small = t <= GROUPED_SKINNY_ROWS * g and max_rows <= GROUPED_HOT_ROWS
     if layout == "nt" and small and 2 * g * math.ceil(n / 64) >= sm_count:
-        return SkinnyConfig(rows=128 if grouped_wide_tiles(t, n, g, sm_count, max_rows) else 64, split_k=1)
+        return SkinnyConfig(rows=128 if grouped_wide_tiles(t, n, g, sm_count, chunks) else 64, split_k=1)
     return grouped_dense_config(t, n, k, g, sm_count)
 
 
-def grouped_wide_tiles(t: int, n: int, g: int, sm_count: int, max_rows: int | None = None) -> bool:
+def grouped_wide_tiles(t: int, n: int, g: int, sm_count: int, chunks: int | None = None) -> bool:
     """Whether the grouped decode path's items are 128 rows of an expert (two consumer warpgroups
     a CTA, twice the weights in flight an SM) rather than 64. Chunks of more than 16 rows are MMA
     work as much as weight traffic: two warpgroups share each chunk of A where 128-row tiles still
-    give every SM four items (a guess, not measured). With device offsets (``max_rows`` None: the
-    64-row chunks of a blind plan) also where 64-row items could take more than one round of the
-    SMs, every group with rows (min(t, g) of them) at 64-row tiles: a CTA's 64-row item is
-    bounded by its bytes in flight, so a second, partial round of them costs about a full one,
-    and 128-row items that fit one round move about 1.4x the bytes an SM. H200, session 27, 1
-    token an expert, skewed, time at 128 rows over 64: 32 experts of 2048 x 7168 (5 with rows:
+    give every SM four items (a guess, not measured). Also where the 64-row items take more than
+    one round of the SMs: ``chunks`` x 64-row tiles when the host offsets tell the chunks of the
+    groups with rows, else as many as could have rows (min(t, g) groups, one chunk each). A CTA's
+    64-row item is bounded by its bytes in flight, so a second, partial round of them costs about
+    a full one, and 128-row items that fit one round move about 1.4x the bytes an SM. H200,
+    session 27, device offsets (64-row chunks), 1 token an expert, skewed, time at 128 rows over
+    64: 32 experts of 2048 x 7168 (5 with rows:
     160 items of 64 on 132 SMs) 0.678 cold / 0.640 back to back, 8 of 4096 x 4096 (3: 192 items)
     0.943 / 0.822, 32 of 4096 x 7168 (4: 256) 0.965 / 0.931; balanced, 32 of 2048 x 7168 0.987 /
     0.975. Where the 64-row items fit one round it costs 1.07-1.23 (8 of 4096 x 7168, 2 with
-    rows: 128 items; 8 of 2048 x 7168, 3: 96), the price of not knowing the sizes. Known sizes
-    (smaller chunks, more stages) keep 64 rows: not measured."""
+    rows: 128 items; 8 of 2048 x 7168, 3: 96), the price of not knowing the sizes. Host offsets
+    (chunks of 8-32 rows: more stages), the same rows: 0.732 / 0.632, 0.970 / 0.894, 0.963 /
+    0.942, balanced 0.997-0.998 / 0.987-1.002; 1.073 / 1.252 and 1.047 / 1.113 where 64-row items
+    fit one round (the counts there pick 64)."""
     if t > 16 * g and g * math.ceil(n / 128) >= 4 * sm_count:
         return True
-    return max_rows is None and min(t, g) * math.ceil(n / 64) > sm_count
+    groups = min(t, g) if chunks is None else chunks
+    return groups * math.ceil(n / 64) > sm_count
 
 
 def grouped_chunk_rows(max_rows: int | None = None) -> int:
