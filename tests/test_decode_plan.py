@@ -8,9 +8,10 @@ import pytest
 
 import tmaflow as tf
 from tmaflow import kernels
-from tmaflow.kernels.decode_entry import (MAX_SPLITS, MERGE_THREADS, choose_splits, cluster_merge_default,
-                                          decode_defaults, decode_plan, evict_first_default, group_one_cta_default,
-                                          head_group_default, persistent_default, slice_merge_default)
+from tmaflow.kernels.decode_entry import MERGE_THREADS
+from tmaflow.kernels.decode_plan import (MAX_SPLITS, choose_splits, cluster_merge_default, decode_defaults, decode_plan,
+                                         evict_first_default, group_one_cta_default, head_group_default,
+                                         persistent_default, slice_merge_default)
 from tmaflow.kernels.registry import get_kernel
 from tmaflow.runtime.memory import DeviceArray
 
@@ -533,7 +534,7 @@ def test_head_group_decode_kernel_compiles_with_one_4d_copy_a_stage_and_q_in_reg
 
 def test_head_group_splits_fill_the_slots_with_a_quarter_of_the_items():
     """The splits of a head-group plan fill the CTA slots with batch x heads_kv / 4 items."""
-    from tmaflow.kernels.decode_entry import decode_choices
+    from tmaflow.kernels.decode_plan import decode_choices
 
     class H200:
         sm_count, l2_bytes = 132, 60 << 20

@@ -562,7 +562,7 @@ def test_default_reads_four_kv_heads_a_cta_one_cta_an_sm_where_they_fill_the_sms
     group_one_cta_default, a CTA of four kv heads on every SM): the default call near float64
     over ragged lengths (0, 1, a page and one past it, up to 3000), outputs poisoned, and
     bit-equal to the explicit head_group=True, ctas_per_sm=1 call."""
-    from tmaflow.kernels.decode_entry import group_one_cta_default
+    from tmaflow.kernels.decode_plan import group_one_cta_default
     from tmaflow.runtime.device import current_device
 
     batch = current_device().sm_count // 2

@@ -439,7 +439,7 @@ def _decode_plan(batch: int, ctx: int, heads_kv: int, page: int, device=None):
     """What a call plans at head dim 128 on ``device`` (the current one by default):
     decode_defaults' splits, evict_first, persistent, cluster_merge, head_group, slice_merge,
     items (CTAs a request and split) and ctas (1: one CTA an SM asked for by the plan)."""
-    from tmaflow.kernels.decode_entry import decode_defaults
+    from tmaflow.kernels.decode_plan import decode_defaults
     from tmaflow.runtime.device import current_device
 
     return decode_defaults(batch, heads_kv, 128, page, ctx, device or current_device())
@@ -487,8 +487,9 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
     ("hgs1c1": cuDNN's one CTA an SM, a group's 1 KB runs).
     ``--decode-alts``: only the named ones. ``device``: the current one by default (a test
     plans for a described H200 without a GPU)."""
-    from tmaflow.kernels.decode_entry import (HEAD_GROUP, MAX_CLUSTER, MAX_SPLITS, decode_choices, decode_defaults,
-                                              decode_plan, persistent_default)
+    from tmaflow.kernels.decode_entry import MAX_CLUSTER
+    from tmaflow.kernels.decode_plan import (HEAD_GROUP, MAX_SPLITS, decode_choices, decode_defaults, decode_plan,
+                                             persistent_default)
     from tmaflow.runtime.device import current_device
 
     if not (args.quick or args.decode_grid in ("quick", "focus") or getattr(args, "decode_rows", None)):
@@ -639,7 +640,7 @@ def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
     """name -> options for the sweep: "auto" (what a call plans), "sN" (N
     splits, the automatic L2 priority) and "auto ef0/ef1" (the automatic splits, the other
     priority)."""
-    from tmaflow.kernels.decode_entry import MAX_SPLITS, decode_choices, decode_plan
+    from tmaflow.kernels.decode_plan import MAX_SPLITS, decode_choices, decode_plan
     from tmaflow.runtime.device import current_device
 
     device = current_device()
@@ -654,7 +655,7 @@ def _sweep_variants(batch: int, ctx: int, heads_kv: int, page: int) -> dict:
 
 def _head_group_plan(batch: int, ctx: int, heads_kv: int, page: int) -> str:
     """The "hg" alternative's automatic splits and walk, as the row prints the plan's."""
-    from tmaflow.kernels.decode_entry import HEAD_GROUP, decode_choices, decode_plan, persistent_default
+    from tmaflow.kernels.decode_plan import HEAD_GROUP, decode_choices, decode_plan, persistent_default
     from tmaflow.runtime.device import current_device
 
     splits = decode_choices(batch, heads_kv, 128, page, ctx, head_group=True)[0]

@@ -26,7 +26,8 @@ import numpy as np
 from tmaflow import bench, kernels
 from tmaflow.debug.trace import KIND
 from tmaflow.debug.trace import last as last_trace
-from tmaflow.kernels.decode_entry import THREADS, decode_plan
+from tmaflow.kernels.decode_entry import THREADS
+from tmaflow.kernels.decode_plan import decode_plan
 from tmaflow.kernels.registry import get_kernel
 
 STEPS = (("entry", "mark", 1), ("table", "mark", 2), ("first copy", "TMA load", None), ("Q", "mark", 3),

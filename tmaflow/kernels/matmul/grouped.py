@@ -85,7 +85,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
         sizes = np.diff(host)
         known = int(sizes.max()) if g else 0
         if hint is not None and known > hint:
-            group = int(np.argmax(np.diff(host)))
+            group = int(np.argmax(sizes))
             raise TmaflowError(f"grouped_gemm: max_tokens_per_group={hint} but group {group} has "
                                f"{known} rows (offsets {host.tolist()}); pass a bound at least the "
                                "largest group, or None")

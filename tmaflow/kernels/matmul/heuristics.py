@@ -335,11 +335,11 @@ def grouped_wide_tiles(t: int, n: int, g: int, sm_count: int, chunks: int | None
     64-row item is bounded by its bytes in flight, so a second, partial round of them costs about
     a full one, and 128-row items that fit one round move about 1.4x the bytes an SM. H200,
     session 27, device offsets (64-row chunks), 1 token an expert, skewed, time at 128 rows over
-    64: 32 experts of 2048 x 7168 (5 with rows:
-    160 items of 64 on 132 SMs) 0.678 cold / 0.640 back to back, 8 of 4096 x 4096 (3: 192 items)
-    0.943 / 0.822, 32 of 4096 x 7168 (4: 256) 0.965 / 0.931; balanced, 32 of 2048 x 7168 0.987 /
-    0.975. Where the 64-row items fit one round it costs 1.07-1.23 (8 of 4096 x 7168, 2 with
-    rows: 128 items; 8 of 2048 x 7168, 3: 96), the price of not knowing the sizes. Host offsets
+    64: 32 experts of 2048 x 7168 (5 with rows: 160 items of 64 on 132 SMs) 0.678 cold / 0.640
+    back to back, 8 of 4096 x 4096 (3: 192 items) 0.943 / 0.822, 32 of 4096 x 7168 (4: 256) 0.965
+    / 0.931; balanced, 32 of 2048 x 7168 0.987 / 0.975. Where the 64-row items fit one round it
+    costs 1.07-1.23 (8 of 4096 x 7168, 2 with rows: 128 items; 8 of 2048 x 7168, 3: 96), the
+    price of not knowing the sizes. Host offsets
     (chunks of 8-32 rows: more stages), the same rows: 0.732 / 0.632, 0.970 / 0.894, 0.963 /
     0.942, balanced 0.997-0.998 / 0.987-1.002; 1.073 / 1.252 and 1.047 / 1.113 where 64-row items
     fit one round (the counts there pick 64)."""
