@@ -358,26 +358,6 @@ def test_one_head_group_a_cta_an_sm_where_the_groups_fill_one_wave(batch, heads_
                 options
 
 
-@pytest.mark.parametrize("batch,context,d,options,wide", [
-    (1, 32768, 128, {}, True),                      # a request alone, 32 splits merged by slices
-    (1, 131072, 128, {}, True),
-    (1, 16384, 128, {}, False),                     # below 32k keys
-    (1, 32768, 128, {"slice_merge": False}, False),  # the counter merge
-    (1, 32768, 128, {"wide_box": False}, False),     # as asked
-    (1, 32768, 256, {}, False),                     # measured at head dim 128 only
-    (1, 32768, 128, {"head_group": True}, False),   # a head group's box is its own
-    (16, 32768, 128, {}, False),                    # not a request alone
-])
-def test_wide_boxes_by_default_for_a_long_request_alone(batch, context, d, options, wide):
-    from types import SimpleNamespace
-    from tmaflow.kernels.decode_plan import wide_box_default
-
-    plan = decode_defaults(batch, 8, d, 16, context, SimpleNamespace(sm_count=132, l2_bytes=50 << 20), **options)
-    assert plan.wide_box is wide, vars(plan)
-    if not options:
-        assert wide_box_default(batch, d, context, plan.slice_merge) is wide
-
-
 def test_every_decode_plan_keeps_the_merge_region_whole():
     """The splits' merge reuses the K tiles of every stage and then the V tiles as one region:
     the plan refuses a layout where they are apart (it would be a wrong merge, not an error)."""

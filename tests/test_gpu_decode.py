@@ -582,27 +582,6 @@ def test_default_reads_four_kv_heads_a_cta_one_cta_an_sm_where_they_fill_the_sms
     np.testing.assert_array_equal(results[0].view(np.uint16), results[1].view(np.uint16))
 
 
-@pytest.mark.parametrize("page,heads_q", [(16, 64), (64, 32)])
-def test_default_reads_one_wide_box_a_page_piece_for_a_long_request_alone(device, rng, page, heads_q):
-    """Batch 1, 40000 keys, 8 kv heads, head dim 128 (wide_box_default: the slices' plan from
-    32k keys): the default call near float64 with its output poisoned, bit-equal to the explicit
-    wide_box=True call, and the same within rounding as wide_box=False (two 2-D boxes a page
-    piece)."""
-    from tmaflow.kernels.decode_plan import decode_defaults
-
-    (q, k, v, table, host_lens), (Q, K, V, T, L) = _problem(rng, [40000], heads_q, 8, 128, page, "bfloat16")
-    assert decode_defaults(1, 8, 128, page, table.shape[1] * page, tf.current_device()).wide_box
-    ref = paged_decode_reference(q, k, v, table, host_lens, 1 / np.sqrt(128))
-    results = {}
-    for name, options in (("default", {}), ("wide", {"wide_box": True}), ("two boxes", {"wide_box": False})):
-        out = poison(tf.empty(q.shape, "bfloat16"))
-        kernels.attention_decode(Q, K, V, T, L, out=out, **options)
-        got = _download(out, "bfloat16")
-        assert rel_error(got, ref) < 1e-2, (name, rel_error(got, ref))
-        results[name] = out.numpy()
-    np.testing.assert_array_equal(results["default"].view(np.uint16), results["wide"].view(np.uint16))
-
-
 def test_head_group_decode_of_one_long_request_merges_many_splits(device, rng):
     """Batch 1, 8 kv heads, 20000 keys: the automatic splits (up to 64) of two head groups,
     each merged by its last CTA head after head, against float64 and the default plan."""

@@ -141,8 +141,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     (at head dim 128: 1 CTA of six 32 KB stages, 2 of three, 3 of two; persistent: 1-2); None:
     two when three stages fit, else one (and one with the head groups ``group_one_cta_default``
     takes). ``wide_box`` (head dims a multiple of 64): each copy
-    brings a page piece's every column (a 4-D map), half the copies at head dim 128; None: for a
-    request alone at head dim 128 whose splits merge by slices, from 32k keys (``wide_box_default``).
+    brings a page piece's every column (a 4-D map), half the copies at head dim 128; None: off.
     ``head_group`` (heads_kv a multiple of 4, head dims a multiple of 64): a CTA reads four kv
     heads of a request (each copy 16 keys of all four: runs four times as long), a consumer
     warp each; splits merge by the workspace and counter, or by slices. None: ``head_group_default``
@@ -191,7 +190,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
         st = STATES[key]
     except (KeyError, TypeError):
         st = cached_state(key, lambda: _decode_state(Q, p, num_splits, evict_first, persistent, cluster_merge,
-                                                          slice_merge, l2_promotion, stream, ctas_per_sm, wide_box,
+                                                          slice_merge, l2_promotion, stream, ctas_per_sm, bool(wide_box),
                                                           head_group, warp_slices is not False, bool(merge_kernel),
                                                           bool(pdl), cooperative))
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
@@ -270,9 +269,9 @@ def _decode_state(Q, p: Problem, num_splits, evict_first, persistent, cluster_me
     plan = decode_defaults(b, hkv, d, p.page_size, p.max_pages * p.page_size, device, num_splits, evict_first,
                            persistent, cluster_merge, slice_merge, ctas, wide_box, head_group,
                            clusters=not cooperative)  # a cooperative grid has no clusters
-    splits, evict_first, persistent, cluster_merge, slice_merge, head_group, items, ctas_per_sm, wide_box = (
+    splits, evict_first, persistent, cluster_merge, slice_merge, head_group, items, ctas_per_sm = (
         plan.splits, plan.evict_first, plan.persistent, plan.cluster_merge, plan.slice_merge, plan.head_group,
-        plan.items, plan.ctas_per_sm, plan.wide_box)
+        plan.items, plan.ctas_per_sm)
     if slice_merge and b * items * splits > device.sm_count * ctas_per_sm:
         raise TmaflowError(f"attention_decode: slice_merge=True with {b * items * splits} CTAs (batch {b} x {items} "
                            f"CTAs a request x {splits} splits); its splits wait on each other, so every CTA must run "

@@ -24,7 +24,6 @@ EVICT_FIRST_MAX_L2S = 8   # evict-first K/V up to this many L2s of them (evict_f
 EVICT_FIRST_MIN_L2S = 0.5  # ... from this share of an L2 on
 GROUP_SLICE_MIN_CONTEXT = 8192  # head groups merged by slices replace a persistent plan from here (group_slice_default)
 MIN_SLICE_SPLITS = 16     # splits a default slice merge takes at least (below: the cluster or counter merge)
-WIDE_BOX_MIN_CONTEXT = 32768  # a request alone reads one 4-D box a page piece from here (wide_box_default)
 
 
 @functools.lru_cache(maxsize=64)
@@ -189,17 +188,6 @@ def group_slice_default(batch: int, max_context: int, persistent: bool) -> bool:
     return persistent and batch > 1 and max_context >= GROUP_SLICE_MIN_CONTEXT
 
 
-def wide_box_default(batch: int, head_dim: int, max_context: int, slice_merge: bool) -> bool:
-    """Whether K and V come in one 4-D box a page piece (every 64-column block of a kv head's
-    rows at once: half the copies at head dim 128) when the call does not say: a request alone
-    whose splits merge by slices, from WIDE_BOX_MIN_CONTEXT keys. H200, session 27, 20 rounds,
-    time over two 64-column boxes a page piece, cold / back to back: 32k 0.980-0.982 /
-    0.968-0.971 (8:1 and 4:1 page 16; 4:1 page 64 0.977 / 0.970), 64k 8:1 0.982 / 0.968, 128k
-    0.984-0.986 / 0.986-0.990 (8:1 page 64 0.996 / 0.995); sessions 16 and 25, in fewer rounds,
-    0.967-1.014 cold. Measured at head dim 128 only."""
-    return batch == 1 and head_dim == 128 and slice_merge and max_context >= WIDE_BOX_MIN_CONTEXT
-
-
 def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int,
                    num_splits: int | None = None, evict_first: bool | None = None, device=None,
                    ctas_per_sm: int | None = None, head_group: bool = False) -> tuple[int, bool]:
@@ -217,12 +205,12 @@ def decode_choices(batch: int, heads_kv: int, head_dim: int, page_size: int, max
 
 def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, max_context: int, device,
                     num_splits=None, evict_first=None, persistent=None, cluster_merge=None, slice_merge=None,
-                    ctas=None, wide_box=None, head_group=None, clusters: bool = True) -> SimpleNamespace:
+                    ctas=None, wide_box=False, head_group=None, clusters: bool = True) -> SimpleNamespace:
     """What a call plans on ``device`` for the options it was given (None: the defaults, in this
     order): head groups (at one CTA an SM where ``group_one_cta_default`` holds), splits and
-    evict-first, persistence, the cluster and slice merges, wide boxes; also the CTAs a request
-    and split (``items``), the CTAs an SM of the non-persistent plan, and ``ctas``: decode_plan's
-    argument (the call's, or 1 from group_one_cta_default).
+    evict-first, persistence, the cluster and slice merges; also the CTAs a request and split
+    (``items``), the CTAs an SM of the non-persistent plan, and ``ctas``: decode_plan's argument
+    (the call's, or 1 from group_one_cta_default).
     ``clusters`` False: no cluster merge by default (a cooperative launch has no clusters), the
     other defaults as without it."""
     free = head_group is None and num_splits is None and persistent is None and ctas is None and \
@@ -240,7 +228,7 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
         persistent = persistent_default(batch, items, head_dim, splits, device.sm_count, ctas_per_sm)
         if persistent:  # not asked for: a persistent plan that leaves too few stages is not taken
             try:
-                decode_plan(head_dim, page_size, True, ctas, bool(wide_box), head_group)
+                decode_plan(head_dim, page_size, True, ctas, wide_box, head_group)
             except TmaflowError:
                 persistent = False
     if cluster_merge is None:
@@ -256,8 +244,6 @@ def decode_defaults(batch: int, heads_kv: int, head_dim: int, page_size: int, ma
                                   head_group=True, slice_merge=True, clusters=clusters)
         if grouped.slice_merge and batch * grouped.items * grouped.splits <= device.sm_count * grouped.ctas_per_sm:
             return grouped
-    if wide_box is None:
-        wide_box = not head_group and wide_box_default(batch, head_dim, max_context, slice_merge)
     return SimpleNamespace(splits=splits, evict_first=evict_first, persistent=persistent,
                            cluster_merge=cluster_merge, slice_merge=slice_merge, head_group=head_group, items=items,
-                           ctas_per_sm=ctas_per_sm, ctas=ctas, wide_box=bool(wide_box))
+                           ctas_per_sm=ctas_per_sm, ctas=ctas)

@@ -476,8 +476,7 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
     at batch 1 from 8k, four kv heads a CTA of six stages, one CTA an SM, merged by slices
     ("hgc1sl"), past batch 1 where its splits all fit, the same at its own CTAs an SM ("hgsl");
     at batch 16+ the plan's splits with one 4-D box a page piece ("wb": half the
-    copies; at batch 1 where the plan slices, the plan with it, or "wb0" without it where the
-    plan has it) and with one CTA an SM of six
+    copies; at batch 1 where the plan slices, the plan with it) and with one CTA an SM of six
     stages ("c1"), and (not persistent) three CTAs an SM of two
     stages at the splits that fill those slots ("c3": the plan's would leave a third empty); in every
     row four kv heads a CTA at their own automatic plan ("hg": one 4-D copy of 16 keys x 4 heads
@@ -542,8 +541,8 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
         alts["c1"] = {**same, "ctas_per_sm": 1}
         if not persistent:  # (its own splits: a cluster merge of the plan's is named only with them)
             alts["c3"] = {"persistent": False, "cluster_merge": None if cluster else False, "ctas_per_sm": 3}
-    elif batch == 1 and slices:  # the other box: one 4-D box a page piece (half the copies), or two 2-D ones
-        alts["wb0" if plan.wide_box else "wb"] = {"wide_box": not plan.wide_box}
+    elif batch == 1 and slices:  # one 4-D box a page piece: half the copies (the first tile sooner?)
+        alts["wb"] = {"wide_box": True}
     if batch >= 16 and (splits > 1 or persistent):  # cuDNN's grid: one CTA an item, no split, no walk
         one = {"num_splits": 1, "persistent": False, "head_group": False}
         if splits > 1:  # (a walking plan's one CTA an item is "p0")
@@ -732,7 +731,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
     kv_bytes = 2 * k.numel() * k.element_size()
     row = {"dtype": args.dtype, "d": d, "group": f"{group}:1", "page": page, "batch": batch, "context": ctx,
            "splits": splits, "ctas": splits * plan.items * batch, "ctas_per_sm": plan.ctas_per_sm, "evict_first": evict_first, "persistent": persistent,
-           "cluster_merge": cluster, "head_group": four_heads, "slice_merge": slices, "wide_box": plan.wide_box,
+           "cluster_merge": cluster, "head_group": four_heads, "slice_merge": slices,
            "rel_err_vs_peer": err}
     main = "auto" if sweep else "tmaflow"
     cells = []
@@ -757,7 +756,7 @@ def _decode_row(torch, args, group: int, page: int, batch: int, ctx: int, sweep:
             cells.append(f"{mode} ours {gbs['tmaflow']:6.0f} {best} {gbs[best]:6.0f} memcpy {gbs['memcpy']:6.0f} GB/s "
                          f"ratio {row[f'{mode} ratio']:.2f} vs memcpy {row[f'{mode} vs memcpy']:.2f}{alt_cells}")
     print(f"{group}:1 page {page:3d} b{batch:<4d} ctx {ctx:6d} s{splits:<2d} ef{int(evict_first)} p{int(persistent)} "
-          f"cl{int(cluster)} hg{int(four_heads)} sl{int(slices)} wb{int(plan.wide_box)} c{plan.ctas_per_sm} "
+          f"cl{int(cluster)} hg{int(four_heads)} sl{int(slices)} c{plan.ctas_per_sm} "
           + " | ".join(cells)
           + f"  err {err:.1e}" + (f"  (hg plan: {_head_group_plan(batch, ctx, heads_kv, page)})" if "hg" in alts else ""),
           flush=True)
