@@ -184,7 +184,9 @@ def group_slice_default(batch: int, max_context: int, persistent: bool) -> bool:
     """Whether a call whose one-head plan walks items persistently takes four kv heads a CTA
     with their automatic splits merged by slices instead (when the call says nothing and
     those CTAs all fit at once: the caller checks): H200, session 19, batch 64 8k 8:1 page 64,
-    time over the persistent plan's 0.972 cold / 0.974 back to back (two splits, 256 CTAs)."""
+    time over the persistent plan's 0.972 cold / 0.974 back to back (two splits, 256 CTAs).
+    Where ``group_one_cta_default`` holds (head dim 128) its plan comes first: one CTA an SM,
+    unsplit, 0.985-0.998 of this one's time at batch 64 8k-32k (session 27)."""
     return persistent and batch > 1 and max_context >= GROUP_SLICE_MIN_CONTEXT
 
 
