@@ -241,6 +241,18 @@ def test_gemm_plan_arrival_counts(mode, cm, fields):
     assert f"constexpr uint32_t consumer_lanes = {pipe.consumer_lanes};" in hdr
 
 
+@pytest.mark.parametrize("shape,split_k,cluster_k", [
+    ((129, 264, 4096), 1, 4),    # 10 tiles of 64 columns: 4 global splits before, a cluster of four now
+    ((256, 256, 4096), 1, 4),
+    ((192, 384, 7168), 1, 4),
+    ((512, 512, 2048), 1, 2),    # _filling_splits gives 2: a cluster of two, as before
+    ((640, 512, 4096), 3, 1),    # 40 tiles: four CTAs a tile would not fit 132 SMs (three global splits)
+])
+def test_small_long_k_products_split_k_inside_clusters(shape, split_k, cluster_k):
+    config = choose_config(*shape, 132)
+    assert (config.bn, config.split_k, config.cluster_k) == (64, split_k, cluster_k), config
+
+
 def test_choose_config():
     assert choose_config(8192, 8192, 8192, 132) == GemmConfig(bn=256, cluster_m=2)
     assert choose_config(2048, 2048, 2048, 132) == GemmConfig(bn=256, cluster_m=1, epi_cols=64)  # one wave: unclustered

@@ -190,22 +190,23 @@ def dense_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt") -> G
     epi_cols = 128 if bn == 128 or (bn == 256 and cluster_m == 2) else 64
     split = _filling_splits(tiles, k_blocks, sm_count)
     return GemmConfig(bn=bn, cluster_m=cluster_m, epi_cols=epi_cols,
-                      **_cluster_splits(tiles, k_blocks, split, cluster_m, sm_count))
+                      **_cluster_splits(tiles, k_blocks, split, cluster_m, bn, sm_count))
 
 
-def _cluster_splits(tiles: int, k_blocks: int, split: int, cluster_m: int, sm_count: int) -> dict:
+def _cluster_splits(tiles: int, k_blocks: int, split: int, cluster_m: int, bn: int, sm_count: int) -> dict:
     """A grid under half the SMs with K to share: a cluster of CTAs splits each tile's K and sums
     the partials in shared memory, no global round trip: two where ``_filling_splits`` gives at
     most 2 (H200, tools/peers/gemm_sweep.py, cold / back to back: 512x512x2048 1.38x / 1.35x
     over two global splits, 512^3 1.09x / 1.04x over none; 256^3, 4 k-blocks, gained nothing),
-    four where it gives 3-4 and four CTAs a tile fit the SMs (H200, session 27, over four
-    global splits, cold: 129x264x4096 1.64x, 256x256x4096 1.67x, 192x384x7168 1.48x: the
-    global splits' last CTA reads the others' partials alone). {split_k, cluster_k}."""
+    four where it gives 3-4 to 64-column tiles and four CTAs a tile fit the SMs (H200, session
+    27, over four global splits, cold: 129x264x4096 1.64x, 256x256x4096 1.67x, 192x384x7168
+    1.48x: the global splits' last CTA reads the others' partials alone; wider tiles, of one M
+    tile, not measured). {split_k, cluster_k}."""
     if 2 * tiles > sm_count or k_blocks < 8 or cluster_m != 1:
         return {"split_k": split, "cluster_k": 1}
     if split <= 2:
         return {"split_k": 1, "cluster_k": 2}
-    if 4 * tiles <= sm_count and k_blocks >= 16:
+    if bn == 64 and 4 * tiles <= sm_count and k_blocks >= 16:
         return {"split_k": 1, "cluster_k": 4}
     return {"split_k": split, "cluster_k": 1}
 
