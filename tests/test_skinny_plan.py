@@ -617,9 +617,18 @@ def test_one_m_tile_of_bf16_takes_dense_tiles_that_fill_the_sms(m, n, k, want):
     assert isinstance(cfg, GemmConfig) and (cfg.bn, cfg.cluster_k) == want and cfg.split_k == 1
 
 
-@pytest.mark.parametrize("m,n,k", [(64, 4096, 4096), (128, 2048, 4096), (128, 4096, 512), (128, 3072, 4096)])
+@pytest.mark.parametrize("m,n,k", [(96, 768, 4096), (128, 512, 8192), (128, 256, 16384), (128, 1024, 8192)])
+def test_one_m_tile_of_narrow_n_and_long_k_splits_k_in_clusters_of_four(m, n, k):
+    """Where the skinny path would split K eight ways or more (16 tiles of 64 columns or fewer)
+    over 64+ k-blocks: 64-column tiles, K in clusters of four."""
+    assert choose_config(m, n, k, 132) == GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 4096), (128, 2048, 4096), (128, 4096, 512), (128, 3072, 4096),
+                                   (128, 512, 2048), (64, 512, 8192)])
 def test_one_m_tile_keeps_the_skinny_path_when_dense_tiles_leave_sms_idle(m, n, k):
-    """64 rows or fewer, short K, or too few columns to fill 80% of the SMs: the skinny path."""
+    """64 rows or fewer, short K, or too few columns to fill 80% of the SMs (and too many for
+    clusters of four over 64+ k-blocks): the skinny path."""
     assert isinstance(choose_config(m, n, k, 132), SkinnyConfig)
 
 
