@@ -16,7 +16,10 @@ SHAPES = [(256, 256, 64), (128, 128, 1024), (1000, 760, 520), (300, 4096, 136), 
           (4096, 16, 4096), (1024, 1024, 1024), (8, 8, 8), (129, 264, 72),  # TMA: rows are 16 B multiples
           # the heuristics' own choices (nt): one M tile in dense tiles, K split in pairs (bn64 /
           # bn112); an odd width filling its waves (bn176); pairs over a short K (bn192, c2)
-          (100, 4096, 1024), (128, 7168, 1024), (4096, 2112, 136), (1000, 3000, 520)]
+          (100, 4096, 1024), (128, 7168, 1024), (4096, 2112, 136), (1000, 3000, 520),
+          # K in clusters of four over 64-column tiles: small long-K products, one M tile of
+          # narrow N (session 27's rules)
+          (129, 264, 4096), (96, 768, 4096), (128, 512, 8192)]
 CONFIGS = [GemmConfig(bn=256, cluster_m=2), GemmConfig(bn=128, cluster_m=2),
            GemmConfig(bn=256, cluster_m=1), GemmConfig(bn=128, cluster_m=1, epi_cols=64),
            GemmConfig(bn=256, cluster_m=2, epi_cols=256, stages=3),
