@@ -25,6 +25,8 @@ AREAS = [
     ("gemm_bf16", "GEMM bf16", "python tools/peers/bench_gemm.py --suite 30 --json bench/results/gemm_bf16.json"),
     ("gemm_sweep", "GEMM bf16: every configuration per shape (the heuristics' evidence)",
      "python tools/peers/gemm_sweep.py --json bench/results/gemm_sweep.json"),
+    ("gemm_sweep_long_k", "GEMM bf16: small products of long K, every configuration (session 27: K in clusters of four)",
+     "python tools/peers/gemm_sweep.py --shape 129x264x4096 ... --json bench/results/gemm_sweep_long_k.json"),
     ("gemm_fp8", "GEMM fp8 and block-scaled", "python tools/peers/bench_gemm.py --fp8 --json bench/results/gemm_fp8.json"),
     ("gemm_fp8_skinny", "GEMM fp8 decode shapes (skinny path and one-M-tile cluster K-splits) and block scales",
      "python tools/peers/bench_gemm.py --fp8 --skinny --json bench/results/gemm_fp8_skinny.json"),
