@@ -86,10 +86,10 @@ def one_m_tile_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig | Non
     1.021 / 1.016, 128x8192x8192 bn64 1.036 / 1.024). Where N is so narrow that the skinny path
     would split K eight ways or more (16 tiles of 64 columns or fewer on 132 SMs) and K is long
     (64 k-blocks or more), a cluster of four splits each 64-column tile's K instead (H200,
-    session 27, gemm_sweep, over the skinny path cold / back to
-    back: 96x768x4096 2.27 / 2.45, 128x512x8192 2.27 / 2.49, 128x256x16384 2.51 / 2.64,
-    128x1024x8192 1.67 / 1.91: the skinny path's 8-32 K splits meet in one CTA a tile). None
-    (the skinny path, whose K splits fill the GPU) for fewer rows, short K or else."""
+    session 27, gemm_sweep, over the skinny path cold / back to back: 96x768x4096 2.27 / 2.45,
+    128x512x8192 2.27 / 2.49, 128x256x16384 2.51 / 2.64, 128x1024x8192 1.67 / 1.91: the skinny
+    path's 8-32 K splits meet in one CTA a tile). None (the skinny path, whose K splits fill the
+    GPU) for fewer rows, short K, or N between those."""
     k_blocks = math.ceil(k / BK)
     if m <= 64 or k_blocks < 16:
         return None
