@@ -1,6 +1,7 @@
 """GPU tier: every entry point launched from many streams at once gives, bit for bit, what the
-same call gives alone. Per case (gemm bf16 dense / skinny / split-K / split tail, fp8 per-tensor
-and block-scaled, grouped with device and host offsets, attention, softmax, copy, transpose)
+same call gives alone. Per case (gemm bf16 dense / skinny / split-K / split tail / K in clusters
+of four, fp8 per-tensor and block-scaled, grouped with device and host offsets and its decode
+path, attention, decode, softmax, copy, transpose)
 and per combination (two torch streams made current with ``stream=None``, the streams passed
 explicitly, threads each on its own stream, a tf.Graph captured while a thread launches, a
 torch CUDA graph replayed beside eager launches), at least 100 launches a stream, each
@@ -86,6 +87,14 @@ def _grouped(host_offsets):
         config = GemmConfig(bn=128, cluster_m=1, split_k=4)  # partials and counters per stream
         return lambda stream=None: kernels.grouped_gemm(a, b, offs, config=config, stream=stream)
     return make
+
+
+def _grouped_decode(gen):
+    # the decode path at its default 128-row tiles (8 experts could have rows: 8 x 32 items of
+    # 64 rows would take two rounds); N and K not multiples of the tiles, a token an expert
+    a, b = _bf16(gen, 8, 520), _bf16(gen, 8, 2000, 520)
+    offs = torch.arange(9, dtype=torch.int32, device="cuda")
+    return lambda stream=None: kernels.grouped_gemm(a, b, offs, stream=stream)
 
 
 def _attention(gen):
@@ -177,6 +186,17 @@ def _decode(gen):
     return lambda stream=None: kernels.attention_decode(q, k_cache, v_cache, table, lens, stream=stream)
 
 
+def _decode_head_groups(gen):
+    # half the SMs' requests at 8 kv heads: four kv heads a CTA, one CTA an SM (the default there);
+    # ragged lengths, shuffled pages
+    batch, width, page = tf.current_device().sm_count // 2, 20, 16
+    q = _bf16(gen, batch, 32, 128)
+    k_cache, v_cache = (_bf16(gen, batch * width, page, 8, 128) for _ in range(2))
+    table = torch.randperm(batch * width, device="cuda", generator=gen).to(torch.int32).reshape(batch, width)
+    lens = torch.randint(0, width * page + 1, (batch,), device="cuda", generator=gen, dtype=torch.int32)
+    return lambda stream=None: kernels.attention_decode(q, k_cache, v_cache, table, lens, stream=stream)
+
+
 def _softmax(gen):
     x = torch.randn(64, 1024, device="cuda", generator=gen)
     return lambda stream=None: kernels.softmax(x, stream=stream)
@@ -208,6 +228,8 @@ CASES = {
     "gemm skinny 5 stages": _gemm(16, 8704, 1008),     # 136 tiles of 64 rows: several CTAs an SM
     "gemm 128-column pairs": _gemm(2048, 5120, 512),   # over a wave: pairs sharing B
     "gemm split_k=8": _gemm(256, 512, 4096, GemmConfig(split_k=8)),
+    "gemm K in clusters of four": _gemm(129, 264, 4096),     # the default there; M past one tile
+    "gemm one M tile, K in clusters of four": _gemm(96, 776, 4096),  # N not a multiple of 64
     "gemm split_tail": _split_tail,
     "fp8 gemm": _fp8_gemm,
     "fp8 block-scaled": _fp8_block_scaled,
@@ -215,6 +237,7 @@ CASES = {
     "fp8 block-scaled skinny row-major M=128": lambda gen: _fp8_row_major_skinny(gen, 128),
     "grouped device offsets": _grouped(False),
     "grouped host offsets": _grouped(True),
+    "grouped decode path, 128-row tiles": _grouped_decode,
     "attention": _attention,
     "attention backward": _attention_backward,
     "attention backward rotated": _attention_backward_rotated,
@@ -225,6 +248,7 @@ CASES = {
     "attention varlen backward": _attention_varlen_backward,
     "attention decode": _decode,
     "attention decode slice merge": _decode_slices,
+    "attention decode head groups one CTA an SM": _decode_head_groups,
     "softmax": _softmax,
     "copy": _copy,
     "transpose": _transpose,

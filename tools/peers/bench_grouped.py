@@ -117,7 +117,7 @@ def decode_variants(a, b, offs, out, t: int, n: int, k: int, g: int, sm_count: i
     mean = -(-t // g)
     r1 = dataclasses.replace(config, rows=64, tile_fastest=True)
     variants = {"r1": (r1, mean), "dense": (grouped_dense_config(t, n, k, g, sm_count), None),
-                "rows": (dataclasses.replace(config, rows=192 - config.rows), None)}
+                "rows": (dataclasses.replace(config, rows=64 if config.rows == 128 else 128), None)}
     if grouped_chunk_rows(mean) != grouped_chunk_rows(None):
         variants["mean-mp"] = (config, mean)
     fns = {}

@@ -97,7 +97,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     wide = None  # host offsets: their chunks decide the decode path's tiles (grouped_wide_tiles)
     if sizes is not None and config is None:
         chunks = int(np.sum(-(-sizes // chunk)))
-        wide = grouped_wide_tiles(t, n, g, current_device().sm_count, chunks)
+        wide = grouped_wide_tiles(t, n, g, (A.device or current_device()).sm_count, chunks)  # (no driver call)
     key = ("grouped_gemm", A.shape, A.strides, B.shape, B.strides, layout, C and C.strides,
            given and given.strides, edge.aligned(A, B, C), config, chunk, hot, known is None, wide, stream, pdl,
            A.device, ordinal, debug, trace, get_ident())
