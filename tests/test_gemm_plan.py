@@ -206,11 +206,45 @@ def test_k_tail_keeps_the_wgmma_pipeline(layout, dtype):
     assert mmas[tail] > mmas[plain] and mmas[after] == mmas[plain] + 1 + 2 + 3, mmas
 
 
+@pytest.mark.parametrize("ck", [2, 4])
+@pytest.mark.parametrize("mode", ["row_major", "m_major"])
+def test_block_scales_split_k_inside_clusters_compile_clean(mode, ck):
+    """Block scales with K split inside clusters: two accumulator sets and the promoted sum in
+    the consumers' registers beside the cluster reduction, no spills, the wgmma pipeline intact;
+    the reduction's slots fit beside five stages."""
+    from tmaflow.kernels.registry import get_kernel
+    from tmaflow.launch import compiler
+
+    plan = gemm_plan(128, 4096, 4096, "nt", GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1, cluster_k=ck),
+                     "float8_e4m3fn", mode)
+    assert plan.defines["CLUSTER_K"] == ck and plan.defines["BLOCK_SCALES"] == 1 and plan.config.stages >= 5
+    kern = get_kernel("gemm_bf16", plan.layout, defines=plan.defines, file="gemm")
+    r = kern.program.resources
+    assert r.spills == 0 and r.stack_frame == 0, r
+    assert compiler.wgmma_pipeline_notes(kern.program.log) == []
+
+
+@pytest.mark.parametrize("m,n,k,ck", [(128, 4096, 4096, 2), (128, 3072, 4096, 4), (96, 1024, 1024, 4),
+                                      (256, 4096, 16384, 2), (65, 8192, 8192, 2), (128, 8448, 4096, 2)])
+def test_block_scales_split_k_inside_clusters_where_tiles_fill_half_the_sms(m, n, k, ck):
+    from tmaflow.kernels.matmul.heuristics import block_scale_config
+
+    assert block_scale_config(m, n, k, 132) == GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1, cluster_k=ck)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 4096, 4096), (128, 4096, 896), (128, 8576, 4096), (384, 4096, 4096),
+                                   (4096, 7168, 16384)])
+def test_block_scales_keep_their_tiles_past_half_the_sms_or_at_64_rows(m, n, k):
+    """At most 64 rows (the skinny path's), under 8 k-blocks, or more than 66 tiles: no cluster."""
+    from tmaflow.kernels.matmul import block_scale_default
+    from tmaflow.kernels.matmul.heuristics import block_scale_config
+
+    assert block_scale_config(m, n, k, 132).cluster_k == 1
+    route = block_scale_default(m, n, k, "nt", "m_major", None, 132)
+    assert isinstance(route, SkinnyConfig) == (m <= 128)
+
+
 def test_cluster_k_refuses_what_it_does_not_run():
-    with pytest.raises(tf.TmaflowError, match=r"gemm: cluster_k=2 is for bfloat16 and per-tensor fp8 "
-                                              r"products \(got block scales\)"):
-        gemm_plan(512, 512, 2048, "nt", GemmConfig(bn=128, cluster_m=1, cluster_k=2, promote=1), "float8_e4m3fn",
-                  "m_major")
     fp8 = gemm_plan(128, 4096, 4096, "nt", GemmConfig(bn=128, cluster_m=1, cluster_k=4), "float8_e4m3fn")
     assert fp8.defines["CLUSTER_K"] == 4 and fp8.defines["FP8"] == 1
     with pytest.raises(tf.TmaflowError, match=r"grouped_gemm: cluster_k=4 is for single products"):

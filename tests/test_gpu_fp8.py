@@ -7,6 +7,7 @@ import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
 from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
+from tmaflow.kernels.matmul import block_scale_config, block_scale_default
 from tmaflow.kernels.matmul.plan import skinny_row_scales_by_default
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.testing import poison, rel_error
@@ -155,18 +156,22 @@ def _block_operands(rng, m, n, k, m_major=False, b_apart=False):
 
 
 # Row-major scale_a is gathered by a producer warp; M-major scale_a comes with A through the TMA.
+# K split inside clusters of two and four: at K = 1040 (9 k-blocks) the fourth rank has none.
 @pytest.mark.parametrize("m,n,k", [(300, 264, 1040), (1024, 1024, 2048), (16, 512, 4096)])
 @pytest.mark.parametrize("config", [None, GemmConfig(bn=128, cluster_m=1, promote=1, split_k=3),
                                     GemmConfig(bn=128, cluster_m=2, epi_cols=64, promote=1),
-                                    GemmConfig(bn=128, cluster_m=2, promote=1, split_k=2)],
-                         ids=["auto", "split3", "c2", "c2-split2"])
+                                    GemmConfig(bn=128, cluster_m=2, promote=1, split_k=2),
+                                    GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1, cluster_k=2),
+                                    GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1, cluster_k=4)],
+                         ids=["auto", "split3", "c2", "c2-split2", "ck2", "ck4"])
 @pytest.mark.parametrize("m_major", [False, True], ids=["row-major", "m-major"])
 def test_fp8_block_scales_against_float64(device, rng, m, n, k, config, m_major):
     A, B, SA, SB, ref = _block_operands(rng, m, n, k, m_major)
     _check_gemm(A, B, ref, config, scale_a=SA, scale_b=SB)
 
 
-# Block scales on the skinny path (scale_a M-major, the default up to M = 128): A's scales scale
+# Block scales on the skinny path (scale_a M-major, the default up to M = 128 unless few tiles
+# split K inside clusters: block_scale_default): A's scales scale
 # the columns of C^T, B's give each 64-row warpgroup one scale a k-block; MMA widths 8-128, two
 # accumulator sets or (128-row CTAs at M > 64) one, K split or not, odd and even k-block counts,
 # clusters of two; per-column errors against float64.
@@ -181,7 +186,7 @@ def test_fp8_block_scales_on_the_skinny_path(device, rng, m, config, k):
     out = poison(tf.empty((m, n), "bfloat16"))
     run = kernels.gemm.prepare(A, B, out, config=config, scale_a=SA, scale_b=SB)
     kernel = getattr(run.launcher, "launcher", run.launcher).kernel  # split-K wraps the launcher
-    assert kernel.name == "gemm_skinny_bf16"
+    assert kernel.name == _default_kernel(m, n, k, config, "m_major", SA)
     run()
     got = bf16_to_float32(out.numpy()).astype(np.float64)
     per_column = np.linalg.norm(got - ref, axis=0) / np.linalg.norm(ref, axis=0)
@@ -239,10 +244,35 @@ def test_fp8_row_major_block_scales_in_the_scale_ring(device, rng, m, config, k)
     n = 904
     A, B, SA, SB, ref = _block_operands(rng, m, n, k, b_apart=True)
     kernel = _row_scaled_gemm_column_by_column(A, B, SA, SB, ref, config)
-    if config is None and not skinny_row_scales_by_default(m, k):  # the dense kernel gathers them
-        assert kernel.name == "gemm_bf16"
-    else:
-        assert kernel.name == "gemm_skinny_bf16" and kernel.defines["SCALE_RING"] == 1
+    assert kernel.name == _default_kernel(m, n, k, config, "row_major", SA)
+    if kernel.name == "gemm_skinny_bf16":
+        assert kernel.defines["SCALE_RING"] == 1
+    elif config is None and skinny_row_scales_by_default(m, k):  # not the gather: few tiles, K in clusters
+        assert kernel.defines["CLUSTER_K"] > 1
+
+
+def _default_kernel(m, n, k, config, mode, SA) -> str:
+    """The kernel a block-scaled call runs: the skinny one for a SkinnyConfig, or by default
+    where ``block_scale_default`` routes it there; else the dense one."""
+    if config is None:
+        config = block_scale_default(m, n, k, "nt", mode, SA, tf.current_device().sm_count)
+    return "gemm_skinny_bf16" if isinstance(config, SkinnyConfig) else "gemm_bf16"
+
+
+# 132 SMs: clusters of two, four, four (K = 1040: 9 k-blocks, the fourth rank has none), two
+@pytest.mark.parametrize("m,n,k", [(128, 4096, 4096), (96, 3072, 4096), (200, 1000, 1040), (256, 2048, 2048)])
+@pytest.mark.parametrize("m_major", [False, True], ids=["row-major", "m-major"])
+def test_fp8_block_scales_split_k_inside_clusters_by_default(device, rng, m, n, k, m_major):
+    """Few tiles past 64 rows: the default splits each tile's K in a cluster of two or four
+    (block_scale_cluster_k), poisoned output against float64, the debug build first."""
+    A, B, SA, SB, ref = _block_operands(rng, m, n, k, m_major)
+    out = poison(tf.empty((m, n), "bfloat16"))
+    run = kernels.gemm.prepare(A, B, out, scale_a=SA, scale_b=SB)
+    kernel = getattr(run.launcher, "launcher", run.launcher).kernel
+    ck = block_scale_config(m, n, k, tf.current_device().sm_count).cluster_k
+    assert ck > 1 and kernel.name == "gemm_bf16" and kernel.defines["CLUSTER_K"] == ck
+    assert kernel.defines["BLOCK_SCALES"] == 1
+    _check_gemm(A, B, ref, None, scale_a=SA, scale_b=SB)
 
 
 def test_fp8_scale_ring_takes_row_major_scales_only(device, rng):

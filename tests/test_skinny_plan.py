@@ -539,7 +539,8 @@ def test_block_scale_plan_gives_each_stage_its_scales():
     cfg = block_scale_config(4096, 7168, 16384, 132)
     assert cfg == GemmConfig(bn=128, cluster_m=2, epi_cols=64, promote=1)
     assert block_scale_config(128, 7168, 16384, 132).cluster_m == 1  # one M tile: nobody to share B with
-    assert block_scale_config(256, 512, 8192, 132).split_k == 4  # 8 tiles: K split to fill the GPU
+    assert block_scale_config(64, 512, 8192, 132).split_k == 4  # 4 tiles at 64 rows: K split to fill the GPU
+    assert block_scale_config(256, 512, 8192, 132).cluster_k == 4  # 8 tiles: K split inside clusters
     plain = gemm_plan(4096, 7168, 16384, "nt", cfg, "float8_e4m3fn")
     assert "BLOCK_SCALES" not in plain.defines and plain.spec_s is None
     stage = plain.layout.items[0].tx_bytes

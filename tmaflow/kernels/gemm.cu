@@ -171,8 +171,8 @@ static_assert(!BLOCK_SCALES || (FP8 && PROMOTE == 1 && BN == 128), "block scales
 static_assert(CLUSTER_K == 1 || CLUSTER_K == 2 || CLUSTER_K == 4, "CLUSTER_K is 1, 2 or 4");
 static_assert(PROMOTE_SETS == 1 || (PROMOTE_SETS == 2 && FP8 && PROMOTE == 1 && !BLOCK_SCALES && BN <= 128),
               "two promotion sets: per-tensor fp8, promoted every k-block, BN 64 or 128 (three sets of accumulators)");
-static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !GROUPED && !BLOCK_SCALES),
-              "cluster K-splits: one tile per cluster, no other split, no block scales");
+static_assert(CLUSTER_K == 1 || (CLUSTER_M == 1 && !SPLIT_K && !SPLIT_TAIL && !GROUPED),
+              "cluster K-splits: one tile per cluster, no other split");
 // Epilogue groups: the consumer warps that store rows of C together, kEpiRows rows (a warp holds
 // 16). Each warpgroup is one; with CLUSTER_K, the rows a rank owns (32 of them when it owns a
 // quarter of the tile).
@@ -659,7 +659,7 @@ gemm_bf16(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtens
       for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
 #endif
 #if BLOCK_SCALES || PROMOTE_SETS == 2
-      if (BLOCK_SCALES || kb0 < kb1) {  // (a cluster K-split rank may have no k-blocks)
+      if ((BLOCK_SCALES && CLUSTER_K == 1) || kb0 < kb1) {  // (a cluster K-split rank may have no k-blocks)
         // k-block j of the item runs on acc (j even) or acc2 (j odd): while one set is promoted
         // (with block scales, with its k-block's scales), the next k-block's wgmmas already run
         // on the other.

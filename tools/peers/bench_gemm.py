@@ -26,8 +26,7 @@ import tmaflow as tf
 from tmaflow import bench, kernels
 from tmaflow.bench.gemm_shapes import SKINNY, SKINNY_SWEEP, SUITES, SWEEP, describe
 from tmaflow.kernels.matmul import (SKINNY_FP8_PROMOTE, GemmConfig, SkinnyConfig, block_scale_config,
-                                    choose_config, dense_config, fp8_config, skinny_plan)
-from tmaflow.kernels.matmul.plan import skinny_row_scales_by_default
+                                    block_scale_default, choose_config, dense_config, fp8_config, skinny_plan)
 
 COLUMNS = ["shape", "layout", "dtype", "config", "peer", "cold_ours_tflops", "cold_peer_tflops", "cold_ratio",
            "warm_ours_tflops", "warm_peer_tflops", "warm_ratio", "rel_err"]
@@ -146,11 +145,12 @@ def block_rows(a, b, c, m, n, k, per_tensor, repeats) -> list:
     rows = []
     sa_m = sa.t().contiguous().t()
     variants = [("row-major", sa, None), ("M-major", sa_m, None)]
-    if m <= 128:  # the skinny path's M: the other kernel beside the default (row-major: skinny to M = 64)
-        dense = block_scale_config(m, n, k, tf.current_device().sm_count)
-        variants += [("M-major, dense", sa_m, dense),
-                     ("row-major, dense", sa, dense) if skinny_row_scales_by_default(m, k)
-                     else ("row-major, skinny", sa, SkinnyConfig())]
+    if m <= 128:  # the skinny path's M: the other kernel beside the default
+        sms = tf.current_device().sm_count
+        for layout, scale_a in (("M-major", sa_m), ("row-major", sa)):
+            auto = block_scale_default(m, n, k, "nt", "m_major" if scale_a is sa_m else "row_major", scale_a, sms)
+            other = block_scale_config(m, n, k, sms) if isinstance(auto, SkinnyConfig) else SkinnyConfig()
+            variants.append((f"{layout}, {'skinny' if isinstance(other, SkinnyConfig) else 'dense'}", scale_a, other))
     for layout, scale_a, cfg in variants:
         try:
             run = kernels.gemm.prepare(a, b, c, scale_a=scale_a, scale_b=sb, config=cfg)

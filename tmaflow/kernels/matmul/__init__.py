@@ -13,7 +13,7 @@ _PUBLIC = {
     "heuristics": ("skinny_splits", "choose_config", "fp8_config", "block_scale_config", "dense_config",
                    "tail_splits"),
     "plan": ("GemmPlan", "gemm_plan", "SkinnyPlan", "skinny_plan"),
-    "dense": ("gemm",),
+    "dense": ("gemm", "block_scale_default"),
     "grouped": ("grouped_gemm",),
 }
 _HOME = {name: module for module, names in _PUBLIC.items() for name in names}

@@ -92,6 +92,21 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
 _LAUNCH_OPTIONS = checks.Options("gemm", pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
 
 
+def block_scale_default(m: int, n: int, k: int, layout: str, block_scales: str, scale_view,
+                        sm_count: int) -> GemmConfig | SkinnyConfig:
+    """The configuration a block-scaled product takes by default: the dense kernel with K split
+    inside clusters where ``block_scale_config`` says so, else the skinny path up to SKINNY_M
+    rows where its map can read scale_a (M-major; row-major where
+    ``skinny_row_scales_by_default`` and ``skinny_takes_row_major_scales``), else the dense
+    kernel (its warp gathers a row-major scale_a)."""
+    config = block_scale_config(m, n, k, sm_count)
+    readable = block_scales == "m_major" or skinny_row_scales_by_default(m, k) and \
+        skinny_takes_row_major_scales(scale_view)
+    if readable and layout == "nt" and m <= SKINNY_M and config.cluster_k == 1:
+        return SkinnyConfig()
+    return config
+
+
 def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
                 trace=False, block_scales=None, scale_view=None) -> _GemmState:
     _LAUNCH_OPTIONS.check(pdl, debug, trace)
@@ -101,11 +116,8 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
         _check_rows(name, arr)
     device = current_device()
     dtype = A.dtype.name
-    if config is None and block_scales:  # the skinny path where its map can read scale_a (else gathered)
-        readable = block_scales == "m_major" or skinny_row_scales_by_default(m, k) and \
-            skinny_takes_row_major_scales(scale_view)
-        skinny = readable and layout == "nt" and m <= SKINNY_M
-        config = SkinnyConfig() if skinny else block_scale_config(m, n, k, device.sm_count)
+    if config is None and block_scales:
+        config = block_scale_default(m, n, k, layout, block_scales, scale_view, device.sm_count)
     config = config or choose_config(m, n, k, device.sm_count, layout, dtype)
     if isinstance(config, SkinnyConfig):
         return _skinny_state(A, B, c_strides, m, n, k, config, device, stream, pdl, debug, trace,

@@ -149,10 +149,35 @@ def block_scale_config(m: int, n: int, k: int, sm_count: int) -> GemmConfig:
     """Block scales: 128 x 128 tiles (B's scales cover 128 x 128) promoted every k-block, in
     clusters of two sharing B when there are two M tiles (H200, M-major scales: 1257 against
     1201 TFLOP/s unclustered at 4096x7168x16384, 1221 against 1157 at 8192^3), with 64-column
-    epilogue rounds (room for a sixth stage beside the scales); K split as the bf16 tiles are."""
+    epilogue rounds (room for a sixth stage beside the scales); K split as the bf16 tiles are.
+    Where the tiles fill at most half the SMs (and M is past the skinny path's 64 rows), K is
+    split inside clusters instead (``block_scale_cluster_k``)."""
     tiles, k_blocks = math.ceil(m / BM) * math.ceil(n / 128), math.ceil(k / FP8_BK)
+    ck = block_scale_cluster_k(m, tiles, k_blocks, sm_count)
+    if ck > 1:
+        return GemmConfig(bn=128, cluster_m=1, epi_cols=64, promote=1, cluster_k=ck)
     return GemmConfig(bn=128, cluster_m=2 if m > BM else 1, epi_cols=64, promote=1,
                       split_k=_filling_splits(tiles, k_blocks, sm_count))
+
+
+# Block scales: M from which few tiles split K inside clusters rather than take the skinny path
+# (64x4096x4096 cold x cuBLAS: skinny 1.275, two CTAs a tile 1.202)
+_BLOCK_CLUSTER_K_FROM_M = 65
+
+
+def block_scale_cluster_k(m: int, tiles: int, k_blocks: int, sm_count: int) -> int:
+    """CTAs of a cluster splitting each block-scaled tile's K (1: none). Tiles filling at most
+    half the SMs, 8 k-blocks or more: two, or four where four CTAs a tile stay within 3/4 of
+    the SMs (clusters of four must fit a GPC's free SMs: 32 tiles in 128 CTAs ran slower than in
+    64). H200, session 28, cold x cuBLAS's block-scaled _scaled_mm, the old default -> two ->
+    four CTAs a tile: 128x4096x4096 1.009 -> 1.177 -> 0.975; 128x4096x8192 1.177 -> 1.252 ->
+    1.076; 256x2048x7168 1.022 -> 1.414 -> 1.151; 96x7168x16384 1.441 -> 1.784 -> 1.694;
+    256x4096x16384 1.196 -> 1.347; 128x4096x1024 0.899 -> 1.010; 128x2048x4096 1.000 -> 1.303 ->
+    1.492; 128x3072x4096 1.033 -> 1.253 -> 1.424; 128x1024x8192 1.324 -> 1.562 -> 2.050; back
+    to back 1.2-1.7x the old default. At 96 tiles (384x4096x4096) 0.894 -> 0.839: none."""
+    if m < _BLOCK_CLUSTER_K_FROM_M or 2 * tiles > sm_count or k_blocks < 8:
+        return 1
+    return 4 if 16 * tiles <= 3 * sm_count else 2
 
 
 # Relative speed of a tile's math (H200, full waves): 128 x 256 tiles read 20% less shared

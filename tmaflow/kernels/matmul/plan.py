@@ -107,9 +107,6 @@ def gemm_plan(m: int, n: int, k: int, layout: str = "nt", config: GemmConfig = G
     if config.cluster_m == 4 and (layout != "nt" or config.bn % 32):
         raise TmaflowError(f"gemm: cluster_m=4 shares B in four 8-row-aligned slices of a tile's rows: layout "
                            f"'nt' and bn a multiple of 32 (got layout {layout!r}, bn={config.bn})")
-    if block_scales and config.cluster_k > 1:
-        raise TmaflowError(f"gemm: cluster_k={config.cluster_k} is for bfloat16 and per-tensor fp8 products "
-                           "(got block scales); split a block-scaled product's K with split_k")
     bn, cm, ck, bk = config.bn, config.cluster_m, config.cluster_k, FP8_BK if fp8 else BK
     l2 = {"swizzle": "128B", "l2_promotion": config.l2_promotion}
     spec_a = TensorMapSpec.tiled(dtype, (m, k), (BM, bk), **l2)
