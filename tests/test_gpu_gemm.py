@@ -115,6 +115,18 @@ def test_gemm_cluster_k_against_float64(device, rng, config, layout):
             _check(out, ref, (m, n, k, config, layout, debug))
 
 
+@pytest.mark.parametrize("config", [GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4),
+                                    GemmConfig(bn=128, cluster_m=1, cluster_k=2)], ids=["bn64-ck4", "bn128-ck2"])
+def test_gemm_cluster_k_traced_debug_launch_passes_the_diagnosis(device, rng, config):
+    """An owner's last remote arrivals hand its slots back to senders that wait for them before
+    they leave (ClusterReduce.drain): a traced debug launch must not read that as a missing
+    cluster sync (a finding raises). Several tiles a cluster, K ragged."""
+    A, B, ref = _operands(rng, 1000, 760, 520, "nt")
+    out = poison(tf.empty((1000, 760), "bfloat16"))
+    kernels.gemm(A, B, out, config=config, debug=True, trace="all")
+    _check(out, ref, ("traced cluster-k", config))
+
+
 def test_gemm_cluster_k_is_deterministic_and_repeats(device, rng):
     # Each tile's rows are summed by their owner in a fixed order: repeats are bit-identical,
     # also with two shapes alternating through the same kernel.

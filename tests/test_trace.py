@@ -209,6 +209,24 @@ def test_diagnosis_multicast_rules():
     assert names == ["missing-cluster-sync"], names
 
 
+def test_a_remote_arrival_its_target_waits_for_needs_no_final_sync():
+    """A cluster's K splits: each sender drains the owner's release of its last slot before it
+    leaves, so the owner's last remote arrival lands in a CTA that is still there; an arrival
+    its target had stopped waiting for (or never waits for) is still a finding."""
+    lay = planted_layout(cluster=2)
+    _, empty, _ = offsets(lay)
+    sync = ev(5, "cluster sync", dur=3)
+    owner = [sync, ev(40, "arrive (remote)", empty, 1 | 1 << 16)]  # onto CTA 1's barrier
+    sender = [sync, ev(30, "wait", empty, 1, 0, dur=15)]            # waiting from 30 to 45
+    assert run_rules([owner, [], sender, []], cluster=2)[0] == []
+    for gone in ([sync, ev(30, "wait", empty, 1, 0, dur=5)], [sync]):
+        names, _ = run_rules([owner, [], gone, []], cluster=2)
+        assert names == ["missing-cluster-sync"], names
+    elsewhere = [sync, ev(40, "arrive (remote)", empty + 8, 1 | 1 << 16)]  # another barrier than the one waited on
+    names, _ = run_rules([elsewhere, [], sender, []], cluster=2)
+    assert names == ["missing-cluster-sync"], names
+
+
 def test_stage_traces_apply_only_the_rules_they_can_support():
     lay = planted_layout()
     full, empty, tx = offsets(lay)

@@ -22,7 +22,8 @@ Each broken rule is a :class:`Finding` with a name:
 - ``missing-cluster-sync``: a CTA reached into its peers' shared memory (remote arrivals,
   multicast) and then left without a cluster sync or a producer tail (its producer waiting
   until every stage is released, peers' releases included), so a peer may still be using it,
-  or it may write into a peer that already left;
+  or it may write into a peer that already left; a last remote arrival that its target waited
+  for on that barrier (a sender draining its releases) is not one;
 - ``missing-acquire``: a TMA copy went through a tensor map published on the device in this
   launch (``tensormap::publish_warp``) without ``tensormap::acquire`` of that slot first in
   the copying CTA (it may see the old descriptor).
@@ -298,11 +299,21 @@ def _no_final_sync(trace, layout, pipes, cluster_size) -> list[Finding]:
                 return False
         return bool(clustered)
 
+    def awaited(e) -> bool:
+        """A remote arrival whose target CTA waited on that barrier until it landed (the target
+        could not have left; the arriving CTA wrote nothing after it): the release a cluster's K
+        splits hand back to a sender that drains it before leaving."""
+        if e["kind"] != K["arrive (remote)"]:
+            return False
+        target = int(e["block"]) - int(e["block"]) % cluster_size + (int(e["value"]) & 0xFFFF)
+        theirs = waits[(waits["block"] == target) & (waits["bar"] == e["bar"])]
+        return bool(len(theirs)) and int((theirs["t0"] + theirs["dur"]).max()) >= int(e["t0"])
+
     out = []
     for block in np.unique(remote["block"]):
         last = remote[remote["block"] == block][-1]
         after = syncs[(syncs["block"] == block) & (syncs["t0"] >= last["t0"])]
-        if not len(after) and not producer_tail(block):
+        if not len(after) and not producer_tail(block) and not awaited(last):
             out.append(Finding("missing-cluster-sync",
                                f"CTA {int(block)} warp {int(last['warp'])}: {trace.label(last)} was its "
                                "last reach into a peer's shared memory, and neither a cluster sync nor a "
