@@ -98,10 +98,10 @@ def block_scale_default(m: int, n: int, k: int, layout: str, block_scales: str, 
     inside clusters where ``block_scale_config`` says so, else the skinny path up to SKINNY_M
     rows where its map can read scale_a (M-major; row-major where
     ``skinny_row_scales_by_default`` and ``skinny_takes_row_major_scales``), else the dense
-    kernel (its warp gathers a row-major scale_a)."""
+    kernel (its warp gathers a row-major scale_a). ``scale_view``: scale_a, any array kind."""
     config = block_scale_config(m, n, k, sm_count)
     readable = block_scales == "m_major" or skinny_row_scales_by_default(m, k) and \
-        skinny_takes_row_major_scales(scale_view)
+        skinny_takes_row_major_scales(as_array(scale_view))
     if readable and layout == "nt" and m <= SKINNY_M and config.cluster_k == 1:
         return SkinnyConfig()
     return config
