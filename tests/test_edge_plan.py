@@ -308,6 +308,103 @@ def test_zeros_of_a_product_without_terms(rng):
     assert np.array_equal(mem.buf[outside], before[outside])  # columns 0-2 and 36-39 kept
 
 
+def run_stage_rows(mem: Memory, args) -> None:
+    """edge.cu stage_rows, job by job; a job's 16-byte accesses (its flags) must be aligned."""
+    for job in (args[:9], args[9:]):
+        dst, src, rows, cols, src_rows, src_cols, dp, sp, flags = job
+        if not rows:
+            continue
+        item = dst.dtype.itemsize
+        if flags & edge.DST_VEC:
+            assert not (dst.ptr - FAKE) % 16 and not dp * item % 16, job
+        if flags & edge.SRC_VEC:
+            assert not (src.ptr - FAKE) % 16 and not sp * item % 16, job
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        keep = (r < src_rows) & (c < src_cols)
+        words = mem.words(item)
+        s = (src.ptr - FAKE) // item + r * sp + c if src_rows and src_cols else 0
+        words[(dst.ptr - FAKE) // item + r * dp + c] = np.where(keep, words[np.where(keep, s, 0)], 0)
+
+
+def _staged(mem, src, dst, name):
+    return edge.row_job(mem.device(dst, name), mem.device(src, name))
+
+
+@pytest.mark.parametrize("name,np_dtype", [("bfloat16", np.uint16), ("float8_e4m3fn", np.uint8),
+                                           ("float32", np.float32), ("float64", np.float64)])
+def test_stage_rows_stage_two_operands_in_one_launch_and_copy_back(rng, name, np_dtype):
+    """A GEMM's staging: A (129 x 4095, rows 8190 B apart when bf16) and B (257 x 4095, from a
+    base one element past 16-byte alignment) zero-padded into aligned scratch by one launch, and
+    C's window copied back out of the staged (129 x 264) output into rows that are no 16-byte
+    multiple; nothing written outside the destinations."""
+    mem = Memory(1 << 25, rng)
+    a = mem.take(129 * 4095, np_dtype).reshape(129, 4095)
+    b = mem.take(257 * 4095 + 1, np_dtype)[1:].reshape(257, 4095)
+    a2 = mem.take(129 * 4096, np_dtype).reshape(129, 4096)
+    b2 = mem.take(264 * 4096, np_dtype).reshape(264, 4096)
+    jobs = [_staged(mem, a, a2, name), _staged(mem, b, b2, name)]
+    assert [j[8] for j in jobs] == [edge.DST_VEC] * 2  # the sources' rows are no 16-byte multiple
+    launches = edge.stage_launches(jobs)
+    assert len(launches) == 1 and launches[0][1] == (129 + 264) * 4096 * a.itemsize // 16
+    before = mem.buf.copy()
+    run_stage_rows(mem, launches[0][2])
+    np.testing.assert_array_equal(a2[:, :4095], a)
+    np.testing.assert_array_equal(b2[:257, :4095], b)
+    assert not a2[:, 4095:].any() and not b2[257:].any() and not b2[:, 4095:].any()
+    outside = ~(mem.addressed(a2) | mem.addressed(b2))
+    assert np.array_equal(mem.buf[outside], before[outside])
+
+    c2 = mem.take(129 * 264, np_dtype).reshape(129, 264)
+    c = mem.take(129 * 257 + 3, np_dtype)[3:].reshape(129, 257)
+    C2 = mem.device(c2, name)
+    job = edge.row_job(mem.device(c, name), C2._as((129, 257), C2.strides))
+    assert job[8] == (edge.SRC_VEC if 264 * c2.itemsize % 16 == 0 else 0)  # rows of 264 fp8 bytes are not
+    before = mem.buf.copy()
+    run_stage_rows(mem, edge.stage_launches([job])[0][2])
+    np.testing.assert_array_equal(c, c2[:, :257])
+    outside = ~mem.addressed(c)
+    assert np.array_equal(mem.buf[outside], before[outside])
+
+
+def test_stage_rows_random_views(rng):
+    """Views with rows at any pitch and base (elements packed along rows), zero padding in both
+    dims, jobs paired per element size."""
+    for case in range(40):
+        name, np_dtype = DTYPES[case % len(DTYPES)]
+        mem = Memory(1 << 21, rng)
+        rows, cols = (int(x) for x in rng.integers(1, 40, 2))
+        pad_r, pad_c = (int(x) for x in rng.integers(0, 9, 2))
+        pitch, skew = cols + int(rng.integers(0, 5)), int(rng.integers(0, 3))
+        src = mem.take(rows * pitch + skew, np_dtype)[skew:].reshape(rows, pitch)[:, :cols]
+        dst = mem.take((rows + pad_r) * (cols + pad_c), np_dtype).reshape(rows + pad_r, cols + pad_c)
+        want = src.copy()
+        job = _staged(mem, src, dst, name)
+        assert job is not None, (case, src.strides)
+        for launch in edge.stage_launches([job]):
+            run_stage_rows(mem, launch[2])
+        np.testing.assert_array_equal(dst[:rows, :cols], want, err_msg=f"case {case}")
+        assert not dst[rows:].any() and not dst[:, cols:].any()
+
+
+def test_stage_rows_take_only_row_copies():
+    f = "bfloat16"
+    packed = arr((8, 16), f, ptr=FAKE)
+    assert edge.row_job(packed, arr((8, 16), f, (4, 64), ptr=FAKE)) is None  # src elements 2 apart
+    assert edge.row_job(packed, arr((8, 16), f, (2, 16), ptr=FAKE)) is None  # transposed src
+    assert edge.row_job(packed, arr((9, 16), f, ptr=FAKE)) is None            # src larger than dst
+    assert edge.row_job(arr((2, 8, 16), f, ptr=FAKE), arr((2, 8, 16), f, ptr=FAKE)) is None  # 3-D
+    assert edge.row_job(packed, arr((8, 16), f, ptr=FAKE + 1)) is None          # half an element off
+    assert edge.row_job(packed, arr((8, 0), f, ptr=FAKE))[5] == 0              # zeros only
+    # the kernel numbers 16-byte chunks in 32 bits: two jobs share a launch below 2^31 of them
+    big = [edge.row_job(arr((1 << 16, 1 << 14), f, ptr=FAKE), arr((1 << 16, 1 << 14), f, ptr=FAKE))] * 2
+    assert [n for _, n, _ in edge.stage_launches(big)] == [1 << 28]
+    huge = [edge.row_job(arr((1 << 19, 1 << 14), f, ptr=FAKE), arr((1 << 19, 1 << 14), f, ptr=FAKE))] * 2
+    assert [n for _, n, _ in edge.stage_launches(huge)] == [1 << 30] * 2
+    assert edge.row_job(arr((1 << 20, 1 << 14), f, ptr=FAKE), arr((1 << 20, 1 << 14), f, ptr=FAKE)) is None
+    fp8 = edge.row_job(arr((8, 16), "float8_e4m3fn", ptr=FAKE), arr((8, 16), "float8_e4m3fn", ptr=FAKE))
+    assert [item for item, _, _ in edge.stage_launches([big[0], fp8])] == [2, 1]  # one element size a launch
+
+
 def test_transposing_copy(rng):
     """edge.transpose writes x into out viewed with its strides reversed."""
     for shape in [(127, 64), (5, 3), (1, 300), (257, 129)]:
@@ -349,6 +446,8 @@ def test_edge_strides_must_be_whole_elements():
 
 @pytest.mark.parametrize("name,defines", [("strided_copy", {"ELEM_BYTES": 1}), ("strided_copy", {"ELEM_BYTES": 2}),
                                           ("strided_copy", {"ELEM_BYTES": 4}), ("strided_copy", {"ELEM_BYTES": 8}),
+                                          ("stage_rows", {"ELEM_BYTES": 1}), ("stage_rows", {"ELEM_BYTES": 2}),
+                                          ("stage_rows", {"ELEM_BYTES": 4}), ("stage_rows", {"ELEM_BYTES": 8}),
                                           ("softmax_rows", None)])
 @pytest.mark.parametrize("debug", [None, True], ids=["release", "debug"])
 def test_edge_kernels_compile_to_cubin(tmp_cache, name, defines, debug):
@@ -356,4 +455,5 @@ def test_edge_kernels_compile_to_cubin(tmp_cache, name, defines, debug):
     assert k.cubin[:4] == b"\x7fELF"
     assert k.resources.spills == 0 and k.resources.registers <= 64  # 256 threads, 8 blocks an SM
     kinds = [p.kind for p in k.params]
-    assert kinds[:2] == ["pointer", "pointer"] and set(kinds[2:]) == {"int"} and all(p.size == 8 for p in k.params)
+    jobs = [kinds[i:i + 9] for i in range(0, len(kinds), 9)] if name == "stage_rows" else [kinds]  # two jobs
+    assert all(j[:2] == ["pointer", "pointer"] and set(j[2:]) == {"int"} for j in jobs) and all(p.size == 8 for p in k.params)

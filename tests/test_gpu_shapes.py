@@ -324,6 +324,26 @@ def test_prepared_edge_gemm_repeats_every_launch(torch, rng):
     _check_product(torch, c, a.float() @ b.float().T, "prepared, new a")
 
 
+def test_staged_gemm_moves_both_operands_in_one_launch_behind_which_the_gemm_waits(torch, rng):
+    """129 x 257 x 4095: A and B staged by one stage_rows launch, the GEMM launched behind it
+    under PDL, C's window copied back by a row copy under PDL; poisoned output against torch,
+    repeated with new operands (a PDL launch that did not wait would read the old staging)."""
+    a = _values(torch, (129, 4095), torch.bfloat16)
+    b = _values(torch, (257, 4095), torch.bfloat16)
+    c = torch.full((129, 257), float("nan"), device="cuda", dtype=torch.bfloat16)
+    prepared = kernels.gemm.prepare(a, b, c)
+    names = [getattr(getattr(launcher, "kernel", None), "name", None) for launcher, _ in prepared.launcher.steps]
+    assert names[0] == "stage_rows" and names[-1] == "stage_rows" and len(names) == 3, names
+    pdl = [getattr(getattr(launcher, "launcher", launcher), "config", None) for launcher, _ in prepared.launcher.steps]
+    assert [getattr(p, "pdl", None) for p in pdl] == [False, True, True], pdl
+    for _ in range(3):
+        a.copy_(_values(torch, (129, 4095), torch.bfloat16))
+        b.copy_(_values(torch, (257, 4095), torch.bfloat16))
+        c.fill_(float("nan"))
+        prepared()
+        _check_product(torch, c, a.float() @ b.float().T, "staged, one launch")
+
+
 def test_edge_paths_on_an_explicit_torch_stream(torch, rng):
     s = torch.cuda.Stream()
     a, _ = _matrix(torch, rng, (513, 1001), torch.bfloat16, "offset")

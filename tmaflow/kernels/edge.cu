@@ -49,6 +49,61 @@ strided_copy(Elem* dst, const Elem* src, long long batch, long long rows, long l
   }
 }
 
+// The rows of a staged GEMM operand (or of a staged output copied back): up to two jobs a launch
+// (edge.py stage_launches), each dst[r, c] = src[r, c] over dst's (rows, cols), zeros where
+// r >= src_rows or c >= src_cols. Elements are contiguous along rows on both sides and rows
+// `*_pitch` elements apart. A thread moves one 16-byte chunk of a dst row: through one 16-byte
+// load (store) where that side's base and pitch are 16-byte multiples (flags SRC_VEC, DST_VEC),
+// element by element elsewhere. Under PDL it waits for the previous grid before reading, and
+// lets the next one (the GEMM) launch at once.
+constexpr int CHUNK = 16 / ELEM_BYTES;
+constexpr long long SRC_VEC = 1, DST_VEC = 2;
+
+union Chunk {
+  uint4 q;
+  Elem e[CHUNK];
+};
+
+TMAFLOW_DEVICE void stage_chunk(Elem* dst, const Elem* src, long long r, long long c0, long long cols, long long src_rows,
+                                long long src_cols, long long dst_pitch, long long src_pitch, long long flags) {
+  Chunk v;
+  const Elem* s = src + r * src_pitch + c0;
+  if ((flags & SRC_VEC) && r < src_rows && c0 + CHUNK <= src_cols) {
+    v.q = *reinterpret_cast<const uint4*>(s);
+  } else {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i) v.e[i] = r < src_rows && c0 + i < src_cols ? s[i] : Elem(0);
+  }
+  Elem* d = dst + r * dst_pitch + c0;
+  if ((flags & DST_VEC) && c0 + CHUNK <= cols) {
+    *reinterpret_cast<uint4*>(d) = v.q;
+  } else {
+#pragma unroll
+    for (int i = 0; i < CHUNK; ++i)
+      if (c0 + i < cols) d[i] = v.e[i];
+  }
+}
+
+// Chunks are numbered row by row through job 0, then job 1 (32-bit: the host keeps the count
+// below 2^31).
+extern "C" __global__ void __launch_bounds__(THREADS)
+stage_rows(Elem* dst0, const Elem* src0, long long rows0, long long cols0, long long src_rows0, long long src_cols0,
+           long long dst_pitch0, long long src_pitch0, long long flags0, Elem* dst1, const Elem* src1, long long rows1,
+           long long cols1, long long src_rows1, long long src_cols1, long long dst_pitch1, long long src_pitch1,
+           long long flags1) {
+  tmaflow::griddep::wait();  // under PDL: the previous grid's writes (and reads of dst) are done
+  tmaflow::griddep::launch_dependents();
+  const uint32_t per0 = uint32_t((cols0 + CHUNK - 1) / CHUNK), per1 = uint32_t((cols1 + CHUNK - 1) / CHUNK);
+  const uint32_t n0 = uint32_t(rows0) * per0, total = n0 + uint32_t(rows1) * per1;
+  for (uint32_t t = blockIdx.x * THREADS + threadIdx.x; t < total; t += gridDim.x * THREADS) {
+    if (t < n0)
+      stage_chunk(dst0, src0, t / per0, t % per0 * CHUNK, cols0, src_rows0, src_cols0, dst_pitch0, src_pitch0, flags0);
+    else
+      stage_chunk(dst1, src1, (t - n0) / per1, (t - n0) % per1 * CHUNK, cols1, src_rows1, src_cols1, dst_pitch1,
+                  src_pitch1, flags1);
+  }
+}
+
 TMAFLOW_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
 
 // Fold (m2, s2) into the pair (m, s): maxima, and sums of exp(x - max) rescaled to the larger.

@@ -8,7 +8,9 @@ every call that fits those rules (one check per call: ``takes_tma``, ``gemm_take
 - GEMMs (bf16, fp8 with per-tensor or block scales, grouped) are *staged*: each operand the TMA
   cannot read is copied into aligned scratch, zero-padded along K (the product is unchanged)
   and along N where the output is staged too; the aligned kernel runs on the scratch; the valid
-  window of a staged output is copied into the caller's. ``product_staging`` plans it.
+  window of a staged output is copied into the caller's. ``product_staging`` plans it. Copies
+  of packed rows (the usual case: a K or N that is no multiple of 8) go two to a
+  ``stage_rows`` launch, 16 bytes a thread; the GEMM and the copy back follow under PDL.
 - copy, transpose and softmax of any rank, width and stride run plain kernels (edge.cu), or,
   where collapsing dims leaves a TMA-legal 2-D view, the TMA kernel on that view.
 
@@ -270,6 +272,59 @@ def copy_steps(dst: DeviceArray, src: DeviceArray, stream=None, debug=None) -> l
     return [(launcher, args) for args in launches]
 
 
+# stage_rows (edge.cu): flags of a job whose side takes 16-byte loads / stores
+SRC_VEC, DST_VEC = 1, 2
+_NO_JOB = (0, 0, 0, 0, 0, 0, 0, 0, 0)  # the second job of a launch with one
+
+
+def row_job(dst: DeviceArray, src: DeviceArray) -> tuple | None:
+    """``stage_rows``' arguments for one job writing the 2-D ``dst`` from ``src`` (no larger in
+    either dim: zeros past it), both with elements packed along rows and positive row pitches;
+    None where the strided copy must move it. Pure, as ``copy_launches``."""
+    item = dst.dtype.itemsize
+    if dst.ndim != 2 or src.ndim != 2 or src.dtype.itemsize != item or item not in (1, 2, 4, 8) or not dst.size:
+        return None
+    (rows, cols), (src_rows, src_cols) = dst.shape, src.shape
+    if src_rows > rows or src_cols > cols or rows * -(-cols // (ALIGN // item)) >= 1 << 31:
+        return None
+    sides = [(dst, rows, cols), (src, src_rows, src_cols)]
+    if any(a.strides[1] != item or a.strides[0] <= 0 or (a.ptr | a.strides[0]) % item for a, r, c in sides if r and c):
+        return None
+    flags = sum(bit for bit, (a, r, c) in zip((DST_VEC, SRC_VEC), sides)
+                if r and c and not (a.ptr | a.strides[0]) % ALIGN)
+    return (dst, src, rows, cols, src_rows, src_cols, dst.strides[0] // item,
+            src.strides[0] // item if src_rows and src_cols else 0, flags)
+
+
+def stage_launches(jobs: list) -> list:
+    """(element bytes, chunks, args) of each ``stage_rows`` launch moving ``jobs``
+    (``row_job``'s): two a launch where their elements are of one size and their 16-byte chunks
+    stay below 2^31 together (the kernel numbers them in 32 bits). Pure."""
+    out, open_ = [], {}  # open_: element bytes -> (chunks, job) of a launch with one job so far
+    for job in jobs:
+        item = job[0].dtype.itemsize
+        chunks = job[2] * -(-job[3] // (ALIGN // item))
+        held = open_.pop(item, None)
+        if held is not None and held[0] + chunks < 1 << 31:
+            out.append((item, held[0] + chunks, (*held[1], *job)))
+        else:
+            if held is not None:
+                out.append((item, held[0], (*held[1], *_NO_JOB)))
+            open_[item] = (chunks, job)
+    out += [(item, chunks, (*job, *_NO_JOB)) for item, (chunks, job) in open_.items()]
+    return out
+
+
+def stage_steps(jobs: list, stream=None, debug=None, pdl: bool = False) -> list:
+    """(launcher, args) of the ``stage_launches`` of ``jobs``; ``pdl``: each launched behind
+    the previous kernel (stage_rows waits for that grid before it reads)."""
+    steps = []
+    for item, chunks, args in stage_launches(jobs):
+        k = get_kernel("stage_rows", None, {"ELEM_BYTES": item}, debug=debug)
+        steps.append((k.launcher(grid=_grid(-(-chunks // THREADS)), block=THREADS, stream=stream, pdl=pdl), args))
+    return steps
+
+
 def zero_steps(dst: DeviceArray, stream=None, debug=None) -> list:
     """Launches writing zeros over the 2-D ``dst`` at any strides (a sum of no terms)."""
     return copy_steps(dst, dst._as((dst.shape[0], 0), dst.strides), stream, debug)
@@ -307,12 +362,14 @@ def softmax_steps(out: DeviceArray, x: DeviceArray, stream=None, debug=None) -> 
 
 
 class _Staging:
-    """Scratch of the caller's kind for one staged call, and the launches that fill it."""
+    """Scratch of the caller's kind for one staged call, and the launches that fill it: row
+    copies gathered into ``stage_rows`` launches of two jobs, the rest strided copies."""
 
     def __init__(self, like, like_arr: DeviceArray, stream, debug):
         self.like, self.like_arr, self.stream, self.debug = like, like_arr, stream, debug
         self.steps: list = []
         self.keep: list = []
+        self.rows: list = []  # row_job's, launched by ``flush``
 
     def empty(self, shape: tuple, dtype) -> DeviceArray:
         arr = scratch(self.like, self.like_arr, shape, dtype, self.stream)  # zeroed for the sanitizer:
@@ -325,8 +382,31 @@ class _Staging:
         if shape is None:
             return src
         arr = self.empty(shape, src.dtype)
-        self.add(copy_steps(arr, src, self.stream, self.debug))
+        job = row_job(arr, src)
+        if job is None:
+            self.add(copy_steps(arr, src, self.stream, self.debug))
+        else:
+            self.rows.append(job)
         return arr
+
+    def flush(self) -> None:
+        """The gathered row copies' launches, after the steps so far."""
+        self.add(stage_steps(self.rows, self.stream, self.debug))
+        self.rows = []
+
+    def product(self, launcher, args) -> None:
+        """The GEMM on the staged operands, launched behind the copies under PDL (its prologue
+        overlaps their tail; it waits for them before it reads)."""
+        self.flush()
+        self.add([(launcher, args)])
+
+    def copy_back(self, dst: DeviceArray, staged: DeviceArray) -> None:
+        """``staged``'s (dst-shaped) window into the caller's ``dst``, behind the GEMM under PDL
+        where it is a row copy."""
+        view = staged._as(dst.shape, staged.strides)
+        job = row_job(dst, view)
+        self.add(copy_steps(dst, view, self.stream, self.debug) if job is None else
+                 stage_steps([job], self.stream, self.debug, pdl=True))
 
     def add(self, steps) -> None:
         self.steps.extend(steps)
@@ -354,11 +434,9 @@ def gemm(prepare, a, A: DeviceArray, B: DeviceArray, out, C: DeviceArray | None,
         if not _row_major(sb):
             scale_b = st.copy(sb, sb.shape)
     C2 = st.empty(plan.c, BF16) if plan.c else C
-    launcher, args, _ = prepare(A2, B2, C2, layout=layout, scale_a=scale_a, scale_b=scale_b,
-                                **dict(options, pdl=False))
-    st.add([(launcher, args)])
+    st.product(*prepare(A2, B2, C2, layout=layout, scale_a=scale_a, scale_b=scale_b, **dict(options, pdl=True))[:2])
     if plan.c:
-        st.add(copy_steps(C, C2._as(C.shape, C2.strides), stream, debug))
+        st.copy_back(C, C2)
     return st.launches(), (), result
 
 
@@ -373,10 +451,9 @@ def grouped_gemm(prepare, a, A: DeviceArray, B: DeviceArray, offsets, out, C: De
     st = _Staging(a, A, stream, debug)
     A2, B2 = st.copy(A, plan.a), st.copy(B, plan.b)
     C2 = st.empty(plan.c, C.dtype) if plan.c else C
-    launcher, args, _ = prepare(A2, B2, offsets, C2, layout=layout, **dict(options, pdl=False))
-    st.add([(launcher, args)])
+    st.product(*prepare(A2, B2, offsets, C2, layout=layout, **dict(options, pdl=True))[:2])
     if plan.c:
-        st.add(copy_steps(C, C2._as(C.shape, C2.strides), stream, debug))
+        st.copy_back(C, C2)
     return st.launches(), (), result
 
 

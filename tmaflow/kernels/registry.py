@@ -42,7 +42,8 @@ def extra_defines(defines: dict, patch=None, sources: dict | None = None):
 
 _FILES = {"tile_copy": "copy", "transpose": "transpose", "softmax": "softmax",
           "reduce_add": "reduce", "broadcast_scale": "broadcast", "axpb_ldgsts": "axpb",
-          "axpb_tma": "axpb", "gemm_bf16": "gemm", "strided_copy": "edge", "softmax_rows": "edge"}
+          "axpb_tma": "axpb", "gemm_bf16": "gemm", "strided_copy": "edge", "softmax_rows": "edge",
+          "stage_rows": "edge"}
 
 
 def get_kernel(name: str, layout: SharedLayout | None, defines: dict | None = None,

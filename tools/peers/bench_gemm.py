@@ -42,7 +42,12 @@ FP8_SKINNY_SWEEP = [SkinnyConfig(), SkinnyConfig(split_k=1), SkinnyConfig(rows=1
                     # 65-128 rows: 64-row halves of M sharing B (cuBLAS's 64x64 2x1 at 128x4096x4096);
                     # pairs of N tiles sharing A, K split (cuBLAS's 128x64 1x2 at 128x8192x8192 is cluster=2)
                     SkinnyConfig(m_halves=2), SkinnyConfig(rows=128, m_halves=2), SkinnyConfig(m_halves=2, split_k=2),
-                    SkinnyConfig(cluster=2, split_k=2)]
+                    SkinnyConfig(cluster=2, split_k=2),
+                    # session 28: two accumulator sets promoted in turn, deeper K splits, 64-column
+                    # dense tiles of one M tile split in clusters of two or four
+                    SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=3), SkinnyConfig(split_k=4),
+                    GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=2),
+                    GemmConfig(bn=64, cluster_m=1, epi_cols=64, cluster_k=4)]
 # --chunks (bf16): the skinny kernel with M in chunks of m_rows rows (a CTA each, pairs sharing B
 # with m_halves), as cuBLAS runs 256^3 / 512^3 in ~100-128 CTAs of 64x8 / 64x48 tiles
 CHUNK_SWEEP = [SkinnyConfig(m_rows=8), SkinnyConfig(m_rows=16), SkinnyConfig(m_rows=32),
