@@ -59,6 +59,8 @@ AREAS = [
     ("gemm_fp8_skinny_h100", "GEMM fp8 decode shapes and block scales on an H100",
      "python tools/peers/bench_gemm.py --fp8 --skinny --json ..."),
     ("gemm_grouped_h100", "GEMM grouped (MoE) on an H100", "python tools/peers/bench_grouped.py --grid quick --json ..."),
+    ("gemm_unaligned_h100", "GEMM unaligned shapes on an H100 (before stage_rows)",
+     "python tools/peers/bench_gemm.py --suite unaligned --json ..."),
     ("attention_quick_h100", "Attention forward, quick set, on an H100",
      "python tools/peers/bench_attention.py --quick --json ..."),
     ("attention_varlen_h100", "Attention over packed sequences (varlen) on an H100",
