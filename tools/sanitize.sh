@@ -9,8 +9,8 @@
 #      clusters of 2 released as gemm.cu does, every lane on its own CTA's barrier and one per warp
 #      on the other's; "handoff-quads": one reading lane per quad; "handoff-lanes-warp": the same
 #      kernel released one lane per CTA after __syncwarp; "library-block-scales": the library set's
-#      fp8 block-scale tests only), SANITIZE_TOOLS (default all four), SANITIZE_TOOL_BUDGET
-#      (seconds per run).
+#      fp8 block-scale tests only; "ids": the pytest node ids in SANITIZE_IDS), SANITIZE_TOOLS
+#      (default all four), SANITIZE_TOOL_BUDGET (seconds per run).
 # The four tools run side by side on the one GPU (each in its own process).
 set -u
 cd "$(dirname "$0")/.."
@@ -35,6 +35,7 @@ run_set() {  # set -> the command compute-sanitizer runs
     handoff-lanes-warp) echo "python3 tools/sanitize_examples.py --handoff --lanes-release --one-lane" ;;
     library) echo "python3 -m pytest -q -p no:cacheprovider -m gpu $library_ids" ;;
     library-block-scales) echo "python3 -m pytest -q -p no:cacheprovider -m gpu $block_scale_ids" ;;
+    ids) echo "python3 -m pytest -q -p no:cacheprovider -m gpu ${SANITIZE_IDS:?SANITIZE_IDS: pytest node ids}" ;;
   esac
 }
 for set in ${SANITIZE_SETS:-examples seeds library}; do
