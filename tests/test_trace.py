@@ -194,7 +194,9 @@ def test_diagnosis_multicast_rules():
     end = ev(90, "cluster sync", dur=3)
     good = [sync, ev(10, "wait", empty, 1, 0), ev(20, "arrive + expect_tx", full, tx),
             ev(21, "TMA load (multicast)", full, 0b11), end]
-    peer = [sync, ev(20, "arrive + expect_tx", full, tx), ev(40, "arrive (remote)", empty, 0 | 1 << 16), end]
+    # (its release lands microseconds after CTA 0's last wait on that barrier: not one it waited for)
+    peer = [sync, ev(20, "arrive + expect_tx", full, tx), ev(5000, "arrive (remote)", empty, 0 | 1 << 16),
+            ev(6000, "cluster sync", dur=3)]
     assert run_rules([good, [], peer, []], cluster=2)[0] == []
     names, _ = run_rules([good, [], peer[:-1], []], cluster=2)  # the peer left without the sync
     assert names == ["missing-cluster-sync"], names
@@ -219,8 +221,11 @@ def test_a_remote_arrival_its_target_waits_for_needs_no_final_sync():
     owner = [sync, ev(40, "arrive (remote)", empty, 1 | 1 << 16)]  # onto CTA 1's barrier
     sender = [sync, ev(30, "wait", empty, 1, 0, dur=15)]            # waiting from 30 to 45
     assert run_rules([owner, [], sender, []], cluster=2)[0] == []
-    for gone in ([sync, ev(30, "wait", empty, 1, 0, dur=5)], [sync]):
-        names, _ = run_rules([owner, [], gone, []], cluster=2)
+    woke_first = [sync, ev(30, "wait", empty, 1, 0, dur=9)]  # stamped its end before the arrival's stamp
+    assert run_rules([owner, [], woke_first, []], cluster=2)[0] == []
+    late = [sync, ev(5000, "arrive (remote)", empty, 1 | 1 << 16)]  # microseconds after the wait ended
+    for target in ([sync, ev(30, "wait", empty, 1, 0, dur=5)], [sync]):
+        names, _ = run_rules([late if len(target) > 1 else owner, [], target, []], cluster=2)
         assert names == ["missing-cluster-sync"], names
     elsewhere = [sync, ev(40, "arrive (remote)", empty + 8, 1 | 1 << 16)]  # another barrier than the one waited on
     names, _ = run_rules([elsewhere, [], sender, []], cluster=2)

@@ -273,6 +273,9 @@ def _unacquired_maps(trace) -> list[Finding]:
     return out
 
 
+_ARRIVAL_SLACK_NS = 2000  # an event's stamp after its instruction, and SMs' timer readings apart
+
+
 def _no_final_sync(trace, layout, pipes, cluster_size) -> list[Finding]:
     """A CTA whose last remote operation (remote arrive, multicast) has neither a cluster sync
     after it in the same CTA nor a producer tail: waits on every stage's empty barrier of each
@@ -302,12 +305,14 @@ def _no_final_sync(trace, layout, pipes, cluster_size) -> list[Finding]:
     def awaited(e) -> bool:
         """A remote arrival whose target CTA waited on that barrier until it landed (the target
         could not have left; the arriving CTA wrote nothing after it): the release a cluster's K
-        splits hand back to a sender that drains it before leaving."""
+        splits hand back to a sender that drains it before leaving. The arriving warp stamps its
+        event after the arrive, so the target may wake and stamp its wait's end first, on
+        another SM's reading of the timer: a wait ending up to _ARRIVAL_SLACK_NS before counts."""
         if e["kind"] != K["arrive (remote)"]:
             return False
         target = int(e["block"]) - int(e["block"]) % cluster_size + (int(e["value"]) & 0xFFFF)
         theirs = waits[(waits["block"] == target) & (waits["bar"] == e["bar"])]
-        return bool(len(theirs)) and int((theirs["t0"] + theirs["dur"]).max()) >= int(e["t0"])
+        return bool(len(theirs)) and int((theirs["t0"] + theirs["dur"]).max()) + _ARRIVAL_SLACK_NS >= int(e["t0"])
 
     out = []
     for block in np.unique(remote["block"]):
