@@ -300,7 +300,8 @@ def stage_launches(jobs: list) -> list:
     """(element bytes, chunks, args) of each ``stage_rows`` launch moving ``jobs``
     (``row_job``'s): two a launch where their elements are of one size and their 16-byte chunks
     stay below 2^31 together (the kernel numbers them in 32 bits). Pure."""
-    out, open_ = [], {}  # open_: element bytes -> (chunks, job) of a launch with one job so far
+    out: list = []
+    open_: dict = {}  # element bytes -> (chunks, job) of a launch with one job so far
     for job in jobs:
         item = job[0].dtype.itemsize
         chunks = job[2] * -(-job[3] // (ALIGN // item))
