@@ -386,13 +386,28 @@ def test_stage_rows_random_views(rng):
         assert not dst[rows:].any() and not dst[:, cols:].any()
 
 
+def test_stage_rows_take_grouped_experts_as_rows(rng):
+    """A grouped GEMM's experts (G, N, K) with K no multiple of 8, into (G, N, K') scratch: the
+    groups' rows merge into one job of G x N rows on both sides."""
+    mem = Memory(1 << 20, rng)
+    src = mem.take(3 * 5 * 13, np.uint16).reshape(3, 5, 13)
+    dst = mem.take(3 * 5 * 16, np.uint16).reshape(3, 5, 16)
+    want = src.copy()
+    job = _staged(mem, src, dst, "bfloat16")
+    assert job[2:6] == (15, 16, 15, 13) and job[6:8] == (16, 13)
+    run_stage_rows(mem, edge.stage_launches([job])[0][2])
+    np.testing.assert_array_equal(dst[..., :13], want)
+    assert not dst[..., 13:].any()
+
+
 def test_stage_rows_take_only_row_copies():
     f = "bfloat16"
     packed = arr((8, 16), f, ptr=FAKE)
     assert edge.row_job(packed, arr((8, 16), f, (4, 64), ptr=FAKE)) is None  # src elements 2 apart
     assert edge.row_job(packed, arr((8, 16), f, (2, 16), ptr=FAKE)) is None  # transposed src
     assert edge.row_job(packed, arr((9, 16), f, ptr=FAKE)) is None            # src larger than dst
-    assert edge.row_job(arr((2, 8, 16), f, ptr=FAKE), arr((2, 8, 16), f, ptr=FAKE)) is None  # 3-D
+    assert edge.row_job(arr((2, 8, 16), f, ptr=FAKE), arr((2, 7, 16), f, ptr=FAKE)) is None  # rows padded per group
+    assert edge.row_job(arr((2, 8, 16), f, ptr=FAKE), arr((2, 8, 16), f, (512, 32, 2), ptr=FAKE)) is None  # groups apart
     assert edge.row_job(packed, arr((8, 16), f, ptr=FAKE + 1)) is None          # half an element off
     assert edge.row_job(packed, arr((8, 0), f, ptr=FAKE))[5] == 0              # zeros only
     # the kernel numbers 16-byte chunks in 32 bits: two jobs share a launch below 2^31 of them
