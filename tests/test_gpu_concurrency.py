@@ -1,6 +1,6 @@
 """GPU tier: every entry point launched from many streams at once gives, bit for bit, what the
 same call gives alone. Per case (gemm bf16 dense / skinny / split-K / split tail / K in clusters
-of four, fp8 per-tensor and block-scaled, grouped with device and host offsets and its decode
+of four, staged operands, fp8 per-tensor and block-scaled, grouped with device and host offsets and its decode
 path, attention, decode, softmax, copy, transpose)
 and per combination (two torch streams made current with ``stream=None``, the streams passed
 explicitly, threads each on its own stream, a tf.Graph captured while a thread launches, a
@@ -69,10 +69,11 @@ def _fp8_block_scaled(gen):
     return lambda stream=None: kernels.gemm(a, b, scale_a=sa, scale_b=sb, stream=stream)
 
 
-def _fp8_row_major_skinny(gen, m=40):
-    """Row-major block scales on the skinny path (M <= 64, or 128 under 128 k-blocks; ceil(K/128)
-    a multiple of 4), in the scale ring (the default): N no multiple of the tiles."""
-    n, k = 904, 1024
+def _fp8_row_major_skinny(gen, m=40, n=904):
+    """Row-major block scales, N no multiple of the tiles: on the skinny path (M <= 64, or 128
+    under 128 k-blocks where the tiles fill more than half the SMs; ceil(K/128) a multiple of 4)
+    in the scale ring (the default); at M = 128 and N = 904 (8 tiles), K split in clusters of four."""
+    k = 1024
     a, b = _fp8(gen, m, k), _fp8(gen, n, k)
     sa = torch.rand(m, k // 128, device="cuda", generator=gen) * 0.01 + 0.001
     sb = torch.rand(-(-n // 128), k // 128, device="cuda", generator=gen) * 0.01 + 0.001
@@ -231,10 +232,12 @@ CASES = {
     "gemm K in clusters of four": _gemm(129, 264, 4096),     # the default there; M past one tile
     "gemm one M tile, K in clusters of four": _gemm(96, 776, 4096),  # N not a multiple of 64
     "gemm split_tail": _split_tail,
+    "gemm staged (K 4095): one stage_rows launch, the GEMM under PDL": _gemm(129, 257, 4095),
     "fp8 gemm": _fp8_gemm,
     "fp8 block-scaled": _fp8_block_scaled,
     "fp8 block-scaled skinny row-major": _fp8_row_major_skinny,
-    "fp8 block-scaled skinny row-major M=128": lambda gen: _fp8_row_major_skinny(gen, 128),
+    "fp8 block-scaled row-major M=128, K in clusters of four": lambda gen: _fp8_row_major_skinny(gen, 128),
+    "fp8 block-scaled skinny row-major M=128": lambda gen: _fp8_row_major_skinny(gen, 128, 8712),  # 69 tiles
     "grouped device offsets": _grouped(False),
     "grouped host offsets": _grouped(True),
     "grouped decode path, 128-row tiles": _grouped_decode,

@@ -6,8 +6,7 @@ import pytest
 import tmaflow as tf
 from tmaflow import kernels
 from tmaflow.dtypes import bf16_to_float32, e4m3_bits, e4m3_to_float32
-from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig
-from tmaflow.kernels.matmul import block_scale_config, block_scale_default
+from tmaflow.kernels.matmul import GemmConfig, SkinnyConfig, block_scale_config, block_scale_default
 from tmaflow.kernels.matmul.plan import skinny_row_scales_by_default
 from tmaflow.runtime.memory import DeviceArray
 from tmaflow.testing import poison, rel_error

@@ -21,7 +21,6 @@ cupy) or tmaflow's stream-ordered pool and lives as long as the launches that us
 from __future__ import annotations
 
 import functools
-import math
 import itertools
 from dataclasses import dataclass
 
@@ -278,29 +277,22 @@ SRC_VEC, DST_VEC = 1, 2
 _NO_JOB = (0, 0, 0, 0, 0, 0, 0, 0, 0)  # the second job of a launch with one
 
 
-def _rows(arr: DeviceArray) -> DeviceArray | None:
-    """``arr`` as a 2-D array of its rows (the leading dims merged), or None where they do not
-    step through memory as one."""
-    if arr.ndim < 2:
-        return None
-    for i in range(arr.ndim - 2):
-        if arr.strides[i] != arr.shape[i + 1] * arr.strides[i + 1]:
-            return None
-    return arr._as((math.prod(arr.shape[:-1]), arr.shape[-1]), arr.strides[-2:])
-
-
 def row_job(dst: DeviceArray, src: DeviceArray) -> tuple | None:
     """``stage_rows``' arguments for one job writing ``dst`` from ``src`` (2-D and no larger in
     either dim: zeros past it; or of more dims, the same but in the last, whose leading dims
     merge into rows on both sides: a grouped GEMM's experts), elements packed along rows and
     positive row pitches; None where the strided copy must move it. Pure, as ``copy_launches``."""
     item = dst.dtype.itemsize
-    if dst.ndim != src.ndim or dst.ndim > 2 and dst.shape[:-1] != src.shape[:-1]:
+    if dst.ndim != src.ndim or dst.ndim < 2:
         return None
-    dst2, src2 = _rows(dst), _rows(src)
-    if dst2 is None or src2 is None:
-        return None
-    dst, src = dst2, src2
+    if dst.ndim > 2:  # the leading dims must merge into one of rows on both sides
+        if dst.shape[:-1] != src.shape[:-1]:
+            return None
+        lead, (ds, ss) = collapse(dst.shape[:-1], dst.strides[:-1], src.strides[:-1])
+        if len(lead) != 1:
+            return None
+        dst = dst._as((lead[0], dst.shape[-1]), (ds[0], dst.strides[-1]))
+        src = src._as((lead[0], src.shape[-1]), (ss[0], src.strides[-1]))
     if src.dtype.itemsize != item or item not in (1, 2, 4, 8) or not dst.size:
         return None
     (rows, cols), (src_rows, src_cols) = dst.shape, src.shape

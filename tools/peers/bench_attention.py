@@ -488,7 +488,7 @@ def _decode_alternatives(args, batch: int, ctx: int, heads_kv: int, page: int, d
     ``--decode-alts``: only the named ones. ``device``: the current one by default (a test
     plans for a described H200 without a GPU)."""
     from tmaflow.kernels.decode_entry import MAX_CLUSTER
-    from tmaflow.kernels.decode_plan import (HEAD_GROUP, MAX_SPLITS, decode_choices, decode_defaults, decode_plan,
+    from tmaflow.kernels.decode_plan import (HEAD_GROUP, decode_choices, decode_defaults, decode_plan,
                                              persistent_default)
     from tmaflow.runtime.device import current_device
 
