@@ -135,6 +135,7 @@ def rigged(monkeypatch):
     """Runs ``fn(rank, group)`` on one thread per rank of a fresh World of ``world`` ranks."""
     monkeypatch.setitem(sys.modules, "torch", _fake_torch())
     monkeypatch.setattr(ops, "_PLANS", {})
+    monkeypatch.setattr(ops, "_SHORTCUTS", collections.OrderedDict())
     monkeypatch.setattr(ops, "_dtype_name", lambda t: "bfloat16")
     monkeypatch.setattr(ops, "group_of", lambda group: group)
     monkeypatch.setattr(ops, "on_device", lambda device: contextlib.nullcontext())  # the GPU tier runs it
@@ -340,3 +341,90 @@ def test_a_failed_capture_still_orders_the_callers_stream_after_the_call(monkeyp
     assert ops._capture(plan, {}, Stream("caller")) is None  # the call ran; no graph
     assert runs == [False] and waits == [("side", "caller"), ("caller", "side")]
     assert "all_gather_gemm: capturing a repeated call failed (capture refused)" in caplog.text
+
+
+class Tensor:
+    """What a repeated call's signature reads of a torch tensor."""
+    dtype = "bfloat16"
+    device = collections.namedtuple("Device", "index")(0)  # hashable, as torch.device
+
+    def __init__(self, address, shape):
+        self.address, self.shape = address, tuple(shape)
+
+    def data_ptr(self):
+        return self.address
+
+    def stride(self):
+        return (self.shape[1], 1)
+
+    def is_contiguous(self):
+        return True
+
+
+def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
+    """all_gather_gemm / gemm_reduce_scatter: once a checked call with the same group,
+    options, tensors (address, shape, strides, dtype, device), stream and thread was captured,
+    the call replays it without the checks and planning (their host time bounded the small
+    shapes); anything else takes the checked path: another output, a moved operand, another
+    stream, the caller capturing, a released group, a debug call, an unhashable argument."""
+    capturing, stream, checked = [False], [7], []
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
+        bfloat16="bfloat16", cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: capturing[0]),
+        empty=lambda shape, dtype, device: Tensor(0xE000, shape)))
+    monkeypatch.setattr(ops, "_SHORTCUTS", collections.OrderedDict())
+    monkeypatch.setattr(ops, "_PLANS", {})
+    monkeypatch.setattr(ops, "group_of", lambda group: group)
+    monkeypatch.setattr(ops, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(ops, "_dtype_name", lambda t: "bfloat16")
+    monkeypatch.setattr(ops.devices, "framework_stream", lambda framework, ordinal: stream[0])
+
+    class Graph:
+        def replay(self):
+            checked.append("replay")
+
+    def plan(kind, shapes, group, device, debug, trace=False):
+        key = (kind, group, shapes, debug)
+        return ops._PLANS.setdefault(key, types.SimpleNamespace(
+            stream_ops=not debug, graphs=collections.OrderedDict(), graph_lock=threading.Lock(),
+            rank=group.rank(), buffer=types.SimpleNamespace(tensor=None, close=lambda: None)))
+
+    def execute(plan, actions, addresses):  # the checked path: captured at once
+        checked.append("checked")
+        plan.graphs[(stream[0], threading.get_ident(), addresses)] = Graph()
+
+    monkeypatch.setattr(ops, "_plan", plan)
+    monkeypatch.setattr(ops, "_execute", execute)
+    group, other = Group(World(2), 0), Group(World(2), 0)
+    a, b, out = Tensor(0xA000, (4, 16)), Tensor(0xB000, (8, 16)), Tensor(0xC000, (8, 8))
+
+    def calls(*runs):
+        checked.clear()
+        for run in runs:
+            run()
+        return checked[:]
+
+    def gather(**kw):
+        return ops.all_gather_gemm(kw.pop("a", a), b, group=kw.pop("group", group), **kw)
+
+    assert calls(lambda: gather(out=out), lambda: gather(out=out)) == ["checked", "replay"]
+    assert gather(out=out) is out
+    assert calls(lambda: gather()) == ["checked"]  # another output: the allocated one
+    assert calls(lambda: gather()).count("replay") == 1 and gather().address == 0xE000
+    assert calls(lambda: gather(a=Tensor(0xA100, (4, 16))), lambda: gather(out=out, group=other),
+                 lambda: gather(out=out, debug=True), lambda: gather(out=out, debug=True)) == ["checked"] * 4
+    stream[0] = 9
+    assert calls(lambda: gather(out=out), lambda: gather(out=out)) == ["checked", "replay"]
+    capturing[0] = True  # the caller's capture: the steps go into it
+    assert calls(lambda: gather(out=out)) == ["checked"]
+    capturing[0] = False
+    scatter_out = Tensor(0xD000, (4, 8))
+    reduce = lambda: ops.gemm_reduce_scatter(Tensor(0xA000, (8, 16)), b, group=group, out=scatter_out)  # noqa: E731
+    assert calls(reduce, reduce, reduce) == ["checked", "replay", "replay"]
+    ops.release(group)
+    assert [s[1] for s in ops._SHORTCUTS] == [other]
+    assert calls(lambda: gather(out=out), reduce) == ["checked", "checked"]
+    with pytest.raises(ops.TmaflowError, match=r"m=\[8\] must be an int >= 0 \(got list\)"):
+        gather(out=out, m=[8])
+    for i in range(ops.MAX_SHORTCUTS + 10):  # signatures that never come back stay bounded
+        gather(a=Tensor(0x10000 + 16 * i, (4, 16)))
+    assert len(ops._SHORTCUTS) == ops.MAX_SHORTCUTS
