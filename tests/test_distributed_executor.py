@@ -16,13 +16,23 @@ import pytest
 from tmaflow.distributed import ops, protocol
 
 
+Device = collections.namedtuple("Device", "index")  # hashable, as torch.device
+
+
 class T:
     """A numpy-backed stand-in for the torch tensors the executor touches."""
+    dtype = "bfloat16"
+    device = Device(0)
 
     def __init__(self, arr):
         self.arr = arr
         self.shape = arr.shape
-        self.device = "cuda:0"
+
+    def data_ptr(self):
+        return self.arr.ctypes.data
+
+    def stride(self):
+        return self.arr.strides
 
     def __getitem__(self, index):
         return T(self.arr[index])
@@ -140,14 +150,14 @@ def rigged(monkeypatch):
     monkeypatch.setattr(ops, "group_of", lambda group: group)
     monkeypatch.setattr(ops, "on_device", lambda device: contextlib.nullcontext())  # the GPU tier runs it
     monkeypatch.setattr(ops.devices, "current_device", lambda: types.SimpleNamespace(sm_count=132))
+    monkeypatch.setattr(ops.devices, "framework_stream", lambda framework, ordinal: 1)
 
     def sum_partials(plan, parts, out):  # rank order, as the kernel sums
         out.arr[...] = np.sum([p.arr for p in parts], axis=0)
 
     monkeypatch.setattr(ops, "sum_partials", sum_partials)
     monkeypatch.setattr(ops, "copy_rows", lambda dst, src, stream: dst.copy_(src))
-    monkeypatch.setattr(ops, "_address", id)  # calls are captured only on GPUs (the GPU tier)
-    monkeypatch.setattr(ops, "_execute", lambda plan, actions, addresses: ops._run(plan, actions))
+    monkeypatch.setattr(ops, "_execute", lambda plan, actions, call: ops._run(plan, actions))  # captures: GPU tier
     monkeypatch.setattr(ops, "SymmetricBuffer",
                         types.SimpleNamespace(allocate=lambda shape, dtype, group: Buffer(shape, group)))
 
@@ -302,6 +312,10 @@ def test_repeated_addresses_are_captured_once_then_replayed(monkeypatch):
     for _ in range(4):  # the capture fails (returns None): that call ran; later ones take the steps
         call("y")
     assert log == [("steps", "y"), ("capture", "y"), ("steps", "y"), ("steps", "y")]
+    log.clear()
+    for _ in range(3):  # no signature (an unhashable argument): never captured
+        ops._execute(plan, {"key": "z"}, None)
+    assert log == [("steps", "z")] * 3
 
 
 def test_a_pad_without_a_spare_slot_is_refused(rigged, monkeypatch):
@@ -346,7 +360,7 @@ def test_a_failed_capture_still_orders_the_callers_stream_after_the_call(monkeyp
 class Tensor:
     """What a repeated call's signature reads of a torch tensor."""
     dtype = "bfloat16"
-    device = collections.namedtuple("Device", "index")(0)  # hashable, as torch.device
+    device = Device(0)
 
     def __init__(self, address, shape):
         self.address, self.shape = address, tuple(shape)
@@ -388,9 +402,9 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
             stream_ops=not debug, graphs=collections.OrderedDict(), graph_lock=threading.Lock(),
             rank=group.rank(), buffer=types.SimpleNamespace(tensor=None, close=lambda: None)))
 
-    def execute(plan, actions, addresses):  # the checked path: captured at once
+    def execute(plan, actions, call):  # the checked path: captured at once
         checked.append("checked")
-        plan.graphs[(stream[0], threading.get_ident(), addresses)] = Graph()
+        plan.graphs[(stream[0], threading.get_ident(), call)] = Graph()
 
     monkeypatch.setattr(ops, "_plan", plan)
     monkeypatch.setattr(ops, "_execute", execute)

@@ -145,8 +145,8 @@ class _Plan:
         self.wait = get_kernel("signal_wait_reset", None, file="signal", debug=debug, trace=trace)
         self.sum = get_kernel("sum_partials", None, file="signal", debug=debug, trace=trace)
         self.sms = devices.current_device().sm_count
-        self.graphs: OrderedDict = OrderedDict()  # (stream, thread, addresses) -> a captured call
-        self.seen: dict = {}                       # (stream, thread, addresses) -> eager calls so far
+        self.graphs: OrderedDict = OrderedDict()  # (stream, thread, call) -> a captured call
+        self.seen: dict = {}                       # (stream, thread, call) -> eager calls so far
         self.graph_lock = threading.Lock()         # the two above, and the side stream's captures
         self.side = torch.cuda.Stream(device=device)  # where calls are captured
         spare = protocol.pad_slots(self.world)  # a slot the protocol never uses: the probe's
@@ -222,7 +222,7 @@ def release(group=None) -> int:
     return len(keys)
 
 
-GRAPH_AFTER = 2   # a call whose addresses come back this often is captured once, then replayed
+GRAPH_AFTER = 2   # a call whose arguments come back this often is captured once, then replayed
 MAX_GRAPHS = 4    # captured calls kept a plan (least recently used dropped)
 MAX_SEEN = 64     # address sets counted a plan: fp8 scales that change every call never repeat
 
@@ -260,7 +260,13 @@ def _remember(signature: tuple | None, plan: _Plan, out_shape: tuple) -> None:
                 _SHORTCUTS.popitem(last=False)
 
 
-def _replayed(signature: tuple | None, like, out, addresses_with):
+def _call(signature: tuple | None, out) -> tuple | None:
+    """What a capture bakes in of a call: its arguments' signature and the output's address
+    (allocated when the call passed none). None: the call is never captured."""
+    return None if signature is None else (signature, out.data_ptr())
+
+
+def _replayed(signature: tuple | None, like, out):
     """The output of a repeated call replayed straight from its capture, or None where its
     signature or capture is unknown (or the caller captures): the checked path runs. Host
     time is what bounds the small shapes (2 H200s, llama-8B 4k all-gather: 165 us a call
@@ -274,11 +280,11 @@ def _replayed(signature: tuple | None, like, out, addresses_with):
     if out is None:
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=like.device)
     stream = devices.framework_stream("torch", like.device.index)  # torch.cuda.current_stream's handle
-    return out if _replay(plan, (stream, threading.get_ident(), addresses_with(out))) else None
+    return out if _replay(plan, (stream, threading.get_ident(), _call(signature, out))) else None
 
 
 def _replay(plan: _Plan, key: tuple) -> bool:
-    """Replay the plan's capture of ``key`` (stream, thread, addresses) if it has one."""
+    """Replay the plan's capture of ``key`` (stream, thread, call) if it has one."""
     with plan.graph_lock:
         graph = plan.graphs.get(key)
         if graph is None:
@@ -288,19 +294,19 @@ def _replay(plan: _Plan, key: tuple) -> bool:
     return True
 
 
-def _execute(plan: _Plan, actions: dict, addresses: tuple) -> None:
+def _execute(plan: _Plan, actions: dict, call: tuple | None) -> None:
     """Queue one call: its schedule step by step, or, once a call with the same operands,
     output and stream came ``GRAPH_AFTER`` times, the replay of a CUDA graph of it (one launch
     where the steps are 20-40 host calls: at small shapes the host was the bottleneck). Debug
-    and trace builds, and a caller's own capture, take the steps."""
+    and trace builds, a caller's own capture and a call without a signature take the steps."""
     import torch  # optional dependency: distributed needs torch
 
-    if not plan.stream_ops or torch.cuda.is_current_stream_capturing():
+    if call is None or not plan.stream_ops or torch.cuda.is_current_stream_capturing():
         _run(plan, actions)
         return
     current = torch.cuda.current_stream()
     # the thread too: a capture bakes in per-thread resources (the GEMMs' split-K workspaces)
-    key = (current.cuda_stream, threading.get_ident(), addresses)
+    key = (current.cuda_stream, threading.get_ident(), call)
     if _replay(plan, key):
         return
     with plan.graph_lock:
@@ -415,11 +421,6 @@ def sum_partials(plan: _Plan, parts: list, out) -> None:
         keep_trace()
 
 
-def _address(t) -> tuple:
-    """What a captured call bakes in of a tensor: its address and strides."""
-    return t.data_ptr(), tuple(t.stride())
-
-
 def _options(debug, trace) -> tuple[bool, bool]:
     return (watchdog.env_debug() if debug is None else checks.as_bool("debug", debug),
             checks.as_bool("trace", trace))
@@ -435,12 +436,8 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
     traces ``last_traces()`` returns. Every rank must pass the same shapes and options."""
     group = group_of(group)
     debug, trace = _options(debug, trace)
-
-    def addresses(out):
-        return _address(a_shard), _address(b), _address(out), scale_a, scale_b
-
     signature = _signature("all_gather_gemm", group, debug, trace, (a_shard, b, m, out, scale_a, scale_b))
-    replayed = _replayed(signature, a_shard, out, addresses)
+    replayed = _replayed(signature, a_shard, out)
     if replayed is not None:
         return replayed
     shapes = gather_shapes(a_shard.shape, _dtype_name(a_shard), b.shape, _dtype_name(b), m,
@@ -463,7 +460,7 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
                 keep_trace()
 
     with on_device(a_shard.device):
-        _execute(plan, {"publish": publish, "gemm": product}, addresses(out))
+        _execute(plan, {"publish": publish, "gemm": product}, _call(signature, out))
     _remember(signature, plan, (shapes.m, shapes.n))
     return out
 
@@ -477,12 +474,8 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     ``all_gather_gemm``."""
     group = group_of(group)
     debug, trace = _options(debug, trace)
-
-    def addresses(out):
-        return _address(a), _address(b_shard), _address(out), scale_a, scale_b
-
     signature = _signature("gemm_reduce_scatter", group, debug, trace, (a, b_shard, out, scale_a, scale_b))
-    replayed = _replayed(signature, a, out, addresses)
+    replayed = _replayed(signature, a, out)
     if replayed is not None:
         return replayed
     shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
@@ -506,7 +499,7 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
                                 for j in range(plan.world)], out)
 
     with on_device(a.device):
-        _execute(plan, {"gemm": product, "reduce": reduce}, addresses(out))
+        _execute(plan, {"gemm": product, "reduce": reduce}, _call(signature, out))
     _remember(signature, plan, (shapes.rows[me], shapes.n))
     return out
 
