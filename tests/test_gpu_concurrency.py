@@ -1,7 +1,7 @@
 """GPU tier: every entry point launched from many streams at once gives, bit for bit, what the
 same call gives alone. Per case (gemm bf16 dense / skinny / split-K / split tail / K in clusters
-of four, staged operands, fp8 per-tensor and block-scaled, grouped with device and host offsets and its decode
-path, attention, decode, softmax, copy, transpose)
+of four, staged operands, fp8 per-tensor and block-scaled, grouped with device and host offsets, staged
+experts and its decode path, attention, decode, softmax, copy, transpose)
 and per combination (two torch streams made current with ``stream=None``, the streams passed
 explicitly, threads each on its own stream, a tf.Graph captured while a thread launches, a
 torch CUDA graph replayed beside eager launches), at least 100 launches a stream, each
@@ -88,6 +88,14 @@ def _grouped(host_offsets):
         config = GemmConfig(bn=128, cluster_m=1, split_k=4)  # partials and counters per stream
         return lambda stream=None: kernels.grouped_gemm(a, b, offs, config=config, stream=stream)
     return make
+
+
+def _grouped_staged(gen):
+    # K 1020 (no multiple of 8): A and every expert's B staged as rows by one stage_rows
+    # launch, the grouped GEMM behind it under PDL; device offsets, an empty group in the middle
+    a, b = _bf16(gen, 370, 1020), _bf16(gen, 3, 264, 1020)
+    offs = torch.tensor([0, 70, 70, 370], dtype=torch.int32, device="cuda")
+    return lambda stream=None: kernels.grouped_gemm(a, b, offs, stream=stream)
 
 
 def _grouped_decode(gen):
@@ -241,6 +249,7 @@ CASES = {
     "grouped device offsets": _grouped(False),
     "grouped host offsets": _grouped(True),
     "grouped decode path, 128-row tiles": _grouped_decode,
+    "grouped staged (K 1020)": _grouped_staged,
     "attention": _attention,
     "attention backward": _attention_backward,
     "attention backward rotated": _attention_backward_rotated,
