@@ -20,6 +20,9 @@ def pytest_configure(config):
     # Installed, the plugin arrives through its entry point; from a source tree, here.
     if not config.pluginmanager.is_registered(tmaflow.testing):
         config.pluginmanager.register(tmaflow.testing, "tmaflow")
+    # the GPU run's report folder: tests and the failure log below write files into it
+    if os.environ.get("TMAFLOW_REPORT_DIR"):
+        os.makedirs(os.environ["TMAFLOW_REPORT_DIR"], exist_ok=True)
 
 
 @pytest.hookimpl(optionalhook=True)
