@@ -151,6 +151,7 @@ def rigged(monkeypatch):
     monkeypatch.setattr(ops, "on_device", lambda device: contextlib.nullcontext())  # the GPU tier runs it
     monkeypatch.setattr(ops.devices, "current_device", lambda: types.SimpleNamespace(sm_count=132))
     monkeypatch.setattr(ops.devices, "framework_stream", lambda framework, ordinal: 1)
+    monkeypatch.setattr(ops.driver, "stream_capturing", lambda stream: False)
 
     def sum_partials(plan, parts, out):  # rank order, as the kernel sums
         out.arr[...] = np.sum([p.arr for p in parts], axis=0)
@@ -383,8 +384,8 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
     stream, the caller capturing, a released group, a debug call, an unhashable argument."""
     capturing, stream, checked = [False], [7], []
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
-        bfloat16="bfloat16", cuda=types.SimpleNamespace(is_current_stream_capturing=lambda: capturing[0]),
-        empty=lambda shape, dtype, device: Tensor(0xE000, shape)))
+        bfloat16="bfloat16", empty=lambda shape, dtype, device: Tensor(0xE000, shape)))
+    monkeypatch.setattr(ops.driver, "stream_capturing", lambda handle: capturing[0] and handle == stream[0])
     monkeypatch.setattr(ops, "_SHORTCUTS", collections.OrderedDict())
     monkeypatch.setattr(ops, "_PLANS", {})
     monkeypatch.setattr(ops, "group_of", lambda group: group)

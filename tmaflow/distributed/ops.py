@@ -27,7 +27,7 @@ from ..debug import trace as flight_recorder, watchdog
 from ..errors import DeadlockError, TmaflowError
 from ..kernels.matmul.dense import gemm
 from ..kernels.registry import get_kernel
-from ..runtime import device as devices
+from ..runtime import device as devices, driver
 from . import protocol, streamops
 from .symmetric import SymmetricBuffer, group_of, on_device
 
@@ -274,12 +274,14 @@ def _replayed(signature: tuple | None, like, out):
     import torch  # optional dependency: distributed needs torch
 
     known = None if signature is None else _SHORTCUTS.get(signature)
-    if known is None or torch.cuda.is_current_stream_capturing():
+    if known is None:
+        return None
+    stream = devices.framework_stream("torch", like.device.index)  # torch.cuda.current_stream's handle
+    if driver.stream_capturing(stream):  # the caller's capture: the steps go into it
         return None
     plan, out_shape = known
     if out is None:
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=like.device)
-    stream = devices.framework_stream("torch", like.device.index)  # torch.cuda.current_stream's handle
     return out if _replay(plan, (stream, threading.get_ident(), _call(signature, out))) else None
 
 

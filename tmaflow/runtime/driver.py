@@ -79,6 +79,13 @@ def call(name: str, *args, detail: str = ""):
     return result
 
 
+def stream_capturing(stream: int) -> bool:
+    """Is ``stream`` being captured into a CUDA graph (by any library)? An error in asking
+    counts as yes: a launch there must not be taken for an eager one."""
+    err, status = cu().cuStreamIsCapturing(stream)
+    return bool(int(err)) or status != cu().CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
 def module_global(module, name: bytes) -> int | None:
     """The device address of the global ``name`` of a loaded module, or None if it has none."""
     err, ptr, _size = cu().cuModuleGetGlobal(module, name)

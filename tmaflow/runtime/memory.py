@@ -562,9 +562,7 @@ def zero_for_sanitizer(arr: DeviceArray, stream: int) -> None:
     nothing while ``stream`` is being captured into a graph (a synchronisation would end the
     capture; a graph's memory is the graph's)."""
     if ZERO_SCRATCH and arr.nbytes:
-        cu = driver.cu()
-        err, status = cu.cuStreamIsCapturing(stream)
-        if int(err) or status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE:
+        if driver.stream_capturing(stream):
             return
         driver.call("cuStreamSynchronize", stream)
         driver.call("cuMemsetD8", arr.ptr, 0, arr.nbytes)

@@ -74,9 +74,7 @@ def _foreign_capture(stream: int) -> bool:
     allocated on it there would become a node of that graph."""
     if capturing() is not None:
         return False  # a tf.Graph: allocations go to its own stream, eagerly
-    cu = driver.cu()
-    err, status = cu.cuStreamIsCapturing(stream)
-    return bool(int(err)) or status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    return driver.stream_capturing(stream)
 
 
 def _refuse_foreign_capture(stream: int, what: str) -> None:
