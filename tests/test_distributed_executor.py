@@ -34,6 +34,9 @@ class T:
     def stride(self):
         return self.arr.strides
 
+    def is_contiguous(self):
+        return self.arr.flags.c_contiguous
+
     def __getitem__(self, index):
         return T(self.arr[index])
 
@@ -381,10 +384,15 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
     options, tensors (address, shape, strides, dtype, device), stream and thread was captured,
     the call replays it without the checks and planning (their host time bounded the small
     shapes); anything else takes the checked path: another output, a moved operand, another
-    stream, the caller capturing, a released group, a debug call, an unhashable argument."""
-    capturing, stream, checked = [False], [7], []
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(
-        bfloat16="bfloat16", empty=lambda shape, dtype, device: Tensor(0xE000, shape)))
+    stream, another thread (a dead one's ident too), the caller capturing, a released group or
+    plan, a debug call, another value of m at the same address, an unhashable argument."""
+    capturing, stream, checked, allocated, address = [False], [7], [], [], [0xE000]
+
+    def empty(shape, dtype, device):
+        allocated.append(shape)
+        return Tensor(address[0], shape)
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(bfloat16="bfloat16", empty=empty))
     monkeypatch.setattr(ops.driver, "stream_capturing", lambda handle: capturing[0] and handle == stream[0])
     monkeypatch.setattr(ops, "_SHORTCUTS", collections.OrderedDict())
     monkeypatch.setattr(ops, "_PLANS", {})
@@ -401,11 +409,11 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
         key = (kind, group, shapes, debug)
         return ops._PLANS.setdefault(key, types.SimpleNamespace(
             stream_ops=not debug, graphs=collections.OrderedDict(), graph_lock=threading.Lock(),
-            rank=group.rank(), buffer=types.SimpleNamespace(tensor=None, close=lambda: None)))
+            rank=group.rank(), released=False, buffer=types.SimpleNamespace(tensor=None, close=lambda: None)))
 
     def execute(plan, actions, call):  # the checked path: captured at once
         checked.append("checked")
-        plan.graphs[(stream[0], threading.get_ident(), call)] = Graph()
+        plan.graphs[(stream[0], ops._thread_token(), call)] = Graph()
 
     monkeypatch.setattr(ops, "_plan", plan)
     monkeypatch.setattr(ops, "_execute", execute)
@@ -425,6 +433,10 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
     assert gather(out=out) is out
     assert calls(lambda: gather()) == ["checked"]  # another output: the allocated one
     assert calls(lambda: gather()).count("replay") == 1 and gather().address == 0xE000
+    allocated.clear()
+    address[0] = 0xE100  # the caller keeps the last output: the allocator hands out another block
+    assert calls(lambda: gather()) == ["checked"] and len(allocated) == 1  # that one, checked
+    address[0] = 0xE000
     assert calls(lambda: gather(a=Tensor(0xA100, (4, 16))), lambda: gather(out=out, group=other),
                  lambda: gather(out=out, debug=True), lambda: gather(out=out, debug=True)) == ["checked"] * 4
     stream[0] = 9
@@ -438,6 +450,38 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
     ops.release(group)
     assert [s[1] for s in ops._SHORTCUTS] == [other]
     assert calls(lambda: gather(out=out), reduce) == ["checked", "checked"]
+
+    def in_thread(*runs):
+        t = threading.Thread(target=lambda: [run() for run in runs])
+        t.start()
+        t.join()
+
+    twice = (lambda: gather(out=out), lambda: gather(out=out))
+    assert calls(lambda: in_thread(*twice), lambda: in_thread(*twice)) == ["checked", "replay"] * 2
+
+    class Scalar(Tensor):  # a 0-d integer tensor: m is read by value, not by address
+        def __init__(self, value):
+            super().__init__(0x5000, ())
+            self.value = value
+
+        def __index__(self):
+            return self.value
+
+        def stride(self):
+            return ()
+
+    # rank 0's shard of 7 rows over 2 ranks has 4 rows, as of 8: only the checks see that the
+    # 8-row output is wrong for m=7 (a replay would fill 8 rows)
+    assert calls(lambda: gather(out=out, m=Scalar(8)), lambda: gather(out=out, m=Scalar(8))) == ["checked", "replay"]
+    with pytest.raises(ops.TmaflowError, match=r"out must be a contiguous \(7, 8\) bfloat16 tensor"):
+        gather(out=out, m=Scalar(7))
+    with pytest.raises(ops.TmaflowError, match=r"m=8.0 must be an int >= 0 \(got float\)"):
+        gather(out=out, m=8.0)  # hashes as 8, which replays: the checks still refuse it
+    dead = types.SimpleNamespace(stream_ops=True, released=True)  # released while its call ran
+    ops._remember(("late",), dead, (8, 8))
+    assert ("late",) not in ops._SHORTCUTS
+    ops._SHORTCUTS[("stale",)] = (dead, (8, 8))
+    assert ops._replayed(("stale",), a, None) == (False, None)
     with pytest.raises(ops.TmaflowError, match=r"m=\[8\] must be an int >= 0 \(got list\)"):
         gather(out=out, m=[8])
     for i in range(ops.MAX_SHORTCUTS + 10):  # signatures that never come back stay bounded

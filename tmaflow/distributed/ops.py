@@ -154,6 +154,7 @@ class _Plan:
             self.comm.cuda_stream, self.buffer.pad_slot(self.rank, spare),
             self.buffer.pad_slot((self.rank + 1) % self.world, spare))
         self.trace = trace
+        self.released = False  # set by release(): shortcuts to it are refused from then on
 
     def signal(self, step, stream, stream_ops: bool = False) -> None:
         """A put to a peer's pad, or a wait on (and reset of) this rank's: driver stream
@@ -214,11 +215,14 @@ def release(group=None) -> int:
     """Drop the collectives' buffers, streams and kernels planned for ``group`` (None: every
     group); call it before ``destroy_process_group``. Returns how many plans were dropped."""
     keys = [k for k in _PLANS if group is None or k[1] is group]
-    for key in keys:
-        _PLANS.pop(key).buffer.close()
-    with _SHORTCUTS_LOCK:
+    plans = [_PLANS.pop(key) for key in keys]
+    with _SHORTCUTS_LOCK:  # no shortcut reaches a plan from here on, nor is remembered to one
+        for plan in plans:
+            plan.released = True
         for signature in [s for s in _SHORTCUTS if group is None or s[1] is group]:
             del _SHORTCUTS[signature]
+    for plan in plans:
+        plan.buffer.close()
     return len(keys)
 
 
@@ -233,27 +237,42 @@ MAX_SHORTCUTS = 64
 
 
 def _describe(value):
-    """A tensor's address, shape, strides, dtype and device; any other value as it is."""
+    """A tensor's address, shape, strides, dtype and device; any other value with its type
+    (1.0 and True hash alike, but only one of them passes the checks)."""
     data_ptr = getattr(value, "data_ptr", None)
-    return value if data_ptr is None else (data_ptr(), value.shape, value.stride(), value.dtype, value.device)
+    if data_ptr is None:
+        return type(value), value
+    return data_ptr(), value.shape, value.stride(), value.dtype, value.device
 
 
 def _signature(kind: str, group, debug: bool, trace: bool, values: tuple) -> tuple | None:
     """What a repeated call must match to skip the checks and planning: a call with the same
     group, options and argument tensors (addresses, shapes, strides, dtypes, devices) passes
-    the same checks and gets the same plan. None where a value is unhashable (the checks
-    name it)."""
-    signature = (kind, group, debug, trace, tuple(_describe(v) for v in values))
+    the same checks and gets the same plan. None where a value cannot be described or hashed
+    (a sparse or fake tensor, a list): such calls take the checks, which name what is wrong."""
     try:
+        signature = (kind, group, debug, trace, tuple(_describe(v) for v in values))
         hash(signature)
-    except TypeError:
+    except Exception:  # whatever describing raises, the checked path decides
         return None
     return signature
+
+
+def _thread_token() -> object:
+    """This thread's key in captured calls: an object that lives as long as a key holds it
+    (a later thread may get a dead one's ident, but never its token, nor its split-K
+    workspaces, which a capture bakes in)."""
+    token = getattr(_recorded, "token", None)
+    if token is None:
+        token = _recorded.token = object()
+    return token
 
 
 def _remember(signature: tuple | None, plan: _Plan, out_shape: tuple) -> None:
     if signature is not None and plan.stream_ops:  # only such plans capture calls
         with _SHORTCUTS_LOCK:
+            if plan.released:  # released while this call ran
+                return
             _SHORTCUTS[signature] = (plan, out_shape)
             _SHORTCUTS.move_to_end(signature)
             if len(_SHORTCUTS) > MAX_SHORTCUTS:
@@ -266,23 +285,27 @@ def _call(signature: tuple | None, out) -> tuple | None:
     return None if signature is None else (signature, out.data_ptr())
 
 
-def _replayed(signature: tuple | None, like, out):
-    """The output of a repeated call replayed straight from its capture, or None where its
-    signature or capture is unknown (or the caller captures): the checked path runs. Host
-    time is what bounds the small shapes (2 H200s, llama-8B 4k all-gather: 165 us a call
-    through the checks, 24 us of it the replay)."""
+def _replayed(signature: tuple | None, like, out) -> tuple:
+    """(True, out) for a repeated call replayed straight from its capture; (False, out) where
+    its signature or capture is unknown, its plan was released or the caller captures: the
+    checked path runs, with the output allocated here if any. Host time is what bounds the
+    small shapes (2 H200s, llama-8B 4k all-gather: 165 us a call through the checks, 24 us
+    of it the replay)."""
     import torch  # optional dependency: distributed needs torch
 
-    known = None if signature is None else _SHORTCUTS.get(signature)
-    if known is None:
-        return None
+    with _SHORTCUTS_LOCK:
+        known = None if signature is None else _SHORTCUTS.get(signature)
+        if known is None or known[0].released:
+            return False, out
+        _SHORTCUTS.move_to_end(signature)
     stream = devices.framework_stream("torch", like.device.index)  # torch.cuda.current_stream's handle
     if driver.stream_capturing(stream):  # the caller's capture: the steps go into it
-        return None
+        return False, out
     plan, out_shape = known
     if out is None:
         out = torch.empty(out_shape, dtype=torch.bfloat16, device=like.device)
-    return out if _replay(plan, (stream, threading.get_ident(), _call(signature, out))) else None
+    _recorded.traces = []  # as _plan does: last_traces() is the latest call's
+    return _replay(plan, (stream, _thread_token(), _call(signature, out))), out
 
 
 def _replay(plan: _Plan, key: tuple) -> bool:
@@ -308,7 +331,7 @@ def _execute(plan: _Plan, actions: dict, call: tuple | None) -> None:
         return
     current = torch.cuda.current_stream()
     # the thread too: a capture bakes in per-thread resources (the GEMMs' split-K workspaces)
-    key = (current.cuda_stream, threading.get_ident(), call)
+    key = (current.cuda_stream, _thread_token(), call)
     if _replay(plan, key):
         return
     with plan.graph_lock:
@@ -438,10 +461,11 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
     traces ``last_traces()`` returns. Every rank must pass the same shapes and options."""
     group = group_of(group)
     debug, trace = _options(debug, trace)
+    m = None if m is None else checks.as_int("m", m, 0)  # by value: a 0-d tensor's address would not do
     signature = _signature("all_gather_gemm", group, debug, trace, (a_shard, b, m, out, scale_a, scale_b))
-    replayed = _replayed(signature, a_shard, out)
-    if replayed is not None:
-        return replayed
+    replayed, out = _replayed(signature, a_shard, out)
+    if replayed:
+        return out
     shapes = gather_shapes(a_shard.shape, _dtype_name(a_shard), b.shape, _dtype_name(b), m,
                            group.size(), group.rank(), scale_a, scale_b)
     out = _output("all_gather_gemm", out, (shapes.m, shapes.n), a_shard.device)
@@ -477,9 +501,9 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     group = group_of(group)
     debug, trace = _options(debug, trace)
     signature = _signature("gemm_reduce_scatter", group, debug, trace, (a, b_shard, out, scale_a, scale_b))
-    replayed = _replayed(signature, a, out)
-    if replayed is not None:
-        return replayed
+    replayed, out = _replayed(signature, a, out)
+    if replayed:
+        return out
     shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
                             group.size(), group.rank(), scale_a, scale_b)
     with on_device(a.device):  # the symmetric buffer lives on the operands' GPU
