@@ -196,6 +196,30 @@ def test_repeated_addresses_run_eager_then_captured_then_replayed(group, op, mon
     assert len(checked) <= ops.GRAPH_AFTER, f"checked {len(checked)} of 5 calls: the replays did too"
 
 
+def test_m_in_a_tensor_is_read_by_value_on_a_repeated_call(group):
+    """m passed as a 0-d tensor whose value changes in place: the call with the new value is
+    checked and planned again, not replayed from the capture of the old one. Every rank but the
+    last keeps its shard (the same view) from m = 64 W to 64 W - 1; the last one's shrinks.
+    Taken by address, the others would replay the old capture (an output of the old m) while
+    the last one waited in a new plan's rendezvous."""
+    me, world = group.rank(), group.size()
+    n, k = 256, 512
+    b = _same_everywhere((n, k), torch.bfloat16, 41)
+    full = torch.empty((64 * world, k), device="cuda", dtype=torch.bfloat16)
+    m_tensor = torch.tensor(0)
+    for m in (64 * world, 64 * world, 64 * world, 64 * world - 1):
+        m_tensor.fill_(m)
+        full.copy_(_same_everywhere(full.shape, torch.bfloat16, 42 + m))
+        rows = protocol.shard_rows(m, world)
+        start = sum(rows[:me])
+        got = tfd.all_gather_gemm(full[start:start + rows[me]], b, group=group, m=m_tensor)
+        torch.cuda.synchronize()
+        assert tuple(got.shape) == (m, n)
+        _close(got, full[:m].double() @ b.double().T)
+        del got
+        _sync()
+
+
 @pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
 def test_eager_calls_on_one_rank_meet_replays_on_the_others(group, op):
     """Rank 0 passes a new output every call (its calls never repeat: eager stream operations),
