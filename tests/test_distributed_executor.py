@@ -16,13 +16,13 @@ import pytest
 from tmaflow.distributed import ops, protocol
 
 
-Device = collections.namedtuple("Device", "index")  # hashable, as torch.device
+Device = collections.namedtuple("Device", "type index")  # hashable, as torch.device
 
 
 class T:
     """A numpy-backed stand-in for the torch tensors the executor touches."""
     dtype = "bfloat16"
-    device = Device(0)
+    device = Device("cuda", 0)
 
     def __init__(self, arr):
         self.arr = arr
@@ -364,7 +364,7 @@ def test_a_failed_capture_still_orders_the_callers_stream_after_the_call(monkeyp
 class Tensor:
     """What a repeated call's signature reads of a torch tensor."""
     dtype = "bfloat16"
-    device = Device(0)
+    device = Device("cuda", 0)
 
     def __init__(self, address, shape):
         self.address, self.shape = address, tuple(shape)

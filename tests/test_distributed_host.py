@@ -78,6 +78,28 @@ def test_scales_are_checked(dtype, scales, match):
         ops.scatter_shapes((8, 64), dtype, (32, 64), dtype, 2, 0, *scales)
 
 
+def test_tensors_of_a_call_are_on_one_gpu():
+    """Refused before anything is planned or signalled (a CPU tensor used to rendezvous a plan
+    and fail in a GEMM mid-protocol)."""
+    import collections
+    import types
+
+    device = collections.namedtuple("device", "type index")
+    gpu0, gpu1 = (types.SimpleNamespace(device=device("cuda", i)) for i in (0, 1))
+    ops.on_one_gpu("all_gather_gemm", {"a_shard": gpu0, "b": gpu0, "out": None})
+    with pytest.raises(tf.TmaflowError, match=r"all_gather_gemm: b is on device\(type='cpu', index=None\); "
+                                              r"the collectives take CUDA torch tensors"):
+        ops.on_one_gpu("all_gather_gemm", {"a_shard": gpu0, "b": types.SimpleNamespace(device=device("cpu", None))})
+    with pytest.raises(tf.TmaflowError, match=r"a is on ('cpu'|None); the collectives take CUDA"):
+        ops.on_one_gpu("gemm_reduce_scatter", {"a": np.ones(3), "b_shard": gpu0})  # numpy 2 arrays say 'cpu'
+    with pytest.raises(tf.TmaflowError, match=r"b_shard is on None; the collectives take CUDA"):
+        ops.on_one_gpu("gemm_reduce_scatter", {"a": gpu0, "b_shard": [[1.0]]})
+    with pytest.raises(tf.TmaflowError, match=r"gemm_reduce_scatter: out is on device\(type='cuda', index=1\) "
+                                              r"but a is on device\(type='cuda', index=0\); every tensor of a call "
+                                              r"must be on one GPU"):
+        ops.on_one_gpu("gemm_reduce_scatter", {"a": gpu0, "b_shard": gpu0, "out": gpu1})
+
+
 def test_scatter_shapes():
     s = ops.scatter_shapes((10, 16), "bfloat16", (24, 16), "bfloat16", 4, 2)
     assert s.rows == (3, 3, 3, 1) and (s.n, s.k) == (24, 16)

@@ -258,3 +258,9 @@ def test_bad_arguments_are_refused_before_anything_runs(group):
         tfd.all_gather_gemm(a, a[:32], group=group, out=torch.empty(64, 32, device="cuda"))
     with pytest.raises(tf.TmaflowError, match=r"a_shard has 64 rows but rank 0's shard of m=65"):
         tfd.all_gather_gemm(a, a, group=group, m=65)
+    plans = len(ops._PLANS)
+    with pytest.raises(tf.TmaflowError, match=r"b is on device\(type='cpu'\); the collectives take CUDA torch tensors"):
+        tfd.all_gather_gemm(a, a.cpu(), group=group)
+    with pytest.raises(tf.TmaflowError, match=r"gemm_reduce_scatter: a is on device\(type='cpu'\)"):
+        tfd.gemm_reduce_scatter(a.cpu(), a.cpu(), group=group)
+    assert len(ops._PLANS) == plans, "refused before a plan was made"

@@ -112,6 +112,24 @@ def scatter_shapes(a_shape, a_dtype: str, b_shape, b_dtype: str, world: int, ran
     return Shapes(tuple(protocol.shard_rows(a_shape[0], world)), b_shape[0], a_shape[1], a_dtype)
 
 
+def on_one_gpu(who: str, tensors: dict) -> None:
+    """The tensors (name -> tensor, or None) all on one CUDA device. Checked before anything is
+    planned or queued: a CPU tensor used to pass the shape checks, rendezvous a plan and fail
+    in a GEMM after the call had signalled its peers."""
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        device = getattr(t, "device", None)
+        if getattr(device, "type", None) != "cuda":
+            raise TmaflowError(f"{who}: {name} is on {device!r}; the collectives take CUDA torch tensors")
+        if first is None:
+            first = (name, device)
+        elif device != first[1]:
+            raise TmaflowError(f"{who}: {name} is on {device} but {first[0]} is on {first[1]}; "
+                               "every tensor of a call must be on one GPU")
+
+
 def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -466,6 +484,7 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
     replayed, out = _replayed(signature, a_shard, out)
     if replayed:
         return out
+    on_one_gpu("all_gather_gemm", {"a_shard": a_shard, "b": b, "out": out})
     shapes = gather_shapes(a_shard.shape, _dtype_name(a_shard), b.shape, _dtype_name(b), m,
                            group.size(), group.rank(), scale_a, scale_b)
     out = _output("all_gather_gemm", out, (shapes.m, shapes.n), a_shard.device)
@@ -504,6 +523,7 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     replayed, out = _replayed(signature, a, out)
     if replayed:
         return out
+    on_one_gpu("gemm_reduce_scatter", {"a": a, "b_shard": b_shard, "out": out})
     shapes = scatter_shapes(a.shape, _dtype_name(a), b_shard.shape, _dtype_name(b_shard),
                             group.size(), group.rank(), scale_a, scale_b)
     with on_device(a.device):  # the symmetric buffer lives on the operands' GPU
