@@ -30,7 +30,8 @@ AREAS = [
     ("gemm_fp8", "GEMM fp8 and block-scaled", "python tools/peers/bench_gemm.py --fp8 --json bench/results/gemm_fp8.json"),
     ("gemm_fp8_skinny", "GEMM fp8 decode shapes (skinny path and one-M-tile cluster K-splits) and block scales",
      "python tools/peers/bench_gemm.py --fp8 --skinny --json bench/results/gemm_fp8_skinny.json"),
-    ("gemm_skinny", "GEMM skinny (decode shapes)",
+    ("gemm_skinny", "GEMM skinny, bf16 decode shapes on their own (their rows are also in GEMM bf16; "
+                    "the fp8 decode shapes are in the fp8 section above)",
      "python tools/peers/bench_gemm.py --suite skinny --json bench/results/gemm_skinny.json"),
     ("gemm_grouped", "GEMM grouped (MoE)", "python tools/peers/bench_grouped.py --json bench/results/gemm_grouped.json"),
     ("gemm_grouped_acceptance", "GEMM grouped (MoE): issue 33's whole grid",
@@ -73,6 +74,10 @@ AREAS = [
      "python tools/peers/bench_attention.py --decode --decode-grid quick --json ..."),
     ("tracing", "Tracing cost", "python tools/experiments/trace_overhead.py"),
     ("sanitizers", "Sanitizers", "SANITIZE=1 bash tools/gpu_check.sh"),
+    ("distributed_2", "Multi-GPU: all-gather + GEMM and GEMM + reduce-scatter, 2 ranks",
+     "bash tools/multi_gpu_check.sh 2 (tools/peers/bench_distributed.py under torchrun)"),
+    ("distributed_4", "Multi-GPU: all-gather + GEMM and GEMM + reduce-scatter, 4 ranks",
+     "bash tools/multi_gpu_check.sh 4 (tools/peers/bench_distributed.py under torchrun)"),
 ]
 
 HEADER = """# Benchmarks: current figures
