@@ -209,3 +209,22 @@ def test_device_library_page_is_current():
     r = subprocess.run([sys.executable, str(root / "tools" / "device_reference.py"), "--check"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+@pytest.mark.parametrize("err,status,capturing", [(0, "NONE", False), (0, "ACTIVE", True), (0, "INVALIDATED", True),
+                                                  (1, "NONE", True)])
+def test_stream_capturing_counts_an_error_as_capturing(monkeypatch, err, status, capturing):
+    """driver.stream_capturing, the one capture question (collectives' replay shortcut, split-K's
+    foreign-capture refusal, the sanitizer's zeroing): a stream the driver cannot answer for is
+    not taken for an eager one."""
+    import types
+
+    from tmaflow.runtime import driver
+
+    names = [f"CU_STREAM_CAPTURE_STATUS_{s}" for s in ("NONE", "ACTIVE", "INVALIDATED")]
+    states = types.SimpleNamespace(**{name: name for name in names})
+    asked = []
+    fake = types.SimpleNamespace(CUstreamCaptureStatus=states,
+                                 cuStreamIsCapturing=lambda s: asked.append(s) or (err, f"CU_STREAM_CAPTURE_STATUS_{status}"))
+    monkeypatch.setattr(driver, "cu", lambda: fake)
+    assert driver.stream_capturing(0x77) is capturing and asked == [0x77]
