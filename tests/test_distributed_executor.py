@@ -409,7 +409,8 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
         key = (kind, group, shapes, debug)
         return ops._PLANS.setdefault(key, types.SimpleNamespace(
             stream_ops=not debug, graphs=collections.OrderedDict(), graph_lock=threading.Lock(),
-            rank=group.rank(), released=False, buffer=types.SimpleNamespace(tensor=None, close=lambda: None)))
+            rank=group.rank(), released=False, buffer=types.SimpleNamespace(tensor=None, close=lambda: None),
+            out_shape=(shapes.m, shapes.n) if kind == "all_gather_gemm" else (shapes.rows[group.rank()], shapes.n)))
 
     def execute(plan, actions, call):  # the checked path: captured at once
         checked.append("checked")
@@ -478,9 +479,9 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
     with pytest.raises(ops.TmaflowError, match=r"m=8.0 must be an int >= 0 \(got float\)"):
         gather(out=out, m=8.0)  # hashes as 8, which replays: the checks still refuse it
     dead = types.SimpleNamespace(stream_ops=True, released=True)  # released while its call ran
-    ops._remember(("late",), dead, (8, 8))
+    ops._remember(("late",), dead)
     assert ("late",) not in ops._SHORTCUTS
-    ops._SHORTCUTS[("stale",)] = (dead, (8, 8))
+    ops._SHORTCUTS[("stale",)] = dead
     assert ops._replayed(("stale",), a, None) == (False, None)
     with pytest.raises(ops.TmaflowError, match=r"m=\[8\] must be an int >= 0 \(got list\)"):
         gather(out=out, m=[8])

@@ -174,6 +174,12 @@ class _Plan:
         self.trace = trace
         self.released = False  # set by release(): shortcuts to it are refused from then on
 
+    @property
+    def out_shape(self) -> tuple:
+        """The call's output: all M rows (all-gather), or this rank's rows of the sum."""
+        s = self.shapes
+        return (s.m, s.n) if self.kind == "all_gather_gemm" else (s.rows[self.rank], s.n)
+
     def signal(self, step, stream, stream_ops: bool = False) -> None:
         """A put to a peer's pad, or a wait on (and reset of) this rank's: driver stream
         operations where ``stream_ops``, else the one-thread kernels (debug builds bound the
@@ -249,7 +255,7 @@ MAX_GRAPHS = 4    # captured calls kept a plan (least recently used dropped)
 MAX_SEEN = 64     # address sets counted a plan: fp8 scales that change every call never repeat
 
 
-_SHORTCUTS: OrderedDict = OrderedDict()  # a checked call's signature -> (plan, output shape)
+_SHORTCUTS: OrderedDict = OrderedDict()  # a checked call's signature -> its plan
 _SHORTCUTS_LOCK = threading.Lock()
 MAX_SHORTCUTS = 64
 
@@ -286,12 +292,12 @@ def _thread_token() -> object:
     return token
 
 
-def _remember(signature: tuple | None, plan: _Plan, out_shape: tuple) -> None:
+def _remember(signature: tuple | None, plan: _Plan) -> None:
     if signature is not None and plan.stream_ops:  # only such plans capture calls
         with _SHORTCUTS_LOCK:
             if plan.released:  # released while this call ran
                 return
-            _SHORTCUTS[signature] = (plan, out_shape)
+            _SHORTCUTS[signature] = plan
             _SHORTCUTS.move_to_end(signature)
             if len(_SHORTCUTS) > MAX_SHORTCUTS:
                 _SHORTCUTS.popitem(last=False)
@@ -312,16 +318,15 @@ def _replayed(signature: tuple | None, like, out) -> tuple:
     import torch  # optional dependency: distributed needs torch
 
     with _SHORTCUTS_LOCK:
-        known = None if signature is None else _SHORTCUTS.get(signature)
-        if known is None or known[0].released:
+        plan = None if signature is None else _SHORTCUTS.get(signature)
+        if plan is None or plan.released:
             return False, out
         _SHORTCUTS.move_to_end(signature)
     stream = devices.framework_stream("torch", like.device.index)  # torch.cuda.current_stream's handle
     if driver.stream_capturing(stream):  # the caller's capture: the steps go into it
         return False, out
-    plan, out_shape = known
     if out is None:
-        out = torch.empty(out_shape, dtype=torch.bfloat16, device=like.device)
+        out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=like.device)
     _recorded.traces = []  # as _plan does: last_traces() is the latest call's
     return _replay(plan, (stream, _thread_token(), _call(signature, out))), out
 
@@ -506,7 +511,7 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
 
     with on_device(a_shard.device):
         _execute(plan, {"publish": publish, "gemm": product}, _call(signature, out))
-    _remember(signature, plan, (shapes.m, shapes.n))
+    _remember(signature, plan)
     return out
 
 
@@ -529,7 +534,7 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
     with on_device(a.device):  # the symmetric buffer lives on the operands' GPU
         plan = _plan("gemm_reduce_scatter", shapes, group, a.device, debug, trace)
     me = plan.rank
-    out = _output("gemm_reduce_scatter", out, (shapes.rows[me], shapes.n), a.device)
+    out = _output("gemm_reduce_scatter", out, plan.out_shape, a.device)
     partial = plan.buffer.tensor
 
     def product(step):  # my partial of row chunk step.shard, into my symmetric buffer
@@ -546,7 +551,7 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
 
     with on_device(a.device):
         _execute(plan, {"gemm": product, "reduce": reduce}, _call(signature, out))
-    _remember(signature, plan, (shapes.rows[me], shapes.n))
+    _remember(signature, plan)
     return out
 
 
