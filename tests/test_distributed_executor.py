@@ -143,6 +143,12 @@ def _fake_torch():
         stack=lambda parts: T(np.stack([p.arr for p in parts])))
 
 
+def _events_only(name, *args):
+    """The driver calls of a plan's turns (turns.py); the executor tests queue no others."""
+    assert name in ("cuEventCreate", "cuEventRecord", "cuStreamWaitEvent", "cuEventDestroy"), name
+    return "event" if name == "cuEventCreate" else None
+
+
 @pytest.fixture
 def rigged(monkeypatch):
     """Runs ``fn(rank, group)`` on one thread per rank of a fresh World of ``world`` ranks."""
@@ -155,6 +161,7 @@ def rigged(monkeypatch):
     monkeypatch.setattr(ops.devices, "current_device", lambda: types.SimpleNamespace(sm_count=132))
     monkeypatch.setattr(ops.devices, "framework_stream", lambda framework, ordinal: 1)
     monkeypatch.setattr(ops.driver, "stream_capturing", lambda stream: False)
+    monkeypatch.setattr(ops.driver, "call", _events_only)
 
     def sum_partials(plan, parts, out):  # rank order, as the kernel sums
         out.arr[...] = np.sum([p.arr for p in parts], axis=0)
@@ -394,6 +401,7 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(bfloat16="bfloat16", empty=empty))
     monkeypatch.setattr(ops.driver, "stream_capturing", lambda handle: capturing[0] and handle == stream[0])
+    monkeypatch.setattr(ops.driver, "call", _events_only)
     monkeypatch.setattr(ops, "_SHORTCUTS", collections.OrderedDict())
     monkeypatch.setattr(ops, "_PLANS", {})
     monkeypatch.setattr(ops, "group_of", lambda group: group)
@@ -410,6 +418,7 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
         return ops._PLANS.setdefault(key, types.SimpleNamespace(
             stream_ops=not debug, graphs=collections.OrderedDict(), graph_lock=threading.Lock(),
             rank=group.rank(), released=False, buffer=types.SimpleNamespace(tensor=None, close=lambda: None),
+            turns=ops.Turns(),
             out_shape=(shapes.m, shapes.n) if kind == "all_gather_gemm" else (shapes.rows[group.rank()], shapes.n)))
 
     def execute(plan, actions, call):  # the checked path: captured at once
@@ -488,3 +497,38 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
     for i in range(ops.MAX_SHORTCUTS + 10):  # signatures that never come back stay bounded
         gather(a=Tensor(0x10000 + 16 * i, (4, 16)))
     assert len(ops._SHORTCUTS) == ops.MAX_SHORTCUTS
+
+
+def test_calls_of_a_plan_take_turns_across_streams(monkeypatch):
+    """turns.Turns: a call on another stream than the previous call's first waits for the
+    event recorded at that call's end (else its GEMMs overwrite the partial or staging the
+    previous call still reads); a call on the same stream queues no wait; a call inside the
+    caller's capture neither waits nor records; a call that raises still records what it
+    queued; close destroys the event."""
+    log, capturing = [], set()
+    monkeypatch.setattr(ops.driver, "stream_capturing", lambda stream: stream in capturing)
+    monkeypatch.setattr(ops.driver, "call", lambda name, *args: log.append((name, *args)) or
+                        ("event" if name == "cuEventCreate" else None))
+    turns = ops.Turns()
+
+    def queue(stream, fail=False):
+        log.clear()
+        with turns.turn(stream):
+            log.append(("queued on", stream))
+            if fail:
+                raise ops.TmaflowError("a GEMM refused its operands")
+        return log[:]
+
+    no_timing = ops.driver.cu().CUevent_flags.CU_EVENT_DISABLE_TIMING
+    assert queue(7) == [("queued on", 7), ("cuEventCreate", no_timing), ("cuEventRecord", "event", 7)]
+    assert queue(7) == [("queued on", 7), ("cuEventRecord", "event", 7)]
+    assert queue(9) == [("cuStreamWaitEvent", 9, "event", 0), ("queued on", 9), ("cuEventRecord", "event", 9)]
+    capturing.add(5)
+    assert queue(5) == [("queued on", 5)]
+    assert turns.last == 9, "a captured call is not the latest eager one"
+    with pytest.raises(ops.TmaflowError, match="a GEMM refused its operands"):
+        queue(7, fail=True)
+    assert log == [("cuStreamWaitEvent", 7, "event", 0), ("queued on", 7), ("cuEventRecord", "event", 7)]
+    log.clear()
+    turns.close()
+    assert log == [("cuEventDestroy", "event")] and turns.event is None and turns.last is None

@@ -204,6 +204,35 @@ def test_partials_are_summed_in_rank_order_and_rounded_once(group, count, rows, 
     assert torch.equal(out, acc.to(torch.bfloat16))
 
 
+def test_calls_on_two_streams_take_turns(group):
+    """Two reduce-scatters of one plan on two torch streams, nothing ordering them: the second
+    call's GEMM must not overwrite the partial (the symmetric buffer, read by the sum even at
+    world size 1) before the first call's sum read it. A sleep on the plan's comm stream holds
+    the first call's sum back; both results are checked, over rounds of fresh inputs."""
+    m, n, k = 512, 768, 1024
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    tfd.gemm_reduce_scatter(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), b, group=group)  # plans
+    plan = next(p for key, p in ops._PLANS.items() if key[0] == "gemm_reduce_scatter" and key[1] is group
+                and key[2] == ops.Shapes((m,), n, k, "bfloat16") and not key[4] and not key[5])
+    second = torch.cuda.Stream()
+    errs, kept = [], []
+    for _ in range(3):
+        a1, a2 = (torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out1, out2 = _poisoned((m, n)), _poisoned((m, n))
+        kept += [a1, a2, out1, out2]  # new addresses every round: every call runs its steps
+        second.wait_stream(torch.cuda.current_stream())  # its inputs, and nothing of the calls
+        with torch.cuda.stream(plan.comm):
+            torch.cuda._sleep(20_000_000)  # about 10 ms
+        tfd.gemm_reduce_scatter(a1, b, group=group, out=out1)
+        with torch.cuda.stream(second):
+            tfd.gemm_reduce_scatter(a2, b, group=group, out=out2)
+        torch.cuda.synchronize()
+        for got, a in ((out1, a1), (out2, a2)):
+            want = a.double() @ b.double().T
+            errs.append((torch.linalg.norm(got.double() - want) / torch.linalg.norm(want)).item())
+    assert all(e < 1e-2 for e in errs), f"each call's relative error, first and second stream, per round: {errs}"
+
+
 def test_torch_compile_runs_the_custom_ops(group):
     import tmaflow.torch  # noqa: F401 (registers torch.ops.tmaflow.*)
     a = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)

@@ -196,6 +196,45 @@ def test_repeated_addresses_run_eager_then_captured_then_replayed(group, op, mon
     assert len(checked) <= ops.GRAPH_AFTER, f"checked {len(checked)} of 5 calls: the replays did too"
 
 
+@pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
+def test_calls_on_two_streams_take_turns(group, op):
+    """Two calls of one plan on two torch streams, nothing ordering them, the first call's
+    pulls held back by a sleep on the plan's comm stream: the second call's pulls must not
+    overwrite the staging the first call's GEMMs read (all-gather), nor its GEMMs the partial
+    the peers still pull (reduce-scatter). Fresh inputs every round, both results checked."""
+    me, world = group.rank(), group.size()
+    m, n, k = 1024 * world, 2048, 2048
+    fn = getattr(tfd, op)
+    second = torch.cuda.Stream()
+    errs, kept = [], []
+    for r in range(3):
+        rows = 1024 if op == "all_gather_gemm" else m
+        a1, a2 = (_same_everywhere((rows, k), torch.bfloat16, 40 + 10 * r + 2 * me + i) for i in range(2))
+        b = _same_everywhere((n, k), torch.bfloat16, 60 + r + me)
+        outs = [torch.full((m, n) if op == "all_gather_gemm" else (m // world, n), float("nan"), device="cuda",
+                           dtype=torch.bfloat16) for _ in range(2)]
+        kept += [a1, a2, b, *outs]  # new addresses every round: every call runs its steps
+        fn(a1, b, group=group)  # plans (the first round), and a call the sleep does not hold
+        plan = next(p for key, p in ops._PLANS.items() if key[0] == op and key[1] is group
+                    and key[2].n == n and key[2].k == k and not key[4] and not key[5])
+        second.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(plan.comm):
+            torch.cuda._sleep(20_000_000)
+        fn(a1, b, group=group, out=outs[0])
+        with torch.cuda.stream(second):
+            fn(a2, b, group=group, out=outs[1])
+        torch.cuda.current_stream().wait_stream(second)
+        for a, out in zip((a1, a2), outs):
+            if op == "all_gather_gemm":
+                want = torch.cat(_gathered(a, group)).double() @ b.double().T
+            else:
+                parts = [x.double() @ y.double().T for x, y in zip(_gathered(a, group), _gathered(b, group))]
+                want = sum(parts)[me * (m // world):(me + 1) * (m // world)]
+            errs.append((torch.linalg.norm(out.double() - want) / torch.linalg.norm(want)).item())
+        _sync()
+    assert all(e < 1e-2 for e in errs), f"rank {me}: each call's relative error, per round: {errs}"
+
+
 def test_m_in_a_tensor_is_read_by_value_on_a_repeated_call(group):
     """m passed as a 0-d tensor whose value changes in place: the call with the new value is
     checked and planned again, not replayed from the capture of the old one. Every rank but the

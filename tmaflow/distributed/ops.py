@@ -9,7 +9,7 @@ memory, each after a device-side wait on the peer's signal (a driver stream oper
 the rank, the peer and the signal); the GEMM of a pulled shard after an event on its copy.
 Everything is queued asynchronously with constant values, so ``torch.cuda.graph`` captures a
 call whole, and a call whose operands, output and stream come back is captured once and
-replayed (``_execute``).
+replayed (``_execute``). Calls that share a plan run in turn across streams (``turns``).
 Inside ``torch.compile`` call the custom ops (``import tmaflow.torch``):
 ``torch.ops.tmaflow.all_gather_gemm(a_shard, b, group.group_name, m)`` and
 ``torch.ops.tmaflow.gemm_reduce_scatter(a, b_shard, group.group_name)``.
@@ -30,6 +30,7 @@ from ..kernels.registry import get_kernel
 from ..runtime import device as devices, driver
 from . import protocol, streamops
 from .symmetric import SymmetricBuffer, group_of, on_device
+from .turns import Turns
 
 log = logging.getLogger("tmaflow.distributed")
 
@@ -172,6 +173,7 @@ class _Plan:
             self.comm.cuda_stream, self.buffer.pad_slot(self.rank, spare),
             self.buffer.pad_slot((self.rank + 1) % self.world, spare))
         self.trace = trace
+        self.turns = Turns()  # calls on several streams run one after another (turns.py)
         self.released = False  # set by release(): shortcuts to it are refused from then on
 
     @property
@@ -246,6 +248,7 @@ def release(group=None) -> int:
         for signature in [s for s in _SHORTCUTS if group is None or s[1] is group]:
             del _SHORTCUTS[signature]
     for plan in plans:
+        plan.turns.close()
         plan.buffer.close()
     return len(keys)
 
@@ -328,7 +331,8 @@ def _replayed(signature: tuple | None, like, out) -> tuple:
     if out is None:
         out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=like.device)
     _recorded.traces = []  # as _plan does: last_traces() is the latest call's
-    return _replay(plan, (stream, _thread_token(), _call(signature, out))), out
+    with plan.turns.turn(stream):
+        return _replay(plan, (stream, _thread_token(), _call(signature, out))), out
 
 
 def _replay(plan: _Plan, key: tuple) -> bool:
@@ -509,7 +513,7 @@ def all_gather_gemm(a_shard, b, *, group=None, m=None, out=None, scale_a=None, s
             if trace:
                 keep_trace()
 
-    with on_device(a_shard.device):
+    with on_device(a_shard.device), plan.turns.turn(devices.framework_stream("torch", a_shard.device.index)):
         _execute(plan, {"publish": publish, "gemm": product}, _call(signature, out))
     _remember(signature, plan)
     return out
@@ -549,7 +553,7 @@ def gemm_reduce_scatter(a, b_shard, *, group=None, out=None, scale_a=None, scale
             sum_partials(plan, [partial[shapes.span(me)] if j == me else plan.staging[j]
                                 for j in range(plan.world)], out)
 
-    with on_device(a.device):
+    with on_device(a.device), plan.turns.turn(devices.framework_stream("torch", a.device.index)):
         _execute(plan, {"gemm": product, "reduce": reduce}, _call(signature, out))
     _remember(signature, plan)
     return out
