@@ -407,26 +407,36 @@ def test_varlen_captured_launch_keeps_its_counter_beside_eager_calls_on_its_stre
     assert all(x and y for x, y in got), got
 
 
-def test_varlen_capture_before_any_eager_call_takes_the_stride(device, rng, monkeypatch):
-    """A torch capture that finds no counter pair reserved (its first call is the captured one)
-    launches the static stride, which needs none: replays compute the sequences; a build forced
-    to DYNAMIC_TILES there is refused by name."""
+def test_varlen_capture_before_any_eager_call(device, rng, monkeypatch):
+    """A torch capture before any eager call made a counter chunk: the chunk is made inside
+    the capture (allocated and zeroed on a stream of its own, the capture mode relaxed: no
+    node), and replays compute the sequences. Where no pair can be had at all, the static
+    stride, which needs none; a build forced to DYNAMIC_TILES there is refused by name."""
     torch = pytest.importorskip("torch")
     from tmaflow.kernels import entry, tile_counters
+    from tmaflow.kernels.attention_entry import varlen_dynamic
 
-    monkeypatch.setattr(tile_counters, "_pools", {})
-    entry.STATES.clear()  # no state of an earlier test reserved the pool
+    monkeypatch.setattr(tile_counters, "_slabs", {})
+    entry.STATES.clear()  # no state of an earlier test reserved a chunk
     q, k, v, cu, longest = _torch_batch(torch, [100, 300, 0, 129])
-    out = torch.full_like(q, float("nan"))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kernels.attention_varlen(q, k, v, cu, cu, longest, longest, out)
-    assert tile_counters.untaken(tf.current_device()) == 0
-    graph.replay()
-    torch.cuda.synchronize()
     host = [x.float().cpu().numpy().astype(np.float64) for x in (q, k, v)]
     ref, _ = _reference(*host, _cu([100, 300, 0, 129]), _cu([100, 300, 0, 129]), False, 1 / np.sqrt(128))
-    _check(out.float().cpu().numpy().astype(np.float64), None, ref, None, 1e-2, "static in a capture")
+    for no_pairs in (False, True):
+        if no_pairs:
+            monkeypatch.setattr(tile_counters, "take", lambda device, words=2: None)
+            entry.STATES.clear()
+        out = torch.full_like(q, float("nan"))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kernels.attention_varlen(q, k, v, cu, cu, longest, longest, out)
+        if not no_pairs:
+            slab = tile_counters._slabs.get(tf.current_device().ordinal)
+            made = slab.chunks if slab else []
+            assert len(made) == (varlen_dynamic() > 0), "the capture made a chunk for its pair"
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out.float().cpu().numpy().astype(np.float64), None, ref, None, 1e-2,
+               "stride in a capture" if no_pairs else "a pair made in a capture")
     with extra_defines(DYNAMIC):
         with pytest.raises(tf.TmaflowError, match=r"DYNAMIC_TILES, forced through extra_defines, needs a tile "
                                                   r"counter.*being captured"):

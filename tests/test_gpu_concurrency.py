@@ -457,17 +457,94 @@ def test_host_offsets_refused_in_a_torch_capture(device, gen):
             call()
 
 
-def test_a_cold_split_k_state_is_refused_in_a_torch_capture(device, gen):
-    """Its workspace would become an allocation node of torch's graph: refused by name."""
+def test_a_cold_split_k_state_is_captured_with_scratch_of_its_own(device, gen):
+    """A split-K call first made on a stream inside a torch capture: its partials come from the
+    capture's pool and its counters are its own (it used to need the stream's workspace, made
+    by an eager call before the capture). The stream's workspace is never made."""
     entry.STATES.clear()  # torch's pooled streams recur: no state of an earlier test may be warm
     splitk._workspaces.__dict__.clear()
     call = CASES["gemm split_k=8"](gen)
-    call()  # warm on the default stream only
+    ref = _alone(call)  # warm on the default stream only
     capture = torch.cuda.Stream()
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(tf.TmaflowError, match=r"split-K workspace.*being captured.*warm up on a stream s"):
+    with torch.cuda.graph(g, stream=capture):
+        y = call()
+    results = []
+    for _ in range(10):
+        y.fill_(float("nan"))
+        g.replay()
+        results.append(y.clone())
+    _assert_all_equal("a cold split-K state captured", results, ref, 10)
+    assert capture.cuda_stream not in {key[1] for key in splitk._workspaces.__dict__}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "grouped host offsets"])
+def test_torch_graphs_captured_on_one_stream_replay_at_once(device, gen, case):
+    """Two torch graphs captured on one stream (as torch.cuda.graph's default capture stream
+    does for every graph) replayed at the same time on two streams, with eager calls on the
+    capture stream beside them: each captured call keeps scratch of its own (split-K partials
+    and counters, decode splits, grouped C-map slots), so every replay equals its call alone
+    (the stream's workspace, baked into both, mixed their partials and counts)."""
+    calls = [CASES[case](gen) for _ in range(2)]  # two inputs: a mix-up shows
+    refs = [_alone(call) for call in calls]
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        for call in calls:
+            call()  # warm-up: states and the stream's workspace exist (the eager calls below use it)
+    capture.synchronize()
+    graphs, outs = [], []
+    for call in calls:
+        g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=capture):
-            call()
+            outs.append(call())
+        graphs.append(g)
+    replay = [torch.cuda.Stream() for _ in graphs]
+    snapshots, eager = [[] for _ in graphs], []
+    for _ in range(LAUNCHES):
+        for i, (g, s) in enumerate(zip(graphs, replay)):
+            with torch.cuda.stream(s):
+                g.replay()
+                snapshots[i].append(outs[i].clone())
+        with torch.cuda.stream(capture):
+            eager.append(calls[1]())
+    for i in range(len(graphs)):
+        _assert_all_equal(f"{case}, graph {i} replayed beside the other", snapshots[i], refs[i], LAUNCHES)
+    _assert_all_equal(f"{case}, eager on the capture stream", eager, refs[1], LAUNCHES)
+
+
+def test_a_graph_keeps_its_split_k_scratch_when_the_stream_workspace_grows(device, gen):
+    """Captured, then a larger split-K call on the capture stream replaces the stream's
+    workspace and the old buffer goes back to the pool, where the next allocation of its size
+    on that stream gets it (filled with 0xFF here): the graph's replays must not read or write
+    it (they did, before captured calls had scratch of their own: a use after free)."""
+    entry.STATES.clear()
+    splitk._workspaces.__dict__.clear()
+    small = CASES["gemm split_k=8"](gen)  # 256 x 512, 8 splits: the smallest workspace
+    ref = _alone(small)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        small()
+    capture.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=capture):
+        y = small()
+    large = _gemm(1024, 2048, 4096, GemmConfig(split_k=8))(gen)  # 16 M partial floats: a new buffer
+    with torch.cuda.stream(capture):
+        large()
+    capture.synchronize()
+    ws = splitk._workspaces.__dict__[(tf.current_device().ordinal, capture.cuda_stream)]
+    junk = tf.empty((4096 + (1 << 20),), "float32", stream=capture.cuda_stream)  # the old buffer's size
+    junk.fill_bytes(0xFF)
+    tf.current_device().synchronize()
+    assert ws.floats >= 8 * 1024 * 2048
+    results = []
+    for _ in range(10):
+        y.fill_(float("nan"))
+        g.replay()
+        results.append(y.clone())
+    _assert_all_equal("the graph after its stream's workspace grew", results, ref, 10)
 
 
 # --- the generated Python launch path ------------------------------------------------------------------

@@ -119,6 +119,7 @@ def fake_states(monkeypatch):
     built, calls = [], []
     entry.STATES.clear()
     splitk._workspaces.__dict__.clear()
+    monkeypatch.setattr(splitk.driver, "stream_capturing", lambda stream: False)  # eager calls (no driver here)
 
     def fake(real):
         signature = inspect.signature(real)
@@ -354,3 +355,58 @@ def test_out_of_range_ordinals_are_refused(two_devices, ordinal):
                    lambda: tf.from_numpy(np.zeros(4, np.float32), device=ordinal)):
         with pytest.raises(tf.TmaflowError, match=re.escape(f"device={ordinal!r}: ") + want):
             refuse()
+
+
+def test_captured_split_k_calls_get_scratch_of_their_own(monkeypatch):
+    """splitk._split_k_buffers: an eager call takes its stream's workspace; a captured call of
+    torch arrays (or any call in a tf.Graph capture) partials from the capture's scratch and
+    counters taken for it alone; a captured call of other arrays, or one no counters could be
+    taken for, the workspace, kept for the process (the graph may replay after it is replaced)."""
+    capturing, kept, taken = [False], [], [0xC000]
+    ws = types.SimpleNamespace(stream=0x10, device="dev", views=lambda counters, floats: ("counters", "partials"),
+                               keep=lambda: kept.append(1))
+    st = types.SimpleNamespace(workspace=ws, workspace_sizes=(64, 1000))
+    monkeypatch.setattr(splitk.driver, "stream_capturing", lambda stream: capturing[0] and stream == 0x10)
+    monkeypatch.setattr(splitk.tile_counters, "take", lambda device, words: taken[0] if words == 64 else None)
+    monkeypatch.setattr(splitk, "scratch", lambda like, like_arr, shape, dtype, stream: ("scratch", shape, dtype.name,
+                                                                                        stream))
+    torch_arr, other = types.SimpleNamespace(_origin="torch"), types.SimpleNamespace(_origin="cupy")
+    assert splitk._split_k_buffers(st, "a", torch_arr) == ("partials", "counters") and not kept
+    capturing[0] = True
+    assert splitk._split_k_buffers(st, "a", torch_arr) == (("scratch", (1000,), "float32", 0x10), 0xC000)
+    assert not kept
+    assert splitk._split_k_buffers(st, "a", other) == ("partials", "counters") and kept == [1]
+    taken[0] = None
+    assert splitk._split_k_buffers(st, "a", torch_arr) == ("partials", "counters") and kept == [1, 1]
+    assert splitk._split_k_buffers(types.SimpleNamespace(workspace=None), "a", torch_arr) == (0, 0)
+
+
+def test_captured_counters_are_handed_out_once(monkeypatch):
+    """tile_counters.take: a bump pointer over zeroed chunks (nothing handed out twice), a pair
+    where the last ended, a larger take on a 128-byte line of its own, a new chunk when the
+    current one cannot hold a take, None where none can be made."""
+    from tmaflow.kernels import tile_counters
+
+    made = []
+
+    def add(self, device, words):
+        base = 0x100000 * (len(made) + 1)
+        made.append(words)
+        self.chunks.append(types.SimpleNamespace(alive=True))
+        self.next, self.end = base, base + 4 * words
+
+    monkeypatch.setattr(tile_counters._Slab, "add", add)
+    monkeypatch.setattr(tile_counters, "_slabs", {})
+    dev = types.SimpleNamespace(ordinal=0)
+    assert tile_counters.take(dev) == 0x100000 and tile_counters.take(dev) == 0x100008
+    assert tile_counters.take(dev, 100) == 0x100080  # the next 128-byte line
+    assert tile_counters.take(dev) == 0x100080 + 400
+    assert tile_counters.untaken(dev) == (4 * tile_counters.CHUNK - 408 - 0x80) // 8
+    big = tile_counters.CHUNK + 1
+    assert tile_counters.take(dev, big) == 0x200000 and made == [tile_counters.CHUNK, big + tile_counters.LINE]
+
+    def refused(self, device, words):
+        raise tile_counters.TmaflowError("out of device memory")
+
+    monkeypatch.setattr(tile_counters._Slab, "add", refused)
+    assert tile_counters.take(dev, 2 * tile_counters.CHUNK) is None

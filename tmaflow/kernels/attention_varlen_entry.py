@@ -21,7 +21,7 @@ from . import checks, tile_counters
 from .attention_entry import (BM, DTYPES, HEAD_DIMS, _given_out, _scale, attention_kernel, attention_plan,
                               dims_rule, forced_layout, map_template)
 from .entry import STATES, cached_state, contiguous_strides, entry_point, new_output, on_current_device, packed
-from .matmul.splitk import _foreign_capture, _split_k_buffers, _with_split_k
+from .matmul.splitk import _foreign_capture, _stream_buffers, _with_split_k
 
 WHO = "attention_varlen"
 
@@ -89,7 +89,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     counter = 0  # DYNAMIC_TILES: two zeroed counters no concurrent launch shares; else null (unused)
     if st.workspace is not None:
         if capturing() is None and not _foreign_capture(stream):
-            _, counter = _split_k_buffers(st)  # eager: the stream's (its launches run in order)
+            _, counter = _stream_buffers(st)  # eager: the stream's (its launches run in order)
         else:
             pair = tile_counters.take(current_device())  # captured: a pair of its own (tile_counters)
             if pair is None:  # a torch capture before any eager dynamic call: nothing reserved

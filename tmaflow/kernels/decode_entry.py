@@ -196,7 +196,7 @@ def attention_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float
     result, O = (out, O) if O is not None else new_output(q, Q, Q.shape, None, stream)
     if p.batch * p.heads_q == 0:
         return None, (), result
-    part, counters = _split_k_buffers(st)
+    part, counters = _split_k_buffers(st, q, Q)
     part_lse = part.ptr + 4 * st.partial_floats if st.workspace is not None else 0
     args = (st.tk.bind(K._as(*st.view)), st.tv.bind(V._as(*st.view)), Q, O, T, L,
             part, part_lse, counters, p.heads_kv, p.group, p.tokens, p.max_pages, float(scale) * math.log2(math.e),

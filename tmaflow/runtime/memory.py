@@ -357,6 +357,15 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
                              dev, None, alloc)
 
 
+def unowned_block(nbytes: int, device: Device | None = None, stream=None) -> DeviceArray:
+    """``nbytes`` uint8 from the pool in order on ``stream`` that no tf.Graph owns, even while
+    this thread captures one: memory that launches of several graphs share (counter slabs) must
+    outlive each of them."""
+    dev = as_device(device)
+    alloc = _Allocation(nbytes, dev, stream)
+    return DeviceArray._view(alloc.ptr, (nbytes,), as_dtype("uint8"), (1,), alloc, dev, None, alloc)
+
+
 def zeros(shape, dtype="float32", device: Device | None = None) -> DeviceArray:
     """``empty(shape, dtype, device)`` with every byte zero."""
     return empty(shape, dtype, device).fill_bytes(0)

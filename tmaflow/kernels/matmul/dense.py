@@ -77,10 +77,10 @@ def gemm(a, b, out=None, *, layout: str = "nt", config: GemmConfig | None = None
                                            windows))
     result, C = (out, C) if C is not None else new_output(a, A, (m, n), BF16, stream)
     if st.tc is None:  # the skinny kernel writes C through its pointer; A's block scales come by map only
-        args = (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st), *st.tail, scale,
+        args = (st.ta.bind(A), st.tb.bind(B), C, st.ldc, *_split_k_buffers(st, a, A), *st.tail, scale,
                 blocks[1] if blocks else 0)
     else:
-        args = (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st), *st.tail, scale,
+        args = (st.ta.bind(A), st.tb.bind(B), st.tc.bind(C), *_split_k_buffers(st, a, A), *st.tail, scale,
                 *(blocks or (0, 0)))
     if st.ts is not None:
         args += (st.ts.bind(_scale_map_view(blocks[0], mode)),)

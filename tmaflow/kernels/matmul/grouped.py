@@ -10,6 +10,7 @@ from dataclasses import replace
 from threading import get_ident
 
 from ...checks import as_optional_int
+from ...dtypes import as_dtype
 from ...errors import TensorMapError, TmaflowError
 from ...launch.config import resolve_stream
 from ...launch.launcher import Launcher
@@ -19,15 +20,16 @@ from ...tma.tensormap import encode
 from ...tma.workspace import DescriptorWorkspace
 from .. import checks, edge
 from ..entry import (STATES, cached_state, entry_point, given_output, new_output, on_current_device,
-                     output_strides)
+                     output_strides, scratch)
 from ..registry import get_kernel
 from .config import BM, GemmConfig, LAYOUTS, SkinnyConfig
 from .dense import _resident_clusters
 from .heuristics import GROUPED_HOT_ROWS, grouped_chunk_rows, grouped_config, grouped_wide_tiles
 from .operands import _check_rows, _device_offsets, _empty_product, _offsets, _template, _upload
 from .plan import gemm_plan, skinny_plan
-from .splitk import _refuse_foreign_capture, _split_k_buffers, _with_split_k
+from .splitk import _refuse_foreign_capture, _split_k_buffers, _with_split_k, call_scratch, keep_for_graphs
 
+UINT8 = as_dtype("uint8")
 _GROUPED_OPTIONS = checks.Options("grouped_gemm", pdl=checks.flag(), debug=checks.DEBUG, trace=checks.TRACE)
 
 
@@ -121,8 +123,14 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     B2 = B._as((g * B.shape[1], B.shape[2]), (B.shape[2] * 2, 2))  # the experts one after another
     if st.tc is None:  # the decode path writes C through its pointer
         return st.launcher, (st.ta.bind(A), st.ta8.bind(A), st.tb.bind(B2), C, st.ldc, n, k, offs, g), result
-    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st), t, n, k,
-                         st.split, offs, g, st.slots.array, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
+    # a captured call's C-map slots are its own, as its split-K buffers (splitk.call_scratch); the
+    # kernel writes every slot it reads
+    captured = call_scratch(stream, A)
+    slots = scratch(a, A, (st.slots.array.nbytes,), UINT8, stream) if captured else st.slots.array
+    if captured is False:
+        keep_for_graphs(slots)
+    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st, a, A), t, n, k,
+                         st.split, offs, g, slots, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
 
 
 def _check_skinny(config: SkinnyConfig, layout: str) -> None:

@@ -1,13 +1,18 @@
-"""The split-K workspace: per-device, per-stream counters and fp32 partials that split-K
-launches share, zeroed on the stream that uses them."""
+"""The split-K workspace: per-device, per-stream counters and fp32 partials that eager split-K
+launches share, zeroed on the stream that uses them; a captured launch's own (``call_scratch``)."""
 from __future__ import annotations
 
 import threading
 
+from ...dtypes import as_dtype
 from ...errors import TmaflowError
 from ...runtime import driver
-from ...runtime.graph import capturing
+from ...runtime.graph import ACTIVE as CAPTURING, capturing
 from ...runtime.memory import DeviceArray, empty
+from .. import tile_counters
+from ..entry import scratch
+
+FLOAT32 = as_dtype("float32")
 
 
 def _with_split_k(launcher, partials: bool, device, stream: int) -> tuple:
@@ -19,13 +24,45 @@ def _with_split_k(launcher, partials: bool, device, stream: int) -> tuple:
     return _SplitK(launcher, ws), ws
 
 
-def _split_k_buffers(st) -> tuple:
-    """(partials, counters) of a split-K state, fetched per call: a failed launch discards the
-    workspace. (0, 0) without split-K."""
-    if st.workspace is None:
+def _split_k_buffers(st, like=None, like_arr: DeviceArray | None = None) -> tuple:
+    """(partials, counters) of a split-K state, fetched per call ((0, 0) without split-K): the
+    stream's workspace for an eager call (a failed launch discards it); for a captured call
+    whose graph can own scratch (``call_scratch``), partials of its own from the capture's pool
+    and counters taken for it alone (``tile_counters``). ``like``: the call's first operand
+    (its kind decides where scratch comes from)."""
+    ws = st.workspace
+    if ws is None:
         return 0, 0
+    captured = call_scratch(ws.stream, like_arr)
+    if captured:
+        counters, floats = st.workspace_sizes
+        taken = tile_counters.take(ws.device, counters)
+        if taken is not None:
+            return scratch(like, like_arr, (max(floats, 1),), FLOAT32, ws.stream), taken
+    buffers = _stream_buffers(st)
+    if captured is not None:  # in a graph that owns nothing of ours: it keeps the workspace's buffer
+        ws.keep()
+    return buffers
+
+
+def _stream_buffers(st) -> tuple:
+    """(partials, counters) from the stream's workspace (an eager call's)."""
     counters, partials = st.workspace.views(*st.workspace_sizes)
     return partials, counters
+
+
+def call_scratch(stream: int, like_arr: DeviceArray | None) -> bool | None:
+    """Whether a call on ``stream`` is captured into a graph: None if not (eager); True if the
+    graph can own the call's scratch (a tf.Graph; another library's capture of torch arrays,
+    whose scratch torch allocates from the capture's pool), False if not (another library's
+    capture of other arrays). A captured launch must not use the stream's workspace where it
+    can help it: the graph may replay on any stream beside other graphs captured on the same
+    stream and eager calls there, and after the workspace was replaced and freed."""
+    if CAPTURING and capturing() is not None:
+        return True
+    if not driver.stream_capturing(stream):
+        return None
+    return like_arr is not None and like_arr._origin == "torch"
 
 
 class _Workspace:
@@ -37,6 +74,7 @@ class _Workspace:
     def __init__(self, device, stream: int):
         self.device, self.stream = device, stream
         self._views: tuple[DeviceArray, DeviceArray] | None = None  # views of one buffer
+        self._buffer: DeviceArray | None = None
         self.counters = self.floats = 0
 
     def views(self, counters: int, floats: int) -> tuple[DeviceArray, DeviceArray]:
@@ -46,13 +84,19 @@ class _Workspace:
             self.counters = max(self.counters, -(-counters // 64) * 64, 4096)
             self.floats = max(self.floats, floats, 1 << 20)
             _refuse_foreign_capture(self.stream, "its split-K workspace")
-            buf = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device,
-                                    stream=self.stream), self.stream)
+            buf = self._buffer = _zeroed_now(empty((self.counters + self.floats,), "float32", self.device,
+                                                   stream=self.stream), self.stream)
             views = self._views = (
                 DeviceArray(buf.ptr, (self.counters,), "uint32", owner=buf, device=self.device),
                 DeviceArray(buf.ptr + 4 * self.counters, (self.floats,), "float32", owner=buf,
                             device=self.device))
         return views
+
+    def keep(self) -> None:
+        """The current buffer outlives this workspace (its growth, a discard, the thread's end):
+        a graph captured by another library with it replays at any time."""
+        if self._buffer is not None:
+            keep_for_graphs(self._buffer)
 
     def discard(self) -> None:
         """After a failed launch (a watchdog abort, say) counters may be left mid-count."""
@@ -101,6 +145,13 @@ class _SplitK:
 
 
 _workspaces = threading.local()
+_KEPT: list[DeviceArray] = []  # memory other libraries' graphs captured: kept for the process
+
+
+def keep_for_graphs(arr: DeviceArray) -> None:
+    """Keep ``arr`` alive for the process: a graph that another library captured uses it."""
+    if all(kept is not arr for kept in _KEPT):
+        _KEPT.append(arr)
 
 
 def _workspace(device, stream: int) -> _Workspace:
