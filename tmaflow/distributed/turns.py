@@ -21,7 +21,7 @@ from ..runtime import driver
 class Turns:
     """The order of one plan's calls: the stream of the latest one, and an event at its end."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.RLock()  # one call queued at a time: its wait and record pair up
         self.event = None              # created on first use, in the call's device context
         self.last: int | None = None   # raw handle of the stream the latest call ended on

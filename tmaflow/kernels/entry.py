@@ -125,6 +125,8 @@ def new_output(like, like_arr: DeviceArray, shape: tuple, dtype=None, stream: in
     shape = tuple(shape)
     origin = like_arr._origin
     if origin == "torch":
+        if isinstance(like, DeviceArray):  # a staged operand, passed on as a view of its tensor
+            like = like_arr.owner
         with _on_stream("torch", stream, like_arr):
             obj = like.new_empty(shape) if dt is like_arr.dtype else like.new_empty(shape, dtype=_torch_dtype(dt))
         view = DeviceArray._view(obj.data_ptr(), shape, dt, contiguous_strides(shape, dt.itemsize),

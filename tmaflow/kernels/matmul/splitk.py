@@ -34,7 +34,7 @@ def _split_k_buffers(st, like=None, like_arr: DeviceArray | None = None) -> tupl
     if ws is None:
         return 0, 0
     captured = call_scratch(ws.stream, like_arr)
-    if captured:
+    if captured and like_arr is not None:
         counters, floats = st.workspace_sizes
         taken = tile_counters.take(ws.device, counters)
         if taken is not None:
