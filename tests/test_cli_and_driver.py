@@ -213,18 +213,28 @@ def test_device_library_page_is_current():
 
 @pytest.mark.parametrize("err,status,capturing", [(0, "NONE", False), (0, "ACTIVE", True), (0, "INVALIDATED", True),
                                                   (1, "NONE", True)])
-def test_stream_capturing_counts_an_error_as_capturing(monkeypatch, err, status, capturing):
+@pytest.mark.parametrize("path", ["ctypes", "cuda.bindings"])
+def test_stream_capturing_counts_an_error_as_capturing(monkeypatch, err, status, capturing, path):
     """driver.stream_capturing, the one capture question (collectives' replay shortcut, split-K's
-    foreign-capture refusal, the sanitizer's zeroing): a stream the driver cannot answer for is
-    not taken for an eager one."""
+    and grouped C-map slots' captured scratch, the sanitizer's zeroing): a stream the driver
+    cannot answer for is not taken for an eager one; libcuda through ctypes where it loads,
+    else cuda.bindings."""
     import types
 
     from tmaflow.runtime import driver
 
-    names = [f"CU_STREAM_CAPTURE_STATUS_{s}" for s in ("NONE", "ACTIVE", "INVALIDATED")]
-    states = types.SimpleNamespace(**{name: name for name in names})
+    names = ("NONE", "ACTIVE", "INVALIDATED")
     asked = []
-    fake = types.SimpleNamespace(CUstreamCaptureStatus=states,
-                                 cuStreamIsCapturing=lambda s: asked.append(s) or (err, f"CU_STREAM_CAPTURE_STATUS_{status}"))
-    monkeypatch.setattr(driver, "cu", lambda: fake)
+    if path == "ctypes":
+        def fn(stream, status_ref):  # CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*)
+            asked.append(stream)
+            status_ref._obj.value = names.index(status)
+            return err
+        monkeypatch.setattr(driver, "_is_capturing", [fn])
+    else:
+        states = types.SimpleNamespace(**{f"CU_STREAM_CAPTURE_STATUS_{s}": s for s in names})
+        fake = types.SimpleNamespace(CUstreamCaptureStatus=states,
+                                     cuStreamIsCapturing=lambda s: asked.append(s) or (err, status))
+        monkeypatch.setattr(driver, "cu", lambda: fake)
+        monkeypatch.setattr(driver, "_is_capturing", [None])
     assert driver.stream_capturing(0x77) is capturing and asked == [0x77]
