@@ -13,7 +13,7 @@ import types
 import numpy as np
 import pytest
 
-from tmaflow.distributed import ops, protocol
+from tmaflow.distributed import ops, protocol, turns as call_turns
 
 
 Device = collections.namedtuple("Device", "type index")  # hashable, as torch.device
@@ -154,6 +154,7 @@ def rigged(monkeypatch):
     """Runs ``fn(rank, group)`` on one thread per rank of a fresh World of ``world`` ranks."""
     monkeypatch.setitem(sys.modules, "torch", _fake_torch())
     monkeypatch.setattr(ops, "_PLANS", {})
+    monkeypatch.setattr(call_turns, "_BY_PAD", {})
     monkeypatch.setattr(ops, "_SHORTCUTS", collections.OrderedDict())
     monkeypatch.setattr(ops, "_dtype_name", lambda t: "bfloat16")
     monkeypatch.setattr(ops, "group_of", lambda group: group)
@@ -418,7 +419,7 @@ def test_a_repeated_call_replays_its_capture_without_the_checks(monkeypatch):
         return ops._PLANS.setdefault(key, types.SimpleNamespace(
             stream_ops=not debug, graphs=collections.OrderedDict(), graph_lock=threading.Lock(),
             rank=group.rank(), released=False, buffer=types.SimpleNamespace(tensor=None, close=lambda: None),
-            turns=ops.Turns(),
+            turns=call_turns.Turns(), pad=(group.rank(), 0),
             out_shape=(shapes.m, shapes.n) if kind == "all_gather_gemm" else (shapes.rows[group.rank()], shapes.n)))
 
     def execute(plan, actions, call):  # the checked path: captured at once
@@ -509,7 +510,7 @@ def test_calls_of_a_plan_take_turns_across_streams(monkeypatch):
     monkeypatch.setattr(ops.driver, "stream_capturing", lambda stream: stream in capturing)
     monkeypatch.setattr(ops.driver, "call", lambda name, *args: log.append((name, *args)) or
                         ("event" if name == "cuEventCreate" else None))
-    turns = ops.Turns()
+    turns = call_turns.Turns()
 
     def queue(stream, fail=False):
         log.clear()
@@ -532,3 +533,28 @@ def test_calls_of_a_plan_take_turns_across_streams(monkeypatch):
     log.clear()
     turns.close()
     assert log == [("cuEventDestroy", "event")] and turns.event is None and turns.last is None
+
+
+def test_plans_sharing_a_signal_pad_share_their_turns(rigged, monkeypatch):
+    """Newer torch carves symmetric tensors out of one allocation with one signal pad: two plans
+    there (an all-gather and a reduce-scatter, say) must not have calls in flight at once on
+    two streams (they would take each other's signals), so they get one Turns; a plan with a
+    pad of its own gets its own; the turns close when the last plan using them is released."""
+    monkeypatch.setattr(call_turns, "_BY_PAD", {})
+    closed = []
+    monkeypatch.setattr(call_turns.Turns, "close", lambda self: closed.append(self))
+    groups = []
+
+    def rank(r, group):
+        groups.append(group)
+        ops.all_gather_gemm(T(np.ones((4, 16))), T(np.ones((8, 16))), group=group)
+        ops.gemm_reduce_scatter(T(np.ones((8, 16))), T(np.ones((8, 16))), group=group)
+
+    rigged(1, rank)  # the fake buffers of one rank signal through one pad
+    plans = list(ops._PLANS.values())
+    assert len(plans) == 2 and plans[0].turns is plans[1].turns and plans[0].turns.users == 2
+    alone = call_turns.of_pad(("another pad", 0))
+    assert alone is not plans[0].turns
+    assert ops.release(groups[0]) == 2 and closed == [plans[0].turns] and not ops._PLANS
+    call_turns.release(("another pad", 0), alone)
+    assert closed == [plans[0].turns, alone] and not call_turns._BY_PAD

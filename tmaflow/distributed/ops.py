@@ -30,7 +30,7 @@ from ..kernels.registry import get_kernel
 from ..runtime import device as devices, driver
 from . import protocol, streamops
 from .symmetric import SymmetricBuffer, group_of, on_device
-from .turns import Turns
+from . import turns as call_turns
 
 log = logging.getLogger("tmaflow.distributed")
 
@@ -173,7 +173,8 @@ class _Plan:
             self.comm.cuda_stream, self.buffer.pad_slot(self.rank, spare),
             self.buffer.pad_slot((self.rank + 1) % self.world, spare))
         self.trace = trace
-        self.turns = Turns()  # calls on several streams run one after another (turns.py)
+        self.pad = self.buffer.pad_slot(self.rank, 0)
+        self.turns = call_turns.of_pad(self.pad)  # calls on several streams run one after another
         self.released = False  # set by release(): shortcuts to it are refused from then on
 
     @property
@@ -248,7 +249,7 @@ def release(group=None) -> int:
         for signature in [s for s in _SHORTCUTS if group is None or s[1] is group]:
             del _SHORTCUTS[signature]
     for plan in plans:
-        plan.turns.close()
+        call_turns.release(plan.pad, plan.turns)
         plan.buffer.close()
     return len(keys)
 

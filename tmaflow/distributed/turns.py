@@ -7,6 +7,10 @@ reduce-scatter's partial even at world size 1). So each call ends by recording t
 event on its stream, and a call queued on another stream first waits for that event. A call
 on the same stream as the previous one queues no wait; the record is one driver call.
 
+Plans whose symmetric buffers share a signal pad (newer torch versions carve symmetric
+tensors out of one larger allocation, with one pad) share their turns too (``of_pad``): two
+calls of them in flight at once would take each other's signals.
+
 Calls inside a caller's graph capture take no turn: a capture cannot wait on an event recorded
 outside it, and its replays run where the caller replays them (the caller orders those).
 """
@@ -25,6 +29,7 @@ class Turns:
         self.lock = threading.RLock()  # one call queued at a time: its wait and record pair up
         self.event = None              # created on first use, in the call's device context
         self.last: int | None = None   # raw handle of the stream the latest call ended on
+        self.users = 0                 # plans holding these turns (of_pad)
 
     @contextmanager
     def turn(self, stream: int):
@@ -54,3 +59,29 @@ class Turns:
             if self.event is not None:
                 driver.call("cuEventDestroy", self.event)  # the driver keeps it until waits end
                 self.event, self.last = None, None
+
+
+_BY_PAD: dict = {}  # signal pad (this rank's address) -> the turns of the plans using it
+_BY_PAD_LOCK = threading.Lock()
+
+
+def of_pad(pad) -> Turns:
+    """The turns of every plan whose buffer signals through ``pad`` (this rank's pad address);
+    give them back with ``release``."""
+    with _BY_PAD_LOCK:
+        turns = _BY_PAD.get(pad)
+        if turns is None:
+            turns = _BY_PAD[pad] = Turns()
+        turns.users += 1
+        return turns
+
+
+def release(pad, turns: Turns) -> None:
+    """A plan using ``pad`` is gone: the last one closes the turns."""
+    with _BY_PAD_LOCK:
+        turns.users -= 1
+        if turns.users > 0:
+            return
+        if _BY_PAD.get(pad) is turns:
+            del _BY_PAD[pad]
+    turns.close()
