@@ -530,9 +530,23 @@ def test_calls_of_a_plan_take_turns_across_streams(monkeypatch):
     with pytest.raises(ops.TmaflowError, match="a GEMM refused its operands"):
         queue(7, fail=True)
     assert log == [("cuStreamWaitEvent", 7, "event", 0), ("queued on", 7), ("cuEventRecord", "event", 7)]
+    assert queue(9)[0] == ("cuStreamWaitEvent", 9, "event", 0)
+    assert queue(5)[0] == ("queued on", 5), "the caller's capture: no turn"
+    log.clear()
+    with turns.turn(5, capturing=False):  # the caller asked already: not capturing
+        pass
+    assert log == [("cuStreamWaitEvent", 5, "event", 0), ("cuEventRecord", "event", 5)]
     log.clear()
     turns.close()
     assert log == [("cuEventDestroy", "event")] and turns.event is None and turns.last is None
+
+    def refuse(name, *args):  # a faulted context refuses every call: release still goes on
+        raise ops.TmaflowError("the context faulted")
+
+    turns.event = "event"
+    monkeypatch.setattr(ops.driver, "call", refuse)
+    turns.close()
+    assert turns.event is None
 
 
 def test_plans_sharing_a_signal_pad_share_their_turns(rigged, monkeypatch):

@@ -379,6 +379,16 @@ def test_captured_split_k_calls_get_scratch_of_their_own(monkeypatch):
     taken[0] = None
     assert splitk._split_k_buffers(st, "a", torch_arr) == ("partials", "counters") and kept == [1, 1]
     assert splitk._split_k_buffers(types.SimpleNamespace(workspace=None), "a", torch_arr) == (0, 0)
+    assert splitk._split_k_buffers(st, "a", torch_arr, captured=None) == ("partials", "counters")  # asked already
+    # a tf.Graph capturing on the call's stream owns the scratch of any arrays; a launch on
+    # another stream inside its capture runs eagerly (the driver is asked about that stream)
+    taken[0], capturing[0] = 0xC000, False
+    graph = types.SimpleNamespace(stream=types.SimpleNamespace(handle=0x10))
+    monkeypatch.setattr(splitk, "CAPTURING", [graph])
+    monkeypatch.setattr(splitk, "capturing", lambda: graph)
+    assert splitk._split_k_buffers(st, "a", other) == (("scratch", (1000,), "float32", 0x10), 0xC000)
+    graph.stream.handle = 0x20
+    assert splitk._split_k_buffers(st, "a", other) == ("partials", "counters") and kept == [1, 1]
 
 
 def test_captured_counters_are_handed_out_once(monkeypatch):

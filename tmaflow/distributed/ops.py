@@ -332,7 +332,7 @@ def _replayed(signature: tuple | None, like, out) -> tuple:
     if out is None:
         out = torch.empty(plan.out_shape, dtype=torch.bfloat16, device=like.device)
     _recorded.traces = []  # as _plan does: last_traces() is the latest call's
-    with plan.turns.turn(stream):
+    with plan.turns.turn(stream, capturing=False):
         return _replay(plan, (stream, _thread_token(), _call(signature, out))), out
 
 

@@ -32,10 +32,11 @@ class Turns:
         self.users = 0                 # plans holding these turns (of_pad)
 
     @contextmanager
-    def turn(self, stream: int):
-        """Queue a call on ``stream`` (a raw handle) after the plan's previous call."""
+    def turn(self, stream: int, capturing: bool | None = None):
+        """Queue a call on ``stream`` (a raw handle) after the plan's previous call
+        (``capturing``: whether the stream is being captured, where the caller asked already)."""
         with self.lock:
-            if driver.stream_capturing(stream):
+            if driver.stream_capturing(stream) if capturing is None else capturing:
                 yield
                 return
             if self.last is not None and self.last != stream:
@@ -57,7 +58,8 @@ class Turns:
     def close(self) -> None:
         with self.lock:
             if self.event is not None:
-                driver.call("cuEventDestroy", self.event)  # the driver keeps it until waits end
+                with suppress(Exception):  # a faulted context refuses: release goes on with the rest
+                    driver.call("cuEventDestroy", self.event)  # the driver keeps it until waits end
                 self.event, self.last = None, None
 
 

@@ -92,7 +92,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
             _, counter = _stream_buffers(st)  # eager: the stream's (its launches run in order)
         else:
             pair = tile_counters.take(current_device())  # captured: a pair of its own (tile_counters)
-            if pair is None:  # a torch capture before any eager dynamic call: nothing reserved
+            if pair is None:  # no counter chunk could be made (out of memory)
                 st = cached_state(key + ("static",), lambda: _state(Q, K, dv, batch, causal, stream, pdl, debug, trace,
                                                                      static=True, windows=windows))
             counter = pair or 0
@@ -296,16 +296,16 @@ def _state(Q, K, dv, batch, causal, stream, pdl, debug, trace, static=False, win
     # DYNAMIC_TILES (the plan's, attention_entry.varlen_dynamic): one CTA an SM, each taking its
     # later tiles (PAIRED: units) from a counter, two uint32 zero between launches (the grid's
     # last CTA resets them): an eager call's are its stream's (two words of the split-K
-    # workspace), a captured call's a pair of its own (tile_counters), or, in a torch capture
-    # before any eager call made the pool, the static stride (``static``).
+    # workspace), a captured call's a pair of its own (tile_counters), or, where no pair could be
+    # had (out of memory), the static stride (``static``).
     # WINDOWS: ceil(tokens / BM) windows a head, whatever the lengths.
     windowed = bool(int(kernel.defines.get("WINDOWS", 0)))
     tiles = max(1, hq * (-(-tq // BM) if windowed else (tq + batch * (BM - 1)) // BM))
     dynamic = bool(int(kernel.defines.get("DYNAMIC_TILES", 0)))
     if dynamic and static:
         raise TmaflowError(f"{WHO}: DYNAMIC_TILES, forced through extra_defines, needs a tile counter, but the "
-                           f"stream 0x{int(stream):x} is being captured into a CUDA graph before any eager "
-                           "call reserved one; make the same call once outside the capture first")
+                           f"stream 0x{int(stream):x} is being captured into a CUDA graph and no counter could "
+                           "be made for it (out of device memory?); free memory, or capture without the define")
     device = current_device()
     if dynamic and not _foreign_capture(stream):
         tile_counters.reserve(device)  # for calls captured later

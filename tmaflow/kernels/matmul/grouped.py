@@ -129,7 +129,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
     slots = scratch(a, A, (st.slots.array.nbytes,), UINT8, stream) if captured else st.slots.array
     if captured is False:
         keep_for_graphs(slots)
-    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st, a, A), t, n, k,
+    return st.launcher, (st.ta.bind(A), st.tb.bind(B2), st.tc.bind(C), *_split_k_buffers(st, a, A, captured), t, n, k,
                          st.split, offs, g, slots, 1.0, 0, 0), result  # the slots' DeviceArray: a C-plan kind
 
 

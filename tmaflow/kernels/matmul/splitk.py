@@ -24,16 +24,21 @@ def _with_split_k(launcher, partials: bool, device, stream: int) -> tuple:
     return _SplitK(launcher, ws), ws
 
 
-def _split_k_buffers(st, like=None, like_arr: DeviceArray | None = None) -> tuple:
+_ASK = object()  # _split_k_buffers' captured: not known yet
+
+
+def _split_k_buffers(st, like=None, like_arr: DeviceArray | None = None, captured=_ASK) -> tuple:
     """(partials, counters) of a split-K state, fetched per call ((0, 0) without split-K): the
     stream's workspace for an eager call (a failed launch discards it); for a captured call
     whose graph can own scratch (``call_scratch``), partials of its own from the capture's pool
     and counters taken for it alone (``tile_counters``). ``like``: the call's first operand
-    (its kind decides where scratch comes from)."""
+    (its kind decides where scratch comes from); ``captured``: ``call_scratch``'s answer where
+    the caller asked already."""
     ws = st.workspace
     if ws is None:
         return 0, 0
-    captured = call_scratch(ws.stream, like_arr)
+    if captured is _ASK:
+        captured = call_scratch(ws.stream, like_arr)
     if captured and like_arr is not None:
         counters, floats = st.workspace_sizes
         taken = tile_counters.take(ws.device, counters)
@@ -53,13 +58,18 @@ def _stream_buffers(st) -> tuple:
 
 def call_scratch(stream: int, like_arr: DeviceArray | None) -> bool | None:
     """Whether a call on ``stream`` is captured into a graph: None if not (eager); True if the
-    graph can own the call's scratch (a tf.Graph; another library's capture of torch arrays,
-    whose scratch torch allocates from the capture's pool), False if not (another library's
-    capture of other arrays). A captured launch must not use the stream's workspace where it
-    can help it: the graph may replay on any stream beside other graphs captured on the same
-    stream and eager calls there, and after the workspace was replaced and freed."""
-    if CAPTURING and capturing() is not None:
-        return True
+    graph can own the call's scratch (a tf.Graph capturing on ``stream``; torch.cuda.graph's
+    capture of torch arrays, whose scratch torch allocates from the capture's pool), False if
+    not (another library's capture of other arrays). A captured launch must not use the
+    stream's workspace where it can help it: the graph may replay on any stream beside other
+    graphs captured on the same stream and eager calls there, and after the workspace was
+    replaced and freed. (A launch on another stream inside a tf.Graph capture runs eagerly.
+    Torch arrays in a capture that is not torch's own are taken for torch's: torch's allocator
+    would then hand the scratch out again after the call; capture them with torch.cuda.graph.)"""
+    if CAPTURING:
+        graph = capturing()
+        if graph is not None and stream == graph.stream.handle:
+            return True
     if not driver.stream_capturing(stream):
         return None
     return like_arr is not None and like_arr._origin == "torch"
