@@ -389,6 +389,11 @@ def test_captured_split_k_calls_get_scratch_of_their_own(monkeypatch):
     assert splitk._split_k_buffers(st, "a", other) == (("scratch", (1000,), "float32", 0x10), 0xC000)
     graph.stream.handle = 0x20
     assert splitk._split_k_buffers(st, "a", other) == ("partials", "counters") and kept == [1, 1]
+    monkeypatch.setattr(splitk, "CAPTURING", [])
+    capturing[0] = True
+    with splitk.serial_capture():  # the collectives' own captures: replays one at a time
+        assert splitk._split_k_buffers(st, "a", torch_arr) == ("partials", "counters") and kept == [1, 1, 1]
+    assert splitk._split_k_buffers(st, "a", torch_arr) == (("scratch", (1000,), "float32", 0x10), 0xC000)
 
 
 def test_captured_counters_are_handed_out_once(monkeypatch):

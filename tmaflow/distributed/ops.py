@@ -26,6 +26,7 @@ from .. import checks
 from ..debug import trace as flight_recorder, watchdog
 from ..errors import DeadlockError, TmaflowError
 from ..kernels.matmul.dense import gemm
+from ..kernels.matmul.splitk import serial_capture
 from ..kernels.registry import get_kernel
 from ..runtime import device as devices, driver
 from . import protocol, streamops
@@ -393,7 +394,8 @@ def _capture(plan: _Plan, actions: dict, current):
             try:
                 graph.capture_begin(capture_error_mode="relaxed")
                 try:
-                    _run(plan, actions)
+                    with serial_capture():  # its replays take turns: the side stream's split-K workspace will do
+                        _run(plan, actions)
                 finally:
                     graph.capture_end()
             except (RuntimeError, TmaflowError) as e:  # what torch and tmaflow raise in a capture

@@ -3,6 +3,7 @@ launches share, zeroed on the stream that uses them; a captured launch's own (``
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 from ...dtypes import as_dtype
 from ...errors import TmaflowError
@@ -72,7 +73,26 @@ def call_scratch(stream: int, like_arr: DeviceArray | None) -> bool | None:
             return True
     if not driver.stream_capturing(stream):
         return None
+    if getattr(_serial, "on", False):
+        return False
     return like_arr is not None and like_arr._origin == "torch"
+
+
+_serial = threading.local()
+
+
+@contextmanager
+def serial_capture():
+    """Inside, this thread's captures are of graphs replayed one at a time and never beside
+    eager calls on their capture stream (the collectives' own captures, on a plan's side stream,
+    ordered by its turns): captured calls use that stream's workspace (kept for the process)
+    rather than taking counters for good at every capture. A plan that recaptures its calls as
+    they cycle through more addresses than it keeps graphs would otherwise grow without bound."""
+    _serial.on = True
+    try:
+        yield
+    finally:
+        _serial.on = False
 
 
 class _Workspace:
