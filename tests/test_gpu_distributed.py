@@ -146,7 +146,8 @@ def test_graph_capture_replays_the_protocol(group):
 
 
 @pytest.mark.parametrize("op", ["all_gather_gemm", "gemm_reduce_scatter"])
-def test_repeated_calls_replay_captures_that_follow_their_operands(group, op, monkeypatch):
+@pytest.mark.parametrize("m,n,k", [(192, 256, 512), (16, 1024, 4096)])  # the second: skinny GEMMs, K split
+def test_repeated_calls_replay_captures_that_follow_their_operands(group, op, m, n, k, monkeypatch):
     """Calls whose operands, output and stream come back are captured (the second time) and
     replayed; no host sync between calls, each result checked on the device right after it: new
     values each call in a new tensor at the same address, outputs cycling through more
@@ -156,7 +157,6 @@ def test_repeated_calls_replay_captures_that_follow_their_operands(group, op, mo
     real = ops._capture
     monkeypatch.setattr(ops, "_capture", lambda *args: captured.append(args[0]) or real(*args))
     fn = getattr(tfd, op)
-    m, n, k = 192, 256, 512
     b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     backing = torch.empty(m * k, device="cuda", dtype=torch.bfloat16)
     outs = [_poisoned((m, n)) for _ in range(ops.MAX_GRAPHS + 1)]
