@@ -425,3 +425,38 @@ def test_captured_counters_are_handed_out_once(monkeypatch):
 
     monkeypatch.setattr(tile_counters._Slab, "add", refused)
     assert tile_counters.take(dev, 2 * tile_counters.CHUNK) is None
+
+
+def test_a_counter_chunk_restores_the_capture_mode_even_when_it_fails(monkeypatch):
+    """tile_counters._Slab.add relaxes this thread's capture mode for its allocation, zeroing and
+    synchronisation (legal inside another library's global-mode capture), and puts the previous
+    mode back whether or not the allocation succeeds."""
+    from tmaflow.kernels import tile_counters
+
+    calls = []
+
+    def call(name, *args):
+        calls.append((name, *args))
+        return "the previous mode" if name == "cuThreadExchangeStreamCaptureMode" else None
+
+    monkeypatch.setattr(tile_counters.driver, "call", call)
+    monkeypatch.setattr(tile_counters, "Stream", lambda device: types.SimpleNamespace(handle=0x5, synchronize=lambda: None))
+
+    def refused(nbytes, device, stream):
+        raise tile_counters.TmaflowError("out of device memory")
+
+    monkeypatch.setattr(tile_counters, "unowned_block", refused)
+    slab = tile_counters._Slab()
+    with pytest.raises(tile_counters.TmaflowError, match="out of device memory"):
+        slab.add(types.SimpleNamespace(ordinal=0), 64)
+    relaxed = tile_counters.driver.cu().CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    assert calls == [("cuThreadExchangeStreamCaptureMode", relaxed),
+                     ("cuThreadExchangeStreamCaptureMode", "the previous mode")]
+    assert not slab.chunks and slab.next == slab.end == 0
+    calls.clear()
+    monkeypatch.setattr(tile_counters, "unowned_block", lambda nbytes, device, stream: types.SimpleNamespace(
+        ptr=0x9000, nbytes=nbytes))
+    slab.add(types.SimpleNamespace(ordinal=0), 64)
+    assert [c[0] for c in calls] == ["cuThreadExchangeStreamCaptureMode", "cuMemsetD32Async",
+                                     "cuThreadExchangeStreamCaptureMode"]
+    assert calls[1] == ("cuMemsetD32Async", 0x9000, 0, 64, 0x5) and (slab.next, slab.end) == (0x9000, 0x9000 + 256)
