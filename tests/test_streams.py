@@ -440,7 +440,8 @@ def test_a_counter_chunk_restores_the_capture_mode_even_when_it_fails(monkeypatc
         return "the previous mode" if name == "cuThreadExchangeStreamCaptureMode" else None
 
     monkeypatch.setattr(tile_counters.driver, "call", call)
-    monkeypatch.setattr(tile_counters, "Stream", lambda device: types.SimpleNamespace(handle=0x5, synchronize=lambda: None))
+    stream = types.SimpleNamespace(handle=0x5, synchronize=lambda: None)
+    monkeypatch.setattr(tile_counters, "Stream", lambda device: stream)
 
     def refused(nbytes, device, stream):
         raise tile_counters.TmaflowError("out of device memory")
