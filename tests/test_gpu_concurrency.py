@@ -457,6 +457,17 @@ def test_host_offsets_refused_in_a_torch_capture(device, gen):
             call()
 
 
+def _poisoned_replays(g, y, times: int) -> list:
+    """``times`` replays of torch graph ``g`` on the current stream, its output ``y`` poisoned
+    before each and copied after."""
+    results = []
+    for _ in range(times):
+        y.fill_(float("nan"))
+        g.replay()
+        results.append(y.clone())
+    return results
+
+
 def test_a_cold_split_k_state_is_captured_with_scratch_of_its_own(device, gen):
     """A split-K call first made on a stream inside a torch capture: its partials come from the
     capture's pool and its counters are its own (it used to need the stream's workspace, made
@@ -469,12 +480,7 @@ def test_a_cold_split_k_state_is_captured_with_scratch_of_its_own(device, gen):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=capture):
         y = call()
-    results = []
-    for _ in range(10):
-        y.fill_(float("nan"))
-        g.replay()
-        results.append(y.clone())
-    _assert_all_equal("a cold split-K state captured", results, ref, 10)
+    _assert_all_equal("a cold split-K state captured", _poisoned_replays(g, y, 10), ref, 10)
     ws = splitk._workspaces.__dict__.get((tf.current_device().ordinal, capture.cuda_stream))
     assert ws is None or ws._buffer is None, "the capture stream's workspace was never allocated"
 
@@ -541,12 +547,7 @@ def test_a_graph_keeps_its_split_k_scratch_when_the_stream_workspace_grows(devic
     junk.fill_bytes(0xFF)
     tf.current_device().synchronize()
     assert ws.floats >= 8 * 1024 * 2048
-    results = []
-    for _ in range(10):
-        y.fill_(float("nan"))
-        g.replay()
-        results.append(y.clone())
-    _assert_all_equal("the graph after its stream's workspace grew", results, ref, 10)
+    _assert_all_equal("the graph after its stream's workspace grew", _poisoned_replays(g, y, 10), ref, 10)
 
 
 # --- the generated Python launch path ------------------------------------------------------------------

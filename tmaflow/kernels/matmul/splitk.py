@@ -175,13 +175,12 @@ class _SplitK:
 
 
 _workspaces = threading.local()
-_KEPT: list[DeviceArray] = []  # memory other libraries' graphs captured: kept for the process
+_KEPT: dict[int, DeviceArray] = {}  # memory other libraries' graphs captured, by id: kept for the process
 
 
 def keep_for_graphs(arr: DeviceArray) -> None:
     """Keep ``arr`` alive for the process: a graph that another library captured uses it."""
-    if all(kept is not arr for kept in _KEPT):
-        _KEPT.append(arr)
+    _KEPT.setdefault(id(arr), arr)
 
 
 def _workspace(device, stream: int) -> _Workspace:
