@@ -1,6 +1,7 @@
 """GPU tier: the launch path users take. Use after free on every path, torch/cupy arguments
 on the generated path, the torch current stream, pool memory, entry points returning the
 caller's kind, the template encoder, and the parameter table against the driver's."""
+import threading
 import time
 
 import numpy as np
@@ -209,6 +210,32 @@ def test_block_cache_reuses_in_stream_order_and_trims(device):
         pool.budget = budget
     b.free()
     tf.current_device().trim_memory()
+    assert pool.cached_bytes == 0
+
+
+def test_per_thread_default_stream_blocks_stay_with_their_thread(device):
+    """Handle 2 is each thread's own stream: a block freed on it goes back to that thread alone."""
+    pool = tf.current_device().memory_pool()
+    tf.current_device().trim_memory()
+    a = tf.empty((1000,), "float32", stream=2)
+    ptr = a.ptr
+    a.free()
+    seen = []
+
+    def other_thread():
+        tf.set_device(device.ordinal)
+        b = tf.empty((1000,), "float32", stream=2)
+        seen.append(b.ptr)
+        b.free()
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert seen and seen[0] != ptr
+    c = tf.empty((1000,), "float32", stream=2)
+    assert c.ptr == ptr
+    c.free()
+    tf.current_device().trim_memory()  # the other thread's block goes back on the legacy stream
     assert pool.cached_bytes == 0
 
 

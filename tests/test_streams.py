@@ -461,3 +461,51 @@ def test_a_counter_chunk_restores_the_capture_mode_even_when_it_fails(monkeypatc
     assert [c[0] for c in calls] == ["cuThreadExchangeStreamCaptureMode", "cuMemsetD32Async",
                                      "cuThreadExchangeStreamCaptureMode"]
     assert calls[1] == ("cuMemsetD32Async", 0x9000, 0, 64, 0x5) and (slab.next, slab.end) == (0x9000, 0x9000 + 256)
+
+
+def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
+    """Handle 2 is another stream in each thread: a block freed there is handed out again only
+    to the allocating thread (in its stream's order), and goes back to the driver on the
+    legacy stream, which waits for every blocking stream, from whichever thread frees it."""
+    from tmaflow.runtime import pool as pools
+
+    calls, fresh = [], iter(range(0x1000, 0x100000, 0x1000))
+
+    class Driver:
+        CUresult = types.SimpleNamespace(CUDA_ERROR_OUT_OF_MEMORY=2)
+
+        def cuMemAllocFromPoolAsync(self, size, handle, stream):
+            calls.append(("alloc", stream))
+            return 0, next(fresh)
+
+        def cuMemFreeAsync(self, ptr, stream):
+            calls.append(("free", ptr, stream))
+            return (0,)
+
+    monkeypatch.setattr(pools.driver, "cu", Driver)
+    monkeypatch.setattr(pools.driver, "check", lambda name, result: None)
+    pool = object.__new__(pools.MemoryPool)
+    pool._cache, pool._order, pool.cached_bytes, pool.budget, pool.handle = {}, pools.OrderedDict(), 0, 1 << 20, 0
+
+    main = threading.get_ident()
+    mine, kept = pool.allocate(512, 2), pool.allocate(512, 2)
+    pool.release(mine, 512, 2)
+    pool.release(pool.allocate(512, 7), 512, 7)     # another stream's block: never handed to 2
+    theirs = {}
+
+    def other_thread():
+        theirs["ptr"] = pool.allocate(512, 2)       # not the main thread's cached block
+        pool.release(kept, 512, 2, main)            # the main thread's block, freed from here
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert theirs["ptr"] not in (mine, kept)
+    assert {pool.allocate(512, 2), pool.allocate(512, 2)} == {mine, kept}  # no driver call
+    pool.release(theirs["ptr"], 512, 2, t.ident)
+    pool.budget = 0                                 # past the budget: every block goes back
+    pool.release(pool.allocate(512, 7), 512, 7)
+    frees = {ptr: stream for kind, *rest in calls if kind == "free" for ptr, stream in [rest]}
+    assert frees[theirs["ptr"]] == 0, "a per-thread stream's block is freed on the legacy stream"
+    assert set(frees.values()) == {0, 7}
+    assert [c for c in calls if c[0] == "alloc"] == [("alloc", 2)] * 2 + [("alloc", 7), ("alloc", 2)]

@@ -68,9 +68,10 @@ class Device:
         driver.init()
         return self.memory_pool().allocate(size, stream)
 
-    def release(self, ptr: int, size: int, stream: int = 0) -> None:
-        """Give an ``allocate``d block back to this device's pool, ordered on ``stream``."""
-        self.memory_pool().release(ptr, size, stream)
+    def release(self, ptr: int, size: int, stream: int = 0, thread: int | None = None) -> None:
+        """Give an ``allocate``d block back to this device's pool, ordered on ``stream``
+        (``thread``: the allocating thread, for the per-thread default stream)."""
+        self.memory_pool().release(ptr, size, stream, thread)
 
     def track(self, allocation) -> None:
         """Remember a live allocation of this device (weakly), so ``reset`` can invalidate it."""

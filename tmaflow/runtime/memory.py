@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -117,7 +118,7 @@ class _Allocation:
     stream it was allocated on) or when the last view dies. ``live`` is read by the launch
     fast path: it turns False at the free, or when the device's context is reset."""
 
-    __slots__ = ("device", "size", "ptr", "live", "stream", "generation", "_stream_owner",
+    __slots__ = ("device", "size", "ptr", "live", "stream", "thread", "generation", "_stream_owner",
                  "__weakref__")
 
     def __init__(self, nbytes: int, device: Device, stream=None):
@@ -127,6 +128,7 @@ class _Allocation:
         # the stream object (a tf.Stream: closed or not at the free) stays referenced until the free
         self._stream_owner = getattr(stream, "owner", stream)
         self.stream = int(stream_handle(stream))
+        self.thread = threading.get_ident()  # the per-thread default stream's owner
         self.generation = device.generation
         self.size = rounded(nbytes)
         self.ptr = device.allocate(self.size, self.stream)
@@ -144,7 +146,7 @@ class _Allocation:
         if getattr(self._stream_owner, "_handle", 0) is None:
             stream = 0  # its tf.Stream was closed (and synchronised by close())
         try:
-            device.release(self.ptr, self.size, stream)
+            device.release(self.ptr, self.size, stream, self.thread)
         except Exception:  # interpreter shutdown: the driver may already be gone
             pass
 

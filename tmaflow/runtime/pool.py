@@ -7,9 +7,14 @@ H200: an allocating ``kernels.softmax`` on tmaflow arrays went from 2.44x to 1.8
 ``torch.softmax``, and a launch right after a free no longer pays for the driver's
 ``cuMemFreeAsync`` (the launch itself was 0.6 us slower after one). Blocks past the cache's
 budget, and all of them on ``trim()``, go back to the pool with ``cuMemFreeAsync``.
+
+The per-thread default stream is one handle (2) for a different stream in each thread: its
+blocks are cached for the allocating thread's stream alone, and go back to the driver on the
+legacy stream, which waits for every blocking stream's work (the per-thread ones included).
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 from ..errors import TmaflowError
@@ -17,6 +22,21 @@ from . import driver
 
 GRANULE = 512          # sizes are rounded up to this, so near sizes share cached blocks
 CACHE_FRACTION = 0.25  # of the device's memory the cache may hold before returning blocks
+PER_THREAD = 2         # CU_STREAM_PER_THREAD
+
+
+def cache_stream(stream: int, thread: int | None = None):
+    """The stream a cached block belongs to: the handle, or for the per-thread default stream
+    (handle 2, another stream in each thread) the pair (2, allocating thread)."""
+    if stream != PER_THREAD:
+        return stream
+    return (PER_THREAD, threading.get_ident() if thread is None else thread)
+
+
+def driver_stream(key) -> int:
+    """The handle a cached block's ``cuMemFreeAsync`` is ordered on: its stream's, or for a
+    per-thread stream's block (freed from any thread) the legacy stream, which waits for it."""
+    return 0 if isinstance(key, tuple) else key
 
 
 def rounded(nbytes: int) -> int:
@@ -39,14 +59,15 @@ class MemoryPool:
         self.handle = driver.call("cuMemPoolCreate", props)
         driver.call("cuMemPoolSetAttribute", self.handle,
                     cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, cu.cuuint64_t(2**64 - 1))
-        self._cache: dict[tuple[int, int], list[int]] = {}   # (size, stream) -> pointers
-        self._order: OrderedDict[int, tuple[int, int]] = OrderedDict()  # ptr -> key, oldest first
+        self._cache: dict[tuple, list[int]] = {}   # (size, cache_stream) -> pointers
+        self._order: OrderedDict[int, tuple] = OrderedDict()  # ptr -> key, oldest first
         self.cached_bytes = 0
         self.budget = int(device.total_memory * CACHE_FRACTION)
 
     def allocate(self, size: int, stream: int) -> int:
-        """A block of ``size`` bytes (already ``rounded``) usable in order on ``stream``."""
-        blocks = self._cache.get((size, stream))
+        """A block of ``size`` bytes (already ``rounded``) usable in order on ``stream`` (from
+        the calling thread, for the per-thread default stream)."""
+        blocks = self._cache.get((size, cache_stream(stream)))
         if blocks:
             ptr = blocks.pop()
             del self._order[ptr]
@@ -64,10 +85,12 @@ class MemoryPool:
         driver.check("cuMemAllocFromPoolAsync", (err,))
         return int(ptr)
 
-    def release(self, ptr: int, size: int, stream: int) -> None:
-        """Cache the block for the next allocation of its size on ``stream``."""
-        self._cache.setdefault((size, stream), []).append(ptr)
-        self._order[ptr] = (size, stream)
+    def release(self, ptr: int, size: int, stream: int, thread: int | None = None) -> None:
+        """Cache the block for the next allocation of its size on ``stream`` (allocated by
+        ``thread``, for the per-thread default stream; None: the calling thread)."""
+        key = (size, cache_stream(stream, thread))
+        self._cache.setdefault(key, []).append(ptr)
+        self._order[ptr] = key
         self.cached_bytes += size
         while self.cached_bytes > self.budget and self._order:
             self._return_oldest()
@@ -76,7 +99,7 @@ class MemoryPool:
         ptr, (size, stream) = self._order.popitem(last=False)
         self._cache[(size, stream)].remove(ptr)
         self.cached_bytes -= size
-        driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, stream))
+        driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, driver_stream(stream)))
 
     def trim(self) -> None:
         """Return every cached block to the pool and the pool's unused memory to the device."""
