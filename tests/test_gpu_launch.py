@@ -1,8 +1,10 @@
 """GPU tier: the launch path users take. Use after free on every path, torch/cupy arguments
 on the generated path, the torch current stream, pool memory, entry points returning the
 caller's kind, the template encoder, and the parameter table against the driver's."""
+import gc
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -158,6 +160,26 @@ def test_cupy_current_stream_is_followed(device):
     # Checked on the host: cupy's own reductions compile with the NVRTC loaded, which need not
     # be the one cupy was built for (gpu_check.sh's CUDA 12 run preloads NVRTC 12).
     assert isinstance(y, cupy.ndarray) and (cupy.asnumpy(y) == 3.0).all()
+
+
+def test_a_cupy_stream_outlives_what_tmaflow_keeps_for_it(device):
+    """A stream destroyed with work queued can hand its handle to the next stream created; the
+    state (and scratch) tmaflow keeps for the handle keeps the stream object, so it cannot."""
+    cupy = pytest.importorskip("cupy")
+    x = cupy.full((256, 256), 3.0, dtype=cupy.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+    handle, gone = s.ptr, weakref.ref(s)
+    with s:
+        y = kernels.copy(x)
+    del s
+    gc.collect()
+    assert gone() is not None
+    t = cupy.cuda.Stream(non_blocking=True)
+    assert t.ptr != handle
+    with t:
+        z = kernels.copy(y)
+    t.synchronize()
+    assert (cupy.asnumpy(z) == 3.0).all()
 
 
 # --- memory -----------------------------------------------------------------------------------

@@ -463,6 +463,15 @@ def test_a_counter_chunk_restores_the_capture_mode_even_when_it_fails(monkeypatc
     assert calls[1] == ("cuMemsetD32Async", 0x9000, 0, 64, 0x5) and (slab.next, slab.end) == (0x9000, 0x9000 + 256)
 
 
+def fake_pool():
+    from tmaflow.runtime import pool as pools
+
+    pool = object.__new__(pools.MemoryPool)
+    pool._cache, pool._order, pool._owners = {}, pools.OrderedDict(), {}
+    pool.cached_bytes, pool.budget, pool.handle = 0, 1 << 20, 0
+    return pool
+
+
 def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
     """Handle 2 is another stream in each thread: a block freed there is handed out again only
     to the allocating thread (in its stream's order), and goes back to the driver on the
@@ -484,8 +493,7 @@ def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
 
     monkeypatch.setattr(pools.driver, "cu", Driver)
     monkeypatch.setattr(pools.driver, "check", lambda name, result: None)
-    pool = object.__new__(pools.MemoryPool)
-    pool._cache, pool._order, pool.cached_bytes, pool.budget, pool.handle = {}, pools.OrderedDict(), 0, 1 << 20, 0
+    pool = fake_pool()
 
     main = threading.get_ident()
     mine, kept = pool.allocate(512, 2), pool.allocate(512, 2)
@@ -509,3 +517,46 @@ def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
     assert frees[theirs["ptr"]] == 0, "a per-thread stream's block is freed on the legacy stream"
     assert set(frees.values()) == {0, 7}
     assert [c for c in calls if c[0] == "alloc"] == [("alloc", 2)] * 2 + [("alloc", 7), ("alloc", 2)]
+
+
+def test_a_stream_object_outlives_what_tmaflow_keeps_for_its_handle(monkeypatch):
+    """A destroyed stream's handle can come back as a new stream's while the old one's work is
+    queued: cached blocks and cupy's current stream keep the stream object (so its handle)
+    alive until nothing tmaflow keeps for the handle is left."""
+    import gc
+    import weakref
+    from tmaflow.runtime import device as devices, pool as pools
+
+    class CupyStream:  # cupy's Stream: the handle is .ptr; destroyed when the object dies
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+    freed = []
+    monkeypatch.setattr(pools.driver, "cu", lambda: types.SimpleNamespace(
+        cuMemFreeAsync=lambda ptr, stream: freed.append((ptr, stream)) or (0,)))
+    monkeypatch.setattr(pools.driver, "check", lambda name, result: None)
+    pool = fake_pool()
+    s = CupyStream(0x7000)
+    gone = weakref.ref(s)
+    pool.release(0x1000, 512, s.ptr, None, s)
+    del s
+    gc.collect()
+    assert gone() is not None, "a block cached for the stream keeps it"
+    assert pool.allocate(512, 0x7000) == 0x1000 and gone() is None
+    s = CupyStream(0x7000)
+    gone = weakref.ref(s)
+    pool.release(0x2000, 512, s.ptr, None, s)
+    del s
+    pool.budget = 0
+    pool.release(0x3000, 512, 5, None, 5)  # past the budget: both blocks go back to the driver
+    assert freed == [(0x2000, 0x7000), (0x3000, 5)] and gone() is None
+
+    current = CupyStream(0x9000)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(get_current_stream=lambda: current))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(devices, "_CURRENT", {})
+    handle = devices.framework_stream("cupy", 0)
+    assert handle == 0x9000 and handle.owner is current
+    current = CupyStream(0)
+    handle = devices.framework_stream("cupy", 0)
+    assert handle == 0 and type(handle) is int

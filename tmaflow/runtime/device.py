@@ -68,10 +68,12 @@ class Device:
         driver.init()
         return self.memory_pool().allocate(size, stream)
 
-    def release(self, ptr: int, size: int, stream: int = 0, thread: int | None = None) -> None:
+    def release(self, ptr: int, size: int, stream: int = 0, thread: int | None = None,
+                owner: object = None) -> None:
         """Give an ``allocate``d block back to this device's pool, ordered on ``stream``
-        (``thread``: the allocating thread, for the per-thread default stream)."""
-        self.memory_pool().release(ptr, size, stream, thread)
+        (``thread``: the allocating thread, for the per-thread default stream; ``owner``: the
+        stream object ``stream`` came from, kept while the block is cached)."""
+        self.memory_pool().release(ptr, size, stream, thread, owner)
 
     def track(self, allocation) -> None:
         """Remember a live allocation of this device (weakly), so ``reset`` can invalidate it."""
@@ -391,9 +393,20 @@ def _getter(framework: str):
             (lambda ordinal: module.cuda.current_stream(ordinal).cuda_stream)
     else:
         get = module.cuda.get_current_stream
-        current = lambda ordinal: get().ptr  # noqa: E731
+
+        def current(ordinal):  # the stream object kept with its handle (see _pinned)
+            stream = get()
+            return _pinned(stream.ptr, stream)
     _CURRENT[framework] = (module, current)
     return current
+
+
+def _pinned(handle, owner):
+    """``handle`` keeping ``owner``, the stream object it came from, alive while tmaflow keeps
+    anything for it (states, workspaces, cached blocks): a destroyed stream's handle can be
+    recycled for a new stream while the old one's work is still queued, and the new stream
+    must not get scratch that work still uses. Legacy and per-thread handles stay ints."""
+    return handle if handle <= 2 else StreamHandle(handle, owner)
 
 
 def _current_stream(frameworks):

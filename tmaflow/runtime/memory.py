@@ -143,10 +143,11 @@ class _Allocation:
         device, stream = self.device, self.stream
         if self.generation != device.generation:
             return  # the context was reset: the memory is already gone
-        if getattr(self._stream_owner, "_handle", 0) is None:
-            stream = 0  # its tf.Stream was closed (and synchronised by close())
+        owner = self._stream_owner
+        if getattr(owner, "_handle", 0) is None:
+            stream, owner = 0, None  # its tf.Stream was closed (and synchronised by close())
         try:
-            device.release(self.ptr, self.size, stream, self.thread)
+            device.release(self.ptr, self.size, stream, self.thread, owner)
         except Exception:  # interpreter shutdown: the driver may already be gone
             pass
 

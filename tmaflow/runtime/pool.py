@@ -8,6 +8,10 @@ H200: an allocating ``kernels.softmax`` on tmaflow arrays went from 2.44x to 1.8
 ``cuMemFreeAsync`` (the launch itself was 0.6 us slower after one). Blocks past the cache's
 budget, and all of them on ``trim()``, go back to the pool with ``cuMemFreeAsync``.
 
+A cached block keeps the stream object it was allocated on alive (if it came from one): a
+destroyed stream's handle can be recycled for a new stream while the old one's kernels are
+still queued, and the new stream must not be handed a block they still use.
+
 The per-thread default stream is one handle (2) for a different stream in each thread: its
 blocks are cached for the allocating thread's stream alone, and go back to the driver on the
 legacy stream, which waits for every blocking stream's work (the per-thread ones included).
@@ -61,6 +65,7 @@ class MemoryPool:
                     cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, cu.cuuint64_t(2**64 - 1))
         self._cache: dict[tuple, list[int]] = {}   # (size, cache_stream) -> pointers
         self._order: OrderedDict[int, tuple] = OrderedDict()  # ptr -> key, oldest first
+        self._owners: dict[int, object] = {}  # ptr -> the stream object of a cached block
         self.cached_bytes = 0
         self.budget = int(device.total_memory * CACHE_FRACTION)
 
@@ -71,6 +76,7 @@ class MemoryPool:
         if blocks:
             ptr = blocks.pop()
             del self._order[ptr]
+            self._owners.pop(ptr, None)
             self.cached_bytes -= size
             return ptr
         cu = driver.cu()
@@ -85,12 +91,16 @@ class MemoryPool:
         driver.check("cuMemAllocFromPoolAsync", (err,))
         return int(ptr)
 
-    def release(self, ptr: int, size: int, stream: int, thread: int | None = None) -> None:
+    def release(self, ptr: int, size: int, stream: int, thread: int | None = None,
+                owner: object = None) -> None:
         """Cache the block for the next allocation of its size on ``stream`` (allocated by
-        ``thread``, for the per-thread default stream; None: the calling thread)."""
+        ``thread``, for the per-thread default stream; None: the calling thread). ``owner``,
+        the stream object ``stream`` came from, is kept while the block is cached."""
         key = (size, cache_stream(stream, thread))
         self._cache.setdefault(key, []).append(ptr)
         self._order[ptr] = key
+        if owner is not None and not isinstance(owner, int):
+            self._owners[ptr] = owner
         self.cached_bytes += size
         while self.cached_bytes > self.budget and self._order:
             self._return_oldest()
@@ -100,6 +110,7 @@ class MemoryPool:
         self._cache[(size, stream)].remove(ptr)
         self.cached_bytes -= size
         driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, driver_stream(stream)))
+        self._owners.pop(ptr, None)  # after the free is queued on its stream
 
     def trim(self) -> None:
         """Return every cached block to the pool and the pool's unused memory to the device."""
@@ -116,6 +127,7 @@ class MemoryPool:
                 del self._order[ptr]
                 self._cache[(size, s)].remove(ptr)
                 self.cached_bytes -= size
+                self._owners.pop(ptr, None)
                 driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, 0))
 
     def __repr__(self) -> str:
