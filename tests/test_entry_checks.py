@@ -299,3 +299,53 @@ def test_gpu_out_aliasing_real_arrays_is_refused(device):
     x = tf.zeros((64, 64), "float32")
     with pytest.raises(tf.TmaflowError, match=r"transpose: out .* overlaps a "):
         kernels.transpose(x, x)
+
+
+def test_a_call_on_another_devices_arrays_runs_there_under_a_guard(monkeypatch):
+    """As torch's ops follow their tensors: arrays on device 1 with the thread on device 0 run
+    on device 1 (a guard around the call, the prepared launch too), then the thread is back."""
+    import contextlib
+    import types
+    from tmaflow.kernels import entry
+
+    now, guarded, launched = [0], [], []
+
+    @contextlib.contextmanager
+    def guard(ordinal):
+        before, now[0] = now[0], ordinal
+        guarded.append(ordinal)
+        try:
+            yield
+        finally:
+            now[0] = before
+
+    monkeypatch.setattr(entry, "current_ordinal", lambda: now[0])
+    monkeypatch.setattr(entry, "guard", guard)
+    monkeypatch.setattr(entry, "usable", lambda ordinal: ordinal < 2)
+    arr = types.SimpleNamespace(device=types.SimpleNamespace(ordinal=1))
+
+    @entry.entry_point
+    def probe(x):
+        entry.on_current_device("probe", x)
+        return (lambda: launched.append(now[0])), (), "out"
+
+    assert probe(arr) == "out" and launched == [1] and guarded == [1] and now[0] == 0
+    prepared = probe.prepare(arr)
+    assert prepared.ordinal == 1 and guarded == [1, 1] and launched == [1]
+    prepared()
+    assert launched == [1, 1] and guarded == [1, 1, 1] and now[0] == 0
+    now[0] = 1  # a thread already on the arrays' device: no guard
+    probe(arr)
+    probe.prepare(arr)()
+    assert launched == [1, 1, 1, 1] and guarded == [1, 1, 1]
+    other = types.SimpleNamespace(device=types.SimpleNamespace(ordinal=2))
+
+    @entry.entry_point
+    def two(x, y):
+        entry.on_current_device("two", x)
+        entry.on_current_device("two", y)
+        return None, (), None
+
+    now[0] = 0
+    with pytest.raises(tf.TmaflowError, match=r"two: the array lives on device 2 but the call runs on device 1; a call's arrays live on one device"):
+        two(arr, other)

@@ -18,7 +18,7 @@ import functools
 from typing import Callable
 
 from ..errors import TmaflowError
-from ..runtime.device import current_ordinal, framework_stream, on_reset
+from ..runtime.device import current_ordinal, framework_stream, guard, on_reset, usable
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 from ..runtime.memory import (ZERO_SCRATCH, DeviceArray, _contiguous_strides as contiguous_strides, as_array,
                               empty, zero_for_sanitizer)
@@ -26,16 +26,22 @@ from ..runtime.memory import (ZERO_SCRATCH, DeviceArray, _contiguous_strides as 
 
 class Prepared:
     """A launch ready to go: ``prepared()`` launches and returns ``out``, on the stream the
-    ``prepare`` call resolved (its resources belong to that stream)."""
+    ``prepare`` call resolved (its resources belong to that stream) and on its device, whatever
+    the calling thread's device is then."""
 
-    __slots__ = ("launcher", "args", "out")
+    __slots__ = ("launcher", "args", "out", "ordinal")
 
-    def __init__(self, launcher, args: tuple, out):
+    def __init__(self, launcher, args: tuple, out, ordinal: int | None = None):
         self.launcher, self.args, self.out = launcher, args, out
+        self.ordinal = current_ordinal() if ordinal is None else ordinal
 
     def __call__(self):
         if self.launcher is not None:
-            self.launcher(*self.args)
+            if current_ordinal() == self.ordinal:
+                self.launcher(*self.args)
+            else:
+                with guard(self.ordinal):
+                    self.launcher(*self.args)
         return self.out
 
     def __repr__(self) -> str:
@@ -49,23 +55,49 @@ TORCH_OPS: dict = {}
 torch_route: Callable[[str, tuple, dict], bool] = lambda name, args, kwargs: False
 
 
+class OnAnotherDevice(TmaflowError):
+    """The call's arrays live on device ``ordinal``, not the thread's: the entry point runs
+    again under a device guard (``runtime.device.guard``), as torch's own ops follow their
+    tensors' device."""
+
+    def __init__(self, message: str, ordinal: int):
+        super().__init__(message)
+        self.ordinal = ordinal
+
+
 def entry_point(prepare):
     """Turn ``prepare(...) -> (launcher, args, out)`` into the entry point ``f(...)`` (launch,
     return the output), with ``f.prepare(...) -> Prepared`` for callers that launch the same
-    thing many times."""
+    thing many times. A call whose arrays live on another device than the thread's runs on
+    theirs (a device guard: the thread's device and current context are left as they were)."""
     name = prepare.__name__
 
-    @functools.wraps(prepare)
-    def run(*args, **kwargs):
-        if TORCH_OPS and name in TORCH_OPS and torch_route(name, args, kwargs):
-            return TORCH_OPS[name](*args, **kwargs)
+    def launch(*args, **kwargs):
         launcher, largs, out = prepare(*args, **kwargs)
         if launcher is not None:
             launcher(*largs)
         return out
 
+    @functools.wraps(prepare)
+    def run(*args, **kwargs):
+        if TORCH_OPS and name in TORCH_OPS and torch_route(name, args, kwargs):
+            return TORCH_OPS[name](*args, **kwargs)
+        try:
+            return launch(*args, **kwargs)
+        except OnAnotherDevice as moved:
+            if not usable(moved.ordinal):
+                raise
+            with guard(moved.ordinal):
+                return launch(*args, **kwargs)
+
     def prepared(*args, **kwargs) -> Prepared:
-        return Prepared(*prepare(*args, **kwargs))
+        try:
+            return Prepared(*prepare(*args, **kwargs))
+        except OnAnotherDevice as moved:
+            if not usable(moved.ordinal):
+                raise
+            with guard(moved.ordinal):
+                return Prepared(*prepare(*args, **kwargs), ordinal=moved.ordinal)
 
     prepared.__doc__ = f"The launch ``{prepare.__name__}(...)`` would make, ready to repeat."
     run.prepare = prepared
@@ -93,11 +125,12 @@ def cached_state(key: tuple, build):
 
 
 def on_current_device(name: str, arr: DeviceArray) -> int:
-    """The current device's ordinal, after checking that ``arr`` lives there."""
+    """The current device's ordinal, after checking that ``arr`` lives there (else
+    ``OnAnotherDevice``: the entry point runs again on ``arr``'s device)."""
     ordinal = current_ordinal()
     if arr.device is not None and arr.device.ordinal != ordinal:
-        raise TmaflowError(f"{name}: the array lives on device {arr.device.ordinal} but tmaflow's "
-                           f"current device is {ordinal}; call tf.set_device({arr.device.ordinal})")
+        raise OnAnotherDevice(f"{name}: the array lives on device {arr.device.ordinal} but the call runs on "
+                              f"device {ordinal}; a call's arrays live on one device", arr.device.ordinal)
     return ordinal
 
 

@@ -248,6 +248,40 @@ def set_device(ordinal: int) -> Device:
 
 
 @contextmanager
+def context_of(device: Device):
+    """``device``'s context current for the block, the one current before it (torch's current
+    device, say) current again after."""
+    cu = driver.cu()
+    err, before = cu.cuCtxGetCurrent()
+    device.activate()
+    try:
+        yield device
+    finally:
+        if not err and int(before) != int(device.context):
+            cu.cuCtxSetCurrent(before)
+
+
+def usable(ordinal: int) -> bool:
+    """Is ``ordinal`` a device of this machine the driver can run on?"""
+    return driver.driver_available() and 0 <= ordinal < driver.call("cuDeviceGetCount")
+
+
+@contextmanager
+def guard(ordinal: int):
+    """Device ``ordinal`` for the block, as torch's device guard: after it, the thread's device
+    and the context current on the thread (torch's current device) are what they were."""
+    previous = getattr(_thread, "device", None)
+    cu = driver.cu()
+    err, context = cu.cuCtxGetCurrent()
+    try:
+        yield set_device(ordinal)
+    finally:
+        _thread.device = previous
+        if not err:
+            cu.cuCtxSetCurrent(context)
+
+
+@contextmanager
 def using(ordinal: int):
     """``set_device(ordinal)`` for the block; the thread's device before it (or none yet) is
     restored after, activated again when next needed."""

@@ -13,7 +13,8 @@ from .. import checks, env
 from ..dtypes import DType, as_dtype
 from ..errors import TmaflowError
 from . import dlpack, driver
-from .device import Device, as_device, current_device, current_ordinal, current_stream, device_of, stream_handle
+from .device import (Device, as_device, context_of, current_device, current_ordinal, current_stream, device_of,
+                     stream_handle)
 from .graph import ACTIVE as CAPTURING, capturing
 from .pool import rounded
 
@@ -248,8 +249,8 @@ class DeviceArray:
             raise TmaflowError(f"DeviceArray.numpy(): strides={self.strides} are not contiguous")
         out = np.empty(self.shape, dtype=self.dtype.numpy)
         if self.nbytes:
-            (self.device or current_device()).activate()
-            driver.call("cuMemcpyDtoH", out.ctypes.data, self.ptr, self.nbytes)
+            with context_of(self.device or current_device()):
+                driver.call("cuMemcpyDtoH", out.ctypes.data, self.ptr, self.nbytes)
         return out
 
     def copy_from(self, host: np.ndarray) -> "DeviceArray":
@@ -260,8 +261,8 @@ class DeviceArray:
             raise TmaflowError(f"copy_from: host array of {host.nbytes} B does not fit "
                                f"{self!r} ({self.nbytes} B, contiguous={self.is_contiguous})")
         if self.nbytes:
-            (self.device or current_device()).activate()
-            driver.call("cuMemcpyHtoD", self.ptr, host.ctypes.data, self.nbytes)
+            with context_of(self.device or current_device()):
+                driver.call("cuMemcpyHtoD", self.ptr, host.ctypes.data, self.nbytes)
         return self
 
     def fill_bytes(self, value: int) -> "DeviceArray":

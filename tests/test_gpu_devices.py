@@ -1,0 +1,111 @@
+"""GPU tier, two GPUs in one process: entry points follow their arrays' device as torch's own
+ops do (a model split over GPUs in one thread), whatever the thread's device, and leave the
+thread's device and torch's current device as they were. Skipped with fewer than two GPUs."""
+import numpy as np
+import pytest
+
+import tmaflow as tf
+from tmaflow import kernels
+from tmaflow.runtime.device import current_ordinal
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture
+def two(device):
+    if tf.runtime.driver.call("cuDeviceGetCount") < 2 or torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    tf.set_device(0)
+    torch.cuda.set_device(0)
+    yield
+    tf.set_device(0)
+    torch.cuda.set_device(0)
+
+
+def left_as_they_were():
+    assert current_ordinal() == 0 and torch.cuda.current_device() == 0
+    assert tf.current_device().ordinal == 0
+
+
+def bf16(shape, device="cuda:1", seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(shape, generator=g).to(device=device, dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("m, n, k", [(256, 512, 1024), (16, 1024, 4096), (1000, 3000, 520), (129, 257, 4095)])
+def test_gemm_of_tensors_on_the_other_gpu(two, m, n, k):
+    a, b = bf16((m, k), seed=m), bf16((n, k), seed=n)
+    for _ in range(3):  # the state, the workspace and the stream of device 1 again
+        c = kernels.gemm(a, b)
+        assert c.device == a.device
+        left_as_they_were()
+    ref = a.float() @ b.float().T
+    torch.testing.assert_close(c.float(), ref, rtol=2e-2, atol=2e-1)
+
+
+def test_stream_none_is_torchs_current_stream_of_the_tensors_device(two):
+    a, b = bf16((512, 2048)), bf16((768, 2048), seed=1)
+    side = torch.cuda.Stream(device=1)
+    with torch.cuda.device(1), torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # the fill below lands late: ordered only on side
+        b2 = b * 2
+    torch.cuda.set_device(0)
+    with torch.cuda.stream(side):  # side is device 1's: torch keeps it current there
+        c = kernels.gemm(a, b2)
+    left_as_they_were()
+    side.synchronize()
+    torch.testing.assert_close(c.float(), a.float() @ (2 * b.float()).T, rtol=2e-2, atol=4e-1)
+
+
+def test_attention_softmax_and_copy_on_the_other_gpu(two):
+    q, k, v = (bf16((2, 8, 384, 128), seed=s) for s in range(3))
+    o = kernels.attention(q, k, v, causal=True)
+    left_as_they_were()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    torch.testing.assert_close(o.float(), ref, rtol=2e-2, atol=2e-2)
+    x = torch.randn(300, 512, device="cuda:1")
+    torch.testing.assert_close(kernels.softmax(x), torch.softmax(x, -1), rtol=1e-5, atol=1e-6)
+    y = torch.full_like(x, float("nan"))
+    kernels.copy(x, y)
+    left_as_they_were()
+    assert torch.equal(y, x)
+
+
+def test_a_prepared_launch_runs_on_its_device_from_any_thread_device(two):
+    a, b = bf16((256, 1024)), bf16((512, 1024), seed=2)
+    run = kernels.gemm.prepare(a, b)
+    c = run()
+    c.fill_(float("nan"))
+    run()
+    left_as_they_were()
+    torch.testing.assert_close(c.float(), a.float() @ b.float().T, rtol=2e-2, atol=2e-1)
+    tf.set_device(1)  # prepared on device 0's thread for device 1: still right from device 1
+    try:
+        c.fill_(float("nan"))
+        run()
+        torch.testing.assert_close(c.float(), a.float() @ b.float().T, rtol=2e-2, atol=2e-1)
+    finally:
+        tf.set_device(0)
+
+
+def test_tmaflow_arrays_of_the_other_gpu(two, rng):
+    host = rng.standard_normal((96, 512)).astype(np.float32)
+    with tf.runtime.device.using(1):
+        x = tf.from_numpy(host)
+    out = kernels.softmax(x)
+    left_as_they_were()
+    assert out.device.ordinal == 1
+    ref = np.exp(host - host.max(1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), ref / ref.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+    left_as_they_were()  # numpy() made device 1's context current for its copy only
+
+
+def test_arrays_on_two_gpus_in_one_call_are_refused(two):
+    a, b = bf16((256, 512), device="cuda:0"), bf16((256, 512))
+    with pytest.raises(tf.TmaflowError, match=r"gemm: b lives on device 1 but a on device 0|"
+                                               r"a call's arrays live on one device"):
+        kernels.gemm(a, b)
+    with pytest.raises(tf.TmaflowError, match=r"lives on device 0 but|a call's arrays live on one device"):
+        kernels.gemm(b, a)
+    left_as_they_were()
