@@ -311,7 +311,7 @@ def test_a_call_on_another_devices_arrays_runs_there_under_a_guard(monkeypatch):
     now, guarded, launched = [0], [], []
 
     @contextlib.contextmanager
-    def guard(ordinal):
+    def using(ordinal):
         before, now[0] = now[0], ordinal
         guarded.append(ordinal)
         try:
@@ -320,7 +320,7 @@ def test_a_call_on_another_devices_arrays_runs_there_under_a_guard(monkeypatch):
             now[0] = before
 
     monkeypatch.setattr(entry, "current_ordinal", lambda: now[0])
-    monkeypatch.setattr(entry, "guard", guard)
+    monkeypatch.setattr(entry, "using", using)
     monkeypatch.setattr(entry, "usable", lambda ordinal: ordinal < 2)
     arr = types.SimpleNamespace(device=types.SimpleNamespace(ordinal=1))
 

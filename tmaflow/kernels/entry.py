@@ -18,7 +18,7 @@ import functools
 from typing import Callable
 
 from ..errors import TmaflowError
-from ..runtime.device import current_ordinal, framework_stream, guard, on_reset, usable
+from ..runtime.device import current_ordinal, framework_stream, on_reset, usable, using
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 from ..runtime.memory import (ZERO_SCRATCH, DeviceArray, _contiguous_strides as contiguous_strides, as_array,
                               empty, zero_for_sanitizer)
@@ -40,7 +40,7 @@ class Prepared:
             if current_ordinal() == self.ordinal:
                 self.launcher(*self.args)
             else:
-                with guard(self.ordinal):
+                with using(self.ordinal):
                     self.launcher(*self.args)
         return self.out
 
@@ -57,7 +57,7 @@ torch_route: Callable[[str, tuple, dict], bool] = lambda name, args, kwargs: Fal
 
 class OnAnotherDevice(TmaflowError):
     """The call's arrays live on device ``ordinal``, not the thread's: the entry point runs
-    again under a device guard (``runtime.device.guard``), as torch's own ops follow their
+    again under a device guard (``runtime.device.using``), as torch's own ops follow their
     tensors' device."""
 
     def __init__(self, message: str, ordinal: int):
@@ -87,7 +87,7 @@ def entry_point(prepare):
         except OnAnotherDevice as moved:
             if not usable(moved.ordinal):
                 raise
-            with guard(moved.ordinal):
+            with using(moved.ordinal):
                 return launch(*args, **kwargs)
 
     def prepared(*args, **kwargs) -> Prepared:
@@ -96,7 +96,7 @@ def entry_point(prepare):
         except OnAnotherDevice as moved:
             if not usable(moved.ordinal):
                 raise
-            with guard(moved.ordinal):
+            with using(moved.ordinal):
                 return Prepared(*prepare(*args, **kwargs), ordinal=moved.ordinal)
 
     prepared.__doc__ = f"The launch ``{prepare.__name__}(...)`` would make, ready to repeat."

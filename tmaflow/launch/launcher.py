@@ -11,7 +11,7 @@ from collections.abc import Callable
 from ..debug.diagnose import diagnose, explain, ledger, ledger_text
 from ..errors import CudaError, DeadlockError, LaunchError, PipelineError
 from ..runtime import driver, faults
-from ..runtime.device import _current_stream, current_stream
+from ..runtime.device import _current_stream, context_ordinal, current_stream
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 from ..runtime.memory import DeviceArray, _origin_of
 from ..tma.tensormap import TensorMap
@@ -295,6 +295,11 @@ class Launcher(functools.partial):
             raise faults.fault("cuLaunchKernelEx", int(err), driver._error_name(err), self.ordinal)
         c = self.config
         detail = f"{self.kernel.name} grid={c.grid} block={c.block} cluster={c.cluster} smem={c.smem}"
+        if int(err) == 400 and context_ordinal() != self.ordinal:  # CUDA_ERROR_INVALID_HANDLE
+            raise LaunchError(f"{detail}: this launcher is device {self.ordinal}'s but device "
+                              f"{context_ordinal()}'s context is current on this thread; call "
+                              f"tf.set_device({self.ordinal}) (or launch inside "
+                              f"tf.runtime.device.using({self.ordinal}))")
         if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*
             detail += ("; " + driver.CAPTURE_HINT + " (under torch.cuda.graph, pass torch tensors or "
                        "stream=torch.cuda.current_stream(); tmaflow arrays launch on the legacy stream)")

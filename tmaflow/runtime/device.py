@@ -206,14 +206,14 @@ def current_device() -> Device:
     followed), else device 0."""
     dev = getattr(_thread, "device", None)
     if dev is None:
-        dev = Device(_context_ordinal())
+        dev = Device(context_ordinal())
         if dev.ordinal != 0:
             _switched[0] = True
         _thread.device = dev
     return dev.activate()
 
 
-def _context_ordinal() -> int:
+def context_ordinal() -> int:
     """The device of the CUDA context current on this thread; 0 when none is."""
     driver.init()
     cu = driver.cu()
@@ -267,9 +267,10 @@ def usable(ordinal: int) -> bool:
 
 
 @contextmanager
-def guard(ordinal: int):
-    """Device ``ordinal`` for the block, as torch's device guard: after it, the thread's device
-    and the context current on the thread (torch's current device) are what they were."""
+def using(ordinal: int):
+    """``set_device(ordinal)`` for the block, as torch's device guard: after it, the thread's
+    device (or none yet) and the context current on the thread (torch's current device) are
+    what they were."""
     previous = getattr(_thread, "device", None)
     cu = driver.cu()
     err, context = cu.cuCtxGetCurrent()
@@ -279,17 +280,6 @@ def guard(ordinal: int):
         _thread.device = previous
         if not err:
             cu.cuCtxSetCurrent(context)
-
-
-@contextmanager
-def using(ordinal: int):
-    """``set_device(ordinal)`` for the block; the thread's device before it (or none yet) is
-    restored after, activated again when next needed."""
-    previous = getattr(_thread, "device", None)
-    try:
-        yield set_device(ordinal)
-    finally:
-        _thread.device = previous
 
 
 class Stream:

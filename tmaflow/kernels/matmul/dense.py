@@ -111,6 +111,7 @@ def _gemm_state(A, B, c_strides, m, n, k, layout, config, stream, pdl, debug,
                 trace=False, block_scales=None, scale_view=None) -> _GemmState:
     _LAUNCH_OPTIONS.check(pdl, debug, trace)
     on_current_device("gemm", A)
+    checks.same_device("gemm", "b", B, A)
     C = DeviceArray(0, (m, n), "bfloat16", c_strides)  # the layout the output will have
     for name, arr in (("a", A), ("b", B), ("out", C)):
         _check_rows(name, arr)
