@@ -97,7 +97,8 @@ def entry_point(prepare):
             if not usable(moved.ordinal):
                 raise
             with using(moved.ordinal):
-                return Prepared(*prepare(*args, **kwargs), ordinal=moved.ordinal)
+                launcher, largs, out = prepare(*args, **kwargs)
+                return Prepared(launcher, largs, out, moved.ordinal)
 
     prepared.__doc__ = f"The launch ``{prepare.__name__}(...)`` would make, ready to repeat."
     run.prepare = prepared

@@ -144,9 +144,10 @@ class Device:
         return self
 
     def synchronize(self) -> None:
-        """Wait for all work on this device's context (``cuCtxSynchronize``)."""
-        self.activate()
-        driver.call("cuCtxSynchronize")
+        """Wait for all work on this device's context (``cuCtxSynchronize``); the context
+        current before (torch's current device, say) is current again after."""
+        with context_of(self):
+            driver.call("cuCtxSynchronize")
 
     def __repr__(self) -> str:
         major, minor = self.compute_capability
@@ -181,14 +182,19 @@ def as_device(device, who: str | None = None) -> Device:
     device), a :class:`Device` or its ordinal. ``who`` prefixes the refusal."""
     if device is None:
         return current_device()
+    return named_device(device, who).activate()
+
+
+def named_device(device, who: str | None = None) -> Device:
+    """The :class:`Device` a ``device=`` other than None names (checked; not made current)."""
     if isinstance(device, Device):
-        return device.activate()
+        return device
     prefix = f"{who}: " if who else ""
     if not is_int(device):
         raise TmaflowError(f"{prefix}device={device!r} must be None, a tf.Device or a device "
                            f"ordinal (int; got {type(device).__name__})")
     try:
-        return Device(device).activate()
+        return Device(device)
     except TmaflowError as exc:
         raise TmaflowError(f"{prefix}device={device!r}: {exc}") from None
 
@@ -259,6 +265,17 @@ def context_of(device: Device):
     finally:
         if not err and int(before) != int(device.context):
             cu.cuCtxSetCurrent(before)
+
+
+@contextmanager
+def on_device(device, who: str = ""):
+    """``as_device(device, who)`` for the block: None is the thread's device (made current);
+    another device's context is current for the block only."""
+    if device is None:
+        yield current_device()
+        return
+    with context_of(named_device(device, who)) as dev:
+        yield dev
 
 
 def usable(ordinal: int) -> bool:

@@ -14,7 +14,7 @@ from ..dtypes import DType, as_dtype
 from ..errors import TmaflowError
 from . import dlpack, driver
 from .device import (Device, as_device, context_of, current_device, current_ordinal, current_stream, device_of,
-                     stream_handle)
+                     on_device, stream_handle)
 from .graph import ACTIVE as CAPTURING, capturing
 from .pool import rounded
 
@@ -272,16 +272,16 @@ class DeviceArray:
         if self.nbytes:
             if not self.is_contiguous:
                 raise TmaflowError("fill_bytes needs a contiguous array")
-            (self.device or current_device()).activate()
-            graph = capturing() if CAPTURING else None
-            if graph is not None:  # part of the graph: it runs at every replay
-                driver.call("cuMemsetD8Async", self.ptr, value & 0xFF, self.nbytes, graph.stream.handle)
-            else:
-                # after the work the memory is ordered on, and finished before returning: a plain
-                # cuMemsetD8 may still run when a kernel on a non-blocking stream starts
-                stream = self._producer_stream()
-                driver.call("cuMemsetD8Async", self.ptr, value & 0xFF, self.nbytes, stream)
-                driver.call("cuStreamSynchronize", stream)
+            with context_of(self.device or current_device()):
+                graph = capturing() if CAPTURING else None
+                if graph is not None:  # part of the graph: it runs at every replay
+                    driver.call("cuMemsetD8Async", self.ptr, value & 0xFF, self.nbytes, graph.stream.handle)
+                else:
+                    # after the work the memory is ordered on, and finished before returning: a
+                    # plain cuMemsetD8 may still run when a kernel on a non-blocking stream starts
+                    stream = self._producer_stream()
+                    driver.call("cuMemsetD8Async", self.ptr, value & 0xFF, self.nbytes, stream)
+                    driver.call("cuStreamSynchronize", stream)
         return self
 
     # --- interop ------------------------------------------------------------
@@ -350,11 +350,11 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     if math.prod(shape) * dt.itemsize >= 1 << 63:
         raise TmaflowError(f"shape={shape} of {dt.name} needs {math.prod(shape) * dt.itemsize} B, "
                            "beyond any device's memory")
-    dev = as_device(device)  # current either way
-    graph = capturing() if CAPTURING else None
-    if graph is not None:
-        stream = graph.alloc_stream  # eager: an allocation is no node of the graph
-    alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
+    with on_device(device) as dev:
+        graph = capturing() if CAPTURING else None
+        if graph is not None:
+            stream = graph.alloc_stream  # eager: an allocation is no node of the graph
+        alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
     if graph is not None:
         graph.own(alloc)  # kept for the replays that write it
     return DeviceArray._view(alloc.ptr, shape, dt, _contiguous_strides(shape, dt.itemsize), alloc,
