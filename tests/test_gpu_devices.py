@@ -124,3 +124,13 @@ def test_a_launcher_called_from_another_devices_context_says_so(two):
         run(out, 9.0)
     assert (out.numpy() == 9.0).all()
     left_as_they_were()
+
+
+def test_another_devices_methods_leave_the_current_context(two):
+    tf.Device(1).synchronize()
+    left_as_they_were()
+    z = tf.zeros((16,), "float32", device=1)
+    left_as_they_were()
+    assert z.device.ordinal == 1 and (z.numpy() == 0).all()
+    z.fill_bytes(0xFF)
+    left_as_they_were()
