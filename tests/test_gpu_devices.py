@@ -134,3 +134,31 @@ def test_another_devices_methods_leave_the_current_context(two):
     assert z.device.ordinal == 1 and (z.numpy() == 0).all()
     z.fill_bytes(0xFF)
     left_as_they_were()
+
+
+def test_a_later_torch_device_switch_is_survived(two, rng):
+    """The thread took device 0; then torch (another library) makes device 1 current. Calls on
+    device 0's arrays, allocating or not, tensors or tmaflow arrays, prepared or not, still run
+    there, and torch stays on device 1."""
+    host = rng.standard_normal((96, 512)).astype(np.float32)
+    x = torch.from_numpy(host).cuda(0)
+    y = torch.empty_like(x)
+    a = tf.from_numpy(host)
+    kernels.softmax(x, y)
+    run = kernels.softmax.prepare(x, y)
+    ref = torch.softmax(x, -1)
+    torch.cuda.set_device(1)
+    try:
+        y.fill_(float("nan"))
+        kernels.softmax(x, y)
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+        y.fill_(float("nan"))
+        run()
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(kernels.softmax(x), ref, rtol=1e-5, atol=1e-6)
+        out = kernels.softmax(a)
+        assert torch.cuda.current_device() == 1 and current_ordinal() == 0
+        np.testing.assert_allclose(out.numpy(), ref.cpu().numpy(), rtol=1e-5, atol=1e-6)
+        assert torch.cuda.current_device() == 1
+    finally:
+        torch.cuda.set_device(0)

@@ -469,6 +469,8 @@ def fake_pool():
     pool = object.__new__(pools.MemoryPool)
     pool._cache, pool._order, pool._owners = {}, pools.OrderedDict(), {}
     pool.cached_bytes, pool.budget, pool.handle = 0, 1 << 20, 0
+    pool.device = types.SimpleNamespace(context=1)
+    pool.device.activate = lambda: pool.device
     return pool
 
 
@@ -490,6 +492,9 @@ def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
         def cuMemFreeAsync(self, ptr, stream):
             calls.append(("free", ptr, stream))
             return (0,)
+
+        def cuCtxGetCurrent(self):
+            return 0, 1
 
     monkeypatch.setattr(pools.driver, "cu", Driver)
     monkeypatch.setattr(pools.driver, "check", lambda name, result: None)
@@ -533,7 +538,7 @@ def test_a_stream_object_outlives_what_tmaflow_keeps_for_its_handle(monkeypatch)
 
     freed = []
     monkeypatch.setattr(pools.driver, "cu", lambda: types.SimpleNamespace(
-        cuMemFreeAsync=lambda ptr, stream: freed.append((ptr, stream)) or (0,)))
+        cuMemFreeAsync=lambda ptr, stream: freed.append((ptr, stream)) or (0,), cuCtxGetCurrent=lambda: (0, 1)))
     monkeypatch.setattr(pools.driver, "check", lambda name, result: None)
     pool = fake_pool()
     s = CupyStream(0x7000)

@@ -18,6 +18,7 @@ import functools
 from typing import Callable
 
 from ..errors import TmaflowError
+from ..launch.launcher import ContextMoved
 from ..runtime.device import current_ordinal, framework_stream, on_reset, usable, using
 from ..runtime.graph import ACTIVE as CAPTURING, capturing
 from ..runtime.memory import (ZERO_SCRATCH, DeviceArray, _contiguous_strides as contiguous_strides, as_array,
@@ -36,12 +37,16 @@ class Prepared:
         self.ordinal = current_ordinal() if ordinal is None else ordinal
 
     def __call__(self):
-        if self.launcher is not None:
-            if current_ordinal() == self.ordinal:
+        if self.launcher is None:
+            return self.out
+        if current_ordinal() == self.ordinal:
+            try:
                 self.launcher(*self.args)
-            else:
-                with using(self.ordinal):
-                    self.launcher(*self.args)
+                return self.out
+            except ContextMoved:  # another library made another device's context current
+                pass
+        with using(self.ordinal):
+            self.launcher(*self.args)
         return self.out
 
     def __repr__(self) -> str:
@@ -75,7 +80,11 @@ def entry_point(prepare):
     def launch(*args, **kwargs):
         launcher, largs, out = prepare(*args, **kwargs)
         if launcher is not None:
-            launcher(*largs)
+            try:
+                launcher(*largs)
+            except ContextMoved as moved:  # another library made another device current
+                with using(moved.ordinal):
+                    launcher(*largs)
         return out
 
     @functools.wraps(prepare)

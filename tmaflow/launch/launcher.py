@@ -28,6 +28,15 @@ def _type_key(args: tuple) -> tuple:
                  for a in args)
 
 
+class ContextMoved(LaunchError):
+    """A launch refused because another device's context was current (another library switched
+    it): nothing ran; entry points launch again under a guard of the launcher's device."""
+
+    def __init__(self, message: str, ordinal: int):
+        super().__init__(message)
+        self.ordinal = ordinal
+
+
 class Launcher(functools.partial):
     """A kernel with its launch configuration fixed: ``launcher(*args)`` packs and launches.
 
@@ -296,10 +305,10 @@ class Launcher(functools.partial):
         c = self.config
         detail = f"{self.kernel.name} grid={c.grid} block={c.block} cluster={c.cluster} smem={c.smem}"
         if int(err) == 400 and context_ordinal() != self.ordinal:  # CUDA_ERROR_INVALID_HANDLE
-            raise LaunchError(f"{detail}: this launcher is device {self.ordinal}'s but device "
-                              f"{context_ordinal()}'s context is current on this thread; call "
-                              f"tf.set_device({self.ordinal}) (or launch inside "
-                              f"tf.runtime.device.using({self.ordinal}))")
+            raise ContextMoved(f"{detail}: this launcher is device {self.ordinal}'s but device "
+                               f"{context_ordinal()}'s context is current on this thread; call "
+                               f"tf.set_device({self.ordinal}) (or launch inside "
+                               f"tf.runtime.device.using({self.ordinal}))", self.ordinal)
         if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*
             detail += ("; " + driver.CAPTURE_HINT + " (under torch.cuda.graph, pass torch tensors or "
                        "stream=torch.cuda.current_stream(); tmaflow arrays launch on the legacy stream)")

@@ -233,6 +233,11 @@ def context_ordinal() -> int:
 _switched = [False]  # has any thread ever taken a device other than 0? (Kernel.launch's C key)
 
 
+def thread_device() -> Device | None:
+    """The device this thread has set or taken (None before its first use)."""
+    return getattr(_thread, "device", None)
+
+
 def current_ordinal() -> int:
     """The ordinal current_device() returns, without touching the driver once this thread
     has a device (the launch hot path); 0 where no driver is usable (compile-only machines)."""

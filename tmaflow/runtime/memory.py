@@ -14,7 +14,7 @@ from ..dtypes import DType, as_dtype
 from ..errors import TmaflowError
 from . import dlpack, driver
 from .device import (Device, as_device, context_of, current_device, current_ordinal, current_stream, device_of,
-                     on_device, stream_handle)
+                     on_device, stream_handle, thread_device)
 from .graph import ACTIVE as CAPTURING, capturing
 from .pool import rounded
 
@@ -350,11 +350,20 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     if math.prod(shape) * dt.itemsize >= 1 << 63:
         raise TmaflowError(f"shape={shape} of {dt.name} needs {math.prod(shape) * dt.itemsize} B, "
                            "beyond any device's memory")
+    dev = thread_device()
+    if dev is not None and (device is None or device is dev):  # the hot path: entry points' outputs
+        return _empty_on(dev, shape, dt, stream)  # (a block from the cache needs no context)
+    if device is None:
+        return _empty_on(current_device(), shape, dt, stream)
     with on_device(device) as dev:
-        graph = capturing() if CAPTURING else None
-        if graph is not None:
-            stream = graph.alloc_stream  # eager: an allocation is no node of the graph
-        alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
+        return _empty_on(dev, shape, dt, stream)
+
+
+def _empty_on(dev: Device, shape: tuple, dt: DType, stream) -> DeviceArray:
+    graph = capturing() if CAPTURING else None
+    if graph is not None:
+        stream = graph.alloc_stream  # eager: an allocation is no node of the graph
+    alloc = _Allocation(math.prod(shape) * dt.itemsize, dev, stream)
     if graph is not None:
         graph.own(alloc)  # kept for the replays that write it
     return DeviceArray._view(alloc.ptr, shape, dt, _contiguous_strides(shape, dt.itemsize), alloc,

@@ -80,10 +80,12 @@ class MemoryPool:
             self.cached_bytes -= size
             return ptr
         cu = driver.cu()
-        err, ptr = cu.cuMemAllocFromPoolAsync(size, self.handle, stream)
+        with self._on_device():  # stream 0 is the current context's legacy stream
+            err, ptr = cu.cuMemAllocFromPoolAsync(size, self.handle, stream)
         if int(err) == int(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
             self.trim()  # hand cached blocks back, let queued frees land, try once more
-            err, ptr = cu.cuMemAllocFromPoolAsync(size, self.handle, stream)
+            with self._on_device():
+                err, ptr = cu.cuMemAllocFromPoolAsync(size, self.handle, stream)
             if int(err) == int(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY):
                 raise TmaflowError(f"out of device memory: {size} B requested on "
                                    f"{self.device.name} ({self.device.total_memory} B in all); "
@@ -109,14 +111,22 @@ class MemoryPool:
         ptr, (size, stream) = self._order.popitem(last=False)
         self._cache[(size, stream)].remove(ptr)
         self.cached_bytes -= size
-        driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, driver_stream(stream)))
+        with self._on_device():  # stream 0: this device's legacy stream, from any thread
+            driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, driver_stream(stream)))
         self._owners.pop(ptr, None)  # after the free is queued on its stream
+
+    def _on_device(self):
+        """This device's context current for a free ordered on stream 0 (its legacy stream),
+        from whichever thread or device the block is given back."""
+        from .device import context_of  # device.py imports this module
+
+        return context_of(self.device)
 
     def trim(self) -> None:
         """Return every cached block to the pool and the pool's unused memory to the device."""
         while self._order:
             self._return_oldest()
-        self.device.synchronize()
+        self.device.synchronize()  # (restores the current context)
         driver.call("cuMemPoolTrimTo", self.handle, 0)
 
     def forget_stream(self, stream: int) -> None:
@@ -128,7 +138,8 @@ class MemoryPool:
                 self._cache[(size, s)].remove(ptr)
                 self.cached_bytes -= size
                 self._owners.pop(ptr, None)
-                driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, 0))
+                with self._on_device():
+                    driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, 0))
 
     def __repr__(self) -> str:
         return (f"MemoryPool(device {self.device.ordinal}, {self.cached_bytes} B cached in "
