@@ -349,3 +349,66 @@ def test_a_call_on_another_devices_arrays_runs_there_under_a_guard(monkeypatch):
     now[0] = 0
     with pytest.raises(tf.TmaflowError, match=r"two: the array lives on device 2 but the call runs on device 1; a call's arrays live on one device"):
         two(arr, other)
+
+
+def test_a_launch_refused_for_another_devices_context_runs_again_under_a_guard(monkeypatch):
+    """Another library made device 1's context current: the launcher raises ContextMoved (the
+    driver ran nothing) and the entry point, or a prepared launch, launches again under a guard
+    of the launcher's device, without preparing again; any other error is the caller's."""
+    import contextlib
+    from tmaflow.kernels import entry
+    from tmaflow.launch.launcher import ContextMoved
+
+    context, guarded, prepared_calls, launched = [1], [], [], []
+
+    @contextlib.contextmanager
+    def using(ordinal):
+        before, context[0] = context[0], ordinal
+        guarded.append(ordinal)
+        try:
+            yield
+        finally:
+            context[0] = before
+
+    def launcher():
+        if context[0] != 0:
+            raise ContextMoved("refused", 0)
+        launched.append(context[0])
+
+    monkeypatch.setattr(entry, "current_ordinal", lambda: 0)
+    monkeypatch.setattr(entry, "using", using)
+
+    @entry.entry_point
+    def probe():
+        prepared_calls.append(1)
+        return launcher, (), "out"
+
+    assert probe() == "out" and launched == [0] and guarded == [0] and prepared_calls == [1]
+    assert context[0] == 1, "the guard put device 1's context back"
+    run = probe.prepare()
+    run()
+    assert launched == [0, 0] and guarded == [0, 0] and prepared_calls == [1, 1]
+
+    def broken():
+        raise tf.LaunchError("the kernel's own failure")
+
+    @entry.entry_point
+    def other():
+        return broken, (), None
+
+    with pytest.raises(tf.LaunchError, match="the kernel's own failure") as caught:
+        other()
+    assert guarded == [0, 0] and caught.value.__context__ is None
+
+    def fails_there():
+        if context[0] != 0:
+            raise ContextMoved("refused", 0)
+        raise tf.LaunchError("failed on its own device")
+
+    @entry.entry_point
+    def third():
+        return fails_there, (), None
+
+    with pytest.raises(tf.LaunchError, match="failed on its own device") as caught:
+        third()
+    assert guarded == [0, 0, 0] and caught.value.__context__ is None, "not chained under the refusal"

@@ -31,7 +31,7 @@ def door(monkeypatch):
     current, and ``fake(name, result)`` makes ``cuda.bindings.driver.<name>`` answer ``result``
     (recording its calls in ``door.calls``)."""
     monkeypatch.setattr(driver, "init", lambda: None)
-    monkeypatch.setattr(faults, "context_ordinal", lambda: door.ordinal)
+    monkeypatch.setattr(faults, "_context_ordinal", lambda: door.ordinal)
     faults.forget(0)
     faults.forget(1)
 

@@ -51,8 +51,9 @@ def test_stream_none_is_torchs_current_stream_of_the_tensors_device(two):
         torch.cuda._sleep(50_000_000)  # the fill below lands late: ordered only on side
         b2 = b * 2
     torch.cuda.set_device(0)
-    with torch.cuda.stream(side):  # side is device 1's: torch keeps it current there
+    with torch.cuda.stream(side):  # side is device 1's: torch makes device 1 current for the block
         c = kernels.gemm(a, b2)
+        assert torch.cuda.current_device() == 1 and current_ordinal() == 0
     left_as_they_were()
     side.synchronize()
     torch.testing.assert_close(c.float(), a.float() @ (2 * b.float()).T, rtol=2e-2, atol=4e-1)
@@ -139,8 +140,9 @@ def test_another_devices_methods_leave_the_current_context(two):
 def test_a_later_torch_device_switch_is_survived(two, rng):
     """The thread took device 0; then torch (another library) makes device 1 current. Calls on
     device 0's arrays, allocating or not, tensors or tmaflow arrays, prepared or not, still run
-    there (a launch that found device 1's context current runs again under a guard; building a
-    new state makes the thread's device current again, as the README says)."""
+    there: a launch that found device 1's context current runs again under a guard (torch stays
+    on device 1); building a new state or allocating a tmaflow array makes the thread's device
+    current again, as the README says."""
     host = rng.standard_normal((96, 512)).astype(np.float32)
     x = torch.from_numpy(host).cuda(0)
     y = torch.empty_like(x)
@@ -158,10 +160,15 @@ def test_a_later_torch_device_switch_is_survived(two, rng):
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(kernels.softmax(x), ref, rtol=1e-5, atol=1e-6)
         assert torch.cuda.current_device() == 1  # these calls built no state
-        out = kernels.softmax(a)
+        b = kernels.softmax(a)  # allocates a tmaflow array: device 0 current again
+        assert current_ordinal() == 0
+        np.testing.assert_allclose(b.numpy(), ref.cpu().numpy(), rtol=1e-5, atol=1e-6)
+        big = torch.randn(64, 4096, device="cuda:0", dtype=torch.bfloat16)  # a split-K skinny GEMM
+        w = torch.randn(1024, 4096, device="cuda:0", dtype=torch.bfloat16)
+        want = big.float() @ w.float().T
+        kernels.gemm(big, w)  # its workspace exists
         torch.cuda.set_device(1)
-        out = kernels.softmax(a)  # its state is built: a launch under a guard
-        assert torch.cuda.current_device() == 1 and current_ordinal() == 0
-        np.testing.assert_allclose(out.numpy(), ref.cpu().numpy(), rtol=1e-5, atol=1e-6)
+        got = kernels.gemm(big, w)
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=3e-1)
     finally:
         torch.cuda.set_device(0)

@@ -164,7 +164,7 @@ def test_cupy_current_stream_is_followed(device):
 
 def test_a_cupy_stream_outlives_what_tmaflow_keeps_for_it(device):
     """A stream destroyed with work queued can hand its handle to the next stream created; the
-    state (and scratch) tmaflow keeps for the handle keeps the stream object, so it cannot."""
+    copy's state (its launcher, bound to the handle) keeps the stream object, so it cannot."""
     cupy = pytest.importorskip("cupy")
     x = cupy.full((256, 256), 3.0, dtype=cupy.float32)
     s = cupy.cuda.Stream(non_blocking=True)
@@ -257,8 +257,8 @@ def test_per_thread_default_stream_blocks_stay_with_their_thread(device):
     c = tf.empty((1000,), "float32", stream=2)
     assert c.ptr == ptr
     c.free()
-    tf.current_device().trim_memory()  # the other thread's block goes back on the legacy stream
-    assert pool.cached_bytes == 0
+    tf.current_device().trim_memory()  # every cached block back to the driver (the other thread's
+    assert pool.cached_bytes == 0      # on the legacy stream: tests/test_streams.py checks which)
 
 
 # --- entry points -------------------------------------------------------------------------------

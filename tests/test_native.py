@@ -318,7 +318,8 @@ def test_an_array_on_another_device_is_refused_as_the_checked_path_refuses_it(dr
     stranger = owned_array(0x9000, other_device(1))
     args = (owned_map(stranger), arr, 1, 2.0) if which == "map" else (tm, stranger, 1, 2.0)
     with pytest.raises(tf.LaunchError, match=rf"argument {0 if which == 'map' else 1}.*the array "
-                       r"lives on device 1 but the launch is on device 0; call tf.set_device\(1\)"):
+                       r"lives on device 1 but the launch is on device 0; a launch.s arrays live on "
+                       r"its device \(for a launch on device 1, call tf.set_device\(1\) first\)"):
         run(*args)
     assert len(run.calls) == (1 if path == "C" else 2)  # dry plans record no launch
     neighbour = owned_array(0xA000, other_device(0))  # another object, the launch device's ordinal

@@ -467,7 +467,7 @@ def fake_pool():
     from tmaflow.runtime import pool as pools
 
     pool = object.__new__(pools.MemoryPool)
-    pool._cache, pool._order, pool._owners = {}, pools.OrderedDict(), {}
+    pool._cache, pool._order, pool._owners, pool._lock = {}, pools.OrderedDict(), {}, pools.threading.RLock()
     pool.cached_bytes, pool.budget, pool.handle = 0, 1 << 20, 0
     pool.device = types.SimpleNamespace(context=1)
     pool.device.activate = lambda: pool.device
@@ -500,7 +500,7 @@ def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
     monkeypatch.setattr(pools.driver, "check", lambda name, result: None)
     pool = fake_pool()
 
-    main = threading.get_ident()
+    main = pools.thread_token()
     mine, kept = pool.allocate(512, 2), pool.allocate(512, 2)
     pool.release(mine, 512, 2)
     pool.release(pool.allocate(512, 7), 512, 7)     # another stream's block: never handed to 2
@@ -508,6 +508,7 @@ def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
 
     def other_thread():
         theirs["ptr"] = pool.allocate(512, 2)       # not the main thread's cached block
+        theirs["token"] = pools.thread_token()
         pool.release(kept, 512, 2, main)            # the main thread's block, freed from here
 
     t = threading.Thread(target=other_thread)
@@ -515,7 +516,7 @@ def test_per_thread_default_stream_blocks_stay_with_their_thread(monkeypatch):
     t.join()
     assert theirs["ptr"] not in (mine, kept)
     assert {pool.allocate(512, 2), pool.allocate(512, 2)} == {mine, kept}  # no driver call
-    pool.release(theirs["ptr"], 512, 2, t.ident)
+    pool.release(theirs["ptr"], 512, 2, theirs["token"])
     pool.budget = 0                                 # past the budget: every block goes back
     pool.release(pool.allocate(512, 7), 512, 7)
     frees = {ptr: stream for kind, *rest in calls if kind == "free" for ptr, stream in [rest]}

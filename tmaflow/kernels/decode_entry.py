@@ -365,7 +365,7 @@ def append_kv(k_cache, v_cache, block_table, seq_lens, k_new, v_new, *, stream=N
     checks.no_aliasing(f"{who}: k_cache", K, (("k_new", Q), ("v_new", Vn), ("block_table", T), ("seq_lens", L)))
     checks.no_aliasing(f"{who}: v_cache", V, (("k_cache", K), ("k_new", Q), ("v_new", Vn),
                                               ("block_table", T), ("seq_lens", L)))
-    ordinal = current_ordinal()
+    ordinal = on_current_device(who, K)
     stream = resolve_stream(stream, (Q, Vn, K, V, T, L), ordinal)
     grid = max(1, min(b, _APPEND_GRID))
     key = (who, grid, stream, ordinal, get_ident())

@@ -480,10 +480,10 @@ def empty_product(C: DeviceArray, k: int, stream) -> tuple:
 def _output(who: str, src, a: DeviceArray, out, o: DeviceArray | None, shape: tuple, stream):
     """(out, its view): the caller's, or a new one of ``src``'s kind; ``a`` checked to live on
     the current device when it has elements to move."""
+    if a.size:  # (before the output: a call on another device's arrays runs again there)
+        on_current_device(who, a)
     if o is None:  # no out given
         out, o = new_output(src, a, shape, None, stream)
-    if a.size:
-        on_current_device(who, a)
     return out, o
 
 

@@ -80,10 +80,13 @@ def entry_point(prepare):
     def launch(*args, **kwargs):
         launcher, largs, out = prepare(*args, **kwargs)
         if launcher is not None:
+            moved = None
             try:
                 launcher(*largs)
-            except ContextMoved as moved:  # another library made another device current
-                with using(moved.ordinal):
+            except ContextMoved as refused:  # another library made another device current
+                moved = refused.ordinal
+            if moved is not None:  # (outside the handler: an error of this launch is its own)
+                with using(moved):
                     launcher(*largs)
         return out
 
@@ -93,21 +96,23 @@ def entry_point(prepare):
             return TORCH_OPS[name](*args, **kwargs)
         try:
             return launch(*args, **kwargs)
-        except OnAnotherDevice as moved:
-            if not usable(moved.ordinal):
+        except OnAnotherDevice as refused:
+            if not usable(refused.ordinal):
                 raise
-            with using(moved.ordinal):
-                return launch(*args, **kwargs)
+            moved = refused.ordinal
+        with using(moved):  # (outside the handler: an error of this call is its own)
+            return launch(*args, **kwargs)
 
     def prepared(*args, **kwargs) -> Prepared:
         try:
             return Prepared(*prepare(*args, **kwargs))
-        except OnAnotherDevice as moved:
-            if not usable(moved.ordinal):
+        except OnAnotherDevice as refused:
+            if not usable(refused.ordinal):
                 raise
-            with using(moved.ordinal):
-                launcher, largs, out = prepare(*args, **kwargs)
-                return Prepared(launcher, largs, out, moved.ordinal)
+            moved = refused.ordinal
+        with using(moved):
+            launcher, largs, out = prepare(*args, **kwargs)
+            return Prepared(launcher, largs, out, moved)
 
     prepared.__doc__ = f"The launch ``{prepare.__name__}(...)`` would make, ready to repeat."
     run.prepare = prepared

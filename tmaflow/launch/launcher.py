@@ -304,7 +304,8 @@ class Launcher(functools.partial):
             raise faults.fault("cuLaunchKernelEx", int(err), driver._error_name(err), self.ordinal)
         c = self.config
         detail = f"{self.kernel.name} grid={c.grid} block={c.block} cluster={c.cluster} smem={c.smem}"
-        if int(err) == 400 and context_ordinal() != self.ordinal:  # CUDA_ERROR_INVALID_HANDLE
+        # CUDA_ERROR_INVALID_HANDLE / _CONTEXT: another device's context is current (nothing ran)
+        if int(err) in (400, 201) and context_ordinal() != self.ordinal:
             raise ContextMoved(f"{detail}: this launcher is device {self.ordinal}'s but device "
                                f"{context_ordinal()}'s context is current on this thread; call "
                                f"tf.set_device({self.ordinal}) (or launch inside "

@@ -268,7 +268,8 @@ def _check_devices(params: list[Param], args: tuple, ordinal: int) -> None:
         dev = as_array(a).device
         if dev is not None and dev.ordinal != ordinal:
             raise LaunchError(f"{p.describe()}: the array lives on device {dev.ordinal} but the "
-                              f"launch is on device {ordinal}; call tf.set_device({dev.ordinal}) first")
+                              f"launch is on device {ordinal}; a launch's arrays live on its device "
+                              f"(for a launch on device {dev.ordinal}, call tf.set_device({dev.ordinal}) first)")
 
 
 # --- a whole argument tuple ---------------------------------------------------------------------

@@ -68,7 +68,7 @@ class Device:
         driver.init()
         return self.memory_pool().allocate(size, stream)
 
-    def release(self, ptr: int, size: int, stream: int = 0, thread: int | None = None,
+    def release(self, ptr: int, size: int, stream: int = 0, thread: object = None,
                 owner: object = None) -> None:
         """Give an ``allocate``d block back to this device's pool, ordered on ``stream``
         (``thread``: the allocating thread, for the per-thread default stream; ``owner``: the
@@ -137,10 +137,8 @@ class Device:
         """Make this device's primary context current on the calling thread, if it is not
         (``cuCtxSetCurrent`` is a driver call on every allocation otherwise). Another library
         may have made another context current, so the driver is asked, not a cache of ours."""
-        cu = driver.cu()
-        err, current = cu.cuCtxGetCurrent()
-        if err or int(current) != int(self.context):
-            driver.check("cuCtxSetCurrent", cu.cuCtxSetCurrent(self.context))
+        if driver.current_context() != int(self.context):
+            driver.check("cuCtxSetCurrent", driver.cu().cuCtxSetCurrent(self.context))
         return self
 
     def synchronize(self) -> None:
@@ -258,18 +256,24 @@ def set_device(ordinal: int) -> Device:
     return dev.activate()
 
 
+def _make_current(context: int) -> None:
+    """Make the context ``context`` (an int, 0: none) current again, if it is not."""
+    if driver.current_context() != context:
+        cu = driver.cu()
+        cu.cuCtxSetCurrent(cu.CUcontext(context))
+
+
 @contextmanager
 def context_of(device: Device):
     """``device``'s context current for the block, the one current before it (torch's current
     device, say) current again after."""
-    cu = driver.cu()
-    err, before = cu.cuCtxGetCurrent()
+    before = driver.current_context()
     device.activate()
     try:
         yield device
     finally:
-        if not err and int(before) != int(device.context):
-            cu.cuCtxSetCurrent(before)
+        if before != int(device.context):
+            _make_current(before)
 
 
 @contextmanager
@@ -294,14 +298,12 @@ def using(ordinal: int):
     device (or none yet) and the context current on the thread (torch's current device) are
     what they were."""
     previous = getattr(_thread, "device", None)
-    cu = driver.cu()
-    err, context = cu.cuCtxGetCurrent()
+    before = driver.current_context()
     try:
         yield set_device(ordinal)
     finally:
         _thread.device = previous
-        if not err:
-            cu.cuCtxSetCurrent(context)
+        _make_current(before)
 
 
 class Stream:

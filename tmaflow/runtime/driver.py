@@ -98,6 +98,23 @@ def stream_capturing(stream: int) -> bool:
     return bool(int(err)) or status != cu().CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
+_get_context: list = []  # [the ctypes cuCtxGetCurrent, or None where libcuda has none]
+
+
+def current_context() -> int:
+    """The CUcontext current on this thread, as an int (0: none, or the driver could not say).
+    Through ctypes: asked on every activation, where cuda.bindings builds a CUcontext object a
+    call."""
+    if not _get_context:
+        _get_context.append(_libcuda_function("cuCtxGetCurrent", [ctypes.POINTER(ctypes.c_void_p)]))
+    fn = _get_context[0]
+    if fn is not None:
+        context = ctypes.c_void_p()
+        return (context.value or 0) if fn(ctypes.byref(context)) == 0 else 0
+    err, context = cu().cuCtxGetCurrent()
+    return 0 if int(err) else int(context)
+
+
 def _libcuda_function(name: str, argtypes: list):
     """libcuda's ``name`` as a ctypes function returning the CUresult, or None where libcuda
     cannot be loaded or has no such function."""

@@ -109,7 +109,7 @@ def synchronized(call: str, args: tuple) -> None:
     """A synchronize succeeded: the launches it waited for did not fault."""
     if not any(_rings.values()) and not any(_native.values()):
         return  # nothing recorded: no need to ask the driver which context this was
-    ordinal = context_ordinal()
+    ordinal = _context_ordinal()
     launches = _rings.get(ordinal)
     if call == "cuCtxSynchronize":
         if launches:
@@ -138,7 +138,7 @@ def refuse(call: str) -> None:
     """Raise the fault of the current context before ``call`` runs, if that context faulted."""
     if call in _UNGUARDED or call.startswith("cuDevice"):
         return
-    first = faulted.get(context_ordinal())
+    first = faulted.get(_context_ordinal())
     if first is not None:
         raise _again(first, call, "was not run")
 
@@ -147,7 +147,7 @@ def fault(call: str, code: int, name: str, ordinal: int | None = None) -> Kernel
     """The error for sticky ``code`` returned by ``call``: the full report the first time the
     context of ``ordinal`` (default: the current one) faulted, a pointer back to it later."""
     if ordinal is None:
-        ordinal = context_ordinal()
+        ordinal = _context_ordinal()
     with _lock:
         first = faulted.get(ordinal)
         if first is None:
@@ -276,7 +276,7 @@ def _stream_text(stream: int | None) -> str:
     return "?" if stream is None else f"0x{stream:x}"
 
 
-def context_ordinal() -> int:
+def _context_ordinal() -> int:
     """The tmaflow device whose primary context is current on this thread (asked of the
     driver: torch may have made another current), else the thread's tmaflow device."""
     from .device import _devices, current_ordinal  # a circle: device -> faults

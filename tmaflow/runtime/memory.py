@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import math
 import sys
-import threading
 import weakref
 
 import numpy as np
@@ -16,7 +15,7 @@ from . import dlpack, driver
 from .device import (Device, as_device, context_of, current_device, current_ordinal, current_stream, device_of,
                      on_device, stream_handle, thread_device)
 from .graph import ACTIVE as CAPTURING, capturing
-from .pool import rounded
+from .pool import rounded, thread_token
 
 
 @functools.lru_cache(maxsize=256)
@@ -129,7 +128,7 @@ class _Allocation:
         # the stream object (a tf.Stream: closed or not at the free) stays referenced until the free
         self._stream_owner = getattr(stream, "owner", stream)
         self.stream = int(stream_handle(stream))
-        self.thread = threading.get_ident()  # the per-thread default stream's owner
+        self.thread = thread_token()  # the per-thread default stream's owner
         self.generation = device.generation
         self.size = rounded(nbytes)
         self.ptr = device.allocate(self.size, self.stream)
@@ -351,9 +350,7 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
         raise TmaflowError(f"shape={shape} of {dt.name} needs {math.prod(shape) * dt.itemsize} B, "
                            "beyond any device's memory")
     dev = thread_device()
-    if dev is not None and (device is None or device is dev):  # the hot path: entry points' outputs
-        return _empty_on(dev, shape, dt, stream)  # (a block from the cache needs no context)
-    if device is None:
+    if device is None or device is dev:  # the thread's device, made current (stream 0 is its legacy stream)
         return _empty_on(current_device(), shape, dt, stream)
     with on_device(device) as dev:
         return _empty_on(dev, shape, dt, stream)

@@ -29,12 +29,25 @@ CACHE_FRACTION = 0.25  # of the device's memory the cache may hold before return
 PER_THREAD = 2         # CU_STREAM_PER_THREAD
 
 
-def cache_stream(stream: int, thread: int | None = None):
+_threads = threading.local()
+
+
+def thread_token() -> object:
+    """This thread's token: the per-thread default stream's owner in cache keys. Not the thread
+    id, which Python gives the next thread as soon as this one ends (its queued work may still
+    use the blocks); a token stays distinct while a key holds it."""
+    token = getattr(_threads, "token", None)
+    if token is None:
+        token = _threads.token = object()
+    return token
+
+
+def cache_stream(stream: int, thread: object = None):
     """The stream a cached block belongs to: the handle, or for the per-thread default stream
-    (handle 2, another stream in each thread) the pair (2, allocating thread)."""
+    (handle 2, another stream in each thread) the pair (2, the allocating thread's token)."""
     if stream != PER_THREAD:
         return stream
-    return (PER_THREAD, threading.get_ident() if thread is None else thread)
+    return (PER_THREAD, thread_token() if thread is None else thread)
 
 
 def driver_stream(key) -> int:
@@ -66,19 +79,24 @@ class MemoryPool:
         self._cache: dict[tuple, list[int]] = {}   # (size, cache_stream) -> pointers
         self._order: OrderedDict[int, tuple] = OrderedDict()  # ptr -> key, oldest first
         self._owners: dict[int, object] = {}  # ptr -> the stream object of a cached block
+        # frees come from any thread (a last view's __del__), and may come inside a locked section
+        self._lock = threading.RLock()
         self.cached_bytes = 0
         self.budget = int(device.total_memory * CACHE_FRACTION)
 
     def allocate(self, size: int, stream: int) -> int:
         """A block of ``size`` bytes (already ``rounded``) usable in order on ``stream`` (from
         the calling thread, for the per-thread default stream)."""
-        blocks = self._cache.get((size, cache_stream(stream)))
-        if blocks:
-            ptr = blocks.pop()
-            del self._order[ptr]
-            self._owners.pop(ptr, None)
-            self.cached_bytes -= size
-            return ptr
+        key = (size, cache_stream(stream))
+        taken = None
+        with self._lock:
+            blocks = self._cache.get(key)
+            if blocks:
+                ptr = blocks[-1]
+                del self._order[ptr]
+                taken = (ptr, self._take(ptr, key))  # its stream object: dropped outside the lock
+        if taken is not None:
+            return taken[0]
         cu = driver.cu()
         with self._on_device():  # stream 0 is the current context's legacy stream
             err, ptr = cu.cuMemAllocFromPoolAsync(size, self.handle, stream)
@@ -93,27 +111,46 @@ class MemoryPool:
         driver.check("cuMemAllocFromPoolAsync", (err,))
         return int(ptr)
 
-    def release(self, ptr: int, size: int, stream: int, thread: int | None = None,
+    def release(self, ptr: int, size: int, stream: int, thread: object = None,
                 owner: object = None) -> None:
         """Cache the block for the next allocation of its size on ``stream`` (allocated by
-        ``thread``, for the per-thread default stream; None: the calling thread). ``owner``,
-        the stream object ``stream`` came from, is kept while the block is cached."""
+        ``thread``, a ``thread_token``, for the per-thread default stream; None: the calling
+        thread). ``owner``, the stream object ``stream`` came from, is kept while the block is
+        cached."""
         key = (size, cache_stream(stream, thread))
-        self._cache.setdefault(key, []).append(ptr)
-        self._order[ptr] = key
-        if owner is not None and not isinstance(owner, int):
-            self._owners[ptr] = owner
-        self.cached_bytes += size
-        while self.cached_bytes > self.budget and self._order:
-            self._return_oldest()
+        with self._lock:
+            self._cache.setdefault(key, []).append(ptr)
+            self._order[ptr] = key
+            if owner is not None and not isinstance(owner, int):
+                self._owners[ptr] = owner
+            self.cached_bytes += size
+            over = self.cached_bytes > self.budget
+        while over:
+            over = self._return_oldest() and self.cached_bytes > self.budget
 
-    def _return_oldest(self) -> None:
-        ptr, (size, stream) = self._order.popitem(last=False)
-        self._cache[(size, stream)].remove(ptr)
-        self.cached_bytes -= size
+    def _take(self, ptr: int, key: tuple) -> object:
+        """Remove a cached block (the lock held); returns its owner, kept until it is freed."""
+        blocks = self._cache[key]
+        blocks.remove(ptr)
+        if not blocks:
+            del self._cache[key]
+        self.cached_bytes -= key[0]
+        return self._owners.pop(ptr, None)
+
+    def _return_oldest(self) -> bool:
+        """Give the oldest cached block back to the driver; False if none is cached."""
+        with self._lock:
+            if not self._order:
+                return False
+            ptr, key = self._order.popitem(last=False)
+            owner = self._take(ptr, key)
+        self._free(ptr, driver_stream(key[1]))
+        del owner  # the stream object lives until the free is queued on its stream
+        return True
+
+    def _free(self, ptr: int, stream: int) -> None:
         with self._on_device():  # stream 0: this device's legacy stream, from any thread
-            driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, driver_stream(stream)))
-        self._owners.pop(ptr, None)  # after the free is queued on its stream
+            driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, stream))
 
     def _on_device(self):
         """This device's context current for a free ordered on stream 0 (its legacy stream),
@@ -124,22 +161,21 @@ class MemoryPool:
 
     def trim(self) -> None:
         """Return every cached block to the pool and the pool's unused memory to the device."""
-        while self._order:
-            self._return_oldest()
+        while self._return_oldest():
+            pass
         self.device.synchronize()  # (restores the current context)
         driver.call("cuMemPoolTrimTo", self.handle, 0)
 
     def forget_stream(self, stream: int) -> None:
         """Blocks cached for a stream about to be destroyed go back to the pool (ordered on the
         legacy default stream, after that stream was synchronised)."""
-        for ptr, (size, s) in list(self._order.items()):
-            if s == stream:
+        with self._lock:
+            mine = [(ptr, key) for ptr, key in self._order.items() if key[1] == stream]
+            for ptr, key in mine:
                 del self._order[ptr]
-                self._cache[(size, s)].remove(ptr)
-                self.cached_bytes -= size
-                self._owners.pop(ptr, None)
-                with self._on_device():
-                    driver.check("cuMemFreeAsync", driver.cu().cuMemFreeAsync(ptr, 0))
+                self._take(ptr, key)
+        for ptr, _ in mine:
+            self._free(ptr, 0)
 
     def __repr__(self) -> str:
         return (f"MemoryPool(device {self.device.ordinal}, {self.cached_bytes} B cached in "

@@ -91,6 +91,7 @@ def grouped_gemm(a, b, offsets, out=None, *, layout: str = "nt",
             raise TmaflowError(f"grouped_gemm: max_tokens_per_group={hint} but group {group} has "
                                f"{known} rows (offsets {host.tolist()}); pass a bound at least the "
                                "largest group, or None")
+        on_current_device("grouped_gemm", A)  # (before the upload: another device's call runs again)
         offs = _upload(host, A.device, stream)
     # device offsets are the caller's array, which out must not overlap (host ones are uploaded)
     given = as_array(offs) if C is not None and offs is offsets else None

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 from ...dtypes import as_dtype
 from ...errors import TmaflowError
+from ...launch.launcher import ContextMoved
 from ...runtime import driver
 from ...runtime.graph import ACTIVE as CAPTURING, capturing
 from ...runtime.memory import DeviceArray, empty
@@ -169,12 +170,15 @@ class _SplitK:
     def __call__(self, *args) -> None:
         try:
             self.launcher(*args)
+        except ContextMoved:  # nothing ran: the counters are as they were
+            raise
         except BaseException:
             self.workspace.discard()
             raise
 
 
 _workspaces = threading.local()
+STREAMS_KEPT = 32  # workspaces a thread keeps (stream objects stay alive while theirs is kept)
 _KEPT: dict[int, DeviceArray] = {}  # memory other libraries' graphs captured, by id: kept for the process
 
 
@@ -190,5 +194,7 @@ def _workspace(device, stream: int) -> _Workspace:
     cache: dict = _workspaces.__dict__  # this thread's, keyed by (ordinal, stream)
     ws = cache.get(key)
     if ws is None:
+        if len(cache) >= STREAMS_KEPT:  # the oldest goes: its buffers are freed in its stream's order
+            del cache[next(iter(cache))]
         ws = cache[key] = _Workspace(device, stream)
     return ws
