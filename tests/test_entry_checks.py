@@ -301,26 +301,31 @@ def test_gpu_out_aliasing_real_arrays_is_refused(device):
         kernels.transpose(x, x)
 
 
-def test_a_call_on_another_devices_arrays_runs_there_under_a_guard(monkeypatch):
-    """As torch's ops follow their tensors: arrays on device 1 with the thread on device 0 run
-    on device 1 (a guard around the call, the prepared launch too), then the thread is back."""
+def fake_using(device: list, guarded: list):
+    """entry.using's stand-in: ``device[0]`` is the ordinal for the block; each guard noted."""
     import contextlib
-    import types
-    from tmaflow.kernels import entry
-
-    now, guarded, launched = [0], [], []
 
     @contextlib.contextmanager
     def using(ordinal):
-        before, now[0] = now[0], ordinal
+        before, device[0] = device[0], ordinal
         guarded.append(ordinal)
         try:
             yield
         finally:
-            now[0] = before
+            device[0] = before
 
+    return using
+
+
+def test_a_call_on_another_devices_arrays_runs_there_under_a_guard(monkeypatch):
+    """As torch's ops follow their tensors: arrays on device 1 with the thread on device 0 run
+    on device 1 (a guard around the call, the prepared launch too), then the thread is back."""
+    import types
+    from tmaflow.kernels import entry
+
+    now, guarded, launched = [0], [], []
     monkeypatch.setattr(entry, "current_ordinal", lambda: now[0])
-    monkeypatch.setattr(entry, "using", using)
+    monkeypatch.setattr(entry, "using", fake_using(now, guarded))
     monkeypatch.setattr(entry, "usable", lambda ordinal: ordinal < 2)
     arr = types.SimpleNamespace(device=types.SimpleNamespace(ordinal=1))
 
@@ -347,7 +352,8 @@ def test_a_call_on_another_devices_arrays_runs_there_under_a_guard(monkeypatch):
         return None, (), None
 
     now[0] = 0
-    with pytest.raises(tf.TmaflowError, match=r"two: the array lives on device 2 but the call runs on device 1; a call's arrays live on one device"):
+    with pytest.raises(tf.TmaflowError, match=r"two: the array lives on device 2 but the call runs on device 1; "
+                                              r"a call's arrays live on one device"):
         two(arr, other)
 
 
@@ -355,20 +361,10 @@ def test_a_launch_refused_for_another_devices_context_runs_again_under_a_guard(m
     """Another library made device 1's context current: the launcher raises ContextMoved (the
     driver ran nothing) and the entry point, or a prepared launch, launches again under a guard
     of the launcher's device, without preparing again; any other error is the caller's."""
-    import contextlib
     from tmaflow.kernels import entry
     from tmaflow.launch.launcher import ContextMoved
 
     context, guarded, prepared_calls, launched = [1], [], [], []
-
-    @contextlib.contextmanager
-    def using(ordinal):
-        before, context[0] = context[0], ordinal
-        guarded.append(ordinal)
-        try:
-            yield
-        finally:
-            context[0] = before
 
     def launcher():
         if context[0] != 0:
@@ -376,7 +372,7 @@ def test_a_launch_refused_for_another_devices_context_runs_again_under_a_guard(m
         launched.append(context[0])
 
     monkeypatch.setattr(entry, "current_ordinal", lambda: 0)
-    monkeypatch.setattr(entry, "using", using)
+    monkeypatch.setattr(entry, "using", fake_using(context, guarded))
 
     @entry.entry_point
     def probe():

@@ -32,22 +32,43 @@ class Prepared:
 
     __slots__ = ("launcher", "args", "out", "ordinal")
 
-    def __init__(self, launcher, args: tuple, out, ordinal: int | None = None):
+    def __init__(self, launcher, args: tuple, out):
         self.launcher, self.args, self.out = launcher, args, out
-        self.ordinal = current_ordinal() if ordinal is None else ordinal
+        self.ordinal = current_ordinal()
 
     def __call__(self):
-        if self.launcher is None:
-            return self.out
-        if current_ordinal() == self.ordinal:
-            try:
-                self.launcher(*self.args)
-                return self.out
-            except ContextMoved:  # another library made another device's context current
-                pass
-        with using(self.ordinal):
-            self.launcher(*self.args)
+        if self.launcher is not None:
+            if current_ordinal() == self.ordinal:
+                launch_guarded(self.launcher, self.args)
+            else:
+                with using(self.ordinal):
+                    self.launcher(*self.args)
         return self.out
+
+
+def launch_guarded(launcher, args: tuple) -> None:
+    """``launcher(*args)``; refused because another library made another device's context
+    current (nothing ran), again under a guard of the launcher's device. The retry runs outside
+    the handler: an error of its own is not chained under the refusal."""
+    try:
+        return launcher(*args)
+    except ContextMoved as refused:
+        moved = refused.ordinal
+    with using(moved):
+        launcher(*args)
+
+
+def on_their_device(call):
+    """``call()``; if the arrays it was given live on another (usable) device than the thread's,
+    ``call()`` again under a guard of that device (outside the handler, as launch_guarded)."""
+    try:
+        return call()
+    except OnAnotherDevice as refused:
+        if not usable(refused.ordinal):
+            raise
+        moved = refused.ordinal
+    with using(moved):
+        return call()
 
     def __repr__(self) -> str:
         return f"Prepared({self.launcher!r}, {len(self.args)} args)"
@@ -80,39 +101,17 @@ def entry_point(prepare):
     def launch(*args, **kwargs):
         launcher, largs, out = prepare(*args, **kwargs)
         if launcher is not None:
-            moved = None
-            try:
-                launcher(*largs)
-            except ContextMoved as refused:  # another library made another device current
-                moved = refused.ordinal
-            if moved is not None:  # (outside the handler: an error of this launch is its own)
-                with using(moved):
-                    launcher(*largs)
+            launch_guarded(launcher, largs)
         return out
 
     @functools.wraps(prepare)
     def run(*args, **kwargs):
         if TORCH_OPS and name in TORCH_OPS and torch_route(name, args, kwargs):
             return TORCH_OPS[name](*args, **kwargs)
-        try:
-            return launch(*args, **kwargs)
-        except OnAnotherDevice as refused:
-            if not usable(refused.ordinal):
-                raise
-            moved = refused.ordinal
-        with using(moved):  # (outside the handler: an error of this call is its own)
-            return launch(*args, **kwargs)
+        return on_their_device(lambda: launch(*args, **kwargs))
 
-    def prepared(*args, **kwargs) -> Prepared:
-        try:
-            return Prepared(*prepare(*args, **kwargs))
-        except OnAnotherDevice as refused:
-            if not usable(refused.ordinal):
-                raise
-            moved = refused.ordinal
-        with using(moved):
-            launcher, largs, out = prepare(*args, **kwargs)
-            return Prepared(launcher, largs, out, moved)
+    def prepared(*args, **kwargs) -> Prepared:  # (under a guard, its ordinal is the guard's)
+        return on_their_device(lambda: Prepared(*prepare(*args, **kwargs)))
 
     prepared.__doc__ = f"The launch ``{prepare.__name__}(...)`` would make, ready to repeat."
     run.prepare = prepared

@@ -305,9 +305,10 @@ class Launcher(functools.partial):
         c = self.config
         detail = f"{self.kernel.name} grid={c.grid} block={c.block} cluster={c.cluster} smem={c.smem}"
         # CUDA_ERROR_INVALID_HANDLE / _CONTEXT: another device's context is current (nothing ran)
-        if int(err) in (400, 201) and context_ordinal() != self.ordinal:
+        current = context_ordinal() if int(err) in (400, 201) else self.ordinal
+        if current != self.ordinal:
             raise ContextMoved(f"{detail}: this launcher is device {self.ordinal}'s but device "
-                               f"{context_ordinal()}'s context is current on this thread; call "
+                               f"{current}'s context is current on this thread; call "
                                f"tf.set_device({self.ordinal}) (or launch inside "
                                f"tf.runtime.device.using({self.ordinal}))", self.ordinal)
         if 900 <= int(err) <= 908:  # CUDA_ERROR_STREAM_CAPTURE_*

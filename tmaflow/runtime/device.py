@@ -272,19 +272,7 @@ def context_of(device: Device):
     try:
         yield device
     finally:
-        if before != int(device.context):
-            _make_current(before)
-
-
-@contextmanager
-def on_device(device, who: str = ""):
-    """``as_device(device, who)`` for the block: None is the thread's device (made current);
-    another device's context is current for the block only."""
-    if device is None:
-        yield current_device()
-        return
-    with context_of(named_device(device, who)) as dev:
-        yield dev
+        _make_current(before)
 
 
 def usable(ordinal: int) -> bool:

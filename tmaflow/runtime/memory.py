@@ -13,9 +13,9 @@ from ..dtypes import DType, as_dtype
 from ..errors import TmaflowError
 from . import dlpack, driver
 from .device import (Device, as_device, context_of, current_device, current_ordinal, current_stream, device_of,
-                     on_device, stream_handle, thread_device)
+                     named_device, stream_handle, thread_device)
 from .graph import ACTIVE as CAPTURING, capturing
-from .pool import rounded, thread_token
+from .pool import PER_THREAD, rounded, thread_token
 
 
 @functools.lru_cache(maxsize=256)
@@ -128,7 +128,7 @@ class _Allocation:
         # the stream object (a tf.Stream: closed or not at the free) stays referenced until the free
         self._stream_owner = getattr(stream, "owner", stream)
         self.stream = int(stream_handle(stream))
-        self.thread = thread_token()  # the per-thread default stream's owner
+        self.thread = thread_token() if self.stream == PER_THREAD else None  # its stream's owner
         self.generation = device.generation
         self.size = rounded(nbytes)
         self.ptr = device.allocate(self.size, self.stream)
@@ -349,10 +349,9 @@ def empty(shape, dtype="float32", device: Device | None = None, stream=None) -> 
     if math.prod(shape) * dt.itemsize >= 1 << 63:
         raise TmaflowError(f"shape={shape} of {dt.name} needs {math.prod(shape) * dt.itemsize} B, "
                            "beyond any device's memory")
-    dev = thread_device()
-    if device is None or device is dev:  # the thread's device, made current (stream 0 is its legacy stream)
+    if device is None or device is thread_device():  # made current: stream 0 is its legacy stream
         return _empty_on(current_device(), shape, dt, stream)
-    with on_device(device) as dev:
+    with context_of(named_device(device)) as dev:  # another device: its context for the call only
         return _empty_on(dev, shape, dt, stream)
 
 
