@@ -84,6 +84,9 @@ SHAPES = [
                                                SkinnyConfig(promote_sets=2, l2_promotion="128B"),
                                                SkinnyConfig(cluster=2, promote_sets=2)]),
     ("fp8 1x4096x4096", 1, 4096, 4096, FP8, [SkinnyConfig(promote_sets=2), SkinnyConfig(split_k=2, promote_sets=2)]),
+    # session 32: two promotion sets over the other per-tensor decode shapes (the skinny path)
+    *[(f"fp8 decode {m}x{n}x{k}", m, n, k, FP8, [SkinnyConfig(promote_sets=2)])
+      for n, k in ((8192, 8192), (7168, 16384)) for m in (1, 16, 64)],
     # bn64 128 CTAs unclustered (default) 0.977; cuBLAS: 128x64 tiles in pairs
     ("1024^3", 1024, 1024, 1024, BF16, [GemmConfig(bn=64, cluster_m=2, epi_cols=64), GemmConfig(bn=64, cluster_m=4, epi_cols=64),
                                          GemmConfig(bn=128, cluster_m=4)]),
