@@ -41,8 +41,20 @@ def test_skinny_tiles_that_outnumber_the_sms_share_them(dtype):
     plan = skinny_plan(16, 14336, 7168, few, 132, dtype)
     assert plan.config.stages == 5 and plan.config.split_k == 1
     assert 2 * (plan.layout.total_bytes + 1024) <= 228 * 1024  # two CTAs an SM (1 KB reserved each)
-    assert choose_config(16, 8448, 7168, 132, "nt", dtype) == SkinnyConfig()  # 132 tiles: one each
+    sets = 2 if dtype == "float8_e4m3fn" else 1  # fp8 of at most 16 rows: promoted on two sets
+    assert choose_config(16, 8448, 7168, 132, "nt", dtype) == SkinnyConfig(promote_sets=sets)  # 132 tiles: one each
     assert choose_config(64, 14336, 4096, 132, "nt", dtype) == SkinnyConfig(rows=128)
+
+
+def test_fp8_decode_rows_promote_on_two_sets_up_to_sixteen_rows():
+    """Per-tensor fp8 products of 1-16 rows promote every k-block on two accumulator sets
+    (faster cold and back to back on the H200); 17-64 rows and bf16 keep one set."""
+    for m in (1, 5, 16):
+        config = choose_config(m, 4096, 4096, 132, "nt", "float8_e4m3fn")
+        assert config == SkinnyConfig(promote_sets=2)
+        assert skinny_plan(m, 4096, 4096, config, 132, "float8_e4m3fn").defines["PROMOTE_SETS"] == 2
+    for m, dtype in ((17, "float8_e4m3fn"), (64, "float8_e4m3fn"), (16, "bfloat16")):
+        assert choose_config(m, 4096, 4096, 132, "nt", dtype) == SkinnyConfig()
 
 
 def test_choose_config_takes_the_skinny_path_for_few_rows_of_nt():

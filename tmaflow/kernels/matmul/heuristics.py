@@ -33,7 +33,7 @@ def choose_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
             one_tile = one_m_tile_config(m, n, k, sm_count)
         else:
             one_tile = fp8_one_m_tile_config(m, n, k, sm_count)
-        return one_tile or skinny_config(m, n, sm_count)
+        return one_tile or skinny_config(m, n, sm_count, dtype)
     if dtype == "float8_e4m3fn":
         return fp8_config(m, n, k, sm_count)
     return dense_config(m, n, k, sm_count, layout)
@@ -58,9 +58,17 @@ def m_chunk_config(m: int, n: int, k: int, sm_count: int, layout: str = "nt",
 SKINNY_SHARED_STAGES = 5  # 64-row tiles that outnumber the SMs: stages for several CTAs an SM
 
 
-def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:
-    """64 rows of B a CTA, or 128 when M fills the MMA's 64 columns and 64-row tiles alone
-    outnumber the SMs (H200, gemm_sweep: 64x14336x4096 1.044x / 1.073x cold / back to back;
+# fp8 per-tensor products of at most this many rows promote every k-block on two accumulator
+# sets (H200, session 32, 30 rotated rounds, over promotion every 4 k-blocks, cold / back to
+# back: 1x4096x4096 1.019 / 1.012, 16x4096x4096 1.016 / 1.001, 1x8192x8192 1.022 / 1.023,
+# 16x8192x8192 1.018 / 1.025, 1x7168x16384 1.019 / 1.024, 16x7168x16384 1.014 / 1.017; at
+# M = 64 they lost back to back: 64x4096x4096 1.019 / 0.944, 64x7168x16384 0.996 / 0.999)
+FP8_TWO_SETS_M = 16
+
+
+def skinny_config(m: int, n: int, sm_count: int, dtype: str = "bfloat16") -> SkinnyConfig:
+    """64 rows of B a CTA (fp8 of up to FP8_TWO_SETS_M rows: promoted on two sets), or 128
+    when M fills the MMA's 64 columns and 64-row tiles alone outnumber the SMs (H200, gemm_sweep: 64x14336x4096 1.044x / 1.073x cold / back to back;
     at fewer tiles 64 rows won, as on 11 of the 12 decode shapes before). Fewer rows whose
     64-row tiles outnumber the SMs keep 64 rows in 5 stages instead of 16: a CTA an SM left
     a second, partial wave; at 5 stages (50-60 KB) three or four CTAs an SM hold every tile from
@@ -69,7 +77,8 @@ def skinny_config(m: int, n: int, sm_count: int) -> SkinnyConfig:
     1.023 / 1.023, 32x14336x4096 1.028 / 1.040, 1x14336x4096 1.016 / 1.024, fp8 16x14336x7168
     1.022 / 1.039; 8 stages 1.01-1.02, 128-row tiles 1.02)."""
     if math.ceil(n / 64) <= sm_count:
-        return SkinnyConfig()
+        two_sets = dtype == "float8_e4m3fn" and m <= FP8_TWO_SETS_M
+        return SkinnyConfig(promote_sets=2 if two_sets else 1)
     if m > 32:
         return SkinnyConfig(rows=128)
     return SkinnyConfig(stages=SKINNY_SHARED_STAGES)
