@@ -96,6 +96,9 @@ def as_ints(field: str, value, rank: int | None = None, lo: int | None = None,
             hi: int | None = None, error: type[TmaflowError] = TmaflowError) -> tuple[int, ...]:
     """A tuple of ints from an int or any flat iterable of ints (lists, tuples, generators,
     1-D numpy arrays, ``torch.Size``); strings, mappings and nested sequences are refused."""
+    if type(value) is tuple and (rank is None or len(value) == rank) and all(  # the common case, in one pass
+            type(v) is int and (lo is None or v >= lo) and (hi is None or v <= hi) for v in value):
+        return value
     if value is None or isinstance(value, (str, bytes, bytearray, dict, set, frozenset)):
         raise error(f"{field}={value!r} must be a sequence of ints")
     if is_int(value) and getattr(value, "ndim", 0) == 0:

@@ -41,6 +41,7 @@ class Device:
         self.ordinal = ordinal
         self.handle = driver.call("cuDeviceGet", ordinal)
         self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
+        self.context_value = int(self.context)  # what driver.current_context() answers when it is current
         name = driver.call("cuDeviceGetName", 256, self.handle)
         self.name = name.split(b"\0", 1)[0].decode()
         attr = cu.CUdevice_attribute
@@ -65,15 +66,18 @@ class Device:
 
     def allocate(self, size: int, stream: int = 0) -> int:
         """A device pointer of ``size`` bytes (a ``pool.rounded`` size), ordered on ``stream``."""
-        driver.init()
-        return self.memory_pool().allocate(size, stream)
+        pool = self._pool
+        if pool is None:
+            driver.init()
+            pool = self.memory_pool()
+        return pool.allocate(size, stream)
 
     def release(self, ptr: int, size: int, stream: int = 0, thread: object = None,
                 owner: object = None) -> None:
         """Give an ``allocate``d block back to this device's pool, ordered on ``stream``
         (``thread``: the allocating thread, for the per-thread default stream; ``owner``: the
         stream object ``stream`` came from, kept while the block is cached)."""
-        self.memory_pool().release(ptr, size, stream, thread, owner)
+        (self._pool or self.memory_pool()).release(ptr, size, stream, thread, owner)
 
     def track(self, allocation) -> None:
         """Remember a live allocation of this device (weakly), so ``reset`` can invalidate it."""
@@ -112,6 +116,7 @@ class Device:
         # The reset destroyed the context our handle named: retain the fresh one.
         try:
             self.context = driver.call("cuDevicePrimaryCtxRetain", self.handle)
+            self.context_value = int(self.context)
         except KernelFaultError as e:
             # Measured on an H100 (driver 580): an illegal address (700) outlives the reset;
             # a trap (the watchdog's) does not. The driver documents these as process-fatal.
@@ -137,7 +142,7 @@ class Device:
         """Make this device's primary context current on the calling thread, if it is not
         (``cuCtxSetCurrent`` is a driver call on every allocation otherwise). Another library
         may have made another context current, so the driver is asked, not a cache of ours."""
-        if driver.current_context() != int(self.context):
+        if driver.current_context() != self.context_value:
             driver.check("cuCtxSetCurrent", driver.cu().cuCtxSetCurrent(self.context))
         return self
 

@@ -19,6 +19,7 @@ from .pool import PER_THREAD, rounded, thread_token
 
 
 @functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)  # on every allocating call's path
 def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
     strides: list[int] = []
     acc = itemsize
@@ -126,8 +127,13 @@ class _Allocation:
         self.live: LiveToken | bool = False  # until the pointer exists (a failed allocation frees nothing)
         self.device = device
         # the stream object (a tf.Stream: closed or not at the free) stays referenced until the free
-        self._stream_owner = getattr(stream, "owner", stream)
-        self.stream = int(stream_handle(stream))
+        if type(stream) is int and 0 <= stream < 1 << 64:  # an entry point's resolved stream
+            owner: object = stream
+            self.stream = stream
+        else:
+            owner = getattr(stream, "owner", stream)
+            self.stream = int(stream_handle(stream))
+        self._stream_owner = owner
         self.thread = thread_token() if self.stream == PER_THREAD else None  # its stream's owner
         self.generation = device.generation
         self.size = rounded(nbytes)

@@ -87,16 +87,21 @@ class MemoryPool:
     def allocate(self, size: int, stream: int) -> int:
         """A block of ``size`` bytes (already ``rounded``) usable in order on ``stream`` (from
         the calling thread, for the per-thread default stream)."""
-        key = (size, cache_stream(stream))
-        taken = None
+        key = (size, stream if stream != PER_THREAD else cache_stream(stream))
         with self._lock:
             blocks = self._cache.get(key)
-            if blocks:
-                ptr = blocks[-1]
+            if blocks:  # the last cached (the warmest in L2), as _take would remove it
+                ptr = blocks.pop()
+                if not blocks:
+                    del self._cache[key]
                 del self._order[ptr]
-                taken = (ptr, self._take(ptr, key))  # its stream object: dropped outside the lock
-        if taken is not None:
-            return taken[0]
+                self.cached_bytes -= size
+                owner = self._owners.pop(ptr, None) if self._owners else None
+            else:
+                ptr = None
+        if ptr is not None:
+            del owner  # the stream object it kept, dropped outside the lock
+            return ptr
         cu = driver.cu()
         with self._on_device():  # stream 0 is the current context's legacy stream
             err, ptr = cu.cuMemAllocFromPoolAsync(size, self.handle, stream)
@@ -117,7 +122,7 @@ class MemoryPool:
         ``thread``, a ``thread_token``, for the per-thread default stream; None: the calling
         thread). ``owner``, the stream object ``stream`` came from, is kept while the block is
         cached."""
-        key = (size, cache_stream(stream, thread))
+        key = (size, stream if stream != PER_THREAD else cache_stream(stream, thread))
         with self._lock:
             self._cache.setdefault(key, []).append(ptr)
             self._order[ptr] = key
