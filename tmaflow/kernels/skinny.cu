@@ -74,6 +74,9 @@ constexpr int kScaleCols = SCALES_ROW_MAJOR ? 4 : 1;  // k-blocks of scales a st
 #ifndef BLOCK_SCALE_SETS
 #define BLOCK_SCALE_SETS 1  // block scales: accumulator sets a warpgroup alternates (2: see below)
 #endif
+#ifndef SCALES_B_AHEAD
+#define SCALES_B_AHEAD 0  // block scales: B's first 128 scales of the split in registers before the k-loop
+#endif
 #ifndef PROMOTE_SETS
 #define PROMOTE_SETS 1  // per-tensor fp8: 2 promotes every k-block, alternating two accumulator sets (below)
 #endif
@@ -164,6 +167,21 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   // This warpgroup's 64 rows of B lie in one 128-row scale block (tiles are 64 or 128 rows).
   const float* const b_scales = scales_b + size_t(min(tile * kRows + cw * 64, N - 1) / 128) * k_blocks;
   const int mc = 2 * (lane % 4);  // this thread's columns of C^T: mc + 8 j and mc + 8 j + 1
+#if SCALES_B_AHEAD
+  // B's scales of k-blocks kb0 .. kb0 + 127, lane l holding kb0 + l + 32 i, read before the first
+  // stage lands (one round of loads, where a k-block's own load waited on a cold L2 each sector)
+  float ahead[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ahead[i] = kb0 + lane + 32 * i < kb1 ? __ldg(b_scales + kb0 + lane + 32 * i) : 0.f;
+  auto scale_b = [&](int kb) {  // called by every lane of the warp alike
+    const int j = kb - kb0;
+    if (j >= 128) return __ldg(b_scales + kb);
+    const float v = j < 32 ? ahead[0] : j < 64 ? ahead[1] : j < 96 ? ahead[2] : ahead[3];
+    return __shfl_sync(0xffffffffu, v, j % 32);
+  };
+#else
+  auto scale_b = [&](int kb) { return __ldg(b_scales + kb); };
+#endif
 #endif
 #if SCALE_RING
   auto rings = S.sc();
@@ -220,7 +238,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
   auto issue = [&](float (&d)[kAcc], [[maybe_unused]] int kb, float& sb, Cursor& at) {
     issue_k_block(S, pipe, c, cwd, d, 0);
 #if BLOCK_SCALES
-    sb = __ldg(b_scales + kb);
+    sb = scale_b(kb);
 #else
     sb = 1.f;
 #endif
@@ -250,7 +268,7 @@ TMAFLOW_DEVICE void consume(const L::Smem& S, Pipe& pipe, __nv_bfloat16* C, int 
 #else
   for (int kb = kb0; kb < kb1; ++kb) {
     issue_k_block(S, pipe, c, cwd, acc, 0);  // each k-block starts from zero
-    const float sb = __ldg(b_scales + kb);  // read while the wgmmas run
+    const float sb = scale_b(kb);  // read while the wgmmas run
     wgmma::wait_group<0>();
     retire(acc, sb, c, kb);
     c.advance();

@@ -51,6 +51,13 @@ VARIANTS = [  # (label, block scales: None, "row_major" or "m_major" (scale_a's 
     ("block scales, M-major, unclustered", "m_major", dict(bn=128, cluster_m=1, epi_cols=64, promote=1), {}, None),
     ("block scales, M-major, skinny, one set", "m_major", SkinnyConfig(), {"BLOCK_SCALE_SETS": 1}, None),
     ("block scales, M-major, skinny, two sets", "m_major", SkinnyConfig(), {"BLOCK_SCALE_SETS": 2}, None),
+    # session 32, the skinny path at M = 1-64: B's scales of the split loaded into registers before
+    # the k-loop (skinny.cu's SCALES_B_AHEAD), and row-major scale_a's box with every stage
+    ("block scales, row-major, skinny", "row_major", SkinnyConfig(), {}, None),
+    ("block scales, row-major, skinny, B scales ahead", "row_major", SkinnyConfig(), {"SCALES_B_AHEAD": 1}, None),
+    ("block scales, row-major, skinny, per-stage box", "row_major", SkinnyConfig(scale_ring=False), {}, None),
+    ("block scales, M-major, skinny", "m_major", SkinnyConfig(), {}, None),
+    ("block scales, M-major, skinny, B scales ahead", "m_major", SkinnyConfig(), {"SCALES_B_AHEAD": 1}, None),
     ("block scales, row-major, unclustered", "row_major", dict(bn=128, cluster_m=1, epi_cols=64, promote=1), {}, None),
     ("per-tensor, bn192 clusters of 2", None, dict(bn=192, cluster_m=2, epi_cols=64), {}, None),
     ("per-tensor, bn192 clusters of 2, tail split", None, dict(bn=192, cluster_m=2, epi_cols=64, split_tail=True), {}, None),
