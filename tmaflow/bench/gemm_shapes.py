@@ -53,7 +53,12 @@ def describe(cfg) -> str:
     if isinstance(cfg, SkinnyConfig):
         return (f"skinny rows{cfg.rows} c{cfg.cluster} s{cfg.stages or 'max'} k{cfg.split_k or 'auto'} "
                 f"l2{cfg.l2_promotion}" + (f" mr{cfg.m_rows}" if cfg.m_rows else "")
-                + (f" mh{cfg.m_halves}" if cfg.m_halves > 1 else ""))
+                + (f" mh{cfg.m_halves}" if cfg.m_halves > 1 else "") + _sets(cfg))
     return (f"bn{cfg.bn} c{cfg.cluster_m} e{cfg.epi_cols} s{cfg.stages or 'max'} g{cfg.group_m} "
             f"k{cfg.split_k} l2{cfg.l2_promotion}" + (f" ck{cfg.cluster_k}" if cfg.cluster_k > 1 else "")
-            + (" tail" if cfg.split_tail else ""))
+            + (" tail" if cfg.split_tail else "") + _sets(cfg))
+
+
+def _sets(cfg) -> str:
+    """fp8 promoted every k-block on two accumulator sets (promote_sets=2), else nothing."""
+    return " sets2" if cfg.promote_sets > 1 else ""

@@ -165,8 +165,6 @@ def configs(m: int, n: int, k: int, dtype: str, extra: list, sms: int, uniform: 
 def name_of(cfg, defines: dict, default: bool) -> str:
     """A row's label: describe() without the fields never varied here, and the extra defines."""
     short = describe(cfg).replace(" l2256B", "").replace(" smax", "").replace(" g16", "").replace(" kauto", "")
-    if cfg.promote_sets > 1:  # fp8 promoted every k-block on two accumulator sets
-        short += " sets2"
     extra = "".join(f" {key}={value}" for key, value in defines.items())
     return ("default " if default else "") + short + extra
 

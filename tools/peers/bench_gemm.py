@@ -109,6 +109,7 @@ def fp8_rows(args, sms) -> list[dict]:
                 torch.cuda.synchronize()
                 v = bench.versus({"ours": run, "peer": peer}, ours="ours", peer="peer", repeats=args.repeats)
                 promote = cfg.promote if isinstance(cfg, GemmConfig) else SKINNY_FP8_PROMOTE
+                promote = 1 if cfg.promote_sets > 1 else promote  # (every k-block, on two sets)
                 row = flat(v, flop, shape=f"{m}x{n}x{k}", layout="nt", dtype="fp8 e4m3",
                            config=describe(cfg) + f" p{promote}", auto=cfg == auto,
                            peer=f"_scaled_mm fast_accum={fast}", rel_err=err,
