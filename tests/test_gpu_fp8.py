@@ -211,6 +211,17 @@ def test_fp8_row_major_block_scales_on_the_skinny_path(device, rng, m, config, k
     assert kernel.name == "gemm_skinny_bf16" and "SCALE_RING" not in kernel.defines
 
 
+# B's block scales of a split's first 128 k-blocks are loaded before the k-loop and handed out
+# by shuffles; later k-blocks load their own (skinny.cu's SCALES_B_AHEAD): K of 132 k-blocks in
+# one split and in two, neighbouring B blocks' scales 8x apart, both layouts of scale_a.
+@pytest.mark.parametrize("config", [SkinnyConfig(), SkinnyConfig(split_k=2)], ids=["whole", "split2"])
+@pytest.mark.parametrize("m_major", [False, True], ids=["row-major", "m-major"])
+def test_fp8_block_scales_past_the_skinny_kernels_scales_ahead(device, rng, config, m_major):
+    A, B, SA, SB, ref = _block_operands(rng, 5, 384, 132 * 128, m_major, b_apart=True)
+    kernel = _row_scaled_gemm_column_by_column(A, B, SA, SB, ref, config)
+    assert kernel.name == "gemm_skinny_bf16"
+
+
 def _row_scaled_gemm_column_by_column(A, B, SA, SB, ref, config):
     """_check_gemm, then one prepared launch into a poisoned out checked whole and column by
     column against ``ref`` (several rows: a column of near-zero entries has no relative error

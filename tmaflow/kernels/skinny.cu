@@ -27,7 +27,8 @@
 // own (pipeline sc: skinny_plan's default for row-major scale_a, SkinnyConfig(scale_ring=False)
 // keeps the per-stage box), waited for at the group's first k-block and released after its
 // last; the stages carry only A and B. B's 128 x 128 blocks give each consumer warpgroup's 64
-// rows one scale a k-block, read from global memory (scales_b, (N / 128, KB) row-major).
+// rows one scale a k-block, read from global memory (scales_b, (N / 128, KB) row-major) before
+// the k-loop (SCALES_B_AHEAD).
 #include <cuda_bf16.h>
 #include <tmaflow.cuh>
 #include "tmaflow_layout.cuh"
@@ -74,8 +75,14 @@ constexpr int kScaleCols = SCALES_ROW_MAJOR ? 4 : 1;  // k-blocks of scales a st
 #ifndef BLOCK_SCALE_SETS
 #define BLOCK_SCALE_SETS 1  // block scales: accumulator sets a warpgroup alternates (2: see below)
 #endif
+// Block scales: B's scales of the split's first 128 k-blocks in registers before the k-loop,
+// handed out by shuffles (0: each k-block's own load, under one k-block's wgmmas). H200, session
+// 32, 60 rounds at seven decode shapes over 0, geometric means cold / back to back: row-major
+// scale_a 1.026 / 1.009, M-major 1.020 / 1.010 (the rows below cuBLAS cold gained most:
+// 16x8192x8192 1.029 / 1.031, 64x7168x16384 1.017 / 1.041; the worst, 1x4096x4096 back to
+// back, 0.978 at 3.6x _scaled_mm).
 #ifndef SCALES_B_AHEAD
-#define SCALES_B_AHEAD 0  // block scales: B's first 128 scales of the split in registers before the k-loop
+#define SCALES_B_AHEAD 1
 #endif
 #ifndef PROMOTE_SETS
 #define PROMOTE_SETS 1  // per-tensor fp8: 2 promotes every k-block, alternating two accumulator sets (below)
