@@ -19,7 +19,6 @@ from .pool import PER_THREAD, rounded, thread_token
 
 
 @functools.lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=1024)  # on every allocating call's path
 def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
     strides: list[int] = []
     acc = itemsize
