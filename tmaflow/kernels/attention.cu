@@ -123,10 +123,7 @@ constexpr int kS = BN / 2;  // S accumulators per thread: 64 x BN / 128
 // TRIM_KEYS: P V of a tile whose live keys fit 1, 2 or 3 quarters of it (in k-steps of 16
 // keys, rounded up) issues that many k-steps.
 constexpr int kQuarterSteps = (BN / 16 + 3) / 4;
-template <int N>
-struct Count {
-  static constexpr int value = N;
-};
+
 constexpr int kO = DV / 2;  // O accumulators per thread: 64 x DV / 128
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(DQK % 16 == 0 && DV % 16 == 0 && DQK >= 32 && DV >= 32 && DQK <= 256 && DV <= 256,
@@ -495,6 +492,21 @@ TMAFLOW_DEVICE bool row_keys(const Tiles& tiles, const Tile& w, int base, int qs
 }
 #endif
 
+// O += P V over P's first STEPS k-steps (16 keys of V's kSpanV-byte rows each) as one group:
+// fence, the wgmmas in straight-line code, commit. TRIM_KEYS picks among whole groups of
+// compile-time widths, the narrowest also where nothing is live (a test between the wgmmas of a
+// group, or an empty group on one path, made ptxas serialize them: C7519). (Trimming S as well,
+// to the first half of s's registers, left them stale on one path and ptxas serialized every
+// wgmma: C7515.)
+template <int STEPS>
+TMAFLOW_DEVICE void pv_group(float (&o)[kO], const uint32_t (&p)[BN / 16][4], uint64_t dv) {
+  wgmma::fence_operands(o);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < STEPS; ++kk) TF_MMA_RS<1>(o, p[kk], dv + kk * (16 * kSpanV >> 4), 1);
+  wgmma::commit_group();
+}
+
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, elem_t* out, float* lse,
@@ -730,31 +742,18 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     }
     wgmma::commit_group();
   };
-  // P V is one group: fence, its wgmmas in straight-line code, commit; TRIM_KEYS picks among
-  // whole groups of compile-time widths, the narrowest also where nothing is live (a test
-  // between the wgmmas of a group, or an empty group on one path, made ptxas serialize them:
-  // C7519). (Trimming S as well, to the first half of s's registers, left them stale on one
-  // path and ptxas serialized every wgmma: C7515.)
-  auto pv_group = [&](auto steps) {  // O += P V over P's first decltype(steps)::value k-steps
-    const uint64_t dv = wgmma::desc_mn_major<kSpanV>(S.vp_v(cv.stage, 0), L::vp::v_box_stride);
-    wgmma::fence_operands(o);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < decltype(steps)::value; ++kk)  // 16 keys of kSpanV-byte rows a step
-      TF_MMA_RS<1>(o, p[kk], dv + kk * (16 * kSpanV >> 4), 1);
-    wgmma::commit_group();
-  };
   auto issue_pv = [&](int live) {  // O = alpha O + P V (P's first `live` keys: the rest are 0)
     // Once the row maxima settle, alpha is exactly 1 (2^0): a warp skips the multiplies then.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
+    const uint64_t dv = wgmma::desc_mn_major<kSpanV>(S.vp_v(cv.stage, 0), L::vp::v_box_stride);
     const int quarters = TRIM_KEYS ? (live + 16 * kQuarterSteps - 1) / (16 * kQuarterSteps) : 4;
-    if (quarters >= 4) pv_group(Count<BN / 16>{});
-    else if (quarters == 3) pv_group(Count<3 * kQuarterSteps>{});
-    else if (quarters == 2) pv_group(Count<2 * kQuarterSteps>{});
-    else pv_group(Count<kQuarterSteps>{});
+    if (quarters >= 4) pv_group<BN / 16>(o, p, dv);
+    else if (quarters == 3) pv_group<3 * kQuarterSteps>(o, p, dv);
+    else if (quarters == 2) pv_group<2 * kQuarterSteps>(o, p, dv);
+    else pv_group<kQuarterSteps>(o, p, dv);
   };
   // Online softmax of key tile j in place (s becomes P in fp32), alpha the rescale of older sums.
   auto softmax = [&](int j) {
