@@ -103,10 +103,6 @@ static_assert(DYNAMIC_TILES >= 0 && DYNAMIC_TILES <= 2, "DYNAMIC_TILES is 0, 1 o
 #define WINDOWS 0  // 1 (VARLEN): work tiles are windows of BM packed query rows, whatever their sequences
 #endif
 static_assert(!WINDOWS || VARLEN && !PAIRED, "WINDOWS is a schedule of packed sequences, not paired");
-#ifndef TRIM_KEYS
-#define TRIM_KEYS 0  // 1 (not WINDOWS): a warpgroup's P V skips the key columns none of its rows sees
-#endif
-static_assert(!TRIM_KEYS || !WINDOWS, "TRIM_KEYS takes a tile's keys as one sequence's");
 // Keys a tile (attention_entry.keys_per_tile): 64 at head dim 256 (its O takes 128 registers a
 // thread); 176 at head dim 128 without a causal mask (fewer, longer softmax steps, as
 // FlashAttention-3 chooses), else 128; other head dims by register and shared-memory sums.
@@ -120,10 +116,6 @@ constexpr int kSpanV = DV % 64 == 0 ? 128 : DV % 32 == 0 ? 64 : 32;
 constexpr int kColsQK = kSpanQK / 2, kColsV = kSpanV / 2;  // head-dim columns a box
 constexpr int kBoxesQK = DQK / kColsQK, kBoxesV = DV / kColsV;
 constexpr int kS = BN / 2;  // S accumulators per thread: 64 x BN / 128
-// TRIM_KEYS: P V of a tile whose live keys fit 1, 2 or 3 quarters of it (in k-steps of 16
-// keys, rounded up) issues that many k-steps.
-constexpr int kQuarterSteps = (BN / 16 + 3) / 4;
-
 constexpr int kO = DV / 2;  // O accumulators per thread: 64 x DV / 128
 constexpr uint32_t kProducerRegs = 40, kConsumerRegs = 232;
 static_assert(DQK % 16 == 0 && DV % 16 == 0 && DQK >= 32 && DV >= 32 && DQK <= 256 && DV <= 256,
@@ -492,21 +484,6 @@ TMAFLOW_DEVICE bool row_keys(const Tiles& tiles, const Tile& w, int base, int qs
 }
 #endif
 
-// O += P V over P's first STEPS k-steps (16 keys of V's kSpanV-byte rows each) as one group:
-// fence, the wgmmas in straight-line code, commit. TRIM_KEYS picks among whole groups of
-// compile-time widths, the narrowest also where nothing is live (a test between the wgmmas of a
-// group, or an empty group on one path, made ptxas serialize them: C7519). (Trimming S as well,
-// to the first half of s's registers, left them stale on one path and ptxas serialized every
-// wgmma: C7515.)
-template <int STEPS>
-TMAFLOW_DEVICE void pv_group(float (&o)[kO], const uint32_t (&p)[BN / 16][4], uint64_t dv) {
-  wgmma::fence_operands(o);
-  wgmma::fence();
-#pragma unroll
-  for (int kk = 0; kk < STEPS; ++kk) TF_MMA_RS<1>(o, p[kk], dv + kk * (16 * kSpanV >> 4), 1);
-  wgmma::commit_group();
-}
-
 extern "C" __global__ void __launch_bounds__(384, 1)
 attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
               const __grid_constant__ CUtensorMap tv, elem_t* out, float* lse,
@@ -717,17 +694,6 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
 #else
   auto row_stored = [&](int h) { return row0 + 8 * h < w.len_q; };
 #endif
-  // Keys of tile j a stored row of this warpgroup may see: its leading columns, up to the
-  // sequence's end and (causal) past its last stored row; none when no row of it is stored.
-  // Every other column is masked for those rows (softmax's need_mask holds whenever this is
-  // under BN), their P is 0, and with TRIM_KEYS P V skips them: the same sums.
-  auto live_keys = [&](int j) {
-    int live = min(BN, w.len_k - j * BN);
-#if CAUSAL
-    live = min(live, min(w.m0 + cw * 64 + 64, w.len_q) - j * BN);
-#endif
-    return w.m0 + cw * 64 < w.len_q ? live : 0;
-  };
   auto issue_s = [&]() {
     wgmma::fence_operands(s);
     wgmma::fence();
@@ -742,18 +708,19 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     }
     wgmma::commit_group();
   };
-  auto issue_pv = [&](int live) {  // O = alpha O + P V (P's first `live` keys: the rest are 0)
+  auto issue_pv = [&]() {  // O = alpha O + P V
     // Once the row maxima settle, alpha is exactly 1 (2^0): a warp skips the multiplies then.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int i = 0; i < kO; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
     const uint64_t dv = wgmma::desc_mn_major<kSpanV>(S.vp_v(cv.stage, 0), L::vp::v_box_stride);
-    const int quarters = TRIM_KEYS ? (live + 16 * kQuarterSteps - 1) / (16 * kQuarterSteps) : 4;
-    if (quarters >= 4) pv_group<BN / 16>(o, p, dv);
-    else if (quarters == 3) pv_group<3 * kQuarterSteps>(o, p, dv);
-    else if (quarters == 2) pv_group<2 * kQuarterSteps>(o, p, dv);
-    else pv_group<kQuarterSteps>(o, p, dv);
+    wgmma::fence_operands(o);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)  // 16 keys of kSpanV-byte rows a step
+      TF_MMA_RS<1>(o, p[kk], dv + kk * (16 * kSpanV >> 4), 1);
+    wgmma::commit_group();
   };
   // Online softmax of key tile j in place (s becomes P in fp32), alpha the rescale of older sums.
   auto softmax = [&](int j) {
@@ -942,7 +909,6 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     tiles.starts(w.seq, seq_q, seq_k);
 #endif
     kp.consumer_wait(ck);
-    int live = live_keys(0), live_p;  // the keys of the S in flight, and of P
     turn_begin();
     issue_s();
     turn_end(false);
@@ -954,12 +920,10 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     scores_done(0, n);
     softmax(0);
     convert();
-    live_p = live;
     for (int j = 1; j < n; ++j) {
-      live = live_keys(j);
       turn_begin();
       issue_s();
-      issue_pv(live_p);
+      issue_pv();
       turn_end(false);
       wait_ahead(j, n);
       wgmma::wait_group<1>();  // S_j is done; P V_(j-1) may still run
@@ -970,7 +934,6 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
       if (lane == 0) vp.consumer_release(cv);
       cv.advance();
       convert();
-      live_p = live;
     }
 #if DYNAMIC_TILES
     // cv is V_(n-1)'s stage, waited for by wait_ahead (and written again only by the producer,
@@ -985,7 +948,7 @@ attention_fwd(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CU
     const bool last = tiles.last(t);
 #endif
     turn_begin();
-    issue_pv(live_p);
+    issue_pv();
     turn_end(last);
     wgmma::wait_group<0>();
     wgmma::fence_operands(o);

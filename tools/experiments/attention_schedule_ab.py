@@ -12,15 +12,14 @@ they differ, round 2's candidates against round 1's default:
   stages, the Q buffer whole: split, it spills) instead of 64 (16 steps, 3 K stages).
 With --keys K..., also the default with K keys a tile (BLOCK_N, "kK") and, causal, with
 one CTA a row block ("unpaired", the block scheduler balancing instead of PAIRED's stride).
-With --trim, the default and TRIM_KEYS=1 alone (session 32: P V skips the key columns none of
-a warpgroup's stored rows sees, as on a causal diagonal). With --round1, round 1's rows instead: the schedule before it (one CTA a causal tile, one Q
+With --round1, round 1's rows instead: the schedule before it (one CTA a causal tile, one Q
 buffer), at head dim 64 the pairs with one Q buffer, and a forced second Q buffer ("2q").
 The benchmark's shapes (16k tokens a batch: head dim 64 x 32 heads, 128 x 16, 256 x 8);
 interleaved rounds, cold (L2 flushed before each call) and back to back; TFLOP/s and, in
 parentheses, the median per-round ratio to cuDNN (above 1: faster).
 
     PYTHONPATH=. python3 tools/experiments/attention_schedule_ab.py [--dims 64 128] [--seqs 1024 2048 4096]
-        [--extra 256:1024] [--repeats N] [--round1] [--keys 64 96 128] [--trim]
+        [--extra 256:1024] [--repeats N] [--round1] [--keys 64 96 128]
 """
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ from tmaflow import TmaflowError, bench, kernels
 from tmaflow.kernels.registry import extra_defines
 
 
-def _variants(d: int, causal: bool, round1: bool = False, keys: tuple = (), trim: bool = False) -> list:
+def _variants(d: int, causal: bool, round1: bool = False, keys: tuple = ()) -> list:
     """(label, extra defines) of the variants that differ at this head dim, "new" (what a call
     plans) first: a second Q buffer fits only up to about head dim 64 (the others prefetch
     into L2), PAIRED changes only causal plans."""
@@ -39,8 +38,6 @@ def _variants(d: int, causal: bool, round1: bool = False, keys: tuple = (), trim
     plan = attention_plan(d, causal)
     two_q = plan.defines["Q_STAGES"] == 2
     keep = [("new", {})]
-    if trim:  # session 32: P V skips the key columns none of a warpgroup's stored rows sees
-        return keep + [("trim", {"TRIM_KEYS": 1})]
     if keys:
         for n in keys:
             try:
@@ -69,15 +66,14 @@ def _variants(d: int, causal: bool, round1: bool = False, keys: tuple = (), trim
     return keep
 
 
-def row(torch, d: int, seq: int, causal: bool, repeats: int, round1: bool = False, keys: tuple = (),
-        trim: bool = False):
+def row(torch, d: int, seq: int, causal: bool, repeats: int, round1: bool = False, keys: tuple = ()):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     heads = {64: 32, 128: 16, 256: 8}[d]
     batch = max(1, 16384 // seq)
     q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     fns, outs = {}, {}
-    for label, defines in _variants(d, causal, round1, keys, trim):
+    for label, defines in _variants(d, causal, round1, keys):
         outs[label] = torch.empty_like(q)
         with extra_defines(defines):
             fns[label] = kernels.attention.prepare(q, k, v, outs[label], causal=causal)
@@ -112,14 +108,13 @@ def main():
     p.add_argument("--round1", action="store_true", help="round 1's variants (PAIRED, Q buffers)")
     p.add_argument("--keys", type=int, nargs="*", default=[], help="the default with these keys a tile instead")
     p.add_argument("--causal-only", action="store_true")
-    p.add_argument("--trim", action="store_true", help="only the default and TRIM_KEYS=1")
     args = p.parse_args()
     import torch  # optional dependency (--help works without it), before the driver is touched
 
     shapes = [(d, s) for d in args.dims for s in args.seqs] + [tuple(int(x) for x in e.split(":")) for e in args.extra]
     for d, seq in shapes:
         for causal in (True,) if args.causal_only else (True, False):
-            row(torch, d, seq, causal, args.repeats, args.round1, tuple(args.keys), args.trim)
+            row(torch, d, seq, causal, args.repeats, args.round1, tuple(args.keys))
 
 
 if __name__ == "__main__":

@@ -20,9 +20,6 @@ plans before them, docs/history.md):
   21's plan, before the counter);
 - "dyn" (both): the counter, the next tile taken once a tile's loads but its last V tile are
   issued (DYNAMIC_TILES=1);
-- "trim" (both): a sequence's own tiles with TRIM_KEYS (a warpgroup's P V skips the key
-  columns none of its stored rows sees: ragged tails, rows past a sequence, causal diagonals;
-  session 32);
 - "win" / "seq" (both): the plan in windows (WINDOWS: tiles of 128 packed query rows whatever
   their sequences, each row masking the keys outside its own; the plan's where max_seqlen_q and
   max_seqlen_k are short, ``attention_varlen_entry.in_windows``) or a sequence's own tiles.
@@ -79,8 +76,7 @@ def variants(d: int, causal: bool) -> list:
         out.append(("cta", {"PAIRED": 0, "DYNAMIC_TILES": 0}))
     return out + ([] if causal else [("tiles", {"DYNAMIC_TILES": 0})]) + [("stride", {"DYNAMIC_TILES": 0}),
                                                                           ("dyn", {"DYNAMIC_TILES": 1}),
-                                                                          ("win", WIN), ("seq", SEQ),
-                                                                          ("trim", {**SEQ, "TRIM_KEYS": 1})]
+                                                                          ("win", WIN), ("seq", SEQ)]
 
 
 # The windows choice is the entry's (attention_varlen_entry.in_windows), not a define: these
@@ -92,11 +88,9 @@ def _build(job):
     d, causal, defines = job
     from tmaflow.kernels.attention_entry import attention_kernel, attention_plan
 
-    if "windows" in defines:  # both plans (which one a case takes depends on its lengths), or the one forced
-        rest = {key: value for key, value in defines.items() if key != "windows"}
-        with extra_defines(rest):
-            for windows in (defines["windows"],) if rest else (False, True):
-                attention_kernel(entry.varlen_plan(d, causal, d, 1 << 14, 16, windows=windows), "bfloat16").program  # noqa: B018
+    if "windows" in defines:  # both plans (which one a case takes depends on its lengths)
+        for windows in (False, True):
+            attention_kernel(entry.varlen_plan(d, causal, d, 1 << 14, 16, windows=windows), "bfloat16").program  # noqa: B018
         return
     plan = attention_plan(d, causal, varlen=True, q_stages=defines.get("Q_STAGES"), keys=defines.get("BLOCK_N"),
                           q_split=bool(defines["Q_SPLIT"]) if "Q_SPLIT" in defines else None)
