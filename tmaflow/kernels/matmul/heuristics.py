@@ -68,12 +68,12 @@ FP8_TWO_SETS_M = 16
 
 def skinny_config(m: int, n: int, sm_count: int, dtype: str = "bfloat16") -> SkinnyConfig:
     """64 rows of B a CTA (fp8 of up to FP8_TWO_SETS_M rows: promoted on two sets), or 128
-    when M fills the MMA's 64 columns and 64-row tiles alone outnumber the SMs (H200, gemm_sweep: 64x14336x4096 1.044x / 1.073x cold / back to back;
-    at fewer tiles 64 rows won, as on 11 of the 12 decode shapes before). Fewer rows whose
-    64-row tiles outnumber the SMs keep 64 rows in 5 stages instead of 16: a CTA an SM left
-    a second, partial wave; at 5 stages (50-60 KB) three or four CTAs an SM hold every tile from
-    the start up to N of about 25k-34k (H100,
-    tools/experiments/gemm_latency_ab.py, over 16 stages cold / back to back: 16x14336x7168
+    when M fills the MMA's 64 columns and 64-row tiles alone outnumber the SMs (H200,
+    gemm_sweep: 64x14336x4096 1.044x / 1.073x cold / back to back; at fewer tiles 64 rows
+    won, as on 11 of the 12 decode shapes before). Fewer rows whose 64-row tiles outnumber the
+    SMs keep 64 rows in 5 stages instead of 16: a CTA an SM left a second, partial wave; at 5
+    stages (50-60 KB) three or four CTAs an SM hold every tile from the start up to N of about
+    25k-34k (H100, tools/experiments/gemm_latency_ab.py, over 16 stages cold / back to back: 16x14336x7168
     1.023 / 1.023, 32x14336x4096 1.028 / 1.040, 1x14336x4096 1.016 / 1.024, fp8 16x14336x7168
     1.022 / 1.039; 8 stages 1.01-1.02, 128-row tiles 1.02)."""
     if math.ceil(n / 64) <= sm_count:
