@@ -61,23 +61,20 @@ class Device:
     def memory_pool(self):
         """tmaflow's :class:`~tmaflow.runtime.pool.MemoryPool` on this device (made on first use)."""
         if self._pool is None:
+            driver.init()
             self._pool = MemoryPool(self)
         return self._pool
 
     def allocate(self, size: int, stream: int = 0) -> int:
         """A device pointer of ``size`` bytes (a ``pool.rounded`` size), ordered on ``stream``."""
-        pool = self._pool
-        if pool is None:
-            driver.init()
-            pool = self.memory_pool()
-        return pool.allocate(size, stream)
+        return self.memory_pool().allocate(size, stream)
 
     def release(self, ptr: int, size: int, stream: int = 0, thread: object = None,
                 owner: object = None) -> None:
         """Give an ``allocate``d block back to this device's pool, ordered on ``stream``
         (``thread``: the allocating thread, for the per-thread default stream; ``owner``: the
         stream object ``stream`` came from, kept while the block is cached)."""
-        (self._pool or self.memory_pool()).release(ptr, size, stream, thread, owner)
+        self.memory_pool().release(ptr, size, stream, thread, owner)
 
     def track(self, allocation) -> None:
         """Remember a live allocation of this device (weakly), so ``reset`` can invalidate it."""

@@ -126,13 +126,8 @@ class _Allocation:
         self.live: LiveToken | bool = False  # until the pointer exists (a failed allocation frees nothing)
         self.device = device
         # the stream object (a tf.Stream: closed or not at the free) stays referenced until the free
-        if type(stream) is int and 0 <= stream < 1 << 64:  # an entry point's resolved stream
-            owner: object = stream
-            self.stream = stream
-        else:
-            owner = getattr(stream, "owner", stream)
-            self.stream = int(stream_handle(stream))
-        self._stream_owner = owner
+        self._stream_owner = getattr(stream, "owner", stream)
+        self.stream = int(stream_handle(stream))
         self.thread = thread_token() if self.stream == PER_THREAD else None  # its stream's owner
         self.generation = device.generation
         self.size = rounded(nbytes)

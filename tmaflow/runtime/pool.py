@@ -87,21 +87,16 @@ class MemoryPool:
     def allocate(self, size: int, stream: int) -> int:
         """A block of ``size`` bytes (already ``rounded``) usable in order on ``stream`` (from
         the calling thread, for the per-thread default stream)."""
-        key = (size, stream if stream != PER_THREAD else cache_stream(stream))
+        key = (size, cache_stream(stream))
+        taken = None
         with self._lock:
             blocks = self._cache.get(key)
-            if blocks:  # the last cached (the warmest in L2), as _take would remove it
-                ptr = blocks.pop()
-                if not blocks:
-                    del self._cache[key]
+            if blocks:  # the last cached: the warmest in L2
+                ptr = blocks[-1]
                 del self._order[ptr]
-                self.cached_bytes -= size
-                owner = self._owners.pop(ptr, None) if self._owners else None
-            else:
-                ptr = None
-        if ptr is not None:
-            del owner  # the stream object it kept, dropped outside the lock
-            return ptr
+                taken = (ptr, self._take(ptr, key))  # its stream object: dropped outside the lock
+        if taken is not None:
+            return taken[0]
         cu = driver.cu()
         with self._on_device():  # stream 0 is the current context's legacy stream
             err, ptr = cu.cuMemAllocFromPoolAsync(size, self.handle, stream)
@@ -122,7 +117,7 @@ class MemoryPool:
         ``thread``, a ``thread_token``, for the per-thread default stream; None: the calling
         thread). ``owner``, the stream object ``stream`` came from, is kept while the block is
         cached."""
-        key = (size, stream if stream != PER_THREAD else cache_stream(stream, thread))
+        key = (size, cache_stream(stream, thread))
         with self._lock:
             self._cache.setdefault(key, []).append(ptr)
             self._order[ptr] = key
@@ -136,7 +131,10 @@ class MemoryPool:
     def _take(self, ptr: int, key: tuple) -> object:
         """Remove a cached block (the lock held); returns its owner, kept until it is freed."""
         blocks = self._cache[key]
-        blocks.remove(ptr)
+        if blocks[-1] == ptr:  # an allocation's: the last, taken without a search
+            blocks.pop()
+        else:
+            blocks.remove(ptr)
         if not blocks:
             del self._cache[key]
         self.cached_bytes -= key[0]
